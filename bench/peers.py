@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""Time what a user would pick instead of our kernels (PyTorch eager, torch.compile,
+cuBLAS through torch, the SDPA backends), the way our Rust benches time ours.
+
+Timing protocol (kept identical to the Rust benches so medians are comparable):
+  * one untimed first call (for torch.compile this is where compilation happens,
+    so compile time never lands in a sample),
+  * `--warmup` untimed launches (default 10),
+  * `--samples` timed samples (default 50); each sample is: synchronise the device,
+    record a CUDA event on the current stream, make ONE call, record a second event,
+    wait for it, and keep elapsed_time() in milliseconds.
+  * Inputs are random (torch.randn after torch.manual_seed(--seed), printed) and
+    rotated among enough copies that one pass over them is more than twice the L2
+    (>= 50 MiB), so a sample never finds its inputs in L2. A set of inputs that is
+    itself >= 256 MiB is used alone.
+
+Because a sample starts right after a synchronisation, the host-side cost of the
+call (Python dispatch, torch.compile guards) is inside the sample, exactly as the
+launch cost of our Rust call is inside ours. `--hide-launch` instead queues a spin
+kernel (torch.cuda._sleep) before the start event so only GPU time is measured;
+the JSON's "timing" field says which protocol produced the numbers.
+
+Usage:
+  python3 bench/peers.py --out peers.json [--quick] [--only PREFIX[,PREFIX..]]
+                         [--peer NAME[,NAME..]] [--samples N] [--warmup N]
+                         [--seed S] [--hide-launch] [--list]
+
+The output file is rewritten after every measurement, so a run cut short keeps
+everything measured so far. Schema "rgk-bench-v1":
+  {"schema", "device", "torch", ..., "results": [
+     {"name", "peer", "samples_ms", "median_ms", "bytes", "flops", "error", "meta"}]}
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+try:  # Keep the module importable (and --list usable) on machines without torch.
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # pragma: no cover - exercised only on GPU-less hosts
+    torch = None
+    F = None
+
+SCHEMA = "rgk-bench-v1"
+MIB = 1 << 20
+GIB = 1 << 30
+L2_FLOOR_BYTES = 50 * MIB          # H100 L2; the device's own figure is used if larger
+ONE_COPY_BYTES = 256 * MIB         # an input set this big cannot stay in L2 anyway
+DEFAULT_SEED = 1234
+DEFAULT_WARMUP = 10
+DEFAULT_SAMPLES = 50
+QUICK_SAMPLES = 10
+SLEEP_CYCLES = 2_000_000           # ~1 ms of spin at H100 clocks, covers host overhead
+ERROR_MAX_CHARS = 2000
+ELEM_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
+SDPA_BACKENDS = [                  # (peer name, torch.nn.attention.SDPBackend member)
+    ("sdpa-flash", "FLASH_ATTENTION"),
+    ("sdpa-cudnn", "CUDNN_ATTENTION"),
+    ("sdpa-efficient", "EFFICIENT_ATTENTION"),
+    ("sdpa-math", "MATH"),
+]
+ATTN_SHAPES = [(4, 8, 512, 64), (16, 16, 2048, 64), (16, 16, 2048, 128),
+               (4, 16, 8192, 64), (4, 16, 8192, 128)]
+
+
+# --------------------------------------------------------------------------- cases
+
+@dataclass
+class Peer:
+    """One alternative implementation. build() returns launch(input_set) -> any."""
+    name: str
+    build: Callable[[], Callable]
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+@dataclass
+class Case:
+    """One bench name: how to make one random input set, and the peers to time on it."""
+    name: str
+    bytes: Optional[int]
+    flops: Optional[int]
+    in_bytes: int                  # bytes of the inputs of one set, decides rotation
+    make_set: Callable[[], tuple]  # inputs first, then any preallocated outputs
+    peers: List[Peer]
+
+
+def dtype_of(tag):
+    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[tag]
+
+
+def rand(shape, tag):
+    return torch.randn(shape, device="cuda", dtype=dtype_of(tag))
+
+
+def empty(shape, tag):
+    return torch.empty(shape, device="cuda", dtype=dtype_of(tag))
+
+
+def shape_str(shape):
+    return "x".join(str(d) for d in shape)
+
+
+def numel(shape):
+    return math.prod(shape)
+
+
+def eager(launch, peer="torch-eager"):
+    return Peer(peer, build=lambda: launch)
+
+
+def compiled(pure, n_inputs):
+    """torch.compile (default mode) of `pure`, applied to the first n_inputs of a set.
+
+    Dynamo is reset first: its cache is keyed by code object, so without a reset a
+    second shape of the same op would recompile with dynamic shapes (a slower,
+    different kernel from what a user with one fixed shape gets)."""
+    def build():
+        torch._dynamo.reset()
+        fn = torch.compile(pure)
+        return lambda s: fn(*s[:n_inputs])
+    return Peer("torch-compile", build)
+
+
+def copy_case(nbytes):
+    n = nbytes // 4
+    return Case(f"copy/f32/{nbytes}", bytes=2 * nbytes, flops=None, in_bytes=nbytes,
+                make_set=lambda: (rand((n,), "f32"), empty((n,), "f32")),
+                peers=[eager(lambda s: s[1].copy_(s[0]))])
+
+
+def gemm_case(tag, m, n, k):
+    es = ELEM_SIZE[tag]
+    return Case(f"gemm/{tag}/{m}x{n}x{k}", bytes=(m * k + k * n + m * n) * es,
+                flops=2 * m * n * k, in_bytes=(m * k + k * n) * es,
+                make_set=lambda: (rand((m, k), tag), rand((k, n), tag), empty((m, n), tag)),
+                peers=[eager(lambda s: torch.matmul(s[0], s[1], out=s[2]), "cublas-torch")])
+
+
+def add_case(tag, shape):
+    size = numel(shape) * ELEM_SIZE[tag]
+    return Case(f"add/{tag}/{shape_str(shape)}", bytes=3 * size, flops=None, in_bytes=2 * size,
+                make_set=lambda: (rand(shape, tag), rand(shape, tag), empty(shape, tag)),
+                peers=[eager(lambda s: torch.add(s[0], s[1], out=s[2])),
+                       compiled(lambda a, b: a + b, 2)])
+
+
+def add_bcast_case(rows, cols):
+    size, row = rows * cols * 4, cols * 4
+    return Case(f"add_bcast/f32/{rows}x{cols}+{cols}", bytes=2 * size + row, flops=None,
+                in_bytes=size + row,
+                make_set=lambda: (rand((rows, cols), "f32"), rand((cols,), "f32"),
+                                  empty((rows, cols), "f32")),
+                peers=[eager(lambda s: torch.add(s[0], s[1], out=s[2])),
+                       compiled(lambda a, b: a + b, 2)])
+
+
+def gelu_case(shape):
+    size = numel(shape) * 4
+    return Case(f"gelu/f32/{shape_str(shape)}", bytes=2 * size, flops=None, in_bytes=size,
+                make_set=lambda: (rand(shape, "f32"),),
+                peers=[eager(lambda s: F.gelu(s[0])),
+                       compiled(lambda x: F.gelu(x), 1)])
+
+
+def reduce_lastdim_case(op, rows, cols):
+    """sum/max over the last dim; amax is what a user wants for max values (x.max(-1)
+    would also compute and write indices)."""
+    eager_fns = {"sum": lambda s: torch.sum(s[0], dim=-1, out=s[1]),
+                 "max": lambda s: torch.amax(s[0], dim=-1, out=s[1])}
+    pure_fns = {"sum": lambda x: x.sum(-1), "max": lambda x: x.amax(-1)}
+    size = rows * cols * 4
+    return Case(f"{op}_lastdim/f32/{rows}x{cols}", bytes=size + rows * 4, flops=None,
+                in_bytes=size,
+                make_set=lambda: (rand((rows, cols), "f32"), empty((rows,), "f32")),
+                peers=[eager(eager_fns[op]), compiled(pure_fns[op], 1)])
+
+
+def sum_all_case(n):
+    return Case(f"sum_all/f32/{n}", bytes=n * 4 + 4, flops=None, in_bytes=n * 4,
+                make_set=lambda: (rand((n,), "f32"),),
+                peers=[eager(lambda s: s[0].sum()), compiled(lambda x: x.sum(), 1)])
+
+
+def softmax_case(tag, rows, cols):
+    size = rows * cols * ELEM_SIZE[tag]
+    return Case(f"softmax/{tag}/{rows}x{cols}", bytes=2 * size, flops=None, in_bytes=size,
+                make_set=lambda: (rand((rows, cols), tag),),
+                peers=[eager(lambda s: torch.softmax(s[0], dim=-1)),
+                       compiled(lambda x: torch.softmax(x, dim=-1), 1)])
+
+
+def softmax_backward_case(rows, cols):
+    """dx = y * (dy - sum(dy * y)). Eager uses the aten kernel autograd itself calls;
+    compile gets the same formula written out, as Inductor would see it in a backward."""
+    size = rows * cols * 4
+
+    def make():
+        y = torch.softmax(rand((rows, cols), "f32"), dim=-1)  # a real softmax output
+        return (y, rand((rows, cols), "f32"))
+
+    def pure(y, dy):
+        return y * (dy - (dy * y).sum(-1, keepdim=True))
+
+    return Case(f"softmax_backward/f32/{rows}x{cols}", bytes=3 * size, flops=None,
+                in_bytes=2 * size, make_set=make,
+                peers=[eager(lambda s: torch.ops.aten._softmax_backward_data(
+                           s[1], s[0], -1, s[0].dtype)),
+                       compiled(pure, 2)])
+
+
+def layernorm_case(rows, cols):
+    """Affine layer norm (random weight and bias, eps 1e-5); weight and bias bytes
+    are negligible and not counted."""
+    size = rows * cols * 4
+
+    def launch(s):
+        return F.layer_norm(s[0], (cols,), s[1], s[2], 1e-5)
+
+    return Case(f"layernorm/f32/{rows}x{cols}", bytes=2 * size, flops=None,
+                in_bytes=size + 2 * cols * 4,
+                make_set=lambda: (rand((rows, cols), "f32"), rand((cols,), "f32"),
+                                  rand((cols,), "f32")),
+                peers=[eager(launch),
+                       compiled(lambda x, w, b: F.layer_norm(x, (cols,), w, b, 1e-5), 3)])
+
+
+def sdpa_peer(peer, backend, causal):
+    """SDPA with one backend forced (backend None = torch's own dispatch choice)."""
+    def build():
+        return lambda s: F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=causal)
+
+    def context():
+        if backend is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(getattr(SDPBackend, backend))
+
+    return Peer(peer, build, context)
+
+
+def attn_case(tag, b, h, s, d, causal):
+    """Forward attention, layout [B,H,S,D] contiguous, softmax scale 1/sqrt(D).
+    bytes = minimal traffic (read q,k,v, write o) so a roofline can place it."""
+    tensor = b * h * s * d * ELEM_SIZE[tag]
+    flops = 4 * b * h * s * s * d // (2 if causal else 1)
+    mask = "causal" if causal else "full"
+    peers = [sdpa_peer("torch-eager", None, causal)]
+    peers += [sdpa_peer(name, backend, causal) for name, backend in SDPA_BACKENDS]
+    return Case(f"attn_fwd/{tag}/B{b}H{h}S{s}D{d}/{mask}", bytes=4 * tensor, flops=flops,
+                in_bytes=3 * tensor,
+                make_set=lambda: tuple(rand((b, h, s, d), tag) for _ in range(3)),
+                peers=peers)
+
+
+def build_cases(quick):
+    """Every bench, in run order (cheap ceilings first so they survive a time-out)."""
+    if quick:
+        return [copy_case(GIB), gemm_case("f16", 8192, 8192, 8192),
+                add_case("f32", (8192, 8192)), add_bcast_case(8192, 8192),
+                gelu_case((8192, 8192)), reduce_lastdim_case("sum", 8192, 8192),
+                sum_all_case(67108864), reduce_lastdim_case("max", 8192, 8192),
+                softmax_case("f32", 8192, 8192), softmax_backward_case(8192, 8192),
+                layernorm_case(65536, 1024), attn_case("f16", 4, 8, 512, 64, False)]
+    cases = [copy_case(GIB)]
+    cases += [gemm_case(tag, 8192, 8192, 8192) for tag in ("f16", "bf16")]
+    cases += [add_case("f32", (8192, 8192))]
+    cases += [add_case(tag, (16384, 8192)) for tag in ("f16", "bf16")]
+    cases += [add_bcast_case(8192, 8192), gelu_case((8192, 8192))]
+    cases += [reduce_lastdim_case("sum", 8192, 8192), sum_all_case(67108864),
+              reduce_lastdim_case("max", 8192, 8192)]
+    cases += [softmax_case(tag, 8192, 8192) for tag in ("f32", "f16", "bf16")]
+    cases += [softmax_case("f32", 65536, 1024), softmax_backward_case(8192, 8192)]
+    cases += [layernorm_case(65536, 1024)]
+    cases += [attn_case(tag, b, h, s, d, causal)
+              for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_SHAPES
+              for causal in (False, True)]
+    return cases
+
+
+def select(cases, only, peers):
+    """Keep cases whose name starts with one of `only`, and peers named in `peers`."""
+    prefixes = [p for p in (only or "").split(",") if p]
+    wanted = set(p for p in (peers or "").split(",") if p)
+    kept = []
+    for case in cases:
+        if prefixes and not any(case.name.startswith(p) for p in prefixes):
+            continue
+        if wanted:
+            case.peers = [p for p in case.peers if p.name in wanted]
+        if case.peers:
+            kept.append(case)
+    return kept
+
+
+# ------------------------------------------------------------------------ timing
+
+def copies_needed(in_bytes, l2_bytes):
+    """How many input sets to rotate so that one pass over them exceeds 2x L2."""
+    if in_bytes >= ONE_COPY_BYTES:
+        return 1
+    return 2 * l2_bytes // max(in_bytes, 1) + 1
+
+
+def time_samples(launch, sets, warmup, samples, sleep_cycles):
+    """First call, warm-up, then timed samples; returns (samples_ms, first_call_s)."""
+    t0 = time.perf_counter()
+    launch(sets[0])
+    torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - t0
+    for i in range(warmup):
+        launch(sets[(1 + i) % len(sets)])
+    stream = torch.cuda.current_stream()
+    times = []
+    for i in range(samples):
+        s = sets[(1 + warmup + i) % len(sets)]
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        if sleep_cycles:
+            torch.cuda._sleep(sleep_cycles)  # GPU busy while the host queues the call
+        start.record(stream)
+        launch(s)
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times, first_call_s
+
+
+def describe_error(exc, caught_warnings):
+    """Exception text plus any warnings (SDPA explains refusals only through them)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    notes = [str(w.message).strip() for w in caught_warnings]
+    if notes:
+        text += " | warnings: " + " | ".join(dict.fromkeys(notes))
+    return text[:ERROR_MAX_CHARS]
+
+
+def free_memory():
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # a sticky CUDA error; nothing left to free
+        pass
+    torch.cuda.empty_cache()
+
+
+def result(case, peer, samples_ms=None, error=None, meta=None):
+    samples_ms = samples_ms or []
+    return {"name": case.name, "peer": peer, "samples_ms": samples_ms,
+            "median_ms": statistics.median(samples_ms) if samples_ms else None,
+            "bytes": case.bytes, "flops": case.flops, "error": error, "meta": meta or {}}
+
+
+def measure_peer(case, peer, sets, args):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with peer.context():
+                launch = peer.build()
+                samples, first_s = time_samples(launch, sets, args.warmup, args.samples,
+                                                SLEEP_CYCLES if args.hide_launch else 0)
+            return result(case, peer.name, samples,
+                          meta={"copies": len(sets), "first_call_s": round(first_s, 3)})
+        except Exception as exc:  # one failure must never lose the rest of the run
+            err = describe_error(exc, caught)
+    free_memory()
+    return result(case, peer.name, error=err, meta={"copies": len(sets)})
+
+
+def progress_line(index, total, entry):
+    head = f"[{index}/{total}] {entry['name']} {entry['peer']}:"
+    if entry["error"]:
+        return f"{head} ERROR {entry['error'][:300]}"
+    ms = entry["median_ms"]
+    parts = [f"median {ms:.4f} ms", f"copies {entry['meta']['copies']}"]
+    if entry["bytes"]:
+        parts.append(f"{entry['bytes'] / ms / 1e6:.1f} GB/s")
+    if entry["flops"]:
+        parts.append(f"{entry['flops'] / ms / 1e9:.1f} TFLOP/s")
+    if entry["meta"].get("first_call_s", 0) > 1:
+        parts.append(f"first call {entry['meta']['first_call_s']:.1f} s")
+    return f"{head} " + ", ".join(parts)
+
+
+def run_case(case, args, l2_bytes, on_result):
+    """Make the rotated input sets once, then time every peer on them."""
+    torch.manual_seed(args.seed)  # every case reproducible on its own
+    n = copies_needed(case.in_bytes, l2_bytes)
+    try:
+        sets = [case.make_set() for _ in range(n)]
+    except Exception as exc:
+        free_memory()
+        for peer in case.peers:
+            on_result(result(case, peer.name, error="input allocation: " + describe_error(exc, [])))
+        return
+    for peer in case.peers:
+        on_result(measure_peer(case, peer, sets, args))
+    del sets
+    torch._dynamo.reset()  # drop compiled graphs before the next case
+    free_memory()
+
+
+# --------------------------------------------------------------------------- main
+
+def write_json(path, doc):
+    """Atomic rewrite, so a kill mid-write never leaves a truncated file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+def l2_size():
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return max(L2_FLOOR_BYTES, getattr(props, "L2_cache_size", 0) or 0)
+
+
+def header(args, l2_bytes):
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
+    return {"schema": SCHEMA, "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
+            "seed": args.seed, "warmup": args.warmup, "samples": args.samples,
+            "l2_bytes": l2_bytes, "quick": args.quick,
+            "timing": ("cuda-events, sync, spin-kernel before start event (GPU time only)"
+                       if args.hide_launch else
+                       "cuda-events, sync before each sample (host call cost included)"),
+            "results": []}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="peers.json", help="JSON output, rewritten after each result")
+    p.add_argument("--quick", action="store_true", help="one shape per op, fewer samples")
+    p.add_argument("--only", help="comma-separated bench-name prefixes to run")
+    p.add_argument("--peer", help="comma-separated peer names to run (e.g. torch-eager)")
+    p.add_argument("--samples", type=int, help=f"timed samples (default {DEFAULT_SAMPLES}, "
+                                               f"{QUICK_SAMPLES} with --quick)")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--hide-launch", action="store_true",
+                   help="queue a spin kernel before each start event: GPU time only")
+    p.add_argument("--list", action="store_true", help="print benches and peers, run nothing")
+    args = p.parse_args(argv)
+    if args.samples is None:
+        args.samples = QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cases = select(build_cases(args.quick), args.only, args.peer)
+    if args.list:
+        for case in cases:
+            print(case.name, " ".join(p.name for p in case.peers))
+        return 0
+    if torch is None or not torch.cuda.is_available():
+        sys.exit("peers.py needs PyTorch with a CUDA device")
+    l2_bytes = l2_size()
+    doc = header(args, l2_bytes)
+    total = sum(len(c.peers) for c in cases)
+    print(f"device {doc['device']}, torch {doc['torch']}, seed {args.seed}, "
+          f"{len(cases)} benches / {total} measurements, samples {args.samples}, "
+          f"warmup {args.warmup}, L2 {l2_bytes / MIB:.0f} MiB, timing: {doc['timing']}",
+          flush=True)
+
+    def on_result(entry):
+        doc["results"].append(entry)
+        write_json(args.out, doc)
+        print(progress_line(len(doc["results"]), total, entry), flush=True)
+
+    write_json(args.out, doc)
+    t0 = time.perf_counter()
+    for case in cases:
+        run_case(case, args, l2_bytes, on_result)
+    failed = sum(1 for r in doc["results"] if r["error"])
+    print(f"done: {len(doc['results'])} results ({failed} errors) in "
+          f"{time.perf_counter() - t0:.0f} s -> {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

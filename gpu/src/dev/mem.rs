@@ -1,0 +1,95 @@
+//! Global-memory access: scalar element loads/stores and 16-byte vector accesses.
+//!
+//! The vector forms take a [`Chunk16`] pointer, a 16-byte aligned type, so a misaligned vector access is
+//! a type error at the call site instead of a 716 "misaligned address" at run time; host launchers only
+//! choose the vector kernels for buffers whose base address is 16-byte aligned.
+use crate::dev::elem::Elem;
+use crate::dev::shared::check_index;
+
+/// Four 32-bit words, 16-byte aligned: one `ld.global.v4.b32`.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub struct Chunk16(pub [u32; 4]);
+
+/// Read-only (non-coherent cache) 16-byte load.
+///
+/// # Safety
+/// `p.add(i)` must be inside a live allocation that no thread writes during the kernel.
+#[inline(always)]
+pub unsafe fn load_chunk_ro(p: *const Chunk16, i: u64) -> Chunk16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        core::arch::asm!(
+            "ld.global.nc.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg64) p.add(i as usize), options(nostack, readonly, pure)
+        )
+    }
+    Chunk16([a, b, c, d])
+}
+
+/// 16-byte store.
+///
+/// # Safety
+/// `p.add(i)` must be inside a live allocation this thread may write.
+#[inline(always)]
+pub unsafe fn store_chunk(p: *mut Chunk16, i: u64, v: Chunk16) {
+    let [a, b, c, d] = v.0;
+    unsafe {
+        core::arch::asm!(
+            "st.global.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};",
+            p = in(reg64) p.add(i as usize), a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
+            options(nostack)
+        )
+    }
+}
+
+/// A device buffer of `len` elements of `T`, as kernels receive it: pointer and length together, so a
+/// `checked` build can bounds-check every access (house rule: no raw pointer + length pairs at call sites).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Slice<T> {
+    pub ptr: *const T,
+    pub len: u64,
+}
+
+/// A writable device buffer.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SliceMut<T> {
+    pub ptr: *mut T,
+    pub len: u64,
+}
+
+impl<T: Elem> Slice<T> {
+    /// Element `i` as f32. In-range by the launcher's validation; checked in `checked` builds.
+    #[inline(always)]
+    pub fn get(&self, i: u64) -> f32 {
+        check_index(i as usize, self.len as usize);
+        // SAFETY: `i < len` by the launcher's validation (checked builds verify it).
+        unsafe { (*self.ptr.add(i as usize)).to_f32() }
+    }
+    #[inline(always)]
+    pub fn chunks(&self) -> *const Chunk16 {
+        self.ptr as *const Chunk16
+    }
+}
+
+impl<T: Elem> SliceMut<T> {
+    #[inline(always)]
+    pub fn set(&self, i: u64, v: f32) {
+        check_index(i as usize, self.len as usize);
+        // SAFETY: as for `Slice::get`; each output element is written by exactly one thread.
+        unsafe { *self.ptr.add(i as usize) = T::from_f32(v) }
+    }
+    #[inline(always)]
+    pub fn chunks(&self) -> *mut Chunk16 {
+        self.ptr as *mut Chunk16
+    }
+}
+
+const _: () =
+    assert!(core::mem::size_of::<Slice<f32>>() == core::mem::size_of::<crate::params::RawSlice>());
+const _: () = assert!(
+    core::mem::size_of::<SliceMut<f32>>() == core::mem::size_of::<crate::params::RawSlice>()
+);

@@ -1,0 +1,179 @@
+//! Softmax over the last dimension, forward and backward; one block per row (grid-stride over rows).
+//!
+//! Rows up to `MAX_CACHED_COLS` are held in registers (`CACHE_PER_THREAD` per thread): read once, written
+//! once. Longer rows take two passes: an online (max, sum) pass, then the write pass.
+//! Stable: `exp(x - max)`. A row that is all -inf has no defined softmax and yields NaN, as in PyTorch.
+use crate::dev::elem::{BF16, Elem, F16};
+use crate::dev::mem::{Slice, SliceMut};
+use crate::dev::thread::{block_dim_x, block_idx_x, grid_dim_x, thread_idx_x};
+use crate::dev::{block, math};
+use crate::params::softmax::CACHE_PER_THREAD;
+
+const CACHE: usize = CACHE_PER_THREAD as usize;
+// The unrolled loops below list the indices 0..16 literally.
+const _: () = assert!(CACHE == 16);
+
+/// `$body` for k = 0..CACHE, unrolled (the row caches must stay in registers).
+macro_rules! each_cached {
+    ($k:ident $body:block) => {
+        crate::unroll!($k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] $body)
+    };
+}
+
+/// Row softmax with the row in registers. Requires `cols <= block_dim * CACHE`.
+#[inline(always)]
+fn forward_cached<T: Elem>(x: &Slice<T>, y: &SliceMut<T>, base: u64, cols: u64) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let mut v = [f32::NEG_INFINITY; CACHE];
+    let mut m = f32::NEG_INFINITY;
+    each_cached!(k {
+        let j = tid + k as u64 * nt;
+        if j < cols {
+            v[k] = x.get(base + j);
+            m = math::max(m, v[k]);
+        }
+    });
+    let m = block::reduce_max(m);
+    let mut s = 0.0f32;
+    each_cached!(k {
+        if tid + (k as u64) * nt < cols {
+            v[k] = math::exp(v[k] - m);
+            s += v[k];
+        }
+    });
+    let inv = 1.0 / block::reduce_sum(s);
+    each_cached!(k {
+        let j = tid + k as u64 * nt;
+        if j < cols {
+            y.set(base + j, v[k] * inv);
+        }
+    });
+}
+
+/// Row softmax for long rows: each thread keeps an online (max, sum of exp) over its elements; the block
+/// merges them (rescaling each sum to the block max), then a second pass writes.
+#[inline(always)]
+fn forward_streaming<T: Elem>(x: &Slice<T>, y: &SliceMut<T>, base: u64, cols: u64) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
+    let mut j = tid;
+    while j < cols {
+        let v = x.get(base + j);
+        let m_new = math::max(m, v);
+        s = s * math::exp(m - m_new) + math::exp(v - m_new);
+        m = m_new;
+        j += nt;
+    }
+    let m_row = block::reduce_max(m);
+    // A thread that saw no element has m = -inf and s = 0: its rescaled share must be 0, not NaN.
+    let share = if s == 0.0 {
+        0.0
+    } else {
+        s * math::exp(m - m_row)
+    };
+    let inv = 1.0 / block::reduce_sum(share);
+    let mut j = tid;
+    while j < cols {
+        y.set(base + j, math::exp(x.get(base + j) - m_row) * inv);
+        j += nt;
+    }
+}
+
+/// dx = y * (dy - sum(y * dy)), row in registers.
+#[inline(always)]
+fn backward_cached<T: Elem>(y: &Slice<T>, dy: &Slice<T>, dx: &SliceMut<T>, base: u64, cols: u64) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let mut yv = [0.0f32; CACHE];
+    let mut gv = [0.0f32; CACHE];
+    let mut dot = 0.0f32;
+    each_cached!(k {
+        let j = tid + k as u64 * nt;
+        if j < cols {
+            yv[k] = y.get(base + j);
+            gv[k] = dy.get(base + j);
+            dot += yv[k] * gv[k];
+        }
+    });
+    let dot = block::reduce_sum(dot);
+    each_cached!(k {
+        let j = tid + k as u64 * nt;
+        if j < cols {
+            dx.set(base + j, yv[k] * (gv[k] - dot));
+        }
+    });
+}
+
+#[inline(always)]
+fn backward_streaming<T: Elem>(
+    y: &Slice<T>,
+    dy: &Slice<T>,
+    dx: &SliceMut<T>,
+    base: u64,
+    cols: u64,
+) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let mut dot = 0.0f32;
+    let mut j = tid;
+    while j < cols {
+        dot += y.get(base + j) * dy.get(base + j);
+        j += nt;
+    }
+    let dot = block::reduce_sum(dot);
+    let mut j = tid;
+    while j < cols {
+        dx.set(base + j, y.get(base + j) * (dy.get(base + j) - dot));
+        j += nt;
+    }
+}
+
+/// Whether this launch's block holds a whole row in registers. Uniform across the block, so the
+/// barriers inside either path are reached by every thread.
+#[inline(always)]
+fn cached(cols: u64) -> bool {
+    cols <= block_dim_x() as u64 * CACHE as u64
+}
+
+#[inline(always)]
+unsafe fn forward<T: Elem>(x: Slice<T>, y: SliceMut<T>, rows: u64, cols: u64) {
+    let mut r = block_idx_x() as u64;
+    while r < rows {
+        if cached(cols) {
+            forward_cached(&x, &y, r * cols, cols)
+        } else {
+            forward_streaming(&x, &y, r * cols, cols)
+        }
+        r += grid_dim_x() as u64;
+    }
+}
+
+#[inline(always)]
+unsafe fn backward<T: Elem>(y: Slice<T>, dy: Slice<T>, dx: SliceMut<T>, rows: u64, cols: u64) {
+    let mut r = block_idx_x() as u64;
+    while r < rows {
+        if cached(cols) {
+            backward_cached(&y, &dy, &dx, r * cols, cols)
+        } else {
+            backward_streaming(&y, &dy, &dx, r * cols, cols)
+        }
+        r += grid_dim_x() as u64;
+    }
+}
+
+macro_rules! softmax_entry_points {
+    ($($fwd:ident, $bwd:ident, $t:ty;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd(x: Slice<$t>, y: SliceMut<$t>, rows: u64, cols: u64) {
+            unsafe { forward(x, y, rows, cols) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd(y: Slice<$t>, dy: Slice<$t>, dx: SliceMut<$t>, rows: u64, cols: u64) {
+            unsafe { backward(y, dy, dx, rows, cols) }
+        }
+    )*};
+}
+
+softmax_entry_points! {
+    softmax_f32, softmax_backward_f32, f32;
+    softmax_f16, softmax_backward_f16, F16;
+    softmax_bf16, softmax_backward_bf16, BF16;
+}

@@ -1,0 +1,168 @@
+//! The GPU handle: driver context, the one stream all ops run on, the loaded PTX module and a cache of
+//! kernel handles. Cheap to clone (an `Arc`).
+//!
+//! The driver library is loaded at run time (cudarc `dynamic-loading`): without a driver the crate still
+//! builds and runs, and [`Gpu::new`] returns [`Error::NoDevice`].
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+
+use crate::error::{Error, Result};
+
+#[derive(Clone)]
+pub struct Gpu {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    arch: &'static str,
+    name: String,
+    compute_capability: (i32, i32),
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    poison_outputs: AtomicBool,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Gpu({}, sm_{}{}, ptx {})",
+            self.inner.name,
+            self.inner.compute_capability.0,
+            self.inner.compute_capability.1,
+            self.inner.arch
+        )
+    }
+}
+
+/// Whether a CUDA driver library can be loaded on this machine (no panic if not).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: creates (or retains) its primary context and loads the PTX that matches
+    /// its compute capability.
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        if !driver_present() {
+            return Err(Error::NoDevice {
+                reason: "the CUDA driver library (libcuda.so) is not present on this machine"
+                    .into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(|e| Error::NoDevice {
+            reason: format!("cuInit/cuDeviceGetCount failed: {e:?}"),
+        })?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::NoDevice {
+                reason: format!("device {ordinal} requested, {count} visible"),
+            });
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| Error::driver(e, "creating the CUDA context"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| Error::driver(e, "reading the compute capability"))?;
+        let (arch, ptx) = crate::ptx::for_compute_capability(major, minor).ok_or_else(|| Error::NoDevice {
+            reason: format!("device has compute capability {major}.{minor}; the shipped PTX needs 8.0 or newer"),
+        })?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(|e| Error::driver(e, format!("loading the {arch} PTX module")))?;
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            inner: Arc::new(Inner {
+                ctx,
+                stream,
+                module,
+                arch,
+                name,
+                compute_capability: (major, minor),
+                functions: Mutex::new(HashMap::new()),
+                poison_outputs: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.inner.compute_capability
+    }
+    /// The PTX arch loaded (`sm_80` or `sm_90`).
+    pub fn ptx_arch(&self) -> &'static str {
+        self.inner.arch
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+    /// The stream every op of this handle runs on (events for timing go on it too).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> Result<u32> {
+        self.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+    }
+
+    pub fn attribute(&self, a: cudarc::driver::sys::CUdevice_attribute) -> Result<u32> {
+        self.inner
+            .ctx
+            .attribute(a)
+            .map(|v| v.max(0) as u32)
+            .map_err(|e| Error::driver(e, "reading a device attribute"))
+    }
+
+    /// Waits for all queued work; surfaces asynchronous kernel faults as typed errors.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.stream.synchronize().map_err(|e| {
+            Error::driver(
+                e,
+                "synchronizing the stream (an earlier kernel may have faulted)",
+            )
+        })
+    }
+
+    /// Poison mode: every op output is filled with 0xFF bytes (NaN in every float dtype) before its kernel
+    /// runs, so an element a kernel fails to write shows up as NaN. Tests turn this on.
+    pub fn set_poison_outputs(&self, on: bool) {
+        self.inner.poison_outputs.store(on, Ordering::Relaxed);
+    }
+    pub fn poison_outputs(&self) -> bool {
+        self.inner.poison_outputs.load(Ordering::Relaxed)
+    }
+
+    /// The kernel `name` from the loaded module (cached).
+    pub fn function(&self, name: &'static str) -> Result<CudaFunction> {
+        let mut cache = self
+            .inner
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = cache.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .inner
+            .module
+            .load_function(name)
+            .map_err(|e| Error::driver(e, format!("looking up kernel `{name}`")))?;
+        cache.insert(name, f.clone());
+        Ok(f)
+    }
+
+    pub(crate) fn same_device(&self, other: &Gpu) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner) || Arc::ptr_eq(&self.inner.ctx, &other.inner.ctx)
+    }
+}

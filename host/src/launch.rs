@@ -1,0 +1,87 @@
+//! The one place kernels are launched from: by-value parameter passing, grid sizing and the launch call
+//! with its error mapping. Each op's typed launcher builds its arguments and calls [`launch`].
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use gpu::params::KernelParam;
+
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+
+/// A `#[repr(C)]` parameter struct passed to a kernel by value.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct ByValue<T>(pub T);
+
+// SAFETY: `KernelParam` types are `#[repr(C)]` plain data shared with the kernel (gpu::params); the
+// kernel reads exactly these bytes.
+unsafe impl<T: KernelParam> DeviceRepr for ByValue<T> {}
+
+/// Most blocks a 1-D grid-stride launch uses; kernels loop over the rest. Far below the 2^31-1 grid
+/// limit, and enough (about 8000 blocks per SM-wave on 132 SMs) to fill any current GPU.
+pub const MAX_GRID_BLOCKS: u64 = 1 << 20;
+
+/// Blocks for `work` items at `per_block` items per block, capped for grid-stride kernels.
+pub fn grid_blocks(work: u64, per_block: u64) -> u32 {
+    work.div_ceil(per_block.max(1)).clamp(1, MAX_GRID_BLOCKS) as u32
+}
+
+/// One kernel launch: `name` with `args` pushed in order.
+pub fn launch(
+    gpu: &Gpu,
+    name: &'static str,
+    grid: u32,
+    block: u32,
+    args: &[&dyn ArgPush],
+) -> Result<()> {
+    launch_cfg(
+        gpu,
+        name,
+        LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        args,
+    )
+}
+
+/// A launch with a full configuration (2-D/3-D grids, dynamic shared memory).
+pub fn launch_cfg(
+    gpu: &Gpu,
+    name: &'static str,
+    cfg: LaunchConfig,
+    args: &[&dyn ArgPush],
+) -> Result<()> {
+    let func = gpu.function(name)?;
+    let mut builder = gpu.stream().launch_builder(&func);
+    for a in args {
+        a.push(&mut builder);
+    }
+    // SAFETY: every launcher validates shapes, sizes and alignment before calling here, and passes
+    // arguments in the order and types of the kernel's signature (one typed launcher per kernel).
+    unsafe { builder.launch(cfg) }.map_err(|e| Error::driver(e, format!("launching `{name}`")))?;
+    Ok(())
+}
+
+/// Object-safe argument pushing, so launchers can pass a slice of mixed argument types.
+pub trait ArgPush {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+
+impl<T: DeviceRepr> ArgPush for T {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
+
+/// The kernel entry-point name `{op}_{dtype}` as a `&'static str`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! kernel_name {
+    ($op:literal, $dtype:expr) => {
+        match $dtype {
+            $crate::DType::F32 => concat!($op, "_f32"),
+            $crate::DType::F16 => concat!($op, "_f16"),
+            $crate::DType::BF16 => concat!($op, "_bf16"),
+        }
+    };
+}

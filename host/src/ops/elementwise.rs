@@ -1,0 +1,505 @@
+//! Elementwise ops: `add`, `sub`, `mul`, `div` with full NumPy/PyTorch broadcasting, scalar `affine`
+//! (`alpha * x + beta`), exact GELU; and their backward passes. f32, f16 and bf16 (f32 math).
+//!
+//! Launch choice: same-shape contiguous operands with 16-byte aligned bases take the vectorised kernel
+//! (`{op}_{dtype}`, 16-byte loads); anything else — broadcasting, strided views — the strided kernel
+//! (`{op}_bcast_{dtype}`).
+pub use gpu::params::BinaryOp;
+use gpu::params::elementwise::{BLOCK, CHUNKS_PER_THREAD, VECTOR_BYTES};
+
+use crate::error::{Error, Result};
+use crate::launch::{ByValue, grid_blocks, launch};
+use crate::ops::{aligned16, same_device_and_dtype, same_shape};
+use crate::shape::{broadcast_shapes, broadcast2};
+use crate::tensor::Tensor;
+use crate::{DType, kernel_name};
+
+fn binary_kernel(op: BinaryOp, dtype: DType, broadcast: bool) -> &'static str {
+    match (op, broadcast) {
+        (BinaryOp::Add, false) => kernel_name!("add", dtype),
+        (BinaryOp::Sub, false) => kernel_name!("sub", dtype),
+        (BinaryOp::Mul, false) => kernel_name!("mul", dtype),
+        (BinaryOp::Div, false) => kernel_name!("div", dtype),
+        (BinaryOp::Add, true) => kernel_name!("add_bcast", dtype),
+        (BinaryOp::Sub, true) => kernel_name!("sub_bcast", dtype),
+        (BinaryOp::Mul, true) => kernel_name!("mul_bcast", dtype),
+        (BinaryOp::Div, true) => kernel_name!("div_bcast", dtype),
+    }
+}
+
+/// Grid for a vectorised kernel over `numel` elements of `dtype`.
+fn vector_grid(numel: usize, dtype: DType) -> u32 {
+    let chunks = (numel * dtype.size_bytes() / VECTOR_BYTES).max(1) as u64;
+    grid_blocks(chunks, (BLOCK * CHUNKS_PER_THREAD) as u64)
+}
+
+/// `a (op) b` with broadcasting. Operands may be strided views.
+pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "elementwise binary";
+    same_device_and_dtype(OP, a, b)?;
+    let out_shape = broadcast_shapes(a.shape(), b.shape())?;
+    let params = broadcast2(
+        OP,
+        &out_shape,
+        (a.shape(), a.strides()),
+        (b.shape(), b.strides()),
+    )?;
+    let out = Tensor::empty(a.gpu(), &out_shape, a.dtype())?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let fast = a.shape() == b.shape()
+        && a.is_contiguous()
+        && b.is_contiguous()
+        && aligned16(&[a, b, &out]);
+    let name = binary_kernel(op, a.dtype(), !fast);
+    if fast {
+        launch(
+            a.gpu(),
+            name,
+            vector_grid(out.numel(), out.dtype()),
+            BLOCK,
+            &[&ByValue(a.raw()), &ByValue(b.raw()), &ByValue(out.raw())],
+        )?;
+    } else {
+        let grid = grid_blocks(params.numel, BLOCK as u64);
+        launch(
+            a.gpu(),
+            name,
+            grid,
+            BLOCK,
+            &[
+                &ByValue(a.raw()),
+                &ByValue(b.raw()),
+                &ByValue(out.raw()),
+                &ByValue(params),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Add, a, b)
+}
+pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Sub, a, b)
+}
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Mul, a, b)
+}
+pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Div, a, b)
+}
+
+/// Checks for the contiguous unary kernels (GELU, affine): contiguous, 16-byte aligned base.
+fn unary_input(op: &'static str, x: &Tensor) -> Result<()> {
+    x.require_contiguous(op, "input")?;
+    if !aligned16(&[x]) {
+        return Err(Error::Invalid {
+            op,
+            msg: "input base address is not 16-byte aligned (a sliced view); call .contiguous()"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// `alpha * x + beta` (scalar ops: scale, add a scalar). Contiguous input.
+pub fn affine(x: &Tensor, alpha: f32, beta: f32) -> Result<Tensor> {
+    const OP: &str = "affine";
+    unary_input(OP, x)?;
+    let out = Tensor::empty(x.gpu(), x.shape(), x.dtype())?;
+    if out.numel() > 0 {
+        let grid = vector_grid(out.numel(), out.dtype());
+        launch(
+            x.gpu(),
+            kernel_name!("affine", x.dtype()),
+            grid,
+            BLOCK,
+            &[&ByValue(x.raw()), &ByValue(out.raw()), &alpha, &beta],
+        )?;
+    }
+    Ok(out)
+}
+
+/// Exact GELU, `x * Phi(x)` with the normal CDF through erfc. Contiguous input.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    const OP: &str = "gelu";
+    unary_input(OP, x)?;
+    let out = Tensor::empty(x.gpu(), x.shape(), x.dtype())?;
+    if out.numel() > 0 {
+        let grid = vector_grid(out.numel(), out.dtype());
+        launch(
+            x.gpu(),
+            kernel_name!("gelu", x.dtype()),
+            grid,
+            BLOCK,
+            &[&ByValue(x.raw()), &ByValue(out.raw())],
+        )?;
+    }
+    Ok(out)
+}
+
+/// `dx = dy * (Phi(x) + x phi(x))`.
+pub fn gelu_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    const OP: &str = "gelu_backward";
+    same_device_and_dtype(OP, x, dy)?;
+    same_shape(OP, "dy must have the shape of x", x.shape(), dy.shape())?;
+    unary_input(OP, x)?;
+    unary_input(OP, dy)?;
+    let dx = Tensor::empty(x.gpu(), x.shape(), x.dtype())?;
+    if dx.numel() > 0 {
+        let grid = vector_grid(dx.numel(), dx.dtype());
+        launch(
+            x.gpu(),
+            kernel_name!("gelu_backward", x.dtype()),
+            grid,
+            BLOCK,
+            &[&ByValue(x.raw()), &ByValue(dy.raw()), &ByValue(dx.raw())],
+        )?;
+    }
+    Ok(dx)
+}
+
+/// `alpha * sum of grad over the dims broadcast from operand_shape` (the gradient of a broadcast operand).
+pub fn reduce_to(grad: &Tensor, operand_shape: &[usize], alpha: f32) -> Result<Tensor> {
+    const OP: &str = "reduce_to";
+    grad.require_contiguous(OP, "grad")?;
+    if broadcast_shapes(operand_shape, grad.shape())? != grad.shape() {
+        return Err(Error::Shape {
+            op: OP,
+            what: format!("operand shape {operand_shape:?} must broadcast to the gradient's shape"),
+            expected: format!("{:?}", grad.shape()),
+            got: operand_shape.to_vec(),
+        });
+    }
+    let params = crate::shape::reduce_to(OP, grad.shape(), operand_shape)?;
+    let out = Tensor::empty(grad.gpu(), operand_shape, grad.dtype())?;
+    if out.numel() > 0 {
+        let grid = grid_blocks(params.out_numel, BLOCK as u64);
+        launch(
+            grad.gpu(),
+            kernel_name!("reduce_to", grad.dtype()),
+            grid,
+            BLOCK,
+            &[
+                &ByValue(grad.raw()),
+                &ByValue(out.raw()),
+                &ByValue(params),
+                &alpha,
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+/// `alpha * x` broadcast to `shape` (the gradient of a reduction, expanded back).
+pub fn expand(x: &Tensor, shape: &[usize], alpha: f32) -> Result<Tensor> {
+    const OP: &str = "expand";
+    if broadcast_shapes(x.shape(), shape)? != shape {
+        return Err(Error::Shape {
+            op: OP,
+            what: format!("{:?} must broadcast to the target shape", x.shape()),
+            expected: format!("{shape:?}"),
+            got: x.shape().to_vec(),
+        });
+    }
+    let params = broadcast2(
+        OP,
+        shape,
+        (x.shape(), x.strides()),
+        (x.shape(), x.strides()),
+    )?;
+    let out = Tensor::empty(x.gpu(), shape, x.dtype())?;
+    if out.numel() > 0 {
+        let grid = grid_blocks(params.numel, BLOCK as u64);
+        launch(
+            x.gpu(),
+            kernel_name!("expand", x.dtype()),
+            grid,
+            BLOCK,
+            &[
+                &ByValue(x.raw()),
+                &ByValue(out.raw()),
+                &ByValue(params),
+                &alpha,
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+/// Gradients of `a (op) b` with respect to `a` and `b`, given the upstream gradient `grad` of the
+/// broadcast output's shape; each is summed back to its operand's shape.
+pub fn binary_backward(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    grad: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "elementwise binary backward";
+    same_device_and_dtype(OP, a, b)?;
+    same_device_and_dtype(OP, a, grad)?;
+    let out_shape = broadcast_shapes(a.shape(), b.shape())?;
+    same_shape(
+        OP,
+        "grad must have the broadcast output shape",
+        &out_shape,
+        grad.shape(),
+    )?;
+    let grad = grad.contiguous()?;
+    let (ga_full, gb_full, gb_sign) = match op {
+        BinaryOp::Add => (grad.clone(), grad.clone(), 1.0),
+        BinaryOp::Sub => (grad.clone(), grad.clone(), -1.0),
+        BinaryOp::Mul => (mul(&grad, b)?, mul(&grad, a)?, 1.0),
+        // d(a/b)/db = -a/b^2 = -(g/b)(a/b)
+        BinaryOp::Div => {
+            let g_over_b = div(&grad, b)?;
+            let a_over_b = div(a, b)?;
+            let gb = mul(&g_over_b, &a_over_b)?;
+            (g_over_b, gb, -1.0)
+        }
+    };
+    Ok((
+        reduce_to(&ga_full, a.shape(), 1.0)?,
+        reduce_to(&gb_full, b.shape(), gb_sign)?,
+    ))
+}
+
+/// CPU references: f64 math, results rounded to the inputs' dtype.
+pub mod reference {
+    use super::BinaryOp;
+    use crate::error::{Error, Result};
+    use crate::shape::{broadcast_shapes, broadcast_strides};
+    use crate::tensor::{HostTensor, contiguous_strides};
+
+    fn apply(op: BinaryOp, a: f64, b: f64) -> f64 {
+        match op {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+        }
+    }
+
+    /// For each output index of `out_shape`, the offsets of the broadcast operands.
+    fn broadcast_offsets(out_shape: &[usize], a: &[usize], b: &[usize]) -> Vec<(usize, usize)> {
+        let sa = broadcast_strides(a, &contiguous_strides(a), out_shape);
+        let sb = broadcast_strides(b, &contiguous_strides(b), out_shape);
+        let numel: usize = out_shape.iter().product();
+        let mut idx = vec![0usize; out_shape.len()];
+        let mut offs = Vec::with_capacity(numel);
+        for _ in 0..numel {
+            offs.push((
+                idx.iter().zip(&sa).map(|(i, s)| i * s).sum(),
+                idx.iter().zip(&sb).map(|(i, s)| i * s).sum(),
+            ));
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < out_shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        offs
+    }
+
+    fn dtype_check(op: &'static str, a: &HostTensor, b: &HostTensor) -> Result<()> {
+        if a.dtype != b.dtype {
+            return Err(Error::DType {
+                op,
+                expected: a.dtype.to_string(),
+                got: b.dtype,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn binary(op: BinaryOp, a: &HostTensor, b: &HostTensor) -> Result<HostTensor> {
+        dtype_check("elementwise binary (reference)", a, b)?;
+        let out_shape = broadcast_shapes(&a.shape, &b.shape)?;
+        let data = broadcast_offsets(&out_shape, &a.shape, &b.shape)
+            .into_iter()
+            .map(|(ia, ib)| apply(op, a.data[ia] as f64, b.data[ib] as f64) as f32)
+            .collect();
+        HostTensor::new(data, &out_shape, a.dtype)
+    }
+
+    /// Sums `full` (of `out_shape`) down to `shape`, times `sign`.
+    fn reduce_to(full: &[f64], out_shape: &[usize], shape: &[usize], sign: f64) -> Vec<f64> {
+        let mut acc = vec![0.0f64; shape.iter().product()];
+        for (k, (i, _)) in broadcast_offsets(out_shape, shape, shape)
+            .into_iter()
+            .enumerate()
+        {
+            acc[i] += full[k];
+        }
+        acc.iter().map(|v| sign * v).collect()
+    }
+
+    pub fn binary_backward(
+        op: BinaryOp,
+        a: &HostTensor,
+        b: &HostTensor,
+        grad: &HostTensor,
+    ) -> Result<(HostTensor, HostTensor)> {
+        dtype_check("elementwise binary backward (reference)", a, b)?;
+        let out_shape = broadcast_shapes(&a.shape, &b.shape)?;
+        if grad.shape != out_shape {
+            return Err(Error::Shape {
+                op: "elementwise binary backward (reference)",
+                what: "grad must have the broadcast output shape".into(),
+                expected: format!("{out_shape:?}"),
+                got: grad.shape.clone(),
+            });
+        }
+        let offs = broadcast_offsets(&out_shape, &a.shape, &b.shape);
+        let (mut ga, mut gb) = (
+            Vec::with_capacity(offs.len()),
+            Vec::with_capacity(offs.len()),
+        );
+        for (k, &(ia, ib)) in offs.iter().enumerate() {
+            let (x, y, g) = (a.data[ia] as f64, b.data[ib] as f64, grad.data[k] as f64);
+            let (da, db) = match op {
+                BinaryOp::Add => (g, g),
+                BinaryOp::Sub => (g, -g),
+                BinaryOp::Mul => (g * y, g * x),
+                BinaryOp::Div => (g / y, -g * x / (y * y)),
+            };
+            ga.push(da);
+            gb.push(db);
+        }
+        let ga = reduce_to(&ga, &out_shape, &a.shape, 1.0)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        let gb = reduce_to(&gb, &out_shape, &b.shape, 1.0)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        Ok((
+            HostTensor::new(ga, &a.shape, a.dtype)?,
+            HostTensor::new(gb, &b.shape, b.dtype)?,
+        ))
+    }
+
+    /// Standard normal CDF in f64 (libm's erf, independent of the device's erfc approximation).
+    pub fn normal_cdf(x: f64) -> f64 {
+        0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
+    }
+
+    pub fn gelu(x: &HostTensor) -> Result<HostTensor> {
+        let data = x
+            .data
+            .iter()
+            .map(|&v| (v as f64 * normal_cdf(v as f64)) as f32)
+            .collect();
+        HostTensor::new(data, &x.shape, x.dtype)
+    }
+
+    pub fn gelu_backward(x: &HostTensor, dy: &HostTensor) -> Result<HostTensor> {
+        if x.shape != dy.shape {
+            return Err(Error::Shape {
+                op: "gelu_backward (reference)",
+                what: "dy must have the shape of x".into(),
+                expected: format!("{:?}", x.shape),
+                got: dy.shape.clone(),
+            });
+        }
+        let pdf = |t: f64| (-0.5 * t * t).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        let data = x.data.iter().zip(&dy.data).map(|(&v, &g)| {
+            let v = v as f64;
+            (g as f64 * (normal_cdf(v) + v * pdf(v))) as f32
+        });
+        HostTensor::new(data.collect(), &x.shape, x.dtype)
+    }
+
+    pub fn affine(x: &HostTensor, alpha: f32, beta: f32) -> Result<HostTensor> {
+        let data = x
+            .data
+            .iter()
+            .map(|&v| (alpha as f64 * v as f64 + beta as f64) as f32)
+            .collect();
+        HostTensor::new(data, &x.shape, x.dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BinaryOp;
+    use super::reference as r;
+    use crate::{DType, HostTensor};
+
+    fn t(data: &[f32], shape: &[usize]) -> HostTensor {
+        HostTensor::new(data.to_vec(), shape, DType::F32).unwrap()
+    }
+
+    #[test]
+    fn reference_broadcasts_row_and_column_vectors() {
+        let a = t(&[1., 2., 3.], &[3, 1]);
+        let b = t(&[10., 20.], &[2]);
+        let c = r::binary(BinaryOp::Add, &a, &b).unwrap();
+        assert_eq!(c.shape, vec![3, 2]);
+        assert_eq!(c.data, vec![11., 21., 12., 22., 13., 23.]);
+        let d = r::binary(BinaryOp::Div, &b, &t(&[4.], &[])).unwrap();
+        assert_eq!(d.data, vec![2.5, 5.0]);
+    }
+
+    #[test]
+    fn reference_backward_sums_over_broadcast_dims() {
+        let a = t(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
+        let b = t(&[2., 4., 8.], &[3]);
+        let g = t(&[1.; 6], &[2, 3]);
+        let (ga, gb) = r::binary_backward(BinaryOp::Mul, &a, &b, &g).unwrap();
+        assert_eq!(ga.data, vec![2., 4., 8., 2., 4., 8.]);
+        assert_eq!(gb.data, vec![5., 7., 9.]); // column sums of a
+        let (_, gb) = r::binary_backward(BinaryOp::Sub, &a, &b, &g).unwrap();
+        assert_eq!(gb.data, vec![-2., -2., -2.]);
+        let (ga, gb) = r::binary_backward(BinaryOp::Div, &a, &b, &g).unwrap();
+        assert_eq!(ga.data[0], 0.5);
+        assert!((gb.data[0] - (-(1. + 4.) / 4.)).abs() < 1e-6); // -sum_i a_i0 / b0^2
+    }
+
+    #[test]
+    fn gelu_matches_closed_form_values() {
+        // GELU(x) = x Phi(x); Phi(1) = 0.8413447460685429, Phi(-1) = 0.15865525393145707.
+        let y = r::gelu(&t(&[0.0, 1.0, -1.0, 3.0], &[4])).unwrap();
+        assert_eq!(y.data[0], 0.0);
+        assert!((y.data[1] as f64 - 0.841_344_746_068_542_9).abs() < 1e-7);
+        assert!((y.data[2] as f64 + 0.158_655_253_931_457_07).abs() < 1e-7);
+        assert!((y.data[3] as f64 - 3.0 * 0.998_650_101_968_369_9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn gelu_backward_matches_finite_differences() {
+        for &x in &[-3.0f64, -0.7, 0.0, 0.4, 2.5] {
+            let h = 1e-6;
+            let f = |v: f64| v * r::normal_cdf(v);
+            let fd = (f(x + h) - f(x - h)) / (2.0 * h);
+            let g = r::gelu_backward(&t(&[x as f32], &[1]), &t(&[1.0], &[1])).unwrap();
+            assert!(
+                (g.data[0] as f64 - fd).abs() < 1e-5,
+                "x={x}: {} vs {fd}",
+                g.data[0]
+            );
+        }
+    }
+
+    #[test]
+    fn reference_rejects_incompatible_shapes_naming_both() {
+        let e = r::binary(BinaryOp::Add, &t(&[0.; 6], &[2, 3]), &t(&[0.; 4], &[4]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[2, 3]") && e.contains("[4]"), "{e}");
+    }
+
+    #[test]
+    fn half_results_are_rounded_to_the_dtype() {
+        let a = HostTensor::new(vec![1.0], &[1], DType::F16).unwrap();
+        let b = HostTensor::new(vec![1e-4], &[1], DType::F16).unwrap();
+        // 1 + 1e-4 is not representable in f16 (spacing 2^-10 near 1): rounds back to 1.
+        assert_eq!(r::binary(BinaryOp::Add, &a, &b).unwrap().data[0], 1.0);
+    }
+}
