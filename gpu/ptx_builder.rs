@@ -46,3 +46,94 @@ pub fn build_gpu_ptx(
         .join("nvptx64-nvidia-cuda/release/gpu.ptx");
     std::fs::read_to_string(&ptx).map_err(|e| format!("nvptx build ran but {} is unreadable: {e}", ptx.display()))
 }
+
+/// Finds `ptxas`: `$PTXAS`, then `PATH`, then the pip package `nvidia-cuda-nvcc-cu12` (which ships
+/// ptxas for machines without a GPU) in the site-packages of `python3`.
+pub fn find_ptxas() -> Option<std::path::PathBuf> {
+    if let Ok(p) = std::env::var("PTXAS") {
+        let p = std::path::PathBuf::from(p);
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let p = dir.join("ptxas");
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], 'bin', 'ptxas'))"])
+        .output()
+        .ok()?;
+    let p = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if out.status.success() && p.is_file() { Some(p) } else { None }
+}
+
+/// One kernel's resource use as ptxas reports it (`ptxas -v`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelResources {
+    pub name: String,
+    pub registers: u32,
+    pub shared_bytes: u32,
+    pub stack_bytes: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+}
+
+/// Runs `ptxas -arch=ARCH -v` on `ptx` and parses the per-kernel report.
+pub fn ptxas_resources(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<KernelResources>, String> {
+    let dir = std::env::temp_dir().join(format!("rgk-ptxas-{}-{arch}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let input = dir.join("kernels.ptx");
+    std::fs::write(&input, ptx).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(&input)
+        .arg("-o")
+        .arg(dir.join("kernels.cubin"))
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", ptxas.display()))?;
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(format!("ptxas rejected the {arch} PTX:\n{text}"));
+    }
+    Ok(parse_ptxas_report(&text))
+}
+
+/// Parses `ptxas -v` output. Only entry functions (`Compiling entry function 'NAME'`) are reported.
+pub fn parse_ptxas_report(text: &str) -> Vec<KernelResources> {
+    fn number_before(line: &str, unit: &str) -> u32 {
+        line.find(unit)
+            .and_then(|i| line[..i].split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+    let mut out: Vec<KernelResources> = Vec::new();
+    let mut current: Option<usize> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or("").to_string();
+            out.push(KernelResources { name, ..Default::default() });
+            current = Some(out.len() - 1);
+        } else if line.contains("Function properties for ") {
+            // Properties of a non-entry function (device function) are not a kernel's.
+            let name = line.split("Function properties for ").nth(1).unwrap_or("").trim();
+            current = out.iter().position(|k| k.name == name);
+        } else if let Some(i) = current {
+            let k = &mut out[i];
+            if line.contains("bytes stack frame") {
+                k.stack_bytes = number_before(line, "bytes stack frame");
+                k.spill_stores = number_before(line, "bytes spill stores");
+                k.spill_loads = number_before(line, "bytes spill loads");
+            } else if line.contains("registers") {
+                k.registers = number_before(line, "registers");
+                k.shared_bytes = number_before(line, "bytes smem");
+            }
+        }
+    }
+    out
+}

@@ -48,7 +48,7 @@ fn large_contiguous_add_is_exact_in_f32() {
     let Some(gpu) = gpu_or_skip("large_contiguous_add_is_exact_in_f32") else { return };
     let mut rng = rng("large_add");
     // 2^24 + 3 elements: many grid-stride trips and a ragged tail after the 16-byte chunks.
-    let n = (1 << 24) + 3;
+    let n = scaled(1 << 24, 1 << 16) + 3;
     let a = uniform(&mut rng, &[n], -1e3, 1e3, DType::F32);
     let b = uniform(&mut rng, &[n], -1e3, 1e3, DType::F32);
     let out = ew::add(&Tensor::from_host(&gpu, &a).unwrap(), &Tensor::from_host(&gpu, &b).unwrap()).unwrap().to_vec().unwrap();

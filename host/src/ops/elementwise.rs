@@ -33,8 +33,23 @@ fn vector_grid(numel: usize, dtype: DType) -> u32 {
     grid_blocks(chunks, (BLOCK * CHUNKS_PER_THREAD) as u64)
 }
 
+/// Which binary kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPath {
+    /// The vectorised kernel when operands allow it, else the strided one.
+    Auto,
+    /// Always the strided (broadcasting) kernel: for tests that cover it on same-shape inputs, and as
+    /// the deliberately slower variant that proves `xtask bench-compare` flags a regression.
+    Strided,
+}
+
 /// `a (op) b` with broadcasting. Operands may be strided views.
 pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary_on(op, a, b, KernelPath::Auto)
+}
+
+/// [`binary`] with the kernel choice made explicit.
+pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Result<Tensor> {
     const OP: &str = "elementwise binary";
     same_device_and_dtype(OP, a, b)?;
     let out_shape = broadcast_shapes(a.shape(), b.shape())?;
@@ -48,10 +63,7 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if out.numel() == 0 {
         return Ok(out);
     }
-    let fast = a.shape() == b.shape()
-        && a.is_contiguous()
-        && b.is_contiguous()
-        && aligned16(&[a, b, &out]);
+    let fast = path == KernelPath::Auto && a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous() && aligned16(&[a, b, &out]);
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
         launch(

@@ -91,3 +91,14 @@ pub fn random_shape(rng: &mut StdRng, max_rank: usize, max_numel: usize) -> Vec<
         }
     }
 }
+
+/// Whether the tests run under compute-sanitizer (`cargo xtask sanitize` sets RGK_SANITIZE=1): the
+/// sanitizer slows kernels 10-100x, so the largest sizes shrink (the shapes keep their odd tails).
+pub fn sanitizing() -> bool {
+    std::env::var("RGK_SANITIZE").is_ok_and(|v| v == "1")
+}
+
+/// `full` normally, `small` under the sanitizer.
+pub fn scaled(full: usize, small: usize) -> usize {
+    if sanitizing() { small } else { full }
+}

@@ -1,0 +1,50 @@
+//! The embedded PTX: every kernel the launchers name is in it, for every arch, and ptxas (when found)
+//! accepts it with no spills and no local-memory stack.
+include!("../../gpu/ptx_builder.rs");
+
+const KERNELS: [&str; 17] = [
+    "add", "sub", "mul", "div", "add_bcast", "sub_bcast", "mul_bcast", "div_bcast", "gelu", "gelu_backward", "affine", "expand", "reduce_to", "sum_rows",
+    "sum_partials", "softmax", "softmax_backward",
+];
+
+#[test]
+fn every_launched_kernel_is_in_the_ptx_for_every_dtype_and_arch() {
+    for (arch, ptx) in [("sm_80", host::ptx::SM80), ("sm_90", host::ptx::SM90)] {
+        assert!(ptx.contains(&format!(".target {arch}")), "{arch} PTX targets another arch");
+        let entries = host::ptx::entry_points(ptx);
+        for k in KERNELS {
+            for d in ["f32", "f16", "bf16"] {
+                let name = format!("{k}_{d}");
+                assert!(entries.contains(&name.as_str()), "{arch}: kernel {name} missing from the PTX");
+            }
+        }
+    }
+}
+
+#[test]
+fn ptxas_accepts_the_ptx_without_spills_or_stack() {
+    let Some(ptxas) = find_ptxas() else {
+        println!("SKIP ptxas_accepts_the_ptx_without_spills_or_stack: ptxas not found (pip install nvidia-cuda-nvcc-cu12, or set PTXAS)");
+        return;
+    };
+    for (arch, ptx) in [("sm_80", host::ptx::SM80), ("sm_90", host::ptx::SM90)] {
+        let table = ptxas_resources(&ptxas, ptx, arch).unwrap_or_else(|e| panic!("{e}"));
+        assert!(table.len() >= KERNELS.len() * 3, "{arch}: ptxas reported only {} kernels", table.len());
+        for k in &table {
+            assert_eq!((k.stack_bytes, k.spill_stores, k.spill_loads), (0, 0, 0), "{arch}: {} uses local memory: {k:?}", k.name);
+        }
+    }
+}
+
+#[test]
+fn ptxas_report_parser_reads_entries_and_ignores_device_functions() {
+    let text = "ptxas info    : Compiling entry function 'softmax_f32' for 'sm_90'\n\
+ptxas info    : Function properties for softmax_f32\n\
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n\
+ptxas info    : Used 71 registers, used 1 barriers, 128 bytes smem\n\
+ptxas info    : Function properties for _ZN4core9panicking\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
+    let t = parse_ptxas_report(text);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0], KernelResources { name: "softmax_f32".into(), registers: 71, shared_bytes: 128, stack_bytes: 8, spill_stores: 4, spill_loads: 4 });
+}

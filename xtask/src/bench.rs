@@ -1,0 +1,91 @@
+//! `cargo xtask bench`: our GPU-timed criterion benches (CUDA events on the ops' stream), the PyTorch
+//! peers measured on the same card in the same invocation (bench/peers.py), and the merged report
+//! (bench/report.py: report.md, report.json, ratio.svg, roofline.svg).
+//!
+//! Peers are timed with `--hide-launch` (a short spin kernel queued first), so their samples are GPU
+//! time like ours: criterion runs many launches between two events, which hides our launch cost too.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::util::{flag_value, has_flag, run_checked, which, workspace_root};
+
+/// Bench executables of `cargo bench --no-run --message-format=json` output.
+fn bench_executable(json_lines: &str) -> Option<PathBuf> {
+    json_lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["kind"][0] == "bench")
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+}
+
+/// Builds the criterion bench binary and returns its path.
+pub fn build_bench_binary(root: &Path) -> Result<PathBuf, String> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root)
+        .args(["bench", "--no-run", "--message-format=json", "-p", "benches"])
+        .output()
+        .map_err(|e| format!("could not run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("building the benches failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    bench_executable(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| "cargo built no bench executable".into())
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let out = PathBuf::from(flag_value(args, "--out").unwrap_or_else(|| "target/bench-report".into()));
+    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let out = out.canonicalize().map_err(|e| e.to_string())?;
+    let quick = has_flag(args, "--quick");
+    let (bench_bin, scripts) = match flag_value(args, "--bins") {
+        Some(dir) => (Path::new(&dir).join("bench").join("ops"), Path::new(&dir).join("bench")),
+        None => {
+            let root = workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?;
+            (build_bench_binary(&root)?, root.join("bench"))
+        }
+    };
+    let ours = out.join("ours.json");
+    println!("bench: our kernels ({}) ...", bench_bin.display());
+    let mut cmd = Command::new(&bench_bin);
+    cmd.arg("--bench").env("CRITERION_HOME", out.join("criterion")).env("RGK_BENCH_JSON", &ours);
+    if quick {
+        cmd.env("RGK_BENCH_QUICK", "1");
+    }
+    if let Some(filter) = flag_value(args, "--filter") {
+        cmd.arg(filter);
+    }
+    run_checked(&mut cmd)?;
+    let Some(python) = which("python3") else {
+        println!("python3 not found: peers missing; our results are in {}", ours.display());
+        return Ok(());
+    };
+    let peers = out.join("peers.json");
+    if !has_flag(args, "--no-peers") {
+        println!("bench: PyTorch peers ...");
+        let mut cmd = Command::new(&python);
+        cmd.arg(scripts.join("peers.py")).arg("--out").arg(&peers).arg("--hide-launch").env("PYTHONUNBUFFERED", "1");
+        if quick {
+            cmd.arg("--quick");
+        }
+        if let Err(e) = run_checked(&mut cmd) {
+            println!("peers failed ({e}); the report marks them missing");
+        }
+    }
+    let mut cmd = Command::new(&python);
+    cmd.arg(scripts.join("report.py")).arg("--ours").arg(&ours).arg("--out-dir").arg(&out);
+    if peers.is_file() {
+        cmd.arg("--peers").arg(&peers);
+    }
+    run_checked(&mut cmd)?;
+    println!("bench: report in {}", out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bench_executable_is_the_bench_target() {
+        let l = r#"{"reason":"compiler-artifact","target":{"kind":["lib"]},"executable":null}
+{"reason":"compiler-artifact","target":{"kind":["bench"]},"executable":"/t/ops-1"}"#;
+        assert_eq!(super::bench_executable(l), Some("/t/ops-1".into()));
+    }
+}

@@ -1,0 +1,86 @@
+//! `cargo xtask bundle`: everything a GPU machine without Rust needs, in one folder with one script.
+//!
+//! ```text
+//! bundle/
+//!   run.sh            ./run.sh OUT_DIR [stages]   (stages: doctor tests sanitize bench; default all)
+//!   xtask             this tool (sanitize, bench, profile, doctor run from the bundle)
+//!   tests/<name>      release test binaries (PTX embedded)
+//!   bench/ops         the criterion bench binary; bench/peers.py, bench/report.py
+//!   demo              the README's demo
+//!   ptx/              the PTX per arch, for inspection
+//! ```
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::util::{build_test_binaries, flag_value, run_checked, workspace_root};
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick]
+# Logs go to OUT_DIR. Exit status: non-zero if any stage failed.
+# SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools; BENCH_FLAGS="--quick --no-peers" etc.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:-out}"; shift || true
+stages="${*:-doctor tests sanitize bench}"
+mkdir -p "$out"
+# cuBLAS (a bench ceiling) ships with the CUDA toolkit and with PyTorch's wheels.
+for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; [print(os.path.join(p, q, "lib")) for p in nvidia.__path__ for q in os.listdir(p)]' 2>/dev/null); do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+status=0
+stage() { echo; echo "=== $1 ($(date +%T))"; }
+for s in $stages; do
+  case "$s" in
+    doctor) stage doctor; "$here/xtask" doctor 2>&1 | tee "$out/doctor.log" ;;
+    tests)
+      stage tests
+      for t in "$here"/tests/*; do
+        echo "--- $(basename "$t")"
+        "$t" --test-threads=1 2>&1 | tee -a "$out/tests.log" | grep -E "^test |test result|SKIP|seed|panicked" || true
+        [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: $(basename "$t")"; status=1; }
+      done
+      grep -h "test result" "$out/tests.log" | awk '{p+=$4; f+=$6} END {print "tests: " p " passed, " f " failed"}' ;;
+    sanitize) stage sanitize; "$here/xtask" sanitize --bins "$here" --log-dir "$out/sanitize" ${SANITIZE_TOOLS:+--tools $SANITIZE_TOOLS} 2>&1 | tee "$out/sanitize.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    bench) stage bench; "$here/xtask" bench --bins "$here" --out "$out/bench" ${BENCH_FLAGS:-} 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    bench-quick) stage bench-quick; "$here/xtask" bench --bins "$here" --out "$out/bench" --quick 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    *) echo "unknown stage $s"; status=2 ;;
+  esac
+done
+exit $status
+"#;
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to).map(|_| ()).map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let root = workspace_root().ok_or("bundle needs the source tree")?;
+    let out = PathBuf::from(flag_value(args, "--out").unwrap_or_else(|| root.join("bundle").display().to_string()));
+    for sub in ["tests", "bench", "ptx"] {
+        std::fs::create_dir_all(out.join(sub)).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    }
+    println!("bundle: building release binaries (tests, bench, demo, xtask) ...");
+    // Two builds: naming `--example` restricts a build to examples.
+    run_checked(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "xtask"]))?;
+    run_checked(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "host", "--example", "demo"]))?;
+    copy(&root.join("target/release/xtask"), &out.join("xtask"))?;
+    copy(&root.join("target/release/examples/demo"), &out.join("demo"))?;
+    for bin in build_test_binaries(&root)? {
+        let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or("test").split('-').next().unwrap_or("test").to_string();
+        copy(&bin, &out.join("tests").join(name))?;
+    }
+    copy(&crate::bench::build_bench_binary(&root)?, &out.join("bench/ops"))?;
+    for script in ["peers.py", "report.py"] {
+        copy(&root.join("bench").join(script), &out.join("bench").join(script))?;
+    }
+    for arch in ["sm_80", "sm_90"] {
+        let ptx = if arch == "sm_80" { host::ptx::SM80 } else { host::ptx::SM90 };
+        std::fs::write(out.join("ptx").join(format!("gpu_{arch}.ptx")), ptx).map_err(|e| e.to_string())?;
+    }
+    let run_sh = out.join("run.sh");
+    std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+    println!("bundle: {} ready; on the GPU machine: {}/run.sh OUT_DIR", out.display(), out.display());
+    Ok(())
+}
