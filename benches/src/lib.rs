@@ -20,10 +20,10 @@ impl Measurement for GpuTime {
     type Value = f64;
 
     fn start(&self) -> CudaEvent {
-        self.stream.record_event(None).expect("recording a CUDA event")
+        self.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("recording a CUDA event")
     }
     fn end(&self, start: CudaEvent) -> f64 {
-        let end = self.stream.record_event(None).expect("recording a CUDA event");
+        let end = self.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("recording a CUDA event");
         end.synchronize().expect("waiting for the end event (a kernel may have faulted)");
         start.elapsed_ms(&end).expect("event timing") as f64 * 1e6
     }

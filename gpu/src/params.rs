@@ -66,8 +66,10 @@ pub mod reduce {
 pub mod softmax {
     /// Elements each thread keeps in registers on the single-read path.
     pub const CACHE_PER_THREAD: u32 = 16;
-    /// Most threads in a block.
-    pub const MAX_BLOCK: u32 = 1024;
+    /// Most threads in a block. 512, not 1024: the kernels use 70-80 registers per thread and a block
+    /// of 1024 would exceed the 64K registers of an SM (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); Rust has no
+    /// `__launch_bounds__` to make the compiler fit 1024.
+    pub const MAX_BLOCK: u32 = 512;
     /// Longest row held in registers (read once, written once); longer rows are read twice.
     pub const MAX_CACHED_COLS: u64 = (CACHE_PER_THREAD * MAX_BLOCK) as u64;
 

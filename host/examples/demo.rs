@@ -41,9 +41,9 @@ struct Case {
 fn check(gpu: &Gpu, case: &Case, gpu_op: &dyn Fn(&[Tensor]) -> Result<Tensor>, inputs: &[HostTensor], reference: &HostTensor) -> Result<(f64, f64)> {
     let dev: Vec<Tensor> = inputs.iter().map(|h| Tensor::from_host(gpu, h)).collect::<Result<_>>()?;
     gpu_op(&dev)?;
-    let start = gpu.stream().record_event(None).map_err(|e| host::Error::Invalid { op: "demo", msg: format!("{e:?}") })?;
+    let start = gpu.stream().record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| host::Error::Invalid { op: "demo", msg: format!("{e:?}") })?;
     let out = gpu_op(&dev)?;
-    let end = gpu.stream().record_event(None).map_err(|e| host::Error::Invalid { op: "demo", msg: format!("{e:?}") })?;
+    let end = gpu.stream().record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| host::Error::Invalid { op: "demo", msg: format!("{e:?}") })?;
     gpu.synchronize()?;
     let ms = start.elapsed_ms(&end).unwrap_or(f32::NAN) as f64;
     let _ = case;
