@@ -15,7 +15,7 @@ use std::process::Command;
 use crate::util::{build_test_binaries, flag_value, run_checked, workspace_root};
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick]
+# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare]
 # Logs go to OUT_DIR. Exit status: non-zero if any stage failed.
 # SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools; BENCH_FLAGS="--quick --no-peers" etc.
 set -u
@@ -42,6 +42,15 @@ for s in $stages; do
       grep -h "test result" "$out/tests.log" | awk '{p+=$4; f+=$6} END {print "tests: " p " passed, " f " failed"}' ;;
     sanitize) stage sanitize; "$here/xtask" sanitize --bins "$here" --log-dir "$out/sanitize" ${SANITIZE_TOOLS:+--tools $SANITIZE_TOOLS} 2>&1 | tee "$out/sanitize.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench) stage bench; "$here/xtask" bench --bins "$here" --out "$out/bench" ${BENCH_FLAGS:-} 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    compare)
+      # Two runs of the same code (expect NO CHANGE) and one with the strided add kernel swapped in
+      # for the vectorised one (expect REGRESSION on add/*), then bench-compare on each pair.
+      stage compare
+      f="${COMPARE_FILTER:-^add/}"
+      for r in A B; do "$here/xtask" bench --bins "$here" --out "$out/cmp$r" --no-peers --filter "$f" > "$out/cmp$r.log" 2>&1 || status=1; done
+      RGK_BENCH_SLOW_VARIANT=1 "$here/xtask" bench --bins "$here" --out "$out/cmpSlow" --no-peers --filter "$f" > "$out/cmpSlow.log" 2>&1 || status=1
+      echo "--- same code twice:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpB/ours.json" | tee "$out/compare_same.txt"
+      echo "--- strided add swapped in:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpSlow/ours.json" | tee "$out/compare_slow.txt" ;;
     bench-quick) stage bench-quick; "$here/xtask" bench --bins "$here" --out "$out/bench" --quick 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $s"; status=2 ;;
   esac
@@ -50,37 +59,80 @@ exit $status
 "#;
 
 fn copy(from: &Path, to: &Path) -> Result<(), String> {
-    std::fs::copy(from, to).map(|_| ()).map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let root = workspace_root().ok_or("bundle needs the source tree")?;
-    let out = PathBuf::from(flag_value(args, "--out").unwrap_or_else(|| root.join("bundle").display().to_string()));
+    let out = PathBuf::from(
+        flag_value(args, "--out").unwrap_or_else(|| root.join("bundle").display().to_string()),
+    );
     for sub in ["tests", "bench", "ptx"] {
-        std::fs::create_dir_all(out.join(sub)).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+        std::fs::create_dir_all(out.join(sub))
+            .map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     }
     println!("bundle: building release binaries (tests, bench, demo, xtask) ...");
     // Two builds: naming `--example` restricts a build to examples.
-    run_checked(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "xtask"]))?;
-    run_checked(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "host", "--example", "demo"]))?;
+    run_checked(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "xtask",
+    ]))?;
+    run_checked(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "host",
+        "--example",
+        "demo",
+    ]))?;
     copy(&root.join("target/release/xtask"), &out.join("xtask"))?;
-    copy(&root.join("target/release/examples/demo"), &out.join("demo"))?;
+    copy(
+        &root.join("target/release/examples/demo"),
+        &out.join("demo"),
+    )?;
     for bin in build_test_binaries(&root)? {
-        let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or("test").split('-').next().unwrap_or("test").to_string();
+        let name = bin
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("test")
+            .split('-')
+            .next()
+            .unwrap_or("test")
+            .to_string();
         copy(&bin, &out.join("tests").join(name))?;
     }
-    copy(&crate::bench::build_bench_binary(&root)?, &out.join("bench/ops"))?;
+    copy(
+        &crate::bench::build_bench_binary(&root)?,
+        &out.join("bench/ops"),
+    )?;
     for script in ["peers.py", "report.py"] {
-        copy(&root.join("bench").join(script), &out.join("bench").join(script))?;
+        copy(
+            &root.join("bench").join(script),
+            &out.join("bench").join(script),
+        )?;
     }
     for arch in ["sm_80", "sm_90"] {
-        let ptx = if arch == "sm_80" { host::ptx::SM80 } else { host::ptx::SM90 };
-        std::fs::write(out.join("ptx").join(format!("gpu_{arch}.ptx")), ptx).map_err(|e| e.to_string())?;
+        let ptx = if arch == "sm_80" {
+            host::ptx::SM80
+        } else {
+            host::ptx::SM90
+        };
+        std::fs::write(out.join("ptx").join(format!("gpu_{arch}.ptx")), ptx)
+            .map_err(|e| e.to_string())?;
     }
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
-    println!("bundle: {} ready; on the GPU machine: {}/run.sh OUT_DIR", out.display(), out.display());
+    std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "bundle: {} ready; on the GPU machine: {}/run.sh OUT_DIR",
+        out.display(),
+        out.display()
+    );
     Ok(())
 }

@@ -1,0 +1,26 @@
+//! The launch ABI: parameter structs are passed by value as raw bytes, so their layout must be the one
+//! the nvptx64 kernels were compiled with. Both targets are 64-bit little-endian with the same C layout
+//! rules; these tests pin the sizes so an edit that adds padding or reorders fields is caught here.
+use gpu::params::{Broadcast2, MAX_DIMS, RawSlice, ReduceTo};
+
+#[test]
+fn parameter_structs_have_the_kernel_layout() {
+    assert_eq!(std::mem::size_of::<RawSlice>(), 16);
+    assert_eq!(std::mem::align_of::<RawSlice>(), 8);
+    assert_eq!(std::mem::size_of::<Broadcast2>(), 8 + 3 * 8 * MAX_DIMS);
+    assert_eq!(std::mem::size_of::<ReduceTo>(), 16 + 3 * 8 * MAX_DIMS);
+}
+
+#[test]
+fn every_ptx_entry_point_is_named_op_dtype() {
+    for ptx in [host::ptx::SM80, host::ptx::SM90] {
+        let entries = host::ptx::entry_points(ptx);
+        assert!(!entries.is_empty());
+        for e in entries {
+            assert!(
+                ["_f32", "_f16", "_bf16"].iter().any(|s| e.ends_with(s)),
+                "entry point `{e}` does not end in a dtype suffix"
+            );
+        }
+    }
+}
