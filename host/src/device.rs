@@ -162,6 +162,33 @@ impl Gpu {
         Ok(f)
     }
 
+    /// A kernel attribute (registers per thread, largest block it can launch with, ...).
+    pub fn kernel_attribute(
+        &self,
+        name: &'static str,
+        attr: cudarc::driver::sys::CUfunction_attribute,
+    ) -> Result<u32> {
+        let f = self.function(name)?;
+        // SAFETY: queries an attribute of a function handle loaded from our module.
+        unsafe { cudarc::driver::result::function::get_function_attribute(f.cu_function(), attr) }
+            .map(|v| v.max(0) as u32)
+            .map_err(|e| Error::driver(e, format!("reading an attribute of `{name}`")))
+    }
+
+    /// Largest power-of-two block (>= 32 threads) that kernel `name` can launch with on this device: the
+    /// JIT's register allocation decides it, and Rust has no `__launch_bounds__` to pin it.
+    pub fn max_block_pow2(&self, name: &'static str) -> Result<u32> {
+        let max = self.kernel_attribute(
+            name,
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        )?;
+        Ok(if max < 32 {
+            32
+        } else {
+            1 << (31 - max.leading_zeros())
+        })
+    }
+
     pub(crate) fn same_device(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner) || Arc::ptr_eq(&self.inner.ctx, &other.inner.ctx)
     }

@@ -58,7 +58,18 @@ pub fn launch_cfg(
     }
     // SAFETY: every launcher validates shapes, sizes and alignment before calling here, and passes
     // arguments in the order and types of the kernel's signature (one typed launcher per kernel).
-    unsafe { builder.launch(cfg) }.map_err(|e| Error::driver(e, format!("launching `{name}`")))?;
+    unsafe { builder.launch(cfg) }.map_err(|e| {
+        // Out of resources: say which resource, so the message names the fix.
+        let during = if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES {
+            use cudarc::driver::sys::CUfunction_attribute as A;
+            let regs = gpu.kernel_attribute(name, A::CU_FUNC_ATTRIBUTE_NUM_REGS).unwrap_or(0);
+            let max = gpu.kernel_attribute(name, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK).unwrap_or(0);
+            format!("launching `{name}` with {} threads/block ({regs} registers/thread; this kernel allows at most {max} threads/block) and {} B dynamic shared memory", cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2, cfg.shared_mem_bytes)
+        } else {
+            format!("launching `{name}`")
+        };
+        Error::driver(e, during)
+    })?;
     Ok(())
 }
 

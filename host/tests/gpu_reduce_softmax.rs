@@ -47,6 +47,41 @@ fn reductions_match_reference() {
 }
 
 #[test]
+fn full_reductions_of_every_small_size_match_reference() {
+    let Some(gpu) = gpu_or_skip("full_reductions_of_every_small_size_match_reference") else {
+        return;
+    };
+    let mut rng = rng("small_full_reductions");
+    let mut failures = Vec::new();
+    for n in (1..=scaled(300, 40)).chain([4095, 8191, 8192, 8193, 70_001]) {
+        for dtype in DType::ALL {
+            for r in [Reduction::Sum, Reduction::Mean, Reduction::Max] {
+                let x = uniform(&mut rng, &[n], 0.5, 1.5, dtype);
+                let out = reduce::reduce(&Tensor::from_host(&gpu, &x).unwrap(), r, Axis::All)
+                    .unwrap()
+                    .to_vec()
+                    .unwrap()[0];
+                let want = rr::reduce(&x, r, Axis::All).unwrap().data[0];
+                if !(rel_err(&[out], &[want]) <= reduce_tol(dtype, n)) {
+                    failures.push(format!("{r:?} {dtype} n={n}: got {out} want {want}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures: {}",
+        failures.len(),
+        failures
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+}
+
+#[test]
 fn large_reductions_are_deterministic_and_accurate() {
     let Some(gpu) = gpu_or_skip("large_reductions_are_deterministic_and_accurate") else {
         return;

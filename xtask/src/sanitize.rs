@@ -99,6 +99,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .arg(bin)
                 .args(["--test-threads=1"])
                 .env("RGK_SANITIZE", "1")
+                .env("RGK_SANITIZE_TOOL", tool)
                 .env("RGK_FUZZ_CASES", "3")
                 .output()
                 .map_err(|e| format!("could not run {}: {e}", cs.display()))?;

@@ -9,6 +9,13 @@ use crate::launch::{ByValue, grid_blocks, launch};
 use crate::ops::{same_device_and_dtype, same_shape};
 use crate::tensor::Tensor;
 
+/// Threads per row: enough to hold the row in registers (`block_for`), capped at what the kernel can
+/// launch with on this device. A smaller block only moves long rows to the two-pass path (the kernel
+/// picks the path from its block size), so the cap never changes results.
+fn block(gpu: &crate::Gpu, name: &'static str, cols: u64) -> Result<u32> {
+    Ok(block_for(cols).min(gpu.max_block_pow2(name)?))
+}
+
 /// (rows, cols) of a contiguous tensor viewed as a matrix over its last dim.
 fn rows_cols(op: &'static str, x: &Tensor) -> Result<(u64, u64)> {
     x.require_contiguous(op, "input")?;
@@ -31,7 +38,7 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
             x.gpu(),
             kernel_name!("softmax", x.dtype()),
             grid_blocks(rows, 1),
-            block_for(cols),
+            block(x.gpu(), kernel_name!("softmax", x.dtype()), cols)?,
             &[&ByValue(x.raw()), &ByValue(y.raw()), &rows, &cols],
         )?;
     }
@@ -51,7 +58,7 @@ pub fn softmax_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
             y.gpu(),
             kernel_name!("softmax_backward", y.dtype()),
             grid_blocks(rows, 1),
-            block_for(cols),
+            block(y.gpu(), kernel_name!("softmax_backward", y.dtype()), cols)?,
             &[
                 &ByValue(y.raw()),
                 &ByValue(dy.raw()),

@@ -6,10 +6,15 @@ use rand::{Rng, SeedableRng};
 
 /// The GPU with poison mode on (every op output starts as NaN bytes), or `None` after printing a SKIP
 /// line that says why. GPU tests call this first and return early on `None`.
+///
+/// Under compute-sanitizer's initcheck (`RGK_SANITIZE_TOOL=initcheck`) poisoning is off: a kernel that
+/// reads memory nothing wrote is then reported by the tool itself, which poison would hide.
 pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     match Gpu::new(0) {
         Ok(gpu) => {
-            gpu.set_poison_outputs(true);
+            gpu.set_poison_outputs(
+                std::env::var("RGK_SANITIZE_TOOL").map_or(true, |t| t != "initcheck"),
+            );
             Some(gpu)
         }
         Err(e) => {
@@ -98,7 +103,27 @@ pub fn tol(dtype: DType) -> f64 {
 /// Asserts `rel_err(out, reference) <= tol`, naming the case.
 pub fn assert_close(case: &str, out: &[f32], reference: &[f32], tol: f64) {
     let e = rel_err(out, reference);
-    assert!(e <= tol, "{case}: relative error {e:.3e} > {tol:.1e}");
+    if e > tol {
+        // Name the worst elements (NaN first), so a failure says where, not only how much.
+        let mut idx: Vec<usize> = (0..out.len()).collect();
+        let dev = |i: usize| {
+            if out[i].is_nan() != reference[i].is_nan() {
+                f64::INFINITY
+            } else {
+                (out[i] as f64 - reference[i] as f64).abs()
+            }
+        };
+        idx.sort_by(|&a, &b| dev(b).total_cmp(&dev(a)));
+        let worst: Vec<String> = idx
+            .iter()
+            .take(4)
+            .map(|&i| format!("[{i}] got {} want {}", out[i], reference[i]))
+            .collect();
+        panic!(
+            "{case}: relative error {e:.3e} > {tol:.1e}; worst: {}",
+            worst.join(", ")
+        );
+    }
 }
 
 /// Random shape of rank 1..=max_rank with dims from sizes that catch indexing bugs (1, odd, primes,
