@@ -287,9 +287,15 @@ impl Tensor {
         base + (self.offset * self.dtype.size_bytes()) as u64
     }
 
-    /// The kernel-side view: pointer and the number of elements addressable from it.
+    /// The kernel-side view: pointer and the number of elements the view spans from it (one past its
+    /// farthest element; `numel` for a contiguous tensor). Not the allocation size: small tensors get a
+    /// 16-byte token allocation whose extra bytes are not elements. `checked` PTX bounds accesses by it.
     pub(crate) fn raw(&self) -> RawSlice {
-        let span = (self.buf.len() / self.dtype.size_bytes()).saturating_sub(self.offset);
+        let span = if self.numel() == 0 {
+            0
+        } else {
+            1 + self.shape.iter().zip(&self.strides).map(|(&n, &s)| (n - 1) * s).sum::<usize>()
+        };
         RawSlice {
             ptr: self.device_ptr(),
             len: span as u64,
