@@ -30,8 +30,14 @@ impl Bencher<'_> {
         let n: usize = shape.iter().product();
         (0..copies)
             .map(|_| {
-                let data: Vec<f32> = (0..n).map(|_| self.rng.random_range(-2.0f32..2.0)).collect();
-                Tensor::from_host(&self.gpu, &HostTensor::new(data, shape, dtype).expect("shape")).expect("upload")
+                let data: Vec<f32> = (0..n)
+                    .map(|_| self.rng.random_range(-2.0f32..2.0))
+                    .collect();
+                Tensor::from_host(
+                    &self.gpu,
+                    &HostTensor::new(data, shape, dtype).expect("shape"),
+                )
+                .expect("upload")
             })
             .collect()
     }
@@ -64,20 +70,34 @@ fn ceilings(b: &mut Bencher) {
     let bytes = 1usize << 30;
     let stream = b.gpu.stream().clone();
     // SAFETY: both buffers are filled by the memsets below before the copy reads them.
-    let (src, dst) = unsafe { (stream.alloc::<u8>(bytes).expect("alloc"), stream.alloc::<u8>(bytes).expect("alloc")) };
+    let (src, dst) = unsafe {
+        (
+            stream.alloc::<u8>(bytes).expect("alloc"),
+            stream.alloc::<u8>(bytes).expect("alloc"),
+        )
+    };
     use cudarc::driver::{DevicePtr, DevicePtrMut};
     let mut dst = dst;
     let (sp, _s) = src.device_ptr(&stream);
     let (dp, _d) = dst.device_ptr_mut(&stream);
     // SAFETY: the pointers cover `bytes` bytes of live buffers; same stream.
     unsafe {
-        cudarc::driver::result::memset_d8_async(sp, 0x3c, bytes, stream.cu_stream()).expect("memset");
-        cudarc::driver::result::memset_d8_async(dp, 0x00, bytes, stream.cu_stream()).expect("memset");
+        cudarc::driver::result::memset_d8_async(sp, 0x3c, bytes, stream.cu_stream())
+            .expect("memset");
+        cudarc::driver::result::memset_d8_async(dp, 0x00, bytes, stream.cu_stream())
+            .expect("memset");
     }
-    b.bench(spec(format!("copy/f32/{bytes}"), Some(2 * bytes as u64), None), 1, |_| {
-        // SAFETY: as above.
-        unsafe { cudarc::driver::result::memcpy_dtod_async(dp, sp, bytes, stream.cu_stream()).expect("copy") }
-    });
+    b.bench(
+        spec(format!("copy/f32/{bytes}"), Some(2 * bytes as u64), None),
+        1,
+        |_| {
+            // SAFETY: as above.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(dp, sp, bytes, stream.cu_stream())
+                    .expect("copy")
+            }
+        },
+    );
     gemm_ceiling(b);
 }
 
@@ -90,78 +110,180 @@ fn gemm_ceiling(b: &mut Bencher) {
         Err(e) => return println!("cuBLAS unavailable ({e:?}): no GEMM ceiling"),
     };
     let n = 8192usize;
-    let vals: Vec<f32> = (0..n * n).map(|_| b.rng.random_range(-1.0f32..1.0)).collect();
+    let vals: Vec<f32> = (0..n * n)
+        .map(|_| b.rng.random_range(-1.0f32..1.0))
+        .collect();
     let a16: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f32(v)).collect();
     let ab16: Vec<half::bf16> = vals.iter().map(|&v| half::bf16::from_f32(v)).collect();
-    let (a, bm) = (stream.clone_htod(&a16).expect("upload"), stream.clone_htod(&a16).expect("upload"));
+    let (a, bm) = (
+        stream.clone_htod(&a16).expect("upload"),
+        stream.clone_htod(&a16).expect("upload"),
+    );
     let mut c = stream.alloc_zeros::<half::f16>(n * n).expect("alloc");
     fn cfg<T>(n: usize, one: T, zero: T) -> GemmConfig<T> {
         let n = n as i32;
-        GemmConfig { transa: CUBLAS_OP_N, transb: CUBLAS_OP_N, m: n, n, k: n, alpha: one, lda: n, ldb: n, beta: zero, ldc: n }
+        GemmConfig {
+            transa: CUBLAS_OP_N,
+            transb: CUBLAS_OP_N,
+            m: n,
+            n,
+            k: n,
+            alpha: one,
+            lda: n,
+            ldb: n,
+            beta: zero,
+            ldc: n,
+        }
     }
     let flops = Some(2 * (n as u64).pow(3));
-    b.bench(spec(format!("gemm/f16/{n}x{n}x{n}"), None, flops), 1, |_| {
-        // SAFETY: a, b, c are n*n device buffers; the config describes n x n column-major operands.
-        unsafe { blas.gemm(cfg(n, half::f16::ONE, half::f16::ZERO), &a, &bm, &mut c).expect("gemm") }
-    });
-    let (a, bm) = (stream.clone_htod(&ab16).expect("upload"), stream.clone_htod(&ab16).expect("upload"));
+    b.bench(
+        spec(format!("gemm/f16/{n}x{n}x{n}"), None, flops),
+        1,
+        |_| {
+            // SAFETY: a, b, c are n*n device buffers; the config describes n x n column-major operands.
+            unsafe {
+                blas.gemm(cfg(n, half::f16::ONE, half::f16::ZERO), &a, &bm, &mut c)
+                    .expect("gemm")
+            }
+        },
+    );
+    let (a, bm) = (
+        stream.clone_htod(&ab16).expect("upload"),
+        stream.clone_htod(&ab16).expect("upload"),
+    );
     let mut c = stream.alloc_zeros::<half::bf16>(n * n).expect("alloc");
-    b.bench(spec(format!("gemm/bf16/{n}x{n}x{n}"), None, flops), 1, |_| {
-        // SAFETY: as above.
-        unsafe { blas.gemm(cfg(n, half::bf16::ONE, half::bf16::ZERO), &a, &bm, &mut c).expect("gemm") }
-    });
+    b.bench(
+        spec(format!("gemm/bf16/{n}x{n}x{n}"), None, flops),
+        1,
+        |_| {
+            // SAFETY: as above.
+            unsafe {
+                blas.gemm(cfg(n, half::bf16::ONE, half::bf16::ZERO), &a, &bm, &mut c)
+                    .expect("gemm")
+            }
+        },
+    );
 }
 
 fn elementwise(b: &mut Bencher) {
-    let path = if std::env::var("RGK_BENCH_SLOW_VARIANT").is_ok() { KernelPath::Strided } else { KernelPath::Auto };
-    for (dtype, shape) in [(DType::F32, [8192usize, 8192]), (DType::F16, [16384, 8192]), (DType::BF16, [16384, 8192])] {
+    let path = if std::env::var("RGK_BENCH_SLOW_VARIANT").is_ok() {
+        KernelPath::Strided
+    } else {
+        KernelPath::Auto
+    };
+    for (dtype, shape) in [
+        (DType::F32, [8192usize, 8192]),
+        (DType::F16, [16384, 8192]),
+        (DType::BF16, [16384, 8192]),
+    ] {
         let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
         let (x, y) = (b.inputs(&shape, dtype, 1), b.inputs(&shape, dtype, 1));
-        b.bench(spec(format!("add/{dtype}/{}x{}", shape[0], shape[1]), Some(3 * bytes), None), 1, |_| {
-            ew::binary_on(BinaryOp::Add, &x[0], &y[0], path).expect("add");
-        });
+        b.bench(
+            spec(
+                format!("add/{dtype}/{}x{}", shape[0], shape[1]),
+                Some(3 * bytes),
+                None,
+            ),
+            1,
+            |_| {
+                ew::binary_on(BinaryOp::Add, &x[0], &y[0], path).expect("add");
+            },
+        );
     }
     let x = b.inputs(&[8192, 8192], DType::F32, 1);
     let row = b.inputs(&[8192], DType::F32, 1);
     let bytes = 8192u64 * 8192 * 4;
-    b.bench(spec("add_bcast/f32/8192x8192+8192".into(), Some(2 * bytes + 8192 * 4), None), 1, |_| {
-        ew::add(&x[0], &row[0]).expect("add");
-    });
-    b.bench(spec("gelu/f32/8192x8192".into(), Some(2 * bytes), None), 1, |_| {
-        ew::gelu(&x[0]).expect("gelu");
-    });
+    b.bench(
+        spec(
+            "add_bcast/f32/8192x8192+8192".into(),
+            Some(2 * bytes + 8192 * 4),
+            None,
+        ),
+        1,
+        |_| {
+            ew::add(&x[0], &row[0]).expect("add");
+        },
+    );
+    b.bench(
+        spec("gelu/f32/8192x8192".into(), Some(2 * bytes), None),
+        1,
+        |_| {
+            ew::gelu(&x[0]).expect("gelu");
+        },
+    );
 }
 
 fn reductions(b: &mut Bencher) {
     let x = b.inputs(&[8192, 8192], DType::F32, 1);
     let bytes = 8192u64 * 8192 * 4;
-    b.bench(spec("sum_lastdim/f32/8192x8192".into(), Some(bytes + 8192 * 4), None), 1, |_| {
-        reduce::sum(&x[0], Axis::Last).expect("sum");
-    });
-    b.bench(spec("max_lastdim/f32/8192x8192".into(), Some(bytes + 8192 * 4), None), 1, |_| {
-        reduce::max(&x[0], Axis::Last).expect("max");
-    });
+    b.bench(
+        spec(
+            "sum_lastdim/f32/8192x8192".into(),
+            Some(bytes + 8192 * 4),
+            None,
+        ),
+        1,
+        |_| {
+            reduce::sum(&x[0], Axis::Last).expect("sum");
+        },
+    );
+    b.bench(
+        spec(
+            "max_lastdim/f32/8192x8192".into(),
+            Some(bytes + 8192 * 4),
+            None,
+        ),
+        1,
+        |_| {
+            reduce::max(&x[0], Axis::Last).expect("max");
+        },
+    );
     let flat = x[0].reshape(&[8192 * 8192]).expect("reshape");
-    b.bench(spec("sum_all/f32/67108864".into(), Some(bytes + 4), None), 1, |_| {
-        reduce::sum(&flat, Axis::All).expect("sum");
-    });
+    b.bench(
+        spec("sum_all/f32/67108864".into(), Some(bytes + 4), None),
+        1,
+        |_| {
+            reduce::sum(&flat, Axis::All).expect("sum");
+        },
+    );
 }
 
 fn softmaxes(b: &mut Bencher) {
-    for (dtype, shape) in [(DType::F32, [8192usize, 8192]), (DType::F16, [8192, 8192]), (DType::BF16, [8192, 8192]), (DType::F32, [65536, 1024])] {
+    for (dtype, shape) in [
+        (DType::F32, [8192usize, 8192]),
+        (DType::F16, [8192, 8192]),
+        (DType::BF16, [8192, 8192]),
+        (DType::F32, [65536, 1024]),
+    ] {
         let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
         let copies = rotation_copies(bytes as usize, b.l2_bytes);
         let x = b.inputs(&shape, dtype, copies);
-        b.bench(spec(format!("softmax/{dtype}/{}x{}", shape[0], shape[1]), Some(2 * bytes), None), copies, |i| {
-            softmax::softmax(&x[i]).expect("softmax");
-        });
+        b.bench(
+            spec(
+                format!("softmax/{dtype}/{}x{}", shape[0], shape[1]),
+                Some(2 * bytes),
+                None,
+            ),
+            copies,
+            |i| {
+                softmax::softmax(&x[i]).expect("softmax");
+            },
+        );
     }
     let x = b.inputs(&[8192, 8192], DType::F32, 1);
     let y = softmax::softmax(&x[0]).expect("softmax");
     let dy = b.inputs(&[8192, 8192], DType::F32, 1);
-    b.bench(spec("softmax_backward/f32/8192x8192".into(), Some(3 * 8192 * 8192 * 4), None), 1, |_| {
-        softmax::softmax_backward(&y, &dy[0]).expect("softmax_backward");
-    });
+    b.bench(
+        spec(
+            "softmax_backward/f32/8192x8192".into(),
+            Some(3 * 8192 * 8192 * 4),
+            None,
+        ),
+        1,
+        |_| {
+            softmax::softmax_backward(&y, &dy[0]).expect("softmax_backward");
+        },
+    );
 }
 
 fn main() {
@@ -172,16 +294,29 @@ fn main() {
     let started = SystemTime::now();
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let mut c = Criterion::default()
-        .with_measurement(GpuTime { stream: gpu.stream().clone() })
+        .with_measurement(GpuTime {
+            stream: gpu.stream().clone(),
+        })
         .sample_size(if quick { 10 } else { 30 })
         .warm_up_time(Duration::from_millis(if quick { 200 } else { 500 }))
         .measurement_time(Duration::from_millis(if quick { 500 } else { 1500 }))
         .without_plots()
         .configure_from_args();
-    let l2_bytes = gpu.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE).unwrap_or(50 << 20) as usize;
-    let seed: u64 = std::env::var("RGK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    let l2_bytes = gpu
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        .unwrap_or(50 << 20) as usize;
+    let seed: u64 = std::env::var("RGK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
     println!("benches on {} (seed {seed})", gpu.name());
-    let mut b = Bencher { c: &mut c, gpu: gpu.clone(), rng: rand::rngs::StdRng::seed_from_u64(seed), l2_bytes, specs: Vec::new() };
+    let mut b = Bencher {
+        c: &mut c,
+        gpu: gpu.clone(),
+        rng: rand::rngs::StdRng::seed_from_u64(seed),
+        l2_bytes,
+        specs: Vec::new(),
+    };
     ceilings(&mut b);
     elementwise(&mut b);
     reductions(&mut b);
@@ -189,15 +324,29 @@ fn main() {
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();
 
-    let home = PathBuf::from(std::env::var("CRITERION_HOME").unwrap_or_else(|_| "target/criterion".into()));
+    let home = PathBuf::from(
+        std::env::var("CRITERION_HOME").unwrap_or_else(|_| "target/criterion".into()),
+    );
     // Only benches that ran in this process (a name filter skips the others; their old files stay).
     let fresh = |s: &BenchSpec| {
         let (g, id) = s.criterion_ids();
-        let f = home.join(g).join(id.replace('/', "_")).join("new").join("sample.json");
-        std::fs::metadata(f).and_then(|m| m.modified()).is_ok_and(|t| t >= started)
+        let f = home
+            .join(g)
+            .join(id.replace('/', "_"))
+            .join("new")
+            .join("sample.json");
+        std::fs::metadata(f)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= started)
     };
-    let results: Vec<_> = specs.into_iter().filter(fresh).filter_map(|s| read_samples(&home, &s).ok().map(|v| (s, v))).collect();
-    let out = PathBuf::from(std::env::var("RGK_BENCH_JSON").unwrap_or_else(|_| "target/rgk-bench/ours.json".into()));
+    let results: Vec<_> = specs
+        .into_iter()
+        .filter(fresh)
+        .filter_map(|s| read_samples(&home, &s).ok().map(|v| (s, v)))
+        .collect();
+    let out = PathBuf::from(
+        std::env::var("RGK_BENCH_JSON").unwrap_or_else(|_| "target/rgk-bench/ours.json".into()),
+    );
     match write_json(&out, gpu.name(), &results) {
         Ok(()) => println!("wrote {} ({} benches)", out.display(), results.len()),
         Err(e) => eprintln!("could not write {}: {e}", out.display()),

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::Throughput;
+use criterion::measurement::{Measurement, ValueFormatter};
 use cudarc::driver::{CudaEvent, CudaStream};
 
 /// GPU time between two CUDA events on `stream`, in nanoseconds. Criterion calls `start`, runs the
@@ -20,11 +20,17 @@ impl Measurement for GpuTime {
     type Value = f64;
 
     fn start(&self) -> CudaEvent {
-        self.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("recording a CUDA event")
+        self.stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .expect("recording a CUDA event")
     }
     fn end(&self, start: CudaEvent) -> f64 {
-        let end = self.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("recording a CUDA event");
-        end.synchronize().expect("waiting for the end event (a kernel may have faulted)");
+        let end = self
+            .stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .expect("recording a CUDA event");
+        end.synchronize()
+            .expect("waiting for the end event (a kernel may have faulted)");
         start.elapsed_ms(&end).expect("event timing") as f64 * 1e6
     }
     fn add(&self, a: &f64, b: &f64) -> f64 {
@@ -47,7 +53,13 @@ struct GpuTimeFormatter;
 
 impl ValueFormatter for GpuTimeFormatter {
     fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
-        let (div, unit) = if typical < 1e3 { (1.0, "ns") } else if typical < 1e6 { (1e3, "us") } else { (1e6, "ms") };
+        let (div, unit) = if typical < 1e3 {
+            (1.0, "ns")
+        } else if typical < 1e6 {
+            (1e3, "us")
+        } else {
+            (1e6, "ms")
+        };
         values.iter_mut().for_each(|v| *v /= div);
         unit
     }
@@ -57,7 +69,9 @@ impl ValueFormatter for GpuTimeFormatter {
             Throughput::Elements(f) => (f as f64, 1e12, "TFLOP/s"),
             Throughput::Bits(b) => (b as f64 / 8.0, 1e9, "GB/s"),
         };
-        values.iter_mut().for_each(|ns| *ns = per_iter / (*ns * 1e-9) / scale);
+        values
+            .iter_mut()
+            .for_each(|ns| *ns = per_iter / (*ns * 1e-9) / scale);
         unit
     }
     fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
@@ -89,32 +103,57 @@ impl BenchSpec {
         }
     }
     pub fn throughput(&self) -> Option<Throughput> {
-        self.flops.map(Throughput::Elements).or(self.bytes.map(Throughput::Bytes))
+        self.flops
+            .map(Throughput::Elements)
+            .or(self.bytes.map(Throughput::Bytes))
     }
 }
 
 /// Criterion's directory-name sanitising (report.rs `make_filename_safe`), to find its sample files.
 fn criterion_dir_name(s: &str) -> String {
-    s.chars().map(|c| if "?\"/\\*<>:|^".contains(c) { '_' } else { c }).collect()
+    s.chars()
+        .map(|c| if "?\"/\\*<>:|^".contains(c) { '_' } else { c })
+        .collect()
 }
 
 /// Per-sample milliseconds per iteration of one bench, from criterion's `new/sample.json`.
 pub fn read_samples(criterion_home: &Path, spec: &BenchSpec) -> Result<Vec<f64>, String> {
     let (g, id) = spec.criterion_ids();
-    let file = criterion_home.join(criterion_dir_name(&g)).join(criterion_dir_name(&id)).join("new").join("sample.json");
+    let file = criterion_home
+        .join(criterion_dir_name(&g))
+        .join(criterion_dir_name(&id))
+        .join("new")
+        .join("sample.json");
     let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
     let (iters, times) = (v["iters"].as_array(), v["times"].as_array());
-    let (Some(iters), Some(times)) = (iters, times) else { return Err(format!("{}: no iters/times", file.display())) };
-    Ok(iters.iter().zip(times).filter_map(|(i, t)| Some(t.as_f64()? / i.as_f64()? / 1e6)).collect())
+    let (Some(iters), Some(times)) = (iters, times) else {
+        return Err(format!("{}: no iters/times", file.display()));
+    };
+    Ok(iters
+        .iter()
+        .zip(times)
+        .filter_map(|(i, t)| Some(t.as_f64()? / i.as_f64()? / 1e6))
+        .collect())
 }
 
 /// Writes our results in the `rgk-bench-v1` schema.
-pub fn write_json(path: &Path, device: &str, results: &[(BenchSpec, Vec<f64>)]) -> Result<(), String> {
+pub fn write_json(
+    path: &Path,
+    device: &str,
+    results: &[(BenchSpec, Vec<f64>)],
+) -> Result<(), String> {
     let median = |xs: &[f64]| {
         let mut s = xs.to_vec();
         s.sort_by(|a, b| a.total_cmp(b));
-        if s.is_empty() { f64::NAN } else if s.len() % 2 == 1 { s[s.len() / 2] } else { (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0 }
+        if s.is_empty() {
+            f64::NAN
+        } else if s.len() % 2 == 1 {
+            s[s.len() / 2]
+        } else {
+            (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+        }
     };
     let results: Vec<serde_json::Value> = results
         .iter()
@@ -129,7 +168,11 @@ pub fn write_json(path: &Path, device: &str, results: &[(BenchSpec, Vec<f64>)]) 
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     }
-    std::fs::write(path, serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(
+        path,
+        serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]
@@ -144,8 +187,15 @@ mod tests {
 
     #[test]
     fn criterion_ids_split_the_op_from_the_rest() {
-        let s = BenchSpec { name: "softmax/f32/8192x8192".into(), bytes: Some(1), flops: None };
-        assert_eq!(s.criterion_ids(), ("softmax".into(), "f32/8192x8192".into()));
+        let s = BenchSpec {
+            name: "softmax/f32/8192x8192".into(),
+            bytes: Some(1),
+            flops: None,
+        };
+        assert_eq!(
+            s.criterion_ids(),
+            ("softmax".into(), "f32/8192x8192".into())
+        );
         assert_eq!(criterion_dir_name("f32/8192x8192"), "f32_8192x8192");
     }
 }

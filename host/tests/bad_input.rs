@@ -23,43 +23,114 @@ fn no_device_is_a_clear_error_not_a_panic() {
 #[test]
 fn host_tensor_rejects_length_mismatch() {
     let e = HostTensor::new(vec![0.0; 5], &[2, 3], DType::F32).unwrap_err();
-    assert!(matches!(e, Error::Length { expected: 6, got: 5, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Length {
+                expected: 6,
+                got: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn gpu_ops_reject_bad_inputs_before_launch() {
-    let Some(gpu) = gpu_or_skip("gpu_ops_reject_bad_inputs_before_launch") else { return };
-    let t = |shape: &[usize], dtype| Tensor::from_f32(&gpu, &vec![1.0; shape.iter().product()], shape, dtype).unwrap();
+    let Some(gpu) = gpu_or_skip("gpu_ops_reject_bad_inputs_before_launch") else {
+        return;
+    };
+    let t = |shape: &[usize], dtype| {
+        Tensor::from_f32(&gpu, &vec![1.0; shape.iter().product()], shape, dtype).unwrap()
+    };
     // Shapes that do not broadcast: both shapes in the message.
     let e = ew::add(&t(&[2, 3], DType::F32), &t(&[4], DType::F32)).unwrap_err();
-    assert!(matches!(e, Error::Broadcast { .. }) && e.to_string().contains("[2, 3]") && e.to_string().contains("[4]"), "{e}");
+    assert!(
+        matches!(e, Error::Broadcast { .. })
+            && e.to_string().contains("[2, 3]")
+            && e.to_string().contains("[4]"),
+        "{e}"
+    );
     // Dtype mismatch.
     let e = ew::mul(&t(&[3], DType::F32), &t(&[3], DType::F16)).unwrap_err();
-    assert!(matches!(e, Error::DType { got: DType::F16, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::F16,
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Non-contiguous input where the kernel needs contiguity.
     let view = t(&[4, 5], DType::F32).transpose(0, 1).unwrap();
-    for e in [softmax::softmax(&view).unwrap_err(), ew::gelu(&view).unwrap_err(), reduce::sum(&view, Axis::Last).unwrap_err()] {
+    for e in [
+        softmax::softmax(&view).unwrap_err(),
+        ew::gelu(&view).unwrap_err(),
+        reduce::sum(&view, Axis::Last).unwrap_err(),
+    ] {
         assert!(matches!(e, Error::NotContiguous { .. }), "{e}");
     }
     // Rank beyond what the strided kernels index.
     let e = ew::add(&t(&[1; 7], DType::F32), &t(&[1], DType::F32)).unwrap_err();
-    assert!(matches!(e, Error::TooLarge { given: 7, max: 6, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::TooLarge {
+                given: 7,
+                max: 6,
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Host/device length mismatch on copies.
     let mut d = t(&[4], DType::F32);
-    assert!(matches!(d.copy_from_f32(&[1.0; 3]), Err(Error::Length { expected: 4, got: 3, .. })));
+    assert!(matches!(
+        d.copy_from_f32(&[1.0; 3]),
+        Err(Error::Length {
+            expected: 4,
+            got: 3,
+            ..
+        })
+    ));
     // Shape mismatch for ops without broadcasting.
-    let e = softmax::softmax_backward(&t(&[2, 3], DType::F32), &t(&[3, 2], DType::F32)).unwrap_err();
+    let e =
+        softmax::softmax_backward(&t(&[2, 3], DType::F32), &t(&[3, 2], DType::F32)).unwrap_err();
     assert!(matches!(e, Error::Shape { .. }), "{e}");
     // Undefined results on empty input are errors; empty outputs are a no-op.
-    assert!(matches!(reduce::max(&t(&[3, 0], DType::F32), Axis::Last), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        reduce::max(&t(&[3, 0], DType::F32), Axis::Last),
+        Err(Error::Invalid { .. })
+    ));
     let empty = ew::add(&t(&[0, 5], DType::F32), &t(&[5], DType::F32)).unwrap();
     assert_eq!(empty.shape(), &[0, 5]);
-    assert_eq!(reduce::sum(&t(&[4, 0], DType::F32), Axis::Last).unwrap().to_vec().unwrap(), vec![0.0; 4]);
+    assert_eq!(
+        reduce::sum(&t(&[4, 0], DType::F32), Axis::Last)
+            .unwrap()
+            .to_vec()
+            .unwrap(),
+        vec![0.0; 4]
+    );
     // Backward with the wrong gradient shape.
-    let e = ew::binary_backward(BinaryOp::Add, &t(&[2, 3], DType::F32), &t(&[3], DType::F32), &t(&[3], DType::F32)).unwrap_err();
+    let e = ew::binary_backward(
+        BinaryOp::Add,
+        &t(&[2, 3], DType::F32),
+        &t(&[3], DType::F32),
+        &t(&[3], DType::F32),
+    )
+    .unwrap_err();
     assert!(matches!(e, Error::Shape { .. }), "{e}");
     // The context is still healthy after all of that.
-    assert_eq!(ew::add(&t(&[2], DType::F32), &t(&[2], DType::F32)).unwrap().to_vec().unwrap(), vec![2.0, 2.0]);
+    assert_eq!(
+        ew::add(&t(&[2], DType::F32), &t(&[2], DType::F32))
+            .unwrap()
+            .to_vec()
+            .unwrap(),
+        vec![2.0, 2.0]
+    );
 }
 
 #[test]

@@ -17,7 +17,9 @@ fn reduce_tol(dtype: DType, reduced: usize) -> f64 {
 
 #[test]
 fn reductions_match_reference() {
-    let Some(gpu) = gpu_or_skip("reductions_match_reference") else { return };
+    let Some(gpu) = gpu_or_skip("reductions_match_reference") else {
+        return;
+    };
     let mut rng = rng("reductions");
     let reds = [Reduction::Sum, Reduction::Mean, Reduction::Max];
     for case in 0..fuzz_cases(54) {
@@ -30,14 +32,25 @@ fn reductions_match_reference() {
         let out = reduce::reduce(&Tensor::from_host(&gpu, &x).unwrap(), r, axis).unwrap();
         let want = rr::reduce(&x, r, axis).unwrap();
         assert_eq!(out.shape(), want.shape.as_slice());
-        let reduced = if axis == Axis::All { x.numel() } else { *shape.last().unwrap() };
-        assert_close(&format!("{r:?} {axis:?} {dtype} {shape:?}"), &out.to_vec().unwrap(), &want.data, reduce_tol(dtype, reduced));
+        let reduced = if axis == Axis::All {
+            x.numel()
+        } else {
+            *shape.last().unwrap()
+        };
+        assert_close(
+            &format!("{r:?} {axis:?} {dtype} {shape:?}"),
+            &out.to_vec().unwrap(),
+            &want.data,
+            reduce_tol(dtype, reduced),
+        );
     }
 }
 
 #[test]
 fn large_reductions_are_deterministic_and_accurate() {
-    let Some(gpu) = gpu_or_skip("large_reductions_are_deterministic_and_accurate") else { return };
+    let Some(gpu) = gpu_or_skip("large_reductions_are_deterministic_and_accurate") else {
+        return;
+    };
     let mut rng = rng("large_reductions");
     let n = scaled(1 << 24, 1 << 16) + 7;
     let x = uniform(&mut rng, &[n], -1.0, 1.0, DType::F32);
@@ -46,47 +59,84 @@ fn large_reductions_are_deterministic_and_accurate() {
     let want = rr::reduce(&x, Reduction::Sum, Axis::All).unwrap().data[0];
     // Absolute error against the f64 sum, relative to the sum of |x| (the cancellation-free scale).
     let scale: f64 = x.data.iter().map(|v| v.abs() as f64).sum();
-    assert!(((first - want) as f64).abs() / scale < 1e-6, "sum {first} vs {want}");
+    assert!(
+        ((first - want) as f64).abs() / scale < 1e-6,
+        "sum {first} vs {want}"
+    );
     for _ in 0..scaled(20, 2) {
-        assert_eq!(reduce::sum(&xt, Axis::All).unwrap().to_vec().unwrap()[0].to_bits(), first.to_bits(), "sum changed between runs");
+        assert_eq!(
+            reduce::sum(&xt, Axis::All).unwrap().to_vec().unwrap()[0].to_bits(),
+            first.to_bits(),
+            "sum changed between runs"
+        );
     }
     let rows = xt.reshape(&[n]).unwrap();
     let m = reduce::max(&rows, Axis::Last).unwrap().to_vec().unwrap()[0];
     assert_eq!(m, x.data.iter().cloned().fold(f32::NEG_INFINITY, f32::max));
-    let last = Tensor::from_host(&gpu, &uniform(&mut rng, &[scaled(4096, 64), 4099], -1.0, 1.0, DType::F32)).unwrap();
+    let last = Tensor::from_host(
+        &gpu,
+        &uniform(&mut rng, &[scaled(4096, 64), 4099], -1.0, 1.0, DType::F32),
+    )
+    .unwrap();
     let a = reduce::sum(&last, Axis::Last).unwrap().to_vec().unwrap();
     for _ in 0..5 {
         let b = reduce::sum(&last, Axis::Last).unwrap().to_vec().unwrap();
-        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "row sums changed between runs");
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "row sums changed between runs"
+        );
     }
 }
 
 #[test]
 fn reduction_backward_matches_reference() {
-    let Some(gpu) = gpu_or_skip("reduction_backward_matches_reference") else { return };
+    let Some(gpu) = gpu_or_skip("reduction_backward_matches_reference") else {
+        return;
+    };
     let mut rng = rng("reduction_backward");
     for case in 0..fuzz_cases(12) {
         let dtype = DType::ALL[case % 3];
-        let r = if case % 2 == 0 { Reduction::Sum } else { Reduction::Mean };
-        let axis = if (case / 2) % 2 == 0 { Axis::Last } else { Axis::All };
+        let r = if case % 2 == 0 {
+            Reduction::Sum
+        } else {
+            Reduction::Mean
+        };
+        let axis = if (case / 2) % 2 == 0 {
+            Axis::Last
+        } else {
+            Axis::All
+        };
         let shape = random_shape(&mut rng, 3, 1 << 18);
         let gshape = reduce::output_shape(&shape, axis);
         let g = uniform(&mut rng, &gshape, -1.0, 1.0, dtype);
         let dx = reduce::backward(&Tensor::from_host(&gpu, &g).unwrap(), r, axis, &shape).unwrap();
         let want = rr::backward(&g, r, axis, &shape).unwrap();
-        assert_close(&format!("d{r:?} {axis:?} {dtype} {shape:?}"), &dx.to_vec().unwrap(), &want.data, tol(dtype));
+        assert_close(
+            &format!("d{r:?} {axis:?} {dtype} {shape:?}"),
+            &dx.to_vec().unwrap(),
+            &want.data,
+            tol(dtype),
+        );
     }
 }
 
 #[test]
 fn softmax_matches_reference_over_row_lengths() {
-    let Some(gpu) = gpu_or_skip("softmax_matches_reference_over_row_lengths") else { return };
+    let Some(gpu) = gpu_or_skip("softmax_matches_reference_over_row_lengths") else {
+        return;
+    };
     let mut rng = rng("softmax");
     // Register-cached rows (<= 16384) and two-pass rows, including length 1 and 1e6.
-    let cols_list = [1usize, 2, 31, 32, 33, 1000, 4096, 16384, 16385, 100_003, 1_000_000];
+    let cols_list = [
+        1usize, 2, 31, 32, 33, 1000, 4096, 16384, 16385, 100_003, 1_000_000,
+    ];
     for (i, &cols) in cols_list.iter().enumerate() {
         for dtype in DType::ALL {
-            let rows = if sanitizing() { 2 } else { (1 << 21) / cols.max(1) % 300 + 1 };
+            let rows = if sanitizing() {
+                2
+            } else {
+                (1 << 21) / cols.max(1) % 300 + 1
+            };
             let x = uniform(&mut rng, &[rows, cols], -10.0, 10.0, dtype);
             let dy = uniform(&mut rng, &[rows, cols], -1.0, 1.0, dtype);
             let xt = Tensor::from_host(&gpu, &x).unwrap();
@@ -106,18 +156,35 @@ fn softmax_matches_reference_over_row_lengths() {
             let want_dx = sr::softmax_backward(&y_host, &dy).unwrap();
             // dx = y (dy - dot): the subtraction cancels, so compare on the scale of |y| |dy|.
             let e = rel_err(&dx.to_vec().unwrap(), &want_dx.data);
-            assert!(e <= 10.0 * tol(dtype), "{case} backward: relative error {e:.3e}");
+            assert!(
+                e <= 10.0 * tol(dtype),
+                "{case} backward: relative error {e:.3e}"
+            );
         }
     }
 }
 
 #[test]
 fn softmax_is_stable_and_propagates_nan() {
-    let Some(gpu) = gpu_or_skip("softmax_is_stable_and_propagates_nan") else { return };
-    let x = Tensor::from_f32(&gpu, &[1000.0, 1001.0, 1002.0, 1.0, f32::NAN, 3.0], &[2, 3], DType::F32).unwrap();
+    let Some(gpu) = gpu_or_skip("softmax_is_stable_and_propagates_nan") else {
+        return;
+    };
+    let x = Tensor::from_f32(
+        &gpu,
+        &[1000.0, 1001.0, 1002.0, 1.0, f32::NAN, 3.0],
+        &[2, 3],
+        DType::F32,
+    )
+    .unwrap();
     let y = softmax::softmax(&x).unwrap().to_vec().unwrap();
     let want = 1.0 / (1.0 + (-1f64).exp() + (-2f64).exp());
-    assert!((y[2] as f64 - want).abs() < 1e-6, "large inputs overflowed: {y:?}");
-    assert!(y[3..].iter().all(|v| v.is_nan()), "NaN in a row must reach every output of that row: {y:?}");
+    assert!(
+        (y[2] as f64 - want).abs() < 1e-6,
+        "large inputs overflowed: {y:?}"
+    );
+    assert!(
+        y[3..].iter().all(|v| v.is_nan()),
+        "NaN in a row must reach every output of that row: {y:?}"
+    );
     let _ = rand::rng().random::<u8>();
 }

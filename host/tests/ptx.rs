@@ -3,19 +3,40 @@
 include!("../../gpu/ptx_builder.rs");
 
 const KERNELS: [&str; 17] = [
-    "add", "sub", "mul", "div", "add_bcast", "sub_bcast", "mul_bcast", "div_bcast", "gelu", "gelu_backward", "affine", "expand", "reduce_to", "sum_rows",
-    "sum_partials", "softmax", "softmax_backward",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "add_bcast",
+    "sub_bcast",
+    "mul_bcast",
+    "div_bcast",
+    "gelu",
+    "gelu_backward",
+    "affine",
+    "expand",
+    "reduce_to",
+    "sum_rows",
+    "sum_partials",
+    "softmax",
+    "softmax_backward",
 ];
 
 #[test]
 fn every_launched_kernel_is_in_the_ptx_for_every_dtype_and_arch() {
     for (arch, ptx) in [("sm_80", host::ptx::SM80), ("sm_90", host::ptx::SM90)] {
-        assert!(ptx.contains(&format!(".target {arch}")), "{arch} PTX targets another arch");
+        assert!(
+            ptx.contains(&format!(".target {arch}")),
+            "{arch} PTX targets another arch"
+        );
         let entries = host::ptx::entry_points(ptx);
         for k in KERNELS {
             for d in ["f32", "f16", "bf16"] {
                 let name = format!("{k}_{d}");
-                assert!(entries.contains(&name.as_str()), "{arch}: kernel {name} missing from the PTX");
+                assert!(
+                    entries.contains(&name.as_str()),
+                    "{arch}: kernel {name} missing from the PTX"
+                );
             }
         }
     }
@@ -24,14 +45,25 @@ fn every_launched_kernel_is_in_the_ptx_for_every_dtype_and_arch() {
 #[test]
 fn ptxas_accepts_the_ptx_without_spills_or_stack() {
     let Some(ptxas) = find_ptxas() else {
-        println!("SKIP ptxas_accepts_the_ptx_without_spills_or_stack: ptxas not found (pip install nvidia-cuda-nvcc-cu12, or set PTXAS)");
+        println!(
+            "SKIP ptxas_accepts_the_ptx_without_spills_or_stack: ptxas not found (pip install nvidia-cuda-nvcc-cu12, or set PTXAS)"
+        );
         return;
     };
     for (arch, ptx) in [("sm_80", host::ptx::SM80), ("sm_90", host::ptx::SM90)] {
         let table = ptxas_resources(&ptxas, ptx, arch).unwrap_or_else(|e| panic!("{e}"));
-        assert!(table.len() >= KERNELS.len() * 3, "{arch}: ptxas reported only {} kernels", table.len());
+        assert!(
+            table.len() >= KERNELS.len() * 3,
+            "{arch}: ptxas reported only {} kernels",
+            table.len()
+        );
         for k in &table {
-            assert_eq!((k.stack_bytes, k.spill_stores, k.spill_loads), (0, 0, 0), "{arch}: {} uses local memory: {k:?}", k.name);
+            assert_eq!(
+                (k.stack_bytes, k.spill_stores, k.spill_loads),
+                (0, 0, 0),
+                "{arch}: {} uses local memory: {k:?}",
+                k.name
+            );
         }
     }
 }
@@ -46,5 +78,15 @@ ptxas info    : Function properties for _ZN4core9panicking\n\
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
     let t = parse_ptxas_report(text);
     assert_eq!(t.len(), 1);
-    assert_eq!(t[0], KernelResources { name: "softmax_f32".into(), registers: 71, shared_bytes: 128, stack_bytes: 8, spill_stores: 4, spill_loads: 4 });
+    assert_eq!(
+        t[0],
+        KernelResources {
+            name: "softmax_f32".into(),
+            registers: 71,
+            shared_bytes: 128,
+            stack_bytes: 8,
+            spill_stores: 4,
+            spill_loads: 4
+        }
+    );
 }

@@ -22,22 +22,36 @@ fn bench_executable(json_lines: &str) -> Option<PathBuf> {
 pub fn build_bench_binary(root: &Path) -> Result<PathBuf, String> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
-        .args(["bench", "--no-run", "--message-format=json", "-p", "benches"])
+        .args([
+            "bench",
+            "--no-run",
+            "--message-format=json",
+            "-p",
+            "benches",
+        ])
         .output()
         .map_err(|e| format!("could not run cargo: {e}"))?;
     if !out.status.success() {
-        return Err(format!("building the benches failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "building the benches failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
-    bench_executable(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| "cargo built no bench executable".into())
+    bench_executable(&String::from_utf8_lossy(&out.stdout))
+        .ok_or_else(|| "cargo built no bench executable".into())
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let out = PathBuf::from(flag_value(args, "--out").unwrap_or_else(|| "target/bench-report".into()));
+    let out =
+        PathBuf::from(flag_value(args, "--out").unwrap_or_else(|| "target/bench-report".into()));
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let out = out.canonicalize().map_err(|e| e.to_string())?;
     let quick = has_flag(args, "--quick");
     let (bench_bin, scripts) = match flag_value(args, "--bins") {
-        Some(dir) => (Path::new(&dir).join("bench").join("ops"), Path::new(&dir).join("bench")),
+        Some(dir) => (
+            Path::new(&dir).join("bench").join("ops"),
+            Path::new(&dir).join("bench"),
+        ),
         None => {
             let root = workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?;
             (build_bench_binary(&root)?, root.join("bench"))
@@ -46,7 +60,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let ours = out.join("ours.json");
     println!("bench: our kernels ({}) ...", bench_bin.display());
     let mut cmd = Command::new(&bench_bin);
-    cmd.arg("--bench").env("CRITERION_HOME", out.join("criterion")).env("RGK_BENCH_JSON", &ours);
+    cmd.arg("--bench")
+        .env("CRITERION_HOME", out.join("criterion"))
+        .env("RGK_BENCH_JSON", &ours);
     if quick {
         cmd.env("RGK_BENCH_QUICK", "1");
     }
@@ -55,14 +71,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     run_checked(&mut cmd)?;
     let Some(python) = which("python3") else {
-        println!("python3 not found: peers missing; our results are in {}", ours.display());
+        println!(
+            "python3 not found: peers missing; our results are in {}",
+            ours.display()
+        );
         return Ok(());
     };
     let peers = out.join("peers.json");
     if !has_flag(args, "--no-peers") {
         println!("bench: PyTorch peers ...");
         let mut cmd = Command::new(&python);
-        cmd.arg(scripts.join("peers.py")).arg("--out").arg(&peers).arg("--hide-launch").env("PYTHONUNBUFFERED", "1");
+        cmd.arg(scripts.join("peers.py"))
+            .arg("--out")
+            .arg(&peers)
+            .arg("--hide-launch")
+            .env("PYTHONUNBUFFERED", "1");
         if quick {
             cmd.arg("--quick");
         }
@@ -71,7 +94,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     let mut cmd = Command::new(&python);
-    cmd.arg(scripts.join("report.py")).arg("--ours").arg(&ours).arg("--out-dir").arg(&out);
+    cmd.arg(scripts.join("report.py"))
+        .arg("--ours")
+        .arg(&ours)
+        .arg("--out-dir")
+        .arg(&out);
     if peers.is_file() {
         cmd.arg("--peers").arg(&peers);
     }

@@ -320,11 +320,15 @@ mod tests {
     fn missing_or_wrong_fields_are_errors() {
         assert!(err_of(&json("[]")).contains("not a JSON object"));
         assert!(err_of(&json(r#"{"results": []}"#)).contains("\"schema\""));
-        assert!(err_of(&json(r#"{"schema": "other-v2", "results": []}"#))
-            .contains("unsupported schema"));
+        assert!(
+            err_of(&json(r#"{"schema": "other-v2", "results": []}"#))
+                .contains("unsupported schema")
+        );
         assert!(err_of(&json(r#"{"schema": "rgk-bench-v1"}"#)).contains("\"results\""));
-        assert!(err_of(&doc(r#"[{"samples_ms": [1]}]"#))
-            .contains("results[0]: missing string field \"name\""));
+        assert!(
+            err_of(&doc(r#"[{"samples_ms": [1]}]"#))
+                .contains("results[0]: missing string field \"name\"")
+        );
         assert!(err_of(&doc(r#"[{"name": "a"}]"#)).contains("\"samples_ms\""));
         assert!(err_of(&doc(r#"[{"name": "a", "samples_ms": []}]"#)).contains("is empty"));
         assert!(
@@ -341,11 +345,15 @@ mod tests {
     fn error_names_the_bad_side() {
         let good = doc("[]");
         let bad = json("{}");
-        assert!(compare_values(&bad, &good)
-            .unwrap_err()
-            .starts_with("base: "));
-        assert!(compare_values(&good, &bad)
-            .unwrap_err()
-            .starts_with("new: "));
+        assert!(
+            compare_values(&bad, &good)
+                .unwrap_err()
+                .starts_with("base: ")
+        );
+        assert!(
+            compare_values(&good, &bad)
+                .unwrap_err()
+                .starts_with("new: ")
+        );
     }
 }

@@ -16,32 +16,67 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let ptxas = find_ptxas();
     let mut failures = Vec::new();
     for arch in PTX_ARCHES {
-        println!("building gpu -> PTX for {arch}{} ...", if checked { " (checked)" } else { "" });
+        println!(
+            "building gpu -> PTX for {arch}{} ...",
+            if checked { " (checked)" } else { "" }
+        );
         let ptx = build_gpu_ptx(&root, &root.join("target").join("ptx-build"), arch, checked)?;
-        let file = out_dir.join(format!("gpu_{arch}{}.ptx", if checked { "_checked" } else { "" }));
+        let file = out_dir.join(format!(
+            "gpu_{arch}{}.ptx",
+            if checked { "_checked" } else { "" }
+        ));
         std::fs::write(&file, &ptx).map_err(|e| e.to_string())?;
-        println!("  wrote {} ({} kernels)", file.display(), host::ptx::entry_points(&ptx).len());
+        println!(
+            "  wrote {} ({} kernels)",
+            file.display(),
+            host::ptx::entry_points(&ptx).len()
+        );
         let Some(ptxas) = &ptxas else { continue };
         let table = ptxas_resources(ptxas, &ptx, arch)?;
         print_table(arch, &table);
-        for k in table.iter().filter(|k| !NOT_HOT.iter().any(|p| k.name.starts_with(p))) {
+        for k in table
+            .iter()
+            .filter(|k| !NOT_HOT.iter().any(|p| k.name.starts_with(p)))
+        {
             if k.stack_bytes > 0 || k.spill_stores > 0 || k.spill_loads > 0 {
-                failures.push(format!("{arch} {}: {} B stack, {} B spill stores, {} B spill loads", k.name, k.stack_bytes, k.spill_stores, k.spill_loads));
+                failures.push(format!(
+                    "{arch} {}: {} B stack, {} B spill stores, {} B spill loads",
+                    k.name, k.stack_bytes, k.spill_stores, k.spill_loads
+                ));
             }
         }
     }
     if ptxas.is_none() {
-        println!("ptxas not found: no resource table (pip install nvidia-cuda-nvcc-cu12, or set PTXAS=/path/to/ptxas)");
+        println!(
+            "ptxas not found: no resource table (pip install nvidia-cuda-nvcc-cu12, or set PTXAS=/path/to/ptxas)"
+        );
     }
-    if failures.is_empty() { Ok(()) } else { Err(format!("hot kernels use local memory:\n  {}", failures.join("\n  "))) }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "hot kernels use local memory:\n  {}",
+            failures.join("\n  ")
+        ))
+    }
 }
 
 fn print_table(arch: &str, table: &[KernelResources]) {
     println!("\n  ptxas -arch={arch}: {} kernels", table.len());
-    println!("  {:<32} {:>5} {:>9} {:>7} {:>7}", "kernel", "regs", "smem B", "stack B", "spill B");
+    println!(
+        "  {:<32} {:>5} {:>9} {:>7} {:>7}",
+        "kernel", "regs", "smem B", "stack B", "spill B"
+    );
     let mut sorted: Vec<&KernelResources> = table.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     for k in sorted {
-        println!("  {:<32} {:>5} {:>9} {:>7} {:>7}", k.name, k.registers, k.shared_bytes, k.stack_bytes, k.spill_stores + k.spill_loads);
+        println!(
+            "  {:<32} {:>5} {:>9} {:>7} {:>7}",
+            k.name,
+            k.registers,
+            k.shared_bytes,
+            k.stack_bytes,
+            k.spill_stores + k.spill_loads
+        );
     }
 }

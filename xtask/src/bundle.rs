@@ -50,37 +50,80 @@ exit $status
 "#;
 
 fn copy(from: &Path, to: &Path) -> Result<(), String> {
-    std::fs::copy(from, to).map(|_| ()).map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let root = workspace_root().ok_or("bundle needs the source tree")?;
-    let out = PathBuf::from(flag_value(args, "--out").unwrap_or_else(|| root.join("bundle").display().to_string()));
+    let out = PathBuf::from(
+        flag_value(args, "--out").unwrap_or_else(|| root.join("bundle").display().to_string()),
+    );
     for sub in ["tests", "bench", "ptx"] {
-        std::fs::create_dir_all(out.join(sub)).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+        std::fs::create_dir_all(out.join(sub))
+            .map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     }
     println!("bundle: building release binaries (tests, bench, demo, xtask) ...");
     // Two builds: naming `--example` restricts a build to examples.
-    run_checked(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "xtask"]))?;
-    run_checked(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "host", "--example", "demo"]))?;
+    run_checked(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "xtask",
+    ]))?;
+    run_checked(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "host",
+        "--example",
+        "demo",
+    ]))?;
     copy(&root.join("target/release/xtask"), &out.join("xtask"))?;
-    copy(&root.join("target/release/examples/demo"), &out.join("demo"))?;
+    copy(
+        &root.join("target/release/examples/demo"),
+        &out.join("demo"),
+    )?;
     for bin in build_test_binaries(&root)? {
-        let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or("test").split('-').next().unwrap_or("test").to_string();
+        let name = bin
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("test")
+            .split('-')
+            .next()
+            .unwrap_or("test")
+            .to_string();
         copy(&bin, &out.join("tests").join(name))?;
     }
-    copy(&crate::bench::build_bench_binary(&root)?, &out.join("bench/ops"))?;
+    copy(
+        &crate::bench::build_bench_binary(&root)?,
+        &out.join("bench/ops"),
+    )?;
     for script in ["peers.py", "report.py"] {
-        copy(&root.join("bench").join(script), &out.join("bench").join(script))?;
+        copy(
+            &root.join("bench").join(script),
+            &out.join("bench").join(script),
+        )?;
     }
     for arch in ["sm_80", "sm_90"] {
-        let ptx = if arch == "sm_80" { host::ptx::SM80 } else { host::ptx::SM90 };
-        std::fs::write(out.join("ptx").join(format!("gpu_{arch}.ptx")), ptx).map_err(|e| e.to_string())?;
+        let ptx = if arch == "sm_80" {
+            host::ptx::SM80
+        } else {
+            host::ptx::SM90
+        };
+        std::fs::write(out.join("ptx").join(format!("gpu_{arch}.ptx")), ptx)
+            .map_err(|e| e.to_string())?;
     }
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
-    println!("bundle: {} ready; on the GPU machine: {}/run.sh OUT_DIR", out.display(), out.display());
+    std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "bundle: {} ready; on the GPU machine: {}/run.sh OUT_DIR",
+        out.display(),
+        out.display()
+    );
     Ok(())
 }

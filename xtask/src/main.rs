@@ -38,7 +38,15 @@ fn main() {
         "bundle" => bundle::run(rest),
         "bench" => bench::run(rest),
         "bench-compare" => match rest {
-            [base, new] => bench_compare::run(base.as_ref(), new.as_ref()).map(|regressed| if regressed { Err("regression found".to_string()) } else { Ok(()) }).and_then(|r| r),
+            [base, new] => bench_compare::run(base.as_ref(), new.as_ref())
+                .map(|regressed| {
+                    if regressed {
+                        Err("regression found".to_string())
+                    } else {
+                        Ok(())
+                    }
+                })
+                .and_then(|r| r),
             _ => Err("usage: cargo xtask bench-compare BASE.json NEW.json".to_string()),
         },
         "profile" => profile::run(rest),

@@ -15,12 +15,20 @@ const ALL_TOOLS: [&str; 4] = ["memcheck", "racecheck", "initcheck", "synccheck"]
 
 /// Test binaries that launch kernels (the others — unit tests, ptx checks — need no sanitizer).
 fn is_gpu_test(path: &Path) -> bool {
-    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("gpu_") || n.starts_with("bad_input"))
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("gpu_") || n.starts_with("bad_input"))
 }
 
 pub fn find_compute_sanitizer() -> Option<PathBuf> {
     which("compute-sanitizer").or_else(|| {
-        ["/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer"].iter().map(PathBuf::from).find(|p| p.is_file())
+        [
+            "/usr/local/cuda/bin/compute-sanitizer",
+            "/usr/local/cuda/compute-sanitizer/compute-sanitizer",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
     })
 }
 
@@ -33,61 +41,133 @@ struct Row {
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let tools: Vec<String> = flag_value(args, "--tools").map(|t| t.split(',').map(str::to_string).collect()).unwrap_or_else(|| ALL_TOOLS.map(String::from).to_vec());
+    let tools: Vec<String> = flag_value(args, "--tools")
+        .map(|t| t.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|| ALL_TOOLS.map(String::from).to_vec());
     if let Some(bad) = tools.iter().find(|t| !ALL_TOOLS.contains(&t.as_str())) {
-        return Err(format!("unknown tool `{bad}`; expected some of {ALL_TOOLS:?}"));
+        return Err(format!(
+            "unknown tool `{bad}`; expected some of {ALL_TOOLS:?}"
+        ));
     }
     let bins: Vec<PathBuf> = match flag_value(args, "--bins") {
         Some(dir) => executables_in(&Path::new(&dir).join("tests"), "")?,
-        None => build_test_binaries(&workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?)?,
+        None => build_test_binaries(
+            &workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?,
+        )?,
     };
     let bins: Vec<PathBuf> = bins.into_iter().filter(|b| is_gpu_test(b)).collect();
     if bins.is_empty() {
         return Err("no GPU test binaries found".into());
     }
     let cs = find_compute_sanitizer().ok_or("compute-sanitizer not found: install the CUDA toolkit (it ships in CUDA's bin/) or put it on PATH")?;
-    let log_dir = PathBuf::from(flag_value(args, "--log-dir").unwrap_or_else(|| "target/sanitize".into()));
-    std::fs::create_dir_all(&log_dir).map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
+    let log_dir =
+        PathBuf::from(flag_value(args, "--log-dir").unwrap_or_else(|| "target/sanitize".into()));
+    std::fs::create_dir_all(&log_dir)
+        .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
 
     let total = tools.len() * bins.len();
     let mut rows = Vec::new();
     for tool in &tools {
         for bin in &bins {
-            let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or("?").split('-').next().unwrap_or("?").to_string();
-            println!("[{}/{total}] compute-sanitizer --tool {tool} {name} ...", rows.len() + 1);
+            let name = bin
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("?")
+                .split('-')
+                .next()
+                .unwrap_or("?")
+                .to_string();
+            println!(
+                "[{}/{total}] compute-sanitizer --tool {tool} {name} ...",
+                rows.len() + 1
+            );
             let start = Instant::now();
             let out = Command::new(&cs)
-                .args(["--tool", tool, "--print-limit", "50", "--error-exitcode", "99", "--target-processes", "all"])
+                .args([
+                    "--tool",
+                    tool,
+                    "--print-limit",
+                    "50",
+                    "--error-exitcode",
+                    "99",
+                    "--target-processes",
+                    "all",
+                ])
                 .arg(bin)
                 .args(["--test-threads=1"])
                 .env("RGK_SANITIZE", "1")
                 .env("RGK_FUZZ_CASES", "3")
                 .output()
                 .map_err(|e| format!("could not run {}: {e}", cs.display()))?;
-            let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-            std::fs::write(log_dir.join(format!("{tool}-{name}.log")), &log).map_err(|e| e.to_string())?;
-            let row = Row { binary: name, tool: tool.clone(), findings: error_count(&log), tests_ok: log.contains("test result: ok") && !log.contains("FAILED"), seconds: start.elapsed().as_secs_f64() };
-            println!("      {} findings, tests {}, {:.1} s", row.findings.map_or("?".into(), |n| n.to_string()), if row.tests_ok { "ok" } else { "FAILED" }, row.seconds);
+            let log = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::write(log_dir.join(format!("{tool}-{name}.log")), &log)
+                .map_err(|e| e.to_string())?;
+            let row = Row {
+                binary: name,
+                tool: tool.clone(),
+                findings: error_count(&log),
+                tests_ok: log.contains("test result: ok") && !log.contains("FAILED"),
+                seconds: start.elapsed().as_secs_f64(),
+            };
+            println!(
+                "      {} findings, tests {}, {:.1} s",
+                row.findings.map_or("?".into(), |n| n.to_string()),
+                if row.tests_ok { "ok" } else { "FAILED" },
+                row.seconds
+            );
             rows.push(row);
         }
     }
     print_summary(&rows);
-    let bad: Vec<&Row> = rows.iter().filter(|r| r.findings != Some(0) || !r.tests_ok).collect();
-    if bad.is_empty() { Ok(()) } else { Err(format!("{} of {} runs had findings or failures; logs in {}", bad.len(), rows.len(), log_dir.display())) }
+    let bad: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.findings != Some(0) || !r.tests_ok)
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {} runs had findings or failures; logs in {}",
+            bad.len(),
+            rows.len(),
+            log_dir.display()
+        ))
+    }
 }
 
 /// The count in compute-sanitizer's `ERROR SUMMARY: N error(s)` line (`None` if absent: the run broke).
 fn error_count(log: &str) -> Option<u64> {
-    log.lines().filter_map(|l| l.split("ERROR SUMMARY:").nth(1)).filter_map(|rest| rest.split_whitespace().next()?.parse().ok()).max()
+    log.lines()
+        .filter_map(|l| l.split("ERROR SUMMARY:").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .max()
 }
 
 fn print_summary(rows: &[Row]) {
-    println!("\n{:<24} {:<10} {:>9} {:>7} {:>8}", "test binary", "tool", "findings", "tests", "seconds");
+    println!(
+        "\n{:<24} {:<10} {:>9} {:>7} {:>8}",
+        "test binary", "tool", "findings", "tests", "seconds"
+    );
     for r in rows {
-        println!("{:<24} {:<10} {:>9} {:>7} {:>8.1}", r.binary, r.tool, r.findings.map_or("?".into(), |n| n.to_string()), if r.tests_ok { "ok" } else { "FAILED" }, r.seconds);
+        println!(
+            "{:<24} {:<10} {:>9} {:>7} {:>8.1}",
+            r.binary,
+            r.tool,
+            r.findings.map_or("?".into(), |n| n.to_string()),
+            if r.tests_ok { "ok" } else { "FAILED" },
+            r.seconds
+        );
     }
     let findings: u64 = rows.iter().filter_map(|r| r.findings).sum();
-    println!("sanitize: {} runs, {findings} findings, {} failed", rows.len(), rows.iter().filter(|r| !r.tests_ok).count());
+    println!(
+        "sanitize: {} runs, {findings} findings, {} failed",
+        rows.len(),
+        rows.iter().filter(|r| !r.tests_ok).count()
+    );
 }
 
 #[cfg(test)]
@@ -97,7 +177,10 @@ mod tests {
     #[test]
     fn error_summary_is_parsed() {
         assert_eq!(error_count("========= ERROR SUMMARY: 0 errors\n"), Some(0));
-        assert_eq!(error_count("x\n========= ERROR SUMMARY: 450 errors\n"), Some(450));
+        assert_eq!(
+            error_count("x\n========= ERROR SUMMARY: 450 errors\n"),
+            Some(450)
+        );
         assert_eq!(error_count("no summary"), None);
     }
 

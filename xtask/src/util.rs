@@ -4,7 +4,10 @@ use std::process::Command;
 
 /// The value after `--name` in `args`, if present.
 pub fn flag_value(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }
 
 /// Whether `--name` is present.
@@ -25,13 +28,21 @@ pub fn which(program: &str) -> Option<PathBuf> {
     if p.components().count() > 1 {
         return p.is_file().then(|| p.to_path_buf());
     }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|p| p.is_file())
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// Runs `cmd`, failing with its description when it cannot start or exits non-zero.
 pub fn run_checked(cmd: &mut Command) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("{cmd:?} exited with {status}")) }
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} exited with {status}"))
+    }
 }
 
 /// Test executables of `cargo test --no-run --message-format=json` output (GPU test binaries).
@@ -48,11 +59,23 @@ pub fn test_executables(json_lines: &str) -> Vec<PathBuf> {
 pub fn build_test_binaries(root: &Path) -> Result<Vec<PathBuf>, String> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
-        .args(["test", "--release", "--no-run", "--message-format=json", "-p", "host", "-p", "integration-tests"])
+        .args([
+            "test",
+            "--release",
+            "--no-run",
+            "--message-format=json",
+            "-p",
+            "host",
+            "-p",
+            "integration-tests",
+        ])
         .output()
         .map_err(|e| format!("could not run cargo: {e}"))?;
     if !out.status.success() {
-        return Err(format!("building test binaries failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "building test binaries failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     Ok(test_executables(&String::from_utf8_lossy(&out.stdout)))
 }
@@ -63,8 +86,15 @@ pub fn executables_in(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, String> 
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix)))
-        .filter(|p| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .filter(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
         .collect();
     out.sort();
     Ok(out)
@@ -76,7 +106,10 @@ mod tests {
 
     #[test]
     fn flags_are_read_by_name() {
-        let args: Vec<String> = ["--bins", "b", "--quick"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> = ["--bins", "b", "--quick"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert_eq!(flag_value(&args, "--bins").as_deref(), Some("b"));
         assert!(has_flag(&args, "--quick"));
         assert_eq!(flag_value(&args, "--out"), None);

@@ -63,7 +63,11 @@ pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Resu
     if out.numel() == 0 {
         return Ok(out);
     }
-    let fast = path == KernelPath::Auto && a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous() && aligned16(&[a, b, &out]);
+    let fast = path == KernelPath::Auto
+        && a.shape() == b.shape()
+        && a.is_contiguous()
+        && b.is_contiguous()
+        && aligned16(&[a, b, &out]);
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
         launch(

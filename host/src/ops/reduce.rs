@@ -78,7 +78,10 @@ pub fn reduce(x: &Tensor, r: Reduction, axis: Axis) -> Result<Tensor> {
                 expected: "rank >= 1".into(),
                 got: vec![],
             })?;
-            (x.shape()[..x.shape().len() - 1].iter().product::<usize>(), cols)
+            (
+                x.shape()[..x.shape().len() - 1].iter().product::<usize>(),
+                cols,
+            )
         }
         Axis::All => (1, x.numel()),
     };
