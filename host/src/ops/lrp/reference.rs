@@ -45,22 +45,37 @@ pub fn aggregate(p: f64, n: f64, pb: f64, nb: f64) -> (f64, f64, f64, f64) {
     (pp, nn, pa, na)
 }
 
-/// Whether the saturation decision for these sums could change under perturbations of P and N by
-/// `margin * (P + N + pb + nb)` (an f32 accumulation's error): a GPU result may then take the other
-/// branch legitimately, so tests compare such rows separately. Zero sums are exact on the GPU too and
-/// are not perturbed.
-pub fn ambiguous(act: &Activation, p: f64, n: f64, pb: f64, nb: f64, margin: f64) -> bool {
+/// The distinct saturation outcomes (which of P, N end up zero) under perturbations of P and N by
+/// `margin * (P + N + pb + nb)` (an f32 accumulation's error), the unperturbed outcome first. A GPU
+/// result may legitimately take any of them. Zero sums are exact on the GPU too and are not perturbed.
+pub fn outcomes(
+    act: &Activation,
+    p: f64,
+    n: f64,
+    pb: f64,
+    nb: f64,
+    margin: f64,
+) -> Vec<(bool, bool)> {
     let delta = margin * (p + n + pb + nb);
     let zeroed = |(a, b): (f64, f64)| (a == 0.0, b == 0.0);
-    let center = zeroed(saturate(act, p, n, pb, nb));
+    let mut seen = vec![zeroed(saturate(act, p, n, pb, nb))];
     let steps = [-delta, 0.0, delta];
-    steps.iter().any(|&dp| {
-        steps.iter().any(|&dn| {
+    for &dp in &steps {
+        for &dn in &steps {
             let pq = if p == 0.0 { 0.0 } else { (p + dp).max(0.0) };
             let nq = if n == 0.0 { 0.0 } else { (n + dn).max(0.0) };
-            zeroed(saturate(act, pq, nq, pb, nb)) != center
-        })
-    })
+            let z = zeroed(saturate(act, pq, nq, pb, nb));
+            if !seen.contains(&z) {
+                seen.push(z);
+            }
+        }
+    }
+    seen
+}
+
+/// Whether [`outcomes`] has more than one element.
+pub fn ambiguous(act: &Activation, p: f64, n: f64, pb: f64, nb: f64, margin: f64) -> bool {
+    outcomes(act, p, n, pb, nb, margin).len() > 1
 }
 
 /// `relevance_in` for `x: [.., I]`, `relevance_out: [.., O]`, `weight: [O, I]`, `bias: [O]`.
@@ -71,18 +86,21 @@ pub fn relevance(
     bias: Option<&HostTensor>,
     act: &Activation,
 ) -> Result<HostTensor> {
-    Ok(relevance_flagged(x, relevance_out, weight, bias, act, 0.0)?.0)
+    Ok(relevance_with_slack(x, relevance_out, weight, bias, act, 0.0)?.0)
 }
 
-/// [`relevance`], plus per row whether any of its outputs is [`ambiguous`] at `margin`.
-pub fn relevance_flagged(
+/// [`relevance`], plus a per-element slack: how far each `relevance_in` element could move if the
+/// (row, output) pairs whose saturation outcome is ambiguous at `margin` (see [`outcomes`]) took another
+/// outcome, i.e. `sum over ambiguous j of |R_j| |c_i| max |1/D'_alt - 1/D'|`. Zero when nothing is
+/// ambiguous (always at margin 0).
+pub fn relevance_with_slack(
     x: &HostTensor,
     relevance_out: &HostTensor,
     weight: &HostTensor,
     bias: Option<&HostTensor>,
     act: &Activation,
     margin: f64,
-) -> Result<(HostTensor, Vec<bool>)> {
+) -> Result<(HostTensor, Vec<f64>)> {
     const OP: &str = "lrp::relevance (reference)";
     act.validate(OP)?;
     let (rows, ni, no) = dims(
@@ -93,7 +111,7 @@ pub fn relevance_flagged(
         bias.map(|b| b.shape.as_slice()),
     )?;
     let mut out = vec![0.0f32; rows * ni];
-    let mut flags = vec![false; rows];
+    let mut slack = vec![0.0f64; rows * ni];
     let mut c = vec![0.0f64; ni];
     let mut acc = vec![0.0f64; ni];
     for r in 0..rows {
@@ -109,9 +127,6 @@ pub fn relevance_flagged(
             }
             let b = bias.map_or(0.0, |b| b.data[j] as f64);
             let (pb, nb) = (b.max(0.0), (-b).max(0.0));
-            if margin > 0.0 && ambiguous(act, p, n, pb, nb, margin) {
-                flags[r] = true;
-            }
             let (ps, ns) = saturate(act, p, n, pb, nb);
             let (pp, nn, pa, na) = aggregate(ps, ns, pb, nb);
             let rj = relevance_out.data[r * no + j] as f64;
@@ -125,12 +140,30 @@ pub fn relevance_flagged(
                         0.0
                     };
             }
+            if margin > 0.0 {
+                let inv = |pz: bool, nz: bool| {
+                    let pp = if pz || p == 0.0 { 1.0 } else { p };
+                    let nn = if nz || n == 0.0 { 1.0 } else { n };
+                    1.0 / (pp + nn + pb + nb)
+                };
+                let all = outcomes(act, p, n, pb, nb, margin);
+                let center = inv(all[0].0, all[0].1);
+                let moved = all[1..]
+                    .iter()
+                    .map(|&(pz, nz)| (inv(pz, nz) - center).abs())
+                    .fold(0.0, f64::max);
+                if moved > 0.0 {
+                    for (s, &ci) in slack[r * ni..(r + 1) * ni].iter_mut().zip(&c) {
+                        *s += rj.abs() * ci.abs() * moved;
+                    }
+                }
+            }
         }
         for (o, a) in out[r * ni..(r + 1) * ni].iter_mut().zip(&acc) {
             *o = *a as f32;
         }
     }
-    Ok((HostTensor::new(out, &x.shape, crate::DType::F32)?, flags))
+    Ok((HostTensor::new(out, &x.shape, crate::DType::F32)?, slack))
 }
 
 /// `f(x W^T + b)` in f64 (softmax through the softmax reference).
@@ -221,4 +254,22 @@ pub fn explain(
     }
     rels.reverse();
     Ok((acts, rels))
+}
+
+/// `||max(|out - ref| - slack, 0)|| / ||ref||` (2-norms): the relative error left after each element is
+/// allowed its [`relevance_with_slack`] slack. NaN in `out` never passes (+inf).
+pub fn slack_rel_err(out: &[f32], reference: &[f32], slack: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for ((&o, &r), &s) in out.iter().zip(reference).zip(slack) {
+        if !o.is_finite() {
+            return f64::INFINITY;
+        }
+        num += ((o as f64 - r as f64).abs() - s).max(0.0).powi(2);
+        den += (r as f64).powi(2);
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
 }

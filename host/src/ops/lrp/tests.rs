@@ -485,3 +485,137 @@ fn mlp_reference_chains_layers() {
     .unwrap();
     assert_eq!(r1, rels[1]);
 }
+
+/// The GPU's algebra, step for step in f32/f64 on the CPU: split-K `A = sum |x||w|`, `S = sum x w` (fma,
+/// depth order within a split, splits added in order), `P = (A+S)/2`, `N = (A-S)/2`, the merged f64
+/// coefficient, `relevance_in = |x| * sum_j coef |W|`. Checks the transformation, not the kernels.
+fn emulate(
+    rows: usize,
+    ni: usize,
+    no: usize,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    rel: &[f32],
+    act: &Activation,
+) -> Vec<f32> {
+    let (s1, k1) = gpu::params::lrp::split_k(rows as u64, no as u64, ni as u64);
+    let (s1, k1) = (s1 as usize, k1 as usize);
+    let mut coef = vec![0.0f32; rows * no];
+    for r in 0..rows {
+        for j in 0..no {
+            let (mut at, mut st) = (0.0f32, 0.0f32);
+            for s in 0..s1 {
+                let (mut a, mut sm) = (0.0f32, 0.0f32);
+                for i in s * k1..((s + 1) * k1).min(ni) {
+                    let (xv, wv) = (x[r * ni + i], w[j * ni + i]);
+                    a = xv.abs().mul_add(wv.abs(), a);
+                    sm = xv.mul_add(wv, sm);
+                }
+                at += a;
+                st += sm;
+            }
+            let (a, s) = (at as f64, st as f64);
+            let (p, n) = (((a + s) * 0.5).max(0.0), ((a - s) * 0.5).max(0.0));
+            let bv = b.map_or(0.0, |b| b[j] as f64);
+            let (pb, nb) = (bv.max(0.0), (-bv).max(0.0));
+            let (p, n) = r::saturate(act, p, n, pb, nb);
+            let (pp, nn, pa, na) = r::aggregate(p, n, pb, nb);
+            coef[r * no + j] = (rel[r * no + j] as f64 * (0.5 * (pa / pp + na / nn))) as f32;
+        }
+    }
+    let (s2, k2) = gpu::params::lrp::split_k(rows as u64, ni as u64, no as u64);
+    let (s2, k2) = (s2 as usize, k2 as usize);
+    let mut out = vec![0.0f32; rows * ni];
+    for r in 0..rows {
+        for i in 0..ni {
+            let mut g = 0.0f32;
+            for s in 0..s2 {
+                let mut acc = 0.0f32;
+                for j in s * k2..((s + 1) * k2).min(no) {
+                    acc = coef[r * no + j].mul_add(w[j * ni + i].abs(), acc);
+                }
+                g += acc;
+            }
+            out[r * ni + i] = x[r * ni + i].abs() * g;
+        }
+    }
+    out
+}
+
+#[test]
+fn gpu_algebra_matches_the_reference() {
+    let acts = [
+        Activation::null(),
+        Activation::tanh(),
+        Activation::sigmoid(),
+        Activation::relu(),
+        Activation::softmax(),
+        non_mono(Func::Tanh),
+        non_mono(Func::Pulse),
+        Activation {
+            kind: Kind::NonMono,
+            lower: Some(-3.0),
+            upper: Some(3.0),
+            func: Func::Swish,
+        },
+        non_mono(Func::HardSigmoid),
+        non_mono(Func::Wave),
+        non_mono(Func::Absolute),
+        non_mono(Func::Sigmoid),
+    ];
+    let shapes = [
+        (1usize, 1usize, 1usize),
+        (3, 4, 5),
+        (2, 100, 7),
+        (5, 1021, 3),
+        (2, 9, 700),
+        (1, 1300, 2),
+        (17, 33, 65),
+    ];
+    let mut s = 99u64;
+    let (mut flagged, mut total) = (0, 0);
+    for (case, &(rows, ni, no)) in shapes.iter().enumerate() {
+        for (k, act) in acts.iter().enumerate() {
+            let mut v =
+                |n: usize, scale: f32| (0..n).map(|_| lcg(&mut s) * scale).collect::<Vec<f32>>();
+            let (x, w, b, rel) = (
+                v(rows * ni, 2.0),
+                v(no * ni, 1.0),
+                v(no, 3.0),
+                v(rows * no, 1.0),
+            );
+            let bias = (k % 2 == 0).then(|| t(&b, &[no]));
+            let (want, slack) = r::relevance_with_slack(
+                &t(&x, &[rows, ni]),
+                &t(&rel, &[rows, no]),
+                &t(&w, &[no, ni]),
+                bias.as_ref(),
+                act,
+                3e-5,
+            )
+            .unwrap();
+            let got = emulate(
+                rows,
+                ni,
+                no,
+                &x,
+                &w,
+                bias.as_ref().map(|b| b.data.as_slice()),
+                &rel,
+                act,
+            );
+            total += 1;
+            flagged += slack.iter().any(|&s| s > 0.0) as usize;
+            let e = r::slack_rel_err(&got, &want.data, &slack);
+            assert!(
+                e <= 1e-5,
+                "case {case} {act:?} [{rows},{ni}]x[{no}]: rel err {e:.2e}"
+            );
+        }
+    }
+    assert!(
+        flagged * 4 <= total,
+        "{flagged} of {total} cases near a branch decision"
+    );
+}
