@@ -233,6 +233,71 @@ def layernorm_case(rows, cols):
                        compiled(lambda x, w, b: F.layer_norm(x, (cols,), w, b, 1e-5), 3)])
 
 
+@contextlib.contextmanager
+def no_tf32():
+    """fp32 matmuls in fp32 (no TF32 tensor-core rounding), restoring the previous setting."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def sgemm_case(m, n, k):
+    """fp32 SGEMM ceiling (TF32 off), for the FLOP/s of the relevance kernels."""
+    return Case(f"sgemm/f32/{m}x{n}x{k}", bytes=(m * k + k * n + m * n) * 4,
+                flops=2 * m * n * k, in_bytes=(m * k + k * n) * 4,
+                make_set=lambda: (rand((m, k), "f32"), rand((k, n), "f32"), empty((m, n), "f32")),
+                peers=[Peer("cublas-torch", build=lambda: lambda s: torch.matmul(s[0], s[1], out=s[2]),
+                            context=no_tf32)])
+
+
+LRP_LOWER, LRP_UPPER = -2.0, 2.0   # the tanh preset: mono, range [-2, 2]
+
+
+def lrp_torch(x, w, b, rel):
+    """Relevance propagation through y = W x + b (shared/specs/lrp.md), vectorised over rows, written
+    the way the spec reads: positive/negative parts with clamp, P and N as matmuls, mono saturation,
+    stabilisation, Pa/Na, then the redistribution as matmuls over W's parts. x [R,I], w [O,I], b [O],
+    rel [R,O] -> [R,I]."""
+    xp, xn = x.clamp(min=0), x.clamp(max=0)
+    wp, wn = w.clamp(min=0), w.clamp(max=0)
+    p = xp @ wp.T + xn @ wn.T                  # sum_i max(c_i, 0)
+    n = -(xp @ wn.T + xn @ wp.T)               # sum_i max(-c_i, 0)
+    pb, nb = b.clamp(min=0), (-b).clamp(min=0)
+    t = p + pb - n - nb
+    p = torch.where(t < LRP_LOWER, torch.zeros_like(p), p)
+    n = torch.where(t > LRP_UPPER, torch.zeros_like(n), n)
+    p = torch.where(p == 0, torch.ones_like(p), p)
+    n = torch.where(n == 0, torch.ones_like(n), n)
+    d = p + n + pb + nb
+    pa = ((p + pb) / d) * (p / (p + pb))
+    na = ((n + nb) / d) * (n / (n + nb))
+    cp, cn = rel * pa / p, rel * na / n        # [R, O]
+    # sum_j cp_j max(c,0) + cn_j max(-c,0), with max(c,0) = xp wp + xn wn, max(-c,0) = -(xp wn + xn wp)
+    return xp * (cp @ wp) + xn * (cp @ wn) - xp * (cn @ wn) - xn * (cn @ wp)
+
+
+def lrp_per_row(x, w, b, rel):
+    """The reference implementation's launch pattern: one call per row."""
+    return torch.cat([lrp_torch(x[r:r + 1], w, b, rel[r:r + 1]) for r in range(x.shape[0])])
+
+
+def lrp_case(rows, ni, no):
+    """FLOPs counted as 2 R I O per pass, two passes (the same count as the Rust bench)."""
+    def make():
+        return (rand((rows, ni), "f32"), rand((no, ni), "f32"), rand((no,), "f32"),
+                rand((rows, no), "f32"))
+
+    def peer(name, fn):
+        return Peer(name, build=lambda: lambda s: fn(*s), context=no_tf32)
+
+    return Case(f"lrp/f32/R{rows}_I{ni}_O{no}", bytes=None, flops=4 * rows * ni * no,
+                in_bytes=(rows * ni + no * ni + no + rows * no) * 4, make_set=make,
+                peers=[peer("torch-eager", lrp_torch), peer("torch-per-row", lrp_per_row)])
+
+
 def sdpa_peer(peer, backend, causal):
     """SDPA with one backend forced (backend None = torch's own dispatch choice)."""
     def build():
@@ -269,7 +334,8 @@ def build_cases(quick):
                 gelu_case((8192, 8192)), reduce_lastdim_case("sum", 8192, 8192),
                 sum_all_case(67108864), reduce_lastdim_case("max", 8192, 8192),
                 softmax_case("f32", 8192, 8192), softmax_backward_case(8192, 8192),
-                layernorm_case(65536, 1024), attn_case("f16", 4, 8, 512, 64, False)]
+                layernorm_case(65536, 1024), attn_case("f16", 4, 8, 512, 64, False),
+                sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096)]
     cases = [copy_case(GIB)]
     cases += [gemm_case(tag, 8192, 8192, 8192) for tag in ("f16", "bf16")]
     cases += [add_case("f32", (8192, 8192))]
@@ -280,6 +346,7 @@ def build_cases(quick):
     cases += [softmax_case(tag, 8192, 8192) for tag in ("f32", "f16", "bf16")]
     cases += [softmax_case("f32", 65536, 1024), softmax_backward_case(8192, 8192)]
     cases += [layernorm_case(65536, 1024)]
+    cases += [sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096), lrp_case(1024, 4096, 4096)]
     cases += [attn_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_SHAPES
               for causal in (False, True)]

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use benches::{BenchSpec, GpuTime, read_samples, rotation_copies, write_json};
 use criterion::Criterion;
 use host::ops::elementwise::{self as ew, BinaryOp, KernelPath};
+use host::ops::lrp::{self, Activation, Linear};
 use host::ops::reduce::{self, Axis};
 use host::ops::softmax;
 use host::{DType, Gpu, HostTensor, Tensor};
@@ -163,6 +164,76 @@ fn gemm_ceiling(b: &mut Bencher) {
             }
         },
     );
+}
+
+/// fp32 SGEMM 4096^3 through cuBLAS (no TF32: plain `cublasSgemm`), the ceiling the relevance kernels'
+/// FLOP/s are read against.
+fn sgemm_ceiling(b: &mut Bencher) {
+    use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t::CUBLAS_OP_N};
+    let stream = b.gpu.stream().clone();
+    let blas = match CudaBlas::new(stream.clone()) {
+        Ok(blas) => blas,
+        Err(e) => return println!("cuBLAS unavailable ({e:?}): no SGEMM ceiling"),
+    };
+    let n = 4096usize;
+    let vals: Vec<f32> = (0..n * n)
+        .map(|_| b.rng.random_range(-1.0f32..1.0))
+        .collect();
+    let (a, bm) = (
+        stream.clone_htod(&vals).expect("upload"),
+        stream.clone_htod(&vals).expect("upload"),
+    );
+    let mut c = stream.alloc_zeros::<f32>(n * n).expect("alloc");
+    let ni = n as i32;
+    let cfg = GemmConfig {
+        transa: CUBLAS_OP_N,
+        transb: CUBLAS_OP_N,
+        m: ni,
+        n: ni,
+        k: ni,
+        alpha: 1.0f32,
+        lda: ni,
+        ldb: ni,
+        beta: 0.0f32,
+        ldc: ni,
+    };
+    b.bench(
+        spec(
+            format!("sgemm/f32/{n}x{n}x{n}"),
+            None,
+            Some(2 * (n as u64).pow(3)),
+        ),
+        1,
+        |_| {
+            // SAFETY: a, b, c are n*n device buffers; the config describes n x n column-major operands.
+            unsafe { blas.gemm(cfg, &a, &bm, &mut c).expect("sgemm") }
+        },
+    );
+}
+
+/// Relevance propagation through one linear layer, all rows in one call. FLOPs counted as the issue
+/// asks: 2 R I O per pass, two passes (the sums pass does two FMAs per product, so its real FMA count
+/// is higher).
+fn relevance(b: &mut Bencher) {
+    sgemm_ceiling(b);
+    let (ni, no) = (4096usize, 4096usize);
+    let w = b.inputs(&[no, ni], DType::F32, 1).remove(0);
+    let bias = b.inputs(&[no], DType::F32, 1).remove(0);
+    let layer = Linear::new(w, Some(bias)).expect("finite weights");
+    for rows in [64usize, 1024] {
+        let (x, rel) = (
+            b.inputs(&[rows, ni], DType::F32, 1),
+            b.inputs(&[rows, no], DType::F32, 1),
+        );
+        let flops = 2 * 2 * (rows * ni * no) as u64;
+        b.bench(
+            spec(format!("lrp/f32/R{rows}_I{ni}_O{no}"), None, Some(flops)),
+            1,
+            |_| {
+                lrp::relevance(&layer, &x[0], &rel[0], &Activation::tanh()).expect("lrp");
+            },
+        );
+    }
 }
 
 fn elementwise(b: &mut Bencher) {
@@ -321,6 +392,7 @@ fn main() {
     elementwise(&mut b);
     reductions(&mut b);
     softmaxes(&mut b);
+    relevance(&mut b);
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();
 

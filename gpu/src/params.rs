@@ -104,3 +104,139 @@ pub struct RawSlice {
     pub len: u64,
 }
 unsafe impl KernelParam for RawSlice {}
+
+/// Relevance propagation through a linear layer (`kernels/lrp.rs`, `host::ops::lrp`).
+///
+/// Three tiled GEMM-shaped kernels share one tile configuration: `lrp_sums` (per row and output: the
+/// sums `A = sum |x||W|` and `S = sum x W`, from which `P = (A+S)/2`, `N = (A-S)/2`), `dense` (the forward
+/// `x W^T`) and `lrp_spread` (`G = coef |W|`). A block computes a `BM x BN` tile of the output over one
+/// slice of the depth (split-K); each split writes its own partial tile to a workspace, and an
+/// elementwise kernel adds the splits in split order. The split count is a function of the shape alone,
+/// so every run adds in the same order: the same bits every run.
+pub mod lrp {
+    /// Output rows per block tile (rows of x / relevance).
+    pub const BM: u64 = 64;
+    /// Output columns per block tile (outputs j for the sums, inputs i for the spread).
+    pub const BN: u64 = 128;
+    /// Depth per shared-memory stage.
+    pub const BK: u64 = 16;
+    /// Threads per block: 8 warps as 2 (rows) x 4 (columns); a warp's lanes as 4 x 8.
+    pub const THREADS: u32 = 256;
+    pub const WARPS_M: u64 = 2;
+    pub const WARPS_N: u64 = 4;
+    pub const LANES_M: u64 = 4;
+    pub const LANES_N: u64 = 8;
+    /// Per-thread register tile.
+    pub const TM: u64 = 8;
+    pub const TN: u64 = 4;
+    /// Shared rows are padded by 4 floats: transposed stores hit distinct banks and rows stay 16-byte
+    /// aligned for `ld.shared.v4`.
+    pub const PAD: u64 = 4;
+    pub const A_STRIDE: u64 = BM + PAD;
+    pub const B_STRIDE: u64 = BN + PAD;
+    /// Blocks the split-K choice aims for (2 per SM of a 132-SM H100). A constant, not the device's SM
+    /// count, so the summation order depends on the shape only.
+    pub const TARGET_BLOCKS: u64 = 264;
+    /// Fewest depth elements one split covers.
+    pub const MIN_K_PER_SPLIT: u64 = 256;
+    pub const MAX_SPLITS: u64 = 16;
+    /// Threads per block of the elementwise kernels (coefficients, finish, check).
+    pub const EW_BLOCK: u32 = 256;
+    /// Blocks of the non-finite check (upper bound; partial counts come back to the host).
+    pub const CHECK_BLOCKS: u64 = 256;
+    /// Largest grid y extent (row tiles).
+    pub const MAX_GRID_Y: u64 = 65_535;
+
+    const _: () = assert!(WARPS_M * WARPS_N * 32 == THREADS as u64);
+    const _: () = assert!(WARPS_M * LANES_M * TM == BM && WARPS_N * LANES_N * TN == BN);
+    const _: () = assert!(LANES_M * LANES_N == 32 && TN == 4 && TM == 8);
+    const _: () = assert!(A_STRIDE % 4 == 0 && B_STRIDE % 4 == 0);
+    // The tile loaders hard-code these (see kernels/lrp.rs).
+    const _: () = assert!(BM == 64 && BN == 128 && BK == 16 && THREADS == 256);
+
+    /// `(splits, k_per_split)` for an `m x n` output over depth `k`: enough splits that the grid has
+    /// about `TARGET_BLOCKS` blocks, each split at least `MIN_K_PER_SPLIT` deep (a multiple of `BK`), and
+    /// no empty split.
+    pub const fn split_k(m: u64, n: u64, k: u64) -> (u64, u64) {
+        let tiles = m.div_ceil(BM) * n.div_ceil(BN);
+        let want = if tiles == 0 {
+            1
+        } else {
+            TARGET_BLOCKS.div_ceil(tiles)
+        };
+        let most = k.div_ceil(MIN_K_PER_SPLIT);
+        let mut splits = if want < most { want } else { most };
+        if splits > MAX_SPLITS {
+            splits = MAX_SPLITS;
+        }
+        if splits == 0 {
+            splits = 1;
+        }
+        let kps = k.div_ceil(splits).div_ceil(BK) * BK;
+        let kps = if kps == 0 { BK } else { kps };
+        let splits = k.div_ceil(kps);
+        (if splits == 0 { 1 } else { splits }, kps)
+    }
+
+    /// Saturation kinds, as the coefficient kernel numbers them.
+    pub const KIND_MONO: u32 = 0;
+    pub const KIND_NON_MONO: u32 = 1;
+    pub const KIND_NULL: u32 = 2;
+
+    /// Activation functions (for `non_mono` ties), as the coefficient kernel numbers them.
+    pub const FUNC_IDENTITY: u32 = 0;
+    pub const FUNC_SIGMOID: u32 = 1;
+    pub const FUNC_SWISH: u32 = 2;
+    pub const FUNC_WAVE: u32 = 3;
+    pub const FUNC_PULSE: u32 = 4;
+    pub const FUNC_ABSOLUTE: u32 = 5;
+    pub const FUNC_HARD_SIGMOID: u32 = 6;
+    pub const FUNC_TANH: u32 = 7;
+
+    /// Forward nonlinearities of the dense epilogue (softmax runs as its own op afterwards).
+    pub const FWD_LINEAR: u32 = 0;
+    pub const FWD_RELU: u32 = 1;
+    pub const FWD_TANH: u32 = 2;
+    pub const FWD_SIGMOID: u32 = 3;
+}
+
+/// A tiled GEMM-shaped pass: output `rows x cols`, summed over `depth`, split-K by `k_per_split`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LrpGemm {
+    pub rows: u64,
+    pub cols: u64,
+    pub depth: u64,
+    pub k_per_split: u64,
+}
+unsafe impl KernelParam for LrpGemm {}
+
+/// The per-(row, output) coefficient pass: reads `splits` partial sums of `rows x cols`.
+/// Missing bounds are -inf / +inf.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LrpCoeff {
+    pub rows: u64,
+    pub cols: u64,
+    pub splits: u64,
+    pub has_bias: u32,
+    pub kind: u32,
+    pub func: u32,
+    pub lower: f32,
+    pub upper: f32,
+    pub _pad: u32,
+}
+unsafe impl KernelParam for LrpCoeff {}
+
+/// Finishing an elementwise pass over `rows x cols` outputs from `splits` partials.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LrpFinish {
+    pub rows: u64,
+    pub cols: u64,
+    pub splits: u64,
+    pub has_bias: u32,
+    /// `lrp::FWD_*` for the dense epilogue; unused by the relevance finish.
+    pub func: u32,
+}
+unsafe impl KernelParam for LrpFinish {}

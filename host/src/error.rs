@@ -80,6 +80,16 @@ pub enum Error {
     #[error("{op}: invalid argument: {msg}")]
     Invalid { op: &'static str, msg: String },
 
+    /// Non-finite values (NaN or +-inf) where the op needs finite ones (e.g. layer weights).
+    #[error(
+        "{op}: {what} holds {count} non-finite value(s) (NaN or inf); weights and biases must be finite"
+    )]
+    NonFinite {
+        op: &'static str,
+        what: &'static str,
+        count: u64,
+    },
+
     /// Tensors from different devices/contexts.
     #[error("{op}: tensors live on different GPUs")]
     DeviceMismatch { op: &'static str },

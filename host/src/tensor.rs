@@ -294,7 +294,12 @@ impl Tensor {
         let span = if self.numel() == 0 {
             0
         } else {
-            1 + self.shape.iter().zip(&self.strides).map(|(&n, &s)| (n - 1) * s).sum::<usize>()
+            1 + self
+                .shape
+                .iter()
+                .zip(&self.strides)
+                .map(|(&n, &s)| (n - 1) * s)
+                .sum::<usize>()
         };
         RawSlice {
             ptr: self.device_ptr(),

@@ -42,6 +42,27 @@ fn every_launched_kernel_is_in_the_ptx_for_every_dtype_and_arch() {
     }
 }
 
+/// f32-only kernels (relevance propagation and its dense forward).
+const F32_KERNELS: [&str; 7] = [
+    "lrp_sums_f32",
+    "lrp_coeffs_f32",
+    "lrp_spread_f32",
+    "lrp_finish_f32",
+    "dense_f32",
+    "dense_finish_f32",
+    "nonfinite_partials_f32",
+];
+
+#[test]
+fn every_f32_only_kernel_is_in_the_ptx() {
+    for ptx in [host::ptx::SM80, host::ptx::SM90] {
+        let entries = host::ptx::entry_points(ptx);
+        for k in F32_KERNELS {
+            assert!(entries.contains(&k), "kernel {k} missing from the PTX");
+        }
+    }
+}
+
 #[test]
 fn ptxas_accepts_the_ptx_without_spills_or_stack() {
     let Some(ptxas) = find_ptxas() else {

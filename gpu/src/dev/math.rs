@@ -89,3 +89,15 @@ pub fn normal_cdf(x: f32) -> f32 {
 pub fn normal_pdf(x: f32) -> f32 {
     INV_SQRT_2PI * exp(-0.5 * x * x)
 }
+
+/// Fused multiply-add `a * b + c` with one rounding (`fma.rn.f32`). Rust does not contract `a * b + c`
+/// on its own, and `f32::mul_add` is not in `core`.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let y: f32;
+    // SAFETY: register math.
+    unsafe {
+        core::arch::asm!("fma.rn.f32 {y}, {a}, {b}, {c};", y = out(reg32) y, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, options(nostack, nomem, pure))
+    }
+    y
+}

@@ -44,6 +44,22 @@ pub unsafe fn store_chunk(p: *mut Chunk16, i: u64, v: Chunk16) {
     }
 }
 
+/// Read-only (non-coherent cache) f32 load, `ld.global.nc.f32`.
+///
+/// # Safety
+/// `p.add(i)` must be inside a live allocation that no thread writes during the kernel.
+#[inline(always)]
+pub unsafe fn load_f32_ro(p: *const f32, i: u64) -> f32 {
+    let v: f32;
+    unsafe {
+        core::arch::asm!(
+            "ld.global.nc.f32 {v}, [{p}];",
+            v = out(reg32) v, p = in(reg64) p.add(i as usize), options(nostack, readonly, pure)
+        )
+    }
+    v
+}
+
 /// A device buffer of `len` elements of `T`, as kernels receive it: pointer and length together, so a
 /// `checked` build can bounds-check every access (house rule: no raw pointer + length pairs at call sites).
 #[repr(C)]
@@ -72,6 +88,17 @@ impl<T: Elem> Slice<T> {
     #[inline(always)]
     pub fn chunks(&self) -> *const Chunk16 {
         self.ptr as *const Chunk16
+    }
+}
+
+impl Slice<f32> {
+    /// Element `i` through the read-only cache. In range by the launcher's validation; checked in
+    /// `checked` builds. The buffer must not be written during the kernel.
+    #[inline(always)]
+    pub fn get_ro(&self, i: u64) -> f32 {
+        check_index(i as usize, self.len as usize);
+        // SAFETY: `i < len` (launcher validation, checked builds verify); inputs are never outputs.
+        unsafe { load_f32_ro(self.ptr, i) }
     }
 }
 

@@ -6,6 +6,7 @@ pub mod atomic;
 pub mod block;
 pub mod elem;
 pub mod math;
+pub mod math64;
 pub mod mem;
 pub mod shared;
 pub mod sync;

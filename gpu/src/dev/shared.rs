@@ -80,6 +80,29 @@ impl<T: SharedScalar, const N: usize> SharedArray<T, N> {
     }
 }
 
+impl<const N: usize> SharedArray<f32, N> {
+    /// Four consecutive f32 from element `i` with one `ld.shared.v4.f32`; `i` must be a multiple of 4
+    /// (the base is 16-byte aligned, so the access is too).
+    #[inline(always)]
+    pub fn load4(&self, i: usize) -> [f32; 4] {
+        check_index(i + 3, N);
+        if cfg!(feature = "checked") && i % 4 != 0 {
+            panic!();
+        }
+        let (a, b, c, d): (f32, f32, f32, f32);
+        // SAFETY: `i + 3 < N` and `i % 4 == 0` (callers index aligned groups of 4 inside the array; checked
+        // builds verify both); the base is 16-byte aligned by `static_shared!`.
+        unsafe {
+            core::arch::asm!(
+                "ld.shared.v4.f32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+                a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+                p = in(reg32) self.addr(i), options(nostack, readonly)
+            )
+        }
+        [a, b, c, d]
+    }
+}
+
 /// Bounds check kept only in `checked` builds (a failure traps: the device-side assert).
 #[inline(always)]
 pub fn check_index(i: usize, n: usize) {

@@ -5,6 +5,7 @@
 //! shape without launching anything, except where the result is undefined (max/mean over nothing),
 //! which is an [`crate::Error::Invalid`].
 pub mod elementwise;
+pub mod lrp;
 pub mod reduce;
 pub mod softmax;
 

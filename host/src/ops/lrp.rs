@@ -1,0 +1,642 @@
+//! Relevance propagation through linear layers (layer-wise relevance propagation as DL-Backtrace does
+//! it; spec: shared/specs/lrp.md), batched over all rows, deterministic, and an end-to-end MLP
+//! explanation ([`mlp`]).
+//!
+//! For a layer `y = W x + b` with `x: [.., I]`, `W: [O, I]`, optional `b: [O]`, and the relevance of its
+//! outputs `relevance_out: [.., O]`, [`relevance`] returns `relevance_in: [.., I]` with, per row,
+//! `relevance_in[i] = sum_j R_j * (c_i > 0 ? c_i / P' * Pa : c_i < 0 ? -c_i / N' * Na : 0)`,
+//! `c_i = x_i W[j,i]`, saturation by [`Activation`] and aggregation exactly as the spec orders them.
+//!
+//! How it runs (gpu/src/kernels/lrp.rs): per (row, j) the sums `A = sum |c_i|` and `S = sum c_i` in one
+//! tiled GEMM pass (`P = (A+S)/2`, `N = (A-S)/2`); the per-(row, j) coefficient in f64; then
+//! `relevance_in = |x| * (coef |W|)`, a second tiled GEMM. Both GEMM passes are split along their depth
+//! into a number of slices that depends on the shape only, and the slices are added in order: results
+//! are bit-identical from run to run (no float atomics).
+//!
+//! Weights are checked for NaN/inf once, when a [`Linear`] is built (on the host for
+//! [`Linear::from_host`], by a one-pass GPU count for [`Linear::new`]), not on every call: an explanation
+//! reuses the same layer for every batch.
+pub mod mlp;
+pub mod reference;
+#[cfg(test)]
+mod tests;
+
+use cudarc::driver::LaunchConfig;
+use gpu::params::lrp as cfg;
+use gpu::params::{LrpCoeff, LrpFinish, LrpGemm, RawSlice};
+
+use crate::error::{Error, Result};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
+use crate::tensor::{HostTensor, Tensor};
+use crate::{DType, Gpu};
+
+/// How a layer's activation range saturates relevance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Monotonic: `T < lower` zeroes P, `T > upper` zeroes N.
+    Mono,
+    /// Non-monotonic: the same clamps, then ties `f(T) == f(P + pb)` / `f(T) == f(-(N + nb))`.
+    NonMono,
+    /// No activation information: no saturation.
+    Null,
+}
+
+/// The activation function `f` a `NonMono` layer compares values of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Func {
+    Identity,
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+    /// `x * sigmoid(0.75 x)`
+    Swish,
+    /// `x * e / (e^-x + e^x)` (e the constant)
+    Wave,
+    /// `1 - tanh(x)^2`
+    Pulse,
+    /// `x * tanh(x)`
+    Absolute,
+    /// `clamp(0.2 x + 0.5, 0, 1)`
+    HardSigmoid,
+    Tanh,
+}
+
+impl Func {
+    pub const ALL: [Func; 8] = [
+        Func::Identity,
+        Func::Sigmoid,
+        Func::Swish,
+        Func::Wave,
+        Func::Pulse,
+        Func::Absolute,
+        Func::HardSigmoid,
+        Func::Tanh,
+    ];
+
+    /// `f(x)` in f64 (the CPU reference's definition; the GPU evaluates the same formulas in f64).
+    pub fn eval(self, x: f64) -> f64 {
+        let sigmoid = |v: f64| 1.0 / (1.0 + (-v).exp());
+        match self {
+            Func::Identity => x,
+            Func::Sigmoid => sigmoid(x),
+            Func::Swish => x * sigmoid(0.75 * x),
+            Func::Wave => x * std::f64::consts::E / ((-x).exp() + x.exp()),
+            Func::Pulse => {
+                let t = x.tanh();
+                1.0 - t * t
+            }
+            Func::Absolute => x * x.tanh(),
+            Func::HardSigmoid => (0.2 * x + 0.5).clamp(0.0, 1.0),
+            Func::Tanh => x.tanh(),
+        }
+    }
+
+    fn code(self) -> u32 {
+        match self {
+            Func::Identity => cfg::FUNC_IDENTITY,
+            Func::Sigmoid => cfg::FUNC_SIGMOID,
+            Func::Swish => cfg::FUNC_SWISH,
+            Func::Wave => cfg::FUNC_WAVE,
+            Func::Pulse => cfg::FUNC_PULSE,
+            Func::Absolute => cfg::FUNC_ABSOLUTE,
+            Func::HardSigmoid => cfg::FUNC_HARD_SIGMOID,
+            Func::Tanh => cfg::FUNC_TANH,
+        }
+    }
+}
+
+/// A layer's activation description: saturation kind, range (missing = unbounded) and function.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Activation {
+    pub kind: Kind,
+    pub lower: Option<f32>,
+    pub upper: Option<f32>,
+    pub func: Func,
+}
+
+impl Activation {
+    /// No activation information: no saturation.
+    pub const fn null() -> Self {
+        Activation {
+            kind: Kind::Null,
+            lower: None,
+            upper: None,
+            func: Func::Identity,
+        }
+    }
+    /// tanh: mono, range [-2, 2].
+    pub const fn tanh() -> Self {
+        Activation {
+            kind: Kind::Mono,
+            lower: Some(-2.0),
+            upper: Some(2.0),
+            func: Func::Tanh,
+        }
+    }
+    /// sigmoid: mono, range [-4, 4].
+    pub const fn sigmoid() -> Self {
+        Activation {
+            kind: Kind::Mono,
+            lower: Some(-4.0),
+            upper: Some(4.0),
+            func: Func::Sigmoid,
+        }
+    }
+    /// relu: mono, lower bound 0.
+    pub const fn relu() -> Self {
+        Activation {
+            kind: Kind::Mono,
+            lower: Some(0.0),
+            upper: None,
+            func: Func::Identity,
+        }
+    }
+    /// softmax: mono, range [-1, 2].
+    pub const fn softmax() -> Self {
+        Activation {
+            kind: Kind::Mono,
+            lower: Some(-1.0),
+            upper: Some(2.0),
+            func: Func::Identity,
+        }
+    }
+
+    /// Bounds must not be NaN, and `lower <= upper` when both are given.
+    pub fn validate(&self, op: &'static str) -> Result<()> {
+        if self.lower.is_some_and(f32::is_nan) || self.upper.is_some_and(f32::is_nan) {
+            return Err(Error::Invalid {
+                op,
+                msg: format!("activation bounds must not be NaN (got {self:?})"),
+            });
+        }
+        if let (Some(l), Some(u)) = (self.lower, self.upper)
+            && l > u
+        {
+            return Err(Error::Invalid {
+                op,
+                msg: format!("activation bounds: lower {l} > upper {u}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bounds as the kernels take them: missing = -inf / +inf.
+    pub fn bounds(&self) -> (f32, f32) {
+        (
+            self.lower.unwrap_or(f32::NEG_INFINITY),
+            self.upper.unwrap_or(f32::INFINITY),
+        )
+    }
+
+    fn kind_code(&self) -> u32 {
+        match self.kind {
+            Kind::Mono => cfg::KIND_MONO,
+            Kind::NonMono => cfg::KIND_NON_MONO,
+            Kind::Null => cfg::KIND_NULL,
+        }
+    }
+}
+
+/// `(rows, in_features, out_features)` of a relevance call from the shapes, or the error that says
+/// which shape disagrees. Shared by the GPU launcher and the CPU reference.
+pub fn dims(
+    op: &'static str,
+    x: &[usize],
+    relevance_out: &[usize],
+    weight: &[usize],
+    bias: Option<&[usize]>,
+) -> Result<(usize, usize, usize)> {
+    let [o, i] = *weight else {
+        return Err(Error::Shape {
+            op,
+            what: "weight must be [out_features, in_features]".into(),
+            expected: "rank 2".into(),
+            got: weight.to_vec(),
+        });
+    };
+    if let Some(b) = bias
+        && b != [o]
+    {
+        return Err(Error::Shape {
+            op,
+            what: "bias must be [out_features]".into(),
+            expected: format!("[{o}]"),
+            got: b.to_vec(),
+        });
+    }
+    let Some((&xi, lead)) = x.split_last() else {
+        return Err(Error::Shape {
+            op,
+            what: "x must be [.., in_features]".into(),
+            expected: format!("[.., {i}]"),
+            got: x.to_vec(),
+        });
+    };
+    if xi != i {
+        return Err(Error::Shape {
+            op,
+            what: "x's last dim must equal the weight's in_features".into(),
+            expected: format!("[.., {i}]"),
+            got: x.to_vec(),
+        });
+    }
+    let want: Vec<usize> = lead.iter().copied().chain([o]).collect();
+    if relevance_out != want.as_slice() {
+        return Err(Error::Shape {
+            op,
+            what: "relevance_out must be x's leading dims + [out_features]".into(),
+            expected: format!("{want:?}"),
+            got: relevance_out.to_vec(),
+        });
+    }
+    Ok((lead.iter().product(), i, o))
+}
+
+/// A linear layer's parameters on the GPU, validated once: `weight: [O, I]`, `bias: [O]`, f32,
+/// contiguous, finite.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// Wraps device tensors, checking shapes, dtype, contiguity, and finiteness (one GPU pass over the
+    /// weights, [`count_nonfinite`]).
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Linear> {
+        const OP: &str = "Linear::new";
+        Self::check_layout(OP, &weight, bias.as_ref())?;
+        for (what, t) in [("weight", Some(&weight)), ("bias", bias.as_ref())] {
+            if let Some(t) = t {
+                let count = count_nonfinite(t)?;
+                if count > 0 {
+                    return Err(Error::NonFinite {
+                        op: OP,
+                        what,
+                        count,
+                    });
+                }
+            }
+        }
+        Ok(Linear { weight, bias })
+    }
+
+    /// Uploads host parameters, checking finiteness on the host while they pass through.
+    pub fn from_host(gpu: &Gpu, weight: &HostTensor, bias: Option<&HostTensor>) -> Result<Linear> {
+        const OP: &str = "Linear::from_host";
+        for (what, t) in [("weight", Some(weight)), ("bias", bias)] {
+            if let Some(t) = t {
+                let count = t.data.iter().filter(|v| !v.is_finite()).count() as u64;
+                if count > 0 {
+                    return Err(Error::NonFinite {
+                        op: OP,
+                        what,
+                        count,
+                    });
+                }
+            }
+        }
+        let weight = Tensor::from_host(gpu, weight)?;
+        let bias = bias.map(|b| Tensor::from_host(gpu, b)).transpose()?;
+        Self::check_layout(OP, &weight, bias.as_ref())?;
+        Ok(Linear { weight, bias })
+    }
+
+    fn check_layout(op: &'static str, weight: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+        for (what, t) in [("weight", Some(weight)), ("bias", bias)] {
+            let Some(t) = t else { continue };
+            if t.dtype() != DType::F32 {
+                return Err(Error::DType {
+                    op,
+                    expected: "f32".into(),
+                    got: t.dtype(),
+                });
+            }
+            t.require_contiguous(op, what)?;
+            if !t.gpu().same_device(weight.gpu()) {
+                return Err(Error::DeviceMismatch { op });
+            }
+        }
+        let w = weight.shape();
+        dims(
+            op,
+            &[w.get(1).copied().unwrap_or(0)],
+            &[w.first().copied().unwrap_or(0)],
+            w,
+            bias.map(Tensor::shape),
+        )?;
+        Ok(())
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+    pub fn in_features(&self) -> usize {
+        self.weight.shape()[1]
+    }
+    pub fn out_features(&self) -> usize {
+        self.weight.shape()[0]
+    }
+    pub fn gpu(&self) -> &Gpu {
+        self.weight.gpu()
+    }
+}
+
+/// Number of NaN/inf elements of an f32 tensor: one grid-stride pass (at most `CHECK_BLOCKS` blocks,
+/// one partial count each) and a copy of the partials back. Reads the tensor once; synchronises.
+pub fn count_nonfinite(t: &Tensor) -> Result<u64> {
+    const OP: &str = "count_nonfinite";
+    if t.dtype() != DType::F32 {
+        return Err(Error::DType {
+            op: OP,
+            expected: "f32".into(),
+            got: t.dtype(),
+        });
+    }
+    t.require_contiguous(OP, "input")?;
+    let n = t.numel() as u64;
+    if n == 0 {
+        return Ok(0);
+    }
+    let blocks = n.div_ceil(cfg::EW_BLOCK as u64).clamp(1, cfg::CHECK_BLOCKS) as u32;
+    let partials = Tensor::empty(t.gpu(), &[blocks as usize], DType::F32)?;
+    // The kernel reads exactly the tensor's elements (its buffer may be a larger token allocation).
+    let x = RawSlice {
+        ptr: t.raw().ptr,
+        len: n,
+    };
+    launch(
+        t.gpu(),
+        "nonfinite_partials_f32",
+        blocks,
+        cfg::EW_BLOCK,
+        &[&ByValue(x), &ByValue(partials.raw())],
+    )?;
+    Ok(partials.to_vec()?.iter().map(|&c| c as u64).sum())
+}
+
+/// Launches one tiled GEMM pass (`lrp_sums` / `lrp_spread` / `dense`) over an `m x n` output of depth
+/// `k`, into fresh split workspaces; returns them with the split count.
+fn gemm_pass(
+    gpu: &Gpu,
+    kernel: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+    outputs: usize,
+    (m, n, k): (usize, usize, usize),
+) -> Result<(Vec<Tensor>, u64)> {
+    let (m, n, k) = (m as u64, n as u64, k as u64);
+    let (splits, k_per_split) = cfg::split_k(m, n, k);
+    let row_tiles = m.div_ceil(cfg::BM);
+    if row_tiles > cfg::MAX_GRID_Y {
+        return Err(Error::TooLarge {
+            op: "lrp",
+            what: "rows",
+            given: m,
+            max: cfg::MAX_GRID_Y * cfg::BM,
+        });
+    }
+    let col_tiles = u32::try_from(n.div_ceil(cfg::BN)).map_err(|_| Error::TooLarge {
+        op: "lrp",
+        what: "columns",
+        given: n,
+        max: u32::MAX as u64 * cfg::BN,
+    })?;
+    let ws_len = usize::try_from(splits * m * n).map_err(|_| Error::TooLarge {
+        op: "lrp",
+        what: "workspace elements",
+        given: u64::MAX,
+        max: usize::MAX as u64,
+    })?;
+    let ws: Vec<Tensor> = (0..outputs)
+        .map(|_| Tensor::empty(gpu, &[ws_len], DType::F32))
+        .collect::<Result<_>>()?;
+    let p = LrpGemm {
+        rows: m,
+        cols: n,
+        depth: k,
+        k_per_split,
+    };
+    let (ar, br) = (ByValue(a.raw()), ByValue(b.raw()));
+    let wr: Vec<ByValue<RawSlice>> = ws.iter().map(|t| ByValue(t.raw())).collect();
+    let pv = ByValue(p);
+    let mut args: Vec<&dyn crate::launch::ArgPush> = vec![&ar, &br];
+    args.extend(wr.iter().map(|w| w as &dyn crate::launch::ArgPush));
+    args.push(&pv);
+    launch_cfg(
+        gpu,
+        kernel,
+        LaunchConfig {
+            grid_dim: (col_tiles, row_tiles as u32, splits as u32),
+            block_dim: (cfg::THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        &args,
+    )?;
+    Ok((ws, splits))
+}
+
+fn require_f32(op: &'static str, what: &'static str, t: &Tensor, layer: &Linear) -> Result<()> {
+    if t.dtype() != DType::F32 {
+        return Err(Error::DType {
+            op,
+            expected: format!("f32 ({what})"),
+            got: t.dtype(),
+        });
+    }
+    if !t.gpu().same_device(layer.gpu()) {
+        return Err(Error::DeviceMismatch { op });
+    }
+    t.require_contiguous(op, what)
+}
+
+/// Relevance of `layer`'s inputs `x: [.., I]` given the relevance of its outputs
+/// `relevance_out: [.., O]`, under activation `act`. All rows in one sequence of launches; f32 result of
+/// `x`'s shape.
+pub fn relevance(
+    layer: &Linear,
+    x: &Tensor,
+    relevance_out: &Tensor,
+    act: &Activation,
+) -> Result<Tensor> {
+    const OP: &str = "lrp::relevance";
+    require_f32(OP, "x", x, layer)?;
+    require_f32(OP, "relevance_out", relevance_out, layer)?;
+    act.validate(OP)?;
+    let (r, i, o) = dims(
+        OP,
+        x.shape(),
+        relevance_out.shape(),
+        layer.weight.shape(),
+        layer.bias.as_ref().map(Tensor::shape),
+    )?;
+    let gpu = x.gpu();
+    let out = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    if r * i == 0 {
+        return Ok(out);
+    }
+    if o == 0 {
+        out.fill_bytes(0)?; // an empty sum over outputs
+        return Ok(out);
+    }
+    // Pass 1: A and S per (row, j).
+    let (ws, splits) = gemm_pass(gpu, "lrp_sums_f32", x, &layer.weight, 2, (r, o, i))?;
+    // Coefficients per (row, j).
+    let coef = Tensor::empty(gpu, &[r, o], DType::F32)?;
+    let (lower, upper) = act.bounds();
+    let bias_raw = layer.bias.as_ref().map(Tensor::raw).unwrap_or_default();
+    let p = LrpCoeff {
+        rows: r as u64,
+        cols: o as u64,
+        splits,
+        has_bias: layer.bias.is_some() as u32,
+        kind: act.kind_code(),
+        func: act.func.code(),
+        lower,
+        upper,
+        _pad: 0,
+    };
+    launch(
+        gpu,
+        "lrp_coeffs_f32",
+        grid_blocks((r * o) as u64, cfg::EW_BLOCK as u64),
+        cfg::EW_BLOCK,
+        &[
+            &ByValue(ws[0].raw()),
+            &ByValue(ws[1].raw()),
+            &ByValue(relevance_out.raw()),
+            &ByValue(bias_raw),
+            &ByValue(coef.raw()),
+            &ByValue(p),
+        ],
+    )?;
+    drop(ws);
+    // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G.
+    let (ws, splits) = gemm_pass(gpu, "lrp_spread_f32", &coef, &layer.weight, 1, (r, i, o))?;
+    let p = LrpFinish {
+        rows: r as u64,
+        cols: i as u64,
+        splits,
+        has_bias: 0,
+        func: 0,
+    };
+    launch(
+        gpu,
+        "lrp_finish_f32",
+        grid_blocks((r * i) as u64, cfg::EW_BLOCK as u64),
+        cfg::EW_BLOCK,
+        &[
+            &ByValue(ws[0].raw()),
+            &ByValue(x.raw()),
+            &ByValue(out.raw()),
+            &ByValue(p),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// The nonlinearity after a dense layer, for the forward pass of [`mlp`]; each has the spec's preset
+/// [`Activation`] for relevance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Nonlinearity {
+    Linear,
+    Relu,
+    Tanh,
+    Sigmoid,
+    /// Softmax over the last dim.
+    Softmax,
+}
+
+impl Nonlinearity {
+    /// The spec's preset: tanh mono [-2, 2], sigmoid mono [-4, 4], relu mono lower 0, softmax mono
+    /// [-1, 2]; a linear layer has no activation information.
+    pub fn preset(self) -> Activation {
+        match self {
+            Nonlinearity::Linear => Activation::null(),
+            Nonlinearity::Relu => Activation::relu(),
+            Nonlinearity::Tanh => Activation::tanh(),
+            Nonlinearity::Sigmoid => Activation::sigmoid(),
+            Nonlinearity::Softmax => Activation::softmax(),
+        }
+    }
+
+    fn code(self) -> u32 {
+        match self {
+            Nonlinearity::Linear | Nonlinearity::Softmax => cfg::FWD_LINEAR,
+            Nonlinearity::Relu => cfg::FWD_RELU,
+            Nonlinearity::Tanh => cfg::FWD_TANH,
+            Nonlinearity::Sigmoid => cfg::FWD_SIGMOID,
+        }
+    }
+}
+
+/// Forward pass of a dense layer: `f(x W^T + b)` for `x: [.., I]`, result `[.., O]` (the same tiled
+/// kernel as the relevance sums, then an epilogue; softmax runs as its own op).
+pub fn dense(layer: &Linear, x: &Tensor, f: Nonlinearity) -> Result<Tensor> {
+    const OP: &str = "lrp::dense";
+    require_f32(OP, "x", x, layer)?;
+    let (i, o) = (layer.in_features(), layer.out_features());
+    let mut out_shape = x.shape().to_vec();
+    match out_shape.last_mut() {
+        Some(last) if *last == i => *last = o,
+        _ => {
+            return Err(Error::Shape {
+                op: OP,
+                what: "x's last dim must equal the weight's in_features".into(),
+                expected: format!("[.., {i}]"),
+                got: x.shape().to_vec(),
+            });
+        }
+    }
+    let r = x.numel() / i.max(1);
+    let gpu = x.gpu();
+    let y = Tensor::empty(gpu, &out_shape, DType::F32)?;
+    if r * o == 0 {
+        return Ok(y);
+    }
+    let p = |splits| LrpFinish {
+        rows: r as u64,
+        cols: o as u64,
+        splits,
+        has_bias: layer.bias.is_some() as u32,
+        func: f.code(),
+    };
+    let bias_raw = layer.bias.as_ref().map(Tensor::raw).unwrap_or_default();
+    if i == 0 {
+        // An empty sum: y = f(b) (or f(0)); a one-split zero workspace gives the epilogue that.
+        let zeros = Tensor::empty(gpu, &[r * o], DType::F32)?;
+        zeros.fill_bytes(0)?;
+        launch(
+            gpu,
+            "dense_finish_f32",
+            grid_blocks((r * o) as u64, cfg::EW_BLOCK as u64),
+            cfg::EW_BLOCK,
+            &[
+                &ByValue(zeros.raw()),
+                &ByValue(bias_raw),
+                &ByValue(y.raw()),
+                &ByValue(p(1)),
+            ],
+        )?;
+    } else {
+        let (ws, splits) = gemm_pass(gpu, "dense_f32", x, &layer.weight, 1, (r, o, i))?;
+        launch(
+            gpu,
+            "dense_finish_f32",
+            grid_blocks((r * o) as u64, cfg::EW_BLOCK as u64),
+            cfg::EW_BLOCK,
+            &[
+                &ByValue(ws[0].raw()),
+                &ByValue(bias_raw),
+                &ByValue(y.raw()),
+                &ByValue(p(splits)),
+            ],
+        )?;
+    }
+    if f == Nonlinearity::Softmax {
+        return crate::ops::softmax::softmax(&y);
+    }
+    Ok(y)
+}

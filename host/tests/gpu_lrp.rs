@@ -1,0 +1,517 @@
+//! GPU vs CPU reference for linear-layer relevance propagation (host::ops::lrp): the three known defects
+//! of the widely used CUDA version as regression tests, random shapes, the MLP explanation, and bad
+//! input. Outputs are poisoned (NaN) before each launch; the seed is printed.
+//!
+//! Defect 2 (a shared scalar written by every thread) is a race that only racecheck sees: `cargo xtask
+//! sanitize` runs this file under racecheck; the kernels have no shared scalar written by many threads.
+mod common;
+use common::*;
+use host::ops::lrp::{
+    self, Activation, Func, Kind, Linear, Nonlinearity,
+    mlp::{self, MlpLayer},
+    reference as lr,
+};
+use host::{DType, Error, HostTensor, Tensor};
+use rand::Rng;
+use rand::rngs::StdRng;
+
+/// Relative size of the f32 error in P and N over a depth of `k` terms (about 5 sigma of a sequential
+/// f32 sum): (row, output) pairs whose saturation outcome could flip within it get slack in the
+/// comparison, see `reference::relevance_with_slack`.
+fn margin(k: usize) -> f64 {
+    3e-7 * (k.max(1) as f64).sqrt() + 1e-7
+}
+
+/// f32 relative-norm tolerance: 1e-5, 1e-4 when a sum runs over more than 4096 terms.
+fn lrp_tol(ni: usize, no: usize) -> f64 {
+    if ni.max(no) > 4096 { 1e-4 } else { 1e-5 }
+}
+
+struct Case {
+    x: HostTensor,
+    w: HostTensor,
+    b: Option<HostTensor>,
+    rel: HostTensor,
+    act: Activation,
+}
+
+fn case(rng: &mut StdRng, rows: usize, ni: usize, no: usize, bias: bool, act: Activation) -> Case {
+    Case {
+        x: uniform(rng, &[rows, ni], -2.0, 2.0, DType::F32),
+        w: uniform(rng, &[no, ni], -1.0, 1.0, DType::F32),
+        b: bias.then(|| uniform(rng, &[no], -3.0, 3.0, DType::F32)),
+        rel: uniform(rng, &[rows, no], -1.0, 1.0, DType::F32),
+        act,
+    }
+}
+
+/// Runs the case on the GPU and compares with the reference row by row (ambiguous rows: finite only).
+fn check(gpu: &host::Gpu, name: &str, c: &Case) -> Vec<f32> {
+    let (rows, ni) = (c.x.shape[0], c.x.shape[1]);
+    let no = c.w.shape[0];
+    let layer = Linear::from_host(gpu, &c.w, c.b.as_ref()).unwrap();
+    let x = Tensor::from_host(gpu, &c.x).unwrap();
+    let rel = Tensor::from_host(gpu, &c.rel).unwrap();
+    let got = lrp::relevance(&layer, &x, &rel, &c.act)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let (want, slack) =
+        lr::relevance_with_slack(&c.x, &c.rel, &c.w, c.b.as_ref(), &c.act, margin(ni)).unwrap();
+    let tol = lrp_tol(ni, no);
+    let loose = slack.iter().filter(|&&s| s > 0.0).count();
+    let e = lr::slack_rel_err(&got, &want.data, &slack);
+    println!(
+        "{name} [{rows},{ni}]x[{no},{ni}] {:?}: rel err {e:.2e} ({loose} elements with slack)",
+        c.act
+    );
+    assert!(
+        e <= tol,
+        "{name} [{rows},{ni}]x[{no},{ni}] {:?}: relative error {e:.3e} > {tol:.1e}",
+        c.act
+    );
+    got
+}
+
+fn non_mono(func: Func) -> Activation {
+    Activation {
+        kind: Kind::NonMono,
+        lower: None,
+        upper: None,
+        func,
+    }
+}
+
+#[test]
+fn defect1_every_in_features_is_counted_once() {
+    let Some(gpu) = gpu_or_skip("defect1_every_in_features_is_counted_once") else {
+        return;
+    };
+    let mut rng = rng("lrp_defect1");
+    // The reference CUDA version double counts when I % 4 == 0 and I < 1024; odd sizes around it too.
+    let sizes = [
+        4usize, 8, 12, 100, 1020, 1024, 1028, 4096, 1, 3, 5, 7, 33, 127, 1023, 1025, 4097,
+    ];
+    for (k, &ni) in sizes.iter().enumerate() {
+        let rows = [1usize, 5, 17][k % 3];
+        let act = [Activation::null(), Activation::tanh(), Activation::relu()][k % 3];
+        let c = case(&mut rng, rows, ni, 37, k % 2 == 0, act);
+        check(&gpu, &format!("defect1 I={ni}"), &c);
+        // P and N themselves: with no saturation and relevance 1, sum_i rin = sum_j (P+N)/(P+N+|b|).
+        if act == Activation::null() {
+            let mut c = c;
+            c.rel = HostTensor::new(vec![1.0; rows * 37], &[rows, 37], DType::F32).unwrap();
+            let got = check(&gpu, &format!("defect1 conservation I={ni}"), &c);
+            for r in 0..rows {
+                let s: f64 = got[r * ni..(r + 1) * ni].iter().map(|&v| v as f64).sum();
+                let mut want = 0.0;
+                for j in 0..37 {
+                    let pn: f64 = (0..ni)
+                        .map(|i| (c.x.data[r * ni + i] as f64 * c.w.data[j * ni + i] as f64).abs())
+                        .sum();
+                    let b = c.b.as_ref().map_or(0.0, |b| b.data[j].abs() as f64);
+                    want += pn / (pn + b);
+                }
+                assert!(
+                    (s - want).abs() <= 1e-5 * want,
+                    "I={ni} row {r}: sum {s} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn defect3_results_are_bit_identical_across_runs() {
+    let Some(gpu) = gpu_or_skip("defect3_results_are_bit_identical_across_runs") else {
+        return;
+    };
+    let mut rng = rng("lrp_defect3");
+    // R = 64 with few output tiles: the depth is split, so split order is exercised.
+    let (rows, ni, no) = (64usize, 1028, 300);
+    let c = case(&mut rng, rows, ni, no, true, Activation::tanh());
+    let first = check(&gpu, "defect3", &c);
+    let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
+    let x = Tensor::from_host(&gpu, &c.x).unwrap();
+    let rel = Tensor::from_host(&gpu, &c.rel).unwrap();
+    for run in 0..scaled(100, 5) {
+        let again = lrp::relevance(&layer, &x, &rel, &c.act)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert!(
+            first
+                .iter()
+                .zip(&again)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "run {run}: bits changed"
+        );
+    }
+}
+
+#[test]
+fn hand_computed_branches_on_the_gpu() {
+    let Some(gpu) = gpu_or_skip("hand_computed_branches_on_the_gpu") else {
+        return;
+    };
+    // (x, w, bias, activation, expected relevance_in) for one row and one output of relevance 1.
+    let cases: Vec<(Vec<f32>, Vec<f32>, Option<f32>, Activation, Vec<f64>)> = vec![
+        (
+            vec![1.0, 2.0, -1.0],
+            vec![1.0, -1.0, 2.0],
+            None,
+            Activation::null(),
+            vec![0.2, 0.4, 0.4],
+        ),
+        (
+            vec![0.5, 3.0, -1.0],
+            vec![1.0, -1.0, 2.0],
+            None,
+            Activation::tanh(),
+            vec![0.5 / 6.0, 0.5, 2.0 / 6.0],
+        ),
+        (
+            vec![3.0, -2.0, -0.5],
+            vec![1.0, -1.0, 1.0],
+            None,
+            Activation::tanh(),
+            vec![0.5, 2.0 / 6.0, 0.5 / 6.0],
+        ),
+        (
+            vec![1.0, 2.0, -1.0],
+            vec![1.0, -1.0, 2.0],
+            Some(1.0),
+            Activation::null(),
+            vec![1.0 / 6.0, 2.0 / 6.0, 2.0 / 6.0],
+        ),
+        (
+            vec![1.0, 2.0],
+            vec![-2.0, -2.0],
+            None,
+            Activation::null(),
+            vec![2.0 / 7.0, 4.0 / 7.0],
+        ),
+        (
+            vec![30.0, 2.0],
+            vec![1.0, -1.0],
+            None,
+            non_mono(Func::Tanh),
+            vec![30.0 / 31.0, 2.0 / 31.0],
+        ),
+        (
+            vec![2.0, 30.0],
+            vec![1.0, -1.0],
+            None,
+            non_mono(Func::Tanh),
+            vec![2.0 / 31.0, 30.0 / 31.0],
+        ),
+        (
+            vec![0.0, 2.0],
+            vec![1.0, 0.0],
+            Some(5.0),
+            Activation::tanh(),
+            vec![0.0, 0.0],
+        ),
+    ];
+    for (k, (x, w, b, act, want)) in cases.into_iter().enumerate() {
+        let n = x.len();
+        let layer = Linear::from_host(
+            &gpu,
+            &HostTensor::new(w, &[1, n], DType::F32).unwrap(),
+            b.map(|v| HostTensor::new(vec![v], &[1], DType::F32).unwrap())
+                .as_ref(),
+        )
+        .unwrap();
+        let xt = Tensor::from_f32(&gpu, &x, &[1, n], DType::F32).unwrap();
+        let rel = Tensor::from_f32(&gpu, &[1.0], &[1, 1], DType::F32).unwrap();
+        let got = lrp::relevance(&layer, &xt, &rel, &act)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (*g as f64 - w).abs() <= 1e-6 * w.abs().max(1.0),
+                "case {k}: {got:?} vs {want:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn random_shapes_match_reference() {
+    let Some(gpu) = gpu_or_skip("random_shapes_match_reference") else {
+        return;
+    };
+    let mut rng = rng("lrp_random");
+    const DIMS: [usize; 16] = [
+        1, 2, 3, 7, 16, 31, 64, 65, 127, 255, 1000, 1023, 2049, 4096, 4099, 8192,
+    ];
+    const ROWS: [usize; 10] = [1, 2, 5, 16, 63, 64, 65, 257, 1024, 4096];
+    let acts = [
+        Activation::null(),
+        Activation::tanh(),
+        Activation::sigmoid(),
+        Activation::relu(),
+        Activation::softmax(),
+        non_mono(Func::Tanh),
+        non_mono(Func::Swish),
+        non_mono(Func::Pulse),
+        non_mono(Func::HardSigmoid),
+        non_mono(Func::Wave),
+        non_mono(Func::Absolute),
+        Activation {
+            kind: Kind::NonMono,
+            lower: Some(-3.0),
+            upper: Some(3.0),
+            func: Func::Sigmoid,
+        },
+    ];
+    // The f64 reference costs 2 R I O operations: keep each case under a budget.
+    let budget = scaled(1 << 23, 1 << 16);
+    let mut shapes = vec![
+        (4096usize, 3usize, 2usize),
+        (1, 8192, 3),
+        (2, 3, 8192),
+        (1, 1, 1),
+    ];
+    while shapes.len() < fuzz_cases(16) {
+        let s = (
+            ROWS[rng.random_range(0..ROWS.len())],
+            DIMS[rng.random_range(0..DIMS.len())],
+            DIMS[rng.random_range(0..DIMS.len())],
+        );
+        if s.0 * s.1 * s.2 <= budget {
+            shapes.push(s);
+        }
+    }
+    for (k, &(rows, ni, no)) in shapes.iter().enumerate() {
+        let (rows, ni, no) = if rows * ni * no > budget {
+            (rows.min(4), ni.min(256), no.min(256))
+        } else {
+            (rows, ni, no)
+        };
+        let c = case(&mut rng, rows, ni, no, k % 2 == 1, acts[k % acts.len()]);
+        check(&gpu, &format!("random #{k}"), &c);
+    }
+}
+
+#[test]
+fn rank3_inputs_flatten_leading_dims() {
+    let Some(gpu) = gpu_or_skip("rank3_inputs_flatten_leading_dims") else {
+        return;
+    };
+    let mut rng = rng("lrp_rank3");
+    let c = case(&mut rng, 6, 50, 9, true, Activation::sigmoid());
+    let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
+    let x = Tensor::from_host(&gpu, &c.x)
+        .unwrap()
+        .reshape(&[2, 3, 50])
+        .unwrap();
+    let rel = Tensor::from_host(&gpu, &c.rel)
+        .unwrap()
+        .reshape(&[2, 3, 9])
+        .unwrap();
+    let out = lrp::relevance(&layer, &x, &rel, &c.act).unwrap();
+    assert_eq!(out.shape(), &[2, 3, 50]);
+    let want = lr::relevance(&c.x, &c.rel, &c.w, c.b.as_ref(), &c.act).unwrap();
+    assert_close("rank 3", &out.to_vec().unwrap(), &want.data, 1e-5);
+}
+
+#[test]
+fn dense_forward_matches_reference() {
+    let Some(gpu) = gpu_or_skip("dense_forward_matches_reference") else {
+        return;
+    };
+    let mut rng = rng("lrp_dense");
+    for (k, &(rows, ni, no)) in [
+        (1usize, 1usize, 1usize),
+        (7, 33, 65),
+        (64, 1000, 129),
+        (300, 4099, 10),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let c = case(&mut rng, rows, ni, no, k % 2 == 0, Activation::null());
+        let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
+        let x = Tensor::from_host(&gpu, &c.x).unwrap();
+        for f in [
+            Nonlinearity::Linear,
+            Nonlinearity::Relu,
+            Nonlinearity::Tanh,
+            Nonlinearity::Sigmoid,
+            Nonlinearity::Softmax,
+        ] {
+            let got = lrp::dense(&layer, &x, f).unwrap().to_vec().unwrap();
+            let want = lr::dense(&c.x, &c.w, c.b.as_ref(), f).unwrap();
+            // x W^T cancels; compare on the scale of sum |x||w|.
+            assert_close(
+                &format!("dense {f:?} [{rows},{ni}]x[{no}]"),
+                &got,
+                &want.data,
+                1e-5 * (ni as f64).sqrt().max(1.0),
+            );
+        }
+    }
+}
+
+#[test]
+fn mlp_explanation_matches_reference() {
+    let Some(gpu) = gpu_or_skip("mlp_explanation_matches_reference") else {
+        return;
+    };
+    let mut rng = rng("lrp_mlp");
+    let widths = [37usize, 64, 129, 33, 10];
+    let nls = [
+        Nonlinearity::Relu,
+        Nonlinearity::Tanh,
+        Nonlinearity::Sigmoid,
+        Nonlinearity::Softmax,
+    ];
+    let batch = scaled(50, 5);
+    let host_layers: Vec<lr::HostLayer> = (0..4)
+        .map(|l| {
+            let scale = 1.0 / (widths[l] as f32).sqrt();
+            lr::HostLayer::new(
+                uniform(
+                    &mut rng,
+                    &[widths[l + 1], widths[l]],
+                    -2.0 * scale,
+                    2.0 * scale,
+                    DType::F32,
+                ),
+                (l != 2).then(|| uniform(&mut rng, &[widths[l + 1]], -0.5, 0.5, DType::F32)),
+                nls[l],
+            )
+        })
+        .collect();
+    let layers: Vec<MlpLayer> = host_layers
+        .iter()
+        .map(|h| {
+            MlpLayer::new(
+                Linear::from_host(&gpu, &h.weight, h.bias.as_ref()).unwrap(),
+                h.nonlinearity,
+            )
+        })
+        .collect();
+    let x = uniform(&mut rng, &[batch, widths[0]], -1.0, 1.0, DType::F32);
+    let e = mlp::explain(&layers, &Tensor::from_host(&gpu, &x).unwrap(), None).unwrap();
+    let (acts, rels) = lr::explain(&host_layers, &x, None).unwrap();
+    for l in 0..=4 {
+        assert_close(
+            &format!("activation {l}"),
+            &e.activations[l].to_vec().unwrap(),
+            &acts[l].data,
+            1e-5,
+        );
+        assert_close(
+            &format!("relevance {l}"),
+            &e.relevance[l].to_vec().unwrap(),
+            &rels[l].data,
+            1e-4,
+        );
+    }
+    assert_eq!(e.input_relevance().shape(), &[batch, widths[0]]);
+}
+
+#[test]
+fn bad_input_is_rejected_before_launch() {
+    let Some(gpu) = gpu_or_skip("bad_input_is_rejected_before_launch") else {
+        return;
+    };
+    let t = |shape: &[usize]| {
+        Tensor::from_f32(&gpu, &vec![0.5; shape.iter().product()], shape, DType::F32).unwrap()
+    };
+    let layer = Linear::new(t(&[4, 3]), Some(t(&[4]))).unwrap();
+    let act = Activation::tanh();
+    // Mismatched I between x and W, O between relevance_out and W, leading dims.
+    let e = lrp::relevance(&layer, &t(&[2, 5]), &t(&[2, 4]), &act).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. }) && e.to_string().contains("in_features"),
+        "{e}"
+    );
+    let e = lrp::relevance(&layer, &t(&[2, 3]), &t(&[2, 5]), &act).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+    let e = lrp::relevance(&layer, &t(&[2, 3]), &t(&[3, 4]), &act).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+    // Bias of the wrong length, weight of the wrong rank.
+    assert!(matches!(
+        Linear::new(t(&[4, 3]), Some(t(&[3]))),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        Linear::new(t(&[12]), None),
+        Err(Error::Shape { .. })
+    ));
+    // lower > upper.
+    let bad = Activation {
+        lower: Some(1.0),
+        upper: Some(-1.0),
+        ..act
+    };
+    assert!(matches!(
+        lrp::relevance(&layer, &t(&[2, 3]), &t(&[2, 4]), &bad),
+        Err(Error::Invalid { .. })
+    ));
+    // Non-finite weights and biases, on the GPU and on the host, anywhere in the buffer.
+    for at in [0usize, 5, 11] {
+        for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut w = vec![0.5f32; 12];
+            w[at] = v;
+            let wt = Tensor::from_f32(&gpu, &w, &[4, 3], DType::F32).unwrap();
+            assert!(matches!(
+                Linear::new(wt, None),
+                Err(Error::NonFinite {
+                    what: "weight",
+                    count: 1,
+                    ..
+                })
+            ));
+            let wh = HostTensor::new(w, &[4, 3], DType::F32).unwrap();
+            assert!(matches!(
+                Linear::from_host(&gpu, &wh, None),
+                Err(Error::NonFinite { .. })
+            ));
+        }
+    }
+    let bias = Tensor::from_f32(&gpu, &[0.0, f32::NAN, 0.0, 1.0], &[4], DType::F32).unwrap();
+    assert!(matches!(
+        Linear::new(t(&[4, 3]), Some(bias)),
+        Err(Error::NonFinite { what: "bias", .. })
+    ));
+    let big: Vec<f32> = (0..1_000_003)
+        .map(|i| if i % 250_000 == 7 { f32::NAN } else { 1.0 })
+        .collect();
+    let bt = Tensor::from_f32(&gpu, &big, &[1_000_003], DType::F32).unwrap();
+    assert_eq!(lrp::count_nonfinite(&bt).unwrap(), 4);
+    // Non-contiguous inputs and weights; wrong dtype.
+    let view = t(&[3, 2]).transpose(0, 1).unwrap();
+    assert!(matches!(
+        lrp::relevance(&layer, &view, &t(&[2, 4]), &act),
+        Err(Error::NotContiguous { .. })
+    ));
+    assert!(matches!(
+        Linear::new(t(&[3, 4]).transpose(0, 1).unwrap(), None),
+        Err(Error::NotContiguous { .. })
+    ));
+    let half = Tensor::from_f32(&gpu, &[0.5; 6], &[2, 3], DType::F16).unwrap();
+    assert!(matches!(
+        lrp::relevance(&layer, &half, &t(&[2, 4]), &act),
+        Err(Error::DType { .. })
+    ));
+    // Empty batch: a no-op with the right shape; the context is still healthy.
+    assert_eq!(
+        lrp::relevance(&layer, &t(&[0, 3]), &t(&[0, 4]), &act)
+            .unwrap()
+            .shape(),
+        &[0, 3]
+    );
+    assert!(
+        lrp::relevance(&layer, &t(&[2, 3]), &t(&[2, 4]), &act)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|v| v.is_finite())
+    );
+}
