@@ -11,14 +11,24 @@ const OPS: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryO
 /// A broadcast partner for `shape`: drop leading dims and/or set random dims to 1.
 fn broadcast_partner(rng: &mut rand::rngs::StdRng, shape: &[usize]) -> Vec<usize> {
     let drop = rng.random_range(0..=shape.len());
-    shape[drop..].iter().map(|&d| if rng.random_bool(0.4) { 1 } else { d }).collect()
+    shape[drop..]
+        .iter()
+        .map(|&d| if rng.random_bool(0.4) { 1 } else { d })
+        .collect()
 }
 
 /// Division operands kept away from zero so the comparison measures rounding, not cancellation.
-fn operand(rng: &mut rand::rngs::StdRng, shape: &[usize], op: BinaryOp, dtype: DType) -> HostTensor {
+fn operand(
+    rng: &mut rand::rngs::StdRng,
+    shape: &[usize],
+    op: BinaryOp,
+    dtype: DType,
+) -> HostTensor {
     let mut t = uniform(rng, shape, -2.0, 2.0, dtype);
     if op == BinaryOp::Div {
-        t.data.iter_mut().for_each(|v| *v = if *v < 0.0 { *v - 0.5 } else { *v + 0.5 });
+        t.data
+            .iter_mut()
+            .for_each(|v| *v = if *v < 0.0 { *v - 0.5 } else { *v + 0.5 });
         t = HostTensor::new(t.data, shape, dtype).unwrap();
     }
     t
@@ -26,54 +36,103 @@ fn operand(rng: &mut rand::rngs::StdRng, shape: &[usize], op: BinaryOp, dtype: D
 
 #[test]
 fn binary_ops_match_reference_with_broadcasting() {
-    let Some(gpu) = gpu_or_skip("binary_ops_match_reference_with_broadcasting") else { return };
+    let Some(gpu) = gpu_or_skip("binary_ops_match_reference_with_broadcasting") else {
+        return;
+    };
     let mut rng = rng("binary_ops");
     for case in 0..fuzz_cases(60) {
         let dtype = DType::ALL[case % 3];
         let op = OPS[(case / 3) % 4];
         let a_shape = random_shape(&mut rng, 4, 1 << 20);
-        let b_shape = if rng.random_bool(0.5) { a_shape.clone() } else { broadcast_partner(&mut rng, &a_shape) };
-        let (a_shape, b_shape) = if rng.random_bool(0.5) { (a_shape, b_shape) } else { (b_shape, a_shape) };
+        let b_shape = if rng.random_bool(0.5) {
+            a_shape.clone()
+        } else {
+            broadcast_partner(&mut rng, &a_shape)
+        };
+        let (a_shape, b_shape) = if rng.random_bool(0.5) {
+            (a_shape, b_shape)
+        } else {
+            (b_shape, a_shape)
+        };
         let a = operand(&mut rng, &a_shape, BinaryOp::Add, dtype);
         let b = operand(&mut rng, &b_shape, op, dtype);
-        let out = ew::binary(op, &Tensor::from_host(&gpu, &a).unwrap(), &Tensor::from_host(&gpu, &b).unwrap()).unwrap();
+        let out = ew::binary(
+            op,
+            &Tensor::from_host(&gpu, &a).unwrap(),
+            &Tensor::from_host(&gpu, &b).unwrap(),
+        )
+        .unwrap();
         let want = r::binary(op, &a, &b).unwrap();
         assert_eq!(out.shape(), want.shape.as_slice());
-        assert_close(&format!("{op:?} {dtype} {a_shape:?} (op) {b_shape:?}"), &out.to_vec().unwrap(), &want.data, tol(dtype));
+        assert_close(
+            &format!("{op:?} {dtype} {a_shape:?} (op) {b_shape:?}"),
+            &out.to_vec().unwrap(),
+            &want.data,
+            tol(dtype),
+        );
     }
 }
 
 #[test]
 fn large_contiguous_add_is_exact_in_f32() {
-    let Some(gpu) = gpu_or_skip("large_contiguous_add_is_exact_in_f32") else { return };
+    let Some(gpu) = gpu_or_skip("large_contiguous_add_is_exact_in_f32") else {
+        return;
+    };
     let mut rng = rng("large_add");
     // 2^24 + 3 elements: many grid-stride trips and a ragged tail after the 16-byte chunks.
     let n = (1 << 24) + 3;
     let a = uniform(&mut rng, &[n], -1e3, 1e3, DType::F32);
     let b = uniform(&mut rng, &[n], -1e3, 1e3, DType::F32);
-    let out = ew::add(&Tensor::from_host(&gpu, &a).unwrap(), &Tensor::from_host(&gpu, &b).unwrap()).unwrap().to_vec().unwrap();
+    let out = ew::add(
+        &Tensor::from_host(&gpu, &a).unwrap(),
+        &Tensor::from_host(&gpu, &b).unwrap(),
+    )
+    .unwrap()
+    .to_vec()
+    .unwrap();
     // f32 addition is correctly rounded on both sides: the results are bit-identical.
-    let mismatches = (0..n).filter(|&i| out[i].to_bits() != (a.data[i] + b.data[i]).to_bits()).count();
+    let mismatches = (0..n)
+        .filter(|&i| out[i].to_bits() != (a.data[i] + b.data[i]).to_bits())
+        .count();
     assert_eq!(mismatches, 0, "{mismatches} of {n} elements differ");
 }
 
 #[test]
 fn strided_views_are_read_through_their_strides() {
-    let Some(gpu) = gpu_or_skip("strided_views_are_read_through_their_strides") else { return };
+    let Some(gpu) = gpu_or_skip("strided_views_are_read_through_their_strides") else {
+        return;
+    };
     let mut rng = rng("strided_views");
     let a = uniform(&mut rng, &[37, 53], -1.0, 1.0, DType::F32);
     let b = uniform(&mut rng, &[53, 37], -1.0, 1.0, DType::F32);
     let at = Tensor::from_host(&gpu, &a).unwrap();
-    let bt = Tensor::from_host(&gpu, &b).unwrap().transpose(0, 1).unwrap();
+    let bt = Tensor::from_host(&gpu, &b)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
     assert!(!bt.is_contiguous());
     let out = ew::mul(&at, &bt).unwrap().to_vec().unwrap();
-    let b_transposed = HostTensor::new((0..37 * 53).map(|k| b.data[(k % 53) * 37 + k / 53]).collect(), &[37, 53], DType::F32).unwrap();
-    assert_close("a * b^T", &out, &r::binary(BinaryOp::Mul, &a, &b_transposed).unwrap().data, 1e-7);
+    let b_transposed = HostTensor::new(
+        (0..37 * 53)
+            .map(|k| b.data[(k % 53) * 37 + k / 53])
+            .collect(),
+        &[37, 53],
+        DType::F32,
+    )
+    .unwrap();
+    assert_close(
+        "a * b^T",
+        &out,
+        &r::binary(BinaryOp::Mul, &a, &b_transposed).unwrap().data,
+        1e-7,
+    );
 }
 
 #[test]
 fn binary_backward_matches_reference() {
-    let Some(gpu) = gpu_or_skip("binary_backward_matches_reference") else { return };
+    let Some(gpu) = gpu_or_skip("binary_backward_matches_reference") else {
+        return;
+    };
     let mut rng = rng("binary_backward");
     for case in 0..fuzz_cases(24) {
         let op = OPS[case % 4];
@@ -83,18 +142,40 @@ fn binary_backward_matches_reference() {
         let a = operand(&mut rng, &a_shape, BinaryOp::Add, dtype);
         let b = operand(&mut rng, &b_shape, op, dtype);
         let g = uniform(&mut rng, &a_shape, -1.0, 1.0, dtype);
-        let (ga, gb) = ew::binary_backward(op, &Tensor::from_host(&gpu, &a).unwrap(), &Tensor::from_host(&gpu, &b).unwrap(), &Tensor::from_host(&gpu, &g).unwrap()).unwrap();
+        let (ga, gb) = ew::binary_backward(
+            op,
+            &Tensor::from_host(&gpu, &a).unwrap(),
+            &Tensor::from_host(&gpu, &b).unwrap(),
+            &Tensor::from_host(&gpu, &g).unwrap(),
+        )
+        .unwrap();
         let (wa, wb) = r::binary_backward(op, &a, &b, &g).unwrap();
         // Half dtypes round the intermediate products, and the sums over broadcast dims amplify that.
-        let t = if dtype == DType::F32 { 1e-5 } else { 4.0 * tol(dtype) };
-        assert_close(&format!("d{op:?}/da {dtype} {a_shape:?},{b_shape:?}"), &ga.to_vec().unwrap(), &wa.data, t);
-        assert_close(&format!("d{op:?}/db {dtype} {a_shape:?},{b_shape:?}"), &gb.to_vec().unwrap(), &wb.data, t);
+        let t = if dtype == DType::F32 {
+            1e-5
+        } else {
+            4.0 * tol(dtype)
+        };
+        assert_close(
+            &format!("d{op:?}/da {dtype} {a_shape:?},{b_shape:?}"),
+            &ga.to_vec().unwrap(),
+            &wa.data,
+            t,
+        );
+        assert_close(
+            &format!("d{op:?}/db {dtype} {a_shape:?},{b_shape:?}"),
+            &gb.to_vec().unwrap(),
+            &wb.data,
+            t,
+        );
     }
 }
 
 #[test]
 fn gelu_forward_and_backward_match_reference() {
-    let Some(gpu) = gpu_or_skip("gelu_forward_and_backward_match_reference") else { return };
+    let Some(gpu) = gpu_or_skip("gelu_forward_and_backward_match_reference") else {
+        return;
+    };
     let mut rng = rng("gelu");
     for case in 0..fuzz_cases(18) {
         let dtype = DType::ALL[case % 3];
@@ -103,27 +184,52 @@ fn gelu_forward_and_backward_match_reference() {
         let dy = uniform(&mut rng, &shape, -1.0, 1.0, dtype);
         let xt = Tensor::from_host(&gpu, &x).unwrap();
         let y = ew::gelu(&xt).unwrap().to_vec().unwrap();
-        assert_close(&format!("gelu {dtype} {shape:?}"), &y, &r::gelu(&x).unwrap().data, tol(dtype));
-        let dx = ew::gelu_backward(&xt, &Tensor::from_host(&gpu, &dy).unwrap()).unwrap().to_vec().unwrap();
-        assert_close(&format!("gelu' {dtype} {shape:?}"), &dx, &r::gelu_backward(&x, &dy).unwrap().data, tol(dtype));
+        assert_close(
+            &format!("gelu {dtype} {shape:?}"),
+            &y,
+            &r::gelu(&x).unwrap().data,
+            tol(dtype),
+        );
+        let dx = ew::gelu_backward(&xt, &Tensor::from_host(&gpu, &dy).unwrap())
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_close(
+            &format!("gelu' {dtype} {shape:?}"),
+            &dx,
+            &r::gelu_backward(&x, &dy).unwrap().data,
+            tol(dtype),
+        );
     }
 }
 
 #[test]
 fn affine_matches_reference() {
-    let Some(gpu) = gpu_or_skip("affine_matches_reference") else { return };
+    let Some(gpu) = gpu_or_skip("affine_matches_reference") else {
+        return;
+    };
     let mut rng = rng("affine");
     for dtype in DType::ALL {
         let shape = random_shape(&mut rng, 3, 1 << 18);
         let x = uniform(&mut rng, &shape, -4.0, 4.0, dtype);
-        let y = ew::affine(&Tensor::from_host(&gpu, &x).unwrap(), -1.5, 0.25).unwrap().to_vec().unwrap();
-        assert_close(&format!("affine {dtype} {shape:?}"), &y, &r::affine(&x, -1.5, 0.25).unwrap().data, tol(dtype));
+        let y = ew::affine(&Tensor::from_host(&gpu, &x).unwrap(), -1.5, 0.25)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_close(
+            &format!("affine {dtype} {shape:?}"),
+            &y,
+            &r::affine(&x, -1.5, 0.25).unwrap().data,
+            tol(dtype),
+        );
     }
 }
 
 #[test]
 fn nan_and_inf_propagate_as_values() {
-    let Some(gpu) = gpu_or_skip("nan_and_inf_propagate_as_values") else { return };
+    let Some(gpu) = gpu_or_skip("nan_and_inf_propagate_as_values") else {
+        return;
+    };
     let a = Tensor::from_f32(&gpu, &[f32::NAN, f32::INFINITY, 1.0, 0.0], &[4], DType::F32).unwrap();
     let b = Tensor::from_f32(&gpu, &[1.0, 1.0, f32::NEG_INFINITY, 0.0], &[4], DType::F32).unwrap();
     let s = ew::add(&a, &b).unwrap().to_vec().unwrap();

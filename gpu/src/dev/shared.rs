@@ -121,3 +121,21 @@ pub fn dynamic_base() -> u32 {
     }
     base
 }
+
+/// `ld.shared.v4.b32`: 16 bytes from shared memory.
+///
+/// # Safety
+/// `addr` is a 16-byte aligned address of 16 readable bytes in this block's shared memory whose
+/// writers are ordered before this read (a barrier, or `bar.warp.sync` for writers in this warp).
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        core::arch::asm!(
+            "ld.shared.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg32) addr, options(nostack, readonly)
+        )
+    }
+    [a, b, c, d]
+}
