@@ -71,6 +71,9 @@ impl Element for f32 {
 pub trait Swizzle {
     /// The row's chunk count must be a multiple of this, so that the permutation stays inside the row.
     const PERIOD: usize;
+    /// Whether moving a 16x16 block by an even chunk `c0` is `XOR 16 c0` on the lane's address and
+    /// by a multiple-of-8 row is an add (see [`TileLayout::block_addr`]).
+    const XOR_BLOCKS: bool;
     /// Physical chunk index of logical chunk `chunk` in row `row`.
     fn chunk(row: u32, chunk: u32) -> u32;
 }
@@ -79,6 +82,7 @@ pub trait Swizzle {
 pub struct Linear;
 impl Swizzle for Linear {
     const PERIOD: usize = 1;
+    const XOR_BLOCKS: bool = true;
     #[inline(always)]
     fn chunk(_row: u32, chunk: u32) -> u32 {
         chunk
@@ -89,6 +93,7 @@ impl Swizzle for Linear {
 pub struct Xor8;
 impl Swizzle for Xor8 {
     const PERIOD: usize = 8;
+    const XOR_BLOCKS: bool = true;
     #[inline(always)]
     fn chunk(row: u32, chunk: u32) -> u32 {
         chunk ^ (row & 7)
@@ -152,6 +157,35 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> TileLayout<E,
         let () = Self::VALID;
         row * Self::ROW_BYTES as u32 + S::chunk(row, chunk) * CHUNK_BYTES as u32
     }
+
+    /// The `ldmatrix` address of a 16x16 block split into a per-lane part and per-block constants.
+    ///
+    /// For `lane_part = chunk_offset(r, c)` (the lane's row `r < 16` and chunk `c < 2` within the
+    /// block) and a block at row `row0` (a multiple of 8) and chunk `chunk0` (even), and any tile base
+    /// that is a multiple of `ROW_BYTES` (a power of two):
+    /// `base + chunk_offset(row0 + r, chunk0 + c) == ((base + lane_part) ^ (16 chunk0)) + ROW_BYTES row0`.
+    /// The XOR only touches bits below `ROW_BYTES`, where `base` and `ROW_BYTES row0` are zero. So a
+    /// kernel keeps one register per lane pattern (`base + lane_part`, which changes with the
+    /// pipeline stage) and spends one XOR per `ldmatrix`, with `ROW_BYTES row0` an immediate offset,
+    /// instead of keeping one precomputed address per block in registers.
+    #[inline(always)]
+    pub fn block_addr(base_plus_lane_part: u32, row0: u32, chunk0: u32) -> u32 {
+        let () = Self::BLOCK_ADDRESSING;
+        (base_plus_lane_part ^ (chunk0 * CHUNK_BYTES as u32)) + row0 * Self::ROW_BYTES as u32
+    }
+
+    /// Conditions of [`Self::block_addr`] that the type can check.
+    pub const BLOCK_ADDRESSING: () = {
+        let () = Self::VALID;
+        assert!(
+            Self::ROW_BYTES.is_power_of_two(),
+            "XOR block addressing needs a power-of-two row"
+        );
+        assert!(
+            S::XOR_BLOCKS,
+            "this swizzle does not support XOR block addressing"
+        );
+    };
 
     /// Byte offset of element (row, col).
     #[inline(always)]
@@ -395,6 +429,31 @@ mod tests {
     #[test]
     fn fragments_compute_qk_and_pv_for_d128() {
         warp_gemms::<128, 64>();
+    }
+
+    #[test]
+    fn block_addressing_identity_holds_for_every_lane_and_block() {
+        fn check<const C: usize>() {
+            type L<const C: usize> = TileLayout<u16, 64, C, Xor8>;
+            for base in [0u32, 8192, 3 * L::<C>::ROW_BYTES as u32, 1 << 20] {
+                for lane in 0..32 {
+                    for (r, c) in [col_major_quads(lane), row_major_quads(lane)] {
+                        let lp = base + L::<C>::chunk_offset(r, c);
+                        for row0 in (0..64 - 15).step_by(8) {
+                            for chunk0 in (0..L::<C>::CHUNKS_PER_ROW as u32).step_by(2) {
+                                assert_eq!(
+                                    L::<C>::block_addr(lp, row0, chunk0),
+                                    base + L::<C>::chunk_offset(row0 + r, chunk0 + c),
+                                    "C={C} base={base} lane={lane} row0={row0} chunk0={chunk0}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        check::<64>();
+        check::<128>();
     }
 
     #[test]

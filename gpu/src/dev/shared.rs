@@ -109,9 +109,13 @@ macro_rules! static_shared {
     };
 }
 
-core::arch::global_asm!(".extern .shared .align 16 .b8 DYN_SMEM[];");
+// 1024-byte alignment (not just 16): swizzled tiles apply their XOR to absolute addresses, which needs
+// tile bases aligned to the row size (see `layout::TileLayout::block_addr`); 1024 also covers the
+// 128/1024-byte swizzle atoms of TMA for later sm_90 paths.
+core::arch::global_asm!(".extern .shared .align 1024 .b8 DYN_SMEM[];");
 
-/// Address of the dynamic shared memory of this launch (its size is the launch's `shared_mem_bytes`).
+/// Address of the dynamic shared memory of this launch (its size is the launch's `shared_mem_bytes`);
+/// a multiple of 1024.
 #[inline(always)]
 pub fn dynamic_base() -> u32 {
     let base: u32;

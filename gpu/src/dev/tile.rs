@@ -6,11 +6,15 @@
 //! A tile's base address is 16-byte aligned by construction, and its rows and size are multiples of 16
 //! bytes (const assertions of [`TileLayout::VALID`]), so every chunk address it hands to `cp.async`,
 //! `ldmatrix` or a 16-byte load is 16-byte aligned:
-//! - the dynamic shared window is declared `.align 16`;
+//! - the dynamic shared window is declared `.align 1024`;
 //! - [`SharedTile::at_dynamic`] places a tile at a compile-time offset that must be a multiple of 16
 //!   (else: compile error), and [`SharedCarve`] hands out consecutive tiles, each starting where the
 //!   previous (a multiple of 16 bytes long) ended;
 //! - [`SharedTile::stage`] steps by whole tiles.
+//!
+//! The `ldmatrix` loads also need the base to be a multiple of the row size (their swizzle XOR acts
+//! on absolute addresses, see [`TileLayout::block_addr`]): true for the tiles the kernels carve
+//! (1024-aligned window, tiles of equal row size), and checked in `checked` builds.
 //!
 //! Bounds (row and chunk inside the tile) are checked in `checked` builds (a failure traps).
 //! Synchronisation is the caller's: a tile read must follow the barrier that orders the writes.
@@ -49,9 +53,15 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E,
         Self::from_aligned(dynamic_base() + offset)
     }
 
+    /// `base` must be 16-byte aligned (all uses) and a multiple of `ROW_BYTES` (for the `ldmatrix`
+    /// block addressing); the latter is checked in checked builds.
     #[inline(always)]
     fn from_aligned(base: u32) -> Self {
         let () = TileLayout::<E, ROWS, COLS, S>::VALID;
+        check_index(
+            (base as usize) % TileLayout::<E, ROWS, COLS, S>::ROW_BYTES,
+            1,
+        );
         Self {
             base,
             _layout: PhantomData,
@@ -111,23 +121,34 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E,
 impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E, ROWS, COLS, S> {
     const IS_16_BIT: () = assert!(E::BYTES == 2, "ldmatrix .b16 needs a 16-bit element tile");
 
+    /// Address lane `(r, c)` of the 16x16 block at (row0, chunk0) reads: `block_addr` form (one
+    /// register per lane pattern and stage, an XOR and an immediate per block; see
+    /// [`TileLayout::block_addr`]), bounds-checked in checked builds.
+    #[inline(always)]
+    fn block_addr(&self, (r, c): (u32, u32), row0: u32, chunk0: u32) -> u32 {
+        let () = Self::IS_16_BIT;
+        check_index((row0 % 8 + chunk0 % 2) as usize, 1);
+        check_index((row0 + 15) as usize, ROWS);
+        check_index((chunk0 + 1) as usize, Self::CHUNKS_PER_ROW);
+        let lane_part = self.base + TileLayout::<E, ROWS, COLS, S>::chunk_offset(r, c);
+        TileLayout::<E, ROWS, COLS, S>::block_addr(lane_part, row0, chunk0)
+    }
+
     /// The A operand (rows = M, chunks along K) of the block at (row0, chunk0) of a row-major tile.
     #[inline(always)]
     pub fn load_a(&self, row0: u32, chunk0: u32) -> FragA {
-        let () = Self::IS_16_BIT;
-        let (r, c) = ldmatrix::col_major_quads(lane_id());
+        let addr = self.block_addr(ldmatrix::col_major_quads(lane_id()), row0, chunk0);
         // SAFETY: aligned in-tile address (type invariant); the warp calls this converged.
-        unsafe { ldmatrix_x4(self.chunk_addr(row0 + r, chunk0 + c)) }
+        unsafe { ldmatrix_x4(addr) }
     }
 
     /// B operands of two n-tiles from a tile stored `[n][k]` (one row per output column, e.g. K in
     /// `Q K^T`): rows row0..row0+8 then row0+8..row0+16, K chunks chunk0 and chunk0+1.
     #[inline(always)]
     pub fn load_b_pair_nk(&self, row0: u32, chunk0: u32) -> [FragB; 2] {
-        let () = Self::IS_16_BIT;
-        let (r, c) = ldmatrix::row_major_quads(lane_id());
+        let addr = self.block_addr(ldmatrix::row_major_quads(lane_id()), row0, chunk0);
         // SAFETY: as for `load_a`.
-        let m = unsafe { ldmatrix_x4(self.chunk_addr(row0 + r, chunk0 + c)) };
+        let m = unsafe { ldmatrix_x4(addr) };
         [[m[0], m[1]], [m[2], m[3]]]
     }
 
@@ -135,16 +156,17 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E,
     /// `ldmatrix.trans`: K rows row0..row0+16, n columns in chunk0 then chunk0+1.
     #[inline(always)]
     pub fn load_b_pair_kn(&self, row0: u32, chunk0: u32) -> [FragB; 2] {
-        let () = Self::IS_16_BIT;
-        let (r, c) = ldmatrix::col_major_quads(lane_id());
+        let addr = self.block_addr(ldmatrix::col_major_quads(lane_id()), row0, chunk0);
         // SAFETY: as for `load_a`.
-        let m = unsafe { ldmatrix_x4_trans(self.chunk_addr(row0 + r, chunk0 + c)) };
+        let m = unsafe { ldmatrix_x4_trans(addr) };
         [[m[0], m[1]], [m[2], m[3]]]
     }
 }
 
-/// Hands out consecutive tiles of the dynamic shared memory. The window starts 16-byte aligned and
-/// every tile is a multiple of 16 bytes long, so every tile it returns starts 16-byte aligned.
+/// Hands out consecutive tiles of the dynamic shared memory. The window starts 1024-byte aligned and
+/// every tile is a multiple of 16 bytes (and of its row size) long, so every tile it returns starts
+/// 16-byte aligned; tiles of one row size carved in a row also start at multiples of that row size
+/// (checked in checked builds), as their `ldmatrix` addressing needs.
 pub struct SharedCarve {
     next: u32,
     used: usize,
@@ -154,6 +176,7 @@ impl SharedCarve {
     /// Starts at the beginning of this launch's dynamic shared memory.
     #[inline(always)]
     pub fn dynamic() -> Self {
+        check_index((dynamic_base() % 1024) as usize, 1);
         Self {
             next: dynamic_base(),
             used: 0,
