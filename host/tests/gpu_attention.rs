@@ -303,7 +303,7 @@ fn custom_scale_is_applied() {
         return;
     };
     let mut rng = rng("custom_scale");
-    for scale in [0.5f32, -0.3] {
+    for scale in [0.5f32, -0.3, 0.0] {
         let c = case(1, 3, 130, 70, 64, Causal::No, DType::F16);
         let x = inputs(&mut rng, &c);
         let p = AttentionParams {

@@ -12,6 +12,17 @@ pub fn exp2(x: f32) -> f32 {
     y
 }
 
+/// `a * b + c` with one rounding (`fma.rn.f32`).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let y: f32;
+    // SAFETY: register math.
+    unsafe {
+        core::arch::asm!("fma.rn.f32 {y}, {a}, {b}, {c};", y = out(reg32) y, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, options(nostack, nomem, pure))
+    }
+    y
+}
+
 /// log2(x), `lg2.approx.ftz.f32`.
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {

@@ -5,16 +5,18 @@
 //! - K and V stream through shared memory in `BK`-key tiles, two stages each, by `cp.async` 16-byte
 //!   copies in commit groups; rows past the end are zero-filled. Tiles use the [`Xor8`] swizzle, so
 //!   the `ldmatrix` reads (and the copies) are bank-conflict free.
-//! - `S = Q K^T` per warp: 16 x `BK` f32 in registers. Scores are scaled by `scale * log2(e)` so the
-//!   online softmax uses `exp2`; masked entries become -inf. The running max `m` and sum `l` rescale
-//!   the output accumulator by `exp2(m_old - m_new)`.
+//! - `S = Q K^T` per warp: 16 x `BK` f32 in registers; masked entries become -inf. The online
+//!   softmax keeps the running max `m` of the raw scores and the sum `l`, and folds the scale and
+//!   log2(e) into one FMA per score: `p = exp2(s c - m c)` with `c = |scale| log2(e)`; the output
+//!   accumulator is rescaled by `exp2(m_old c - m_new c)`. A negative scale flips the sign bits of
+//!   Q's fragments once (exact), so `c` is always positive and the max commutes with scaling.
 //! - P is rounded to the input type in registers and is directly the A operand of `P V` (the
 //!   accumulator layout of two 8-column tiles is the A layout of one 16-column block); V's B
 //!   fragments come from `ldmatrix.trans`.
 //! - Causal: K tiles wholly above the diagonal are never loaded; only tiles crossing the diagonal
 //!   (or the ragged last tile) are masked element by element.
 //! - Epilogue: `O / l` rounded to the input type, staged through the warp's own (now unused) rows of
-//!   the Q tile for 16-byte coalesced stores; `LSE = (m + log2 l) ln 2` (natural log of the scaled
+//!   the Q tile for 16-byte coalesced stores; `LSE = (m c + log2 l) ln 2` (natural log of the scaled
 //!   scores' sum of exponentials). A row with no visible key has `l = 0`: O = 0, LSE = -inf.
 //!
 //! The pipeline per K/V tile `j` (groups are per thread; `wait 1` leaves only the newest pending):
@@ -28,7 +30,7 @@
 //! ```
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
-use crate::dev::math::{LN_2, LOG2_E, exp2, log2, max};
+use crate::dev::math::{LN_2, LOG2_E, exp2, fma, log2, max};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::{FragA, FragC, MmaElem};
 use crate::dev::shared::check_index;
@@ -120,14 +122,17 @@ unsafe fn flash_fwd<
     sync_threads();
 
     let warp_row = warp_id() * 16;
+    // s * scale == (-s) * |scale|: a negative scale negates Q (sign bits of f16 and bf16 alike).
+    let sign = if p.scale < 0.0 { 0x8000_8000 } else { 0 };
     let mut qf = [[0u32; 4]; KD];
     unroll_lt!(kd < KD, {
-        qf[kd] = q_tile.load_a(warp_row, 2 * kd as u32);
+        qf[kd] = q_tile.load_a(warp_row, 2 * kd as u32).map(|w| w ^ sign);
     });
     let first_row = m0 + warp_row + lane_id() / 4; // this thread's rows: first_row and first_row + 8
     let key_limit = key_limits(first_row, sk, diag, causal);
-    let scale_log2 = p.scale * LOG2_E;
-    let mut softmax = OnlineSoftmax::new();
+    // Clamped away from 0 so that masked scores stay -inf (not NaN) under scale = 0; a scale of
+    // 1e-30 instead of 0 changes no f32 result.
+    let mut softmax = OnlineSoftmax::new(max(p.scale.abs() * LOG2_E, 1e-30));
     let mut acc = [[0.0f32; 4]; NO];
 
     for j in 0..n_tiles {
@@ -144,7 +149,7 @@ unsafe fn flash_fwd<
         }
         cp_async_commit();
 
-        let mut s = scores::<T, BK, D, KD, NS>(&qf, k_tiles.stage(stage), scale_log2);
+        let mut s = scores::<T, BK, D, KD, NS>(&qf, k_tiles.stage(stage));
         let last_key = (n0 + BK as u32 - 1) as i32;
         if n0 + BK as u32 > sk || (causal && last_key > m0 as i32 + diag) {
             mask(&mut s, n0, key_limit);
@@ -227,12 +232,11 @@ unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const BQ: usi
     });
 }
 
-/// `S = (Q K^T) * scale_log2` for this warp's 16 rows and the `BK` keys of `kt`.
+/// `S = Q K^T` (unscaled) for this warp's 16 rows and the `BK` keys of `kt`.
 #[inline(always)]
 fn scores<T: MmaElem, const BK: usize, const D: usize, const KD: usize, const NS: usize>(
     qf: &[FragA; KD],
     kt: Tile<T, BK, D>,
-    scale_log2: f32,
 ) -> [FragC; NS] {
     let mut s = [[0.0f32; 4]; NS];
     unroll_lt!(kd < KD, {
@@ -241,9 +245,6 @@ fn scores<T: MmaElem, const BK: usize, const D: usize, const KD: usize, const NS
             T::mma(&mut s[2 * np], &qf[kd], b0);
             T::mma(&mut s[2 * np + 1], &qf[kd], b1);
         });
-    });
-    unroll_lt!(n < NS, {
-        s[n] = s[n].map(|x| x * scale_log2);
     });
     s
 }
@@ -278,24 +279,27 @@ fn mask<const NS: usize>(s: &mut [FragC; NS], n0: u32, limit: [i32; 2]) {
     });
 }
 
-/// Running max (`m`, in log2 units of the scaled scores) and this thread's partial row sums (`l`)
-/// of its two rows. The four lanes sharing a row agree on `m`; `l` is summed across them at the end.
+/// Running max (`m`, of the raw scores) and this thread's partial row sums (`l`) of its two rows;
+/// `c = |scale| log2(e) > 0` turns raw scores into log2 units. The four lanes sharing a row agree
+/// on `m`; `l` is summed across them at the end.
 struct OnlineSoftmax {
     m: [f32; 2],
     l: [f32; 2],
+    c: f32,
 }
 
 impl OnlineSoftmax {
     #[inline(always)]
-    fn new() -> Self {
+    fn new(c: f32) -> Self {
         Self {
             m: [f32::NEG_INFINITY; 2],
             l: [0.0; 2],
+            c,
         }
     }
 
-    /// Folds a tile of scaled scores in: replaces them with `exp2(s - m_new)` and returns each row's
-    /// rescale factor `exp2(m_old - m_new)` for the output accumulator.
+    /// Folds a tile of raw scores in: replaces them with `exp2(s c - m_new c)` and returns each
+    /// row's rescale factor `exp2(m_old c - m_new c)` for the output accumulator.
     #[inline(always)]
     fn update<const NS: usize>(&mut self, s: &mut [FragC; NS]) -> [f32; 2] {
         let mut alpha = [0.0f32; 2];
@@ -308,12 +312,12 @@ impl OnlineSoftmax {
             m = max(m, shfl_xor_f32(m, 2));
             // A row that has seen only masked keys keeps m = -inf; subtracting 0 instead makes its
             // exponentials 0 (not NaN from -inf - -inf).
-            let base = if m == f32::NEG_INFINITY { 0.0 } else { m };
-            alpha[r] = exp2(self.m[r] - base);
+            let base = if m == f32::NEG_INFINITY { 0.0 } else { m * self.c };
+            alpha[r] = exp2(fma(self.m[r], self.c, -base));
             let mut sum = 0.0f32;
             unroll_lt!(n < NS, {
                 unroll!(e in [0, 1] {
-                    let x = exp2(s[n][2 * r + e] - base);
+                    let x = exp2(fma(s[n][2 * r + e], self.c, -base));
                     s[n][2 * r + e] = x;
                     sum += x;
                 });
@@ -371,7 +375,7 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
         l += shfl_xor_f32(l, 2);
         if l > 0.0 {
             inv[r] = 1.0 / l;
-            row_lse[r] = (softmax.m[r] + log2(l)) * LN_2;
+            row_lse[r] = fma(softmax.m[r], softmax.c, log2(l)) * LN_2;
         }
     });
     // The warp's rows of the Q tile are free (Q's fragments live in registers) and only this warp
