@@ -1,16 +1,18 @@
 //! GPU kernels written in Rust, compiled by rustc's own `nvptx64-nvidia-cuda` target to PTX.
 //!
 //! The crate has two faces:
-//! - on the host target it only exposes [`params`]: the `#[repr(C)]` launch-parameter structs and the
-//!   per-kernel launch constants, so the host launcher and the kernel read the same numbers;
+//! - on the host target it only exposes [`params`] (the `#[repr(C)]` launch-parameter structs and the
+//!   per-kernel launch constants, so the host launcher and the kernel read the same numbers) and
+//!   [`layout`] (shared-memory tile layouts and their compile-time alignment checks);
 //! - on `nvptx64` it also holds the device library ([`dev`]) and the kernels (`kernels`), exported as
 //!   `#[unsafe(no_mangle)] extern "ptx-kernel"` entry points named `{op}_{dtype}`.
-#![no_std]
+#![cfg_attr(not(test), no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
 )]
 
+pub mod layout;
 pub mod params;
 
 #[cfg(target_arch = "nvptx64")]

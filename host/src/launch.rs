@@ -73,6 +73,46 @@ pub fn launch_cfg(
     Ok(())
 }
 
+/// Dynamic shared memory a kernel may use without opting in (48 KiB on every CUDA GPU).
+pub const DEFAULT_MAX_DYNAMIC_SMEM: u32 = 48 * 1024;
+
+/// Lets kernel `name` use `bytes` of dynamic shared memory: above 48 KiB the driver requires the
+/// opt-in attribute `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (up to 227 KiB on sm_90,
+/// 163 KiB on sm_80). A host-side call: no GPU work is queued.
+pub fn set_max_dynamic_smem(gpu: &Gpu, name: &'static str, bytes: u32) -> Result<()> {
+    let func = gpu.function(name)?;
+    let value = i32::try_from(bytes).map_err(|_| Error::TooLarge {
+        op: "set_max_dynamic_smem",
+        what: "dynamic shared memory bytes",
+        given: bytes as u64,
+        max: i32::MAX as u64,
+    })?;
+    func.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        value,
+    )
+    .map_err(|e| {
+        Error::driver(
+            e,
+            format!("allowing `{name}` {bytes} bytes of dynamic shared memory"),
+        )
+    })
+}
+
+/// [`launch_cfg`] for a kernel that may need more than 48 KiB of dynamic shared memory: opts in first
+/// when `cfg.shared_mem_bytes` is above the default limit.
+pub fn launch_cfg_large_smem(
+    gpu: &Gpu,
+    name: &'static str,
+    cfg: LaunchConfig,
+    args: &[&dyn ArgPush],
+) -> Result<()> {
+    if cfg.shared_mem_bytes > DEFAULT_MAX_DYNAMIC_SMEM {
+        set_max_dynamic_smem(gpu, name, cfg.shared_mem_bytes)?;
+    }
+    launch_cfg(gpu, name, cfg, args)
+}
+
 /// Object-safe argument pushing, so launchers can pass a slice of mixed argument types.
 pub trait ArgPush {
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);

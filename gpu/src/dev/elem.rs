@@ -136,3 +136,10 @@ macro_rules! half_elem {
 }
 half_elem!(F16, f16_to_f32, f32_to_f16);
 half_elem!(BF16, bf16_to_f32, f32_to_bf16);
+
+impl crate::layout::Element for F16 {
+    const BYTES: usize = 2;
+}
+impl crate::layout::Element for BF16 {
+    const BYTES: usize = 2;
+}

@@ -103,6 +103,14 @@ impl Slice<f32> {
 }
 
 impl<T: Elem> SliceMut<T> {
+    /// The same buffer, read-only (for kernels that read back what they wrote, after a barrier).
+    #[inline(always)]
+    pub fn as_slice(&self) -> Slice<T> {
+        Slice {
+            ptr: self.ptr as *const T,
+            len: self.len,
+        }
+    }
     #[inline(always)]
     pub fn set(&self, i: u64, v: f32) {
         check_index(i as usize, self.len as usize);

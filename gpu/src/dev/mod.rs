@@ -4,13 +4,16 @@
 //! `core::arch::nvptx` intrinsics appear. Kernels call these wrappers, never `asm!` directly.
 pub mod atomic;
 pub mod block;
+pub mod copy;
 pub mod elem;
 pub mod math;
 pub mod math64;
 pub mod mem;
+pub mod mma;
 pub mod shared;
 pub mod sync;
 pub mod thread;
+pub mod tile;
 pub mod warp;
 
 /// Repeats `$body` once per listed index with `$k` bound to that constant: a guaranteed unroll, so
@@ -20,4 +23,18 @@ macro_rules! unroll {
     ($k:ident in [$($i:literal),* $(,)?] $body:block) => {
         $( { let $k: usize = $i; $body } )*
     };
+}
+
+/// `$body` for each `$k` in `0..$n`, where `$n` is a compile-time constant expression of at most 16
+/// (it may name const generic parameters). Expands to 16 copies guarded by `if $k < $n`; the guards
+/// are constants after monomorphisation and fold away, so this is a guaranteed full unroll whose
+/// count a generic kernel can choose.
+#[macro_export]
+macro_rules! unroll_lt {
+    ($k:ident < $n:expr, $body:block) => {{
+        const { assert!($n <= 16, "unroll_lt! unrolls at most 16 iterations") };
+        $crate::unroll!($k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            if $k < $n $body
+        });
+    }};
 }

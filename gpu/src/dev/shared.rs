@@ -132,9 +132,13 @@ macro_rules! static_shared {
     };
 }
 
-core::arch::global_asm!(".extern .shared .align 16 .b8 DYN_SMEM[];");
+// 1024-byte alignment (not just 16): swizzled tiles apply their XOR to absolute addresses, which needs
+// tile bases aligned to the row size (see `layout::TileLayout::block_addr`); 1024 also covers the
+// 128/1024-byte swizzle atoms of TMA for later sm_90 paths.
+core::arch::global_asm!(".extern .shared .align 1024 .b8 DYN_SMEM[];");
 
-/// Address of the dynamic shared memory of this launch (its size is the launch's `shared_mem_bytes`).
+/// Address of the dynamic shared memory of this launch (its size is the launch's `shared_mem_bytes`);
+/// a multiple of 1024.
 #[inline(always)]
 pub fn dynamic_base() -> u32 {
     let base: u32;
@@ -143,4 +147,22 @@ pub fn dynamic_base() -> u32 {
         core::arch::asm!("mov.u32 {0}, DYN_SMEM;", out(reg32) base, options(nostack, nomem, pure))
     }
     base
+}
+
+/// `ld.shared.v4.b32`: 16 bytes from shared memory.
+///
+/// # Safety
+/// `addr` is a 16-byte aligned address of 16 readable bytes in this block's shared memory whose
+/// writers are ordered before this read (a barrier, or `bar.warp.sync` for writers in this warp).
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        core::arch::asm!(
+            "ld.shared.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg32) addr, options(nostack, readonly)
+        )
+    }
+    [a, b, c, d]
 }

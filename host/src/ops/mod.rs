@@ -4,6 +4,7 @@
 //! Empty tensors (a zero-sized dim) are a documented no-op: the op returns an empty output of the right
 //! shape without launching anything, except where the result is undefined (max/mean over nothing),
 //! which is an [`crate::Error::Invalid`].
+pub mod attention;
 pub mod elementwise;
 pub mod lrp;
 pub mod reduce;

@@ -1,0 +1,871 @@
+//! Attention forward: `O = softmax(scale * Q K^T + mask) V` per (batch, head), and the row
+//! log-sum-exp `LSE = ln sum_j exp(scale * q_i . k_j)` over the visible keys (what backward needs).
+//!
+//! - Layout: Q `[batch, heads, seq_q, head_dim]`, K and V `[batch, heads, seq_k, head_dim]`, all
+//!   contiguous. `[batch, seq, heads, head_dim]` is **not** accepted, either as a rank-4 tensor of that
+//!   shape (its dims would be misread, so pass `x.transpose(1, 2)?.contiguous()?`) or as a transposed
+//!   view (rejected as non-contiguous).
+//! - Outputs: O `[batch, heads, seq_q, head_dim]` in the input dtype, LSE `[batch, heads, seq_q]` f32.
+//! - `scale` defaults to `1 / sqrt(head_dim)`; any finite value is accepted.
+//! - Causal: query `i` sees key `j` iff `j <= i + seq_k - seq_q` (the mask is aligned to the
+//!   bottom-right corner when `seq_q != seq_k`, as in PyTorch's SDPA and FlashAttention). A query that
+//!   sees no key (causal with `seq_q > seq_k`, or `seq_k = 0`) gets O = 0 and LSE = -inf, never NaN.
+//! - [`flash_forward`]: the FlashAttention-2 kernel; f16/bf16, head dims [`FLASH_HEAD_DIMS`].
+//!   [`naive_forward`]: scores materialised in a scratch buffer of `seq_q * seq_k` f32 per head,
+//!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
+//! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
+//!   kernel (the naive path: one per chunk of heads), and outputs are fresh allocations.
+//!
+//! ```no_run
+//! use host::ops::attention::{self, AttentionParams, Causal};
+//! use host::{DType, Gpu, Tensor};
+//! # fn main() -> host::Result<()> {
+//! let gpu = Gpu::new(0)?;
+//! let q = Tensor::from_f32(&gpu, &vec![0.1; 2 * 4 * 100 * 64], &[2, 4, 100, 64], DType::F16)?;
+//! let kv = Tensor::from_f32(&gpu, &vec![0.2; 2 * 4 * 300 * 64], &[2, 4, 300, 64], DType::F16)?;
+//! let params = AttentionParams { causal: Causal::Yes, scale: None };
+//! let (o, lse) = attention::flash_forward(&q, &kv, &kv, &params)?;
+//! assert_eq!((o.shape(), lse.shape()), (&[2, 4, 100, 64][..], &[2, 4, 100][..]));
+//! # Ok(()) }
+//! ```
+use cudarc::driver::LaunchConfig;
+pub use gpu::params::attention::FLASH_HEAD_DIMS;
+use gpu::params::attention::{AttentionShape, MAX_SEQ, MaskKind, flash_config, naive};
+
+use crate::DType;
+use crate::error::{Error, Result};
+use crate::kernel_name;
+use crate::launch::{ByValue, launch_cfg, launch_cfg_large_smem};
+use crate::ops::{aligned16, same_device_and_dtype};
+use crate::tensor::Tensor;
+
+/// Whether query `i` is limited to keys `j <= i + seq_k - seq_q`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Causal {
+    #[default]
+    No,
+    Yes,
+}
+
+/// Options of an attention call.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionParams {
+    pub causal: Causal,
+    /// Multiplies `Q K^T`; `None` means `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+}
+
+/// The problem size of a validated call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub heads: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub head_dim: usize,
+}
+
+/// Which kernel a call is validated for (dtype and head-dim support differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Flash,
+    Naive,
+}
+
+const GRID_YZ_MAX: usize = 65535;
+
+/// Checks ranks and the agreement of Q, K and V shapes (shared by the GPU paths and the references).
+pub fn dims(op: &'static str, q: &[usize], k: &[usize], v: &[usize]) -> Result<Dims> {
+    for (name, s) in [("q", q), ("k", k), ("v", v)] {
+        if s.len() != 4 {
+            return Err(Error::Shape {
+                op,
+                what: format!(
+                    "{name} must be [batch, heads, seq, head_dim]; [batch, seq, heads, head_dim] is \
+                     not supported (pass x.transpose(1, 2)?.contiguous()?)"
+                ),
+                expected: "rank 4".into(),
+                got: s.to_vec(),
+            });
+        }
+    }
+    let (b, h, d) = (q[0], q[1], q[3]);
+    if k[0] != b || k[1] != h || k[3] != d {
+        return Err(Error::Shape {
+            op,
+            what: "k must match q in batch, heads and head_dim".into(),
+            expected: format!("[{b}, {h}, seq_k, {d}]"),
+            got: k.to_vec(),
+        });
+    }
+    if v != k {
+        return Err(Error::Shape {
+            op,
+            what: "v must have the shape of k (same batch, heads, seq_k and head_dim)".into(),
+            expected: format!("{k:?}"),
+            got: v.to_vec(),
+        });
+    }
+    let dims = Dims {
+        batch: b,
+        heads: h,
+        seq_q: q[2],
+        seq_k: k[2],
+        head_dim: d,
+    };
+    for (what, given) in [("seq_q", dims.seq_q), ("seq_k", dims.seq_k)] {
+        if given > MAX_SEQ {
+            return Err(Error::TooLarge {
+                op,
+                what,
+                given: given as u64,
+                max: MAX_SEQ as u64,
+            });
+        }
+    }
+    Ok(dims)
+}
+
+/// The scale to use: the given one (must be finite) or `1 / sqrt(head_dim)`.
+pub fn scale(op: &'static str, params: &AttentionParams, head_dim: usize) -> Result<f32> {
+    match params.scale {
+        Some(s) if !s.is_finite() => Err(Error::Invalid {
+            op,
+            msg: format!("scale must be finite, got {s}"),
+        }),
+        Some(s) => Ok(s),
+        None => Ok((1.0 / (head_dim.max(1) as f64).sqrt()) as f32),
+    }
+}
+
+/// What validation needs to know about an operand, so the rules are testable without a GPU.
+#[derive(Clone, Copy, Debug)]
+struct Operand<'a> {
+    name: &'static str,
+    shape: &'a [usize],
+    strides: &'a [usize],
+    dtype: DType,
+    contiguous: bool,
+    aligned16: bool,
+}
+
+impl<'a> Operand<'a> {
+    fn of(name: &'static str, t: &'a Tensor) -> Self {
+        Operand {
+            name,
+            shape: t.shape(),
+            strides: t.strides(),
+            dtype: t.dtype(),
+            contiguous: t.is_contiguous(),
+            aligned16: aligned16(&[t]),
+        }
+    }
+}
+
+fn validate(
+    op: &'static str,
+    path: Path,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<(Dims, f32)> {
+    same_device_and_dtype(op, q, k)?;
+    same_device_and_dtype(op, q, v)?;
+    let ops = [
+        Operand::of("q", q),
+        Operand::of("k", k),
+        Operand::of("v", v),
+    ];
+    validate_operands(op, path, &ops, params)
+}
+
+/// Every rule except "same device": ranks and shapes, dtypes, head dim, contiguity, alignment, sizes.
+fn validate_operands(
+    op: &'static str,
+    path: Path,
+    [q, k, v]: &[Operand; 3],
+    params: &AttentionParams,
+) -> Result<(Dims, f32)> {
+    let d = dims(op, q.shape, k.shape, v.shape)?;
+    for x in [k, v] {
+        if x.dtype != q.dtype {
+            return Err(Error::DType {
+                op,
+                expected: format!("{} (q's dtype) for {}", q.dtype, x.name),
+                got: x.dtype,
+            });
+        }
+    }
+    match (path, q.dtype) {
+        (_, DType::F16 | DType::BF16) | (Path::Naive, DType::F32) => {}
+        (Path::Flash, got) => {
+            return Err(Error::DType {
+                op,
+                expected: "f16 or bf16 (f32 is supported by naive_forward only)".into(),
+                got,
+            });
+        }
+    }
+    let supported = match path {
+        Path::Flash => FLASH_HEAD_DIMS.contains(&d.head_dim),
+        Path::Naive => (1..=naive::MAX_HEAD_DIM).contains(&d.head_dim),
+    };
+    if !supported {
+        return Err(Error::Invalid {
+            op,
+            msg: match path {
+                Path::Flash => format!(
+                    "head_dim {} has no FlashAttention kernel; supported head dims: {FLASH_HEAD_DIMS:?} \
+                     (naive_forward takes 1..={})",
+                    d.head_dim,
+                    naive::MAX_HEAD_DIM
+                ),
+                Path::Naive => format!(
+                    "head_dim {} is not supported by naive_forward; supported: 1..={}",
+                    d.head_dim,
+                    naive::MAX_HEAD_DIM
+                ),
+            },
+        });
+    }
+    for x in [q, k, v] {
+        if !x.contiguous {
+            return Err(Error::NotContiguous {
+                op,
+                what: x.name,
+                shape: x.shape.to_vec(),
+                strides: x.strides.to_vec(),
+            });
+        }
+        if path == Path::Flash && !x.aligned16 {
+            return Err(Error::Invalid {
+                op,
+                msg: format!(
+                    "{} must start at a 16-byte aligned address (a view at an odd offset?)",
+                    x.name
+                ),
+            });
+        }
+    }
+    for (what, given) in [("batch", d.batch), ("heads", d.heads)] {
+        if given > GRID_YZ_MAX {
+            return Err(Error::TooLarge {
+                op,
+                what,
+                given: given as u64,
+                max: GRID_YZ_MAX as u64,
+            });
+        }
+    }
+    Ok((d, scale(op, params, d.head_dim)?))
+}
+
+fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize) -> AttentionShape {
+    // Every value was bounded by `validate` (seq <= 2^30, batch and heads <= 65535, head_dim <= 256).
+    AttentionShape {
+        batch: d.batch as u32,
+        heads: d.heads as u32,
+        seq_q: d.seq_q as u32,
+        seq_k: d.seq_k as u32,
+        head_dim: d.head_dim as u32,
+        mask: match params.causal {
+            Causal::No => MaskKind::None,
+            Causal::Yes => MaskKind::Causal,
+        },
+        scale,
+        bh_offset: bh_offset as u32,
+    }
+}
+
+/// Fresh O and LSE tensors (poisoned in test mode).
+fn outputs(q: &Tensor, d: &Dims) -> Result<(Tensor, Tensor)> {
+    let o = Tensor::empty(q.gpu(), &[d.batch, d.heads, d.seq_q, d.head_dim], q.dtype())?;
+    let lse = Tensor::empty(q.gpu(), &[d.batch, d.heads, d.seq_q], DType::F32)?;
+    Ok((o, lse))
+}
+
+fn flash_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
+    Some(match (head_dim, dtype) {
+        (64, DType::F16) => "flash_fwd_d64_f16",
+        (64, DType::BF16) => "flash_fwd_d64_bf16",
+        (128, DType::F16) => "flash_fwd_d128_f16",
+        (128, DType::BF16) => "flash_fwd_d128_bf16",
+        _ => return None,
+    })
+}
+
+/// FlashAttention-2 forward: returns `(O, LSE)`. f16/bf16, head dims [`FLASH_HEAD_DIMS`].
+pub fn flash_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::flash_forward";
+    let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    let (cfg, name) = match (
+        flash_config(d.head_dim),
+        flash_kernel(d.head_dim, q.dtype()),
+    ) {
+        (Some(cfg), Some(name)) => (cfg, name),
+        _ => unreachable!("validate accepts only head dims and dtypes with a kernel"),
+    };
+    let (o, lse) = outputs(q, &d)?;
+    if d.batch * d.heads * d.seq_q == 0 {
+        return Ok((o, lse));
+    }
+    let q_blocks = u32::try_from(d.seq_q.div_ceil(cfg.block_q)).map_err(|_| Error::TooLarge {
+        op: OP,
+        what: "query blocks",
+        given: d.seq_q.div_ceil(cfg.block_q) as u64,
+        max: u32::MAX as u64,
+    })?;
+    let launch = LaunchConfig {
+        grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
+        block_dim: (cfg.threads() as u32, 1, 1),
+        shared_mem_bytes: cfg.smem_bytes() as u32,
+    };
+    launch_cfg_large_smem(
+        q.gpu(),
+        name,
+        launch,
+        &[
+            &ByValue(q.raw()),
+            &ByValue(k.raw()),
+            &ByValue(v.raw()),
+            &ByValue(o.raw()),
+            &ByValue(lse.raw()),
+            &ByValue(shape_param(&d, params, scale, 0)),
+        ],
+    )?;
+    Ok((o, lse))
+}
+
+/// Naive attention forward (scores materialised, f32 math): returns `(O, LSE)`. f32/f16/bf16,
+/// head dims 1..=256. Uses a scratch buffer of up to 2^28 f32 (launching heads in chunks).
+pub fn naive_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::naive_forward";
+    let (d, scale) = validate(OP, Path::Naive, q, k, v, params)?;
+    let (o, lse) = outputs(q, &d)?;
+    let heads_total = d.batch * d.heads;
+    if heads_total * d.seq_q == 0 {
+        return Ok((o, lse));
+    }
+    let per_head = (d.seq_q * d.seq_k).max(1);
+    let chunk = (naive::MAX_SCRATCH_ELEMS / per_head).clamp(1, GRID_YZ_MAX.min(heads_total));
+    let scratch = Tensor::empty(q.gpu(), &[chunk * per_head], DType::F32)?;
+    let grid_x = u32::try_from(d.seq_q).map_err(|_| Error::TooLarge {
+        op: OP,
+        what: "seq_q",
+        given: d.seq_q as u64,
+        max: u32::MAX as u64,
+    })?;
+    for first in (0..heads_total).step_by(chunk) {
+        let count = chunk.min(heads_total - first);
+        let launch = LaunchConfig {
+            grid_dim: (grid_x, count as u32, 1),
+            block_dim: (naive::BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch_cfg(
+            q.gpu(),
+            kernel_name!("attention_naive", q.dtype()),
+            launch,
+            &[
+                &ByValue(q.raw()),
+                &ByValue(k.raw()),
+                &ByValue(v.raw()),
+                &ByValue(o.raw()),
+                &ByValue(lse.raw()),
+                &ByValue(scratch.raw()),
+                &ByValue(shape_param(&d, params, scale, first)),
+            ],
+        )?;
+    }
+    Ok((o, lse))
+}
+
+/// CPU references (f64), with the semantics of the module doc.
+pub mod reference {
+    use super::{AttentionParams, Causal, Dims, dims, scale};
+    use crate::DType;
+    use crate::error::Result;
+    use crate::tensor::HostTensor;
+
+    /// Exact and same-precision-naive results of one computation.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Both {
+        /// O in f64 arithmetic, stored as (unrounded) f32.
+        pub exact_o: HostTensor,
+        /// LSE in f64 arithmetic.
+        pub exact_lse: HostTensor,
+        /// O as a naive implementation in the input dtype computes it (see [`naive_same_precision`]).
+        pub naive_o: HostTensor,
+        pub naive_lse: HostTensor,
+    }
+
+    /// The reference: f64 arithmetic throughout. O is returned as f32 (`dtype` F32, not rounded to the
+    /// input dtype) and LSE as f32.
+    pub fn forward(
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        params: &AttentionParams,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let b = forward_and_naive(q, k, v, params)?;
+        Ok((b.exact_o, b.exact_lse))
+    }
+
+    /// The straightforward computation in the input dtype, rounding where a naive f16/bf16
+    /// implementation stores a tensor: S = round(scale * Q K^T) (the product accumulated exactly),
+    /// P = round(softmax(S)) (the softmax of the rounded S computed exactly), O = round(P V) (P V
+    /// accumulated exactly). LSE = ln sum exp(S) of the rounded S, in f64. Its distance from
+    /// [`forward`] is the error scale of the correctness rule
+    /// `max|out - ref| <= 2 max|naive - ref| + 1e-5`.
+    pub fn naive_same_precision(
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        params: &AttentionParams,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let b = forward_and_naive(q, k, v, params)?;
+        Ok((b.naive_o, b.naive_lse))
+    }
+
+    /// [`forward`] and [`naive_same_precision`] in one pass (they share the dot products); rows are
+    /// spread over the available CPU cores.
+    pub fn forward_and_naive(
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        params: &AttentionParams,
+    ) -> Result<Both> {
+        const OP: &str = "attention::reference";
+        let d = dims(OP, &q.shape, &k.shape, &v.shape)?;
+        let scale = scale(OP, params, d.head_dim)? as f64;
+        let rows = d.batch * d.heads * d.seq_q;
+        let dh = d.head_dim;
+        let mut exact_o = vec![0f32; rows * dh];
+        let mut naive_o = vec![0f32; rows * dh];
+        let mut exact_lse = vec![0f32; rows];
+        let mut naive_lse = vec![0f32; rows];
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = rows.div_ceil(threads).max(1);
+        let job = Job {
+            q: &q.data,
+            k: &k.data,
+            v: &v.data,
+            d,
+            scale,
+            causal: params.causal == Causal::Yes,
+            dtype: q.dtype,
+        };
+        std::thread::scope(|s| {
+            let parts = exact_o
+                .chunks_mut(per * dh.max(1))
+                .zip(naive_o.chunks_mut(per * dh.max(1)))
+                .zip(exact_lse.chunks_mut(per).zip(naive_lse.chunks_mut(per)));
+            for (t, ((eo, no), (el, nl))) in parts.enumerate() {
+                let job = &job;
+                s.spawn(move || job.rows(t * per, eo, no, el, nl));
+            }
+        });
+        let o_shape = [d.batch, d.heads, d.seq_q, d.head_dim];
+        let l_shape = [d.batch, d.heads, d.seq_q];
+        Ok(Both {
+            exact_o: HostTensor::new(exact_o, &o_shape, DType::F32)?,
+            exact_lse: HostTensor::new(exact_lse, &l_shape, DType::F32)?,
+            naive_o: HostTensor::new(naive_o, &o_shape, q.dtype)?,
+            naive_lse: HostTensor::new(naive_lse, &l_shape, DType::F32)?,
+        })
+    }
+
+    struct Job<'a> {
+        q: &'a [f32],
+        k: &'a [f32],
+        v: &'a [f32],
+        d: Dims,
+        scale: f64,
+        causal: bool,
+        dtype: DType,
+    }
+
+    impl Job<'_> {
+        /// Rows `first..first + el.len()` (row = (batch * heads + head) * seq_q + i).
+        fn rows(
+            &self,
+            first: usize,
+            eo: &mut [f32],
+            no: &mut [f32],
+            el: &mut [f32],
+            nl: &mut [f32],
+        ) {
+            let Dims {
+                seq_q,
+                seq_k,
+                head_dim: dh,
+                ..
+            } = self.d;
+            let round = |x: f64| self.dtype.round(x as f32) as f64;
+            let mut s = vec![0f64; seq_k];
+            let mut sr = vec![0f64; seq_k];
+            let (mut acc, mut acc_r) = (vec![0f64; dh], vec![0f64; dh]);
+            for (r, (lse_e, lse_n)) in el.iter_mut().zip(nl.iter_mut()).enumerate() {
+                let row = first + r;
+                let (head, i) = (row / seq_q, row % seq_q);
+                let visible = if self.causal {
+                    (i as i64 + seq_k as i64 - seq_q as i64 + 1).clamp(0, seq_k as i64) as usize
+                } else {
+                    seq_k
+                };
+                let (o_e, o_n) = (&mut eo[r * dh..(r + 1) * dh], &mut no[r * dh..(r + 1) * dh]);
+                if visible == 0 {
+                    o_e.fill(0.0);
+                    o_n.fill(0.0);
+                    *lse_e = f32::NEG_INFINITY;
+                    *lse_n = f32::NEG_INFINITY;
+                    continue;
+                }
+                let qi = &self.q[row * dh..(row + 1) * dh];
+                let kv0 = head * seq_k * dh;
+                for j in 0..visible {
+                    let kj = &self.k[kv0 + j * dh..kv0 + (j + 1) * dh];
+                    let dot: f64 = qi.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    s[j] = self.scale * dot;
+                    sr[j] = round(s[j]);
+                }
+                let m = s[..visible]
+                    .iter()
+                    .cloned()
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let mr = sr[..visible]
+                    .iter()
+                    .cloned()
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let (mut l, mut lr) = (0f64, 0f64);
+                for j in 0..visible {
+                    s[j] = (s[j] - m).exp();
+                    sr[j] = (sr[j] - mr).exp();
+                    l += s[j];
+                    lr += sr[j];
+                }
+                acc.fill(0.0);
+                acc_r.fill(0.0);
+                for j in 0..visible {
+                    let vj = &self.v[kv0 + j * dh..kv0 + (j + 1) * dh];
+                    let (p, pr) = (s[j] / l, round(sr[j] / lr));
+                    for c in 0..dh {
+                        acc[c] += p * vj[c] as f64;
+                        acc_r[c] += pr * vj[c] as f64;
+                    }
+                }
+                for c in 0..dh {
+                    o_e[c] = acc[c] as f32;
+                    o_n[c] = round(acc_r[c]) as f32;
+                }
+                *lse_e = (m + l.ln()) as f32;
+                *lse_n = (mr + lr.ln()) as f32;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference as r;
+    use super::*;
+    use crate::HostTensor;
+
+    fn host(data: Vec<f32>, shape: &[usize]) -> HostTensor {
+        HostTensor::new(data, shape, DType::F32).unwrap()
+    }
+
+    #[test]
+    fn reference_matches_a_hand_computed_case() {
+        // One head, 2 queries, 3 keys, head_dim 2, scale 1.
+        // q0 = (1, 0), q1 = (0, 1); k = (1, 0), (0, 1), (1, 1); v = (1, 2), (3, 4), (5, 6).
+        let q = host(vec![1., 0., 0., 1.], &[1, 1, 2, 2]);
+        let k = host(vec![1., 0., 0., 1., 1., 1.], &[1, 1, 3, 2]);
+        let v = host(vec![1., 2., 3., 4., 5., 6.], &[1, 1, 3, 2]);
+        let p = AttentionParams {
+            causal: Causal::No,
+            scale: Some(1.0),
+        };
+        let (o, lse) = r::forward(&q, &k, &v, &p).unwrap();
+        // Row 0 scores (1, 0, 1): weights (e, 1, e) / (2e + 1).
+        let e = std::f64::consts::E;
+        let z = 2.0 * e + 1.0;
+        let want0 = [(e * 1. + 3. + e * 5.) / z, (e * 2. + 4. + e * 6.) / z];
+        // Row 1 scores (0, 1, 1): weights (1, e, e) / (2e + 1).
+        let want1 = [(1. + e * 3. + e * 5.) / z, (2. + e * 4. + e * 6.) / z];
+        let want = [want0[0], want0[1], want1[0], want1[1]];
+        for (got, want) in o.data.iter().zip(want) {
+            assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        for got in &lse.data {
+            assert!((*got as f64 - z.ln()).abs() < 1e-6);
+        }
+
+        // Causal with seq_q = 2 < seq_k = 3 (bottom-right aligned): query 0 sees keys 0..=1,
+        // query 1 sees all three.
+        let p = AttentionParams {
+            causal: Causal::Yes,
+            scale: Some(1.0),
+        };
+        let (o, lse) = r::forward(&q, &k, &v, &p).unwrap();
+        let w0 = [e / (e + 1.), 1. / (e + 1.)];
+        assert!((o.data[0] as f64 - (w0[0] * 1. + w0[1] * 3.)).abs() < 1e-6);
+        assert!((o.data[1] as f64 - (w0[0] * 2. + w0[1] * 4.)).abs() < 1e-6);
+        assert!((lse.data[0] as f64 - (e + 1.).ln()).abs() < 1e-6);
+        assert!((o.data[2] as f64 - want1[0]).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fully_masked_rows_are_zero_with_lse_minus_infinity() {
+        // seq_q = 3 > seq_k = 1, causal: query i sees key 0 iff 0 <= i - 2, so rows 0 and 1 see nothing.
+        let q = host(vec![0.5; 6], &[1, 1, 3, 2]);
+        let k = host(vec![1.0, -1.0], &[1, 1, 1, 2]);
+        let v = host(vec![2.0, 3.0], &[1, 1, 1, 2]);
+        let p = AttentionParams {
+            causal: Causal::Yes,
+            scale: None,
+        };
+        let b = r::forward_and_naive(&q, &k, &v, &p).unwrap();
+        for out in [&b.exact_o, &b.naive_o] {
+            assert_eq!(out.data, vec![0., 0., 0., 0., 2., 3.]);
+        }
+        for lse in [&b.exact_lse, &b.naive_lse] {
+            assert_eq!(&lse.data[..2], &[f32::NEG_INFINITY; 2]);
+            assert_eq!(lse.data[2], 0.0); // one key with score 0.5 - 0.5 = 0
+        }
+    }
+
+    #[test]
+    fn naive_same_precision_rounds_like_the_dtype() {
+        let q = HostTensor::new(vec![0.3, -0.7, 1.1, 0.2], &[1, 1, 2, 2], DType::BF16).unwrap();
+        let k = HostTensor::new(vec![0.9, 0.1, -0.4, 0.8], &[1, 1, 2, 2], DType::BF16).unwrap();
+        let v = HostTensor::new(vec![0.11, 0.22, 0.33, 0.44], &[1, 1, 2, 2], DType::BF16).unwrap();
+        let p = AttentionParams::default();
+        let (o, _) = r::naive_same_precision(&q, &k, &v, &p).unwrap();
+        assert!(o.data.iter().all(|&x| DType::BF16.round(x) == x));
+        let (exact, _) = r::forward(&q, &k, &v, &p).unwrap();
+        let err = o
+            .data
+            .iter()
+            .zip(&exact.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(err > 0.0 && err < 4e-3, "bf16 naive error {err}");
+    }
+
+    #[test]
+    fn shape_validation_names_the_problem() {
+        let e = dims("t", &[2, 3, 4], &[2, 3, 4, 8], &[2, 3, 4, 8])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 4") && e.contains("[batch, seq, heads, head_dim]"),
+            "{e}"
+        );
+        let e = dims("t", &[2, 3, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 8])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("batch, heads and head_dim") && e.contains("[2, 3, seq_k, 8]"),
+            "{e}"
+        );
+        let e = dims("t", &[2, 3, 5, 8], &[2, 3, 7, 16], &[2, 3, 7, 16])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("head_dim"), "{e}");
+        let e = dims("t", &[2, 3, 5, 8], &[2, 3, 7, 8], &[2, 3, 6, 8])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("v must have the shape of k"), "{e}");
+        let e = dims("t", &[1, 1, (1 << 30) + 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8]).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { what: "seq_q", .. }), "{e}");
+        assert!(dims("t", &[2, 3, 5, 8], &[2, 3, 7, 8], &[2, 3, 7, 8]).is_ok());
+    }
+
+    fn operand<'a>(name: &'static str, shape: &'a [usize], dtype: DType) -> Operand<'a> {
+        Operand {
+            name,
+            shape,
+            strides: &[],
+            dtype,
+            contiguous: true,
+            aligned16: true,
+        }
+    }
+
+    fn check(path: Path, ops: [Operand; 3]) -> Result<(Dims, f32)> {
+        validate_operands("t", path, &ops, &AttentionParams::default())
+    }
+
+    #[test]
+    fn validation_rejects_each_bad_input_with_a_typed_error() {
+        let (qs, ks) = ([2, 3, 5, 64], [2, 3, 7, 64]);
+        let good = |dt| {
+            [
+                operand("q", &qs, dt),
+                operand("k", &ks, dt),
+                operand("v", &ks, dt),
+            ]
+        };
+        let (d, scale) = check(Path::Flash, good(DType::F16)).unwrap();
+        assert_eq!((d.seq_q, d.seq_k, scale), (5, 7, 0.125));
+        assert!(check(Path::Flash, good(DType::BF16)).is_ok());
+        assert!(check(Path::Naive, good(DType::F32)).is_ok());
+
+        // dtype: f32 only on the naive path; mixed dtypes never.
+        let e = check(Path::Flash, good(DType::F32)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DType {
+                    got: DType::F32,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let mut mixed = good(DType::F16);
+        mixed[2].dtype = DType::BF16;
+        let e = check(Path::Naive, mixed).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DType {
+                    got: DType::BF16,
+                    ..
+                }
+            ) && e.to_string().contains("for v"),
+            "{e}"
+        );
+
+        // head dim: says which are supported.
+        let (q96, k96) = ([2, 3, 5, 96], [2, 3, 7, 96]);
+        let bad = [
+            operand("q", &q96, DType::F16),
+            operand("k", &k96, DType::F16),
+            operand("v", &k96, DType::F16),
+        ];
+        let e = check(Path::Flash, bad).unwrap_err().to_string();
+        assert!(e.contains("head_dim 96") && e.contains("[64, 128]"), "{e}");
+        assert!(check(Path::Naive, bad).is_ok());
+        let (q512, k512) = ([1, 1, 5, 512], [1, 1, 7, 512]);
+        let big = [
+            operand("q", &q512, DType::F32),
+            operand("k", &k512, DType::F32),
+            operand("v", &k512, DType::F32),
+        ];
+        assert!(
+            check(Path::Naive, big)
+                .unwrap_err()
+                .to_string()
+                .contains("1..=256")
+        );
+
+        // non-contiguous (e.g. a [B, S, H, D] tensor viewed as [B, H, S, D] through transpose(1, 2)).
+        let mut strided = good(DType::F16);
+        strided[1].contiguous = false;
+        strided[1].strides = &[1344, 64, 192, 1];
+        let e = check(Path::Flash, strided).unwrap_err();
+        assert!(matches!(e, Error::NotContiguous { what: "k", .. }), "{e}");
+
+        // misaligned base (flash only).
+        let mut odd = good(DType::F16);
+        odd[0].aligned16 = false;
+        assert!(
+            check(Path::Flash, odd)
+                .unwrap_err()
+                .to_string()
+                .contains("16-byte aligned")
+        );
+        assert!(check(Path::Naive, odd).is_ok());
+
+        // rank and shape agreement.
+        let q3 = [2, 3, 5];
+        let e = check(
+            Path::Flash,
+            [
+                operand("q", &q3, DType::F16),
+                good(DType::F16)[1],
+                good(DType::F16)[2],
+            ],
+        );
+        assert!(matches!(e, Err(Error::Shape { .. })));
+        let kh = [2, 4, 7, 64];
+        let e = check(
+            Path::Flash,
+            [
+                good(DType::F16)[0],
+                operand("k", &kh, DType::F16),
+                operand("v", &kh, DType::F16),
+            ],
+        );
+        assert!(
+            e.unwrap_err()
+                .to_string()
+                .contains("batch, heads and head_dim")
+        );
+
+        // grid limits.
+        let (qh, khh) = ([1, 70000, 5, 64], [1, 70000, 7, 64]);
+        let e = check(
+            Path::Flash,
+            [
+                operand("q", &qh, DType::F16),
+                operand("k", &khh, DType::F16),
+                operand("v", &khh, DType::F16),
+            ],
+        );
+        assert!(matches!(e, Err(Error::TooLarge { what: "heads", .. })));
+    }
+
+    #[test]
+    fn scale_defaults_to_inverse_sqrt_head_dim_and_must_be_finite() {
+        assert_eq!(scale("t", &AttentionParams::default(), 64).unwrap(), 0.125);
+        let p = AttentionParams {
+            scale: Some(f32::NAN),
+            ..Default::default()
+        };
+        assert!(
+            scale("t", &p, 64)
+                .unwrap_err()
+                .to_string()
+                .contains("finite")
+        );
+    }
+
+    #[test]
+    fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
+        for d in FLASH_HEAD_DIMS {
+            assert!(flash_config(d).is_some());
+            for dt in [DType::F16, DType::BF16] {
+                let name = flash_kernel(d, dt).unwrap();
+                assert!(
+                    crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
+                    "{name}"
+                );
+                assert!(
+                    crate::ptx::entry_points(crate::ptx::SM80).contains(&name),
+                    "{name}"
+                );
+            }
+        }
+        for dt in DType::ALL {
+            let name = kernel_name!("attention_naive", dt);
+            assert!(
+                crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
+                "{name}"
+            );
+        }
+    }
+}

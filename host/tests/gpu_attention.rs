@@ -1,0 +1,354 @@
+//! GPU attention vs the CPU references (f64 exact and same-precision naive). The rule for every output
+//! (O and LSE): `max|out - ref| <= 2 * max|naive - ref| + 1e-5`, where `naive` is
+//! `reference::naive_same_precision` in the input dtype; NaN never passes and infinities (LSE of fully
+//! masked rows) must match exactly. Outputs are poisoned (NaN) before every launch; seeds are printed.
+//! `RGK_FUZZ_CASES=n` runs only the first n cases of each grid (the first six are the sanitizer set).
+mod common;
+use common::*;
+use host::ops::attention::{self, AttentionParams, Causal, reference};
+use host::{DType, Gpu, HostTensor, Tensor};
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    batch: usize,
+    heads: usize,
+    seq_q: usize,
+    seq_k: usize,
+    head_dim: usize,
+    causal: Causal,
+    dtype: DType,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Flash,
+    Naive,
+}
+
+const SMALL: [usize; 5] = [1, 17, 97, 128, 200];
+const KINDS: [(usize, DType); 4] = [
+    (64, DType::F16),
+    (128, DType::BF16),
+    (128, DType::F16),
+    (64, DType::BF16),
+];
+
+fn case(b: usize, h: usize, sq: usize, sk: usize, d: usize, causal: Causal, dtype: DType) -> Case {
+    Case {
+        batch: b,
+        heads: h,
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: d,
+        causal,
+        dtype,
+    }
+}
+
+/// The FlashAttention grid: six diverse configurations first (the sanitizer set), then every pair of
+/// short lengths (incl. Sq != Sk) with both masks at B*H = 3*5, then long and lopsided lengths at
+/// B*H = 1*2. Head dim and dtype rotate so each (length pair, mask) meets a different combination and
+/// every combination meets every mask.
+fn flash_cases() -> Vec<Case> {
+    use Causal::{No, Yes};
+    use DType::{BF16, F16};
+    let mut cases = vec![
+        case(2, 3, 97, 200, 64, Yes, F16),
+        case(2, 3, 200, 97, 128, Yes, BF16), // rows 0..103 see no key
+        case(3, 5, 128, 128, 128, No, F16),
+        case(1, 3, 17, 1025, 64, No, BF16),
+        case(3, 1, 1, 17, 128, Yes, BF16),
+        case(1, 2, 1025, 1025, 64, Yes, F16),
+    ];
+    let mut n = 0;
+    for &sq in &SMALL {
+        for &sk in &SMALL {
+            for causal in [No, Yes] {
+                let (d, dtype) = KINDS[n % 4];
+                n += 1;
+                cases.push(case(3, 5, sq, sk, d, causal, dtype));
+            }
+        }
+    }
+    cases.extend([
+        case(1, 2, 2048, 2048, 128, Yes, BF16),
+        case(1, 2, 2048, 2048, 64, No, F16),
+        case(1, 2, 1025, 2048, 128, No, F16),
+        case(1, 2, 2048, 1025, 64, Yes, BF16),
+        case(1, 2, 1025, 1025, 128, Yes, F16),
+        case(1, 2, 17, 2048, 64, Yes, F16),
+        case(1, 2, 2048, 17, 128, No, BF16),
+        case(1, 2, 1, 2048, 128, No, BF16),
+        case(1, 2, 2048, 1, 64, Yes, F16),
+        case(1, 2, 1025, 97, 128, Yes, BF16),
+        case(1, 2, 200, 1025, 64, No, BF16),
+        case(1, 2, 97, 2048, 128, Yes, F16),
+    ]);
+    cases
+}
+
+/// Q and K uniform in [-2, 2) (scores of a few units: peaked and flat rows both occur), V in [-1, 1).
+/// Drawn by SplitMix64 seeded from the test's printed-seed generator: tens of millions of values per
+/// test, and a cheap generator keeps that fast in an unoptimised test build.
+fn inputs(rng: &mut rand::rngs::StdRng, c: &Case) -> [HostTensor; 3] {
+    use rand::Rng;
+    let mut state: u64 = rng.random();
+    let mut uniform = |shape: &[usize], lo: f32, hi: f32| {
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .map(|_| {
+                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                lo + (hi - lo) * ((z >> 40) as f32 * (1.0 / (1u64 << 24) as f32))
+            })
+            .collect();
+        HostTensor::new(data, shape, c.dtype).unwrap()
+    };
+    let qs = [c.batch, c.heads, c.seq_q, c.head_dim];
+    let ks = [c.batch, c.heads, c.seq_k, c.head_dim];
+    [
+        uniform(&qs, -2.0, 2.0),
+        uniform(&ks, -2.0, 2.0),
+        uniform(&ks, -1.0, 1.0),
+    ]
+}
+
+/// max |out - ref|; +inf if `out` has a NaN or an infinity that `ref` does not have at that place.
+fn max_abs_err(out: &[f32], reference: &[f32]) -> f64 {
+    assert_eq!(
+        out.len(),
+        reference.len(),
+        "output and reference lengths differ"
+    );
+    let mut worst = 0f64;
+    for (&o, &r) in out.iter().zip(reference) {
+        if o.is_nan() || r.is_nan() || ((o.is_infinite() || r.is_infinite()) && o != r) {
+            return f64::INFINITY;
+        }
+        if o != r {
+            worst = worst.max((o as f64 - r as f64).abs());
+        }
+    }
+    worst
+}
+
+fn params(c: &Case) -> AttentionParams {
+    AttentionParams {
+        causal: c.causal,
+        scale: None,
+    }
+}
+
+fn run(path: Path, gpu: &Gpu, inputs: &[HostTensor; 3], p: &AttentionParams) -> (Tensor, Tensor) {
+    let [q, k, v] = inputs
+        .each_ref()
+        .map(|t| Tensor::from_host(gpu, t).unwrap());
+    match path {
+        Path::Flash => attention::flash_forward(&q, &k, &v, p),
+        Path::Naive => attention::naive_forward(&q, &k, &v, p),
+    }
+    .unwrap()
+}
+
+/// Runs one case on `path` and applies the correctness rule to O and LSE.
+fn check(path: Path, gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) {
+    let x = inputs(rng, c);
+    let p = params(c);
+    let (o, lse) = run(path, gpu, &x, &p);
+    assert_eq!(o.shape(), &[c.batch, c.heads, c.seq_q, c.head_dim]);
+    assert_eq!(lse.shape(), &[c.batch, c.heads, c.seq_q]);
+    assert_eq!((o.dtype(), lse.dtype()), (c.dtype, DType::F32));
+    let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
+    for (what, out, exact, naive) in [
+        ("O", o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
+        (
+            "LSE",
+            lse.to_vec().unwrap(),
+            &want.exact_lse,
+            &want.naive_lse,
+        ),
+    ] {
+        let err = max_abs_err(&out, &exact.data);
+        let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+        assert!(
+            err <= bound,
+            "{path:?} {c:?}: {what} max|out - ref| = {err:.3e} > 2 max|naive - ref| + 1e-5 = {bound:.3e}"
+        );
+    }
+}
+
+#[test]
+fn flash_forward_matches_reference_over_the_grid() {
+    let Some(gpu) = gpu_or_skip("flash_forward_matches_reference_over_the_grid") else {
+        return;
+    };
+    let mut rng = rng("flash_grid");
+    let cases = flash_cases();
+    for c in cases.iter().take(fuzz_cases(cases.len())) {
+        check(Path::Flash, &gpu, &mut rng, c);
+    }
+}
+
+#[test]
+fn naive_forward_matches_reference() {
+    let Some(gpu) = gpu_or_skip("naive_forward_matches_reference") else {
+        return;
+    };
+    let mut rng = rng("naive_grid");
+    use Causal::{No, Yes};
+    use DType::{BF16, F16, F32};
+    let cases = [
+        case(2, 3, 97, 200, 64, Yes, F32),
+        case(2, 3, 200, 97, 128, Yes, BF16),
+        case(3, 5, 17, 17, 40, No, F16),
+        case(1, 2, 1, 1025, 256, No, F32),
+        case(1, 1, 300, 1, 7, Yes, F16),
+        case(3, 5, 128, 128, 128, No, BF16),
+        case(1, 2, 1025, 1025, 64, Yes, F32),
+    ];
+    for c in cases.iter().take(fuzz_cases(cases.len())) {
+        check(Path::Naive, &gpu, &mut rng, c);
+    }
+}
+
+#[test]
+fn flash_forward_is_bit_identical_over_100_runs() {
+    let Some(gpu) = gpu_or_skip("flash_forward_is_bit_identical_over_100_runs") else {
+        return;
+    };
+    let mut rng = rng("flash_repeat");
+    let c = case(2, 3, 1025, 1025, 128, Causal::Yes, DType::BF16);
+    let x = inputs(&mut rng, &c);
+    let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(&gpu, t).unwrap());
+    let p = params(&c);
+    let bits =
+        |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect() };
+    let (o0, l0) = attention::flash_forward(&q, &k, &v, &p).unwrap();
+    let (first_o, first_l) = (bits(&o0), bits(&l0));
+    for run in 1..fuzz_cases(100) {
+        let (o, l) = attention::flash_forward(&q, &k, &v, &p).unwrap();
+        assert!(
+            bits(&o) == first_o && bits(&l) == first_l,
+            "run {run} differs from run 0"
+        );
+    }
+}
+
+#[test]
+fn fully_masked_rows_are_zero_not_nan() {
+    let Some(gpu) = gpu_or_skip("fully_masked_rows_are_zero_not_nan") else {
+        return;
+    };
+    let mut rng = rng("fully_masked");
+    // Causal with seq_q = 200 > seq_k = 17: query i sees key j iff j <= i - 183, so rows 0..183 see
+    // nothing (and the first query block of 128 rows sees no key at all: no K tile is loaded).
+    for (d, dtype) in KINDS {
+        let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
+        let x = inputs(&mut rng, &c);
+        for path in [Path::Flash, Path::Naive] {
+            let (o, lse) = run(path, &gpu, &x, &params(&c));
+            let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
+            for head in 0..c.batch * c.heads {
+                for i in 0..c.seq_q {
+                    let row = head * c.seq_q + i;
+                    let out = &o[row * d..(row + 1) * d];
+                    assert!(
+                        out.iter().all(|v| !v.is_nan()),
+                        "{path:?} {c:?}: NaN in row {i}"
+                    );
+                    if i < 183 {
+                        assert!(
+                            out.iter().all(|&v| v == 0.0),
+                            "{path:?} {c:?}: row {i} not 0"
+                        );
+                        assert_eq!(
+                            lse[row],
+                            f32::NEG_INFINITY,
+                            "{path:?} {c:?}: LSE of row {i}"
+                        );
+                    } else {
+                        assert!(lse[row].is_finite(), "{path:?} {c:?}: LSE of row {i}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_key_sequence_gives_zero_and_minus_infinity() {
+    let Some(gpu) = gpu_or_skip("empty_key_sequence_gives_zero_and_minus_infinity") else {
+        return;
+    };
+    let q = Tensor::from_f32(&gpu, &[0.5; 2 * 3 * 64], &[1, 2, 3, 64], DType::F16).unwrap();
+    let kv = Tensor::from_f32(&gpu, &[], &[1, 2, 0, 64], DType::F16).unwrap();
+    for f in [attention::flash_forward, attention::naive_forward] {
+        let (o, lse) = f(&q, &kv, &kv, &AttentionParams::default()).unwrap();
+        assert!(o.to_vec().unwrap().iter().all(|&v| v == 0.0));
+        assert!(
+            lse.to_vec()
+                .unwrap()
+                .iter()
+                .all(|&v| v == f32::NEG_INFINITY)
+        );
+    }
+}
+
+#[test]
+fn custom_scale_is_applied() {
+    let Some(gpu) = gpu_or_skip("custom_scale_is_applied") else {
+        return;
+    };
+    let mut rng = rng("custom_scale");
+    for scale in [0.5f32, -0.3, 0.0] {
+        let c = case(1, 3, 130, 70, 64, Causal::No, DType::F16);
+        let x = inputs(&mut rng, &c);
+        let p = AttentionParams {
+            causal: c.causal,
+            scale: Some(scale),
+        };
+        let (o, lse) = run(Path::Flash, &gpu, &x, &p);
+        let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
+        for (out, exact, naive) in [
+            (o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
+            (lse.to_vec().unwrap(), &want.exact_lse, &want.naive_lse),
+        ] {
+            let err = max_abs_err(&out, &exact.data);
+            let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+            assert!(err <= bound, "scale {scale}: {err:.3e} > {bound:.3e}");
+        }
+    }
+}
+
+#[test]
+fn gpu_validation_errors_before_launch() {
+    let Some(gpu) = gpu_or_skip("gpu_validation_errors_before_launch") else {
+        return;
+    };
+    let t = |shape: &[usize], dtype| {
+        Tensor::from_f32(&gpu, &vec![0.1; shape.iter().product()], shape, dtype).unwrap()
+    };
+    let p = AttentionParams::default();
+    let q = t(&[1, 2, 8, 64], DType::F16);
+    // f32 on the flash path.
+    let q32 = t(&[1, 2, 8, 64], DType::F32);
+    let e = attention::flash_forward(&q32, &q32, &q32, &p).unwrap_err();
+    assert!(matches!(e, host::Error::DType { .. }), "{e}");
+    // A [B, S, H, D] tensor viewed as [B, H, S, D] is not contiguous.
+    let bshd = t(&[1, 8, 2, 64], DType::F16).transpose(1, 2).unwrap();
+    let e = attention::flash_forward(&bshd, &q, &q, &p).unwrap_err();
+    assert!(
+        matches!(e, host::Error::NotContiguous { what: "q", .. }),
+        "{e}"
+    );
+    // Unsupported head dim.
+    let q96 = t(&[1, 2, 8, 96], DType::F16);
+    let e = attention::flash_forward(&q96, &q96, &q96, &p).unwrap_err();
+    assert!(e.to_string().contains("[64, 128]"), "{e}");
+    // Mismatched heads.
+    let k3 = t(&[1, 3, 8, 64], DType::F16);
+    assert!(attention::flash_forward(&q, &k3, &k3, &p).is_err());
+}
