@@ -80,6 +80,40 @@ impl<T: SharedScalar, const N: usize> SharedArray<T, N> {
     }
 }
 
+impl<const N: usize> SharedArray<f32, N> {
+    /// Four consecutive floats from element `i` (`ld.shared.v4.f32`); `i` must be a multiple of 4.
+    #[inline(always)]
+    pub fn load4(&self, i: usize) -> [f32; 4] {
+        check_index(i + 3, N);
+        let (a, b, c, d): (f32, f32, f32, f32);
+        // SAFETY: `i + 3 < N` (checked builds verify it) and `i % 4 == 0` on a 16-byte aligned base, so
+        // the 16-byte access is aligned and inside the array.
+        unsafe {
+            core::arch::asm!(
+                "ld.shared.v4.f32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+                a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+                p = in(reg32) self.addr(i), options(nostack, readonly)
+            )
+        }
+        [a, b, c, d]
+    }
+
+    /// Stores four consecutive floats at element `i` (`st.shared.v4.f32`); `i` must be a multiple of 4.
+    #[inline(always)]
+    pub fn store4(&self, i: usize, v: [f32; 4]) {
+        check_index(i + 3, N);
+        let [a, b, c, d] = v;
+        // SAFETY: as for `load4`.
+        unsafe {
+            core::arch::asm!(
+                "st.shared.v4.f32 [{p}], {{{a}, {b}, {c}, {d}}};",
+                p = in(reg32) self.addr(i), a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
+                options(nostack)
+            )
+        }
+    }
+}
+
 /// Bounds check kept only in `checked` builds (a failure traps: the device-side assert).
 #[inline(always)]
 pub fn check_index(i: usize, n: usize) {
