@@ -4,7 +4,9 @@
 //! Empty tensors (a zero-sized dim) are a documented no-op: the op returns an empty output of the right
 //! shape without launching anything, except where the result is undefined (max/mean over nothing),
 //! which is an [`crate::Error::Invalid`].
+pub mod clifford;
 pub mod elementwise;
+pub mod matmul;
 pub mod reduce;
 pub mod softmax;
 
