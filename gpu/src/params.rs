@@ -178,7 +178,13 @@ pub mod clifford {
     }
 
     const fn t(j: u8, i: u8, k: u8, p: u8, sign: i8) -> Term {
-        Term { j, i, k, p, neg: sign < 0 }
+        Term {
+            j,
+            i,
+            k,
+            p,
+            neg: sign < 0,
+        }
     }
 
     /// Blade grades, 2D order `[1, e1, e2, e12]`.
@@ -187,14 +193,38 @@ pub mod clifford {
     pub const GRADES_3D: [u8; 8] = [0, 1, 1, 1, 2, 2, 2, 3];
     /// Weight paths (grade of x, grade of output, grade of y), in weight order.
     pub const PATHS_2D: [[u8; 3]; 10] = [
-        [0, 0, 0], [0, 1, 1], [0, 2, 2], [1, 0, 1], [1, 1, 0],
-        [1, 1, 2], [1, 2, 1], [2, 0, 2], [2, 1, 1], [2, 2, 0],
+        [0, 0, 0],
+        [0, 1, 1],
+        [0, 2, 2],
+        [1, 0, 1],
+        [1, 1, 0],
+        [1, 1, 2],
+        [1, 2, 1],
+        [2, 0, 2],
+        [2, 1, 1],
+        [2, 2, 0],
     ];
     pub const PATHS_3D: [[u8; 3]; 20] = [
-        [0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 3, 3], [1, 0, 1],
-        [1, 1, 0], [1, 1, 2], [1, 2, 1], [1, 2, 3], [1, 3, 2],
-        [2, 0, 2], [2, 1, 1], [2, 1, 3], [2, 2, 0], [2, 2, 2],
-        [2, 3, 1], [3, 0, 3], [3, 1, 2], [3, 2, 1], [3, 3, 0],
+        [0, 0, 0],
+        [0, 1, 1],
+        [0, 2, 2],
+        [0, 3, 3],
+        [1, 0, 1],
+        [1, 1, 0],
+        [1, 1, 2],
+        [1, 2, 1],
+        [1, 2, 3],
+        [1, 3, 2],
+        [2, 0, 2],
+        [2, 1, 1],
+        [2, 1, 3],
+        [2, 2, 0],
+        [2, 2, 2],
+        [2, 3, 1],
+        [3, 0, 3],
+        [3, 1, 2],
+        [3, 2, 1],
+        [3, 3, 0],
     ];
 
     /// The 2D product, term by term in the spec's order: `t(j, i, k, p, sign)`.
@@ -316,7 +346,11 @@ pub mod clifford {
     /// their fixed-order sum give the same bits on every run and every GPU.
     pub const fn rows_per_chunk(rows: u64) -> u64 {
         let min = rows.div_ceil(super::matmul::MAX_GRID_YZ);
-        if min > ROWS_PER_CHUNK { min } else { ROWS_PER_CHUNK }
+        if min > ROWS_PER_CHUNK {
+            min
+        } else {
+            ROWS_PER_CHUNK
+        }
     }
     /// Number of row chunks (weight-gradient partials) for a batch of `rows`.
     pub const fn chunks(rows: u64) -> u64 {

@@ -32,6 +32,8 @@ macro_rules! unroll {
 pub fn opaque_u64(v: u64) -> u64 {
     let out: u64;
     // SAFETY: a register move.
-    unsafe { core::arch::asm!("mov.b64 {o}, {i};", o = out(reg64) out, i = in(reg64) v, options(nostack, nomem, pure)) }
+    unsafe {
+        core::arch::asm!("mov.b64 {o}, {i};", o = out(reg64) out, i = in(reg64) v, options(nostack, nomem, pure))
+    }
     out
 }

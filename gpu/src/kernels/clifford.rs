@@ -24,8 +24,8 @@ use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::thread::{block_dim_x, block_idx_x, block_idx_y, grid_dim_x, thread_idx_x};
 use crate::dev::{block, math, opaque_u64};
 use crate::params::clifford::{
-    FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D,
-    SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
+    FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D,
+    PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -43,7 +43,13 @@ trait Algebra {
     const GRADE: [usize; 8];
 }
 
-const NONE: Term = Term { j: 0, i: 0, k: 0, p: 0, neg: false };
+const NONE: Term = Term {
+    j: 0,
+    i: 0,
+    k: 0,
+    p: 0,
+    neg: false,
+};
 
 const fn pad_terms<const N: usize>(t: &[Term; N]) -> [Term; 64] {
     let mut out = [NONE; 64];
@@ -218,7 +224,13 @@ fn add_grade_squares<A: Algebra>(sq: &mut [f32; 4], o: &Mv) {
 /// Block-wide grade norms of one row: `r_G = sqrt(sum / n + eps)`; thread 0 stores `r[G * rows + row]`.
 /// Returns `1 / r_G`. Every thread of the block must call it.
 #[inline(always)]
-fn grade_norms<A: Algebra>(sq: [f32; 4], n: u64, r: &SliceMut<f32>, row: u64, rows: u64) -> [f32; 4] {
+fn grade_norms<A: Algebra>(
+    sq: [f32; 4],
+    n: u64,
+    r: &SliceMut<f32>,
+    row: u64,
+    rows: u64,
+) -> [f32; 4] {
     let s = block::reduce_sum4(sq);
     let mut inv = [1.0f32; 4];
     each_grade!(A, g {
@@ -263,7 +275,13 @@ impl Sgp {
 
 /// One row with its outputs in registers: read once, write once. Needs `n <= block_dim * A::CACHE`.
 #[inline(always)]
-fn fwd_row_cached<A: Algebra>(s: &Sgp, o: &SliceMut<f32>, r: &SliceMut<f32>, row: u64, normalize: bool) {
+fn fwd_row_cached<A: Algebra>(
+    s: &Sgp,
+    o: &SliceMut<f32>,
+    r: &SliceMut<f32>,
+    row: u64,
+    normalize: bool,
+) {
     let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
     let mut out = [[0.0f32; 8]; 4];
     let mut sq = [0.0f32; 4];
@@ -274,7 +292,11 @@ fn fwd_row_cached<A: Algebra>(s: &Sgp, o: &SliceMut<f32>, r: &SliceMut<f32>, row
             add_grade_squares::<A>(&mut sq, &out[k]);
         }
     });
-    let inv = if normalize { grade_norms::<A>(sq, s.n, r, row, s.rows) } else { [1.0; 4] };
+    let inv = if normalize {
+        grade_norms::<A>(sq, s.n, r, row, s.rows)
+    } else {
+        [1.0; 4]
+    };
     let bn = s.rows * s.n;
     crate::unroll!(k in [0, 1, 2, 3] {
         let f = tid + k as u64 * nt;
@@ -412,7 +434,13 @@ unsafe fn sgp_bwd<A: Algebra>(s: Sgp, g: SgpGrads, rows_per_chunk: u64, normaliz
 
 /// Grade RMS norm alone: `o = u / r`, `r` per (grade, row). One block per row, two passes.
 #[inline(always)]
-unsafe fn grade_norm<A: Algebra>(u: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>, rows: u64, n: u64) {
+unsafe fn grade_norm<A: Algebra>(
+    u: Slice<f32>,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    rows: u64,
+    n: u64,
+) {
     let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
     let bn = rows * n;
     let mut row = block_idx_x() as u64;
@@ -427,7 +455,12 @@ unsafe fn grade_norm<A: Algebra>(u: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f3
         let mut f = tid;
         while f < n {
             let idx = opaque_u64(row * n + f);
-            store_mv::<A>(&o, idx, bn, &scale_grades::<A>(&load_mv::<A>(&u, idx, bn), &inv));
+            store_mv::<A>(
+                &o,
+                idx,
+                bn,
+                &scale_grades::<A>(&load_mv::<A>(&u, idx, bn), &inv),
+            );
             f += nt;
         }
         row += grid_dim_x() as u64;
@@ -537,7 +570,12 @@ clifford_entry_points! {
 
 /// `out[i] = sum_{c < chunks} partials[c * len + i]`, in chunk order. 1-D grid-stride.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn chunk_sum_f32(partials: Slice<f32>, out: SliceMut<f32>, chunks: u64, len: u64) {
+pub unsafe extern "ptx-kernel" fn chunk_sum_f32(
+    partials: Slice<f32>,
+    out: SliceMut<f32>,
+    chunks: u64,
+    len: u64,
+) {
     let mut i = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
     let step = grid_dim_x() as u64 * block_dim_x() as u64;
     while i < len {

@@ -231,7 +231,11 @@ fn check_pair(op: &'static str, x: &Tensor, y: &Tensor) -> Result<Dims> {
         got: vec![b],
     };
     if dx.algebra != dy.algebra {
-        return Err(mismatch("component count C", dx.algebra.components(), dy.algebra.components()));
+        return Err(mismatch(
+            "component count C",
+            dx.algebra.components(),
+            dy.algebra.components(),
+        ));
     }
     if dx.batch != dy.batch {
         return Err(mismatch("batch B", dx.batch, dy.batch));
@@ -243,7 +247,13 @@ fn check_pair(op: &'static str, x: &Tensor, y: &Tensor) -> Result<Dims> {
 }
 
 /// A contiguous f32 tensor of exactly `expected` shape, `name` describing it (e.g. "(N, P)").
-fn check_param(op: &'static str, what: &'static str, t: &Tensor, expected: &[usize], name: &str) -> Result<()> {
+fn check_param(
+    op: &'static str,
+    what: &'static str,
+    t: &Tensor,
+    expected: &[usize],
+    name: &str,
+) -> Result<()> {
     f32_only(op, t)?;
     if t.shape() != expected {
         return Err(Error::Shape {
@@ -257,12 +267,24 @@ fn check_param(op: &'static str, what: &'static str, t: &Tensor, expected: &[usi
 }
 
 /// The saved forward state matching `d`: output `(C, B, n_out)` and, if any, norms `(G, B)`.
-fn check_saved(op: &'static str, d: Dims, n_out: usize, fwd: &Forward, grad_out: &Tensor) -> Result<()> {
+fn check_saved(
+    op: &'static str,
+    d: Dims,
+    n_out: usize,
+    fwd: &Forward,
+    grad_out: &Tensor,
+) -> Result<()> {
     let shape = [d.algebra.components(), d.batch, n_out];
     check_param(op, "saved output", &fwd.out, &shape, "(C, B, N_out)")?;
     check_param(op, "grad_out", grad_out, &shape, "(C, B, N_out)")?;
     if let Some(r) = &fwd.norms {
-        check_param(op, "saved norms", r, &[d.algebra.grades(), d.batch], "(G, B)")?;
+        check_param(
+            op,
+            "saved norms",
+            r,
+            &[d.algebra.grades(), d.batch],
+            "(G, B)",
+        )?;
     }
     Ok(())
 }
@@ -274,13 +296,27 @@ fn u64s(d: Dims) -> (u64, u64) {
 const NONE: RawSlice = RawSlice { ptr: 0, len: 0 };
 
 /// The grade RMS norm of `u (C, B, n)` into `out`, norms into `r (G, B)`.
-fn grade_norm(gpu: &Gpu, alg: Algebra, u: &Tensor, out: &Tensor, r: &Tensor, rows: u64, n: u64) -> Result<()> {
+fn grade_norm(
+    gpu: &Gpu,
+    alg: Algebra,
+    u: &Tensor,
+    out: &Tensor,
+    r: &Tensor,
+    rows: u64,
+    n: u64,
+) -> Result<()> {
     launch(
         gpu,
         alg.kernel(Kernel::Norm),
         grid_blocks(rows, 1),
         ROW_BLOCK,
-        &[&ByValue(u.raw()), &ByValue(out.raw()), &ByValue(r.raw()), &rows, &n],
+        &[
+            &ByValue(u.raw()),
+            &ByValue(out.raw()),
+            &ByValue(r.raw()),
+            &rows,
+            &n,
+        ],
     )
 }
 
@@ -308,7 +344,13 @@ fn col_sum(gpu: &Gpu, x: &Tensor, out: &Tensor, rows: u64, cols: u64) -> Result<
         gpu,
         "col_sum_partials_f32",
         cfg,
-        &[&ByValue(x.raw()), &ByValue(partials.raw()), &rows, &cols, &rpc],
+        &[
+            &ByValue(x.raw()),
+            &ByValue(partials.raw()),
+            &rows,
+            &cols,
+            &rpc,
+        ],
     )?;
     chunk_sum(gpu, &partials, out, nchunks, cols)
 }
@@ -324,11 +366,22 @@ fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
 }
 
 /// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
-pub fn sgp_forward(x: &Tensor, y: &Tensor, weight: &Tensor, normalize: Normalize) -> Result<Forward> {
+pub fn sgp_forward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    normalize: Normalize,
+) -> Result<Forward> {
     const OP: &str = "clifford sgp_forward";
     let d = check_pair(OP, x, y)?;
     same_device_and_dtype(OP, x, weight)?;
-    check_param(OP, "weight", weight, &[d.features, d.algebra.paths()], "(N, P)")?;
+    check_param(
+        OP,
+        "weight",
+        weight,
+        &[d.features, d.algebra.paths()],
+        "(N, P)",
+    )?;
     let (alg, gpu) = (d.algebra, x.gpu());
     let out = Tensor::empty(gpu, x.shape(), DType::F32)?;
     let norms = match normalize {
@@ -342,10 +395,18 @@ pub fn sgp_forward(x: &Tensor, y: &Tensor, weight: &Tensor, normalize: Normalize
     let cache = alg.fwd_cache();
     let fused = n <= fwd_max_cached(cache);
     // Rows longer than the register cache: un-normalised product, then the norm as its own pass.
-    let unnormalised = if fused || norms.is_none() { None } else { Some(Tensor::empty(gpu, x.shape(), DType::F32)?) };
+    let unnormalised = if fused || norms.is_none() {
+        None
+    } else {
+        Some(Tensor::empty(gpu, x.shape(), DType::F32)?)
+    };
     let target = unnormalised.as_ref().unwrap_or(&out);
     let flag = u32::from(fused && norms.is_some());
-    let r_raw = if flag == 1 { norms.as_ref().map_or(NONE, |r| r.raw()) } else { NONE };
+    let r_raw = if flag == 1 {
+        norms.as_ref().map_or(NONE, |r| r.raw())
+    } else {
+        NONE
+    };
     launch(
         gpu,
         alg.kernel(Kernel::Fwd),
@@ -369,25 +430,52 @@ pub fn sgp_forward(x: &Tensor, y: &Tensor, weight: &Tensor, normalize: Normalize
 }
 
 /// Norm-backward grade dot products `S (G, B)`.
-fn grade_dots(gpu: &Gpu, alg: Algebra, go: &Tensor, o: &Tensor, rows: u64, n: u64) -> Result<Tensor> {
+fn grade_dots(
+    gpu: &Gpu,
+    alg: Algebra,
+    go: &Tensor,
+    o: &Tensor,
+    rows: u64,
+    n: u64,
+) -> Result<Tensor> {
     let s = Tensor::empty(gpu, &[alg.grades(), rows as usize], DType::F32)?;
     launch(
         gpu,
         alg.kernel(Kernel::Dot),
         grid_blocks(rows, 1),
         ROW_BLOCK,
-        &[&ByValue(go.raw()), &ByValue(o.raw()), &ByValue(s.raw()), &ByValue(NONE), &ByValue(NONE), &rows, &n],
+        &[
+            &ByValue(go.raw()),
+            &ByValue(o.raw()),
+            &ByValue(s.raw()),
+            &ByValue(NONE),
+            &ByValue(NONE),
+            &rows,
+            &n,
+        ],
     )?;
     Ok(s)
 }
 
 /// Backward of [`sgp_forward`]: grad_x, grad_y `(C, B, N)` and grad_weight `(N, P)`.
-pub fn sgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, grad_out: &Tensor) -> Result<Grads> {
+pub fn sgp_backward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    fwd: &Forward,
+    grad_out: &Tensor,
+) -> Result<Grads> {
     const OP: &str = "clifford sgp_backward";
     let d = check_pair(OP, x, y)?;
     same_device_and_dtype(OP, x, weight)?;
     same_device_and_dtype(OP, x, grad_out)?;
-    check_param(OP, "weight", weight, &[d.features, d.algebra.paths()], "(N, P)")?;
+    check_param(
+        OP,
+        "weight",
+        weight,
+        &[d.features, d.algebra.paths()],
+        "(N, P)",
+    )?;
     check_saved(OP, d, d.features, fwd, grad_out)?;
     let (alg, gpu) = (d.algebra, x.gpu());
     let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
@@ -395,7 +483,11 @@ pub fn sgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, grad
     let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
     let (rows, n) = u64s(d);
     if n == 0 {
-        return Ok(Grads { grad_x, grad_y, grad_weight });
+        return Ok(Grads {
+            grad_x,
+            grad_y,
+            grad_weight,
+        });
     }
     let s = match &fwd.norms {
         Some(_) => Some(grade_dots(gpu, alg, grad_out, &fwd.out, rows, n)?),
@@ -403,7 +495,11 @@ pub fn sgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, grad
     };
     let (rpc, nchunks) = (rows_per_chunk(rows), chunks(rows));
     let p = alg.paths() as u64;
-    let partials = Tensor::empty(gpu, &[nchunks as usize, d.features, alg.paths()], DType::F32)?;
+    let partials = Tensor::empty(
+        gpu,
+        &[nchunks as usize, d.features, alg.paths()],
+        DType::F32,
+    )?;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (grid_x(OP, n, BWD_BLOCK as u64)?, nchunks as u32, 1),
         block_dim: (BWD_BLOCK, 1, 1),
@@ -433,7 +529,11 @@ pub fn sgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, grad
         ],
     )?;
     chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
-    Ok(Grads { grad_x, grad_y, grad_weight })
+    Ok(Grads {
+        grad_x,
+        grad_y,
+        grad_weight,
+    })
 }
 
 /// Gated pair terms `(slots, B, N)` of the fc variant.
@@ -446,26 +546,63 @@ fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<
             alg.kernel(Kernel::Pairs),
             grid_blocks(bn, ELEM_BLOCK as u64),
             ELEM_BLOCK,
-            &[&ByValue(x.raw()), &ByValue(y.raw()), &ByValue(pairs.raw()), &bn],
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(pairs.raw()),
+                &bn,
+            ],
         )?;
     }
     Ok(pairs)
 }
 
 /// `u (C, B, M) = sum over paths of pairs @ W_p`, one accumulating matmul per path.
-fn fc_mix(gpu: &Gpu, alg: Algebra, pairs: &Tensor, weight: &Tensor, u: &Tensor, d: Dims, m: usize) -> Result<()> {
+fn fc_mix(
+    gpu: &Gpu,
+    alg: Algebra,
+    pairs: &Tensor,
+    weight: &Tensor,
+    u: &Tensor,
+    d: Dims,
+    m: usize,
+) -> Result<()> {
     let (b, n) = (d.batch, d.features);
     let mut prev_grade = usize::MAX;
     for (g, p, slot) in alg.fc_plan() {
         let (j0, count) = alg.grade_span(g);
-        let acc = if prev_grade == g { Accumulate::Add } else { Accumulate::Overwrite };
+        let acc = if prev_grade == g {
+            Accumulate::Add
+        } else {
+            Accumulate::Overwrite
+        };
         prev_grade = g;
         gemm(
             gpu,
-            GemmShape { m: count * b, n: m, k: n, batch: 1 },
-            Operand { raw: offset(pairs.raw(), (slot * b * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 },
-            Operand { raw: offset(weight.raw(), (p * n * m) as u64), ld: m as u64, trans: Transpose::No, stride: 0 },
-            Operand { raw: offset(u.raw(), (j0 * b * m) as u64), ld: m as u64, trans: Transpose::No, stride: 0 },
+            GemmShape {
+                m: count * b,
+                n: m,
+                k: n,
+                batch: 1,
+            },
+            Operand {
+                raw: offset(pairs.raw(), (slot * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
+            Operand {
+                raw: offset(weight.raw(), (p * n * m) as u64),
+                ld: m as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
+            Operand {
+                raw: offset(u.raw(), (j0 * b * m) as u64),
+                ld: m as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
             None,
             acc,
         )?;
@@ -474,7 +611,12 @@ fn fc_mix(gpu: &Gpu, alg: Algebra, pairs: &Tensor, weight: &Tensor, u: &Tensor, 
 }
 
 /// Fused forward with fully connected weights `(P, N_in, N_out)`: output `(C, B, N_out)`.
-pub fn fcgp_forward(x: &Tensor, y: &Tensor, weight: &Tensor, normalize: Normalize) -> Result<Forward> {
+pub fn fcgp_forward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    normalize: Normalize,
+) -> Result<Forward> {
     const OP: &str = "clifford fcgp_forward";
     let d = check_pair(OP, x, y)?;
     same_device_and_dtype(OP, x, weight)?;
@@ -507,12 +649,24 @@ fn fc_out_features(op: &'static str, weight: &Tensor, d: Dims) -> Result<usize> 
         [_, _, m] => m,
         _ => 0,
     };
-    check_param(op, "weight", weight, &[d.algebra.paths(), d.features, m], "(P, N_in, N_out)")?;
+    check_param(
+        op,
+        "weight",
+        weight,
+        &[d.algebra.paths(), d.features, m],
+        "(P, N_in, N_out)",
+    )?;
     Ok(m)
 }
 
 /// Backward of [`fcgp_forward`]: grad_x, grad_y `(C, B, N_in)`, grad_weight `(P, N_in, N_out)`.
-pub fn fcgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, grad_out: &Tensor) -> Result<Grads> {
+pub fn fcgp_backward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    fwd: &Forward,
+    grad_out: &Tensor,
+) -> Result<Grads> {
     const OP: &str = "clifford fcgp_backward";
     let d = check_pair(OP, x, y)?;
     same_device_and_dtype(OP, x, weight)?;
@@ -525,7 +679,11 @@ pub fn fcgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, gra
     let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
     let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
     if grad_weight.numel() == 0 && grad_x.numel() == 0 {
-        return Ok(Grads { grad_x, grad_y, grad_weight });
+        return Ok(Grads {
+            grad_x,
+            grad_y,
+            grad_weight,
+        });
     }
     // Norm backward into gu (or go itself).
     let gu = match &fwd.norms {
@@ -538,7 +696,15 @@ pub fn fcgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, gra
                 alg.kernel(Kernel::Dot),
                 grid_blocks(rows, 1),
                 ROW_BLOCK,
-                &[&ByValue(grad_out.raw()), &ByValue(fwd.out.raw()), &ByValue(NONE), &ByValue(r.raw()), &ByValue(gu.raw()), &rows, &mm],
+                &[
+                    &ByValue(grad_out.raw()),
+                    &ByValue(fwd.out.raw()),
+                    &ByValue(NONE),
+                    &ByValue(r.raw()),
+                    &ByValue(gu.raw()),
+                    &rows,
+                    &mm,
+                ],
             )?;
             gu
         }
@@ -547,25 +713,60 @@ pub fn fcgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, gra
     let gpairs = Tensor::empty(gpu, pairs.shape(), DType::F32)?;
     for (g, p, slot) in alg.fc_plan() {
         let (j0, count) = alg.grade_span(g);
-        let gu_g = Operand { raw: offset(gu.raw(), (j0 * b * m) as u64), ld: m as u64, trans: Transpose::No, stride: 0 };
+        let gu_g = Operand {
+            raw: offset(gu.raw(), (j0 * b * m) as u64),
+            ld: m as u64,
+            trans: Transpose::No,
+            stride: 0,
+        };
         let w_p = offset(weight.raw(), (p * n * m) as u64);
         // d pairs (count*B, N) = gu_g (count*B, M) @ W_p^T
         gemm(
             gpu,
-            GemmShape { m: count * b, n, k: m, batch: 1 },
+            GemmShape {
+                m: count * b,
+                n,
+                k: m,
+                batch: 1,
+            },
             gu_g,
-            Operand { raw: w_p, ld: m as u64, trans: Transpose::Yes, stride: 0 },
-            Operand { raw: offset(gpairs.raw(), (slot * b * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 },
+            Operand {
+                raw: w_p,
+                ld: m as u64,
+                trans: Transpose::Yes,
+                stride: 0,
+            },
+            Operand {
+                raw: offset(gpairs.raw(), (slot * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
             None,
             Accumulate::Overwrite,
         )?;
         // dW_p (N, M) = pairs^T (N, count*B) @ gu_g (count*B, M)
         gemm(
             gpu,
-            GemmShape { m: n, n: m, k: count * b, batch: 1 },
-            Operand { raw: offset(pairs.raw(), (slot * b * n) as u64), ld: n as u64, trans: Transpose::Yes, stride: 0 },
+            GemmShape {
+                m: n,
+                n: m,
+                k: count * b,
+                batch: 1,
+            },
+            Operand {
+                raw: offset(pairs.raw(), (slot * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::Yes,
+                stride: 0,
+            },
             gu_g,
-            Operand { raw: offset(grad_weight.raw(), (p * n * m) as u64), ld: m as u64, trans: Transpose::No, stride: 0 },
+            Operand {
+                raw: offset(grad_weight.raw(), (p * n * m) as u64),
+                ld: m as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
             None,
             Accumulate::Overwrite,
         )?;
@@ -577,10 +778,21 @@ pub fn fcgp_backward(x: &Tensor, y: &Tensor, weight: &Tensor, fwd: &Forward, gra
             alg.kernel(Kernel::PairsBwd),
             grid_blocks(bn, FC_BWD_BLOCK as u64),
             FC_BWD_BLOCK,
-            &[&ByValue(x.raw()), &ByValue(y.raw()), &ByValue(gpairs.raw()), &ByValue(grad_x.raw()), &ByValue(grad_y.raw()), &bn],
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(gpairs.raw()),
+                &ByValue(grad_x.raw()),
+                &ByValue(grad_y.raw()),
+                &bn,
+            ],
         )?;
     }
-    Ok(Grads { grad_x, grad_y, grad_weight })
+    Ok(Grads {
+        grad_x,
+        grad_y,
+        grad_weight,
+    })
 }
 
 /// How the layer's geometric product mixes features.
@@ -634,11 +846,19 @@ impl Layer {
 
     fn check(&self, op: &'static str, n: usize) -> Result<()> {
         let (g, pp) = (self.algebra.grades(), self.algebra.paths());
-        check_param(op, "linear_weight", &self.linear_weight, &[g, n, n], "(G, N, N)")?;
+        check_param(
+            op,
+            "linear_weight",
+            &self.linear_weight,
+            &[g, n, n],
+            "(G, N, N)",
+        )?;
         check_param(op, "linear_bias", &self.linear_bias, &[n], "(N)")?;
         match self.mode {
             GpMode::PerFeature => check_param(op, "gp_weight", &self.gp_weight, &[n, pp], "(N, P)"),
-            GpMode::FullyConnected => check_param(op, "gp_weight", &self.gp_weight, &[pp, n, n], "(P, N, N)"),
+            GpMode::FullyConnected => {
+                check_param(op, "gp_weight", &self.gp_weight, &[pp, n, n], "(P, N, N)")
+            }
         }
     }
 
@@ -666,10 +886,30 @@ impl Layer {
             let (j0, count) = self.algebra.grade_span(g);
             gemm(
                 gpu,
-                GemmShape { m: count * b, n, k: n, batch: 1 },
-                Operand { raw: offset(x.raw(), (j0 * b * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 },
-                Operand { raw: offset(self.linear_weight.raw(), (g * n * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 },
-                Operand { raw: offset(y.raw(), (j0 * b * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 },
+                GemmShape {
+                    m: count * b,
+                    n,
+                    k: n,
+                    batch: 1,
+                },
+                Operand {
+                    raw: offset(x.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
+                Operand {
+                    raw: offset(self.linear_weight.raw(), (g * n * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
+                Operand {
+                    raw: offset(y.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
                 Some(self.linear_bias.raw()),
                 Accumulate::Overwrite,
             )?;
@@ -702,31 +942,72 @@ impl Layer {
         let grad_bias = Tensor::empty(gpu, &[n], DType::F32)?;
         for gr in 0..self.algebra.grades() {
             let (j0, count) = self.algebra.grade_span(gr);
-            let gy = Operand { raw: offset(g.grad_y.raw(), (j0 * b * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 };
+            let gy = Operand {
+                raw: offset(g.grad_y.raw(), (j0 * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::No,
+                stride: 0,
+            };
             let w = offset(self.linear_weight.raw(), (gr * n * n) as u64);
             // grad_x (slab) += gy (count*B, N) @ W_g^T
             gemm(
                 gpu,
-                GemmShape { m: count * b, n, k: n, batch: 1 },
+                GemmShape {
+                    m: count * b,
+                    n,
+                    k: n,
+                    batch: 1,
+                },
                 gy,
-                Operand { raw: w, ld: n as u64, trans: Transpose::Yes, stride: 0 },
-                Operand { raw: offset(g.grad_x.raw(), (j0 * b * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 },
+                Operand {
+                    raw: w,
+                    ld: n as u64,
+                    trans: Transpose::Yes,
+                    stride: 0,
+                },
+                Operand {
+                    raw: offset(g.grad_x.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
                 None,
                 Accumulate::Add,
             )?;
             // grad W_g (N, N) = x_slab^T @ gy
             gemm(
                 gpu,
-                GemmShape { m: n, n, k: count * b, batch: 1 },
-                Operand { raw: offset(x.raw(), (j0 * b * n) as u64), ld: n as u64, trans: Transpose::Yes, stride: 0 },
+                GemmShape {
+                    m: n,
+                    n,
+                    k: count * b,
+                    batch: 1,
+                },
+                Operand {
+                    raw: offset(x.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::Yes,
+                    stride: 0,
+                },
                 gy,
-                Operand { raw: offset(grad_lw.raw(), (gr * n * n) as u64), ld: n as u64, trans: Transpose::No, stride: 0 },
+                Operand {
+                    raw: offset(grad_lw.raw(), (gr * n * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
                 None,
                 Accumulate::Overwrite,
             )?;
         }
         if n > 0 {
-            col_sum(gpu, &g.grad_y, &grad_bias, (self.algebra.components() * b) as u64, n as u64)?;
+            col_sum(
+                gpu,
+                &g.grad_y,
+                &grad_bias,
+                (self.algebra.components() * b) as u64,
+                n as u64,
+            )?;
         }
         Ok(LayerGrads {
             grad_x: g.grad_x,

@@ -106,7 +106,11 @@ pub(crate) fn gemm(
         stride_c: c.stride,
     };
     let cfg = cudarc::driver::LaunchConfig {
-        grid_dim: ((n as u64).div_ceil(BN as u64) as u32, grid_y as u32, batch as u32),
+        grid_dim: (
+            (n as u64).div_ceil(BN as u64) as u32,
+            grid_y as u32,
+            batch as u32,
+        ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -156,8 +160,16 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
     b.require_contiguous(OP, "b")?;
     let (ab, ar, ac) = batch_rows_cols("a", a)?;
     let (bb, br, bc) = batch_rows_cols("b", b)?;
-    let (m, ka) = if ta == Transpose::Yes { (ac, ar) } else { (ar, ac) };
-    let (kb, n) = if tb == Transpose::Yes { (bc, br) } else { (br, bc) };
+    let (m, ka) = if ta == Transpose::Yes {
+        (ac, ar)
+    } else {
+        (ar, ac)
+    };
+    let (kb, n) = if tb == Transpose::Yes {
+        (bc, br)
+    } else {
+        (br, bc)
+    };
     if ka != kb {
         return Err(Error::Shape {
             op: OP,
@@ -218,7 +230,12 @@ pub mod reference {
     use crate::tensor::HostTensor;
 
     /// `op(a) op(b)` with the same shape rules as [`super::matmul`].
-    pub fn matmul(a: &HostTensor, b: &HostTensor, ta: Transpose, tb: Transpose) -> Result<HostTensor> {
+    pub fn matmul(
+        a: &HostTensor,
+        b: &HostTensor,
+        ta: Transpose,
+        tb: Transpose,
+    ) -> Result<HostTensor> {
         let split = |t: &HostTensor| match *t.shape.as_slice() {
             [r, c] => Ok((None, r, c)),
             [bt, r, c] => Ok((Some(bt), r, c)),
@@ -228,8 +245,16 @@ pub mod reference {
             }),
         };
         let ((ab, ar, ac), (bb, br, bc)) = (split(a)?, split(b)?);
-        let (m, k) = if ta == Transpose::Yes { (ac, ar) } else { (ar, ac) };
-        let (kb, n) = if tb == Transpose::Yes { (bc, br) } else { (br, bc) };
+        let (m, k) = if ta == Transpose::Yes {
+            (ac, ar)
+        } else {
+            (ar, ac)
+        };
+        let (kb, n) = if tb == Transpose::Yes {
+            (bc, br)
+        } else {
+            (br, bc)
+        };
         let batch = ab.or(bb);
         if k != kb || matches!((ab, bb), (Some(x), Some(y)) if x != y) {
             return Err(Error::Invalid {
@@ -246,8 +271,16 @@ pub mod reference {
                 for j in 0..n {
                     let mut s = 0.0f64;
                     for l in 0..k {
-                        let av = if ta == Transpose::Yes { a.data[a0 + l * ac + i] } else { a.data[a0 + i * ac + l] };
-                        let bv = if tb == Transpose::Yes { b.data[b0 + j * bc + l] } else { b.data[b0 + l * bc + j] };
+                        let av = if ta == Transpose::Yes {
+                            a.data[a0 + l * ac + i]
+                        } else {
+                            a.data[a0 + i * ac + l]
+                        };
+                        let bv = if tb == Transpose::Yes {
+                            b.data[b0 + j * bc + l]
+                        } else {
+                            b.data[b0 + l * bc + j]
+                        };
                         s += av as f64 * bv as f64;
                     }
                     out.push(s as f32);
@@ -276,13 +309,22 @@ mod tests {
     fn reference_products_and_transposes() {
         let a = t(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
         let b = t(&[7., 8., 9., 10., 11., 12.], &[3, 2]);
-        assert_eq!(matmul(&a, &b, No, No).unwrap().data, vec![58., 64., 139., 154.]);
+        assert_eq!(
+            matmul(&a, &b, No, No).unwrap().data,
+            vec![58., 64., 139., 154.]
+        );
         // (a^T)^T b^T^T: transposed storage of the same matrices gives the same product.
         let at = t(&[1., 4., 2., 5., 3., 6.], &[3, 2]);
         let bt = t(&[7., 9., 11., 8., 10., 12.], &[2, 3]);
-        assert_eq!(matmul(&at, &bt, Yes, Yes).unwrap().data, vec![58., 64., 139., 154.]);
+        assert_eq!(
+            matmul(&at, &bt, Yes, Yes).unwrap().data,
+            vec![58., 64., 139., 154.]
+        );
         // Batched a with a broadcast b.
-        let ab = t(&[1., 2., 3., 4., 5., 6., 1., 0., 0., 0., 1., 0.], &[2, 2, 3]);
+        let ab = t(
+            &[1., 2., 3., 4., 5., 6., 1., 0., 0., 0., 1., 0.],
+            &[2, 2, 3],
+        );
         let out = matmul(&ab, &b, No, No).unwrap();
         assert_eq!(out.shape, vec![2, 2, 2]);
         assert_eq!(out.data, vec![58., 64., 139., 154., 7., 8., 9., 10.]);

@@ -87,7 +87,8 @@ pub mod exact {
             for n in 0..s.n {
                 for t in s.alg.terms() {
                     let (j, i, k, p) = (t.j as usize, t.i as usize, t.k as usize, t.p as usize);
-                    o[s.at(j, b, n)] += sign(t.neg) * w[n * p_count + p] * x[s.at(i, b, n)] * y[s.at(k, b, n)];
+                    o[s.at(j, b, n)] +=
+                        sign(t.neg) * w[n * p_count + p] * x[s.at(i, b, n)] * y[s.at(k, b, n)];
                 }
             }
         }
@@ -95,14 +96,29 @@ pub mod exact {
     }
 
     /// Backward of [`sgp`]: (grad x, grad y, grad w).
-    pub fn sgp_bwd(s: Shape, x: &[f64], y: &[f64], w: &[f64], g: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    pub fn sgp_bwd(
+        s: Shape,
+        x: &[f64],
+        y: &[f64],
+        w: &[f64],
+        g: &[f64],
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let p_count = s.alg.paths();
-        let (mut gx, mut gy, mut gw) = (vec![0.0; s.len()], vec![0.0; s.len()], vec![0.0; s.n * p_count]);
+        let (mut gx, mut gy, mut gw) = (
+            vec![0.0; s.len()],
+            vec![0.0; s.len()],
+            vec![0.0; s.n * p_count],
+        );
         for b in 0..s.b {
             for n in 0..s.n {
                 for t in s.alg.terms() {
                     let (j, i, k, p) = (t.j as usize, t.i as usize, t.k as usize, t.p as usize);
-                    let (xi, yk, gj, wp) = (x[s.at(i, b, n)], y[s.at(k, b, n)], g[s.at(j, b, n)], w[n * p_count + p]);
+                    let (xi, yk, gj, wp) = (
+                        x[s.at(i, b, n)],
+                        y[s.at(k, b, n)],
+                        g[s.at(j, b, n)],
+                        w[n * p_count + p],
+                    );
                     let sg = sign(t.neg);
                     gx[s.at(i, b, n)] += sg * wp * yk * gj;
                     gy[s.at(k, b, n)] += sg * wp * xi * gj;
@@ -132,7 +148,14 @@ pub mod exact {
     }
 
     /// Backward of [`fcgp`]: (grad x, grad y, grad w).
-    pub fn fcgp_bwd(s: Shape, m: usize, x: &[f64], y: &[f64], w: &[f64], g: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    pub fn fcgp_bwd(
+        s: Shape,
+        m: usize,
+        x: &[f64],
+        y: &[f64],
+        w: &[f64],
+        g: &[f64],
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let so = s.with_n(m);
         let (mut gx, mut gy, mut gw) = (vec![0.0; s.len()], vec![0.0; s.len()], vec![0.0; w.len()]);
         for b in 0..s.b {
@@ -190,7 +213,8 @@ pub mod exact {
         for (c, &g) in grades.iter().enumerate() {
             for b in 0..s.b {
                 for n in 0..s.n {
-                    dot[g as usize * s.b + b] += r[g as usize * s.b + b] * go[s.at(c, b, n)] * o[s.at(c, b, n)];
+                    dot[g as usize * s.b + b] +=
+                        r[g as usize * s.b + b] * go[s.at(c, b, n)] * o[s.at(c, b, n)];
                 }
             }
         }
@@ -225,7 +249,12 @@ pub mod exact {
     }
 
     /// Backward of [`linear`]: (grad x, grad W, grad bias).
-    pub fn linear_bwd(s: Shape, x: &[f64], w: &[f64], gy: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    pub fn linear_bwd(
+        s: Shape,
+        x: &[f64],
+        w: &[f64],
+        gy: &[f64],
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let (mut gx, mut gw, mut gb) = (vec![0.0; s.len()], vec![0.0; w.len()], vec![0.0; s.n]);
         for (c, &g) in s.alg.blade_grades().iter().enumerate() {
             let g = g as usize;
@@ -251,11 +280,20 @@ pub mod exact {
     }
 
     /// `RMSNorm(GP(gelu(x), gelu(y)))`: (output, norms if normalised).
-    pub fn fused(s: Shape, mix: Mix, x: &[f64], y: &[f64], w: &[f64], normalize: bool) -> (Vec<f64>, Option<Vec<f64>>) {
+    pub fn fused(
+        s: Shape,
+        mix: Mix,
+        x: &[f64],
+        y: &[f64],
+        w: &[f64],
+        normalize: bool,
+    ) -> (Vec<f64>, Option<Vec<f64>>) {
         let (xt, yt) = (gate(s, x), gate(s, y));
         let (u, so) = match mix {
             Mix::PerFeature => (sgp(s, &xt, &yt, w), s),
-            Mix::FullyConnected { out_features } => (fcgp(s, out_features, &xt, &yt, w), s.with_n(out_features)),
+            Mix::FullyConnected { out_features } => {
+                (fcgp(s, out_features, &xt, &yt, w), s.with_n(out_features))
+            }
         };
         if normalize {
             let (o, r) = norm(so, &u);
@@ -321,9 +359,14 @@ fn host(v: &[f64], shape: &[usize]) -> Result<HostTensor> {
 fn shape_of(op: &'static str, x: &HostTensor, y: &HostTensor) -> Result<Shape> {
     let bad = || Error::Invalid {
         op,
-        msg: format!("x {:?} and y {:?} must both be (C, B, N) with C = 4 or 8", x.shape, y.shape),
+        msg: format!(
+            "x {:?} and y {:?} must both be (C, B, N) with C = 4 or 8",
+            x.shape, y.shape
+        ),
     };
-    let [c, b, n] = *x.shape.as_slice() else { return Err(bad()) };
+    let [c, b, n] = *x.shape.as_slice() else {
+        return Err(bad());
+    };
     let alg = Algebra::from_components(c).ok_or_else(bad)?;
     if y.shape != x.shape {
         return Err(bad());
@@ -338,30 +381,66 @@ fn mix_of(op: &'static str, s: Shape, w: &HostTensor, fc: bool) -> Result<Mix> {
         (true, [pp, n, m]) if *pp == p && *n == s.n => Ok(Mix::FullyConnected { out_features: *m }),
         _ => Err(Error::Invalid {
             op,
-            msg: format!("weight shape {:?} does not fit {:?} (N = {}, P = {p})", w.shape, if fc { "(P, N, M)" } else { "(N, P)" }, s.n),
+            msg: format!(
+                "weight shape {:?} does not fit {:?} (N = {}, P = {p})",
+                w.shape,
+                if fc { "(P, N, M)" } else { "(N, P)" },
+                s.n
+            ),
         }),
     }
 }
 
-fn forward(op: &'static str, x: &HostTensor, y: &HostTensor, w: &HostTensor, normalize: Normalize, fc: bool) -> Result<Forward> {
+fn forward(
+    op: &'static str,
+    x: &HostTensor,
+    y: &HostTensor,
+    w: &HostTensor,
+    normalize: Normalize,
+    fc: bool,
+) -> Result<Forward> {
     let s = shape_of(op, x, y)?;
     let mix = mix_of(op, s, w, fc)?;
     let m = match mix {
         Mix::PerFeature => s.n,
         Mix::FullyConnected { out_features } => out_features,
     };
-    let (o, r) = exact::fused(s, mix, &f64s(x), &f64s(y), &f64s(w), normalize == Normalize::Yes);
+    let (o, r) = exact::fused(
+        s,
+        mix,
+        &f64s(x),
+        &f64s(y),
+        &f64s(w),
+        normalize == Normalize::Yes,
+    );
     Ok(Forward {
         out: host(&o, &[s.alg.components(), s.b, m])?,
         norms: r.map(|r| host(&r, &[s.alg.grades(), s.b])).transpose()?,
     })
 }
 
-fn backward(op: &'static str, x: &HostTensor, y: &HostTensor, w: &HostTensor, fwd: &Forward, go: &HostTensor, fc: bool) -> Result<Grads> {
+fn backward(
+    op: &'static str,
+    x: &HostTensor,
+    y: &HostTensor,
+    w: &HostTensor,
+    fwd: &Forward,
+    go: &HostTensor,
+    fc: bool,
+) -> Result<Grads> {
     let s = shape_of(op, x, y)?;
     let mix = mix_of(op, s, w, fc)?;
     let norms = fwd.norms.as_ref().map(f64s);
-    let (gx, gy, gw) = exact::fused_bwd(s, mix, &f64s(x), &f64s(y), &f64s(w), &f64s(&fwd.out), norms.as_deref(), &f64s(go));
+    let (gx, gy, gw) = exact::fused_bwd(
+        s,
+        mix,
+        &f64s(x),
+        &f64s(y),
+        &f64s(w),
+        &f64s(&fwd.out),
+        norms.as_deref(),
+        &f64s(go),
+    );
     Ok(Grads {
         grad_x: host(&gx, &x.shape)?,
         grad_y: host(&gy, &x.shape)?,
@@ -369,16 +448,38 @@ fn backward(op: &'static str, x: &HostTensor, y: &HostTensor, w: &HostTensor, fw
     })
 }
 
-pub fn sgp_forward(x: &HostTensor, y: &HostTensor, w: &HostTensor, normalize: Normalize) -> Result<Forward> {
+pub fn sgp_forward(
+    x: &HostTensor,
+    y: &HostTensor,
+    w: &HostTensor,
+    normalize: Normalize,
+) -> Result<Forward> {
     forward("sgp_forward (reference)", x, y, w, normalize, false)
 }
-pub fn sgp_backward(x: &HostTensor, y: &HostTensor, w: &HostTensor, fwd: &Forward, go: &HostTensor) -> Result<Grads> {
+pub fn sgp_backward(
+    x: &HostTensor,
+    y: &HostTensor,
+    w: &HostTensor,
+    fwd: &Forward,
+    go: &HostTensor,
+) -> Result<Grads> {
     backward("sgp_backward (reference)", x, y, w, fwd, go, false)
 }
-pub fn fcgp_forward(x: &HostTensor, y: &HostTensor, w: &HostTensor, normalize: Normalize) -> Result<Forward> {
+pub fn fcgp_forward(
+    x: &HostTensor,
+    y: &HostTensor,
+    w: &HostTensor,
+    normalize: Normalize,
+) -> Result<Forward> {
     forward("fcgp_forward (reference)", x, y, w, normalize, true)
 }
-pub fn fcgp_backward(x: &HostTensor, y: &HostTensor, w: &HostTensor, fwd: &Forward, go: &HostTensor) -> Result<Grads> {
+pub fn fcgp_backward(
+    x: &HostTensor,
+    y: &HostTensor,
+    w: &HostTensor,
+    fwd: &Forward,
+    go: &HostTensor,
+) -> Result<Grads> {
     backward("fcgp_backward (reference)", x, y, w, fwd, go, true)
 }
 
@@ -419,16 +520,30 @@ impl Normal {
     }
     fn tensor(&mut self, shape: &[usize], std: f64) -> Result<HostTensor> {
         let n = shape.iter().product();
-        HostTensor::new((0..n).map(|_| self.sample(std)).collect(), shape, DType::F32)
+        HostTensor::new(
+            (0..n).map(|_| self.sample(std)).collect(),
+            shape,
+            DType::F32,
+        )
     }
 }
 
 impl LayerParams {
     /// The spec's init for `n` features: `gp_weight ~ N(0, 1/(dims+1))`, `linear_weight` std
     /// `1/sqrt(N (dims+1))` (`1/sqrt(N)` fully connected), bias 0.
-    pub fn init(algebra: Algebra, n: usize, mode: GpMode, normalize: Normalize, seed: u64) -> Result<LayerParams> {
+    pub fn init(
+        algebra: Algebra,
+        n: usize,
+        mode: GpMode,
+        normalize: Normalize,
+        seed: u64,
+    ) -> Result<LayerParams> {
         let mut rng = Normal(seed);
-        let (g, p, d1) = (algebra.grades(), algebra.paths(), algebra.dims() as f64 + 1.0);
+        let (g, p, d1) = (
+            algebra.grades(),
+            algebra.paths(),
+            algebra.dims() as f64 + 1.0,
+        );
         let lin_std = match mode {
             GpMode::PerFeature => 1.0 / (n as f64 * d1).sqrt(),
             GpMode::FullyConnected => 1.0 / (n as f64).sqrt(),
@@ -448,14 +563,25 @@ impl LayerParams {
     }
 
     fn shape(&self, x: &HostTensor) -> Result<Shape> {
-        let ok = x.shape.len() == 3 && x.shape[0] == self.algebra.components() && x.shape[2] == self.linear_bias.numel();
+        let ok = x.shape.len() == 3
+            && x.shape[0] == self.algebra.components()
+            && x.shape[2] == self.linear_bias.numel();
         if !ok {
             return Err(Error::Invalid {
                 op: "Layer (reference)",
-                msg: format!("x {:?} does not fit the layer ({} components, {} features)", x.shape, self.algebra.components(), self.linear_bias.numel()),
+                msg: format!(
+                    "x {:?} does not fit the layer ({} components, {} features)",
+                    x.shape,
+                    self.algebra.components(),
+                    self.linear_bias.numel()
+                ),
             });
         }
-        Ok(Shape { alg: self.algebra, b: x.shape[1], n: x.shape[2] })
+        Ok(Shape {
+            alg: self.algebra,
+            b: x.shape[1],
+            n: x.shape[2],
+        })
     }
 
     fn mix(&self, n: usize) -> Mix {
@@ -469,7 +595,14 @@ impl LayerParams {
         let s = self.shape(x)?;
         let xv = f64s(x);
         let y = exact::linear(s, &xv, &f64s(&self.linear_weight), &f64s(&self.linear_bias));
-        let (o, r) = exact::fused(s, self.mix(s.n), &xv, &y, &f64s(&self.gp_weight), self.normalize == Normalize::Yes);
+        let (o, r) = exact::fused(
+            s,
+            self.mix(s.n),
+            &xv,
+            &y,
+            &f64s(&self.gp_weight),
+            self.normalize == Normalize::Yes,
+        );
         Ok(Forward {
             out: host(&o, &x.shape)?,
             norms: r.map(|r| host(&r, &[s.alg.grades(), s.b])).transpose()?,
@@ -481,7 +614,16 @@ impl LayerParams {
         let (xv, lw) = (f64s(x), f64s(&self.linear_weight));
         let y = exact::linear(s, &xv, &lw, &f64s(&self.linear_bias));
         let norms = fwd.norms.as_ref().map(f64s);
-        let (gx, gy, gw) = exact::fused_bwd(s, self.mix(s.n), &xv, &y, &f64s(&self.gp_weight), &f64s(&fwd.out), norms.as_deref(), &f64s(go));
+        let (gx, gy, gw) = exact::fused_bwd(
+            s,
+            self.mix(s.n),
+            &xv,
+            &y,
+            &f64s(&self.gp_weight),
+            &f64s(&fwd.out),
+            norms.as_deref(),
+            &f64s(go),
+        );
         let (gx_lin, glw, gb) = exact::linear_bwd(s, &xv, &lw, &gy);
         let gx: Vec<f64> = gx.iter().zip(&gx_lin).map(|(a, b)| a + b).collect();
         Ok(LayerGrads {

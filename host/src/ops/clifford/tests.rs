@@ -63,7 +63,10 @@ fn unit_product(alg: Algebra, x: &[f64], y: &[f64]) -> Vec<f64> {
 fn assert_close(what: &str, a: &[f64], b: &[f64], tol: f64) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}[{i}]: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "{what}[{i}]: {x} vs {y}"
+        );
     }
 }
 
@@ -79,15 +82,32 @@ fn term_tables_are_the_geometric_product_with_the_spec_paths() {
             assert!(!seen[i * c + k], "{alg:?}: pair ({i},{k}) twice");
             seen[i * c + k] = true;
             let g = alg.blade_grades();
-            assert_eq!(alg.path_table()[t.p as usize], [g[i], g[j], g[k]], "{alg:?}: term {t:?} has the wrong path");
+            assert_eq!(
+                alg.path_table()[t.p as usize],
+                [g[i], g[j], g[k]],
+                "{alg:?}: term {t:?} has the wrong path"
+            );
             let masks = blade_masks(alg);
-            assert_eq!(masks[j], masks[i] ^ masks[k], "{alg:?}: term {t:?} lands on the wrong blade");
-            assert_eq!(t.neg, blade_sign(masks[i], masks[k]) < 0.0, "{alg:?}: term {t:?} has the wrong sign");
+            assert_eq!(
+                masks[j],
+                masks[i] ^ masks[k],
+                "{alg:?}: term {t:?} lands on the wrong blade"
+            );
+            assert_eq!(
+                t.neg,
+                blade_sign(masks[i], masks[k]) < 0.0,
+                "{alg:?}: term {t:?} has the wrong sign"
+            );
         }
         assert!(seen.iter().all(|&s| s), "{alg:?}: missing pairs");
         for _ in 0..20 {
             let (x, y) = (rng.vec(c), rng.vec(c));
-            assert_close("product", &unit_product(alg, &x, &y), &bitmask_product(alg, &x, &y), 1e-14);
+            assert_close(
+                "product",
+                &unit_product(alg, &x, &y),
+                &bitmask_product(alg, &x, &y),
+                1e-14,
+            );
         }
     }
 }
@@ -107,7 +127,11 @@ fn fc_pair_slots_form_contiguous_per_path_slabs() {
             let &(g, _, first) = plan.iter().find(|&&(_, p, _)| p == t.p as usize).unwrap();
             let (j0, count) = alg.grade_span(g);
             assert!((t.j as usize) >= j0 && (t.j as usize) < j0 + count);
-            assert_eq!(slot as usize, first + t.j as usize - j0, "{alg:?} term {t:?}");
+            assert_eq!(
+                slot as usize,
+                first + t.j as usize - j0,
+                "{alg:?} term {t:?}"
+            );
         }
     }
 }
@@ -118,7 +142,8 @@ fn fc_pair_slots_form_contiguous_per_path_slabs() {
 /// `a + b e12 + c e13 + d e23  <->  Quat::from_xyzw(d, c, b, a)` (x = i, y = j, z = k, w = scalar).
 #[test]
 fn even_subalgebra_of_cl3_is_glam_quaternion_product() {
-    let to_quat = |m: &[f64]| glam::Quat::from_xyzw(m[6] as f32, m[5] as f32, m[4] as f32, m[0] as f32);
+    let to_quat =
+        |m: &[f64]| glam::Quat::from_xyzw(m[6] as f32, m[5] as f32, m[4] as f32, m[0] as f32);
     let mut rng = Rng(2);
     for _ in 0..50 {
         let mut a = [0.0; 8];
@@ -147,15 +172,36 @@ fn vector_product_is_glam_dot_plus_wedge() {
         let (u, v) = (rng.vec(3), rng.vec(3));
         let mv = |w: &[f64]| [0.0, w[0], w[1], w[2], 0.0, 0.0, 0.0, 0.0];
         let p = unit_product(Algebra::Cl3, &mv(&u), &mv(&v));
-        let (gu, gv) = (glam::Vec3::new(u[0] as f32, u[1] as f32, u[2] as f32), glam::Vec3::new(v[0] as f32, v[1] as f32, v[2] as f32));
+        let (gu, gv) = (
+            glam::Vec3::new(u[0] as f32, u[1] as f32, u[2] as f32),
+            glam::Vec3::new(v[0] as f32, v[1] as f32, v[2] as f32),
+        );
         let (dot, cross) = (gu.dot(gv) as f64, gu.cross(gv));
-        let want = [dot, 0.0, 0.0, 0.0, cross.z as f64, -cross.y as f64, cross.x as f64, 0.0];
+        let want = [
+            dot,
+            0.0,
+            0.0,
+            0.0,
+            cross.z as f64,
+            -cross.y as f64,
+            cross.x as f64,
+            0.0,
+        ];
         for (g, w) in p.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{p:?} vs {want:?}");
         }
         // 2D: u v = u·v + (u1 v2 - u2 v1) e12.
-        let p2 = unit_product(Algebra::Cl2, &[0.0, u[0], u[1], 0.0], &[0.0, v[0], v[1], 0.0]);
-        let want2 = [u[0] * v[0] + u[1] * v[1], 0.0, 0.0, u[0] * v[1] - u[1] * v[0]];
+        let p2 = unit_product(
+            Algebra::Cl2,
+            &[0.0, u[0], u[1], 0.0],
+            &[0.0, v[0], v[1], 0.0],
+        );
+        let want2 = [
+            u[0] * v[0] + u[1] * v[1],
+            0.0,
+            0.0,
+            u[0] * v[1] - u[1] * v[0],
+        ];
         assert_close("2D vector product", &p2, &want2, 1e-14);
     }
 }
@@ -165,7 +211,11 @@ fn unweighted_product_is_associative() {
     let mut rng = Rng(4);
     for alg in ALGS {
         for _ in 0..50 {
-            let (a, b, c) = (rng.vec(alg.components()), rng.vec(alg.components()), rng.vec(alg.components()));
+            let (a, b, c) = (
+                rng.vec(alg.components()),
+                rng.vec(alg.components()),
+                rng.vec(alg.components()),
+            );
             let left = unit_product(alg, &unit_product(alg, &a, &b), &c);
             let right = unit_product(alg, &a, &unit_product(alg, &b, &c));
             assert_close(&format!("{alg:?} (ab)c vs a(bc)"), &left, &right, 1e-12);
@@ -180,7 +230,10 @@ fn times_reverse_gives_squared_norm_for_vectors_and_rotors() {
     let mut rng = Rng(5);
     for alg in ALGS {
         let rev = |a: &[f64]| -> Vec<f64> {
-            a.iter().zip(alg.blade_grades()).map(|(v, &g)| if g >= 2 { -v } else { *v }).collect()
+            a.iter()
+                .zip(alg.blade_grades())
+                .map(|(v, &g)| if g >= 2 { -v } else { *v })
+                .collect()
         };
         for _ in 0..30 {
             let mut v = vec![0.0; alg.components()];
@@ -196,7 +249,11 @@ fn times_reverse_gives_squared_norm_for_vectors_and_rotors() {
             for a in [&v, &r] {
                 let p = unit_product(alg, a, &rev(a));
                 let norm2: f64 = a.iter().map(|x| x * x).sum();
-                assert!((p[0] - norm2).abs() < 1e-12, "{alg:?}: scalar {} vs |a|^2 {norm2}", p[0]);
+                assert!(
+                    (p[0] - norm2).abs() < 1e-12,
+                    "{alg:?}: scalar {} vs |a|^2 {norm2}",
+                    p[0]
+                );
             }
             // Rotor: exp of a bivector, normalised; R rev(R) = 1 in every component.
             let len = r.iter().map(|x| x * x).sum::<f64>().sqrt();
@@ -218,7 +275,11 @@ fn check_fd(what: &str, analytic: &[f64], params: &[f64], loss: impl Fn(&[f64]) 
         p[i] += h;
         m[i] -= h;
         let fd = (loss(&p) - loss(&m)) / (2.0 * h);
-        assert!((fd - analytic[i]).abs() <= 1e-6 * scale + 1e-7 * fd.abs(), "{what}[{i}]: analytic {} vs fd {fd}", analytic[i]);
+        assert!(
+            (fd - analytic[i]).abs() <= 1e-6 * scale + 1e-7 * fd.abs(),
+            "{what}[{i}]: analytic {} vs fd {fd}",
+            analytic[i]
+        );
     }
 }
 
@@ -235,16 +296,24 @@ fn fused_gradients_match_finite_differences() {
                 let s = Shape { alg, b: 3, n: 4 };
                 let (m, wlen) = match mix {
                     Mix::PerFeature => (s.n, s.n * alg.paths()),
-                    Mix::FullyConnected { out_features } => (out_features, alg.paths() * s.n * out_features),
+                    Mix::FullyConnected { out_features } => {
+                        (out_features, alg.paths() * s.n * out_features)
+                    }
                 };
                 let (x, y, w) = (rng.vec(s.len()), rng.vec(s.len()), rng.vec(wlen));
                 let go = rng.vec(alg.components() * s.b * m);
                 let (out, r) = exact::fused(s, mix, &x, &y, &w, normalize);
                 let (gx, gy, gw) = exact::fused_bwd(s, mix, &x, &y, &w, &out, r.as_deref(), &go);
                 let case = format!("{alg:?} {mix:?} normalize={normalize}");
-                check_fd(&format!("{case} grad_x"), &gx, &x, |v| dot(&go, &exact::fused(s, mix, v, &y, &w, normalize).0));
-                check_fd(&format!("{case} grad_y"), &gy, &y, |v| dot(&go, &exact::fused(s, mix, &x, v, &w, normalize).0));
-                check_fd(&format!("{case} grad_w"), &gw, &w, |v| dot(&go, &exact::fused(s, mix, &x, &y, v, normalize).0));
+                check_fd(&format!("{case} grad_x"), &gx, &x, |v| {
+                    dot(&go, &exact::fused(s, mix, v, &y, &w, normalize).0)
+                });
+                check_fd(&format!("{case} grad_y"), &gy, &y, |v| {
+                    dot(&go, &exact::fused(s, mix, &x, v, &w, normalize).0)
+                });
+                check_fd(&format!("{case} grad_w"), &gw, &w, |v| {
+                    dot(&go, &exact::fused(s, mix, &x, &y, v, normalize).0)
+                });
             }
         }
     }
@@ -271,12 +340,27 @@ fn layer_gradients_match_finite_differences() {
                 let nz = normalize == Normalize::Yes;
                 // Analytic, through the public host-tensor path.
                 let mut params = p.clone();
-                params.linear_bias = crate::HostTensor::new(bias.iter().map(|&v| v as f32).collect(), &[n], crate::DType::F32).unwrap();
-                let xt = crate::HostTensor::new(x.iter().map(|&v| v as f32).collect(), &[alg.components(), b, n], crate::DType::F32).unwrap();
+                params.linear_bias = crate::HostTensor::new(
+                    bias.iter().map(|&v| v as f32).collect(),
+                    &[n],
+                    crate::DType::F32,
+                )
+                .unwrap();
+                let xt = crate::HostTensor::new(
+                    x.iter().map(|&v| v as f32).collect(),
+                    &[alg.components(), b, n],
+                    crate::DType::F32,
+                )
+                .unwrap();
                 let x = to64(&xt); // what the layer actually sees
                 let bias = to64(&params.linear_bias);
                 let fwd = params.forward(&xt).unwrap();
-                let got = crate::HostTensor::new(go.iter().map(|&v| v as f32).collect(), &xt.shape, crate::DType::F32).unwrap();
+                let got = crate::HostTensor::new(
+                    go.iter().map(|&v| v as f32).collect(),
+                    &xt.shape,
+                    crate::DType::F32,
+                )
+                .unwrap();
                 let go = to64(&got);
                 let g = params.backward(&xt, &fwd, &got).unwrap();
                 // The host path rounds to f32 at the end; compare with loose f32 tolerance, and the f64
@@ -291,10 +375,18 @@ fn layer_gradients_match_finite_differences() {
                 let (gx_lin, glw, gb) = exact::linear_bwd(s, &x, &lw, &gy);
                 let gx: Vec<f64> = gx.iter().zip(&gx_lin).map(|(a, b)| a + b).collect();
                 let case = format!("{alg:?} {mode:?} {normalize:?}");
-                check_fd(&format!("{case} grad_x"), &gx, &x, |v| f(v, &lw, &bias, &gw));
-                check_fd(&format!("{case} grad_linear_weight"), &glw, &lw, |v| f(&x, v, &bias, &gw));
-                check_fd(&format!("{case} grad_bias"), &gb, &bias, |v| f(&x, &lw, v, &gw));
-                check_fd(&format!("{case} grad_gp_weight"), &ggw, &gw, |v| f(&x, &lw, &bias, v));
+                check_fd(&format!("{case} grad_x"), &gx, &x, |v| {
+                    f(v, &lw, &bias, &gw)
+                });
+                check_fd(&format!("{case} grad_linear_weight"), &glw, &lw, |v| {
+                    f(&x, v, &bias, &gw)
+                });
+                check_fd(&format!("{case} grad_bias"), &gb, &bias, |v| {
+                    f(&x, &lw, v, &gw)
+                });
+                check_fd(&format!("{case} grad_gp_weight"), &ggw, &gw, |v| {
+                    f(&x, &lw, &bias, v)
+                });
                 for (name, host, want) in [
                     ("grad_x", &g.grad_x, &gx),
                     ("grad_linear_weight", &g.grad_linear_weight, &glw),
@@ -316,7 +408,9 @@ fn norm_backward_spec_form_matches_finite_differences() {
         let (u, go) = (rng.vec(s.len()), rng.vec(s.len()));
         let (o, r) = exact::norm(s, &u);
         let gu = exact::norm_bwd(s, &go, &o, &r);
-        check_fd(&format!("{alg:?} norm"), &gu, &u, |v| dot(&go, &exact::norm(s, v).0));
+        check_fd(&format!("{alg:?} norm"), &gu, &u, |v| {
+            dot(&go, &exact::norm(s, v).0)
+        });
         // Normalised grades have mean square 1 - eps/r^2 over features.
         for g in 0..alg.grades() {
             for b in 0..s.b {
@@ -329,7 +423,11 @@ fn norm_backward_spec_form_matches_finite_differences() {
 
 #[test]
 fn gate_is_exact_gelu_on_the_scalar_part() {
-    let s = Shape { alg: Algebra::Cl2, b: 1, n: 1 };
+    let s = Shape {
+        alg: Algebra::Cl2,
+        b: 1,
+        n: 1,
+    };
     for t in [-3.0, -0.5, 0.0, 0.7, 2.5] {
         let g = exact::gate(s, &[t, 1.0, 2.0, 3.0]);
         let gelu = 0.5 * t * (1.0 + libm::erf(t / std::f64::consts::SQRT_2));
@@ -340,17 +438,30 @@ fn gate_is_exact_gelu_on_the_scalar_part() {
 
 #[test]
 fn layer_init_has_the_spec_scales() {
-    for (alg, mode) in [(Algebra::Cl2, GpMode::PerFeature), (Algebra::Cl3, GpMode::FullyConnected)] {
+    for (alg, mode) in [
+        (Algebra::Cl2, GpMode::PerFeature),
+        (Algebra::Cl3, GpMode::FullyConnected),
+    ] {
         let n = 64;
         let p = LayerParams::init(alg, n, mode, Normalize::Yes, 42).unwrap();
-        let std = |t: &crate::HostTensor| (t.data.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / t.numel() as f64).sqrt();
+        let std = |t: &crate::HostTensor| {
+            (t.data.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / t.numel() as f64).sqrt()
+        };
         let d1 = alg.dims() as f64 + 1.0;
         let want_lin = match mode {
             GpMode::PerFeature => 1.0 / (n as f64 * d1).sqrt(),
             GpMode::FullyConnected => 1.0 / (n as f64).sqrt(),
         };
-        assert!((std(&p.linear_weight) / want_lin - 1.0).abs() < 0.05, "linear std {}", std(&p.linear_weight));
-        assert!((std(&p.gp_weight) * d1.sqrt() - 1.0).abs() < 0.05, "gp std {}", std(&p.gp_weight));
+        assert!(
+            (std(&p.linear_weight) / want_lin - 1.0).abs() < 0.05,
+            "linear std {}",
+            std(&p.linear_weight)
+        );
+        assert!(
+            (std(&p.gp_weight) * d1.sqrt() - 1.0).abs() < 0.05,
+            "gp std {}",
+            std(&p.gp_weight)
+        );
         assert!(p.linear_bias.data.iter().all(|&v| v == 0.0));
         assert_eq!(p.linear_weight.shape, vec![alg.grades(), n, n]);
     }
