@@ -22,46 +22,28 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
 /// A random generator seeded from `RGK_SEED` if set (to replay a failure), else from the clock; the seed
 /// is printed so every failure can be replayed.
 pub fn rng(test: &str) -> StdRng {
-    let seed = std::env::var("RGK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed = std::env::var("RGK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
     println!("{test}: seed {seed} (replay with RGK_SEED={seed})");
     StdRng::seed_from_u64(seed)
 }
 
 /// Fuzz cases per op: `RGK_FUZZ_CASES` (the sanitizer runs use fewer), default `default`.
 pub fn fuzz_cases(default: usize) -> usize {
-    std::env::var("RGK_FUZZ_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+    std::env::var("RGK_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
 /// Uniform values in [lo, hi), rounded to `dtype`, as a host tensor.
 pub fn uniform(rng: &mut StdRng, shape: &[usize], lo: f32, hi: f32, dtype: DType) -> HostTensor {
     let n: usize = shape.iter().product();
-    HostTensor::new(
-        (0..n).map(|_| rng.random_range(lo..hi)).collect(),
-        shape,
-        dtype,
-    )
-    .expect("shape and data agree")
+    HostTensor::new((0..n).map(|_| rng.random_range(lo..hi)).collect(), shape, dtype).expect("shape and data agree")
 }
 
 /// `||out - ref|| / ||ref||` (2-norms, f64). Any NaN in `out` where `ref` is not NaN gives +inf, so NaN
 /// (including unwritten poisoned outputs) never passes.
 pub fn rel_err(out: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(
-        out.len(),
-        reference.len(),
-        "output and reference lengths differ"
-    );
+    assert_eq!(out.len(), reference.len(), "output and reference lengths differ");
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (&o, &r) in out.iter().zip(reference) {
         if r.is_nan() {
@@ -79,11 +61,7 @@ pub fn rel_err(out: &[f32], reference: &[f32]) -> f64 {
         num += (o as f64 - r as f64).powi(2);
         den += (r as f64).powi(2);
     }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
 }
 
 /// Per-dtype relative-norm tolerance for elementwise results (ops.md): f32 1e-5, f16 1e-3, bf16 8e-3.
@@ -107,9 +85,7 @@ pub fn random_shape(rng: &mut StdRng, max_rank: usize, max_numel: usize) -> Vec<
     const DIMS: [usize; 14] = [1, 2, 3, 5, 7, 17, 31, 64, 97, 128, 255, 257, 1000, 4099];
     loop {
         let rank = rng.random_range(1..=max_rank);
-        let shape: Vec<usize> = (0..rank)
-            .map(|_| DIMS[rng.random_range(0..DIMS.len())])
-            .collect();
+        let shape: Vec<usize> = (0..rank).map(|_| DIMS[rng.random_range(0..DIMS.len())]).collect();
         if shape.iter().product::<usize>() <= max_numel {
             return shape;
         }
