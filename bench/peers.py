@@ -91,6 +91,7 @@ class Case:
     in_bytes: int                  # bytes of the inputs of one set, decides rotation
     make_set: Callable[[], tuple]  # inputs first, then any preallocated outputs
     peers: List[Peer]
+    peak_memory: bool = False      # also report torch.cuda.max_memory_allocated of one call in meta
 
 
 def dtype_of(tag):
@@ -326,6 +327,185 @@ def attn_case(tag, b, h, s, d, causal):
                 peers=peers)
 
 
+# ----------------------------------------------------------------- clifford layers
+# The same formulas as host/src/ops/clifford.rs (../shared/specs/clifford.md), written term by term:
+# (output j, x blade i, y blade k, weight path p, sign).
+CLIFFORD_TERMS = {
+    2: [(0, 0, 0, 0, 1), (0, 1, 1, 3, 1), (0, 2, 2, 3, 1), (0, 3, 3, 7, -1),
+        (1, 0, 1, 1, 1), (1, 1, 0, 4, 1), (1, 2, 3, 5, -1), (1, 3, 2, 8, 1),
+        (2, 0, 2, 1, 1), (2, 1, 3, 5, 1), (2, 2, 0, 4, 1), (2, 3, 1, 8, -1),
+        (3, 0, 3, 2, 1), (3, 1, 2, 6, 1), (3, 2, 1, 6, -1), (3, 3, 0, 9, 1)],
+    3: [(0, 0, 0, 0, 1), (0, 1, 1, 4, 1), (0, 2, 2, 4, 1), (0, 3, 3, 4, 1),
+        (0, 4, 4, 10, -1), (0, 5, 5, 10, -1), (0, 6, 6, 10, -1), (0, 7, 7, 16, -1),
+        (1, 0, 1, 1, 1), (1, 1, 0, 5, 1), (1, 2, 4, 6, -1), (1, 3, 5, 6, -1),
+        (1, 4, 2, 11, 1), (1, 5, 3, 11, 1), (1, 6, 7, 12, -1), (1, 7, 6, 17, -1),
+        (2, 0, 2, 1, 1), (2, 1, 4, 6, 1), (2, 2, 0, 5, 1), (2, 3, 6, 6, -1),
+        (2, 4, 1, 11, -1), (2, 5, 7, 12, 1), (2, 6, 3, 11, 1), (2, 7, 5, 17, 1),
+        (3, 0, 3, 1, 1), (3, 1, 5, 6, 1), (3, 2, 6, 6, 1), (3, 3, 0, 5, 1),
+        (3, 4, 7, 12, -1), (3, 5, 1, 11, -1), (3, 6, 2, 11, -1), (3, 7, 4, 17, -1),
+        (4, 0, 4, 2, 1), (4, 1, 2, 7, 1), (4, 2, 1, 7, -1), (4, 3, 7, 8, 1),
+        (4, 4, 0, 13, 1), (4, 5, 6, 14, -1), (4, 6, 5, 14, 1), (4, 7, 3, 18, 1),
+        (5, 0, 5, 2, 1), (5, 1, 3, 7, 1), (5, 3, 1, 7, -1), (5, 2, 7, 8, -1),
+        (5, 4, 6, 14, 1), (5, 5, 0, 13, 1), (5, 6, 4, 14, -1), (5, 7, 2, 18, -1),
+        (6, 0, 6, 2, 1), (6, 1, 7, 8, 1), (6, 2, 3, 7, 1), (6, 3, 2, 7, -1),
+        (6, 4, 5, 14, -1), (6, 5, 4, 14, 1), (6, 6, 0, 13, 1), (6, 7, 1, 18, 1),
+        (7, 0, 7, 3, 1), (7, 1, 6, 9, 1), (7, 2, 5, 9, -1), (7, 3, 4, 9, 1),
+        (7, 4, 3, 15, 1), (7, 5, 2, 15, -1), (7, 6, 1, 15, 1), (7, 7, 0, 19, 1)],
+}
+CLIFFORD_GRADES = {2: [0, 1, 1, 2], 3: [0, 1, 1, 1, 2, 2, 2, 3]}
+CLIFFORD_PATHS = {2: 10, 3: 20}
+CLIFFORD_SWEEP = [(b, n) for b in (1024, 4096, 8192) for n in (128, 512, 1024)]
+
+
+def grade_slices(dims):
+    grades = CLIFFORD_GRADES[dims]
+    return [(grades.index(g), len(grades) - grades[::-1].index(g)) for g in range(dims + 1)]
+
+
+def mv_gelu(x):
+    return x * (0.5 * (1.0 + torch.erf(x[0:1] * 0.7071067811865476)))
+
+
+def grade_rms_norm(o, dims):
+    """Per batch row and grade: r = sqrt(mean_n sum_{c in G} o_c^2 + 1e-6); o / r."""
+    parts = []
+    for a, b in grade_slices(dims):
+        g = o[a:b]
+        r = torch.sqrt((g * g).sum(0, keepdim=True).mean(-1, keepdim=True) + 1e-6)
+        parts.append(g / r)
+    return torch.cat(parts, 0)
+
+
+def sgp_product(x, y, w, dims):
+    """x, y (C, B, N), w (N, P): per-feature weighted geometric product."""
+    outs = [None] * (1 << dims)
+    for j, i, k, p, sign in CLIFFORD_TERMS[dims]:
+        t = w[:, p] * x[i] * y[k]
+        outs[j] = t * sign if outs[j] is None else (outs[j] + t if sign > 0 else outs[j] - t)
+    return torch.stack(outs, 0)
+
+
+def fcgp_product(x, y, w, dims):
+    """w (P, N, M): pair terms sharing a weight and an output are summed, then mixed by a matmul."""
+    pairs = {}
+    for j, i, k, p, sign in CLIFFORD_TERMS[dims]:
+        t = x[i] * y[k] * sign
+        pairs[(j, p)] = t if (j, p) not in pairs else pairs[(j, p)] + t
+    outs = [None] * (1 << dims)
+    for (j, p), t in pairs.items():
+        v = t @ w[p]
+        outs[j] = v if outs[j] is None else outs[j] + v
+    return torch.stack(outs, 0)
+
+
+def clifford_fused(x, y, w, dims, fc=False):
+    gx, gy = mv_gelu(x), mv_gelu(y)
+    o = fcgp_product(gx, gy, w, dims) if fc else sgp_product(gx, gy, w, dims)
+    return grade_rms_norm(o, dims)
+
+
+def clifford_layer(x, lw, bias, w, dims):
+    """Per-grade linear map + bias (added to every component), then the fused sgp op."""
+    grades = CLIFFORD_GRADES[dims]
+    y = torch.stack([x[c] @ lw[grades[c]] for c in range(len(grades))], 0) + bias
+    return clifford_fused(x, y, w, dims)
+
+
+def clifford_peer(name, fn, compile_it):
+    def build():
+        if not compile_it:
+            return fn
+        torch._dynamo.reset()
+        return torch.compile(fn)
+    return Peer(name, build)
+
+
+def sgp_fwd_case(dims, b, n):
+    c = 1 << dims
+    size = c * b * n * 4
+
+    def make():
+        return (rand((c, b, n), "f32"), rand((c, b, n), "f32"), rand((n, CLIFFORD_PATHS[dims]), "f32"))
+
+    def fwd(x, y, w):
+        return clifford_fused(x, y, w, dims)
+
+    return Case(f"sgp_fwd/f32/{dims}d_B{b}_N{n}", bytes=3 * size, flops=None, in_bytes=2 * size,
+                make_set=make, peak_memory=True,
+                peers=[eager(lambda s: fwd(*s)),
+                       compiled(fwd, 3)])
+
+
+def sgp_fwdbwd_case(dims, b, n):
+    """Forward, then backward for grad_x, grad_y and grad_weight from a fixed upstream gradient."""
+    c = 1 << dims
+    size = c * b * n * 4
+
+    def make():
+        return (rand((c, b, n), "f32").requires_grad_(), rand((c, b, n), "f32").requires_grad_(),
+                rand((n, CLIFFORD_PATHS[dims]), "f32").requires_grad_(), rand((c, b, n), "f32"))
+
+    def step(fn):
+        def run(s):
+            x, y, w, go = s
+            return torch.autograd.grad(fn(x, y, w), (x, y, w), go)
+        return run
+
+    def fwd(x, y, w):
+        return clifford_fused(x, y, w, dims)
+
+    return Case(f"sgp_fwdbwd/f32/{dims}d_B{b}_N{n}", bytes=9 * size, flops=None, in_bytes=3 * size,
+                make_set=make, peak_memory=True,
+                peers=[Peer("torch-eager", lambda: step(fwd)),
+                       Peer("torch-compile", lambda: (torch._dynamo.reset(), step(torch.compile(fwd)))[1])])
+
+
+def clifford_slots(dims):
+    return len({(j, p) for j, _, _, p, _ in CLIFFORD_TERMS[dims]})
+
+
+def fcgp_fwd_case(dims, b, n):
+    c = 1 << dims
+    size = c * b * n * 4
+
+    def make():
+        return (rand((c, b, n), "f32"), rand((c, b, n), "f32"), rand((CLIFFORD_PATHS[dims], n, n), "f32"))
+
+    def fwd(x, y, w):
+        return clifford_fused(x, y, w, dims, fc=True)
+
+    return Case(f"fcgp_fwd/f32/{dims}d_B{b}_N{n}", bytes=None,
+                flops=2 * clifford_slots(dims) * b * n * n, in_bytes=2 * size, make_set=make,
+                peak_memory=True, peers=[eager(lambda s: fwd(*s)), compiled(fwd, 3)])
+
+
+def layer_fwd_case(dims, b, n):
+    c = 1 << dims
+    size = c * b * n * 4
+
+    def make():
+        return (rand((c, b, n), "f32"), rand((dims + 1, n, n), "f32") / math.sqrt(n * (dims + 1)),
+                torch.zeros((n,), device="cuda"), rand((n, CLIFFORD_PATHS[dims]), "f32"))
+
+    def fwd(x, lw, bias, w):
+        return clifford_layer(x, lw, bias, w, dims)
+
+    return Case(f"layer_fwd/f32/{dims}d_B{b}_N{n}", bytes=3 * size, flops=2 * c * b * n * n,
+                in_bytes=size, make_set=make, peak_memory=True,
+                peers=[eager(lambda s: fwd(*s)), compiled(fwd, 4)])
+
+
+def clifford_cases(quick):
+    sweep = [(4096, 512)] if quick else CLIFFORD_SWEEP
+    cases = []
+    for dims in (2, 3):
+        cases.append(sgp_fwd_case(dims, 4096, 512))
+        for b, n in sweep:
+            cases += [sgp_fwdbwd_case(dims, b, n), fcgp_fwd_case(dims, b, n),
+                      layer_fwd_case(dims, b, n)]
+    return cases
+
+
 def build_cases(quick):
     """Every bench, in run order (cheap ceilings first so they survive a time-out)."""
     if quick:
@@ -335,7 +515,8 @@ def build_cases(quick):
                 sum_all_case(67108864), reduce_lastdim_case("max", 8192, 8192),
                 softmax_case("f32", 8192, 8192), softmax_backward_case(8192, 8192),
                 layernorm_case(65536, 1024), attn_case("f16", 4, 8, 512, 64, False),
-                sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096)]
+                sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096)] \
+            + clifford_cases(True)
     cases = [copy_case(GIB)]
     cases += [gemm_case(tag, 8192, 8192, 8192) for tag in ("f16", "bf16")]
     cases += [add_case("f32", (8192, 8192))]
@@ -350,6 +531,7 @@ def build_cases(quick):
     cases += [attn_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_SHAPES
               for causal in (False, True)]
+    cases += clifford_cases(False)
     return cases
 
 
@@ -434,12 +616,26 @@ def measure_peer(case, peer, sets, args):
                 launch = peer.build()
                 samples, first_s = time_samples(launch, sets, args.warmup, args.samples,
                                                 SLEEP_CYCLES if args.hide_launch else 0)
-            return result(case, peer.name, samples,
-                          meta={"copies": len(sets), "first_call_s": round(first_s, 3)})
+            meta = {"copies": len(sets), "first_call_s": round(first_s, 3)}
+            if case.peak_memory:
+                meta.update(peak_memory(launch, sets[0]))
+            return result(case, peer.name, samples, meta=meta)
         except Exception as exc:  # one failure must never lose the rest of the run
             err = describe_error(exc, caught)
     free_memory()
     return result(case, peer.name, error=err, meta={"copies": len(sets)})
+
+
+def peak_memory(launch, inputs):
+    """Device memory of one call: peak allocated during it, total and above what was live before."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = launch(inputs)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del out
+    return {"peak_memory_bytes": peak, "peak_memory_above_inputs_bytes": peak - before}
 
 
 def progress_line(index, total, entry):

@@ -44,7 +44,30 @@ pub fn build_gpu_ptx(
     let ptx = target_dir
         .join(if checked { format!("{arch}-checked") } else { arch.to_string() })
         .join("nvptx64-nvidia-cuda/release/gpu.ptx");
-    std::fs::read_to_string(&ptx).map_err(|e| format!("nvptx build ran but {} is unreadable: {e}", ptx.display()))
+    let text = std::fs::read_to_string(&ptx).map_err(|e| format!("nvptx build ran but {} is unreadable: {e}", ptx.display()))?;
+    Ok(apply_launch_bounds(&text, gpu::params::LAUNCH_BOUNDS))
+}
+
+/// Writes `.maxntid T, 1, 1` and `.minnctapersm M` between the parameter list and the body of every
+/// entry whose name starts with a prefix in `bounds` (`gpu::params::LAUNCH_BOUNDS`): the PTX form of
+/// CUDA's `__launch_bounds__`, which rustc cannot emit.
+pub fn apply_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> String {
+    let mut out = String::with_capacity(ptx.len() + 4096);
+    let mut pending: Option<(u32, u32)> = None;
+    for line in ptx.lines() {
+        if let Some(rest) = line.strip_prefix(".visible .entry ") {
+            let name = rest.split('(').next().unwrap_or("");
+            pending = bounds.iter().find(|(p, _, _)| name.starts_with(p)).map(|&(_, t, m)| (t, m));
+        }
+        if line.starts_with('{') {
+            if let Some((threads, min_blocks)) = pending.take() {
+                out.push_str(&format!(".maxntid {threads}, 1, 1\n.minnctapersm {min_blocks}\n"));
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// Finds `ptxas`: `$PTXAS`, then `PATH`, then the pip package `nvidia-cuda-nvcc-cu12` (which ships

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use benches::{BenchSpec, GpuTime, read_samples, rotation_copies, write_json};
 use criterion::Criterion;
+use host::ops::clifford::{self as cl, Algebra, GpMode, Layer, Normalize};
 use host::ops::elementwise::{self as ew, BinaryOp, KernelPath};
 use host::ops::lrp::{self, Activation, Linear};
 use host::ops::reduce::{self, Axis};
@@ -357,6 +358,107 @@ fn softmaxes(b: &mut Bencher) {
     );
 }
 
+/// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024} (one shape with
+/// RGK_BENCH_QUICK). Bytes counted: sgp forward reads x, y and writes o (3 tensors of C*B*N f32);
+/// forward+backward adds the backward's minimum (reads x, y, grad_out, o; writes grad_x, grad_y):
+/// 9 tensors. fcgp and Layer count FLOPs of their matmuls (2 * pair-slots * B * N * N, plus
+/// 2 * C * B * N * N for the Layer's linear map). Same names and formulas as bench/peers.py.
+fn clifford(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let shapes: Vec<(usize, usize)> = if quick {
+        vec![(4096, 512)]
+    } else {
+        [1024, 4096, 8192]
+            .iter()
+            .flat_map(|&bb| [128, 512, 1024].map(|n| (bb, n)))
+            .collect()
+    };
+    for alg in [Algebra::Cl2, Algebra::Cl3] {
+        let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
+        let slots: u64 = (0..alg.grades())
+            .map(|g| {
+                alg.grade_span(g).1 as u64
+                    * alg
+                        .path_table()
+                        .iter()
+                        .filter(|t| t[1] as usize == g)
+                        .count() as u64
+            })
+            .sum();
+        // Forward alone at the headline shape (the bandwidth target).
+        {
+            let (bb, n) = (4096usize, 512usize);
+            let size = (c * bb * n * 4) as u64;
+            let copies = rotation_copies(2 * size as usize, b.l2_bytes);
+            let (x, y) = (
+                b.inputs(&[c, bb, n], DType::F32, copies),
+                b.inputs(&[c, bb, n], DType::F32, copies),
+            );
+            let w = b.inputs(&[n, p], DType::F32, 1);
+            b.bench(
+                spec(format!("sgp_fwd/f32/{d}d_B{bb}_N{n}"), Some(3 * size), None),
+                copies,
+                |i| {
+                    cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
+                },
+            );
+        }
+        for &(bb, n) in &shapes {
+            let size = (c * bb * n * 4) as u64;
+            let copies = rotation_copies(3 * size as usize, b.l2_bytes);
+            let (x, y, go) = (
+                b.inputs(&[c, bb, n], DType::F32, copies),
+                b.inputs(&[c, bb, n], DType::F32, copies),
+                b.inputs(&[c, bb, n], DType::F32, copies),
+            );
+            let w = b.inputs(&[n, p], DType::F32, 1);
+            b.bench(
+                spec(
+                    format!("sgp_fwdbwd/f32/{d}d_B{bb}_N{n}"),
+                    Some(9 * size),
+                    None,
+                ),
+                copies,
+                |i| {
+                    let f =
+                        cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
+                    cl::sgp_backward(&x[i], &y[i], &w[0], &f, &go[i]).expect("sgp_backward");
+                },
+            );
+            let mm_flops = 2 * slots * (bb * n * n) as u64;
+            let wf = b.inputs(&[p, n, n], DType::F32, 1);
+            b.bench(
+                spec(
+                    format!("fcgp_fwd/f32/{d}d_B{bb}_N{n}"),
+                    None,
+                    Some(mm_flops),
+                ),
+                1,
+                |_| {
+                    cl::fcgp_forward(&x[0], &y[0], &wf[0], Normalize::Yes).expect("fcgp_forward");
+                },
+            );
+            drop(wf);
+            let params =
+                cl::reference::LayerParams::init(alg, n, GpMode::PerFeature, Normalize::Yes, 7)
+                    .expect("init");
+            let layer = Layer::from_host(&b.gpu, &params).expect("layer");
+            let lin_flops = 2 * (c * bb * n * n) as u64;
+            b.bench(
+                spec(
+                    format!("layer_fwd/f32/{d}d_B{bb}_N{n}"),
+                    Some(3 * size),
+                    Some(lin_flops),
+                ),
+                1,
+                |_| {
+                    layer.forward(&x[0]).expect("layer forward");
+                },
+            );
+        }
+    }
+}
+
 fn main() {
     let gpu = match Gpu::new(0) {
         Ok(g) => g,
@@ -393,6 +495,7 @@ fn main() {
     reductions(&mut b);
     softmaxes(&mut b);
     relevance(&mut b);
+    clifford(&mut b);
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();
 

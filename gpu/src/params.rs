@@ -41,6 +41,25 @@ pub struct ReduceTo {
 }
 unsafe impl KernelParam for ReduceTo {}
 
+/// Launch bounds (Rust has no `__launch_bounds__`): `(entry-name prefix, most threads a block is
+/// launched with, blocks that should fit an SM at once)`. The PTX builder writes them into each matching
+/// entry as `.maxntid T, 1, 1` / `.minnctapersm M`, so ptxas caps registers at `65536 / (T * M)`
+/// instead of using up to 255 (a 512-thread block of a 255-register kernel cannot launch at all).
+/// Launchers must never exceed `T` (ptxas-compiled code traps otherwise: CUDA_ERROR_INVALID_VALUE).
+pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
+    ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
+    ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
+    ("sgp2d_bwd_", clifford::BWD_BLOCK, 4),
+    ("sgp3d_bwd_", clifford::BWD_BLOCK, 3),
+    ("grade_dot", clifford::ROW_BLOCK, 2),
+    ("grade_norm", clifford::ROW_BLOCK, 2),
+    ("fc_pairs_bwd", clifford::FC_BWD_BLOCK, 3),
+    ("fc_pairs", clifford::ELEM_BLOCK, 2),
+    ("matmul_", matmul::THREADS, 2),
+    // 70-80 registers a thread: without the bound the JIT may pick more and a 512-thread block fails.
+    ("softmax_", softmax::MAX_BLOCK, 1),
+];
+
 /// Elementwise kernels.
 pub mod elementwise {
     /// Threads per block for every elementwise kernel.
@@ -364,4 +383,243 @@ pub mod attention {
         /// launched in chunks of whole (batch, head) pairs.
         pub const MAX_SCRATCH_ELEMS: usize = 1 << 28;
     }
+}
+
+/// Tiled f32 matrix multiply `C (+)= op(A) op(B) (+ bias)`, batched over `grid.z`.
+///
+/// Each block computes a `BM x BN` tile of C from `BK`-deep slices of A and B staged in shared memory;
+/// each of its `THREADS` threads keeps a `TM x TN` register micro-tile (two 4x4 quadrants per direction,
+/// so its shared reads are 16-byte vectors without bank conflicts).
+pub mod matmul {
+    pub const BM: u32 = 128;
+    pub const BN: u32 = 128;
+    pub const BK: u32 = 8;
+    pub const TM: u32 = 8;
+    pub const TN: u32 = 8;
+    pub const THREADS: u32 = (BM / TM) * (BN / TN);
+    /// Shared tile row pitch in floats: BM + 4 keeps 16-byte alignment and moves the two k-halves of a
+    /// transposed-layout store onto different banks.
+    pub const LDS: u32 = BM + 4;
+    /// Most blocks along grid y (M tiles) and z (batch) the driver accepts.
+    pub const MAX_GRID_YZ: u64 = 65_535;
+    const _: () = assert!(BM == BN && TM == 8 && TN == 8 && THREADS == 256 && BK == 8);
+}
+
+/// Parameters of one `matmul_f32` launch. Element (r, c) of a non-transposed operand is at
+/// `r * ld + c`; of a transposed one (stored as its transpose) at `c * ld + r`. Batch `z` adds
+/// `z * stride_*` (0 broadcasts an operand over the batch).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Matmul {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub trans_a: u32,
+    pub trans_b: u32,
+    /// 1: `C += A B` (read C first); 0: `C = A B`.
+    pub accumulate: u32,
+    pub lda: u64,
+    pub ldb: u64,
+    pub ldc: u64,
+    pub stride_a: u64,
+    pub stride_b: u64,
+    pub stride_c: u64,
+}
+unsafe impl KernelParam for Matmul {}
+
+/// Clifford-algebra layers on Cl(2,0) and Cl(3,0) (../shared/specs/clifford.md): the product tables,
+/// grades and weight paths, shared by the kernels and the host references, and the launch constants.
+pub mod clifford {
+    /// One term of the weighted geometric product: `o[j] += (neg ? -1 : 1) * w[p] * x[i] * y[k]`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Term {
+        pub j: u8,
+        pub i: u8,
+        pub k: u8,
+        pub p: u8,
+        pub neg: bool,
+    }
+
+    const fn t(j: u8, i: u8, k: u8, p: u8, sign: i8) -> Term {
+        Term {
+            j,
+            i,
+            k,
+            p,
+            neg: sign < 0,
+        }
+    }
+
+    /// Blade grades, 2D order `[1, e1, e2, e12]`.
+    pub const GRADES_2D: [u8; 4] = [0, 1, 1, 2];
+    /// Blade grades, 3D order `[1, e1, e2, e3, e12, e13, e23, e123]`.
+    pub const GRADES_3D: [u8; 8] = [0, 1, 1, 1, 2, 2, 2, 3];
+    /// Weight paths (grade of x, grade of output, grade of y), in weight order.
+    pub const PATHS_2D: [[u8; 3]; 10] = [
+        [0, 0, 0],
+        [0, 1, 1],
+        [0, 2, 2],
+        [1, 0, 1],
+        [1, 1, 0],
+        [1, 1, 2],
+        [1, 2, 1],
+        [2, 0, 2],
+        [2, 1, 1],
+        [2, 2, 0],
+    ];
+    pub const PATHS_3D: [[u8; 3]; 20] = [
+        [0, 0, 0],
+        [0, 1, 1],
+        [0, 2, 2],
+        [0, 3, 3],
+        [1, 0, 1],
+        [1, 1, 0],
+        [1, 1, 2],
+        [1, 2, 1],
+        [1, 2, 3],
+        [1, 3, 2],
+        [2, 0, 2],
+        [2, 1, 1],
+        [2, 1, 3],
+        [2, 2, 0],
+        [2, 2, 2],
+        [2, 3, 1],
+        [3, 0, 3],
+        [3, 1, 2],
+        [3, 2, 1],
+        [3, 3, 0],
+    ];
+
+    /// The 2D product, term by term in the spec's order: `t(j, i, k, p, sign)`.
+    #[rustfmt::skip]
+    pub const TERMS_2D: [Term; 16] = [
+        t(0,0,0,0,1), t(0,1,1,3,1), t(0,2,2,3,1), t(0,3,3,7,-1),
+        t(1,0,1,1,1), t(1,1,0,4,1), t(1,2,3,5,-1), t(1,3,2,8,1),
+        t(2,0,2,1,1), t(2,1,3,5,1), t(2,2,0,4,1), t(2,3,1,8,-1),
+        t(3,0,3,2,1), t(3,1,2,6,1), t(3,2,1,6,-1), t(3,3,0,9,1),
+    ];
+    /// The 3D product, term by term in the spec's order.
+    #[rustfmt::skip]
+    pub const TERMS_3D: [Term; 64] = [
+        // o0 = w0 x0y0 + w4 (x1y1 + x2y2 + x3y3) - w10 (x4y4 + x5y5 + x6y6) - w16 x7y7
+        t(0,0,0,0,1), t(0,1,1,4,1), t(0,2,2,4,1), t(0,3,3,4,1),
+        t(0,4,4,10,-1), t(0,5,5,10,-1), t(0,6,6,10,-1), t(0,7,7,16,-1),
+        // o1 = w1 x0y1 + w5 x1y0 - w6 (x2y4 + x3y5) + w11 (x4y2 + x5y3) - w12 x6y7 - w17 x7y6
+        t(1,0,1,1,1), t(1,1,0,5,1), t(1,2,4,6,-1), t(1,3,5,6,-1),
+        t(1,4,2,11,1), t(1,5,3,11,1), t(1,6,7,12,-1), t(1,7,6,17,-1),
+        // o2 = w1 x0y2 + w6 x1y4 + w5 x2y0 - w6 x3y6 - w11 x4y1 + w12 x5y7 + w11 x6y3 + w17 x7y5
+        t(2,0,2,1,1), t(2,1,4,6,1), t(2,2,0,5,1), t(2,3,6,6,-1),
+        t(2,4,1,11,-1), t(2,5,7,12,1), t(2,6,3,11,1), t(2,7,5,17,1),
+        // o3 = w1 x0y3 + w6 (x1y5 + x2y6) + w5 x3y0 - w12 x4y7 - w11 (x5y1 + x6y2) - w17 x7y4
+        t(3,0,3,1,1), t(3,1,5,6,1), t(3,2,6,6,1), t(3,3,0,5,1),
+        t(3,4,7,12,-1), t(3,5,1,11,-1), t(3,6,2,11,-1), t(3,7,4,17,-1),
+        // o4 = w2 x0y4 + w7 (x1y2 - x2y1) + w8 x3y7 + w13 x4y0 - w14 x5y6 + w14 x6y5 + w18 x7y3
+        t(4,0,4,2,1), t(4,1,2,7,1), t(4,2,1,7,-1), t(4,3,7,8,1),
+        t(4,4,0,13,1), t(4,5,6,14,-1), t(4,6,5,14,1), t(4,7,3,18,1),
+        // o5 = w2 x0y5 + w7 (x1y3 - x3y1) - w8 x2y7 + w14 x4y6 + w13 x5y0 - w14 x6y4 - w18 x7y2
+        t(5,0,5,2,1), t(5,1,3,7,1), t(5,3,1,7,-1), t(5,2,7,8,-1),
+        t(5,4,6,14,1), t(5,5,0,13,1), t(5,6,4,14,-1), t(5,7,2,18,-1),
+        // o6 = w2 x0y6 + w8 x1y7 + w7 (x2y3 - x3y2) - w14 x4y5 + w14 x5y4 + w13 x6y0 + w18 x7y1
+        t(6,0,6,2,1), t(6,1,7,8,1), t(6,2,3,7,1), t(6,3,2,7,-1),
+        t(6,4,5,14,-1), t(6,5,4,14,1), t(6,6,0,13,1), t(6,7,1,18,1),
+        // o7 = w3 x0y7 + w9 (x1y6 - x2y5 + x3y4) + w15 (x4y3 - x5y2 + x6y1) + w19 x7y0
+        t(7,0,7,3,1), t(7,1,6,9,1), t(7,2,5,9,-1), t(7,3,4,9,1),
+        t(7,4,3,15,1), t(7,5,2,15,-1), t(7,6,1,15,1), t(7,7,0,19,1),
+    ];
+
+    /// Slot of each term in the fully connected variant's pair buffer `(slots, B, N)`. Slots are ordered
+    /// by output grade, then path, then output component, so the pair terms of path `p` for all the
+    /// components of its output grade form one contiguous `(n_g * B, N)` matrix: the A operand of that
+    /// path's matmul, whose product lands on the contiguous `(n_g * B, N_out)` slab of the output.
+    pub const fn pair_slots<const NT: usize, const NP: usize, const C: usize>(
+        terms: &[Term; NT],
+        paths: &[[u8; 3]; NP],
+        grades: &[u8; C],
+    ) -> [u8; NT] {
+        let mut slots = [0u8; NT];
+        let mut next = 0u8;
+        let mut g = 0u8;
+        while g <= grades[C - 1] {
+            let mut p = 0;
+            while p < NP {
+                if paths[p][1] == g {
+                    let mut j = 0;
+                    while j < C {
+                        if grades[j] == g {
+                            let mut ti = 0;
+                            while ti < NT {
+                                if terms[ti].j as usize == j && terms[ti].p as usize == p {
+                                    slots[ti] = next;
+                                }
+                                ti += 1;
+                            }
+                            next += 1;
+                        }
+                        j += 1;
+                    }
+                }
+                p += 1;
+            }
+            g += 1;
+        }
+        slots
+    }
+    pub const SLOTS_2D: [u8; 16] = pair_slots(&TERMS_2D, &PATHS_2D, &GRADES_2D);
+    pub const SLOTS_3D: [u8; 64] = pair_slots(&TERMS_3D, &PATHS_3D, &GRADES_3D);
+    /// Pair-buffer slots: sum over output grades of (paths into it) x (components of it).
+    pub const NUM_SLOTS_2D: usize = 14;
+    pub const NUM_SLOTS_3D: usize = 44;
+
+    /// Added to the mean square before the square root of the grade RMS norm.
+    pub const NORM_EPS: f32 = 1e-6;
+    /// Features each thread of the fused forward holds in registers, per algebra: a row of up to
+    /// `cache * FWD_MAX_BLOCK` features is read once and written once. With 4 the 3D kernel sits at the
+    /// 128 registers a 512-thread block allows, with no spills (`cargo xtask build-ptx`: sgp3d_fwd_f32
+    /// 128 regs, 0 B stack on sm_80 and sm_90); longer rows take the unfused path.
+    pub const FWD_CACHE_2D: u32 = 4;
+    pub const FWD_CACHE_3D: u32 = 4;
+    /// Most threads of a fused-forward block.
+    pub const FWD_MAX_BLOCK: u32 = 512;
+    /// Longest row held in registers for a given per-thread cache.
+    pub const fn fwd_max_cached(cache: u32) -> u64 {
+        (cache * FWD_MAX_BLOCK) as u64
+    }
+    /// Threads for a row of `n` features: a multiple of 32 covering the row at `cache` a thread.
+    pub const fn fwd_block(n: u64, cache: u32) -> u32 {
+        let need = n.div_ceil(cache as u64).div_ceil(32) * 32;
+        if need < 32 {
+            32
+        } else if need > FWD_MAX_BLOCK as u64 {
+            FWD_MAX_BLOCK
+        } else {
+            need as u32
+        }
+    }
+    /// Threads of the per-feature backward (one feature a thread) and of the elementwise kernels.
+    pub const BWD_BLOCK: u32 = 128;
+    /// Threads of the per-row reductions (grade dot products, grade norms of the fc variant).
+    pub const ROW_BLOCK: u32 = 256;
+    pub const ELEM_BLOCK: u32 = 256;
+    /// Threads of `fc_pairs_bwd` (3D holds 44 pair gradients a thread: 3 blocks of 128 at up to 170
+    /// registers fit an SM without spills).
+    pub const FC_BWD_BLOCK: u32 = 128;
+    /// Batch rows each backward block folds into one weight-gradient partial (at least).
+    pub const ROWS_PER_CHUNK: u64 = 32;
+    /// Rows per chunk for a batch of `rows`: a function of the batch size only, so the partials and
+    /// their fixed-order sum give the same bits on every run and every GPU.
+    pub const fn rows_per_chunk(rows: u64) -> u64 {
+        let min = rows.div_ceil(super::matmul::MAX_GRID_YZ);
+        if min > ROWS_PER_CHUNK {
+            min
+        } else {
+            ROWS_PER_CHUNK
+        }
+    }
+    /// Number of row chunks (weight-gradient partials) for a batch of `rows`.
+    pub const fn chunks(rows: u64) -> u64 {
+        let c = rows.div_ceil(rows_per_chunk(rows));
+        if c == 0 { 1 } else { c }
+    }
+
+    const _: () = assert!(rows_per_chunk(1 << 40) * super::matmul::MAX_GRID_YZ >= 1 << 40);
 }

@@ -39,3 +39,31 @@ pub fn reduce_sum(v: f32) -> f32 {
 pub fn reduce_max(v: f32) -> f32 {
     combine(v, f32::NEG_INFINITY, warp::reduce_max)
 }
+
+crate::static_shared!(fn scratch4() -> [f32; 128] as BLOCK_REDUCE_SCRATCH4);
+
+/// Four independent sums over the block at once (two barriers for all four), returned in every
+/// thread. Same fixed combination order as [`reduce_sum`]: the same bits on every run.
+#[inline(always)]
+pub fn reduce_sum4(v: [f32; 4]) -> [f32; 4] {
+    let slots = scratch4();
+    let mut partial = [0.0f32; 4];
+    crate::unroll!(k in [0, 1, 2, 3] {
+        partial[k] = warp::reduce_sum(v[k]);
+    });
+    sync_threads();
+    let (lane, warp_id) = (thread::lane_id() as usize, thread::warp_id() as usize);
+    if lane == 0 {
+        crate::unroll!(k in [0, 1, 2, 3] {
+            slots.store(k * 32 + warp_id, partial[k]);
+        });
+    }
+    sync_threads();
+    let warps = (thread::block_dim_x() / 32) as usize;
+    let mut out = [0.0f32; 4];
+    crate::unroll!(k in [0, 1, 2, 3] {
+        let mine = if lane < warps { slots.load(k * 32 + lane) } else { 0.0 };
+        out[k] = warp::reduce_sum(mine);
+    });
+    out
+}

@@ -90,8 +90,18 @@ pub fn normal_pdf(x: f32) -> f32 {
     INV_SQRT_2PI * exp(-0.5 * x * x)
 }
 
-/// Fused multiply-add `a * b + c` with one rounding (`fma.rn.f32`). Rust does not contract `a * b + c`
-/// on its own, and `f32::mul_add` is not in `core`.
+/// Correctly rounded square root (`sqrt.rn.f32`).
+#[inline(always)]
+pub fn sqrt(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: register math.
+    unsafe {
+        core::arch::asm!("sqrt.rn.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nostack, nomem, pure))
+    }
+    y
+}
+
+/// Fused multiply-add `a * b + c` with one rounding (`fma.rn.f32`); rustc does not contract `a * b + c`.
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     let y: f32;

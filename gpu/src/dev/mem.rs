@@ -117,6 +117,14 @@ impl<T: Elem> SliceMut<T> {
         // SAFETY: as for `Slice::get`; each output element is written by exactly one thread.
         unsafe { *self.ptr.add(i as usize) = T::from_f32(v) }
     }
+    /// Reads back an output element (for `C += ...` epilogues). Same validity rule as `set`; only the
+    /// thread that writes element `i` may read it during the kernel.
+    #[inline(always)]
+    pub fn get(&self, i: u64) -> f32 {
+        check_index(i as usize, self.len as usize);
+        // SAFETY: as for `Slice::get`.
+        unsafe { (*self.ptr.add(i as usize)).to_f32() }
+    }
     #[inline(always)]
     pub fn chunks(&self) -> *mut Chunk16 {
         self.ptr as *mut Chunk16

@@ -101,6 +101,21 @@ impl<const N: usize> SharedArray<f32, N> {
         }
         [a, b, c, d]
     }
+
+    /// Stores four consecutive floats at element `i` (`st.shared.v4.f32`); `i` must be a multiple of 4.
+    #[inline(always)]
+    pub fn store4(&self, i: usize, v: [f32; 4]) {
+        check_index(i + 3, N);
+        let [a, b, c, d] = v;
+        // SAFETY: as for `load4`.
+        unsafe {
+            core::arch::asm!(
+                "st.shared.v4.f32 [{p}], {{{a}, {b}, {c}, {d}}};",
+                p = in(reg32) self.addr(i), a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
+                options(nostack)
+            )
+        }
+    }
 }
 
 /// Bounds check kept only in `checked` builds (a failure traps: the device-side assert).

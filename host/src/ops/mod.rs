@@ -5,8 +5,10 @@
 //! shape without launching anything, except where the result is undefined (max/mean over nothing),
 //! which is an [`crate::Error::Invalid`].
 pub mod attention;
+pub mod clifford;
 pub mod elementwise;
 pub mod lrp;
+pub mod matmul;
 pub mod reduce;
 pub mod softmax;
 

@@ -1,0 +1,617 @@
+//! Clifford-algebra layers on Cl(2,0) and Cl(3,0) (../shared/specs/clifford.md).
+//!
+//! Tensors are `(C, B, N)` contiguous f32: component c, batch row b, feature n at `c*B*N + b*N + n`, so
+//! consecutive threads take consecutive features and every component load is coalesced. All C
+//! components of one (b, n) live in registers; the product is generated from the term tables in
+//! `params::clifford` with constant indices only (`unroll!` over term / component / path numbers).
+//!
+//! Kernels:
+//! - `sgp{2,3}d_fwd`: the fused `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights. One block per
+//!   batch row (grid-stride): the row's outputs stay in registers (`FWD_CACHE_{2,3}D` features a thread), the
+//!   block reduces the grade sums of squares with `block::reduce_sum4`, then scales and writes: one read
+//!   of x and y, one write of o. Requires `n <= block * cache` (`fwd_max_cached`); for longer rows the
+//!   host runs it un-normalised and then `grade_norm` (one more read and write of o).
+//! - `grade_dot{2,3}d`: per row and grade, `S = sum_n sum_{c in G} go_c * o_c` (norm backward).
+//! - `sgp{2,3}d_bwd`: one thread per feature over a chunk of batch rows (grid y = chunk): norm backward,
+//!   gated inputs recomputed from raw x, y, product and gate backward; the weight gradient of the
+//!   chunk is summed in registers and written as partial `[chunk][n][p]`; `chunk_sum` then adds the
+//!   partials in chunk order. No float atomics anywhere: the same bits on every run.
+//! - `grade_norm{2,3}d`, `grade_norm_bwd{2,3}d`: the norm alone (fully connected variant).
+//! - `fc_pairs{2,3}d`, `fc_pairs_bwd{2,3}d`: the per-feature pair terms of the fully connected variant
+//!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is `matmul_f32`.
+//! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
+use crate::dev::mem::{Slice, SliceMut};
+use crate::dev::thread::{block_dim_x, block_idx_x, block_idx_y, grid_dim_x, thread_idx_x};
+use crate::dev::{block, math, opaque_u64};
+use crate::params::clifford::{
+    FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D,
+    PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
+};
+
+/// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
+/// (entries past `C`, `P`, `NT`, `NS` are never touched and are optimised away).
+trait Algebra {
+    const C: usize;
+    /// Features a thread of the fused forward keeps in registers (at most 4).
+    const CACHE: usize;
+    const G: usize;
+    const P: usize;
+    const NT: usize;
+    const NS: usize;
+    const TERMS: [Term; 64];
+    const SLOT: [usize; 64];
+    const GRADE: [usize; 8];
+}
+
+const NONE: Term = Term {
+    j: 0,
+    i: 0,
+    k: 0,
+    p: 0,
+    neg: false,
+};
+
+const fn pad_terms<const N: usize>(t: &[Term; N]) -> [Term; 64] {
+    let mut out = [NONE; 64];
+    let mut i = 0;
+    while i < N {
+        out[i] = t[i];
+        i += 1;
+    }
+    out
+}
+const fn pad_u8<const N: usize, const M: usize>(t: &[u8; N]) -> [usize; M] {
+    let mut out = [0; M];
+    let mut i = 0;
+    while i < N {
+        out[i] = t[i] as usize;
+        i += 1;
+    }
+    out
+}
+const fn num_grades<const C: usize>(g: &[u8; C]) -> usize {
+    g[C - 1] as usize + 1
+}
+
+struct Cl2;
+struct Cl3;
+impl Algebra for Cl2 {
+    const C: usize = 4;
+    const CACHE: usize = FWD_CACHE_2D as usize;
+    const G: usize = num_grades(&GRADES_2D);
+    const P: usize = PATHS_2D.len();
+    const NT: usize = TERMS_2D.len();
+    const NS: usize = NUM_SLOTS_2D;
+    const TERMS: [Term; 64] = pad_terms(&TERMS_2D);
+    const SLOT: [usize; 64] = pad_u8(&SLOTS_2D);
+    const GRADE: [usize; 8] = pad_u8(&GRADES_2D);
+}
+impl Algebra for Cl3 {
+    const C: usize = 8;
+    const CACHE: usize = FWD_CACHE_3D as usize;
+    const G: usize = num_grades(&GRADES_3D);
+    const P: usize = PATHS_3D.len();
+    const NT: usize = TERMS_3D.len();
+    const NS: usize = NUM_SLOTS_3D;
+    const TERMS: [Term; 64] = pad_terms(&TERMS_3D);
+    const SLOT: [usize; 64] = pad_u8(&SLOTS_3D);
+    const GRADE: [usize; 8] = pad_u8(&GRADES_3D);
+}
+
+type Mv = [f32; 8];
+const _: () = assert!(FWD_CACHE_2D <= 4 && FWD_CACHE_3D <= 4);
+
+macro_rules! each_comp {
+    ($A:ty, $c:ident $body:block) => {
+        crate::unroll!($c in [0, 1, 2, 3, 4, 5, 6, 7] { if $c < <$A>::C $body })
+    };
+}
+macro_rules! each_grade {
+    ($A:ty, $g:ident $body:block) => {
+        crate::unroll!($g in [0, 1, 2, 3] { if $g < <$A>::G $body })
+    };
+}
+macro_rules! each_path {
+    ($A:ty, $p:ident $body:block) => {
+        crate::unroll!($p in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19] {
+            if $p < <$A>::P $body
+        })
+    };
+}
+macro_rules! each_slot {
+    ($A:ty, $s:ident $body:block) => {
+        crate::unroll!($s in [
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+            22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43
+        ] { if $s < <$A>::NS $body })
+    };
+}
+/// `$body` once per product term, with `$t` bound to the (constant) term and `$s` to its pair slot.
+macro_rules! each_term {
+    ($A:ty, $t:ident, $s:ident $body:block) => {
+        crate::unroll!(ti in [
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+            48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
+        ] {
+            if ti < <$A>::NT {
+                let $t = <$A>::TERMS[ti];
+                let $s = <$A>::SLOT[ti];
+                $body
+            }
+        })
+    };
+}
+
+/// `acc + v` or `acc - v` for a constant sign.
+#[inline(always)]
+fn signed_add(acc: f32, neg: bool, v: f32) -> f32 {
+    if neg { acc - v } else { acc + v }
+}
+
+/// The C components at `idx + c * stride`.
+#[inline(always)]
+fn load_mv<A: Algebra>(s: &Slice<f32>, idx: u64, stride: u64) -> Mv {
+    let mut v = [0.0f32; 8];
+    each_comp!(A, c {
+        v[c] = s.get(idx + c as u64 * stride);
+    });
+    v
+}
+
+#[inline(always)]
+fn store_mv<A: Algebra>(s: &SliceMut<f32>, idx: u64, stride: u64, v: &Mv) {
+    each_comp!(A, c {
+        s.set(idx + c as u64 * stride, v[c]);
+    });
+}
+
+/// Feature `f`'s weights `w[f, 0..P]`.
+#[inline(always)]
+fn load_weights<A: Algebra>(w: &Slice<f32>, f: u64) -> [f32; 20] {
+    let mut v = [0.0f32; 20];
+    each_path!(A, p {
+        v[p] = w.get(f * A::P as u64 + p as u64);
+    });
+    v
+}
+
+/// MV-GELU gate: every component scaled by `Phi(x0)`; returns the gated multivector and `Phi(x0)`.
+#[inline(always)]
+fn gate<A: Algebra>(x: &Mv) -> (Mv, f32) {
+    let phi = math::normal_cdf(x[0]);
+    let mut g = [0.0f32; 8];
+    each_comp!(A, c {
+        g[c] = x[c] * phi;
+    });
+    (g, phi)
+}
+
+/// Gate backward: `gx0 = (Phi + x0 phi) gt0 + phi sum_{c>=1} x_c gt_c`, `gx_c = Phi gt_c`.
+#[inline(always)]
+fn gate_bwd<A: Algebra>(x: &Mv, cdf: f32, gt: &Mv) -> Mv {
+    let pdf = math::normal_pdf(x[0]);
+    let mut gx = [0.0f32; 8];
+    let mut dot = 0.0f32;
+    each_comp!(A, c {
+        if c >= 1 {
+            dot += x[c] * gt[c];
+            gx[c] = cdf * gt[c];
+        }
+    });
+    gx[0] = (cdf + x[0] * pdf) * gt[0] + pdf * dot;
+    gx
+}
+
+/// The weighted geometric product of gated inputs.
+#[inline(always)]
+fn product<A: Algebra>(x: &Mv, y: &Mv, w: &[f32; 20]) -> Mv {
+    let mut o = [0.0f32; 8];
+    each_term!(A, t, _slot {
+        o[t.j as usize] = signed_add(o[t.j as usize], t.neg, w[t.p as usize] * (x[t.i as usize] * y[t.k as usize]));
+    });
+    o
+}
+
+/// Sum of squares of each grade of `o`, added to `sq`.
+#[inline(always)]
+fn add_grade_squares<A: Algebra>(sq: &mut [f32; 4], o: &Mv) {
+    each_comp!(A, c {
+        sq[A::GRADE[c]] += o[c] * o[c];
+    });
+}
+
+/// Block-wide grade norms of one row: `r_G = sqrt(sum / n + eps)`; thread 0 stores `r[G * rows + row]`.
+/// Returns `1 / r_G`. Every thread of the block must call it.
+#[inline(always)]
+fn grade_norms<A: Algebra>(
+    sq: [f32; 4],
+    n: u64,
+    r: &SliceMut<f32>,
+    row: u64,
+    rows: u64,
+) -> [f32; 4] {
+    let s = block::reduce_sum4(sq);
+    let mut inv = [1.0f32; 4];
+    each_grade!(A, g {
+        let rg = math::sqrt(s[g] / n as f32 + NORM_EPS);
+        inv[g] = 1.0 / rg;
+        if thread_idx_x() == 0 {
+            r.set(g as u64 * rows + row, rg);
+        }
+    });
+    inv
+}
+
+#[inline(always)]
+fn scale_grades<A: Algebra>(o: &Mv, inv: &[f32; 4]) -> Mv {
+    let mut v = [0.0f32; 8];
+    each_comp!(A, c {
+        v[c] = o[c] * inv[A::GRADE[c]];
+    });
+    v
+}
+
+/// Inputs and sizes of the fused op, as every thread of a launch sees them.
+#[derive(Clone, Copy)]
+struct Sgp {
+    x: Slice<f32>,
+    y: Slice<f32>,
+    w: Slice<f32>,
+    rows: u64,
+    n: u64,
+}
+
+impl Sgp {
+    /// Un-normalised output at (row, f).
+    #[inline(always)]
+    fn element<A: Algebra>(&self, row: u64, f: u64) -> Mv {
+        let (bn, idx) = (self.rows * self.n, row * self.n + f);
+        let (xt, _) = gate::<A>(&load_mv::<A>(&self.x, idx, bn));
+        let (yt, _) = gate::<A>(&load_mv::<A>(&self.y, idx, bn));
+        product::<A>(&xt, &yt, &load_weights::<A>(&self.w, f))
+    }
+}
+
+/// One row with its outputs in registers: read once, write once. Needs `n <= block_dim * A::CACHE`.
+#[inline(always)]
+fn fwd_row_cached<A: Algebra>(
+    s: &Sgp,
+    o: &SliceMut<f32>,
+    r: &SliceMut<f32>,
+    row: u64,
+    normalize: bool,
+) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let mut out = [[0.0f32; 8]; 4];
+    let mut sq = [0.0f32; 4];
+    crate::unroll!(k in [0, 1, 2, 3] {
+        let f = tid + k as u64 * nt;
+        if k < A::CACHE && f < s.n {
+            out[k] = s.element::<A>(row, f);
+            add_grade_squares::<A>(&mut sq, &out[k]);
+        }
+    });
+    let inv = if normalize {
+        grade_norms::<A>(sq, s.n, r, row, s.rows)
+    } else {
+        [1.0; 4]
+    };
+    let bn = s.rows * s.n;
+    crate::unroll!(k in [0, 1, 2, 3] {
+        let f = tid + k as u64 * nt;
+        if k < A::CACHE && f < s.n {
+            store_mv::<A>(o, row * s.n + f, bn, &scale_grades::<A>(&out[k], &inv));
+        }
+    });
+}
+
+#[inline(always)]
+unsafe fn sgp_fwd<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
+    let mut row = block_idx_x() as u64;
+    while row < s.rows {
+        fwd_row_cached::<A>(&s, &o, &r, opaque_u64(row), normalize != 0);
+        row += grid_dim_x() as u64;
+    }
+}
+
+/// Per row and grade: `s[G * rows + b] = sum_n sum_{c in G} go_c o_c` (`o` the normalised output).
+/// With `r` non-empty (`apply`), a second pass writes the norm backward
+/// `gu_c = go_c / r - o_c S / (N r)` into `gu`.
+#[inline(always)]
+unsafe fn grade_dot<A: Algebra>(
+    go: Slice<f32>,
+    o: Slice<f32>,
+    s: SliceMut<f32>,
+    r: Slice<f32>,
+    gu: SliceMut<f32>,
+    rows: u64,
+    n: u64,
+) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let bn = rows * n;
+    let apply = r.len > 0;
+    let mut row = block_idx_x() as u64;
+    while row < rows {
+        let mut acc = [0.0f32; 4];
+        let mut f = tid;
+        while f < n {
+            let idx = opaque_u64(row * n + f);
+            let (g, ov) = (load_mv::<A>(&go, idx, bn), load_mv::<A>(&o, idx, bn));
+            each_comp!(A, c {
+                acc[A::GRADE[c]] += g[c] * ov[c];
+            });
+            f += nt;
+        }
+        let sum = block::reduce_sum4(acc);
+        if apply {
+            let (mut inv_r, mut coef) = ([0.0f32; 4], [0.0f32; 4]);
+            each_grade!(A, gr {
+                let rg = r.get(gr as u64 * rows + row);
+                inv_r[gr] = 1.0 / rg;
+                coef[gr] = sum[gr] / (n as f32 * rg);
+            });
+            let mut f = tid;
+            while f < n {
+                let idx = opaque_u64(row * n + f);
+                let (g, ov) = (load_mv::<A>(&go, idx, bn), load_mv::<A>(&o, idx, bn));
+                store_mv::<A>(&gu, idx, bn, &norm_bwd::<A>(&g, &ov, &inv_r, &coef));
+                f += nt;
+            }
+        } else if tid == 0 {
+            each_grade!(A, gr {
+                s.set(gr as u64 * rows + row, sum[gr]);
+            });
+        }
+        row += grid_dim_x() as u64;
+    }
+}
+
+/// `gu_c = go_c / r - o_c S / (N r)` with `inv_r = 1 / r`, `coef = S / (N r)` per grade.
+#[inline(always)]
+fn norm_bwd<A: Algebra>(g: &Mv, o: &Mv, inv_r: &[f32; 4], coef: &[f32; 4]) -> Mv {
+    let mut gu = [0.0f32; 8];
+    each_comp!(A, c {
+        gu[c] = g[c] * inv_r[A::GRADE[c]] - o[c] * coef[A::GRADE[c]];
+    });
+    gu
+}
+
+/// Gradients of one sgp backward launch.
+#[derive(Clone, Copy)]
+struct SgpGrads {
+    go: Slice<f32>,
+    o: Slice<f32>,
+    r: Slice<f32>,
+    s: Slice<f32>,
+    gx: SliceMut<f32>,
+    gy: SliceMut<f32>,
+    partials: SliceMut<f32>,
+}
+
+/// Thread = feature, grid y = chunk of `rows_per_chunk` batch rows.
+#[inline(always)]
+unsafe fn sgp_bwd<A: Algebra>(s: Sgp, g: SgpGrads, rows_per_chunk: u64, normalize: u32) {
+    let f = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    if f >= s.n {
+        return;
+    }
+    let chunk = block_idx_y() as u64;
+    let (b0, bn) = (chunk * rows_per_chunk, s.rows * s.n);
+    let b1 = (b0 + rows_per_chunk).min(s.rows);
+    let w = load_weights::<A>(&s.w, f);
+    let mut dw = [0.0f32; 20];
+    let mut b = b0;
+    while b < b1 {
+        let idx = opaque_u64(b) * s.n + f;
+        let mut gu = load_mv::<A>(&g.go, idx, bn);
+        if normalize != 0 {
+            let (mut inv_r, mut coef) = ([0.0f32; 4], [0.0f32; 4]);
+            each_grade!(A, gr {
+                let rg = g.r.get(gr as u64 * s.rows + b);
+                inv_r[gr] = 1.0 / rg;
+                coef[gr] = g.s.get(gr as u64 * s.rows + b) / (s.n as f32 * rg);
+            });
+            gu = norm_bwd::<A>(&gu, &load_mv::<A>(&g.o, idx, bn), &inv_r, &coef);
+        }
+        let (xv, yv) = (load_mv::<A>(&s.x, idx, bn), load_mv::<A>(&s.y, idx, bn));
+        let ((xt, cx), (yt, cy)) = (gate::<A>(&xv), gate::<A>(&yv));
+        let (mut gxt, mut gyt) = ([0.0f32; 8], [0.0f32; 8]);
+        each_term!(A, t, _slot {
+            let (i, j, k, p) = (t.i as usize, t.j as usize, t.k as usize, t.p as usize);
+            gxt[i] = signed_add(gxt[i], t.neg, w[p] * (yt[k] * gu[j]));
+            gyt[k] = signed_add(gyt[k], t.neg, w[p] * (xt[i] * gu[j]));
+            dw[p] = signed_add(dw[p], t.neg, gu[j] * (xt[i] * yt[k]));
+        });
+        store_mv::<A>(&g.gx, idx, bn, &gate_bwd::<A>(&xv, cx, &gxt));
+        store_mv::<A>(&g.gy, idx, bn, &gate_bwd::<A>(&yv, cy, &gyt));
+        b += 1;
+    }
+    each_path!(A, p {
+        g.partials.set((chunk * s.n + f) * A::P as u64 + p as u64, dw[p]);
+    });
+}
+
+/// Grade RMS norm alone: `o = u / r`, `r` per (grade, row). One block per row, two passes.
+#[inline(always)]
+unsafe fn grade_norm<A: Algebra>(
+    u: Slice<f32>,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    rows: u64,
+    n: u64,
+) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let bn = rows * n;
+    let mut row = block_idx_x() as u64;
+    while row < rows {
+        let mut sq = [0.0f32; 4];
+        let mut f = tid;
+        while f < n {
+            add_grade_squares::<A>(&mut sq, &load_mv::<A>(&u, opaque_u64(row * n + f), bn));
+            f += nt;
+        }
+        let inv = grade_norms::<A>(sq, n, &r, row, rows);
+        let mut f = tid;
+        while f < n {
+            let idx = opaque_u64(row * n + f);
+            store_mv::<A>(
+                &o,
+                idx,
+                bn,
+                &scale_grades::<A>(&load_mv::<A>(&u, idx, bn), &inv),
+            );
+            f += nt;
+        }
+        row += grid_dim_x() as u64;
+    }
+}
+
+/// Elementwise over (b, n): the gated pair terms of every (output component, path) slot.
+#[inline(always)]
+unsafe fn fc_pairs<A: Algebra>(x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32>, bn: u64) {
+    let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    let step = grid_dim_x() as u64 * block_dim_x() as u64;
+    while e < bn {
+        e = opaque_u64(e);
+        let (xt, _) = gate::<A>(&load_mv::<A>(&x, e, bn));
+        let (yt, _) = gate::<A>(&load_mv::<A>(&y, e, bn));
+        let mut v = [0.0f32; 44];
+        each_term!(A, t, slot {
+            v[slot] = signed_add(v[slot], t.neg, xt[t.i as usize] * yt[t.k as usize]);
+        });
+        each_slot!(A, s {
+            pairs.set(s as u64 * bn + e, v[s]);
+        });
+        e += step;
+    }
+}
+
+/// Backward of [`fc_pairs`] and of the gate: from the pair-term gradients to grad x and grad y.
+#[inline(always)]
+unsafe fn fc_pairs_bwd<A: Algebra>(
+    x: Slice<f32>,
+    y: Slice<f32>,
+    gpairs: Slice<f32>,
+    gx: SliceMut<f32>,
+    gy: SliceMut<f32>,
+    bn: u64,
+) {
+    let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    let step = grid_dim_x() as u64 * block_dim_x() as u64;
+    while e < bn {
+        e = opaque_u64(e);
+        let (xv, yv) = (load_mv::<A>(&x, e, bn), load_mv::<A>(&y, e, bn));
+        let ((xt, cx), (yt, cy)) = (gate::<A>(&xv), gate::<A>(&yv));
+        let (mut gxt, mut gyt) = ([0.0f32; 8], [0.0f32; 8]);
+        each_term!(A, t, slot {
+            let g = gpairs.get(slot as u64 * bn + e);
+            let (i, k) = (t.i as usize, t.k as usize);
+            gxt[i] = signed_add(gxt[i], t.neg, g * yt[k]);
+            gyt[k] = signed_add(gyt[k], t.neg, g * xt[i]);
+        });
+        store_mv::<A>(&gx, e, bn, &gate_bwd::<A>(&xv, cx, &gxt));
+        store_mv::<A>(&gy, e, bn, &gate_bwd::<A>(&yv, cy, &gyt));
+        e += step;
+    }
+}
+
+macro_rules! clifford_entry_points {
+    ($($A:ty: $fwd:ident, $bwd:ident, $dot:ident, $norm:ident, $pairs:ident, $pairs_bwd:ident;)*) => {$(
+        /// Fused forward: grid = rows (grid-stride), block = `fwd_block(n)`. `r` is `(G, B)` when
+        /// `normalize != 0` (else unused, may be empty).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd(
+            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>,
+            rows: u64, n: u64, normalize: u32,
+        ) {
+            unsafe { sgp_fwd::<$A>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+        }
+        /// Backward: grid (ceil(n / BWD_BLOCK), chunks(rows)), block `BWD_BLOCK`. `partials` is
+        /// `(chunks, n, P)`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd(
+            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, go: Slice<f32>, o: Slice<f32>, r: Slice<f32>,
+            s: Slice<f32>, gx: SliceMut<f32>, gy: SliceMut<f32>, partials: SliceMut<f32>,
+            rows: u64, n: u64, rows_per_chunk: u64, normalize: u32,
+        ) {
+            let g = SgpGrads { go, o, r, s, gx, gy, partials };
+            unsafe { sgp_bwd::<$A>(Sgp { x, y, w, rows, n }, g, rows_per_chunk, normalize) }
+        }
+        /// Grade dot products `s (G, B)` (with `r` empty), or with `r` the norm backward into `gu`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $dot(
+            go: Slice<f32>, o: Slice<f32>, s: SliceMut<f32>, r: Slice<f32>, gu: SliceMut<f32>,
+            rows: u64, n: u64,
+        ) {
+            unsafe { grade_dot::<$A>(go, o, s, r, gu, rows, n) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $norm(u: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>, rows: u64, n: u64) {
+            unsafe { grade_norm::<$A>(u, o, r, rows, n) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $pairs(x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32>, bn: u64) {
+            unsafe { fc_pairs::<$A>(x, y, pairs, bn) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $pairs_bwd(
+            x: Slice<f32>, y: Slice<f32>, gpairs: Slice<f32>, gx: SliceMut<f32>, gy: SliceMut<f32>, bn: u64,
+        ) {
+            unsafe { fc_pairs_bwd::<$A>(x, y, gpairs, gx, gy, bn) }
+        }
+    )*};
+}
+
+clifford_entry_points! {
+    Cl2: sgp2d_fwd_f32, sgp2d_bwd_f32, grade_dot2d_f32, grade_norm2d_f32, fc_pairs2d_f32, fc_pairs_bwd2d_f32;
+    Cl3: sgp3d_fwd_f32, sgp3d_bwd_f32, grade_dot3d_f32, grade_norm3d_f32, fc_pairs3d_f32, fc_pairs_bwd3d_f32;
+}
+
+/// `out[i] = sum_{c < chunks} partials[c * len + i]`, in chunk order. 1-D grid-stride.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn chunk_sum_f32(
+    partials: Slice<f32>,
+    out: SliceMut<f32>,
+    chunks: u64,
+    len: u64,
+) {
+    let mut i = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    let step = grid_dim_x() as u64 * block_dim_x() as u64;
+    while i < len {
+        let mut acc = 0.0f32;
+        let mut c = 0;
+        while c < chunks {
+            acc += partials.get(c * len + i);
+            c += 1;
+        }
+        out.set(i, acc);
+        i += step;
+    }
+}
+
+/// Column sums of a row-major `(rows, cols)` matrix by row chunks: grid (ceil(cols / block), chunks),
+/// `partials[chunk * cols + col]` = sum of the chunk's rows, in row order.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn col_sum_partials_f32(
+    x: Slice<f32>,
+    partials: SliceMut<f32>,
+    rows: u64,
+    cols: u64,
+    rows_per_chunk: u64,
+) {
+    let col = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    if col >= cols {
+        return;
+    }
+    let chunk = block_idx_y() as u64;
+    let b0 = chunk * rows_per_chunk;
+    let b1 = (b0 + rows_per_chunk).min(rows);
+    let mut acc = 0.0f32;
+    let mut b = b0;
+    while b < b1 {
+        acc += x.get(b * cols + col);
+        b += 1;
+    }
+    partials.set(chunk * cols + col, acc);
+}

@@ -1,0 +1,1024 @@
+//! Clifford-algebra layers on Cl(2,0) and Cl(3,0) (../shared/specs/clifford.md): the fused
+//! `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights (sgp) or fully connected weights (fcgp),
+//! forward and backward, and the [`Layer`] (per-grade linear map + bias, then the fused op).
+//!
+//! Layout: multivector batches are contiguous f32 `(C, B, N)` (C = 4 in 2D, 8 in 3D; element
+//! `(c, b, n)` at `c*B*N + b*N + n`); blade order 2D `[1, e1, e2, e12]`, 3D `[1, e1, e2, e3, e12, e13,
+//! e23, e123]`; sgp weights `(N, P)`, fcgp weights `(P, N_in, N_out)`, P = 10 (2D) or 20 (3D).
+//!
+//! Saved state: the forward keeps only its (normalised) output and, with [`Normalize::Yes`], the grade
+//! norms `r (G, B)`; the backward recomputes the gated inputs from raw x and y.
+//!
+//! Determinism: the grade norms are block reductions in a fixed order; weight and bias gradients are
+//! per-chunk partials summed in chunk order (chunk size a function of B only); the fc variant's mixing is
+//! the tiled matmul with a fixed k order. The same inputs give the same bits on every run.
+//!
+//! **Equivariance.** The per-grade linear map of [`Layer`] commutes with rotations, but its bias is
+//! added to *every* component (the reference convention of the Python tools this library matches), so
+//! a non-zero bias breaks O(n) equivariance. Initialise it to zero (the spec's init does) and keep it
+//! there if equivariance matters.
+use gpu::params::RawSlice;
+use gpu::params::clifford::{
+    BWD_BLOCK, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D,
+    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks,
+    fwd_block, fwd_max_cached, rows_per_chunk,
+};
+
+use crate::error::{Error, Result};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
+use crate::ops::matmul::{Accumulate, GemmShape, Operand, Transpose, gemm, offset};
+use crate::ops::same_device_and_dtype;
+use crate::tensor::Tensor;
+use crate::{DType, Gpu};
+
+/// The algebra of a multivector batch, known from its component count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algebra {
+    /// Cl(2,0): 4 components, 3 grades, 10 weight paths.
+    Cl2,
+    /// Cl(3,0): 8 components, 4 grades, 20 weight paths.
+    Cl3,
+}
+
+impl Algebra {
+    /// The algebra with `c` components, if any.
+    pub fn from_components(c: usize) -> Option<Algebra> {
+        match c {
+            4 => Some(Algebra::Cl2),
+            8 => Some(Algebra::Cl3),
+            _ => None,
+        }
+    }
+    /// Dimension of the vector space (2 or 3).
+    pub fn dims(self) -> usize {
+        match self {
+            Algebra::Cl2 => 2,
+            Algebra::Cl3 => 3,
+        }
+    }
+    pub fn components(self) -> usize {
+        1 << self.dims()
+    }
+    pub fn grades(self) -> usize {
+        self.dims() + 1
+    }
+    /// Weight paths P.
+    pub fn paths(self) -> usize {
+        self.path_table().len()
+    }
+    /// The product terms (`o[j] += ±w[p] x[i] y[k]`), in the spec's order.
+    pub fn terms(self) -> &'static [Term] {
+        match self {
+            Algebra::Cl2 => &TERMS_2D,
+            Algebra::Cl3 => &TERMS_3D,
+        }
+    }
+    /// Grade of each blade.
+    pub fn blade_grades(self) -> &'static [u8] {
+        match self {
+            Algebra::Cl2 => &GRADES_2D,
+            Algebra::Cl3 => &GRADES_3D,
+        }
+    }
+    /// (grade of x, grade of output, grade of y) of each weight path.
+    pub fn path_table(self) -> &'static [[u8; 3]] {
+        match self {
+            Algebra::Cl2 => &PATHS_2D,
+            Algebra::Cl3 => &PATHS_3D,
+        }
+    }
+    fn num_slots(self) -> usize {
+        match self {
+            Algebra::Cl2 => NUM_SLOTS_2D,
+            Algebra::Cl3 => NUM_SLOTS_3D,
+        }
+    }
+    fn fwd_cache(self) -> u32 {
+        match self {
+            Algebra::Cl2 => FWD_CACHE_2D,
+            Algebra::Cl3 => FWD_CACHE_3D,
+        }
+    }
+    /// First component and component count of grade `g` (blades of a grade are contiguous).
+    pub fn grade_span(self, g: usize) -> (usize, usize) {
+        let grades = self.blade_grades();
+        let first = grades.iter().position(|&x| x as usize == g).unwrap_or(0);
+        (first, grades.iter().filter(|&&x| x as usize == g).count())
+    }
+    /// The fc variant's matmuls in order: (output grade, path, first pair slot), one per path, grouped by
+    /// output grade (the layout of `params::clifford::pair_slots`).
+    fn fc_plan(self) -> Vec<(usize, usize, usize)> {
+        let mut plan = Vec::new();
+        let mut slot = 0;
+        for g in 0..self.grades() {
+            let (_, count) = self.grade_span(g);
+            for (p, path) in self.path_table().iter().enumerate() {
+                if path[1] as usize == g {
+                    plan.push((g, p, slot));
+                    slot += count;
+                }
+            }
+        }
+        plan
+    }
+    fn kernel(self, op: Kernel) -> &'static str {
+        use Algebra::*;
+        use Kernel::*;
+        match (self, op) {
+            (Cl2, Fwd) => "sgp2d_fwd_f32",
+            (Cl3, Fwd) => "sgp3d_fwd_f32",
+            (Cl2, Bwd) => "sgp2d_bwd_f32",
+            (Cl3, Bwd) => "sgp3d_bwd_f32",
+            (Cl2, Dot) => "grade_dot2d_f32",
+            (Cl3, Dot) => "grade_dot3d_f32",
+            (Cl2, Norm) => "grade_norm2d_f32",
+            (Cl3, Norm) => "grade_norm3d_f32",
+            (Cl2, Pairs) => "fc_pairs2d_f32",
+            (Cl3, Pairs) => "fc_pairs3d_f32",
+            (Cl2, PairsBwd) => "fc_pairs_bwd2d_f32",
+            (Cl3, PairsBwd) => "fc_pairs_bwd3d_f32",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kernel {
+    Fwd,
+    Bwd,
+    Dot,
+    Norm,
+    Pairs,
+    PairsBwd,
+}
+
+/// Whether the fused op ends with the grade-wise RMS norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Normalize {
+    No,
+    Yes,
+}
+
+/// What a forward returns and its backward needs: the output and, when normalised, the grade norms
+/// `r (G, B)`.
+#[derive(Clone, Debug)]
+pub struct Forward {
+    pub out: Tensor,
+    pub norms: Option<Tensor>,
+}
+
+/// Gradients of the fused op.
+#[derive(Clone, Debug)]
+pub struct Grads {
+    pub grad_x: Tensor,
+    pub grad_y: Tensor,
+    pub grad_weight: Tensor,
+}
+
+/// Sizes of one multivector batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub algebra: Algebra,
+    pub batch: usize,
+    pub features: usize,
+}
+
+fn f32_only(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype() == DType::F32 {
+        Ok(())
+    } else {
+        Err(Error::DType {
+            op,
+            expected: "f32".into(),
+            got: t.dtype(),
+        })
+    }
+}
+
+/// A contiguous f32 `(C, B, N)` multivector batch with C = 4 or 8.
+pub fn check_multivectors(op: &'static str, what: &'static str, x: &Tensor) -> Result<Dims> {
+    f32_only(op, x)?;
+    let [c, b, n] = *x.shape() else {
+        return Err(Error::Shape {
+            op,
+            what: format!("{what} must be a (C, B, N) multivector batch"),
+            expected: "rank 3: (components, batch, features)".into(),
+            got: x.shape().to_vec(),
+        });
+    };
+    let algebra = Algebra::from_components(c).ok_or_else(|| Error::Shape {
+        op,
+        what: format!("wrong component count {c} in {what}"),
+        expected: "4 components (Cl(2,0)) or 8 (Cl(3,0)) in dim 0".into(),
+        got: x.shape().to_vec(),
+    })?;
+    x.require_contiguous(op, what)?;
+    Ok(Dims {
+        algebra,
+        batch: b,
+        features: n,
+    })
+}
+
+/// x and y of the fused op: same algebra, same B; `same_n` also requires the same N.
+fn check_pair(op: &'static str, x: &Tensor, y: &Tensor) -> Result<Dims> {
+    same_device_and_dtype(op, x, y)?;
+    let dx = check_multivectors(op, "x", x)?;
+    let dy = check_multivectors(op, "y", y)?;
+    let mismatch = |what: &str, a: usize, b: usize| Error::Shape {
+        op,
+        what: format!("mismatched {what} between x and y"),
+        expected: format!("y with {what} {a} (as x {:?})", x.shape()),
+        got: vec![b],
+    };
+    if dx.algebra != dy.algebra {
+        return Err(mismatch(
+            "component count C",
+            dx.algebra.components(),
+            dy.algebra.components(),
+        ));
+    }
+    if dx.batch != dy.batch {
+        return Err(mismatch("batch B", dx.batch, dy.batch));
+    }
+    if dx.features != dy.features {
+        return Err(mismatch("features N", dx.features, dy.features));
+    }
+    Ok(dx)
+}
+
+/// A contiguous f32 tensor of exactly `expected` shape, `name` describing it (e.g. "(N, P)").
+fn check_param(
+    op: &'static str,
+    what: &'static str,
+    t: &Tensor,
+    expected: &[usize],
+    name: &str,
+) -> Result<()> {
+    f32_only(op, t)?;
+    if t.shape() != expected {
+        return Err(Error::Shape {
+            op,
+            what: format!("wrong {what} shape (batch and features must match x)"),
+            expected: format!("{name} = {expected:?}"),
+            got: t.shape().to_vec(),
+        });
+    }
+    t.require_contiguous(op, what)
+}
+
+/// The saved forward state matching `d`: output `(C, B, n_out)` and, if any, norms `(G, B)`.
+fn check_saved(
+    op: &'static str,
+    d: Dims,
+    n_out: usize,
+    fwd: &Forward,
+    grad_out: &Tensor,
+) -> Result<()> {
+    let shape = [d.algebra.components(), d.batch, n_out];
+    check_param(op, "saved output", &fwd.out, &shape, "(C, B, N_out)")?;
+    check_param(op, "grad_out", grad_out, &shape, "(C, B, N_out)")?;
+    if let Some(r) = &fwd.norms {
+        check_param(
+            op,
+            "saved norms",
+            r,
+            &[d.algebra.grades(), d.batch],
+            "(G, B)",
+        )?;
+    }
+    Ok(())
+}
+
+fn u64s(d: Dims) -> (u64, u64) {
+    (d.batch as u64, d.features as u64)
+}
+
+const NONE: RawSlice = RawSlice { ptr: 0, len: 0 };
+
+/// The grade RMS norm of `u (C, B, n)` into `out`, norms into `r (G, B)`.
+fn grade_norm(
+    gpu: &Gpu,
+    alg: Algebra,
+    u: &Tensor,
+    out: &Tensor,
+    r: &Tensor,
+    rows: u64,
+    n: u64,
+) -> Result<()> {
+    launch(
+        gpu,
+        alg.kernel(Kernel::Norm),
+        grid_blocks(rows, 1),
+        ROW_BLOCK,
+        &[
+            &ByValue(u.raw()),
+            &ByValue(out.raw()),
+            &ByValue(r.raw()),
+            &rows,
+            &n,
+        ],
+    )
+}
+
+/// Fixed-order sum over the leading dim of `partials (chunks, len)` into `out (len)`.
+fn chunk_sum(gpu: &Gpu, partials: &Tensor, out: &Tensor, chunks: u64, len: u64) -> Result<()> {
+    launch(
+        gpu,
+        "chunk_sum_f32",
+        grid_blocks(len, ELEM_BLOCK as u64),
+        ELEM_BLOCK,
+        &[&ByValue(partials.raw()), &ByValue(out.raw()), &chunks, &len],
+    )
+}
+
+/// Column sums of the row-major `(rows, cols)` view of `x` into `out (cols)`, deterministic.
+fn col_sum(gpu: &Gpu, x: &Tensor, out: &Tensor, rows: u64, cols: u64) -> Result<()> {
+    let (rpc, nchunks) = (rows_per_chunk(rows), chunks(rows));
+    let partials = Tensor::empty(gpu, &[nchunks as usize, cols as usize], DType::F32)?;
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (cols.div_ceil(ELEM_BLOCK as u64) as u32, nchunks as u32, 1),
+        block_dim: (ELEM_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch_cfg(
+        gpu,
+        "col_sum_partials_f32",
+        cfg,
+        &[
+            &ByValue(x.raw()),
+            &ByValue(partials.raw()),
+            &rows,
+            &cols,
+            &rpc,
+        ],
+    )?;
+    chunk_sum(gpu, &partials, out, nchunks, cols)
+}
+
+/// Checks that a grid dim fits the driver's 2^31 - 1 (x) limit.
+fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
+    u32::try_from(work.div_ceil(per_block).max(1)).map_err(|_| Error::TooLarge {
+        op,
+        what: "feature blocks",
+        given: work,
+        max: i32::MAX as u64,
+    })
+}
+
+/// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
+pub fn sgp_forward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    normalize: Normalize,
+) -> Result<Forward> {
+    const OP: &str = "clifford sgp_forward";
+    let d = check_pair(OP, x, y)?;
+    same_device_and_dtype(OP, x, weight)?;
+    check_param(
+        OP,
+        "weight",
+        weight,
+        &[d.features, d.algebra.paths()],
+        "(N, P)",
+    )?;
+    let (alg, gpu) = (d.algebra, x.gpu());
+    let out = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let norms = match normalize {
+        Normalize::Yes => Some(Tensor::empty(gpu, &[alg.grades(), d.batch], DType::F32)?),
+        Normalize::No => None,
+    };
+    if out.numel() == 0 {
+        return Ok(Forward { out, norms });
+    }
+    let (rows, n) = u64s(d);
+    let cache = alg.fwd_cache();
+    let fused = n <= fwd_max_cached(cache);
+    // Rows longer than the register cache: un-normalised product, then the norm as its own pass.
+    let unnormalised = if fused || norms.is_none() {
+        None
+    } else {
+        Some(Tensor::empty(gpu, x.shape(), DType::F32)?)
+    };
+    let target = unnormalised.as_ref().unwrap_or(&out);
+    let flag = u32::from(fused && norms.is_some());
+    let r_raw = if flag == 1 {
+        norms.as_ref().map_or(NONE, |r| r.raw())
+    } else {
+        NONE
+    };
+    launch(
+        gpu,
+        alg.kernel(Kernel::Fwd),
+        grid_blocks(rows, 1),
+        fwd_block(n.min(fwd_max_cached(cache)), cache),
+        &[
+            &ByValue(x.raw()),
+            &ByValue(y.raw()),
+            &ByValue(weight.raw()),
+            &ByValue(target.raw()),
+            &ByValue(r_raw),
+            &rows,
+            &n,
+            &flag,
+        ],
+    )?;
+    if let (Some(u), Some(r)) = (&unnormalised, &norms) {
+        grade_norm(gpu, alg, u, &out, r, rows, n)?;
+    }
+    Ok(Forward { out, norms })
+}
+
+/// Norm-backward grade dot products `S (G, B)`.
+fn grade_dots(
+    gpu: &Gpu,
+    alg: Algebra,
+    go: &Tensor,
+    o: &Tensor,
+    rows: u64,
+    n: u64,
+) -> Result<Tensor> {
+    let s = Tensor::empty(gpu, &[alg.grades(), rows as usize], DType::F32)?;
+    launch(
+        gpu,
+        alg.kernel(Kernel::Dot),
+        grid_blocks(rows, 1),
+        ROW_BLOCK,
+        &[
+            &ByValue(go.raw()),
+            &ByValue(o.raw()),
+            &ByValue(s.raw()),
+            &ByValue(NONE),
+            &ByValue(NONE),
+            &rows,
+            &n,
+        ],
+    )?;
+    Ok(s)
+}
+
+/// Backward of [`sgp_forward`]: grad_x, grad_y `(C, B, N)` and grad_weight `(N, P)`.
+pub fn sgp_backward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    fwd: &Forward,
+    grad_out: &Tensor,
+) -> Result<Grads> {
+    const OP: &str = "clifford sgp_backward";
+    let d = check_pair(OP, x, y)?;
+    same_device_and_dtype(OP, x, weight)?;
+    same_device_and_dtype(OP, x, grad_out)?;
+    check_param(
+        OP,
+        "weight",
+        weight,
+        &[d.features, d.algebra.paths()],
+        "(N, P)",
+    )?;
+    check_saved(OP, d, d.features, fwd, grad_out)?;
+    let (alg, gpu) = (d.algebra, x.gpu());
+    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+    let (rows, n) = u64s(d);
+    if n == 0 {
+        return Ok(Grads {
+            grad_x,
+            grad_y,
+            grad_weight,
+        });
+    }
+    let s = match &fwd.norms {
+        Some(_) => Some(grade_dots(gpu, alg, grad_out, &fwd.out, rows, n)?),
+        None => None,
+    };
+    let (rpc, nchunks) = (rows_per_chunk(rows), chunks(rows));
+    let p = alg.paths() as u64;
+    let partials = Tensor::empty(
+        gpu,
+        &[nchunks as usize, d.features, alg.paths()],
+        DType::F32,
+    )?;
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (grid_x(OP, n, BWD_BLOCK as u64)?, nchunks as u32, 1),
+        block_dim: (BWD_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let normalize = u32::from(fwd.norms.is_some());
+    let raw_or_none = |t: &Option<Tensor>| t.as_ref().map_or(NONE, |t| t.raw());
+    launch_cfg(
+        gpu,
+        alg.kernel(Kernel::Bwd),
+        cfg,
+        &[
+            &ByValue(x.raw()),
+            &ByValue(y.raw()),
+            &ByValue(weight.raw()),
+            &ByValue(grad_out.raw()),
+            &ByValue(fwd.out.raw()),
+            &ByValue(raw_or_none(&fwd.norms)),
+            &ByValue(raw_or_none(&s)),
+            &ByValue(grad_x.raw()),
+            &ByValue(grad_y.raw()),
+            &ByValue(partials.raw()),
+            &rows,
+            &n,
+            &rpc,
+            &normalize,
+        ],
+    )?;
+    chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
+    Ok(Grads {
+        grad_x,
+        grad_y,
+        grad_weight,
+    })
+}
+
+/// Gated pair terms `(slots, B, N)` of the fc variant.
+fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<Tensor> {
+    let pairs = Tensor::empty(gpu, &[alg.num_slots(), d.batch, d.features], DType::F32)?;
+    let bn = (d.batch * d.features) as u64;
+    if bn > 0 {
+        launch(
+            gpu,
+            alg.kernel(Kernel::Pairs),
+            grid_blocks(bn, ELEM_BLOCK as u64),
+            ELEM_BLOCK,
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(pairs.raw()),
+                &bn,
+            ],
+        )?;
+    }
+    Ok(pairs)
+}
+
+/// `u (C, B, M) = sum over paths of pairs @ W_p`, one accumulating matmul per path.
+fn fc_mix(
+    gpu: &Gpu,
+    alg: Algebra,
+    pairs: &Tensor,
+    weight: &Tensor,
+    u: &Tensor,
+    d: Dims,
+    m: usize,
+) -> Result<()> {
+    let (b, n) = (d.batch, d.features);
+    let mut prev_grade = usize::MAX;
+    for (g, p, slot) in alg.fc_plan() {
+        let (j0, count) = alg.grade_span(g);
+        let acc = if prev_grade == g {
+            Accumulate::Add
+        } else {
+            Accumulate::Overwrite
+        };
+        prev_grade = g;
+        gemm(
+            gpu,
+            GemmShape {
+                m: count * b,
+                n: m,
+                k: n,
+                batch: 1,
+            },
+            Operand {
+                raw: offset(pairs.raw(), (slot * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
+            Operand {
+                raw: offset(weight.raw(), (p * n * m) as u64),
+                ld: m as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
+            Operand {
+                raw: offset(u.raw(), (j0 * b * m) as u64),
+                ld: m as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
+            None,
+            acc,
+        )?;
+    }
+    Ok(())
+}
+
+/// Fused forward with fully connected weights `(P, N_in, N_out)`: output `(C, B, N_out)`.
+pub fn fcgp_forward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    normalize: Normalize,
+) -> Result<Forward> {
+    const OP: &str = "clifford fcgp_forward";
+    let d = check_pair(OP, x, y)?;
+    same_device_and_dtype(OP, x, weight)?;
+    let (alg, gpu) = (d.algebra, x.gpu());
+    let m = fc_out_features(OP, weight, d)?;
+    let shape = [alg.components(), d.batch, m];
+    let out = Tensor::empty(gpu, &shape, DType::F32)?;
+    let norms = match normalize {
+        Normalize::Yes => Some(Tensor::empty(gpu, &[alg.grades(), d.batch], DType::F32)?),
+        Normalize::No => None,
+    };
+    if out.numel() == 0 {
+        return Ok(Forward { out, norms });
+    }
+    let pairs = fc_pairs(gpu, alg, x, y, d)?;
+    match &norms {
+        None => fc_mix(gpu, alg, &pairs, weight, &out, d, m)?,
+        Some(r) => {
+            let u = Tensor::empty(gpu, &shape, DType::F32)?;
+            fc_mix(gpu, alg, &pairs, weight, &u, d, m)?;
+            grade_norm(gpu, alg, &u, &out, r, d.batch as u64, m as u64)?;
+        }
+    }
+    Ok(Forward { out, norms })
+}
+
+/// N_out of an fc weight `(P, N_in, N_out)` that matches `d`.
+fn fc_out_features(op: &'static str, weight: &Tensor, d: Dims) -> Result<usize> {
+    let m = match *weight.shape() {
+        [_, _, m] => m,
+        _ => 0,
+    };
+    check_param(
+        op,
+        "weight",
+        weight,
+        &[d.algebra.paths(), d.features, m],
+        "(P, N_in, N_out)",
+    )?;
+    Ok(m)
+}
+
+/// Backward of [`fcgp_forward`]: grad_x, grad_y `(C, B, N_in)`, grad_weight `(P, N_in, N_out)`.
+pub fn fcgp_backward(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    fwd: &Forward,
+    grad_out: &Tensor,
+) -> Result<Grads> {
+    const OP: &str = "clifford fcgp_backward";
+    let d = check_pair(OP, x, y)?;
+    same_device_and_dtype(OP, x, weight)?;
+    same_device_and_dtype(OP, x, grad_out)?;
+    let m = fc_out_features(OP, weight, d)?;
+    check_saved(OP, d, m, fwd, grad_out)?;
+    let (alg, gpu) = (d.algebra, x.gpu());
+    let (b, n) = (d.batch, d.features);
+    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+    if grad_weight.numel() == 0 && grad_x.numel() == 0 {
+        return Ok(Grads {
+            grad_x,
+            grad_y,
+            grad_weight,
+        });
+    }
+    // Norm backward into gu (or go itself).
+    let gu = match &fwd.norms {
+        None => grad_out.clone(),
+        Some(r) => {
+            let gu = Tensor::empty(gpu, grad_out.shape(), DType::F32)?;
+            let (rows, mm) = (b as u64, m as u64);
+            launch(
+                gpu,
+                alg.kernel(Kernel::Dot),
+                grid_blocks(rows, 1),
+                ROW_BLOCK,
+                &[
+                    &ByValue(grad_out.raw()),
+                    &ByValue(fwd.out.raw()),
+                    &ByValue(NONE),
+                    &ByValue(r.raw()),
+                    &ByValue(gu.raw()),
+                    &rows,
+                    &mm,
+                ],
+            )?;
+            gu
+        }
+    };
+    let pairs = fc_pairs(gpu, alg, x, y, d)?;
+    let gpairs = Tensor::empty(gpu, pairs.shape(), DType::F32)?;
+    for (g, p, slot) in alg.fc_plan() {
+        let (j0, count) = alg.grade_span(g);
+        let gu_g = Operand {
+            raw: offset(gu.raw(), (j0 * b * m) as u64),
+            ld: m as u64,
+            trans: Transpose::No,
+            stride: 0,
+        };
+        let w_p = offset(weight.raw(), (p * n * m) as u64);
+        // d pairs (count*B, N) = gu_g (count*B, M) @ W_p^T
+        gemm(
+            gpu,
+            GemmShape {
+                m: count * b,
+                n,
+                k: m,
+                batch: 1,
+            },
+            gu_g,
+            Operand {
+                raw: w_p,
+                ld: m as u64,
+                trans: Transpose::Yes,
+                stride: 0,
+            },
+            Operand {
+                raw: offset(gpairs.raw(), (slot * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
+            None,
+            Accumulate::Overwrite,
+        )?;
+        // dW_p (N, M) = pairs^T (N, count*B) @ gu_g (count*B, M)
+        gemm(
+            gpu,
+            GemmShape {
+                m: n,
+                n: m,
+                k: count * b,
+                batch: 1,
+            },
+            Operand {
+                raw: offset(pairs.raw(), (slot * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::Yes,
+                stride: 0,
+            },
+            gu_g,
+            Operand {
+                raw: offset(grad_weight.raw(), (p * n * m) as u64),
+                ld: m as u64,
+                trans: Transpose::No,
+                stride: 0,
+            },
+            None,
+            Accumulate::Overwrite,
+        )?;
+    }
+    let bn = (b * n) as u64;
+    if bn > 0 {
+        launch(
+            gpu,
+            alg.kernel(Kernel::PairsBwd),
+            grid_blocks(bn, FC_BWD_BLOCK as u64),
+            FC_BWD_BLOCK,
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(gpairs.raw()),
+                &ByValue(grad_x.raw()),
+                &ByValue(grad_y.raw()),
+                &bn,
+            ],
+        )?;
+    }
+    Ok(Grads {
+        grad_x,
+        grad_y,
+        grad_weight,
+    })
+}
+
+/// How the layer's geometric product mixes features.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpMode {
+    /// sgp: one weight vector per feature, `gp_weight (N, P)`.
+    PerFeature,
+    /// fcgp: `gp_weight (P, N, N)`.
+    FullyConnected,
+}
+
+/// The full block: `y = per-grade linear(x) + bias`, then `RMSNorm(GP(gelu(x), gelu(y)))`; no
+/// residual. The bias is added to every component (see the module docs: it breaks equivariance when
+/// non-zero).
+#[derive(Clone, Debug)]
+pub struct Layer {
+    pub algebra: Algebra,
+    pub mode: GpMode,
+    pub normalize: Normalize,
+    /// `(G, N, N)`: `y[c, b, m] = sum_n x[c, b, n] W[grade(c), n, m] + bias[m]`.
+    pub linear_weight: Tensor,
+    /// `(N)`.
+    pub linear_bias: Tensor,
+    /// `(N, P)` per feature or `(P, N, N)` fully connected.
+    pub gp_weight: Tensor,
+}
+
+/// Gradients of [`Layer`].
+#[derive(Clone, Debug)]
+pub struct LayerGrads {
+    pub grad_x: Tensor,
+    pub grad_linear_weight: Tensor,
+    pub grad_linear_bias: Tensor,
+    pub grad_gp_weight: Tensor,
+}
+
+impl Layer {
+    /// Uploads host parameters (e.g. from [`reference::LayerParams::init`]).
+    pub fn from_host(gpu: &Gpu, p: &reference::LayerParams) -> Result<Layer> {
+        let layer = Layer {
+            algebra: p.algebra,
+            mode: p.mode,
+            normalize: p.normalize,
+            linear_weight: Tensor::from_host(gpu, &p.linear_weight)?,
+            linear_bias: Tensor::from_host(gpu, &p.linear_bias)?,
+            gp_weight: Tensor::from_host(gpu, &p.gp_weight)?,
+        };
+        layer.check("clifford Layer", p.linear_bias.numel())?;
+        Ok(layer)
+    }
+
+    fn check(&self, op: &'static str, n: usize) -> Result<()> {
+        let (g, pp) = (self.algebra.grades(), self.algebra.paths());
+        check_param(
+            op,
+            "linear_weight",
+            &self.linear_weight,
+            &[g, n, n],
+            "(G, N, N)",
+        )?;
+        check_param(op, "linear_bias", &self.linear_bias, &[n], "(N)")?;
+        match self.mode {
+            GpMode::PerFeature => check_param(op, "gp_weight", &self.gp_weight, &[n, pp], "(N, P)"),
+            GpMode::FullyConnected => {
+                check_param(op, "gp_weight", &self.gp_weight, &[pp, n, n], "(P, N, N)")
+            }
+        }
+    }
+
+    fn check_input(&self, op: &'static str, x: &Tensor) -> Result<Dims> {
+        let d = check_multivectors(op, "x", x)?;
+        same_device_and_dtype(op, x, &self.linear_weight)?;
+        if d.algebra != self.algebra {
+            return Err(Error::Shape {
+                op,
+                what: "wrong component count for this layer's algebra".into(),
+                expected: format!("{} components in dim 0", self.algebra.components()),
+                got: x.shape().to_vec(),
+            });
+        }
+        self.check(op, d.features)?;
+        Ok(d)
+    }
+
+    /// The per-grade linear map plus bias.
+    fn linear(&self, x: &Tensor, d: Dims) -> Result<Tensor> {
+        let gpu = x.gpu();
+        let y = Tensor::empty(gpu, x.shape(), DType::F32)?;
+        let (b, n) = (d.batch, d.features);
+        for g in 0..self.algebra.grades() {
+            let (j0, count) = self.algebra.grade_span(g);
+            gemm(
+                gpu,
+                GemmShape {
+                    m: count * b,
+                    n,
+                    k: n,
+                    batch: 1,
+                },
+                Operand {
+                    raw: offset(x.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
+                Operand {
+                    raw: offset(self.linear_weight.raw(), (g * n * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
+                Operand {
+                    raw: offset(y.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
+                Some(self.linear_bias.raw()),
+                Accumulate::Overwrite,
+            )?;
+        }
+        Ok(y)
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Forward> {
+        const OP: &str = "clifford Layer::forward";
+        let d = self.check_input(OP, x)?;
+        let y = self.linear(x, d)?;
+        match self.mode {
+            GpMode::PerFeature => sgp_forward(x, &y, &self.gp_weight, self.normalize),
+            GpMode::FullyConnected => fcgp_forward(x, &y, &self.gp_weight, self.normalize),
+        }
+    }
+
+    /// Backward from the forward's saved state; the linear output is recomputed from x.
+    pub fn backward(&self, x: &Tensor, fwd: &Forward, grad_out: &Tensor) -> Result<LayerGrads> {
+        const OP: &str = "clifford Layer::backward";
+        let d = self.check_input(OP, x)?;
+        let gpu = x.gpu();
+        let y = self.linear(x, d)?;
+        let g = match self.mode {
+            GpMode::PerFeature => sgp_backward(x, &y, &self.gp_weight, fwd, grad_out)?,
+            GpMode::FullyConnected => fcgp_backward(x, &y, &self.gp_weight, fwd, grad_out)?,
+        };
+        let (b, n) = (d.batch, d.features);
+        let grad_lw = Tensor::empty(gpu, self.linear_weight.shape(), DType::F32)?;
+        let grad_bias = Tensor::empty(gpu, &[n], DType::F32)?;
+        for gr in 0..self.algebra.grades() {
+            let (j0, count) = self.algebra.grade_span(gr);
+            let gy = Operand {
+                raw: offset(g.grad_y.raw(), (j0 * b * n) as u64),
+                ld: n as u64,
+                trans: Transpose::No,
+                stride: 0,
+            };
+            let w = offset(self.linear_weight.raw(), (gr * n * n) as u64);
+            // grad_x (slab) += gy (count*B, N) @ W_g^T
+            gemm(
+                gpu,
+                GemmShape {
+                    m: count * b,
+                    n,
+                    k: n,
+                    batch: 1,
+                },
+                gy,
+                Operand {
+                    raw: w,
+                    ld: n as u64,
+                    trans: Transpose::Yes,
+                    stride: 0,
+                },
+                Operand {
+                    raw: offset(g.grad_x.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
+                None,
+                Accumulate::Add,
+            )?;
+            // grad W_g (N, N) = x_slab^T @ gy
+            gemm(
+                gpu,
+                GemmShape {
+                    m: n,
+                    n,
+                    k: count * b,
+                    batch: 1,
+                },
+                Operand {
+                    raw: offset(x.raw(), (j0 * b * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::Yes,
+                    stride: 0,
+                },
+                gy,
+                Operand {
+                    raw: offset(grad_lw.raw(), (gr * n * n) as u64),
+                    ld: n as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                },
+                None,
+                Accumulate::Overwrite,
+            )?;
+        }
+        if n > 0 {
+            col_sum(
+                gpu,
+                &g.grad_y,
+                &grad_bias,
+                (self.algebra.components() * b) as u64,
+                n as u64,
+            )?;
+        }
+        Ok(LayerGrads {
+            grad_x: g.grad_x,
+            grad_linear_weight: grad_lw,
+            grad_linear_bias: grad_bias,
+            grad_gp_weight: g.grad_weight,
+        })
+    }
+}
+
+pub mod reference;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,383 @@
+//! GPU vs CPU f64 reference for the Clifford layers and the tiled matmul: random and edge sizes (1, odd,
+//! primes, 4096), Cl(2,0) and Cl(3,0), normalize on and off, forward and every gradient; outputs
+//! poisoned before each launch (NaN never passes); 20 repeated runs bit-identical; typed errors for bad
+//! inputs. SKIP without a GPU; the seed is printed (replay with RGK_SEED).
+mod common;
+use common::*;
+use host::ops::clifford::{self as cl, Algebra, GpMode, Layer, Normalize, reference as cr};
+use host::ops::matmul::{Transpose, matmul, reference as mr};
+use host::{DType, Error, HostTensor, Tensor};
+use rand::Rng;
+use rand::rngs::StdRng;
+
+const ALGS: [Algebra; 2] = [Algebra::Cl2, Algebra::Cl3];
+const NORMS: [Normalize; 2] = [Normalize::No, Normalize::Yes];
+
+/// f32 relative-norm tolerance; reductions over more than 1e5 terms get 1e-4.
+fn tol_for(terms: usize) -> f64 {
+    if terms > 100_000 { 1e-4 } else { 1e-5 }
+}
+
+fn mv(rng: &mut StdRng, alg: Algebra, b: usize, n: usize) -> HostTensor {
+    uniform(rng, &[alg.components(), b, n], -1.5, 1.5, DType::F32)
+}
+
+fn up(gpu: &host::Gpu, t: &HostTensor) -> Tensor {
+    Tensor::from_host(gpu, t).unwrap()
+}
+
+fn check(case: &str, what: &str, got: &Tensor, want: &HostTensor, tol: f64) {
+    assert_eq!(got.shape(), want.shape.as_slice(), "{case} {what}: shape");
+    assert_close(
+        &format!("{case} {what}"),
+        &got.to_vec().unwrap(),
+        &want.data,
+        tol,
+    );
+}
+
+#[test]
+fn matmul_matches_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_matches_reference") else {
+        return;
+    };
+    let mut rng = rng("matmul");
+    const DIMS: [usize; 8] = [1, 2, 7, 33, 128, 129, 257, 300];
+    for case in 0..fuzz_cases(24) {
+        let (m, n, k) = (
+            DIMS[rng.random_range(0..8)],
+            DIMS[rng.random_range(0..8)],
+            DIMS[rng.random_range(0..8)],
+        );
+        let (ta, tb) = (
+            [Transpose::No, Transpose::Yes][case % 2],
+            [Transpose::No, Transpose::Yes][(case / 2) % 2],
+        );
+        let batch = [None, Some(3)][(case / 4) % 2];
+        let a_shape =
+            |r: usize, c: usize| -> Vec<usize> { batch.map_or(vec![r, c], |bt| vec![bt, r, c]) };
+        let a = uniform(
+            &mut rng,
+            &if ta == Transpose::Yes {
+                a_shape(k, m)
+            } else {
+                a_shape(m, k)
+            },
+            -1.0,
+            1.0,
+            DType::F32,
+        );
+        // b is broadcast (2-D) in half the batched cases.
+        let b_dims = if tb == Transpose::Yes { [n, k] } else { [k, n] };
+        let b_shape: Vec<usize> = if batch.is_some() && case % 3 == 0 {
+            b_dims.to_vec()
+        } else {
+            a_shape(b_dims[0], b_dims[1])
+        };
+        let b = uniform(&mut rng, &b_shape, -1.0, 1.0, DType::F32);
+        let got = matmul(&up(&gpu, &a), &up(&gpu, &b), ta, tb).unwrap();
+        let want = mr::matmul(&a, &b, ta, tb).unwrap();
+        check(
+            &format!("matmul #{case} m{m} n{n} k{k} {ta:?} {tb:?} batch {batch:?}"),
+            "out",
+            &got,
+            &want,
+            1e-5,
+        );
+    }
+}
+
+/// (B, N) pairs: 1, odd, primes, 4096, both sides of the register-cache limit (2048 features).
+fn sizes(rng: &mut StdRng) -> Vec<(usize, usize)> {
+    let mut v = vec![(1, 1), (3, 7), (17, 31), (5, 97), (2, 2053), (1, 4096)];
+    v.push((scaled(4096, 64), scaled(512, 33)));
+    v.push((scaled(4096, 37), 3));
+    for _ in 0..fuzz_cases(4) {
+        v.push((rng.random_range(1..300), rng.random_range(1..700)));
+    }
+    v
+}
+
+#[test]
+fn sgp_forward_and_backward_match_reference() {
+    let Some(gpu) = gpu_or_skip("sgp_forward_and_backward_match_reference") else {
+        return;
+    };
+    let mut rng = rng("sgp");
+    for (b, n) in sizes(&mut rng) {
+        for alg in ALGS {
+            for normalize in NORMS {
+                let case = format!("sgp {alg:?} B{b} N{n} {normalize:?}");
+                let (x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
+                let w = uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32);
+                let go = mv(&mut rng, alg, b, n);
+                let (xd, yd, wd) = (up(&gpu, &x), up(&gpu, &y), up(&gpu, &w));
+                let fwd = cl::sgp_forward(&xd, &yd, &wd, normalize).unwrap();
+                let want = cr::sgp_forward(&x, &y, &w, normalize).unwrap();
+                check(&case, "out", &fwd.out, &want.out, tol_for(n));
+                if let (Some(r), Some(rw)) = (&fwd.norms, &want.norms) {
+                    check(&case, "norms", r, rw, tol_for(n));
+                }
+                // Backward from the GPU's own saved state, against the reference on the same state.
+                let saved = cr::Forward {
+                    out: fwd.out.to_host().unwrap(),
+                    norms: fwd.norms.as_ref().map(|r| r.to_host().unwrap()),
+                };
+                let g = cl::sgp_backward(&xd, &yd, &wd, &fwd, &up(&gpu, &go)).unwrap();
+                let gw = cr::sgp_backward(&x, &y, &w, &saved, &go).unwrap();
+                check(&case, "grad_x", &g.grad_x, &gw.grad_x, tol_for(n));
+                check(&case, "grad_y", &g.grad_y, &gw.grad_y, tol_for(n));
+                check(
+                    &case,
+                    "grad_weight",
+                    &g.grad_weight,
+                    &gw.grad_weight,
+                    tol_for(b),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fcgp_forward_and_backward_match_reference() {
+    let Some(gpu) = gpu_or_skip("fcgp_forward_and_backward_match_reference") else {
+        return;
+    };
+    let mut rng = rng("fcgp");
+    let shapes = [
+        (1, 1, 1),
+        (3, 7, 5),
+        (17, 33, 31),
+        (2, 130, 3),
+        (scaled(64, 5), 40, 129),
+    ];
+    for (b, n, m) in shapes {
+        for alg in ALGS {
+            for normalize in NORMS {
+                let case = format!("fcgp {alg:?} B{b} N{n} M{m} {normalize:?}");
+                let (x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
+                let w = uniform(&mut rng, &[alg.paths(), n, m], -0.5, 0.5, DType::F32);
+                let go = uniform(&mut rng, &[alg.components(), b, m], -1.0, 1.0, DType::F32);
+                let (xd, yd, wd) = (up(&gpu, &x), up(&gpu, &y), up(&gpu, &w));
+                let fwd = cl::fcgp_forward(&xd, &yd, &wd, normalize).unwrap();
+                let want = cr::fcgp_forward(&x, &y, &w, normalize).unwrap();
+                check(&case, "out", &fwd.out, &want.out, 1e-5);
+                let saved = cr::Forward {
+                    out: fwd.out.to_host().unwrap(),
+                    norms: fwd.norms.as_ref().map(|r| r.to_host().unwrap()),
+                };
+                let g = cl::fcgp_backward(&xd, &yd, &wd, &fwd, &up(&gpu, &go)).unwrap();
+                let gw = cr::fcgp_backward(&x, &y, &w, &saved, &go).unwrap();
+                check(&case, "grad_x", &g.grad_x, &gw.grad_x, 1e-5);
+                check(&case, "grad_y", &g.grad_y, &gw.grad_y, 1e-5);
+                check(&case, "grad_weight", &g.grad_weight, &gw.grad_weight, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn layer_forward_and_backward_match_reference() {
+    let Some(gpu) = gpu_or_skip("layer_forward_and_backward_match_reference") else {
+        return;
+    };
+    let mut rng = rng("layer");
+    for (b, n) in [(1, 1), (5, 7), (scaled(33, 3), 65)] {
+        for alg in ALGS {
+            for mode in [GpMode::PerFeature, GpMode::FullyConnected] {
+                for normalize in NORMS {
+                    let case = format!("layer {alg:?} {mode:?} B{b} N{n} {normalize:?}");
+                    let mut p =
+                        cr::LayerParams::init(alg, n, mode, normalize, rng.random()).unwrap();
+                    // A non-zero bias, so its gradient and its broadcast over components are exercised.
+                    p.linear_bias = uniform(&mut rng, &[n], -0.5, 0.5, DType::F32);
+                    let x = mv(&mut rng, alg, b, n);
+                    let go = mv(&mut rng, alg, b, n);
+                    let layer = Layer::from_host(&gpu, &p).unwrap();
+                    let xd = up(&gpu, &x);
+                    let fwd = layer.forward(&xd).unwrap();
+                    let want = p.forward(&x).unwrap();
+                    check(&case, "out", &fwd.out, &want.out, 1e-5);
+                    let saved = cr::Forward {
+                        out: fwd.out.to_host().unwrap(),
+                        norms: fwd.norms.as_ref().map(|r| r.to_host().unwrap()),
+                    };
+                    let g = layer.backward(&xd, &fwd, &up(&gpu, &go)).unwrap();
+                    let gw = p.backward(&x, &saved, &go).unwrap();
+                    check(&case, "grad_x", &g.grad_x, &gw.grad_x, 1e-5);
+                    check(
+                        &case,
+                        "grad_linear_weight",
+                        &g.grad_linear_weight,
+                        &gw.grad_linear_weight,
+                        1e-5,
+                    );
+                    check(
+                        &case,
+                        "grad_linear_bias",
+                        &g.grad_linear_bias,
+                        &gw.grad_linear_bias,
+                        1e-5,
+                    );
+                    check(
+                        &case,
+                        "grad_gp_weight",
+                        &g.grad_gp_weight,
+                        &gw.grad_gp_weight,
+                        1e-5,
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn clifford_results_are_bit_identical_across_runs() {
+    let Some(gpu) = gpu_or_skip("clifford_results_are_bit_identical_across_runs") else {
+        return;
+    };
+    let mut rng = rng("clifford_determinism");
+    let (b, n) = (scaled(4096, 97), scaled(512, 61));
+    for alg in ALGS {
+        let (x, y) = (
+            up(&gpu, &mv(&mut rng, alg, b, n)),
+            up(&gpu, &mv(&mut rng, alg, b, n)),
+        );
+        let w = up(
+            &gpu,
+            &uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32),
+        );
+        let go = up(&gpu, &mv(&mut rng, alg, b, n));
+        let first = cl::sgp_forward(&x, &y, &w, Normalize::Yes).unwrap();
+        let (out0, gw0) = (
+            bits(&first.out),
+            bits(
+                &cl::sgp_backward(&x, &y, &w, &first, &go)
+                    .unwrap()
+                    .grad_weight,
+            ),
+        );
+        for run in 0..scaled(20, 2) {
+            let f = cl::sgp_forward(&x, &y, &w, Normalize::Yes).unwrap();
+            assert!(bits(&f.out) == out0, "{alg:?} forward changed on run {run}");
+            let g = cl::sgp_backward(&x, &y, &w, &f, &go).unwrap();
+            assert!(
+                bits(&g.grad_weight) == gw0,
+                "{alg:?} grad_weight changed on run {run}"
+            );
+        }
+        let (bf, nf) = (scaled(256, 9), 64);
+        let (x, y) = (
+            up(&gpu, &mv(&mut rng, alg, bf, nf)),
+            up(&gpu, &mv(&mut rng, alg, bf, nf)),
+        );
+        let w = up(
+            &gpu,
+            &uniform(&mut rng, &[alg.paths(), nf, nf], -0.5, 0.5, DType::F32),
+        );
+        let go = up(&gpu, &mv(&mut rng, alg, bf, nf));
+        let f = cl::fcgp_forward(&x, &y, &w, Normalize::Yes).unwrap();
+        let gw0 = bits(&cl::fcgp_backward(&x, &y, &w, &f, &go).unwrap().grad_weight);
+        for run in 0..scaled(20, 2) {
+            let g = cl::fcgp_backward(&x, &y, &w, &f, &go).unwrap();
+            assert!(
+                bits(&g.grad_weight) == gw0,
+                "{alg:?} fcgp grad_weight changed on run {run}"
+            );
+        }
+    }
+}
+
+#[test]
+fn clifford_rejects_bad_inputs_with_typed_errors() {
+    let Some(gpu) = gpu_or_skip("clifford_rejects_bad_inputs_with_typed_errors") else {
+        return;
+    };
+    let t = |shape: &[usize]| {
+        Tensor::from_f32(&gpu, &vec![0.5; shape.iter().product()], shape, DType::F32).unwrap()
+    };
+    let (x, w) = (t(&[4, 3, 5]), t(&[5, 10]));
+    let msg = |e: Error| e.to_string();
+    // Wrong component count.
+    let e = cl::sgp_forward(&t(&[5, 3, 5]), &t(&[5, 3, 5]), &w, Normalize::Yes).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }) && msg(e).contains("component count"));
+    // Mismatched B and N between x and y.
+    let e = cl::sgp_forward(&x, &t(&[4, 2, 5]), &w, Normalize::Yes).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }) && msg(e).contains("batch B"));
+    let e = cl::sgp_forward(&x, &t(&[4, 3, 6]), &w, Normalize::Yes).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }) && msg(e).contains("features N"));
+    // Weight of the wrong shape (mismatched N, or 3D paths for a 2D input): the expected shape is named.
+    for bad in [t(&[6, 10]), t(&[5, 20])] {
+        let e = msg(cl::sgp_forward(&x, &x, &bad, Normalize::No).unwrap_err());
+        assert!(e.contains("(N, P) = [5, 10]"), "{e}");
+    }
+    let e = msg(cl::fcgp_forward(&x, &x, &t(&[10, 4, 7]), Normalize::No).unwrap_err());
+    assert!(e.contains("(P, N_in, N_out) = [10, 5, 7]"), "{e}");
+    // Non-contiguous input.
+    let view = t(&[4, 5, 3]).transpose(1, 2).unwrap();
+    let e = cl::sgp_forward(&view, &x, &w, Normalize::Yes).unwrap_err();
+    assert!(matches!(e, Error::NotContiguous { .. }), "{e}");
+    // Backward with a gradient of the wrong shape.
+    let f = cl::sgp_forward(&x, &x, &w, Normalize::Yes).unwrap();
+    assert!(matches!(
+        cl::sgp_backward(&x, &x, &w, &f, &t(&[4, 3, 4])),
+        Err(Error::Shape { .. })
+    ));
+    // Matmul inner-dimension mismatch.
+    assert!(matches!(
+        matmul(&t(&[2, 3]), &t(&[4, 2]), Transpose::No, Transpose::No),
+        Err(Error::Shape { .. })
+    ));
+}
+
+/// Runs without a GPU: every Clifford and matmul entry point the launchers name is in the PTX of both
+/// arches, with the launch bounds of `gpu::params::LAUNCH_BOUNDS` written in (so ptxas capped its
+/// registers for the block sizes the launchers use).
+#[test]
+fn clifford_kernels_are_in_the_ptx_with_launch_bounds() {
+    let names = [
+        "sgp2d_fwd_f32",
+        "sgp3d_fwd_f32",
+        "sgp2d_bwd_f32",
+        "sgp3d_bwd_f32",
+        "grade_dot2d_f32",
+        "grade_dot3d_f32",
+        "grade_norm2d_f32",
+        "grade_norm3d_f32",
+        "fc_pairs2d_f32",
+        "fc_pairs3d_f32",
+        "fc_pairs_bwd2d_f32",
+        "fc_pairs_bwd3d_f32",
+        "chunk_sum_f32",
+        "col_sum_partials_f32",
+        "matmul_f32",
+    ];
+    for ptx in [host::ptx::SM80, host::ptx::SM90] {
+        let entries = host::ptx::entry_points(ptx);
+        for name in names {
+            assert!(entries.contains(&name), "{name} missing from the PTX");
+            let body = &ptx[ptx.find(&format!(".visible .entry {name}(")).unwrap()..];
+            let head = &body[..body.find('{').unwrap()];
+            if let Some(&(_, threads, blocks)) = gpu::params::LAUNCH_BOUNDS
+                .iter()
+                .find(|(p, _, _)| name.starts_with(p))
+            {
+                assert!(
+                    head.contains(&format!(".maxntid {threads}, 1, 1"))
+                        && head.contains(&format!(".minnctapersm {blocks}")),
+                    "{name}: no launch bounds"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        gpu::params::clifford::fwd_block(1 << 20, 4),
+        gpu::params::clifford::FWD_MAX_BLOCK
+    );
+}
