@@ -56,7 +56,8 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("fc_pairs_bwd", clifford::FC_BWD_BLOCK, 3),
     ("fc_pairs", clifford::ELEM_BLOCK, 2),
     ("matmul_", matmul::THREADS, 2),
-    // 70-80 registers a thread: without the bound the JIT may pick more and a 512-thread block fails.
+    // Without a bound the JIT may use more registers than a 512-thread block allows (launch fails
+    // with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); with it, ptxas fits the row caches into 128.
     ("softmax_", softmax::MAX_BLOCK, 1),
 ];
 

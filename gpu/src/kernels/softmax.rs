@@ -20,32 +20,40 @@ macro_rules! each_cached {
     };
 }
 
-/// Row softmax with the row in registers. Requires `cols <= block_dim * CACHE`.
+/// Row softmax with the row in registers. Requires `cols <= block_dim * CACHE` (so indices fit in u32).
+///
+/// Indices are 32-bit offsets from the row's base pointer: with 64-bit element indices LLVM keeps one
+/// 64-bit address per cached element alive across the barriers, which spills under the 128-register
+/// bound a 512-thread block imposes.
 #[inline(always)]
 fn forward_cached<T: Elem>(x: &Slice<T>, y: &SliceMut<T>, base: u64, cols: u64) {
-    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let (tid, nt, cols) = (thread_idx_x(), block_dim_x(), cols as u32);
+    // SAFETY: `base` is the first element of a row inside both buffers (rows * cols elements).
+    let (xr, yr) = unsafe { (x.ptr.add(base as usize), y.ptr.add(base as usize)) };
     let mut v = [f32::NEG_INFINITY; CACHE];
     let mut m = f32::NEG_INFINITY;
     each_cached!(k {
-        let j = tid + k as u64 * nt;
+        let j = tid + k as u32 * nt;
         if j < cols {
-            v[k] = x.get(base + j);
+            // SAFETY: j < cols: inside the row.
+            v[k] = unsafe { (*xr.add(crate::dev::opaque_u64(j as u64) as usize)).to_f32() };
             m = math::max(m, v[k]);
         }
     });
     let m = block::reduce_max(m);
     let mut s = 0.0f32;
     each_cached!(k {
-        if tid + (k as u64) * nt < cols {
+        if tid + k as u32 * nt < cols {
             v[k] = math::exp(v[k] - m);
             s += v[k];
         }
     });
     let inv = 1.0 / block::reduce_sum(s);
     each_cached!(k {
-        let j = tid + k as u64 * nt;
+        let j = tid + k as u32 * nt;
         if j < cols {
-            y.set(base + j, v[k] * inv);
+            // SAFETY: as above; each element is written by exactly one thread.
+            unsafe { *yr.add(crate::dev::opaque_u64(j as u64) as usize) = T::from_f32(v[k] * inv) };
         }
     });
 }
@@ -82,23 +90,37 @@ fn forward_streaming<T: Elem>(x: &Slice<T>, y: &SliceMut<T>, base: u64, cols: u6
 /// dx = y * (dy - sum(y * dy)), row in registers.
 #[inline(always)]
 fn backward_cached<T: Elem>(y: &Slice<T>, dy: &Slice<T>, dx: &SliceMut<T>, base: u64, cols: u64) {
-    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let (tid, nt, cols) = (thread_idx_x(), block_dim_x(), cols as u32);
+    // SAFETY: `base` is the first element of a row inside all three buffers (32-bit row offsets as in
+    // `forward_cached`).
+    let (yr, gr, dr) = unsafe {
+        (
+            y.ptr.add(base as usize),
+            dy.ptr.add(base as usize),
+            dx.ptr.add(base as usize),
+        )
+    };
     let mut yv = [0.0f32; CACHE];
     let mut gv = [0.0f32; CACHE];
     let mut dot = 0.0f32;
     each_cached!(k {
-        let j = tid + k as u64 * nt;
+        let j = tid + k as u32 * nt;
         if j < cols {
-            yv[k] = y.get(base + j);
-            gv[k] = dy.get(base + j);
+            let o = crate::dev::opaque_u64(j as u64) as usize;
+            // SAFETY: j < cols: inside the row.
+            unsafe {
+                yv[k] = (*yr.add(o)).to_f32();
+                gv[k] = (*gr.add(o)).to_f32();
+            }
             dot += yv[k] * gv[k];
         }
     });
     let dot = block::reduce_sum(dot);
     each_cached!(k {
-        let j = tid + k as u64 * nt;
+        let j = tid + k as u32 * nt;
         if j < cols {
-            dx.set(base + j, yv[k] * (gv[k] - dot));
+            // SAFETY: as above; each element is written by exactly one thread.
+            unsafe { *dr.add(crate::dev::opaque_u64(j as u64) as usize) = T::from_f32(yv[k] * (gv[k] - dot)) };
         }
     });
 }
