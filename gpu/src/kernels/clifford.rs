@@ -273,16 +273,18 @@ impl Sgp {
     }
 }
 
-/// One row with its outputs in registers: read once, write once. Needs `n <= block_dim * A::CACHE`.
+/// Features `first ..` of one row (`block_dim * A::CACHE` of them) with the outputs in registers: read
+/// once, written once. With `normalize` the whole row must fit (`first == 0`, `n <= block_dim * CACHE`).
 #[inline(always)]
 fn fwd_row_cached<A: Algebra>(
     s: &Sgp,
     o: &SliceMut<f32>,
     r: &SliceMut<f32>,
     row: u64,
+    first: u64,
     normalize: bool,
 ) {
-    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let (tid, nt) = (first + thread_idx_x() as u64, block_dim_x() as u64);
     let mut out = [[0.0f32; 8]; 4];
     let mut sq = [0.0f32; 4];
     crate::unroll!(k in [0, 1, 2, 3] {
@@ -309,8 +311,25 @@ fn fwd_row_cached<A: Algebra>(
 #[inline(always)]
 unsafe fn sgp_fwd<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
     let mut row = block_idx_x() as u64;
+    // Without the norm a row may be longer than the register cache: walk it in cache-sized pieces.
+    let piece = if normalize != 0 {
+        s.n.max(1)
+    } else {
+        block_dim_x() as u64 * A::CACHE as u64
+    };
     while row < s.rows {
-        fwd_row_cached::<A>(&s, &o, &r, opaque_u64(row), normalize != 0);
+        let mut first = 0;
+        while first < s.n {
+            fwd_row_cached::<A>(
+                &s,
+                &o,
+                &r,
+                opaque_u64(row),
+                opaque_u64(first),
+                normalize != 0,
+            );
+            first += piece;
+        }
         row += grid_dim_x() as u64;
     }
 }
