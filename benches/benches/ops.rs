@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use benches::{BenchSpec, GpuTime, read_samples, rotation_copies, write_json};
 use criterion::Criterion;
+use host::ops::attention::{self as attn, AttentionParams, Causal};
 use host::ops::clifford::{self as cl, Algebra, GpMode, Layer, Normalize};
 use host::ops::elementwise::{self as ew, BinaryOp, KernelPath};
 use host::ops::lrp::{self, Activation, Linear};
@@ -363,15 +364,70 @@ fn softmaxes(b: &mut Bencher) {
 /// forward+backward adds the backward's minimum (reads x, y, grad_out, o; writes grad_x, grad_y):
 /// 9 tensors. fcgp and Layer count FLOPs of their matmuls (2 * pair-slots * B * N * N, plus
 /// 2 * C * B * N * N for the Layer's linear map). Same names and formulas as bench/peers.py.
+/// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
+/// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md).
+fn attention(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let shapes: &[(usize, usize, usize, usize)] = if quick {
+        &[(4, 8, 512, 64)]
+    } else {
+        &[
+            (4, 8, 512, 64),
+            (16, 16, 2048, 64),
+            (16, 16, 2048, 128),
+            (4, 16, 8192, 64),
+            (4, 16, 8192, 128),
+        ]
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        for &(bb, h, s, d) in shapes {
+            let shape = [bb, h, s, d];
+            let set_bytes = 3 * bb * h * s * d * dtype.size_bytes();
+            let copies = rotation_copies(set_bytes, b.l2_bytes);
+            let (q, k, v) = (
+                b.inputs(&shape, dtype, copies),
+                b.inputs(&shape, dtype, copies),
+                b.inputs(&shape, dtype, copies),
+            );
+            for causal in [Causal::No, Causal::Yes] {
+                let full = 4 * (bb * h * s * s * d) as u64;
+                let flops = if causal == Causal::Yes {
+                    full / 2
+                } else {
+                    full
+                };
+                let mask = if causal == Causal::Yes {
+                    "causal"
+                } else {
+                    "full"
+                };
+                let params = AttentionParams {
+                    causal,
+                    scale: None,
+                };
+                b.bench(
+                    spec(
+                        format!("attn_fwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                        Some((4 * bb * h * s * d * dtype.size_bytes()) as u64),
+                        Some(flops),
+                    ),
+                    copies,
+                    |i| {
+                        attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
+                    },
+                );
+            }
+        }
+    }
+}
+
 fn clifford(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let shapes: Vec<(usize, usize)> = if quick {
         vec![(4096, 512)]
     } else {
-        [1024, 4096, 8192]
-            .iter()
-            .flat_map(|&bb| [128, 512, 1024].map(|n| (bb, n)))
-            .collect()
+        // The diagonal of {1024, 4096, 8192} x {128, 512, 1024}, like bench/peers.py's CLIFFORD_SWEEP.
+        vec![(1024, 128), (4096, 512), (8192, 1024)]
     };
     for alg in [Algebra::Cl2, Algebra::Cl3] {
         let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
@@ -470,10 +526,13 @@ fn main() {
         .with_measurement(GpuTime {
             stream: gpu.stream().clone(),
         })
-        .sample_size(if quick { 10 } else { 30 })
-        .warm_up_time(Duration::from_millis(if quick { 200 } else { 500 }))
-        .measurement_time(Duration::from_millis(if quick { 500 } else { 1500 }))
+        .sample_size(if quick { 10 } else { 20 })
+        .warm_up_time(Duration::from_millis(if quick { 200 } else { 300 }))
+        .measurement_time(Duration::from_millis(if quick { 500 } else { 1000 }))
         .without_plots()
+        // Fewer bootstrap resamples than criterion's 100k: its own CIs are not what we report (the
+        // report uses the raw samples), and the analysis time adds up over ~80 benches.
+        .nresamples(10_000)
         .configure_from_args();
     let l2_bytes = gpu
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
@@ -495,6 +554,7 @@ fn main() {
     reductions(&mut b);
     softmaxes(&mut b);
     relevance(&mut b);
+    attention(&mut b);
     clifford(&mut b);
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();

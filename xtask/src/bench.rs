@@ -80,7 +80,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let peers = out.join("peers.json");
     if !has_flag(args, "--no-peers") {
         println!("bench: PyTorch peers ...");
-        let mut cmd = Command::new(&python);
+        // `--peers-timeout SECS` bounds the peers (they rewrite their JSON after every result, so what
+        // finished is kept): a device call has a hard time limit and the report must still be made.
+        let mut cmd = match flag_value(args, "--peers-timeout") {
+            Some(secs) if which("timeout").is_some() => {
+                let mut c = Command::new("timeout");
+                c.arg(secs).arg(&python);
+                c
+            }
+            _ => Command::new(&python),
+        };
         cmd.arg(scripts.join("peers.py"))
             .arg("--out")
             .arg(&peers)
