@@ -15,7 +15,7 @@ use std::process::Command;
 use crate::util::{build_test_binaries, flag_value, run_checked, workspace_root};
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare]
+# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare] [profile]
 # Logs go to OUT_DIR. Exit status: non-zero if any stage failed.
 # SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools; BENCH_FLAGS="--quick --no-peers" etc.
 set -u
@@ -41,7 +41,7 @@ for s in $stages; do
       done
       grep -h "test result" "$out/tests.log" | awk '{p+=$4; f+=$6} END {print "tests: " p " passed, " f " failed"}' ;;
     sanitize) stage sanitize; "$here/xtask" sanitize --bins "$here" --log-dir "$out/sanitize" ${SANITIZE_TOOLS:+--tools $SANITIZE_TOOLS} 2>&1 | tee "$out/sanitize.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
-    bench) stage bench; "$here/xtask" bench --bins "$here" --out "$out/bench" ${BENCH_FLAGS:-} 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    bench) stage bench; "$here/xtask" bench --bins "$here" --out "$out/bench" --peers-timeout "${PEERS_TIMEOUT:-900}" ${BENCH_FLAGS:-} 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     compare)
       # Two runs of the same code (expect NO CHANGE) and one with the strided add kernel swapped in
       # for the vectorised one (expect REGRESSION on add/*), then bench-compare on each pair.
@@ -51,6 +51,7 @@ for s in $stages; do
       RGK_BENCH_SLOW_VARIANT=1 "$here/xtask" bench --bins "$here" --out "$out/cmpSlow" --no-peers --filter "$f" > "$out/cmpSlow.log" 2>&1 || status=1
       echo "--- same code twice:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpB/ours.json" | tee "$out/compare_same.txt"
       echo "--- strided add swapped in:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpSlow/ours.json" | tee "$out/compare_slow.txt" ;;
+    profile) stage profile; for k in ${PROFILE_KERNELS:-softmax_f32 sum_partials_f32}; do "$here/xtask" profile "$k" --bins "$here" 2>&1 | tee -a "$out/profile.log"; done ;;
     bench-quick) stage bench-quick; "$here/xtask" bench --bins "$here" --out "$out/bench" --quick 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $s"; status=2 ;;
   esac
