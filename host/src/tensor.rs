@@ -161,23 +161,33 @@ impl Tensor {
 
     /// Copies the tensor back to the host (gathering a strided view into row-major order).
     pub fn to_host(&self) -> Result<HostTensor> {
-        let all = self
-            .gpu
-            .stream()
-            .clone_dtoh(self.buf.as_ref())
-            .map_err(|e| Error::driver(e, "copy device -> host"))?;
+        // Only the bytes the view spans: the rest of the allocation (a small tensor's token padding,
+        // elements outside a view) may never have been written, and initcheck rightly flags copying it.
+        let span = self.raw().len as usize;
+        let mut bytes = vec![0u8; span * self.dtype.size_bytes()];
+        if !bytes.is_empty() {
+            // SAFETY: [device_ptr, device_ptr + span * size) lies inside `buf` (the view's elements);
+            // the host buffer has exactly that length and outlives the copy (synchronized below).
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut bytes,
+                    self.device_ptr(),
+                    self.gpu.stream().cu_stream(),
+                )
+                .map_err(|e| Error::driver(e, "copy device -> host"))?;
+            }
+        }
         self.gpu.synchronize()?;
-        let values = self.dtype.decode(&all);
+        let values = self.dtype.decode(&bytes);
         let numel = self.numel();
         let mut data = Vec::with_capacity(numel);
         let mut index = vec![0usize; self.shape.len()];
         for _ in 0..numel {
-            let off: usize = self.offset
-                + index
-                    .iter()
-                    .zip(&self.strides)
-                    .map(|(i, s)| i * s)
-                    .sum::<usize>();
+            let off: usize = index
+                .iter()
+                .zip(&self.strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>();
             data.push(values[off]);
             for d in (0..index.len()).rev() {
                 index[d] += 1;

@@ -213,12 +213,15 @@ fn layer_forward_and_backward_match_reference() {
                         &gw.grad_linear_weight,
                         1e-5,
                     );
+                    // The bias gradient sums C*B signed terms per feature (4-8 at B = 1) that largely
+                    // cancel: measured against the result, f32 rounding of the terms shows up to ~3e-5
+                    // (seen: B1 N1 Cl2, 2.3e-5), so this one reduction is held to 1e-4.
                     check(
                         &case,
                         "grad_linear_bias",
                         &g.grad_linear_bias,
                         &gw.grad_linear_bias,
-                        1e-5,
+                        1e-4,
                     );
                     check(
                         &case,

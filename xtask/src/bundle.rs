@@ -51,7 +51,7 @@ for s in $stages; do
       RGK_BENCH_SLOW_VARIANT=1 "$here/xtask" bench --bins "$here" --out "$out/cmpSlow" --no-peers --filter "$f" > "$out/cmpSlow.log" 2>&1 || status=1
       echo "--- same code twice:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpB/ours.json" | tee "$out/compare_same.txt"
       echo "--- strided add swapped in:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpSlow/ours.json" | tee "$out/compare_slow.txt" ;;
-    profile) stage profile; for k in ${PROFILE_KERNELS:-softmax_f32 sum_partials_f32}; do "$here/xtask" profile "$k" --bins "$here" 2>&1 | tee -a "$out/profile.log"; done ;;
+    profile) stage profile; for k in ${PROFILE_KERNELS:-softmax_f32 max_partials_f32}; do "$here/xtask" profile "$k" --bins "$here" 2>&1 | tee -a "$out/profile.log"; done ;;
     bench-quick) stage bench-quick; "$here/xtask" bench --bins "$here" --out "$out/bench" --quick 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $s"; status=2 ;;
   esac

@@ -147,6 +147,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 /// The count in compute-sanitizer's `ERROR SUMMARY: N error(s)` line (`None` if absent: the run broke).
 fn error_count(log: &str) -> Option<u64> {
+    // racecheck reports `RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)`; both errors and
+    // warnings count (a warning is a hazard the tool could not prove harmless).
+    let race: Option<u64> = log
+        .lines()
+        .filter_map(|l| l.split("RACECHECK SUMMARY:").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .max();
+    if race.is_some() {
+        return race;
+    }
     log.lines()
         .filter_map(|l| l.split("ERROR SUMMARY:").nth(1))
         .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
@@ -188,6 +198,12 @@ mod tests {
             Some(450)
         );
         assert_eq!(error_count("no summary"), None);
+        assert_eq!(
+            error_count(
+                "========= RACECHECK SUMMARY: 28 hazards displayed (0 errors, 28 warnings)\n"
+            ),
+            Some(28)
+        );
     }
 
     #[test]

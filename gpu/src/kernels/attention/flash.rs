@@ -379,7 +379,10 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
         }
     });
     // The warp's rows of the Q tile are free (Q's fragments live in registers) and only this warp
-    // touches them, so a warp barrier orders the staging.
+    // touches them, so warp barriers order the staging: the first orders every lane's `ldmatrix` read
+    // of Q (long done in practice, but racecheck sees lanes, not instruction order) before any lane's
+    // write; the second orders the writes before the reads below.
+    sync_warp(FULL_MASK);
     unroll_lt!(n < NO, {
         let c = &acc[n];
         let col = (8 * n) as u32 + 2 * t;
