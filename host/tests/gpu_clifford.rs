@@ -18,6 +18,19 @@ fn tol_for(terms: usize) -> f64 {
     if terms > 100_000 { 1e-4 } else { 1e-5 }
 }
 
+/// Tolerance for input gradients through the grade norm over `n` features. The norm backward
+/// `go/r - o (sum go o) / (N r^2)` cancels almost exactly when the mean runs over very few features (at
+/// N = 1 the normalised grade is a unit vector and its gradient is projected nearly to zero), so the
+/// result is small against its terms and f32 rounding of the terms shows as up to ~2e-5 relative
+/// (seen: sgp Cl2 B1 N1, 1.6e-5). Below 8 features those gradients are held to 1e-4.
+fn grad_tol(n: usize, normalize: Normalize) -> f64 {
+    if normalize == Normalize::Yes && n < 8 {
+        1e-4
+    } else {
+        tol_for(n)
+    }
+}
+
 fn mv(rng: &mut StdRng, alg: Algebra, b: usize, n: usize) -> HostTensor {
     uniform(rng, &[alg.components(), b, n], -1.5, 1.5, DType::F32)
 }
@@ -125,8 +138,20 @@ fn sgp_forward_and_backward_match_reference() {
                 };
                 let g = cl::sgp_backward(&xd, &yd, &wd, &fwd, &up(&gpu, &go)).unwrap();
                 let gw = cr::sgp_backward(&x, &y, &w, &saved, &go).unwrap();
-                check(&case, "grad_x", &g.grad_x, &gw.grad_x, tol_for(n));
-                check(&case, "grad_y", &g.grad_y, &gw.grad_y, tol_for(n));
+                check(
+                    &case,
+                    "grad_x",
+                    &g.grad_x,
+                    &gw.grad_x,
+                    grad_tol(n, normalize),
+                );
+                check(
+                    &case,
+                    "grad_y",
+                    &g.grad_y,
+                    &gw.grad_y,
+                    grad_tol(n, normalize),
+                );
                 check(
                     &case,
                     "grad_weight",
@@ -169,8 +194,20 @@ fn fcgp_forward_and_backward_match_reference() {
                 };
                 let g = cl::fcgp_backward(&xd, &yd, &wd, &fwd, &up(&gpu, &go)).unwrap();
                 let gw = cr::fcgp_backward(&x, &y, &w, &saved, &go).unwrap();
-                check(&case, "grad_x", &g.grad_x, &gw.grad_x, 1e-5);
-                check(&case, "grad_y", &g.grad_y, &gw.grad_y, 1e-5);
+                check(
+                    &case,
+                    "grad_x",
+                    &g.grad_x,
+                    &gw.grad_x,
+                    grad_tol(m, normalize),
+                );
+                check(
+                    &case,
+                    "grad_y",
+                    &g.grad_y,
+                    &gw.grad_y,
+                    grad_tol(m, normalize),
+                );
                 check(&case, "grad_weight", &g.grad_weight, &gw.grad_weight, 1e-5);
             }
         }
@@ -205,7 +242,13 @@ fn layer_forward_and_backward_match_reference() {
                     };
                     let g = layer.backward(&xd, &fwd, &up(&gpu, &go)).unwrap();
                     let gw = p.backward(&x, &saved, &go).unwrap();
-                    check(&case, "grad_x", &g.grad_x, &gw.grad_x, 1e-5);
+                    check(
+                        &case,
+                        "grad_x",
+                        &g.grad_x,
+                        &gw.grad_x,
+                        grad_tol(n, normalize),
+                    );
                     check(
                         &case,
                         "grad_linear_weight",
