@@ -39,18 +39,21 @@ fn rel_err(out: &[f32], reference: &[f32]) -> f64 {
     }
 }
 
-struct Case {
-    name: &'static str,
-    shape: Vec<usize>,
-    dtype: DType,
+/// The same event pair around one launch, for the GPU-time column.
+fn timing_event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent> {
+    gpu.stream()
+        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| host::Error::Invalid {
+            op: "demo",
+            msg: format!("recording a CUDA event: {e:?}"),
+        })
 }
 
 /// Runs `gpu_op` (timed with CUDA events, after one warm-up launch) and compares with `reference`.
 fn check(
     gpu: &Gpu,
-    case: &Case,
-    gpu_op: &dyn Fn(&[Tensor]) -> Result<Tensor>,
-    inputs: &[HostTensor],
+    gpu_op: &GpuOp,
+    inputs: &[&HostTensor],
     reference: &HostTensor,
 ) -> Result<(f64, f64)> {
     let dev: Vec<Tensor> = inputs
@@ -58,26 +61,16 @@ fn check(
         .map(|h| Tensor::from_host(gpu, h))
         .collect::<Result<_>>()?;
     gpu_op(&dev)?;
-    let start = gpu
-        .stream()
-        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(|e| host::Error::Invalid {
-            op: "demo",
-            msg: format!("{e:?}"),
-        })?;
+    let start = timing_event(gpu)?;
     let out = gpu_op(&dev)?;
-    let end = gpu
-        .stream()
-        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(|e| host::Error::Invalid {
-            op: "demo",
-            msg: format!("{e:?}"),
-        })?;
+    let end = timing_event(gpu)?;
     gpu.synchronize()?;
     let ms = start.elapsed_ms(&end).unwrap_or(f32::NAN) as f64;
-    let _ = case;
     Ok((rel_err(&out.to_vec()?, &reference.data), ms))
 }
+
+type GpuOp<'a> = dyn Fn(&[Tensor]) -> Result<Tensor> + 'a;
+type CpuOp<'a> = dyn Fn() -> Result<HostTensor> + 'a;
 
 fn main() -> Result<()> {
     let quiet = std::env::var("RGK_DEMO_QUIET").is_ok();
@@ -100,117 +93,65 @@ fn main() -> Result<()> {
         let a = random(&[512, 1024], dtype, 1);
         let bias = random(&[1024], dtype, 2);
         let dy = random(&[512, 1024], dtype, 3);
-        type Gpu1 = Box<dyn Fn(&[Tensor]) -> Result<Tensor>>;
-        let cases: Vec<(
-            Case,
-            Gpu1,
-            Vec<HostTensor>,
-            Box<dyn Fn() -> Result<HostTensor>>,
-        )> = vec![
+        // (op, GPU call on the uploaded inputs, inputs, CPU reference)
+        let cases: [(&str, &GpuOp, Vec<&HostTensor>, &CpuOp); 9] = [
             (
-                Case {
-                    name: "add (broadcast)",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| ew::add(&t[0], &t[1])),
-                vec![a.clone(), bias.clone()],
-                Box::new(|| ewr::binary(BinaryOp::Add, &a, &bias)),
+                "add (broadcast)",
+                &|t| ew::add(&t[0], &t[1]),
+                vec![&a, &bias],
+                &|| ewr::binary(BinaryOp::Add, &a, &bias),
+            ),
+            ("mul", &|t| ew::mul(&t[0], &t[1]), vec![&a, &dy], &|| {
+                ewr::binary(BinaryOp::Mul, &a, &dy)
+            }),
+            ("gelu", &|t| ew::gelu(&t[0]), vec![&a], &|| ewr::gelu(&a)),
+            (
+                "gelu_backward",
+                &|t| ew::gelu_backward(&t[0], &t[1]),
+                vec![&a, &dy],
+                &|| ewr::gelu_backward(&a, &dy),
             ),
             (
-                Case {
-                    name: "mul",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| ew::mul(&t[0], &t[1])),
-                vec![a.clone(), dy.clone()],
-                Box::new(|| ewr::binary(BinaryOp::Mul, &a, &dy)),
+                "sum (last dim)",
+                &|t| reduce::sum(&t[0], Axis::Last),
+                vec![&a],
+                &|| rr::reduce(&a, Reduction::Sum, Axis::Last),
             ),
             (
-                Case {
-                    name: "gelu",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| ew::gelu(&t[0])),
-                vec![a.clone()],
-                Box::new(|| ewr::gelu(&a)),
+                "max (all)",
+                &|t| reduce::max(&t[0], Axis::All),
+                vec![&a],
+                &|| rr::reduce(&a, Reduction::Max, Axis::All),
             ),
             (
-                Case {
-                    name: "gelu_backward",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| ew::gelu_backward(&t[0], &t[1])),
-                vec![a.clone(), dy.clone()],
-                Box::new(|| ewr::gelu_backward(&a, &dy)),
+                "mean (all)",
+                &|t| reduce::mean(&t[0], Axis::All),
+                vec![&a],
+                &|| rr::reduce(&a, Reduction::Mean, Axis::All),
             ),
+            ("softmax", &|t| softmax::softmax(&t[0]), vec![&a], &|| {
+                sr::softmax(&a)
+            }),
             (
-                Case {
-                    name: "sum (last dim)",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| reduce::sum(&t[0], Axis::Last)),
-                vec![a.clone()],
-                Box::new(|| rr::reduce(&a, Reduction::Sum, Axis::Last)),
-            ),
-            (
-                Case {
-                    name: "max (all)",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| reduce::max(&t[0], Axis::All)),
-                vec![a.clone()],
-                Box::new(|| rr::reduce(&a, Reduction::Max, Axis::All)),
-            ),
-            (
-                Case {
-                    name: "mean (all)",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| reduce::mean(&t[0], Axis::All)),
-                vec![a.clone()],
-                Box::new(|| rr::reduce(&a, Reduction::Mean, Axis::All)),
-            ),
-            (
-                Case {
-                    name: "softmax",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| softmax::softmax(&t[0])),
-                vec![a.clone()],
-                Box::new(|| sr::softmax(&a)),
-            ),
-            (
-                Case {
-                    name: "softmax_backward",
-                    shape: vec![512, 1024],
-                    dtype,
-                },
-                Box::new(|t| softmax::softmax_backward(&t[0], &t[1])),
-                vec![a.clone(), dy.clone()],
-                Box::new(|| sr::softmax_backward(&a, &dy)),
+                "softmax_backward",
+                &|t| softmax::softmax_backward(&t[0], &t[1]),
+                vec![&a, &dy],
+                &|| sr::softmax_backward(&a, &dy),
             ),
         ];
-        for (case, gpu_op, inputs, reference) in cases {
+        for (name, gpu_op, inputs, reference) in cases {
             let t0 = Instant::now();
             let want = reference()?;
             let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
             let (err, ms) = match &gpu {
-                Some(g) => check(g, &case, gpu_op.as_ref(), &inputs, &want)?,
+                Some(g) => check(g, gpu_op, &inputs, &want)?,
                 None => (f64::NAN, f64::NAN),
             };
             if gpu.is_some() {
                 worst = worst.max(err / tolerance(dtype));
             }
             if !quiet {
-                let shape = format!("{:?}", case.shape);
+                let shape = format!("{:?}", a.shape);
                 let fmt = |v: f64| {
                     if v.is_nan() {
                         "n/a".to_string()
@@ -220,9 +161,9 @@ fn main() -> Result<()> {
                 };
                 println!(
                     "{:<22} {:<16} {:<5} {:>12} {:>10} {:>10.3}",
-                    case.name,
+                    name,
                     shape,
-                    case.dtype,
+                    dtype,
                     fmt(err),
                     fmt(ms),
                     cpu_ms
