@@ -50,16 +50,40 @@ fn layer_norm_matches_reference() {
             assert_eq!(y.shape(), &[rows, cols]);
             assert_eq!(mean.shape(), &[rows]);
             assert_close(&case, &y.to_vec().unwrap(), &wy.data, tol(dtype));
-            assert_close(&format!("{case} mean"), &mean.to_vec().unwrap(), &wm.data, 1e-5);
+            assert_close(
+                &format!("{case} mean"),
+                &mean.to_vec().unwrap(),
+                &wm.data,
+                1e-5,
+            );
             // cols = 1: var = 0 and rstd = 1/sqrt(eps), exact up to rounding.
-            assert_close(&format!("{case} rstd"), &rstd.to_vec().unwrap(), &wr.data, 1e-4);
+            assert_close(
+                &format!("{case} rstd"),
+                &rstd.to_vec().unwrap(),
+                &wr.data,
+                1e-4,
+            );
 
-            let (dx, dg, db) =
-                ln::layer_norm_backward(&xt, &gt, &mean, &rstd, &up(&dy)).unwrap();
+            let (dx, dg, db) = ln::layer_norm_backward(&xt, &gt, &mean, &rstd, &up(&dy)).unwrap();
             let (wdx, wdg, wdb) = lr::layer_norm_backward(&x, &g, &wm, &wr, &dy).unwrap();
-            assert_close(&format!("{case} dx"), &dx.to_vec().unwrap(), &wdx.data, grad_tol(dtype));
-            assert_close(&format!("{case} dgamma"), &dg.to_vec().unwrap(), &wdg.data, grad_tol(dtype));
-            assert_close(&format!("{case} dbeta"), &db.to_vec().unwrap(), &wdb.data, grad_tol(dtype));
+            assert_close(
+                &format!("{case} dx"),
+                &dx.to_vec().unwrap(),
+                &wdx.data,
+                grad_tol(dtype),
+            );
+            assert_close(
+                &format!("{case} dgamma"),
+                &dg.to_vec().unwrap(),
+                &wdg.data,
+                grad_tol(dtype),
+            );
+            assert_close(
+                &format!("{case} dbeta"),
+                &db.to_vec().unwrap(),
+                &wdb.data,
+                grad_tol(dtype),
+            );
         }
     }
 }
@@ -108,13 +132,25 @@ fn layer_norm_param_grads_are_bit_identical_over_runs() {
         let b = up(&uniform(&mut rng, &[cols], -1.0, 1.0, DType::F32));
         let dy = up(&uniform(&mut rng, &[rows, cols], -1.0, 1.0, DType::F32));
         let (_, mean, rstd) = ln::layer_norm(&x, &g, &b, None).unwrap();
-        let bits = |t: &Tensor| t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits = |t: &Tensor| {
+            t.to_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
         let (dx0, dg0, db0) = ln::layer_norm_backward(&x, &g, &mean, &rstd, &dy).unwrap();
         let (dx0, dg0, db0) = (bits(&dx0), bits(&dg0), bits(&db0));
         for run in 0..scaled(20, 3) {
             let (dx, dg, db) = ln::layer_norm_backward(&x, &g, &mean, &rstd, &dy).unwrap();
-            assert!(bits(&dg) == dg0, "[{rows}, {cols}] run {run}: dgamma changed");
-            assert!(bits(&db) == db0, "[{rows}, {cols}] run {run}: dbeta changed");
+            assert!(
+                bits(&dg) == dg0,
+                "[{rows}, {cols}] run {run}: dgamma changed"
+            );
+            assert!(
+                bits(&db) == db0,
+                "[{rows}, {cols}] run {run}: dbeta changed"
+            );
             assert!(bits(&dx) == dx0, "[{rows}, {cols}] run {run}: dx changed");
         }
     }
@@ -131,7 +167,10 @@ fn layer_norm_with_no_rows_is_empty_with_zero_param_grads() {
     assert_eq!((y.shape(), mean.shape()), (&[0usize, 5][..], &[0usize][..]));
     let (dx, dg, db) = ln::layer_norm_backward(&x, &g, &mean, &rstd, &x).unwrap();
     assert_eq!(dx.shape(), &[0, 5]);
-    assert_eq!((dg.to_vec().unwrap(), db.to_vec().unwrap()), (vec![0.0; 5], vec![0.0; 5]));
+    assert_eq!(
+        (dg.to_vec().unwrap(), db.to_vec().unwrap()),
+        (vec![0.0; 5], vec![0.0; 5])
+    );
 }
 
 /// Ids for a vocabulary of `vocab`: uniform, or (every third case) drawn from a few hot ids so that
@@ -151,7 +190,9 @@ fn embedding_matches_reference() {
     for case in 0..fuzz_cases(36) {
         let dtype = DType::ALL[case % 3];
         let cols = DIMS[rng.random_range(0..DIMS.len())];
-        let vocab = [1usize, 7, 1000, 50_257][rng.random_range(0..4)].min(scaled(1 << 22, 1 << 14) / cols).max(1);
+        let vocab = [1usize, 7, 1000, 50_257][rng.random_range(0..4)]
+            .min(scaled(1 << 22, 1 << 14) / cols)
+            .max(1);
         let n = rng.random_range(1..=scaled(1 << 20, 1 << 12) / cols + 1);
         let ids = random_ids(&mut rng, n, vocab, case % 3 == 2);
         let table = uniform(&mut rng, &[vocab, cols], -1.0, 1.0, dtype);
@@ -164,13 +205,23 @@ fn embedding_matches_reference() {
         assert_eq!(out.shape(), &[n, cols]);
         assert_eq!(out.to_vec().unwrap(), want.data, "{label} (host ids)");
         let dev = DeviceIds::from_slice(&gpu, &ids).unwrap();
-        assert_eq!(emb::embedding(&tt, &dev).unwrap().to_vec().unwrap(), want.data, "{label} (device ids)");
+        assert_eq!(
+            emb::embedding(&tt, &dev).unwrap().to_vec().unwrap(),
+            want.data,
+            "{label} (device ids)"
+        );
 
-        let dw = emb::embedding_backward(&ids, &Tensor::from_host(&gpu, &dy).unwrap(), vocab).unwrap();
+        let dw =
+            emb::embedding_backward(&ids, &Tensor::from_host(&gpu, &dy).unwrap(), vocab).unwrap();
         let want_dw = er::embedding_backward(&ids, &dy, vocab).unwrap();
         assert_eq!(dw.shape(), &[vocab, cols]);
         // Sums of up to N terms (hot ids) in f32: 1e-5 relative in f32, the storage rounding otherwise.
-        assert_close(&format!("{label} dW"), &dw.to_vec().unwrap(), &want_dw.data, tol(dtype));
+        assert_close(
+            &format!("{label} dW"),
+            &dw.to_vec().unwrap(),
+            &want_dw.data,
+            tol(dtype),
+        );
     }
 }
 
@@ -183,9 +234,16 @@ fn embedding_backward_is_bit_identical_over_runs() {
     let (vocab, cols, n) = (1000, 257, scaled(60_000, 2000));
     for hot in [false, true] {
         let ids = random_ids(&mut rng, n, vocab, hot);
-        let dy = Tensor::from_host(&gpu, &uniform(&mut rng, &[n, cols], -1.0, 1.0, DType::F32)).unwrap();
+        let dy =
+            Tensor::from_host(&gpu, &uniform(&mut rng, &[n, cols], -1.0, 1.0, DType::F32)).unwrap();
         let dev = DeviceIds::from_slice(&gpu, &ids).unwrap();
-        let bits = |t: Tensor| t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits = |t: Tensor| {
+            t.to_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
         let first = bits(emb::embedding_backward(&ids, &dy, vocab).unwrap());
         for run in 0..scaled(20, 3) {
             let again = if run % 2 == 0 {
@@ -203,11 +261,26 @@ fn out_of_range_ids_are_errors_and_the_context_survives() {
     let Some(gpu) = gpu_or_skip("out_of_range_ids_are_errors_and_the_context_survives") else {
         return;
     };
-    let table = Tensor::from_f32(&gpu, &(0..40).map(|v| v as f32).collect::<Vec<_>>(), &[10, 4], DType::F32).unwrap();
+    let table = Tensor::from_f32(
+        &gpu,
+        &(0..40).map(|v| v as f32).collect::<Vec<_>>(),
+        &[10, 4],
+        DType::F32,
+    )
+    .unwrap();
     let bad: Vec<u32> = vec![3, 9, 10, 2, u32::MAX];
     let expect = |e: Error| {
         assert!(
-            matches!(e, Error::IdOutOfRange { count: 2, vocab: 10, position: 2, id: 10, .. }),
+            matches!(
+                e,
+                Error::IdOutOfRange {
+                    count: 2,
+                    vocab: 10,
+                    position: 2,
+                    id: 10,
+                    ..
+                }
+            ),
             "{e}"
         )
     };
@@ -224,7 +297,10 @@ fn out_of_range_ids_are_errors_and_the_context_survives() {
         Error::IdOutOfRange { count: 100_001, .. }
     ));
     // The context still works: a valid lookup after the errors.
-    let ok = emb::embedding(&table, &[9u32, 0]).unwrap().to_vec().unwrap();
+    let ok = emb::embedding(&table, &[9u32, 0])
+        .unwrap()
+        .to_vec()
+        .unwrap();
     assert_eq!(ok, vec![36., 37., 38., 39., 0., 1., 2., 3.]);
     gpu.synchronize().unwrap();
 }

@@ -62,8 +62,7 @@ unsafe fn gather<T: Elem>(
     cols: u64,
 ) {
     let row_bytes = cols * core::mem::size_of::<T>() as u64;
-    let vector =
-        row_bytes % 16 == 0 && table.ptr as u64 % 16 == 0 && out.ptr as u64 % 16 == 0;
+    let vector = row_bytes % 16 == 0 && table.ptr as u64 % 16 == 0 && out.ptr as u64 % 16 == 0;
     let warps = (block_dim_x() / 32) as u64;
     let lane = lane_id() as u64;
     let mut row = block_idx_x() as u64 * warps + warp_id() as u64;
@@ -81,7 +80,12 @@ unsafe fn gather<T: Elem>(
                 // SAFETY: both rows are 16-byte aligned (aligned bases, row bytes a multiple of 16) and
                 // hold row_bytes / 16 whole chunks; the table is only read.
                 unsafe {
-                    copy_chunks(src as *const Chunk16, dst as *mut Chunk16, row_bytes / 16, lane)
+                    copy_chunks(
+                        src as *const Chunk16,
+                        dst as *mut Chunk16,
+                        row_bytes / 16,
+                        lane,
+                    )
                 };
             } else {
                 let mut j = lane;
@@ -142,7 +146,12 @@ unsafe fn scatter_add<T: Elem>(
     while v < vocab {
         crate::dev::shared::check_index(v as usize + 1, offsets.len as usize);
         // SAFETY: offsets holds vocab + 1 entries.
-        let (k0, k1) = unsafe { (*offsets.ptr.add(v as usize), *offsets.ptr.add(v as usize + 1)) };
+        let (k0, k1) = unsafe {
+            (
+                *offsets.ptr.add(v as usize),
+                *offsets.ptr.add(v as usize + 1),
+            )
+        };
         let mut c0 = 0u64;
         while c0 < cols {
             let mut acc = [0.0f32; CACHE];

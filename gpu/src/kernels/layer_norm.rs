@@ -237,8 +237,7 @@ fn backward_streaming<T: Elem>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
         while j < a.cols {
             let xh = (a.x.get(base + j) - m) * rs;
             let dyv = a.dy.get(base + j);
-            a.dx
-                .set(base + j, rs * (dyv * a.gamma.get(j) - mg - xh * mgx));
+            a.dx.set(base + j, rs * (dyv * a.gamma.get(j) - mg - xh * mgx));
             // Only this thread touches these two partial elements (same j on every row).
             let (og, ob) = if r == r0 {
                 (0.0, 0.0)

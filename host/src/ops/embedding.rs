@@ -408,7 +408,16 @@ mod tests {
     fn out_of_range_ids_are_errors_naming_the_first() {
         let e = r::embedding(&table(), &[0, 4, 9]).unwrap_err();
         assert!(
-            matches!(e, Error::IdOutOfRange { count: 2, vocab: 4, position: 1, id: 4, .. }),
+            matches!(
+                e,
+                Error::IdOutOfRange {
+                    count: 2,
+                    vocab: 4,
+                    position: 1,
+                    id: 4,
+                    ..
+                }
+            ),
             "{e}"
         );
         assert!(e.to_string().contains("ids[1] = 4"), "{e}");

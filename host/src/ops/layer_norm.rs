@@ -37,10 +37,7 @@ fn rows_cols(op: &'static str, x: &Tensor) -> Result<(u64, u64)> {
     if cols == 0 && rows > 0 {
         return Err(Error::Invalid {
             op,
-            msg: format!(
-                "x has shape {:?}: rows of length 0 have no mean",
-                x.shape()
-            ),
+            msg: format!("x has shape {:?}: rows of length 0 have no mean", x.shape()),
         });
     }
     Ok((rows as u64, cols as u64))
@@ -230,8 +227,16 @@ pub mod reference {
         dy: &[f64],
         cols: usize,
     ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-        let (mut dx, mut dgamma, mut dbeta) = (Vec::with_capacity(x.len()), vec![0.0; cols], vec![0.0; cols]);
-        for (r, (xr, gr)) in x.chunks(cols.max(1)).zip(dy.chunks(cols.max(1))).enumerate() {
+        let (mut dx, mut dgamma, mut dbeta) = (
+            Vec::with_capacity(x.len()),
+            vec![0.0; cols],
+            vec![0.0; cols],
+        );
+        for (r, (xr, gr)) in x
+            .chunks(cols.max(1))
+            .zip(dy.chunks(cols.max(1)))
+            .enumerate()
+        {
             let xh: Vec<f64> = xr.iter().map(|v| (v - mean[r]) * rstd[r]).collect();
             let g: Vec<f64> = gr.iter().zip(gamma).map(|(d, w)| d * w).collect();
             let mg = g.iter().sum::<f64>() / cols as f64;
@@ -304,8 +309,14 @@ pub mod reference {
                 got: dy.shape.clone(),
             });
         }
-        let (dx, dg, db) =
-            backward_f64(&f64s(x), &f64s(gamma), &f64s(mean), &f64s(rstd), &f64s(dy), c);
+        let (dx, dg, db) = backward_f64(
+            &f64s(x),
+            &f64s(gamma),
+            &f64s(mean),
+            &f64s(rstd),
+            &f64s(dy),
+            c,
+        );
         let f = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
         Ok((
             HostTensor::new(f(dx), &x.shape, x.dtype)?,
@@ -340,7 +351,9 @@ mod tests {
 
     #[test]
     fn normalised_rows_have_mean_zero_and_variance_one() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.0).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.0)
+            .collect();
         let (y, _, rstd) = r::layer_norm(
             &t(&x, &[4, 16]),
             &t(&[1.0; 16], &[16]),
@@ -362,16 +375,23 @@ mod tests {
             Some(0.0),
         )
         .unwrap();
-        assert_eq!((y.data, m.data, s.data), (vec![-1.0, 1.0], vec![2.0], vec![1.0]));
+        assert_eq!(
+            (y.data, m.data, s.data),
+            (vec![-1.0, 1.0], vec![2.0], vec![1.0])
+        );
     }
 
     #[test]
     fn backward_matches_finite_differences() {
         let (rows, cols, eps) = (3usize, 5usize, 1e-5f64);
-        let x: Vec<f64> = (0..rows * cols).map(|i| ((i * 7919) % 13) as f64 * 0.31 - 1.7).collect();
+        let x: Vec<f64> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 13) as f64 * 0.31 - 1.7)
+            .collect();
         let gamma: Vec<f64> = (0..cols).map(|j| 0.5 + 0.3 * j as f64).collect();
         let beta: Vec<f64> = (0..cols).map(|j| 0.1 * j as f64 - 0.2).collect();
-        let w: Vec<f64> = (0..rows * cols).map(|i| ((i * 104729) % 17) as f64 * 0.13 - 1.0).collect();
+        let w: Vec<f64> = (0..rows * cols)
+            .map(|i| ((i * 104729) % 17) as f64 * 0.13 - 1.0)
+            .collect();
         let loss = |x: &[f64], g: &[f64], b: &[f64]| {
             let (y, _, _) = r::forward_f64(x, g, b, cols, eps);
             y.iter().zip(&w).map(|(a, b)| a * b).sum::<f64>()
@@ -386,7 +406,11 @@ mod tests {
                 xp[i] += d;
                 loss(&xp, &gamma, &beta)
             });
-            assert!((dx[i] - num).abs() < 1e-6 * (1.0 + num.abs()), "dx[{i}] {} vs {num}", dx[i]);
+            assert!(
+                (dx[i] - num).abs() < 1e-6 * (1.0 + num.abs()),
+                "dx[{i}] {} vs {num}",
+                dx[i]
+            );
         }
         for j in 0..cols {
             let num = fd(&|d| {
@@ -394,13 +418,21 @@ mod tests {
                 gp[j] += d;
                 loss(&x, &gp, &beta)
             });
-            assert!((dg[j] - num).abs() < 1e-6 * (1.0 + num.abs()), "dgamma[{j}] {} vs {num}", dg[j]);
+            assert!(
+                (dg[j] - num).abs() < 1e-6 * (1.0 + num.abs()),
+                "dgamma[{j}] {} vs {num}",
+                dg[j]
+            );
             let num = fd(&|d| {
                 let mut bp = beta.clone();
                 bp[j] += d;
                 loss(&x, &gamma, &bp)
             });
-            assert!((db[j] - num).abs() < 1e-6 * (1.0 + num.abs()), "dbeta[{j}] {} vs {num}", db[j]);
+            assert!(
+                (db[j] - num).abs() < 1e-6 * (1.0 + num.abs()),
+                "dbeta[{j}] {} vs {num}",
+                db[j]
+            );
         }
     }
 
