@@ -234,6 +234,55 @@ def layernorm_case(rows, cols):
                        compiled(lambda x, w, b: F.layer_norm(x, (cols,), w, b, 1e-5), 3)])
 
 
+def layernorm_bwd_case(rows, cols):
+    """dx, dgamma, dbeta of an affine layer norm (eps 1e-5) from upstream dy, through autograd:
+    the forward runs once in make(); each call is one backward (retain_graph keeps the saved
+    mean/rstd, as our bench reuses the forward's). Bytes: read x and dy, write dx."""
+    size = rows * cols * 4
+
+    def make():
+        x = rand((rows, cols), "f32").requires_grad_()
+        w = rand((cols,), "f32").requires_grad_()
+        b = rand((cols,), "f32").requires_grad_()
+        y = F.layer_norm(x, (cols,), w, b, 1e-5)
+        return (y, x, w, b, rand((rows, cols), "f32"))
+
+    def launch(s):
+        return torch.autograd.grad(s[0], (s[1], s[2], s[3]), s[4], retain_graph=True)
+
+    def compiled_bwd():
+        def build():
+            torch._dynamo.reset()
+            fwd = torch.compile(lambda x, w, b: F.layer_norm(x, (cols,), w, b, 1e-5))
+            graphs = {}
+
+            def run(s):
+                key = id(s[1])
+                if key not in graphs:  # one compiled forward per input set, then backward only
+                    graphs[key] = fwd(s[1], s[2], s[3])
+                return torch.autograd.grad(graphs[key], (s[1], s[2], s[3]), s[4],
+                                           retain_graph=True)
+            return run
+        return Peer("torch-compile", build)
+
+    return Case(f"layernorm_bwd/f32/{rows}x{cols}", bytes=3 * size, flops=None,
+                in_bytes=2 * size, make_set=make, peers=[eager(launch), compiled_bwd()])
+
+
+def embedding_case(vocab, cols, n):
+    """F.embedding gather of n rows from a [vocab, cols] table (int64 ids, as torch wants them).
+    Bytes: n x cols read + n x cols written."""
+    size = n * cols * 4
+
+    def make():
+        return (torch.randint(0, vocab, (n,), device="cuda"), rand((vocab, cols), "f32"))
+
+    return Case(f"embedding/f32/V{vocab}_D{cols}_N{n}", bytes=2 * size, flops=None,
+                in_bytes=vocab * cols * 4 + n * 8, make_set=make,
+                peers=[eager(lambda s: F.embedding(s[0], s[1])),
+                       compiled(lambda i, w: F.embedding(i, w), 2)])
+
+
 @contextlib.contextmanager
 def no_tf32():
     """fp32 matmuls in fp32 (no TF32 tensor-core rounding), restoring the previous setting."""
@@ -533,7 +582,8 @@ def build_cases(quick):
               reduce_lastdim_case("max", 8192, 8192)]
     cases += [softmax_case(tag, 8192, 8192) for tag in ("f32", "f16", "bf16")]
     cases += [softmax_case("f32", 65536, 1024), softmax_backward_case(8192, 8192)]
-    cases += [layernorm_case(65536, 1024)]
+    cases += [layernorm_case(65536, 1024), layernorm_bwd_case(65536, 1024),
+              embedding_case(50257, 1024, 65536)]
     cases += [sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096), lrp_case(1024, 4096, 4096)]
     cases += [attn_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_SHAPES

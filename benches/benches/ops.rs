@@ -11,6 +11,8 @@ use criterion::Criterion;
 use host::ops::attention::{self as attn, AttentionParams, Causal};
 use host::ops::clifford::{self as cl, Algebra, GpMode, Layer, Normalize};
 use host::ops::elementwise::{self as ew, BinaryOp, KernelPath};
+use host::ops::embedding::{self as emb, DeviceIds};
+use host::ops::layer_norm as ln;
 use host::ops::lrp::{self, Activation, Linear};
 use host::ops::reduce::{self, Axis};
 use host::ops::softmax;
@@ -359,6 +361,63 @@ fn softmaxes(b: &mut Bencher) {
     );
 }
 
+/// Layer norm forward (bytes: read x + write y; gamma/beta and the 2 x rows f32 statistics are
+/// negligible and not counted, as in bench/peers.py) and backward (read x and dy, write dx: 3 tensors).
+fn layer_norms(b: &mut Bencher) {
+    let (rows, cols) = (65536usize, 1024usize);
+    let bytes = (rows * cols * 4) as u64;
+    let copies = rotation_copies(bytes as usize, b.l2_bytes);
+    let x = b.inputs(&[rows, cols], DType::F32, copies);
+    let g = b.inputs(&[cols], DType::F32, 1).remove(0);
+    let beta = b.inputs(&[cols], DType::F32, 1).remove(0);
+    b.bench(
+        spec(
+            format!("layernorm/f32/{rows}x{cols}"),
+            Some(2 * bytes),
+            None,
+        ),
+        copies,
+        |i| {
+            ln::layer_norm(&x[i], &g, &beta, None).expect("layer_norm");
+        },
+    );
+    let (_, mean, rstd) = ln::layer_norm(&x[0], &g, &beta, None).expect("layer_norm");
+    let dy = b.inputs(&[rows, cols], DType::F32, 1).remove(0);
+    b.bench(
+        spec(
+            format!("layernorm_bwd/f32/{rows}x{cols}"),
+            Some(3 * bytes),
+            None,
+        ),
+        1,
+        |_| {
+            ln::layer_norm_backward(&x[0], &g, &mean, &rstd, &dy).expect("layer_norm_backward");
+        },
+    );
+}
+
+/// Embedding gather with device-resident ids (the path a model uses: includes the id check and its
+/// read-back). Bytes: N rows of D read from the table + N x D written.
+fn embeddings(b: &mut Bencher) {
+    let (vocab, cols, n) = (50257usize, 1024usize, 65536usize);
+    let table = b.inputs(&[vocab, cols], DType::F32, 1).remove(0);
+    let ids: Vec<u32> = (0..n)
+        .map(|_| b.rng.random_range(0..vocab as u32))
+        .collect();
+    let ids = DeviceIds::from_slice(&b.gpu, &ids).expect("ids");
+    b.bench(
+        spec(
+            format!("embedding/f32/V{vocab}_D{cols}_N{n}"),
+            Some(2 * (n * cols * 4) as u64),
+            None,
+        ),
+        1,
+        |_| {
+            emb::embedding(&table, &ids).expect("embedding");
+        },
+    );
+}
+
 /// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024} (one shape with
 /// RGK_BENCH_QUICK). Bytes counted: sgp forward reads x, y and writes o (3 tensors of C*B*N f32);
 /// forward+backward adds the backward's minimum (reads x, y, grad_out, o; writes grad_x, grad_y):
@@ -553,6 +612,8 @@ fn main() {
     elementwise(&mut b);
     reductions(&mut b);
     softmaxes(&mut b);
+    layer_norms(&mut b);
+    embeddings(&mut b);
     relevance(&mut b);
     attention(&mut b);
     clifford(&mut b);

@@ -59,6 +59,9 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // Without a bound the JIT may use more registers than a 512-thread block allows (launch fails
     // with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); with it, ptxas fits the row caches into 128.
     ("softmax_", softmax::MAX_BLOCK, 1),
+    // Same reason: the row caches (x, and in the backward dy plus the dgamma/dbeta accumulators) must
+    // fit the 128 registers a 512-thread block allows.
+    ("layer_norm_", layer_norm::MAX_BLOCK, 1),
 ];
 
 /// Elementwise kernels.
@@ -99,6 +102,83 @@ pub mod softmax {
         let need = cols.div_ceil(CACHE_PER_THREAD as u64);
         let mut t: u64 = 32;
         while t < need && t < MAX_BLOCK as u64 {
+            t *= 2;
+        }
+        t as u32
+    }
+}
+
+/// Layer norm over the last dimension (`kernels/layer_norm.rs`, `host::ops::layer_norm`).
+///
+/// Forward and backward: one block per row, the row in registers (`CACHE_PER_THREAD` elements a thread)
+/// up to `MAX_CACHED_COLS`, two passes over memory beyond. The backward folds dgamma/dbeta of a chunk of
+/// `rows_per_chunk(rows)` rows per block into one partial row (registers on the cached path), and a
+/// second kernel adds the partials in chunk order: the same bits on every run.
+pub mod layer_norm {
+    /// Elements each thread keeps in registers on the single-read path.
+    pub const CACHE_PER_THREAD: u32 = 16;
+    /// Most threads in a row block (the launch bound written into the PTX).
+    pub const MAX_BLOCK: u32 = 512;
+    /// Longest row held in registers.
+    pub const MAX_CACHED_COLS: u64 = (CACHE_PER_THREAD * MAX_BLOCK) as u64;
+    /// Default epsilon added to the variance.
+    pub const DEFAULT_EPS: f32 = 1e-5;
+    /// Most dgamma/dbeta partial rows (blocks of the backward). A constant, not the SM count, so the
+    /// summation order depends on the shape only.
+    pub const MAX_CHUNKS: u64 = 2048;
+    /// Fewest rows one backward block folds into its partial row.
+    pub const MIN_ROWS_PER_CHUNK: u64 = 16;
+    /// Threads of the partial-sum kernel: `FINISH_COLS` columns (one per lane) x `FINISH_WARPS` warps
+    /// that split the chunks.
+    pub const FINISH_COLS: u32 = 32;
+    pub const FINISH_WARPS: u32 = 8;
+    pub const FINISH_BLOCK: u32 = FINISH_COLS * FINISH_WARPS;
+
+    /// Threads for a row of `cols` elements: a power of two between one warp and `MAX_BLOCK` covering
+    /// the row at `CACHE_PER_THREAD` elements a thread.
+    pub const fn block_for(cols: u64) -> u32 {
+        let need = cols.div_ceil(CACHE_PER_THREAD as u64);
+        let mut t: u64 = 32;
+        while t < need && t < MAX_BLOCK as u64 {
+            t *= 2;
+        }
+        t as u32
+    }
+    /// Rows per backward block for `rows` rows: a function of the row count only.
+    pub const fn rows_per_chunk(rows: u64) -> u64 {
+        let r = rows.div_ceil(MAX_CHUNKS);
+        if r > MIN_ROWS_PER_CHUNK {
+            r
+        } else {
+            MIN_ROWS_PER_CHUNK
+        }
+    }
+    /// Backward blocks (= partial rows) for `rows` rows (at least 1).
+    pub const fn chunks(rows: u64) -> u64 {
+        let c = rows.div_ceil(rows_per_chunk(rows));
+        if c == 0 { 1 } else { c }
+    }
+    const _: () = assert!(chunks(1 << 40) <= MAX_CHUNKS && chunks(1) == 1 && chunks(16) == 1);
+    const _: () = assert!(FINISH_COLS == 32 && FINISH_BLOCK <= MAX_BLOCK);
+}
+
+/// Embedding lookup (`kernels/embedding.rs`, `host::ops::embedding`).
+pub mod embedding {
+    /// Threads per block of the gather (one warp per output row, `BLOCK / 32` rows per block in flight).
+    pub const BLOCK: u32 = 256;
+    /// Threads per block of the id check.
+    pub const CHECK_BLOCK: u32 = 256;
+    /// Most blocks of the id check (grid-stride beyond).
+    pub const CHECK_MAX_BLOCKS: u64 = 1024;
+    /// Columns each thread of the backward accumulates in registers per column tile.
+    pub const BWD_CACHE: u32 = 8;
+    /// Most threads of a backward block (one block per row of dW).
+    pub const BWD_MAX_BLOCK: u32 = 256;
+    /// Threads for a backward row of `cols` columns: a power of two from 32 to `BWD_MAX_BLOCK`.
+    pub const fn bwd_block_for(cols: u64) -> u32 {
+        let need = cols.div_ceil(BWD_CACHE as u64);
+        let mut t: u64 = 32;
+        while t < need && t < BWD_MAX_BLOCK as u64 {
             t *= 2;
         }
         t as u32

@@ -90,6 +90,18 @@ pub enum Error {
         count: u64,
     },
 
+    /// Embedding ids at or past the vocabulary size (found before any gather reads the table).
+    #[error(
+        "{op}: {count} id(s) out of range for a vocabulary of {vocab}; the first is ids[{position}] = {id}"
+    )]
+    IdOutOfRange {
+        op: &'static str,
+        count: u64,
+        vocab: usize,
+        position: usize,
+        id: u32,
+    },
+
     /// Tensors from different devices/contexts.
     #[error("{op}: tensors live on different GPUs")]
     DeviceMismatch { op: &'static str },

@@ -140,3 +140,115 @@ fn driver_errors_explain_common_codes() {
         assert!(m.contains("cargo xtask sanitize"), "{code}: {m}");
     }
 }
+
+#[test]
+fn layer_norm_and_embedding_reject_bad_inputs_before_launch() {
+    use host::ops::embedding::{self as emb, DeviceIds};
+    use host::ops::layer_norm as ln;
+    // CPU references validate too (run without a GPU).
+    let h = |shape: &[usize]| {
+        HostTensor::new(vec![1.0; shape.iter().product()], shape, DType::F32).unwrap()
+    };
+    assert!(matches!(
+        ln::reference::layer_norm(&h(&[2, 3]), &h(&[4]), &h(&[3]), None),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        emb::reference::embedding(&h(&[4, 2]), &[4]),
+        Err(Error::IdOutOfRange { .. })
+    ));
+    let Some(gpu) = gpu_or_skip("layer_norm_and_embedding_reject_bad_inputs_before_launch") else {
+        return;
+    };
+    let t = |shape: &[usize], dtype| {
+        Tensor::from_f32(&gpu, &vec![1.0; shape.iter().product()], shape, dtype).unwrap()
+    };
+    let x = t(&[4, 6], DType::F32);
+    let (g, b) = (t(&[6], DType::F32), t(&[6], DType::F32));
+    // gamma/beta of the wrong length or rank: both shapes in the message.
+    for (gg, bb) in [
+        (t(&[5], DType::F32), b.clone()),
+        (g.clone(), t(&[1, 6], DType::F32)),
+    ] {
+        let e = ln::layer_norm(&x, &gg, &bb, None).unwrap_err();
+        assert!(
+            matches!(e, Error::Shape { .. }) && e.to_string().contains("[4, 6]"),
+            "{e}"
+        );
+    }
+    // Wrong dtypes: gamma not x's dtype; saved statistics not f32.
+    let e = ln::layer_norm(&x, &t(&[6], DType::F16), &b, None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::F16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let (_, mean, rstd) = ln::layer_norm(&x, &g, &b, None).unwrap();
+    let e = ln::layer_norm_backward(&x, &g, &t(&[4], DType::BF16), &rstd, &x).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // dy / statistics of the wrong shape.
+    let e = ln::layer_norm_backward(&x, &g, &mean, &rstd, &t(&[6, 4], DType::F32)).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+    let e = ln::layer_norm_backward(&x, &g, &t(&[3], DType::F32), &rstd, &x).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+    // Non-contiguous x; rows of length 0; a negative or NaN eps.
+    let view = t(&[6, 4], DType::F32).transpose(0, 1).unwrap();
+    assert!(matches!(
+        ln::layer_norm(&view, &g, &b, None),
+        Err(Error::NotContiguous { .. })
+    ));
+    let z = t(&[3, 0], DType::F32);
+    assert!(matches!(
+        ln::layer_norm(&z, &t(&[0], DType::F32), &t(&[0], DType::F32), None),
+        Err(Error::Invalid { .. })
+    ));
+    for eps in [-1.0, f32::NAN] {
+        assert!(matches!(
+            ln::layer_norm(&x, &g, &b, Some(eps)),
+            Err(Error::Invalid { .. })
+        ));
+    }
+
+    // Embedding: table not [V, D], not contiguous; dy not [N, D]; ids out of range (host and device).
+    let table = t(&[5, 3], DType::F16);
+    assert!(matches!(
+        emb::embedding(&t(&[15], DType::F16), &[0u32]),
+        Err(Error::Shape { .. })
+    ));
+    let tview = t(&[3, 5], DType::F16).transpose(0, 1).unwrap();
+    assert!(matches!(
+        emb::embedding(&tview, &[0u32]),
+        Err(Error::NotContiguous { .. })
+    ));
+    let e = emb::embedding_backward(&[0u32, 1], &t(&[3, 3], DType::F16), 5).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. }) && e.to_string().contains("[3, 3]"),
+        "{e}"
+    );
+    let e = emb::embedding(&table, &[0u32, 5]).unwrap_err();
+    assert!(e.to_string().contains("ids[1] = 5"), "{e}");
+    let dev = DeviceIds::from_slice(&gpu, &[7u32]).unwrap();
+    assert!(matches!(
+        emb::embedding(&table, &dev),
+        Err(Error::IdOutOfRange { .. })
+    ));
+    // The context is still healthy.
+    assert_eq!(
+        emb::embedding(&table, &[4u32]).unwrap().to_vec().unwrap(),
+        vec![1.0; 3]
+    );
+}

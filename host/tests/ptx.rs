@@ -2,7 +2,7 @@
 //! accepts it with no spills and no local-memory stack.
 include!("../../gpu/ptx_builder.rs");
 
-const KERNELS: [&str; 17] = [
+const KERNELS: [&str; 22] = [
     "add",
     "sub",
     "mul",
@@ -20,6 +20,11 @@ const KERNELS: [&str; 17] = [
     "sum_partials",
     "softmax",
     "softmax_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "layer_norm_param_grads",
+    "embedding",
+    "embedding_backward",
 ];
 
 #[test]
@@ -42,8 +47,9 @@ fn every_launched_kernel_is_in_the_ptx_for_every_dtype_and_arch() {
     }
 }
 
-/// f32-only kernels (relevance propagation and its dense forward).
-const F32_KERNELS: [&str; 7] = [
+/// Kernels with one entry point (relevance propagation and its dense forward: f32 only; the embedding
+/// id check: u32 ids).
+const F32_KERNELS: [&str; 8] = [
     "lrp_sums_f32",
     "lrp_coeffs_f32",
     "lrp_spread_f32",
@@ -51,6 +57,7 @@ const F32_KERNELS: [&str; 7] = [
     "dense_f32",
     "dense_finish_f32",
     "nonfinite_partials_f32",
+    "embedding_check_ids",
 ];
 
 #[test]

@@ -3,6 +3,8 @@
 mod attention;
 mod clifford;
 mod elementwise;
+mod embedding;
+mod layer_norm;
 mod lrp;
 mod matmul;
 mod reduce;

@@ -7,6 +7,8 @@
 pub mod attention;
 pub mod clifford;
 pub mod elementwise;
+pub mod embedding;
+pub mod layer_norm;
 pub mod lrp;
 pub mod matmul;
 pub mod reduce;

@@ -1,0 +1,358 @@
+//! Layer norm over the last dimension, forward and backward; one block per row (forward: grid-stride
+//! over rows; backward: one block per chunk of rows).
+//!
+//! Forward: `y = (x - mean) * rstd * gamma + beta`, `rstd = 1 / sqrt(var + eps)` (biased variance), f32
+//! math for every storage type; `mean` and `rstd` are written per row in f32 for the backward.
+//! Rows up to `MAX_CACHED_COLS` are held in registers (`CACHE_PER_THREAD` per thread): read once,
+//! written once, and the variance is the exact two-pass `mean((x - mean)^2)` over the registers.
+//! Longer rows read x twice: one pass of sums shifted by the row's first element, then the write pass.
+//!
+//! Backward, with `xhat = (x - mean) * rstd` and `g = dy * gamma`:
+//! `dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`, `dgamma = sum_rows dy * xhat`,
+//! `dbeta = sum_rows dy`. Block `b` takes rows `[b * rows_per_chunk, ...)` and folds their dgamma/dbeta
+//! into partial row `b` (a thread owns the same columns on every row: registers on the cached path, its
+//! own elements of the partial row otherwise); `param_grads` then adds the partial rows in chunk order.
+//! No float atomics: the same bits on every run.
+use crate::dev::elem::{BF16, Elem, F16};
+use crate::dev::mem::{Slice, SliceMut};
+use crate::dev::sync::sync_threads;
+use crate::dev::thread::{block_dim_x, block_idx_x, grid_dim_x, lane_id, thread_idx_x, warp_id};
+use crate::dev::{block, math, opaque_u64};
+use crate::params::layer_norm::{CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS};
+
+const CACHE: usize = CACHE_PER_THREAD as usize;
+// The unrolled loops below list the indices 0..16 literally.
+const _: () = assert!(CACHE == 16);
+
+/// `$body` for k = 0..CACHE, unrolled (the row caches must stay in registers).
+macro_rules! each_cached {
+    ($k:ident $body:block) => {
+        crate::unroll!($k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] $body)
+    };
+}
+
+/// Whether this launch's block holds a whole row in registers. Uniform across the block, so the
+/// barriers inside either path are reached by every thread.
+#[inline(always)]
+fn cached(cols: u64) -> bool {
+    cols <= block_dim_x() as u64 * CACHE as u64
+}
+
+/// The row's inputs and outputs of the forward.
+struct Fwd<T> {
+    x: Slice<T>,
+    gamma: Slice<T>,
+    beta: Slice<T>,
+    y: SliceMut<T>,
+    mean: SliceMut<f32>,
+    rstd: SliceMut<f32>,
+    cols: u64,
+    eps: f32,
+}
+
+/// One row in registers. 32-bit offsets from the row base behind `opaque_u64` (see softmax.rs: with
+/// 64-bit element indices LLVM keeps one address per cached element alive across the barriers).
+#[inline(always)]
+fn forward_cached<T: Elem>(a: &Fwd<T>, r: u64) {
+    let (tid, nt, n) = (thread_idx_x(), block_dim_x(), a.cols as u32);
+    let base = r * a.cols;
+    // SAFETY: `base` is the first element of a row inside x and y (rows * cols elements).
+    let (xr, yr) = unsafe { (a.x.ptr.add(base as usize), a.y.ptr.add(base as usize)) };
+    let mut v = [0.0f32; CACHE];
+    let mut s = 0.0f32;
+    each_cached!(k {
+        let j = tid + k as u32 * nt;
+        if j < n {
+            // SAFETY: j < cols: inside the row.
+            v[k] = unsafe { (*xr.add(opaque_u64(j as u64) as usize)).to_f32() };
+            s += v[k];
+        }
+    });
+    let mean = block::reduce_sum(s) / a.cols as f32;
+    let mut q = 0.0f32;
+    each_cached!(k {
+        if tid + k as u32 * nt < n {
+            v[k] -= mean;
+            q += v[k] * v[k];
+        }
+    });
+    let rstd = 1.0 / math::sqrt(block::reduce_sum(q) / a.cols as f32 + a.eps);
+    each_cached!(k {
+        let j = tid + k as u32 * nt;
+        if j < n {
+            let o = opaque_u64(j as u64);
+            let out = math::fma(v[k] * rstd, a.gamma.get(o), a.beta.get(o));
+            // SAFETY: as above; each element is written by exactly one thread.
+            unsafe { *yr.add(o as usize) = T::from_f32(out) };
+        }
+    });
+    if tid == 0 {
+        a.mean.set(r, mean);
+        a.rstd.set(r, rstd);
+    }
+}
+
+/// A row longer than the register cache: sums of `x - x[0]` and of its square (the shift keeps the
+/// one-pass variance free of cancellation for rows with a large mean), then the write pass.
+#[inline(always)]
+fn forward_streaming<T: Elem>(a: &Fwd<T>, r: u64) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let base = r * a.cols;
+    let shift = a.x.get(base);
+    let (mut s1, mut s2) = (0.0f32, 0.0f32);
+    let mut j = tid;
+    while j < a.cols {
+        let d = a.x.get(base + j) - shift;
+        s1 += d;
+        s2 += d * d;
+        j += nt;
+    }
+    let [t1, t2, _, _] = block::reduce_sum4([s1, s2, 0.0, 0.0]);
+    let m1 = t1 / a.cols as f32;
+    let mean = shift + m1;
+    let var = math::max(t2 / a.cols as f32 - m1 * m1, 0.0);
+    let rstd = 1.0 / math::sqrt(var + a.eps);
+    let mut j = tid;
+    while j < a.cols {
+        let xh = (a.x.get(base + j) - mean) * rstd;
+        a.y.set(base + j, math::fma(xh, a.gamma.get(j), a.beta.get(j)));
+        j += nt;
+    }
+    if tid == 0 {
+        a.mean.set(r, mean);
+        a.rstd.set(r, rstd);
+    }
+}
+
+#[inline(always)]
+unsafe fn forward<T: Elem>(a: Fwd<T>, rows: u64) {
+    let mut r = block_idx_x() as u64;
+    while r < rows {
+        if cached(a.cols) {
+            forward_cached(&a, r)
+        } else {
+            forward_streaming(&a, r)
+        }
+        r += grid_dim_x() as u64;
+    }
+}
+
+/// The inputs and outputs of the backward.
+struct Bwd<T> {
+    x: Slice<T>,
+    gamma: Slice<T>,
+    mean: Slice<f32>,
+    rstd: Slice<f32>,
+    dy: Slice<T>,
+    dx: SliceMut<T>,
+    /// `[2][chunks][cols]`: dgamma partial rows, then dbeta partial rows.
+    partials: SliceMut<f32>,
+    rows: u64,
+    cols: u64,
+}
+
+/// Rows `[r0, r1)` in registers; this thread's dgamma/dbeta columns accumulate in registers over the
+/// chunk and are written once, to partial row `chunk`.
+#[inline(always)]
+fn backward_cached<T: Elem>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
+    let (tid, nt, n) = (thread_idx_x(), block_dim_x(), a.cols as u32);
+    let inv_cols = 1.0 / a.cols as f32;
+    let mut dg = [0.0f32; CACHE];
+    let mut db = [0.0f32; CACHE];
+    let mut r = r0;
+    while r < r1 {
+        let base = r * a.cols;
+        let (m, rs) = (a.mean.get(r), a.rstd.get(r));
+        // SAFETY: `base` is the first element of a row inside x, dy and dx.
+        let (xr, gr, dr) = unsafe {
+            (
+                a.x.ptr.add(base as usize),
+                a.dy.ptr.add(base as usize),
+                a.dx.ptr.add(base as usize),
+            )
+        };
+        let mut xh = [0.0f32; CACHE];
+        let mut g = [0.0f32; CACHE];
+        let (mut s1, mut s2) = (0.0f32, 0.0f32);
+        each_cached!(k {
+            let j = tid + k as u32 * nt;
+            if j < n {
+                let o = opaque_u64(j as u64);
+                // SAFETY: j < cols: inside the row.
+                let (xv, dyv) = unsafe { ((*xr.add(o as usize)).to_f32(), (*gr.add(o as usize)).to_f32()) };
+                xh[k] = (xv - m) * rs;
+                g[k] = dyv * a.gamma.get(o);
+                s1 += g[k];
+                s2 += g[k] * xh[k];
+                dg[k] += dyv * xh[k];
+                db[k] += dyv;
+            }
+        });
+        let [t1, t2, _, _] = block::reduce_sum4([s1, s2, 0.0, 0.0]);
+        let (mg, mgx) = (t1 * inv_cols, t2 * inv_cols);
+        each_cached!(k {
+            let j = tid + k as u32 * nt;
+            if j < n {
+                let out = rs * (g[k] - mg - xh[k] * mgx);
+                // SAFETY: as above; each element is written by exactly one thread.
+                unsafe { *dr.add(opaque_u64(j as u64) as usize) = T::from_f32(out) };
+            }
+        });
+        r += 1;
+    }
+    let chunks = grid_dim_x() as u64;
+    each_cached!(k {
+        let j = tid + k as u32 * nt;
+        if j < n {
+            a.partials.set(chunk * a.cols + j as u64, dg[k]);
+            a.partials.set((chunks + chunk) * a.cols + j as u64, db[k]);
+        }
+    });
+}
+
+/// Rows longer than the register cache: a sums pass, then the dx pass, which also folds dy * xhat and
+/// dy into this thread's own elements of partial row `chunk` (written on the chunk's first row).
+#[inline(always)]
+fn backward_streaming<T: Elem>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let inv_cols = 1.0 / a.cols as f32;
+    let chunks = grid_dim_x() as u64;
+    let (pg, pb) = (chunk * a.cols, (chunks + chunk) * a.cols);
+    let mut r = r0;
+    while r < r1 {
+        let base = r * a.cols;
+        let (m, rs) = (a.mean.get(r), a.rstd.get(r));
+        let (mut s1, mut s2) = (0.0f32, 0.0f32);
+        let mut j = tid;
+        while j < a.cols {
+            let xh = (a.x.get(base + j) - m) * rs;
+            let g = a.dy.get(base + j) * a.gamma.get(j);
+            s1 += g;
+            s2 += g * xh;
+            j += nt;
+        }
+        let [t1, t2, _, _] = block::reduce_sum4([s1, s2, 0.0, 0.0]);
+        let (mg, mgx) = (t1 * inv_cols, t2 * inv_cols);
+        let mut j = tid;
+        while j < a.cols {
+            let xh = (a.x.get(base + j) - m) * rs;
+            let dyv = a.dy.get(base + j);
+            a.dx.set(base + j, rs * (dyv * a.gamma.get(j) - mg - xh * mgx));
+            // Only this thread touches these two partial elements (same j on every row).
+            let (og, ob) = if r == r0 {
+                (0.0, 0.0)
+            } else {
+                (a.partials.get(pg + j), a.partials.get(pb + j))
+            };
+            a.partials.set(pg + j, og + dyv * xh);
+            a.partials.set(pb + j, ob + dyv);
+            j += nt;
+        }
+        r += 1;
+    }
+}
+
+#[inline(always)]
+unsafe fn backward<T: Elem>(a: Bwd<T>, rows_per_chunk: u64) {
+    let chunk = block_idx_x() as u64;
+    let r0 = (chunk * rows_per_chunk).min(a.rows);
+    let r1 = (r0 + rows_per_chunk).min(a.rows);
+    if cached(a.cols) {
+        backward_cached(&a, chunk, r0, r1)
+    } else {
+        backward_streaming(&a, chunk, r0, r1)
+    }
+}
+
+crate::static_shared!(fn finish_slots() -> [f32; 2 * (FINISH_WARPS * FINISH_COLS) as usize] as LAYER_NORM_FINISH_SLOTS);
+
+/// `dgamma[j] = sum_c partials[0][c][j]`, `dbeta[j] = sum_c partials[1][c][j]`. A block takes 32
+/// columns (one per lane, coalesced); warp `w` sums chunks `w, w + 8, ...` (four accumulators, fixed
+/// order); warp 0 adds the eight warp sums in warp order.
+#[inline(always)]
+unsafe fn param_grads<T: Elem>(
+    partials: Slice<f32>,
+    dgamma: SliceMut<T>,
+    dbeta: SliceMut<T>,
+    chunks: u64,
+    cols: u64,
+) {
+    const W: u64 = FINISH_WARPS as u64;
+    const SLOT: usize = (FINISH_WARPS * FINISH_COLS) as usize;
+    let (lane, w) = (lane_id() as u64, warp_id() as u64);
+    let slots = finish_slots();
+    let groups = cols.div_ceil(FINISH_COLS as u64);
+    let mut cg = block_idx_x() as u64;
+    while cg < groups {
+        let j = cg * FINISH_COLS as u64 + lane;
+        let mut sg = [0.0f32; 4];
+        let mut sb = [0.0f32; 4];
+        if j < cols {
+            let mut c = w;
+            while c + 3 * W < chunks {
+                crate::unroll!(q in [0, 1, 2, 3] {
+                    let cc = c + q as u64 * W;
+                    sg[q] += partials.get_ro(cc * cols + j);
+                    sb[q] += partials.get_ro((chunks + cc) * cols + j);
+                });
+                c += 4 * W;
+            }
+            while c < chunks {
+                sg[0] += partials.get_ro(c * cols + j);
+                sb[0] += partials.get_ro((chunks + c) * cols + j);
+                c += W;
+            }
+        }
+        // The previous group's readers are done with the slots.
+        sync_threads();
+        let s = (w * FINISH_COLS as u64 + lane) as usize;
+        slots.store(s, (sg[0] + sg[1]) + (sg[2] + sg[3]));
+        slots.store(SLOT + s, (sb[0] + sb[1]) + (sb[2] + sb[3]));
+        sync_threads();
+        if w == 0 && j < cols {
+            let (mut tg, mut tb) = (0.0f32, 0.0f32);
+            let mut ww = 0usize;
+            while ww < FINISH_WARPS as usize {
+                tg += slots.load(ww * FINISH_COLS as usize + lane as usize);
+                tb += slots.load(SLOT + ww * FINISH_COLS as usize + lane as usize);
+                ww += 1;
+            }
+            dgamma.set(j, tg);
+            dbeta.set(j, tb);
+        }
+        cg += grid_dim_x() as u64;
+    }
+}
+
+macro_rules! layer_norm_entry_points {
+    ($($fwd:ident, $bwd:ident, $fin:ident, $t:ty;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd(
+            x: Slice<$t>, gamma: Slice<$t>, beta: Slice<$t>, y: SliceMut<$t>,
+            mean: SliceMut<f32>, rstd: SliceMut<f32>, rows: u64, cols: u64, eps: f32,
+        ) {
+            unsafe { forward(Fwd { x, gamma, beta, y, mean, rstd, cols, eps }, rows) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd(
+            x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
+            dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64, rows_per_chunk: u64,
+        ) {
+            unsafe {
+                backward(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
+            }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fin(
+            partials: Slice<f32>, dgamma: SliceMut<$t>, dbeta: SliceMut<$t>, chunks: u64, cols: u64,
+        ) {
+            unsafe { param_grads(partials, dgamma, dbeta, chunks, cols) }
+        }
+    )*};
+}
+
+layer_norm_entry_points! {
+    layer_norm_f32, layer_norm_backward_f32, layer_norm_param_grads_f32, f32;
+    layer_norm_f16, layer_norm_backward_f16, layer_norm_param_grads_f16, F16;
+    layer_norm_bf16, layer_norm_backward_bf16, layer_norm_param_grads_bf16, BF16;
+}

@@ -1,0 +1,450 @@
+//! Layer norm over the last dim: `y = (x - mean) / sqrt(var + eps) * gamma + beta` with the biased
+//! variance (as PyTorch), gamma and beta of shape `[D]` and x's dtype, f32 math for every dtype. The
+//! forward returns `mean` and `rstd = 1 / sqrt(var + eps)` per row (f32, shape `x.shape[..rank-1]`) for
+//! the backward, which returns `dx`, `dgamma` and `dbeta`; dgamma/dbeta are reduced over rows in a fixed
+//! order (per-block partial rows, then a fixed-order sum): the same bits on every run.
+//!
+//! Rows up to `MAX_CACHED_COLS` (8192) are held in registers (one read of x, one write of y); longer
+//! rows read x twice. Empty rows (`D = 0`) have no mean: an [`Error::Invalid`]. No rows: empty outputs
+//! and zero dgamma/dbeta, nothing launched.
+use gpu::params::layer_norm::{
+    DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, block_for, chunks, rows_per_chunk,
+};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernel_name;
+use crate::launch::{ByValue, grid_blocks, launch};
+use crate::ops::{same_device_and_dtype, same_shape};
+use crate::tensor::Tensor;
+
+/// Threads per row: enough to hold the row in registers, capped at what the kernel can launch with
+/// (a smaller block only moves rows to the two-pass path; results do not depend on it).
+fn block(gpu: &crate::Gpu, name: &'static str, cols: u64) -> Result<u32> {
+    Ok(block_for(cols).min(gpu.max_block_pow2(name)?))
+}
+
+/// (rows, cols) of a contiguous input over its last dim; cols must be > 0.
+fn rows_cols(op: &'static str, x: &Tensor) -> Result<(u64, u64)> {
+    x.require_contiguous(op, "x")?;
+    let cols = *x.shape().last().ok_or(Error::Shape {
+        op,
+        what: "layer norm needs a last dim".into(),
+        expected: "rank >= 1".into(),
+        got: vec![],
+    })?;
+    let rows = x.shape()[..x.shape().len() - 1].iter().product::<usize>();
+    if cols == 0 && rows > 0 {
+        return Err(Error::Invalid {
+            op,
+            msg: format!("x has shape {:?}: rows of length 0 have no mean", x.shape()),
+        });
+    }
+    Ok((rows as u64, cols as u64))
+}
+
+/// gamma (and beta): x's device and dtype, shape `[cols]`, contiguous.
+fn check_param(op: &'static str, what: &'static str, x: &Tensor, p: &Tensor) -> Result<()> {
+    same_device_and_dtype(op, x, p)?;
+    same_shape(
+        op,
+        &format!("{what} must be [D], D = the last dim of x {:?}", x.shape()),
+        &[*x.shape().last().unwrap_or(&0)],
+        p.shape(),
+    )?;
+    p.require_contiguous(op, what)
+}
+
+/// Shape of the per-row statistics: x's shape without its last dim.
+fn stats_shape(x: &Tensor) -> Vec<usize> {
+    x.shape()[..x.shape().len().saturating_sub(1)].to_vec()
+}
+
+/// `(y, mean, rstd)`; `eps` defaults to 1e-5 and must be finite and >= 0.
+pub fn layer_norm(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: Option<f32>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "layer_norm";
+    let eps = eps.unwrap_or(DEFAULT_EPS);
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("eps must be finite and >= 0, got {eps}"),
+        });
+    }
+    let (rows, cols) = rows_cols(OP, x)?;
+    check_param(OP, "gamma", x, gamma)?;
+    check_param(OP, "beta", x, beta)?;
+    let gpu = x.gpu();
+    let y = Tensor::empty(gpu, x.shape(), x.dtype())?;
+    let mean = Tensor::empty(gpu, &stats_shape(x), DType::F32)?;
+    let rstd = Tensor::empty(gpu, &stats_shape(x), DType::F32)?;
+    if rows > 0 {
+        let name = kernel_name!("layer_norm", x.dtype());
+        launch(
+            gpu,
+            name,
+            grid_blocks(rows, 1),
+            block(gpu, name, cols)?,
+            &[
+                &ByValue(x.raw()),
+                &ByValue(gamma.raw()),
+                &ByValue(beta.raw()),
+                &ByValue(y.raw()),
+                &ByValue(mean.raw()),
+                &ByValue(rstd.raw()),
+                &rows,
+                &cols,
+                &eps,
+            ],
+        )?;
+    }
+    Ok((y, mean, rstd))
+}
+
+/// `(dx, dgamma, dbeta)` from the forward's inputs, its saved `mean` and `rstd` (f32), and `dy`.
+pub fn layer_norm_backward(
+    x: &Tensor,
+    gamma: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    dy: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "layer_norm_backward";
+    let (rows, cols) = rows_cols(OP, x)?;
+    check_param(OP, "gamma", x, gamma)?;
+    same_device_and_dtype(OP, x, dy)?;
+    same_shape(OP, "dy must have the shape of x", x.shape(), dy.shape())?;
+    dy.require_contiguous(OP, "dy")?;
+    for (what, s) in [("mean", mean), ("rstd", rstd)] {
+        if !s.gpu().same_device(x.gpu()) {
+            return Err(Error::DeviceMismatch { op: OP });
+        }
+        if s.dtype() != DType::F32 {
+            return Err(Error::DType {
+                op: OP,
+                expected: format!("f32 for {what} (as the forward returns it)"),
+                got: s.dtype(),
+            });
+        }
+        same_shape(
+            OP,
+            &format!("{what} must have x's shape without its last dim"),
+            &stats_shape(x),
+            s.shape(),
+        )?;
+        s.require_contiguous(OP, what)?;
+    }
+    let gpu = x.gpu();
+    let dx = Tensor::empty(gpu, x.shape(), x.dtype())?;
+    if rows == 0 {
+        let zeros = vec![0.0; cols as usize];
+        return Ok((
+            dx,
+            Tensor::from_f32(gpu, &zeros, gamma.shape(), x.dtype())?,
+            Tensor::from_f32(gpu, &zeros, gamma.shape(), x.dtype())?,
+        ));
+    }
+    let dgamma = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
+    let dbeta = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
+    let (chunks, per_chunk) = (chunks(rows), rows_per_chunk(rows));
+    let partials = Tensor::empty(gpu, &[2 * chunks as usize * cols as usize], DType::F32)?;
+    let name = kernel_name!("layer_norm_backward", x.dtype());
+    launch(
+        gpu,
+        name,
+        // chunks <= MAX_CHUNKS (2048): no cast loss.
+        chunks as u32,
+        block(gpu, name, cols)?,
+        &[
+            &ByValue(x.raw()),
+            &ByValue(gamma.raw()),
+            &ByValue(mean.raw()),
+            &ByValue(rstd.raw()),
+            &ByValue(dy.raw()),
+            &ByValue(dx.raw()),
+            &ByValue(partials.raw()),
+            &rows,
+            &cols,
+            &per_chunk,
+        ],
+    )?;
+    launch(
+        gpu,
+        kernel_name!("layer_norm_param_grads", x.dtype()),
+        grid_blocks(cols, FINISH_COLS as u64),
+        FINISH_BLOCK,
+        &[
+            &ByValue(partials.raw()),
+            &ByValue(dgamma.raw()),
+            &ByValue(dbeta.raw()),
+            &chunks,
+            &cols,
+        ],
+    )?;
+    Ok((dx, dgamma, dbeta))
+}
+
+/// CPU references in f64.
+pub mod reference {
+    use crate::dtype::DType;
+    use crate::error::{Error, Result};
+    use crate::tensor::HostTensor;
+
+    /// Forward on f64 rows of length `cols`: `(y, mean, rstd)`.
+    pub fn forward_f64(
+        x: &[f64],
+        gamma: &[f64],
+        beta: &[f64],
+        cols: usize,
+        eps: f64,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (mut y, mut mean, mut rstd) = (Vec::with_capacity(x.len()), vec![], vec![]);
+        for row in x.chunks(cols.max(1)) {
+            let m = row.iter().sum::<f64>() / cols as f64;
+            let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / cols as f64;
+            let rs = 1.0 / (var + eps).sqrt();
+            y.extend(
+                row.iter()
+                    .enumerate()
+                    .map(|(j, v)| (v - m) * rs * gamma[j] + beta[j]),
+            );
+            mean.push(m);
+            rstd.push(rs);
+        }
+        (y, mean, rstd)
+    }
+
+    /// Backward on f64 rows: `(dx, dgamma, dbeta)`.
+    pub fn backward_f64(
+        x: &[f64],
+        gamma: &[f64],
+        mean: &[f64],
+        rstd: &[f64],
+        dy: &[f64],
+        cols: usize,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (mut dx, mut dgamma, mut dbeta) = (
+            Vec::with_capacity(x.len()),
+            vec![0.0; cols],
+            vec![0.0; cols],
+        );
+        for (r, (xr, gr)) in x
+            .chunks(cols.max(1))
+            .zip(dy.chunks(cols.max(1)))
+            .enumerate()
+        {
+            let xh: Vec<f64> = xr.iter().map(|v| (v - mean[r]) * rstd[r]).collect();
+            let g: Vec<f64> = gr.iter().zip(gamma).map(|(d, w)| d * w).collect();
+            let mg = g.iter().sum::<f64>() / cols as f64;
+            let mgx = g.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / cols as f64;
+            dx.extend((0..cols).map(|j| rstd[r] * (g[j] - mg - xh[j] * mgx)));
+            for j in 0..cols {
+                dgamma[j] += gr[j] * xh[j];
+                dbeta[j] += gr[j];
+            }
+        }
+        (dx, dgamma, dbeta)
+    }
+
+    fn cols(op: &'static str, x: &HostTensor, gamma: &HostTensor) -> Result<usize> {
+        let c = *x.shape.last().ok_or(Error::Invalid {
+            op,
+            msg: "rank 0 input".into(),
+        })?;
+        if gamma.shape != [c] {
+            return Err(Error::Shape {
+                op,
+                what: "gamma must be [D]".into(),
+                expected: format!("[{c}]"),
+                got: gamma.shape.clone(),
+            });
+        }
+        Ok(c)
+    }
+
+    fn f64s(t: &HostTensor) -> Vec<f64> {
+        t.data.iter().map(|&v| v as f64).collect()
+    }
+
+    /// `(y, mean, rstd)`; mean and rstd in f32 as the GPU op returns them.
+    pub fn layer_norm(
+        x: &HostTensor,
+        gamma: &HostTensor,
+        beta: &HostTensor,
+        eps: Option<f32>,
+    ) -> Result<(HostTensor, HostTensor, HostTensor)> {
+        const OP: &str = "layer_norm (reference)";
+        let c = cols(OP, x, gamma)?;
+        cols(OP, x, beta)?;
+        let eps = eps.unwrap_or(gpu::params::layer_norm::DEFAULT_EPS) as f64;
+        let (y, m, r) = forward_f64(&f64s(x), &f64s(gamma), &f64s(beta), c, eps);
+        let stats = &x.shape[..x.shape.len() - 1];
+        let f = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
+        Ok((
+            HostTensor::new(f(y), &x.shape, x.dtype)?,
+            HostTensor::new(f(m), stats, DType::F32)?,
+            HostTensor::new(f(r), stats, DType::F32)?,
+        ))
+    }
+
+    /// `(dx, dgamma, dbeta)` from the saved statistics.
+    pub fn layer_norm_backward(
+        x: &HostTensor,
+        gamma: &HostTensor,
+        mean: &HostTensor,
+        rstd: &HostTensor,
+        dy: &HostTensor,
+    ) -> Result<(HostTensor, HostTensor, HostTensor)> {
+        const OP: &str = "layer_norm_backward (reference)";
+        let c = cols(OP, x, gamma)?;
+        if dy.shape != x.shape {
+            return Err(Error::Shape {
+                op: OP,
+                what: "dy must have the shape of x".into(),
+                expected: format!("{:?}", x.shape),
+                got: dy.shape.clone(),
+            });
+        }
+        let (dx, dg, db) = backward_f64(
+            &f64s(x),
+            &f64s(gamma),
+            &f64s(mean),
+            &f64s(rstd),
+            &f64s(dy),
+            c,
+        );
+        let f = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
+        Ok((
+            HostTensor::new(f(dx), &x.shape, x.dtype)?,
+            HostTensor::new(f(dg), &gamma.shape, x.dtype)?,
+            HostTensor::new(f(db), &gamma.shape, x.dtype)?,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference as r;
+    use crate::{DType, HostTensor};
+
+    fn t(v: &[f32], shape: &[usize]) -> HostTensor {
+        HostTensor::new(v.to_vec(), shape, DType::F32).unwrap()
+    }
+
+    #[test]
+    fn constant_row_gives_beta() {
+        let x = t(&[3.5; 8], &[2, 4]);
+        let (y, mean, _) = r::layer_norm(
+            &x,
+            &t(&[2.0, -1.0, 0.5, 7.0], &[4]),
+            &t(&[0.1, 0.2, 0.3, 0.4], &[4]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(mean.data, vec![3.5, 3.5]);
+        assert_eq!(y.data, vec![0.1, 0.2, 0.3, 0.4, 0.1, 0.2, 0.3, 0.4]);
+    }
+
+    #[test]
+    fn normalised_rows_have_mean_zero_and_variance_one() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.0)
+            .collect();
+        let (y, _, rstd) = r::layer_norm(
+            &t(&x, &[4, 16]),
+            &t(&[1.0; 16], &[16]),
+            &t(&[0.0; 16], &[16]),
+            Some(0.0),
+        )
+        .unwrap();
+        for (row, rs) in y.data.chunks(16).zip(&rstd.data) {
+            let m: f64 = row.iter().map(|&v| v as f64).sum::<f64>() / 16.0;
+            let v: f64 = row.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / 16.0;
+            assert!(m.abs() < 1e-6 && (v - 1.0).abs() < 1e-6, "mean {m} var {v}");
+            assert!(rs.is_finite());
+        }
+        // Closed form: [1, 3] -> mean 2, var 1, y = [-1, 1].
+        let (y, m, s) = r::layer_norm(
+            &t(&[1.0, 3.0], &[2]),
+            &t(&[1.0, 1.0], &[2]),
+            &t(&[0.0, 0.0], &[2]),
+            Some(0.0),
+        )
+        .unwrap();
+        assert_eq!(
+            (y.data, m.data, s.data),
+            (vec![-1.0, 1.0], vec![2.0], vec![1.0])
+        );
+    }
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        let (rows, cols, eps) = (3usize, 5usize, 1e-5f64);
+        let x: Vec<f64> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 13) as f64 * 0.31 - 1.7)
+            .collect();
+        let gamma: Vec<f64> = (0..cols).map(|j| 0.5 + 0.3 * j as f64).collect();
+        let beta: Vec<f64> = (0..cols).map(|j| 0.1 * j as f64 - 0.2).collect();
+        let w: Vec<f64> = (0..rows * cols)
+            .map(|i| ((i * 104729) % 17) as f64 * 0.13 - 1.0)
+            .collect();
+        let loss = |x: &[f64], g: &[f64], b: &[f64]| {
+            let (y, _, _) = r::forward_f64(x, g, b, cols, eps);
+            y.iter().zip(&w).map(|(a, b)| a * b).sum::<f64>()
+        };
+        let (_, mean, rstd) = r::forward_f64(&x, &gamma, &beta, cols, eps);
+        let (dx, dg, db) = r::backward_f64(&x, &gamma, &mean, &rstd, &w, cols);
+        let h = 1e-6;
+        let fd = |f: &dyn Fn(f64) -> f64| (f(h) - f(-h)) / (2.0 * h);
+        for i in 0..x.len() {
+            let num = fd(&|d| {
+                let mut xp = x.clone();
+                xp[i] += d;
+                loss(&xp, &gamma, &beta)
+            });
+            assert!(
+                (dx[i] - num).abs() < 1e-6 * (1.0 + num.abs()),
+                "dx[{i}] {} vs {num}",
+                dx[i]
+            );
+        }
+        for j in 0..cols {
+            let num = fd(&|d| {
+                let mut gp = gamma.clone();
+                gp[j] += d;
+                loss(&x, &gp, &beta)
+            });
+            assert!(
+                (dg[j] - num).abs() < 1e-6 * (1.0 + num.abs()),
+                "dgamma[{j}] {} vs {num}",
+                dg[j]
+            );
+            let num = fd(&|d| {
+                let mut bp = beta.clone();
+                bp[j] += d;
+                loss(&x, &gamma, &bp)
+            });
+            assert!(
+                (db[j] - num).abs() < 1e-6 * (1.0 + num.abs()),
+                "dbeta[{j}] {} vs {num}",
+                db[j]
+            );
+        }
+    }
+
+    #[test]
+    fn reference_rejects_a_gamma_of_the_wrong_length() {
+        let e = r::layer_norm(
+            &t(&[1.0; 6], &[2, 3]),
+            &t(&[1.0; 2], &[2]),
+            &t(&[0.0; 3], &[3]),
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(e, crate::Error::Shape { .. }), "{e}");
+    }
+}
