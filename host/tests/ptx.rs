@@ -57,7 +57,7 @@ const F32_KERNELS: [&str; 8] = [
     "dense_f32",
     "dense_finish_f32",
     "nonfinite_partials_f32",
-    "embedding_check_ids",
+    "embedding_check_ids_u32",
 ];
 
 #[test]

@@ -18,7 +18,9 @@ fn every_ptx_entry_point_is_named_op_dtype() {
         assert!(!entries.is_empty());
         for e in entries {
             assert!(
-                ["_f32", "_f16", "_bf16"].iter().any(|s| e.ends_with(s)),
+                ["_f32", "_f16", "_bf16", "_u32"]
+                    .iter()
+                    .any(|s| e.ends_with(s)),
                 "entry point `{e}` does not end in a dtype suffix"
             );
         }

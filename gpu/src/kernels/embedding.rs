@@ -5,8 +5,8 @@
 //!   (four in flight per lane) when a row is a whole number of chunks and both buffers are 16-byte
 //!   aligned, element by element otherwise. An id `>= vocab` never addresses the table: the row is
 //!   zero-filled. The host never launches with such an id (it validates host ids itself and runs
-//!   `embedding_check_ids` on device ids first), so this is a second line of defence, not the report.
-//! - `embedding_check_ids`: counts ids `>= vocab` into `count[0]` (integer atomics: exact and
+//!   `embedding_check_ids_u32` on device ids first), so this is a second line of defence, not the report.
+//! - `embedding_check_ids_u32`: counts ids `>= vocab` into `count[0]` (integer atomics: exact and
 //!   order-free); the host reads the count back before it launches the gather.
 //! - `embedding_backward_{dtype}`: one block per row `v` of dW. The host groups the positions of each id
 //!   (counting sort, stable): `order[offsets[v] .. offsets[v + 1]]` are the rows of dy whose id is `v`,
@@ -206,7 +206,7 @@ embedding_entry_points! {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn embedding_check_ids(
+pub unsafe extern "ptx-kernel" fn embedding_check_ids_u32(
     ids: Slice<u32>,
     vocab: u64,
     count: SliceMut<u32>,

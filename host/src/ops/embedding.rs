@@ -4,7 +4,7 @@
 //! An id `>= V` is an [`Error::IdOutOfRange`] returned to the caller, found before anything reads the
 //! table, never an illegal address:
 //! - ids given as a host slice ([`Ids::Host`]) are checked on the host, then uploaded;
-//! - ids already on the device ([`DeviceIds`]) are checked by a small GPU pass (`embedding_check_ids`,
+//! - ids already on the device ([`DeviceIds`]) are checked by a small GPU pass (`embedding_check_ids_u32`,
 //!   N * 4 bytes read) that counts the bad ones; the host reads the count back (one synchronisation)
 //!   and launches the gather only if it is 0. On the error path the ids are copied back once to name
 //!   the first bad one. (Chosen over a fused check in the gather: the gather never runs on bad input,
@@ -155,7 +155,7 @@ fn check_device_ids(op: &'static str, ids: &DeviceIds, vocab: usize) -> Result<(
     let grid = grid_blocks(ids.len as u64, CHECK_BLOCK as u64).min(CHECK_MAX_BLOCKS as u32);
     launch(
         gpu,
-        "embedding_check_ids",
+        "embedding_check_ids_u32",
         grid,
         CHECK_BLOCK,
         &[
