@@ -30,6 +30,7 @@ pub mod error;
 pub mod launch;
 pub mod ops;
 pub mod ptx;
+pub mod replace;
 pub mod shape;
 pub mod tensor;
 

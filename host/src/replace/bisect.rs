@@ -1,0 +1,311 @@
+//! Bisect: train the model with every op on its reference (the baseline), then with one op kind at a
+//! time on the GPU, and cumulatively (kinds `0..=i` on the GPU), and measure how far each run's losses
+//! and gradients drift from the baseline. The first kind (in [`OpKind::ALL`] order) whose run alone
+//! diverges beyond the tolerance is named; if none does alone but a cumulative run does, the kind that
+//! tipped the cumulative run is named (an interaction between ops).
+use std::fmt;
+
+use crate::device::Gpu;
+use crate::error::Result;
+use crate::replace::exec::{Device, Exec, Planted};
+use crate::replace::model::{self, Config, Step};
+use crate::replace::{OpKind, Plan};
+
+/// What a bisect run trains and how strict it is.
+#[derive(Clone, Copy, Debug)]
+pub struct BisectSettings {
+    pub config: Config,
+    /// SGD steps per run.
+    pub steps: usize,
+    /// Divergence above this (relative) is a defect.
+    pub tolerance: f64,
+    pub seed: u64,
+}
+
+impl Default for BisectSettings {
+    /// The default model, 3 steps, tolerance 1e-4, seed 1.
+    fn default() -> Self {
+        BisectSettings {
+            config: Config::default(),
+            steps: 3,
+            tolerance: 1e-4,
+            seed: 1,
+        }
+    }
+}
+
+/// How far one run is from the baseline, maximised over the steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Divergence {
+    /// `|loss - loss_ref| / |loss_ref|`.
+    pub loss: f64,
+    /// `max |g - g_ref| / max |g_ref|` per parameter gradient (infinite on NaN), the largest of them.
+    pub grad: f64,
+    /// The parameter whose gradient diverged most.
+    pub worst_param: &'static str,
+}
+
+impl Divergence {
+    /// The larger of the loss and gradient divergences.
+    pub fn max(&self) -> f64 {
+        self.loss.max(self.grad)
+    }
+}
+
+/// Max-norm relative difference `max |a - b| / max |b|`; infinite if `a` has a non-finite value
+/// where `b` is finite, or lengths differ.
+pub fn rel_max_diff(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        if !x.is_finite() && y.is_finite() {
+            return f64::INFINITY;
+        }
+        num = num.max((x as f64 - y as f64).abs());
+        den = den.max((y as f64).abs());
+    }
+    if den == 0.0 { num } else { num / den }
+}
+
+/// The divergence of `run` from `baseline` (same number of steps).
+pub fn divergence(run: &[Step], baseline: &[Step]) -> Divergence {
+    let mut d = Divergence {
+        worst_param: "-",
+        ..Divergence::default()
+    };
+    if run.len() != baseline.len() {
+        d.loss = f64::INFINITY;
+        return d;
+    }
+    for (r, b) in run.iter().zip(baseline) {
+        let l = (r.loss - b.loss).abs() / b.loss.abs().max(f64::MIN_POSITIVE);
+        d.loss = d.loss.max(if l.is_nan() { f64::INFINITY } else { l });
+        for ((name, g), (_, gb)) in r.grads.named().into_iter().zip(b.grads.named()) {
+            let e = rel_max_diff(&g.data, &gb.data);
+            if e > d.grad || (e.is_infinite() && !d.grad.is_infinite()) {
+                d.grad = e;
+                d.worst_param = name;
+            }
+        }
+    }
+    d
+}
+
+/// One op kind's row of the report.
+#[derive(Clone, Copy, Debug)]
+pub struct OpDivergence {
+    pub kind: OpKind,
+    /// Only this kind on the GPU.
+    pub alone: Divergence,
+    /// This kind and every kind before it on the GPU.
+    pub cumulative: Divergence,
+}
+
+/// The result of a bisect.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub settings: BisectSettings,
+    /// The all-reference run's loss per step.
+    pub baseline_losses: Vec<f64>,
+    pub rows: Vec<OpDivergence>,
+    /// The op kind named as the first to diverge, if any.
+    pub culprit: Option<OpKind>,
+    /// Whether the culprit was found only in the cumulative runs (no single kind diverges alone).
+    pub interaction: bool,
+}
+
+impl Report {
+    /// Whether every run stayed within the tolerance.
+    pub fn clean(&self) -> bool {
+        self.culprit.is_none()
+    }
+}
+
+fn sci(v: f64) -> String {
+    if v.is_infinite() {
+        "inf".into()
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
+        let c = &s.config;
+        writeln!(
+            f,
+            "model: vocab {}, seq {}, d_model {}, d_ff {}, batch {}; {} SGD steps (lr {}), seed {}",
+            c.vocab, c.seq, c.d_model, c.d_ff, c.batch, s.steps, c.lr, s.seed
+        )?;
+        let losses: Vec<String> = self
+            .baseline_losses
+            .iter()
+            .map(|l| format!("{l:.6}"))
+            .collect();
+        writeln!(f, "baseline (all reference) losses: {}", losses.join(", "))?;
+        writeln!(
+            f,
+            "divergence = max over steps of |dloss|/|loss| and max|dgrad|/max|grad| per parameter; tolerance {:.0e}",
+            s.tolerance
+        )?;
+        writeln!(
+            f,
+            "{:<32} {:>10} {:>10} {:<10} | {:>10} {:>10} {:<10}",
+            "op kind on GPU", "loss", "grad", "worst", "cum. loss", "cum. grad", "worst"
+        )?;
+        for r in &self.rows {
+            let flag = if r.alone.max() > s.tolerance {
+                "  <- diverges"
+            } else {
+                ""
+            };
+            writeln!(
+                f,
+                "{:<32} {:>10} {:>10} {:<10} | {:>10} {:>10} {:<10}{flag}",
+                r.kind.name(),
+                sci(r.alone.loss),
+                sci(r.alone.grad),
+                r.alone.worst_param,
+                sci(r.cumulative.loss),
+                sci(r.cumulative.grad),
+                r.cumulative.worst_param,
+            )?;
+        }
+        match self.culprit {
+            None => write!(
+                f,
+                "verdict: no divergence: every op's GPU version matches its reference within {:.0e}",
+                s.tolerance
+            ),
+            Some(k) => {
+                let row = self.rows.iter().find(|r| r.kind == k);
+                let size = row.map_or(0.0, |r| {
+                    if self.interaction {
+                        r.cumulative.max()
+                    } else {
+                        r.alone.max()
+                    }
+                });
+                write!(
+                    f,
+                    "verdict: first divergent op: {k} (divergence {} > {:.0e}{})",
+                    sci(size),
+                    s.tolerance,
+                    if self.interaction {
+                        "; only in combination with the ops before it"
+                    } else {
+                        ""
+                    }
+                )
+            }
+        }
+    }
+}
+
+/// Bisect on GPU 0, with an optional planted defect. [`crate::Error::NoDevice`] without a GPU.
+pub fn bisect(planted: Option<Planted>) -> Result<Report> {
+    let gpu = Gpu::new(0)?;
+    bisect_on(
+        &Device::Gpu(gpu),
+        planted,
+        &BisectSettings::default(),
+    )
+}
+
+/// Bisect on any [`Device`] (a [`Device::Fake`] exercises the logic without a GPU).
+pub fn bisect_on(
+    device: &Device,
+    planted: Option<Planted>,
+    settings: &BisectSettings,
+) -> Result<Report> {
+    let cfg = &settings.config;
+    let run = |plan: Plan| -> Result<Vec<Step>> {
+        let mut params = model::init(cfg, settings.seed);
+        let batch = model::batch(cfg, settings.seed);
+        let exec = Exec::new(plan, device).with_planted(planted);
+        model::train(&exec, cfg, &mut params, &batch, settings.steps)
+    };
+    let baseline = run(Plan::all_reference())?;
+    let mut rows = Vec::with_capacity(OpKind::ALL.len());
+    for (i, &kind) in OpKind::ALL.iter().enumerate() {
+        let alone = divergence(&run(Plan::gpu_only(&[kind]))?, &baseline);
+        let cumulative = divergence(&run(Plan::gpu_only(&OpKind::ALL[..=i]))?, &baseline);
+        rows.push(OpDivergence {
+            kind,
+            alone,
+            cumulative,
+        });
+    }
+    let tol = settings.tolerance;
+    let alone = rows.iter().find(|r| !(r.alone.max() <= tol)).map(|r| r.kind);
+    let cumulative = rows
+        .iter()
+        .find(|r| !(r.cumulative.max() <= tol))
+        .map(|r| r.kind);
+    Ok(Report {
+        settings: *settings,
+        baseline_losses: baseline.iter().map(|s| s.loss).collect(),
+        culprit: alone.or(cumulative),
+        interaction: alone.is_none() && cumulative.is_some(),
+        rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(kind: OpKind, rel: f32) -> Report {
+        bisect_on(
+            &Device::Fake { kind, rel },
+            None,
+            &BisectSettings::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn names_the_perturbed_op_kind_for_every_kind() {
+        for kind in OpKind::ALL {
+            let r = fake(kind, 1e-2);
+            assert_eq!(r.culprit, Some(kind), "{r}");
+            assert!(!r.interaction);
+            for row in &r.rows {
+                if row.kind != kind {
+                    assert_eq!(row.alone.max(), 0.0, "{}: {r}", row.kind);
+                }
+            }
+            assert!(r.to_string().contains(&format!("first divergent op: {kind}")));
+        }
+    }
+
+    #[test]
+    fn a_perturbation_within_tolerance_is_no_divergence() {
+        let r = fake(OpKind::Matmul, 1e-6);
+        assert!(r.clean(), "{r}");
+        assert!(r.to_string().contains("verdict: no divergence"), "{r}");
+        let m = r.rows.iter().find(|r| r.kind == OpKind::Matmul).unwrap();
+        assert!(m.alone.max() > 0.0, "the perturbation is measured: {r}");
+    }
+
+    #[test]
+    fn rel_max_diff_never_passes_nan() {
+        assert_eq!(rel_max_diff(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert_eq!(rel_max_diff(&[1.0, 2.5], &[1.0, 2.0]), 0.25);
+        assert!(rel_max_diff(&[f32::NAN, 2.0], &[1.0, 2.0]).is_infinite());
+        assert!(rel_max_diff(&[1.0], &[1.0, 2.0]).is_infinite());
+    }
+
+    #[test]
+    fn bisect_without_gpu_is_no_device() {
+        if crate::Gpu::new(0).is_err() {
+            assert!(matches!(
+                bisect(None),
+                Err(crate::Error::NoDevice { .. })
+            ));
+        }
+    }
+}
