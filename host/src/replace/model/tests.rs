@@ -10,17 +10,28 @@ fn reference() -> Exec<'static> {
 
 /// Finite-difference step and tolerance. The references round every op's output to f32, so the loss
 /// is an f32-noisy function (noise ~1e-7 relative, ~3e-7 absolute at loss ~3.4): a central difference
-/// with step h = 1e-2 has noise ~3e-7 / 2e-2 = 1.5e-5 and truncation error O(h^2 f''') ~1e-5. Checked:
-/// `|fd - grad| <= 1e-4 + 1e-2 |grad|`.
+/// with step h = 1e-2 has noise up to ~3e-7 / 2e-2 = 1.5e-5 (typically far less: the rounding errors
+/// largely cancel between the two evaluations) and truncation error O(h^2 f'''). Checked:
+/// `|fd - grad| <= 1e-5 + 1e-3 |grad|`.
 const H: f32 = 1e-2;
-const ATOL: f64 = 1e-4;
-const RTOL: f64 = 1e-2;
+const ATOL: f64 = 1e-5;
+const RTOL: f64 = 1e-3;
 
 #[test]
 fn full_backward_matches_central_differences() {
     let cfg = Config::default();
-    let params = init(&cfg, 11);
-    let batch = batch(&cfg, 12);
+    // Fresh parameters each run, seeded and printed (replay with RGK_SEED).
+    let seed = std::env::var("RGK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    println!("full_backward_matches_central_differences: seed {seed} (replay with RGK_SEED={seed})");
+    let params = init(&cfg, seed);
+    let batch = batch(&cfg, seed);
     let ex = reference();
     let (_, grads) = loss_and_grads(&ex, &cfg, &params, &batch).unwrap();
     let loss_at = |p: &Params| loss_and_grads(&ex, &cfg, p, &batch).unwrap().0;
