@@ -35,8 +35,14 @@ fn all_gpu_training_matches_all_reference() {
     let on_gpu = train(&device, Plan::all_gpu(), None, seed);
     for (step, (g, r)) in on_gpu.iter().zip(&reference).enumerate() {
         let dl = (g.loss - r.loss).abs() / r.loss.abs();
-        println!("step {step}: loss gpu {:.8} ref {:.8} (rel {dl:.2e})", g.loss, r.loss);
-        assert!(dl <= LOSS_TOL, "step {step}: loss rel diff {dl:.3e} > {LOSS_TOL:.0e}");
+        println!(
+            "step {step}: loss gpu {:.8} ref {:.8} (rel {dl:.2e})",
+            g.loss, r.loss
+        );
+        assert!(
+            dl <= LOSS_TOL,
+            "step {step}: loss rel diff {dl:.3e} > {LOSS_TOL:.0e}"
+        );
         for ((name, gg), (_, rg)) in g.grads.named().into_iter().zip(r.grads.named()) {
             let e = host::replace::bisect::rel_max_diff(&gg.data, &rg.data);
             assert!(
@@ -44,11 +50,19 @@ fn all_gpu_training_matches_all_reference() {
                 "step {step}: gradient of {name} differs by {e:.3e} > {GRAD_TOL:.0e}"
             );
             // And the ops.md norm: relative 2-norm error.
-            assert_close(&format!("step {step} grad {name}"), &gg.data, &rg.data, GRAD_TOL);
+            assert_close(
+                &format!("step {step} grad {name}"),
+                &gg.data,
+                &rg.data,
+                GRAD_TOL,
+            );
         }
     }
     let d = divergence(&on_gpu, &reference);
-    println!("all-GPU divergence: loss {:.2e}, grad {:.2e} ({})", d.loss, d.grad, d.worst_param);
+    println!(
+        "all-GPU divergence: loss {:.2e}, grad {:.2e} ({})",
+        d.loss, d.grad, d.worst_param
+    );
 }
 
 #[test]
@@ -59,16 +73,22 @@ fn each_op_kind_alone_on_the_gpu_matches_the_reference() {
     let device = Device::Gpu(gpu);
     let reference = train(&device, Plan::all_reference(), None, 5);
     for kind in OpKind::ALL {
-        let d = divergence(&train(&device, Plan::gpu_only(&[kind]), None, 5), &reference);
-        println!("{kind}: loss {:.2e}, grad {:.2e} ({})", d.loss, d.grad, d.worst_param);
+        let d = divergence(
+            &train(&device, Plan::gpu_only(&[kind]), None, 5),
+            &reference,
+        );
+        println!(
+            "{kind}: loss {:.2e}, grad {:.2e} ({})",
+            d.loss, d.grad, d.worst_param
+        );
         assert!(d.loss <= LOSS_TOL && d.grad <= GRAD_TOL, "{kind}: {d:?}");
     }
 }
 
 fn gpu_bisect(test: &str, planted: Option<Planted>) -> Option<host::replace::Report> {
     let gpu = gpu_or_skip(test)?;
-    let report = bisect_on(&Device::Gpu(gpu), planted, &BisectSettings::default())
-        .expect("bisect runs");
+    let report =
+        bisect_on(&Device::Gpu(gpu), planted, &BisectSettings::default()).expect("bisect runs");
     println!("{report}");
     Some(report)
 }
@@ -118,13 +138,25 @@ fn gpu_path_rejects_bad_input_with_typed_errors() {
     b.tokens[3] = 1000;
     let e = model::loss_and_grads(&exec, &cfg, &p, &b).unwrap_err();
     assert!(
-        matches!(e, Error::IdOutOfRange { op: "embedding", position: 3, id: 1000, .. }),
+        matches!(
+            e,
+            Error::IdOutOfRange {
+                op: "embedding",
+                position: 3,
+                id: 1000,
+                ..
+            }
+        ),
         "{e}"
     );
     let b = model::batch(&cfg, 1);
     let mut p = model::init(&cfg, 1);
-    p.w2 = host::HostTensor::new(vec![0.1; (cfg.d_ff + 1) * cfg.d_model], &[cfg.d_ff + 1, cfg.d_model], host::DType::F32)
-        .unwrap();
+    p.w2 = host::HostTensor::new(
+        vec![0.1; (cfg.d_ff + 1) * cfg.d_model],
+        &[cfg.d_ff + 1, cfg.d_model],
+        host::DType::F32,
+    )
+    .unwrap();
     let e = model::loss_and_grads(&exec, &cfg, &p, &b).unwrap_err();
     assert!(matches!(e, Error::Shape { op: "matmul", .. }), "{e}");
 }

@@ -1,9 +1,10 @@
 //! `cargo xtask <task>`: the project's workflow tool. One module per task; this file is the dispatch.
 //!
-//! Tasks that need a GPU (`sanitize`, `bench`, `profile`, `doctor`) also run from a bundle made by
+//! Tasks that need a GPU (`sanitize`, `bench`, `profile`, `doctor`, `bisect`) also run from a bundle made by
 //! `bundle`, on a GPU machine without Rust: the bundle carries this binary, prebuilt.
 mod bench;
 mod bench_compare;
+mod bisect;
 mod build_ptx;
 mod bundle;
 mod doctor;
@@ -23,7 +24,10 @@ tasks:
                                    GPU-timed benches, PyTorch peers, merged report (JSON, Markdown, SVG)
   bench-compare BASE.json NEW.json statistical comparison of two bench runs (exit 1 on a regression)
   profile KERNEL [--bins DIR]      ncu (--clock-control none) summary of one kernel
-  doctor                           GPU, driver, toolchain and tool check, each with what to do";
+  doctor                           GPU, driver, toolchain and tool check, each with what to do
+  bisect [--planted gelu|layernorm] [--steps N] [--seed S]
+                                   switch the transformer block's ops to the GPU one at a time: per-op
+                                   divergence table, first divergent op (exit 0, nothing done, without a GPU)";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -51,6 +55,7 @@ fn main() {
         },
         "profile" => profile::run(rest),
         "doctor" => doctor::run(rest),
+        "bisect" => bisect::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

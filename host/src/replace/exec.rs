@@ -189,8 +189,7 @@ impl<'d> Exec<'d> {
     ) -> Result<(HostTensor, HostTensor)> {
         match self.run(OpKind::Add)? {
             Run::Cpu(rel) => {
-                let (ga, gb) =
-                    elementwise::reference::binary_backward(BinaryOp::Add, a, b, grad)?;
+                let (ga, gb) = elementwise::reference::binary_backward(BinaryOp::Add, a, b, grad)?;
                 Ok((scaled(ga, rel), scaled(gb, rel)))
             }
             Run::Gpu(gpu) => {
@@ -467,7 +466,12 @@ mod tests {
         assert!((d.data[0] - (1.0 / 3.0 - 1.0) / 2.0).abs() < 1e-7);
         assert!(matches!(
             exec.loss(&logits, &[0, 3]),
-            Err(Error::IdOutOfRange { id: 3, vocab: 3, position: 1, .. })
+            Err(Error::IdOutOfRange {
+                id: 3,
+                vocab: 3,
+                position: 1,
+                ..
+            })
         ));
         assert!(matches!(exec.loss(&logits, &[0]), Err(Error::Shape { .. })));
     }

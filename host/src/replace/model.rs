@@ -198,15 +198,13 @@ pub fn batch(cfg: &Config, seed: u64) -> Batch {
 }
 
 /// The loss of one batch and the gradient of every parameter.
-pub fn loss_and_grads(
-    ex: &Exec,
-    cfg: &Config,
-    p: &Params,
-    batch: &Batch,
-) -> Result<(f64, Grads)> {
+pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Result<(f64, Grads)> {
     let (b, s, d) = (cfg.batch, cfg.seq, cfg.d_model);
     let n = cfg.tokens();
-    for (what, len) in [("tokens", batch.tokens.len()), ("targets", batch.targets.len())] {
+    for (what, len) in [
+        ("tokens", batch.tokens.len()),
+        ("targets", batch.targets.len()),
+    ] {
         if len != n {
             return Err(Error::Length {
                 what: if what == "tokens" {

@@ -29,7 +29,9 @@ fn full_backward_matches_central_differences() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
         });
-    println!("full_backward_matches_central_differences: seed {seed} (replay with RGK_SEED={seed})");
+    println!(
+        "full_backward_matches_central_differences: seed {seed} (replay with RGK_SEED={seed})"
+    );
     let params = init(&cfg, seed);
     let batch = batch(&cfg, seed);
     let ex = reference();
@@ -88,20 +90,45 @@ fn ids_and_targets_out_of_range_are_typed_errors() {
     b.tokens[5] = cfg.vocab as u32;
     let e = loss_and_grads(&reference(), &cfg, &p, &b).unwrap_err();
     assert!(
-        matches!(e, crate::Error::IdOutOfRange { position: 5, id: 31, vocab: 31, .. }),
+        matches!(
+            e,
+            crate::Error::IdOutOfRange {
+                position: 5,
+                id: 31,
+                vocab: 31,
+                ..
+            }
+        ),
         "{e}"
     );
     let mut b = batch(&cfg, 1);
     b.targets[7] = 99;
     let e = loss_and_grads(&reference(), &cfg, &p, &b).unwrap_err();
     assert!(
-        matches!(e, crate::Error::IdOutOfRange { position: 7, id: 99, .. }),
+        matches!(
+            e,
+            crate::Error::IdOutOfRange {
+                position: 7,
+                id: 99,
+                ..
+            }
+        ),
         "{e}"
     );
     let mut b = batch(&cfg, 1);
     b.tokens.pop();
     let e = loss_and_grads(&reference(), &cfg, &p, &b).unwrap_err();
-    assert!(matches!(e, crate::Error::Length { expected: 26, got: 25, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            crate::Error::Length {
+                expected: 26,
+                got: 25,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -118,12 +145,22 @@ fn shape_mismatches_between_layers_are_typed_errors() {
     let mismatched = |r, c| HostTensor::new(vec![0.1; r * c], &[r, c], DType::F32).unwrap();
     // W2 takes d_ff + 1 inputs: the MLP's second product does not multiply.
     let e = bad(&|p| p.w2 = mismatched(cfg.d_ff + 1, d));
-    assert!(matches!(e, crate::Error::Invalid { op: "matmul (reference)", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            crate::Error::Invalid {
+                op: "matmul (reference)",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // b1 does not broadcast against [N, d_ff].
     let e = bad(&|p| p.b1 = HostTensor::new(vec![0.0; 7], &[7], DType::F32).unwrap());
     assert!(matches!(e, crate::Error::Broadcast { .. }), "{e}");
     // ln2's gamma of the wrong width.
-    let e = bad(&|p| p.ln2_gamma = HostTensor::new(vec![1.0; d + 1], &[d + 1], DType::F32).unwrap());
+    let e =
+        bad(&|p| p.ln2_gamma = HostTensor::new(vec![1.0; d + 1], &[d + 1], DType::F32).unwrap());
     assert!(matches!(e, crate::Error::Shape { .. }), "{e}");
     // Positional table for a longer sequence than the batch's.
     let e = bad(&|p| p.pos_emb = mismatched(cfg.seq + 1, d));
