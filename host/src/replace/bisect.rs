@@ -236,13 +236,12 @@ pub fn bisect_on(
         });
     }
     let tol = settings.tolerance;
-    let alone = rows
-        .iter()
-        .find(|r| !(r.alone.max() <= tol))
-        .map(|r| r.kind);
+    // NaN counts as diverged.
+    let exceeds = |d: f64| d > tol || d.is_nan();
+    let alone = rows.iter().find(|r| exceeds(r.alone.max())).map(|r| r.kind);
     let cumulative = rows
         .iter()
-        .find(|r| !(r.cumulative.max() <= tol))
+        .find(|r| exceeds(r.cumulative.max()))
         .map(|r| r.kind);
     Ok(Report {
         settings: *settings,
