@@ -16,8 +16,8 @@ Per row (one per bench of ours):
   ratio          = best peer median / our median   (> 1: we are faster)
   throughput     = bytes / time in GB/s (1e9), or flops / time in TFLOP/s (1e12);
                    flops win when a bench has both (attention, gemm)
-  frac. ceiling  = GB/s / copy bandwidth, or TFLOP/s / fp16 GEMM TFLOP/s. Ceilings
-                   come from our file when it has them, else from the peers'.
+  frac. ceiling  = GB/s / copy bandwidth, or TFLOP/s / fp16 GEMM TFLOP/s. Each ceiling
+                   is the highest of ours and the peers' measurements in the run.
   per-peer cells = median ms, "error", "missing" (the peer ran this op family but
                    has no entry for this bench), or "-" (peer does not apply).
 
@@ -163,15 +163,14 @@ def best_ceiling(entries, rate):
 
 
 def ceilings(ours, peers):
-    """Copy GB/s and fp16 GEMM TFLOP/s: ours when measured, else the peers'."""
+    """Copy GB/s and fp16 GEMM TFLOP/s: the highest measured in the run, ours or a peer's. A ceiling
+    is what the card reached, so a slower measurement (e.g. our cuBLAS call with its default
+    algorithm) must not make every fraction of it look better."""
     def pick(prefix, rate):
         mine = [(f"ours {n}", e) for n, e in ours.items() if n.startswith(prefix)]
-        value, source = best_ceiling(mine, rate)
-        if value is None:
-            theirs = [(f"{p} {n}", e) for n, by_peer in peers.items() if n.startswith(prefix)
-                      for p, e in by_peer.items()]
-            value, source = best_ceiling(theirs, rate)
-        return value, source
+        theirs = [(f"{p} {n}", e) for n, by_peer in peers.items() if n.startswith(prefix)
+                  for p, e in by_peer.items()]
+        return best_ceiling(mine + theirs, rate)
 
     copy_v, copy_s = pick("copy/", lambda b, f, ms: gbps(b, ms))
     gemm_v, gemm_s = pick(GEMM_CEILING_PREFIX, lambda b, f, ms: tflops(f, ms))
