@@ -70,6 +70,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         cmd.arg(filter);
     }
     run_checked(&mut cmd)?;
+    if !ours.is_file() {
+        // The bench binary printed why (e.g. `SKIP benches: no CUDA device`); peers alone compare nothing.
+        return Err(format!(
+            "no results of ours in {} (no GPU?); nothing to report",
+            ours.display()
+        ));
+    }
     let Some(python) = which("python3") else {
         println!(
             "python3 not found: peers missing; our results are in {}",
