@@ -64,6 +64,18 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("layer_norm_", layer_norm::MAX_BLOCK, 1),
 ];
 
+/// Threads for a block that covers a row of `cols` elements at `per_thread` elements a thread: a power
+/// of two from one warp (32) up to `max_block`. Shared by the row kernels (softmax, layer norm, the
+/// embedding backward), which hold the row in registers when it fits and loop otherwise.
+pub const fn row_block(cols: u64, per_thread: u32, max_block: u32) -> u32 {
+    let need = cols.div_ceil(per_thread as u64);
+    let mut t: u64 = 32;
+    while t < need && t < max_block as u64 {
+        t *= 2;
+    }
+    t as u32
+}
+
 /// Elementwise kernels.
 pub mod elementwise {
     /// Threads per block for every elementwise kernel.
@@ -99,12 +111,7 @@ pub mod softmax {
     /// Threads for a row of `cols` elements: enough to cover the row with `CACHE_PER_THREAD` elements
     /// each, a power of two between one warp and `MAX_BLOCK`.
     pub const fn block_for(cols: u64) -> u32 {
-        let need = cols.div_ceil(CACHE_PER_THREAD as u64);
-        let mut t: u64 = 32;
-        while t < need && t < MAX_BLOCK as u64 {
-            t *= 2;
-        }
-        t as u32
+        super::row_block(cols, CACHE_PER_THREAD, MAX_BLOCK)
     }
 }
 
@@ -137,12 +144,7 @@ pub mod layer_norm {
     /// Threads for a row of `cols` elements: a power of two between one warp and `MAX_BLOCK` covering
     /// the row at `CACHE_PER_THREAD` elements a thread.
     pub const fn block_for(cols: u64) -> u32 {
-        let need = cols.div_ceil(CACHE_PER_THREAD as u64);
-        let mut t: u64 = 32;
-        while t < need && t < MAX_BLOCK as u64 {
-            t *= 2;
-        }
-        t as u32
+        super::row_block(cols, CACHE_PER_THREAD, MAX_BLOCK)
     }
     /// Rows per backward block for `rows` rows: a function of the row count only.
     pub const fn rows_per_chunk(rows: u64) -> u64 {
@@ -176,12 +178,7 @@ pub mod embedding {
     pub const BWD_MAX_BLOCK: u32 = 256;
     /// Threads for a backward row of `cols` columns: a power of two from 32 to `BWD_MAX_BLOCK`.
     pub const fn bwd_block_for(cols: u64) -> u32 {
-        let need = cols.div_ceil(BWD_CACHE as u64);
-        let mut t: u64 = 32;
-        while t < need && t < BWD_MAX_BLOCK as u64 {
-            t *= 2;
-        }
-        t as u32
+        super::row_block(cols, BWD_CACHE, BWD_MAX_BLOCK)
     }
 }
 

@@ -26,3 +26,26 @@ fn every_ptx_entry_point_is_named_op_dtype() {
         }
     }
 }
+
+#[test]
+fn row_blocks_are_powers_of_two_between_a_warp_and_the_cap() {
+    use gpu::params::{embedding, layer_norm, row_block, softmax};
+    assert_eq!(row_block(1, 16, 512), 32);
+    assert_eq!(row_block(16 * 64, 16, 512), 64);
+    assert_eq!(row_block(16 * 64 + 1, 16, 512), 128);
+    assert_eq!(row_block(1 << 30, 16, 512), 512);
+    for cols in [1u64, 31, 513, 8192, 8193, 1 << 20] {
+        assert_eq!(
+            softmax::block_for(cols),
+            row_block(cols, softmax::CACHE_PER_THREAD, softmax::MAX_BLOCK)
+        );
+        assert_eq!(
+            layer_norm::block_for(cols),
+            row_block(cols, layer_norm::CACHE_PER_THREAD, layer_norm::MAX_BLOCK)
+        );
+        assert_eq!(
+            embedding::bwd_block_for(cols),
+            row_block(cols, embedding::BWD_CACHE, embedding::BWD_MAX_BLOCK)
+        );
+    }
+}
