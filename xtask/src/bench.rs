@@ -105,6 +105,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         if quick {
             cmd.arg("--quick");
         }
+        // `--peers-only a,b`: bench-name prefixes for the peers (criterion's `--filter` is a regex the
+        // peers script does not read).
+        if let Some(only) = flag_value(args, "--peers-only") {
+            cmd.arg("--only").arg(only);
+        }
         if let Err(e) = run_checked(&mut cmd) {
             println!("peers failed ({e}); the report marks them missing");
         }

@@ -15,7 +15,7 @@ use std::process::Command;
 use crate::util::{build_test_binaries, flag_value, run_checked, workspace_root};
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare] [profile]
+# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare] [profile] [bisect]
 # Logs go to OUT_DIR. Exit status: non-zero if any stage failed.
 # SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools; BENCH_FLAGS="--quick --no-peers" etc.
 set -u
@@ -51,6 +51,13 @@ for s in $stages; do
       RGK_BENCH_SLOW_VARIANT=1 "$here/xtask" bench --bins "$here" --out "$out/cmpSlow" --no-peers --filter "$f" > "$out/cmpSlow.log" 2>&1 || status=1
       echo "--- same code twice:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpB/ours.json" | tee "$out/compare_same.txt"
       echo "--- strided add swapped in:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpSlow/ours.json" | tee "$out/compare_slow.txt" ;;
+    bisect)
+      # Incremental replacement on the transformer block: clean (expect no divergence), then each planted defect (expect it named).
+      stage bisect
+      for v in "" "--planted gelu" "--planted layernorm"; do
+        echo "--- bisect $v" | tee -a "$out/bisect.log"
+        "$here/xtask" bisect $v 2>&1 | tee -a "$out/bisect.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     profile) stage profile; for k in ${PROFILE_KERNELS:-softmax_f32 max_partials_f32}; do "$here/xtask" profile "$k" --bins "$here" 2>&1 | tee -a "$out/profile.log"; done ;;
     bench-quick) stage bench-quick; "$here/xtask" bench --bins "$here" --out "$out/bench" --quick 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $s"; status=2 ;;

@@ -20,7 +20,7 @@ tasks:
   sanitize [--bins DIR] [--tools memcheck,racecheck,initcheck,synccheck] [--log-dir DIR]
                                    run the GPU tests under compute-sanitizer; summary table; exit 1 on findings
   bundle [--out DIR]               build test + bench binaries, PTX, scripts and run.sh into DIR (default bundle/)
-  bench [--bins DIR] [--out DIR] [--quick] [--no-peers]
+  bench [--bins DIR] [--out DIR] [--quick] [--no-peers] [--filter REGEX] [--peers-only PREFIX,..] [--peers-timeout S]
                                    GPU-timed benches, PyTorch peers, merged report (JSON, Markdown, SVG)
   bench-compare BASE.json NEW.json statistical comparison of two bench runs (exit 1 on a regression)
   profile KERNEL [--bins DIR]      ncu (--clock-control none) summary of one kernel
