@@ -237,3 +237,38 @@ fn nan_and_inf_propagate_as_values() {
     assert_eq!(&s[1..3], &[f32::INFINITY, f32::NEG_INFINITY]);
     assert!(ew::div(&a, &b).unwrap().to_vec().unwrap()[3].is_nan()); // 0/0
 }
+
+#[test]
+fn cast_rounds_to_nearest_and_widens_exactly() {
+    let Some(gpu) = gpu_or_skip("cast_rounds_to_nearest_and_widens_exactly") else {
+        return;
+    };
+    let mut rng = rng("cast");
+    let n = scaled(1 << 20, 4097) + rng.random_range(0..7usize);
+    let mut values: Vec<f32> = (0..n)
+        .map(|_| rng.random_range(-70000.0f32..70000.0))
+        .collect();
+    values[..4].copy_from_slice(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0]);
+    let x = Tensor::from_f32(&gpu, &values, &[n], DType::F32).unwrap();
+    for dtype in [DType::F16, DType::BF16] {
+        let narrow = ew::cast(&x, dtype).unwrap();
+        assert_eq!(narrow.dtype(), dtype);
+        let got = narrow.to_vec().unwrap();
+        let back = ew::cast(&narrow, DType::F32).unwrap().to_vec().unwrap();
+        for (i, &v) in values.iter().enumerate() {
+            let want = dtype.round(v);
+            // Bitwise: round-to-nearest-even is exact, and NaN must stay NaN (NaN != NaN otherwise).
+            let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            assert!(
+                same(got[i], want),
+                "narrow to {dtype} at {i}: {v} -> {} (want {want})",
+                got[i]
+            );
+            assert!(
+                same(back[i], want),
+                "widen {dtype} at {i}: {} (want {want})",
+                back[i]
+            );
+        }
+    }
+}

@@ -199,6 +199,37 @@ unsafe fn reduce_to<T: Elem>(grad: Slice<T>, out: SliceMut<T>, p: &ReduceTo, alp
     }
 }
 
+/// `out = x` converted element by element between storage types (f32 math in between): the widening
+/// and narrowing around the half-precision backward paths that must not round their intermediates.
+#[inline(always)]
+unsafe fn convert<S: Elem, D: Elem>(x: Slice<S>, out: SliceMut<D>) {
+    let step = grid_threads_x();
+    let mut i = global_index_x();
+    while i < x.len {
+        out.set(i, x.get(i));
+        i += step;
+    }
+}
+
+/// Half storage to f32 (exact).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn widen_f16(x: Slice<F16>, out: SliceMut<f32>) {
+    unsafe { convert(x, out) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn widen_bf16(x: Slice<BF16>, out: SliceMut<f32>) {
+    unsafe { convert(x, out) }
+}
+/// f32 to half storage (round to nearest even).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn narrow_f16(x: Slice<f32>, out: SliceMut<F16>) {
+    unsafe { convert(x, out) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn narrow_bf16(x: Slice<f32>, out: SliceMut<BF16>) {
+    unsafe { convert(x, out) }
+}
+
 macro_rules! binary_entry_points {
     ($($contig:ident, $bcast:ident, $t:ty, $op:expr;)*) => {$(
         /// Contiguous, same-shape binary op (see `zip_contiguous`).
