@@ -58,6 +58,9 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("matmul_", matmul::THREADS, 2),
     // Without a bound the JIT may use more registers than a 512-thread block allows (launch fails
     // with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); with it, ptxas fits the row caches into 128.
+    // The vector forward holds 16 values a thread in 64 registers: two 512-thread blocks per SM overlap
+    // one block's loads with the other's reductions. Listed before "softmax_": the first match counts.
+    ("softmax_vec_", softmax::MAX_BLOCK, 2),
     ("softmax_", softmax::MAX_BLOCK, 1),
     // Same reason: the row caches (x, and in the backward dy plus the dgamma/dbeta accumulators) must
     // fit the 128 registers a 512-thread block allows.

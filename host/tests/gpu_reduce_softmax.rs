@@ -161,9 +161,11 @@ fn softmax_matches_reference_over_row_lengths() {
         return;
     };
     let mut rng = rng("softmax");
-    // Register-cached rows (<= 16384) and two-pass rows, including length 1 and 1e6.
+    // Register-cached rows (<= 8192: 16-byte vector path when the length is a multiple of 4 (f32) or 8
+    // (f16/bf16), scalar otherwise, e.g. 12 and 8188 for the halves), two-pass rows, lengths 1 and 1e6.
     let cols_list = [
-        1usize, 2, 31, 32, 33, 1000, 4096, 16384, 16385, 100_003, 1_000_000,
+        1usize, 2, 4, 8, 12, 31, 32, 33, 1000, 1024, 4096, 8188, 8192, 16384, 16385, 100_003,
+        1_000_000,
     ];
     for (i, &cols) in cols_list.iter().enumerate() {
         for dtype in DType::ALL {

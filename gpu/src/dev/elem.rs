@@ -77,6 +77,10 @@ pub trait Elem: Copy {
     fn map_word(a: u32, f: impl Fn(f32) -> f32) -> u32;
     /// Folds the elements packed in a word into `acc`, in index order.
     fn fold_word(w: u32, acc: f32, f: impl Fn(f32, f32) -> f32) -> f32;
+    /// The elements of a word, widened, in index order (`[v, 0]` when a word holds one element).
+    fn unpack_word(w: u32) -> [f32; 2];
+    /// A word holding `lo` (and `hi` when a word holds two elements), rounded to this type.
+    fn pack_word(lo: f32, hi: f32) -> u32;
 }
 
 impl Elem for f32 {
@@ -101,10 +105,18 @@ impl Elem for f32 {
     fn fold_word(w: u32, acc: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
         f(acc, f32::from_bits(w))
     }
+    #[inline(always)]
+    fn unpack_word(w: u32) -> [f32; 2] {
+        [f32::from_bits(w), 0.0]
+    }
+    #[inline(always)]
+    fn pack_word(lo: f32, _hi: f32) -> u32 {
+        lo.to_bits()
+    }
 }
 
 macro_rules! half_elem {
-    ($t:ident, $to:ident, $from:ident) => {
+    ($t:ident, $to:ident, $from:ident, $pack:ident) => {
         impl Elem for $t {
             const PER_WORD: usize = 2;
             #[inline(always)]
@@ -131,11 +143,19 @@ macro_rules! half_elem {
             fn fold_word(w: u32, acc: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
                 f(f(acc, $to(w as u16)), $to((w >> 16) as u16))
             }
+            #[inline(always)]
+            fn unpack_word(w: u32) -> [f32; 2] {
+                [$to(w as u16), $to((w >> 16) as u16)]
+            }
+            #[inline(always)]
+            fn pack_word(lo: f32, hi: f32) -> u32 {
+                $pack(lo, hi)
+            }
         }
     };
 }
-half_elem!(F16, f16_to_f32, f32_to_f16);
-half_elem!(BF16, bf16_to_f32, f32_to_bf16);
+half_elem!(F16, f16_to_f32, f32_to_f16, pack_f16x2);
+half_elem!(BF16, bf16_to_f32, f32_to_bf16, pack_bf16x2);
 
 impl crate::layout::Element for F16 {
     const BYTES: usize = 2;

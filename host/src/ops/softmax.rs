@@ -1,12 +1,12 @@
 //! Softmax over the last dim, forward and backward. Stable (`exp(x - max)`), rows of any length: up to
 //! `MAX_CACHED_COLS` a row is held in registers (one read, one write), longer rows take two passes.
 //! A row that is all -inf yields NaN (as in PyTorch); NaN inputs propagate.
-use gpu::params::softmax::block_for;
+use gpu::params::softmax::{CACHE_PER_THREAD, block_for};
 
 use crate::error::{Error, Result};
 use crate::kernel_name;
 use crate::launch::{ByValue, grid_blocks, launch};
-use crate::ops::{same_device_and_dtype, same_shape};
+use crate::ops::{aligned16, same_device_and_dtype, same_shape};
 use crate::tensor::Tensor;
 
 /// Threads per row: enough to hold the row in registers (`block_for`), capped at what the kernel can
@@ -34,11 +34,26 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let (rows, cols) = rows_cols(OP, x)?;
     let y = Tensor::empty(x.gpu(), x.shape(), x.dtype())?;
     if y.numel() > 0 {
+        // The 16-byte path needs whole chunks per row, aligned bases and the row in one block's
+        // registers; anything else takes the scalar kernel (same math, same results up to rounding of
+        // the block reduction order, which both fix per row length).
+        let per_chunk = (16 / x.dtype().size_bytes()) as u64;
+        let vec_name = kernel_name!("softmax_vec", x.dtype());
+        let vec_block = block(x.gpu(), vec_name, cols)?;
+        let (name, threads) = if cols % per_chunk == 0
+            && cols <= vec_block as u64 * CACHE_PER_THREAD as u64
+            && aligned16(&[x, &y])
+        {
+            (vec_name, vec_block)
+        } else {
+            let name = kernel_name!("softmax", x.dtype());
+            (name, block(x.gpu(), name, cols)?)
+        };
         launch(
             x.gpu(),
-            kernel_name!("softmax", x.dtype()),
+            name,
             grid_blocks(rows, 1),
-            block(x.gpu(), kernel_name!("softmax", x.dtype()), cols)?,
+            threads,
             &[&ByValue(x.raw()), &ByValue(y.raw()), &rows, &cols],
         )?;
     }
