@@ -272,3 +272,45 @@ fn cast_rounds_to_nearest_and_widens_exactly() {
         }
     }
 }
+
+#[test]
+fn row_broadcast_matches_reference_in_both_orders() {
+    let Some(gpu) = gpu_or_skip("row_broadcast_matches_reference_in_both_orders") else {
+        return;
+    };
+    let mut rng = rng("row_broadcast");
+    // Rows of whole 16-byte chunks take the row kernel; 7 and 12 (f16/bf16) fall back to the strided one.
+    for (full, row) in [
+        (vec![3usize, 5, 8], vec![8usize]),
+        (vec![257, 64], vec![1, 64]),
+        (vec![2, 3, 16], vec![3, 16]),
+        (vec![33, 12], vec![12]),
+        (vec![9, 7], vec![7]),
+        (vec![scaled(1024, 16), 1024], vec![1024]),
+    ] {
+        for dtype in DType::ALL {
+            for op in OPS {
+                // Both operands serve as divisors: away from 0 so the comparison is about the kernel.
+                let x = uniform(&mut rng, &full, 0.25, 2.0, dtype);
+                let r = uniform(&mut rng, &row, 0.5, 2.0, dtype);
+                let (xt, rt) = (
+                    Tensor::from_host(&gpu, &x).unwrap(),
+                    Tensor::from_host(&gpu, &r).unwrap(),
+                );
+                for (a, b, at, bt, order) in [
+                    (&x, &r, &xt, &rt, "full op row"),
+                    (&r, &x, &rt, &xt, "row op full"),
+                ] {
+                    let got = ew::binary(op, at, bt).unwrap();
+                    assert_eq!(got.shape(), &full[..]);
+                    assert_close(
+                        &format!("{op:?} {dtype} {full:?} {row:?} {order}"),
+                        &got.to_vec().unwrap(),
+                        &r::binary(op, a, b).unwrap().data,
+                        tol(dtype),
+                    );
+                }
+            }
+        }
+    }
+}

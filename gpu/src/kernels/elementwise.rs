@@ -156,6 +156,40 @@ unsafe fn zip_broadcast<T: Elem>(
     }
 }
 
+/// `out = full (op) row`, or `row (op) full` when `row_first != 0`, where `row` repeats along the leading
+/// dims of `full` (a bias row, `[R, C] + [C]`): output chunk `i` pairs with row chunk `i % row_chunks`.
+/// The host launches it only for contiguous, 16-byte aligned buffers, a row of whole chunks and fewer
+/// than 2^31 chunks, so 32-bit indices (one 32-bit remainder per chunk instead of the strided kernel's
+/// six 64-bit divisions per element) cannot wrap.
+#[inline(always)]
+unsafe fn zip_rows<T: Elem>(
+    full: Slice<T>,
+    row: Slice<T>,
+    out: SliceMut<T>,
+    row_chunks: u32,
+    row_first: u32,
+    f: impl Fn(f32, f32) -> f32 + Copy,
+) {
+    let chunks = (full.len / (16 / core::mem::size_of::<T>()) as u64) as u32;
+    let step = grid_threads_x() as u32;
+    let mut i = global_index_x() as u32;
+    while i < chunks {
+        // SAFETY: i < chunks and i % row_chunks < row_chunks: inside `full`/`out` and `row` (whole
+        // chunks, aligned bases: host checks).
+        unsafe {
+            let x = load_chunk_ro(full.chunks(), i as u64);
+            let r = load_chunk_ro(row.chunks(), (i % row_chunks) as u64);
+            let z = if row_first != 0 {
+                map_chunk2::<T>(r, x, f)
+            } else {
+                map_chunk2::<T>(x, r, f)
+            };
+            store_chunk(out.chunks(), i as u64, z);
+        }
+        i += step;
+    }
+}
+
 /// GELU with the exact (erf) form: `x * Phi(x)`.
 #[inline(always)]
 fn gelu(x: f32) -> f32 {
@@ -231,11 +265,16 @@ pub unsafe extern "ptx-kernel" fn narrow_bf16(x: Slice<f32>, out: SliceMut<BF16>
 }
 
 macro_rules! binary_entry_points {
-    ($($contig:ident, $bcast:ident, $t:ty, $op:expr;)*) => {$(
+    ($($contig:ident, $rows:ident, $bcast:ident, $t:ty, $op:expr;)*) => {$(
         /// Contiguous, same-shape binary op (see `zip_contiguous`).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $contig(a: Slice<$t>, b: Slice<$t>, out: SliceMut<$t>) {
             unsafe { zip_contiguous(a, b, out, apply::<{ $op }>) }
+        }
+        /// A row repeated along the leading dims of a full operand (see `zip_rows`).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $rows(full: Slice<$t>, row: Slice<$t>, out: SliceMut<$t>, row_chunks: u32, row_first: u32) {
+            unsafe { zip_rows(full, row, out, row_chunks, row_first, apply::<{ $op }>) }
         }
         /// Strided binary op with broadcasting (see `zip_broadcast`).
         #[unsafe(no_mangle)]
@@ -246,18 +285,18 @@ macro_rules! binary_entry_points {
 }
 
 binary_entry_points! {
-    add_f32, add_bcast_f32, f32, ADD;
-    sub_f32, sub_bcast_f32, f32, SUB;
-    mul_f32, mul_bcast_f32, f32, MUL;
-    div_f32, div_bcast_f32, f32, DIV;
-    add_f16, add_bcast_f16, F16, ADD;
-    sub_f16, sub_bcast_f16, F16, SUB;
-    mul_f16, mul_bcast_f16, F16, MUL;
-    div_f16, div_bcast_f16, F16, DIV;
-    add_bf16, add_bcast_bf16, BF16, ADD;
-    sub_bf16, sub_bcast_bf16, BF16, SUB;
-    mul_bf16, mul_bcast_bf16, BF16, MUL;
-    div_bf16, div_bcast_bf16, BF16, DIV;
+    add_f32, add_rows_f32, add_bcast_f32, f32, ADD;
+    sub_f32, sub_rows_f32, sub_bcast_f32, f32, SUB;
+    mul_f32, mul_rows_f32, mul_bcast_f32, f32, MUL;
+    div_f32, div_rows_f32, div_bcast_f32, f32, DIV;
+    add_f16, add_rows_f16, add_bcast_f16, F16, ADD;
+    sub_f16, sub_rows_f16, sub_bcast_f16, F16, SUB;
+    mul_f16, mul_rows_f16, mul_bcast_f16, F16, MUL;
+    div_f16, div_rows_f16, div_bcast_f16, F16, DIV;
+    add_bf16, add_rows_bf16, add_bcast_bf16, BF16, ADD;
+    sub_bf16, sub_rows_bf16, sub_bcast_bf16, BF16, SUB;
+    mul_bf16, mul_rows_bf16, mul_bcast_bf16, BF16, MUL;
+    div_bf16, div_rows_bf16, div_bcast_bf16, BF16, DIV;
 }
 
 macro_rules! unary_entry_points {

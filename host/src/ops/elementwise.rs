@@ -68,6 +68,11 @@ pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Resu
         && a.is_contiguous()
         && b.is_contiguous()
         && aligned16(&[a, b, &out]);
+    if path == KernelPath::Auto && !fast {
+        if try_rows(op, a, b, &out)? {
+            return Ok(out);
+        }
+    }
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
         launch(
@@ -93,6 +98,59 @@ pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Resu
         )?;
     }
     Ok(out)
+}
+
+/// The row-broadcast kernel (`[R, C] (op) [C]`, either order) when it applies: one operand has the
+/// output's shape, the other's shape is a trailing part of it (after dropping leading 1s), both are
+/// contiguous with 16-byte aligned bases, the row is whole 16-byte chunks and the output has fewer than
+/// 2^31 chunks. Returns whether it launched (false: the general strided kernel must run).
+fn try_rows(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool> {
+    let is_row_of = |row: &Tensor, full: &Tensor| {
+        let trimmed: &[usize] = {
+            let s = row.shape();
+            let lead = s.iter().take_while(|&&d| d == 1).count();
+            &s[lead..]
+        };
+        full.shape() == out.shape()
+            && trimmed.len() < full.shape().len()
+            && full.shape().ends_with(trimmed)
+    };
+    let (full, row, row_first) = if is_row_of(b, a) {
+        (a, b, 0u32)
+    } else if is_row_of(a, b) {
+        (b, a, 1u32)
+    } else {
+        return Ok(false);
+    };
+    let per_chunk = VECTOR_BYTES / a.dtype().size_bytes();
+    let chunks = out.numel() / per_chunk;
+    if !(full.is_contiguous() && row.is_contiguous())
+        || row.numel() % per_chunk != 0
+        || chunks >= 1 << 31
+        || !aligned16(&[full, row, out])
+    {
+        return Ok(false);
+    }
+    let name = match op {
+        BinaryOp::Add => kernel_name!("add_rows", a.dtype()),
+        BinaryOp::Sub => kernel_name!("sub_rows", a.dtype()),
+        BinaryOp::Mul => kernel_name!("mul_rows", a.dtype()),
+        BinaryOp::Div => kernel_name!("div_rows", a.dtype()),
+    };
+    launch(
+        a.gpu(),
+        name,
+        vector_grid(out.numel(), out.dtype()),
+        BLOCK,
+        &[
+            &ByValue(full.raw()),
+            &ByValue(row.raw()),
+            &ByValue(out.raw()),
+            &((row.numel() / per_chunk) as u32),
+            &row_first,
+        ],
+    )?;
+    Ok(true)
 }
 
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
