@@ -290,12 +290,26 @@ fn out_of_range_ids_are_errors_and_the_context_survives() {
     let dy = Tensor::from_f32(&gpu, &[1.0; 20], &[5, 4], DType::F32).unwrap();
     expect(emb::embedding_backward(&bad, &dy, 10).unwrap_err());
     expect(emb::embedding_backward(&dev, &dy, 10).unwrap_err());
-    // Many bad device ids: the count is exact.
+    // The same ids as ids computed on the device (bound unknown): the device check kernel finds them.
+    let unknown = dev.clone().without_known_bound();
+    expect(emb::embedding(&table, &unknown).unwrap_err());
+    expect(emb::embedding_backward(&unknown, &dy, 10).unwrap_err());
+    // Many bad device ids: the count is exact, with and without a known bound.
     let many = DeviceIds::from_slice(&gpu, &vec![10u32; 100_001]).unwrap();
-    assert!(matches!(
-        emb::embedding(&table, &many).unwrap_err(),
-        Error::IdOutOfRange { count: 100_001, .. }
-    ));
+    for ids in [many.clone(), many.without_known_bound()] {
+        assert!(matches!(
+            emb::embedding(&table, &ids).unwrap_err(),
+            Error::IdOutOfRange { count: 100_001, .. }
+        ));
+    }
+    // Valid ids of unknown bound pass the device check.
+    let fine = DeviceIds::from_slice(&gpu, &[9u32, 0])
+        .unwrap()
+        .without_known_bound();
+    assert_eq!(
+        emb::embedding(&table, &fine).unwrap().to_vec().unwrap(),
+        vec![36., 37., 38., 39., 0., 1., 2., 3.]
+    );
     // The context still works: a valid lookup after the errors.
     let ok = emb::embedding(&table, &[9u32, 0])
         .unwrap()

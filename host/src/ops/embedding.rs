@@ -26,12 +26,16 @@ use crate::kernel_name;
 use crate::launch::{ByValue, grid_blocks, launch};
 use crate::tensor::Tensor;
 
-/// u32 ids resident on the device. Not validated on upload: the ops check them against the table.
+/// u32 ids resident on the device. Ids uploaded from the host carry their bound (largest id + 1), so an
+/// op checks them against a table's vocabulary with one comparison on the host: no check kernel, no
+/// read-back, no synchronisation on the hot path. Ids of unknown bound are checked on the device first.
 #[derive(Clone)]
 pub struct DeviceIds {
     gpu: Gpu,
     buf: Arc<CudaSlice<u32>>,
     len: usize,
+    /// Exclusive upper bound of the ids when known (0 for no ids).
+    bound: Option<u64>,
 }
 
 impl std::fmt::Debug for DeviceIds {
@@ -47,7 +51,15 @@ impl DeviceIds {
             gpu: gpu.clone(),
             buf: Arc::new(upload(gpu, ids)?),
             len: ids.len(),
+            bound: Some(ids.iter().max().map_or(0, |&m| m as u64 + 1)),
         })
+    }
+    /// The same ids with their bound forgotten, as ids computed on the device would be: the ops then
+    /// run the device-side check. For tests of that path.
+    #[doc(hidden)]
+    pub fn without_known_bound(mut self) -> DeviceIds {
+        self.bound = None;
+        self
     }
     pub fn len(&self) -> usize {
         self.len
@@ -146,6 +158,12 @@ fn check_host_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
 fn check_device_ids(op: &'static str, ids: &DeviceIds, vocab: usize) -> Result<()> {
     if ids.is_empty() {
         return Ok(());
+    }
+    match ids.bound {
+        Some(bound) if bound <= vocab as u64 => return Ok(()),
+        // Known to hold an id >= vocab: name the first and count them from a host copy.
+        Some(_) => return check_host_ids(op, &ids.to_vec()?, vocab),
+        None => {}
     }
     let gpu = &ids.gpu;
     let count = gpu
