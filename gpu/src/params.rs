@@ -64,6 +64,11 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("softmax_", softmax::MAX_BLOCK, 1),
     // Same reason: the row caches (x, and in the backward dy plus the dgamma/dbeta accumulators) must
     // fit the 128 registers a 512-thread block allows.
+    // The narrow kernels hold 4 elements a thread (backward: x, dy, xhat, g, gamma, dgamma, dbeta and
+    // the next row's x and dy): 3 (forward) or 2 (backward) blocks of 512 per SM. Listed before
+    // "layer_norm_": the first match counts.
+    ("layer_norm_narrow_", layer_norm::MAX_BLOCK, 3),
+    ("layer_norm_backward_narrow_", layer_norm::MAX_BLOCK, 2),
     ("layer_norm_", layer_norm::MAX_BLOCK, 1),
 ];
 
@@ -131,6 +136,15 @@ pub mod layer_norm {
     pub const MAX_BLOCK: u32 = 512;
     /// Longest row held in registers.
     pub const MAX_CACHED_COLS: u64 = (CACHE_PER_THREAD * MAX_BLOCK) as u64;
+    /// Elements a thread of the `_narrow` kernels holds: rows up to `NARROW_MAX_COLS` get four times
+    /// the threads, so an SM keeps more rows' loads in flight (the 16-element kernels put 64 threads
+    /// on a row of 1024: latency bound).
+    pub const NARROW_PER_THREAD: u32 = 4;
+    pub const NARROW_MAX_COLS: u64 = (NARROW_PER_THREAD * MAX_BLOCK) as u64;
+    /// Threads for a row of `cols` at `NARROW_PER_THREAD` elements a thread.
+    pub const fn narrow_block_for(cols: u64) -> u32 {
+        super::row_block(cols, NARROW_PER_THREAD, MAX_BLOCK)
+    }
     /// Default epsilon added to the variance.
     pub const DEFAULT_EPS: f32 = 1e-5;
     /// Most dgamma/dbeta partial rows (blocks of the backward). A constant, not the SM count, so the

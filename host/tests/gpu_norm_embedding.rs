@@ -11,7 +11,10 @@ use rand::Rng;
 use rand::rngs::StdRng;
 
 /// Row lengths: 1, odd, powers of two, the cached limit (8192) and past it (two-pass path).
-const COLS: [usize; 12] = [1, 2, 3, 31, 33, 257, 1000, 1024, 4099, 8192, 8193, 20_011];
+// Narrow kernels (4 a thread) up to 2048, 16-element kernels to 8192, two-pass rows beyond.
+const COLS: [usize; 14] = [
+    1, 2, 3, 31, 33, 257, 1000, 1024, 2048, 2049, 4099, 8192, 8193, 20_011,
+];
 
 fn rows_for(rng: &mut StdRng, cols: usize) -> usize {
     let cap = (scaled(1 << 21, 1 << 14) / cols).clamp(1, scaled(5000, 40));

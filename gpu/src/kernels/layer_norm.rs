@@ -18,24 +18,16 @@ use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{block_dim_x, block_idx_x, grid_dim_x, lane_id, thread_idx_x, warp_id};
 use crate::dev::{block, math, opaque_u64};
-use crate::params::layer_norm::{CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS};
+use crate::params::layer_norm::{CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS, NARROW_PER_THREAD};
 
 const CACHE: usize = CACHE_PER_THREAD as usize;
-// The unrolled loops below list the indices 0..16 literally.
-const _: () = assert!(CACHE == 16);
-
-/// `$body` for k = 0..CACHE, unrolled (the row caches must stay in registers).
-macro_rules! each_cached {
-    ($k:ident $body:block) => {
-        crate::unroll!($k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] $body)
-    };
-}
+const NARROW: usize = NARROW_PER_THREAD as usize;
 
 /// Whether this launch's block holds a whole row in registers. Uniform across the block, so the
 /// barriers inside either path are reached by every thread.
 #[inline(always)]
-fn cached(cols: u64) -> bool {
-    cols <= block_dim_x() as u64 * CACHE as u64
+fn cached<const N: usize>(cols: u64) -> bool {
+    cols <= block_dim_x() as u64 * N as u64
 }
 
 /// The row's inputs and outputs of the forward.
@@ -53,14 +45,14 @@ struct Fwd<T> {
 /// One row in registers. 32-bit offsets from the row base behind `opaque_u64` (see softmax.rs: with
 /// 64-bit element indices LLVM keeps one address per cached element alive across the barriers).
 #[inline(always)]
-fn forward_cached<T: Elem>(a: &Fwd<T>, r: u64) {
+fn forward_cached<T: Elem, const N: usize>(a: &Fwd<T>, r: u64) {
     let (tid, nt, n) = (thread_idx_x(), block_dim_x(), a.cols as u32);
     let base = r * a.cols;
     // SAFETY: `base` is the first element of a row inside x and y (rows * cols elements).
     let (xr, yr) = unsafe { (a.x.ptr.add(base as usize), a.y.ptr.add(base as usize)) };
-    let mut v = [0.0f32; CACHE];
+    let mut v = [0.0f32; N];
     let mut s = 0.0f32;
-    each_cached!(k {
+    crate::unroll_lt!(k < N, {
         let j = tid + k as u32 * nt;
         if j < n {
             // SAFETY: j < cols: inside the row.
@@ -70,14 +62,14 @@ fn forward_cached<T: Elem>(a: &Fwd<T>, r: u64) {
     });
     let mean = block::reduce_sum(s) / a.cols as f32;
     let mut q = 0.0f32;
-    each_cached!(k {
+    crate::unroll_lt!(k < N, {
         if tid + k as u32 * nt < n {
             v[k] -= mean;
             q += v[k] * v[k];
         }
     });
     let rstd = 1.0 / math::sqrt(block::reduce_sum(q) / a.cols as f32 + a.eps);
-    each_cached!(k {
+    crate::unroll_lt!(k < N, {
         let j = tid + k as u32 * nt;
         if j < n {
             let o = opaque_u64(j as u64);
@@ -125,11 +117,11 @@ fn forward_streaming<T: Elem>(a: &Fwd<T>, r: u64) {
 }
 
 #[inline(always)]
-unsafe fn forward<T: Elem>(a: Fwd<T>, rows: u64) {
+unsafe fn forward<T: Elem, const N: usize>(a: Fwd<T>, rows: u64) {
     let mut r = block_idx_x() as u64;
     while r < rows {
-        if cached(a.cols) {
-            forward_cached(&a, r)
+        if cached::<N>(a.cols) {
+            forward_cached::<T, N>(&a, r)
         } else {
             forward_streaming(&a, r)
         }
@@ -151,46 +143,97 @@ struct Bwd<T> {
     cols: u64,
 }
 
-/// Rows `[r0, r1)` in registers; this thread's dgamma/dbeta columns accumulate in registers over the
-/// chunk and are written once, to partial row `chunk`.
+/// Rows `[r0, r1)` in registers, `N` elements a thread; this thread's dgamma/dbeta columns accumulate in
+/// registers over the chunk and are written once, to partial row `chunk`. The next row's x and dy are
+/// loaded before this row's block reduction, so their latency hides behind its barriers (one row in
+/// flight per block was latency bound: 0.30 of copy bandwidth at 65536 x 1024).
 #[inline(always)]
-fn backward_cached<T: Elem>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
+fn backward_cached<T: Elem, const N: usize>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
     let (tid, nt, n) = (thread_idx_x(), block_dim_x(), a.cols as u32);
     let inv_cols = 1.0 / a.cols as f32;
-    let mut dg = [0.0f32; CACHE];
-    let mut db = [0.0f32; CACHE];
-    let mut r = r0;
-    while r < r1 {
-        let base = r * a.cols;
-        let (m, rs) = (a.mean.get(r), a.rstd.get(r));
-        // SAFETY: `base` is the first element of a row inside x, dy and dx.
-        let (xr, gr, dr) = unsafe {
-            (
-                a.x.ptr.add(base as usize),
-                a.dy.ptr.add(base as usize),
-                a.dx.ptr.add(base as usize),
-            )
-        };
-        let mut xh = [0.0f32; CACHE];
-        let mut g = [0.0f32; CACHE];
-        let (mut s1, mut s2) = (0.0f32, 0.0f32);
-        each_cached!(k {
+    let mut dg = [0.0f32; N];
+    let mut db = [0.0f32; N];
+    let mut gam = [0.0f32; N];
+    // This thread's x and dy of row `$r` into `$xv`, `$dyv` (a macro, not a closure: a closure taking
+    // the arrays by reference puts them in local memory).
+    macro_rules! load_row {
+        ($r:expr, $xv:ident, $dyv:ident) => {{
+            let base = $r * a.cols;
+            // SAFETY: `base` is the first element of a row inside x and dy (r < rows).
+            let (xr, gr) = unsafe { (a.x.ptr.add(base as usize), a.dy.ptr.add(base as usize)) };
+            crate::unroll_lt!(k < N, {
+                let j = tid + k as u32 * nt;
+                if j < n {
+                    let o = opaque_u64(j as u64) as usize;
+                    // SAFETY: j < cols: inside the row.
+                    unsafe {
+                        $xv[k] = (*xr.add(o)).to_f32();
+                        $dyv[k] = (*gr.add(o)).to_f32();
+                    }
+                }
+            });
+        }};
+    }
+    // Registers allow gamma and the next row in flight for narrow rows only (the 16-element kernel
+    // would need 7 x 16 values: it spilled); it loads the row at the top of each trip and gamma per use.
+    let prefetch = N <= 8;
+    if prefetch {
+        crate::unroll_lt!(k < N, {
             let j = tid + k as u32 * nt;
             if j < n {
-                let o = opaque_u64(j as u64);
-                // SAFETY: j < cols: inside the row.
-                let (xv, dyv) = unsafe { ((*xr.add(o as usize)).to_f32(), (*gr.add(o as usize)).to_f32()) };
-                xh[k] = (xv - m) * rs;
-                g[k] = dyv * a.gamma.get(o);
-                s1 += g[k];
-                s2 += g[k] * xh[k];
-                dg[k] += dyv * xh[k];
-                db[k] += dyv;
+                gam[k] = a.gamma.get(j as u64);
             }
         });
+    }
+    let (mut xv, mut dyv) = ([0.0f32; N], [0.0f32; N]);
+    if prefetch && r0 < r1 {
+        load_row!(r0, xv, dyv);
+    }
+    let mut r = r0;
+    while r < r1 {
+        let (m, rs) = (a.mean.get(r), a.rstd.get(r));
+        let mut xh = [0.0f32; N];
+        let mut g = [0.0f32; N];
+        let (mut s1, mut s2) = (0.0f32, 0.0f32);
+        // SAFETY: `r * cols` is the first element of a row inside x and dy.
+        let (xr, gr) = unsafe {
+            (
+                a.x.ptr.add((r * a.cols) as usize),
+                a.dy.ptr.add((r * a.cols) as usize),
+            )
+        };
+        crate::unroll_lt!(k < N, {
+            let j = tid + k as u32 * nt;
+            if j < n {
+                let (x, dy, gamma) = if prefetch {
+                    (xv[k], dyv[k], gam[k])
+                } else {
+                    let o = opaque_u64(j as u64);
+                    // SAFETY: j < cols: inside the row.
+                    unsafe {
+                        (
+                            (*xr.add(o as usize)).to_f32(),
+                            (*gr.add(o as usize)).to_f32(),
+                            a.gamma.get(o),
+                        )
+                    }
+                };
+                xh[k] = (x - m) * rs;
+                g[k] = dy * gamma;
+                s1 += g[k];
+                s2 += g[k] * xh[k];
+                dg[k] += dy * xh[k];
+                db[k] += dy;
+            }
+        });
+        if prefetch && r + 1 < r1 {
+            load_row!(r + 1, xv, dyv);
+        }
         let [t1, t2, _, _] = block::reduce_sum4([s1, s2, 0.0, 0.0]);
         let (mg, mgx) = (t1 * inv_cols, t2 * inv_cols);
-        each_cached!(k {
+        // SAFETY: `r * cols` is the first element of a row inside dx.
+        let dr = unsafe { a.dx.ptr.add((r * a.cols) as usize) };
+        crate::unroll_lt!(k < N, {
             let j = tid + k as u32 * nt;
             if j < n {
                 let out = rs * (g[k] - mg - xh[k] * mgx);
@@ -201,7 +244,7 @@ fn backward_cached<T: Elem>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
         r += 1;
     }
     let chunks = grid_dim_x() as u64;
-    each_cached!(k {
+    crate::unroll_lt!(k < N, {
         let j = tid + k as u32 * nt;
         if j < n {
             a.partials.set(chunk * a.cols + j as u64, dg[k]);
@@ -253,12 +296,12 @@ fn backward_streaming<T: Elem>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
 }
 
 #[inline(always)]
-unsafe fn backward<T: Elem>(a: Bwd<T>, rows_per_chunk: u64) {
+unsafe fn backward<T: Elem, const N: usize>(a: Bwd<T>, rows_per_chunk: u64) {
     let chunk = block_idx_x() as u64;
     let r0 = (chunk * rows_per_chunk).min(a.rows);
     let r1 = (r0 + rows_per_chunk).min(a.rows);
-    if cached(a.cols) {
-        backward_cached(&a, chunk, r0, r1)
+    if cached::<N>(a.cols) {
+        backward_cached::<T, N>(&a, chunk, r0, r1)
     } else {
         backward_streaming(&a, chunk, r0, r1)
     }
@@ -325,13 +368,23 @@ unsafe fn param_grads<T: Elem>(
 }
 
 macro_rules! layer_norm_entry_points {
-    ($($fwd:ident, $bwd:ident, $fin:ident, $t:ty;)*) => {$(
+    ($($fwd:ident, $fwd_narrow:ident, $bwd:ident, $bwd_narrow:ident, $fin:ident, $t:ty;)*) => {$(
+        /// `CACHE_PER_THREAD` (16) elements a thread: rows up to `MAX_CACHED_COLS` in registers.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(
             x: Slice<$t>, gamma: Slice<$t>, beta: Slice<$t>, y: SliceMut<$t>,
             mean: SliceMut<f32>, rstd: SliceMut<f32>, rows: u64, cols: u64, eps: f32,
         ) {
-            unsafe { forward(Fwd { x, gamma, beta, y, mean, rstd, cols, eps }, rows) }
+            unsafe { forward::<$t, CACHE>(Fwd { x, gamma, beta, y, mean, rstd, cols, eps }, rows) }
+        }
+        /// `NARROW_PER_THREAD` (4) elements a thread: four times the threads per row, for rows up to
+        /// `NARROW_MAX_COLS` (more loads in flight per SM, fewer registers).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd_narrow(
+            x: Slice<$t>, gamma: Slice<$t>, beta: Slice<$t>, y: SliceMut<$t>,
+            mean: SliceMut<f32>, rstd: SliceMut<f32>, rows: u64, cols: u64, eps: f32,
+        ) {
+            unsafe { forward::<$t, NARROW>(Fwd { x, gamma, beta, y, mean, rstd, cols, eps }, rows) }
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bwd(
@@ -339,7 +392,16 @@ macro_rules! layer_norm_entry_points {
             dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64, rows_per_chunk: u64,
         ) {
             unsafe {
-                backward(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
+                backward::<$t, CACHE>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
+            }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd_narrow(
+            x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
+            dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64, rows_per_chunk: u64,
+        ) {
+            unsafe {
+                backward::<$t, NARROW>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
             }
         }
         #[unsafe(no_mangle)]
@@ -352,7 +414,7 @@ macro_rules! layer_norm_entry_points {
 }
 
 layer_norm_entry_points! {
-    layer_norm_f32, layer_norm_backward_f32, layer_norm_param_grads_f32, f32;
-    layer_norm_f16, layer_norm_backward_f16, layer_norm_param_grads_f16, F16;
-    layer_norm_bf16, layer_norm_backward_bf16, layer_norm_param_grads_bf16, BF16;
+    layer_norm_f32, layer_norm_narrow_f32, layer_norm_backward_f32, layer_norm_backward_narrow_f32, layer_norm_param_grads_f32, f32;
+    layer_norm_f16, layer_norm_narrow_f16, layer_norm_backward_f16, layer_norm_backward_narrow_f16, layer_norm_param_grads_f16, F16;
+    layer_norm_bf16, layer_norm_narrow_bf16, layer_norm_backward_bf16, layer_norm_backward_narrow_bf16, layer_norm_param_grads_bf16, BF16;
 }

@@ -8,7 +8,8 @@
 //! rows read x twice. Empty rows (`D = 0`) have no mean: an [`Error::Invalid`]. No rows: empty outputs
 //! and zero dgamma/dbeta, nothing launched.
 use gpu::params::layer_norm::{
-    DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, block_for, chunks, rows_per_chunk,
+    DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, block_for, chunks, narrow_block_for,
+    rows_per_chunk,
 };
 
 use crate::dtype::DType;
@@ -18,10 +19,22 @@ use crate::launch::{ByValue, grid_blocks, launch};
 use crate::ops::{same_device_and_dtype, same_shape};
 use crate::tensor::Tensor;
 
-/// Threads per row: enough to hold the row in registers, capped at what the kernel can launch with
-/// (a smaller block only moves rows to the two-pass path; results do not depend on it).
-fn block(gpu: &crate::Gpu, name: &'static str, cols: u64) -> Result<u32> {
-    Ok(block_for(cols).min(gpu.max_block_pow2(name)?))
+/// The kernel for rows of `cols` and its threads per row: the narrow kernel (4 elements a thread) up to
+/// `NARROW_MAX_COLS`, else the 16-element one; threads enough to hold the row in registers, capped at
+/// what the kernel can launch with (a smaller block only moves rows to the two-pass path). The choice
+/// depends on the shape only, so results stay the same bits on every run.
+fn kernel(
+    gpu: &crate::Gpu,
+    wide: &'static str,
+    narrow: &'static str,
+    cols: u64,
+) -> Result<(&'static str, u32)> {
+    let (name, threads) = if cols <= NARROW_MAX_COLS {
+        (narrow, narrow_block_for(cols))
+    } else {
+        (wide, block_for(cols))
+    };
+    Ok((name, threads.min(gpu.max_block_pow2(name)?)))
 }
 
 /// (rows, cols) of a contiguous input over its last dim; cols must be > 0.
@@ -83,12 +96,17 @@ pub fn layer_norm(
     let mean = Tensor::empty(gpu, &stats_shape(x), DType::F32)?;
     let rstd = Tensor::empty(gpu, &stats_shape(x), DType::F32)?;
     if rows > 0 {
-        let name = kernel_name!("layer_norm", x.dtype());
+        let (name, threads) = kernel(
+            gpu,
+            kernel_name!("layer_norm", x.dtype()),
+            kernel_name!("layer_norm_narrow", x.dtype()),
+            cols,
+        )?;
         launch(
             gpu,
             name,
             grid_blocks(rows, 1),
-            block(gpu, name, cols)?,
+            threads,
             &[
                 &ByValue(x.raw()),
                 &ByValue(gamma.raw()),
@@ -152,13 +170,18 @@ pub fn layer_norm_backward(
     let dbeta = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
     let (chunks, per_chunk) = (chunks(rows), rows_per_chunk(rows));
     let partials = Tensor::empty(gpu, &[2 * chunks as usize * cols as usize], DType::F32)?;
-    let name = kernel_name!("layer_norm_backward", x.dtype());
+    let (name, threads) = kernel(
+        gpu,
+        kernel_name!("layer_norm_backward", x.dtype()),
+        kernel_name!("layer_norm_backward_narrow", x.dtype()),
+        cols,
+    )?;
     launch(
         gpu,
         name,
         // chunks <= MAX_CHUNKS (2048): no cast loss.
         chunks as u32,
-        block(gpu, name, cols)?,
+        threads,
         &[
             &ByValue(x.raw()),
             &ByValue(gamma.raw()),
