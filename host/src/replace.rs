@@ -1,8 +1,9 @@
-//! Incremental replacement: the debugging method, built in. A small transformer block
-//! ([`model`]) is trained with every op call routed through a [`Plan`], which says per op kind
-//! ([`OpKind`]) whether the op's CPU reference ([`Backend::Reference`], the `reference` module of each
-//! op family, f64 math) or its GPU kernel ([`Backend::Gpu`]: upload, launch, download) runs it.
-//! [`bisect()`] switches one op kind at a time (and cumulatively) to the GPU and names the first one whose
+//! Incremental replacement: the debugging method, built in. Two small models — a transformer block
+//! ([`model`]) and a Clifford MLP ([`clifford_model`]) — are trained with every op call routed
+//! through a [`Plan`], which says per op kind ([`OpKind`]) whether the op's CPU reference
+//! ([`Backend::Reference`], the `reference` module of each op family, f64 math) or its GPU kernel
+//! ([`Backend::Gpu`]: upload, launch, download) runs it. [`bisect()`] switches the op kinds a model
+//! uses ([`Model::kinds`]) one at a time (and cumulatively) to the GPU and names the first one whose
 //! GPU version makes the run diverge from the all-reference baseline, with the size of the divergence
 //! per op.
 //!
@@ -19,10 +20,13 @@
 //! assert!(steps[1].loss < steps[0].loss);
 //! ```
 pub mod bisect;
+pub mod clifford_model;
 pub mod exec;
 pub mod model;
 
-pub use bisect::{BisectSettings, Divergence, OpDivergence, Report, bisect, bisect_on, divergence};
+pub use bisect::{
+    BisectSettings, Divergence, OpDivergence, Report, TrainStep, bisect, bisect_on, divergence,
+};
 pub use exec::{Device, Exec, Planted};
 
 use std::fmt;
@@ -36,8 +40,9 @@ pub enum Backend {
     Gpu,
 }
 
-/// The op kinds of the model, each switched as a whole (forward and backward). Listed in the order
-/// of their first use in the forward pass, the order [`bisect()`] tries them in.
+/// The op kinds of the models, each switched as a whole (forward and backward). Each model's kinds
+/// ([`Model::kinds`]) are listed in the order of their first use in its forward pass, the order
+/// [`bisect()`] tries them in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {
     /// Token embedding gather and its scatter-add backward.
@@ -60,10 +65,19 @@ pub enum OpKind {
     /// Softmax cross-entropy: probabilities over the vocabulary (the loss value is `-mean log p` of
     /// them, on the host) and the gradient `(p - onehot) / N`.
     Loss,
+    /// A Clifford [`Layer`](crate::ops::clifford::Layer) with per-feature product weights (sgp):
+    /// per-grade linear map + bias, MV-GELU gates, weighted geometric product, grade RMS norm; forward
+    /// and backward.
+    CliffordSgpLayer,
+    /// A Clifford [`Layer`](crate::ops::clifford::Layer) with fully connected product weights (fcgp).
+    CliffordFcLayer,
+    /// Mean squared error: the difference `out - target` (the loss value `mean(diff^2)` is taken
+    /// on the host) and the gradient `2 diff / numel`.
+    Mse,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 8] = [
+    pub const ALL: [OpKind; 11] = [
         OpKind::Embedding,
         OpKind::Add,
         OpKind::LayerNorm,
@@ -72,6 +86,29 @@ impl OpKind {
         OpKind::Softmax,
         OpKind::Gelu,
         OpKind::Loss,
+        OpKind::CliffordSgpLayer,
+        OpKind::CliffordFcLayer,
+        OpKind::Mse,
+    ];
+
+    /// The transformer block's kinds ([`model`]), in the order of first use.
+    pub const TRANSFORMER: [OpKind; 8] = [
+        OpKind::Embedding,
+        OpKind::Add,
+        OpKind::LayerNorm,
+        OpKind::Matmul,
+        OpKind::Attention,
+        OpKind::Softmax,
+        OpKind::Gelu,
+        OpKind::Loss,
+    ];
+
+    /// The Clifford MLP's kinds ([`clifford_model`]), in the order of first use.
+    pub const CLIFFORD: [OpKind; 4] = [
+        OpKind::CliffordSgpLayer,
+        OpKind::CliffordFcLayer,
+        OpKind::Add,
+        OpKind::Mse,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +121,9 @@ impl OpKind {
             OpKind::Softmax => "softmax",
             OpKind::Gelu => "gelu",
             OpKind::Loss => "loss (softmax cross-entropy)",
+            OpKind::CliffordSgpLayer => "clifford layer (sgp)",
+            OpKind::CliffordFcLayer => "clifford layer (fcgp)",
+            OpKind::Mse => "mse loss",
         }
     }
 
@@ -98,6 +138,82 @@ impl OpKind {
 impl fmt::Display for OpKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// A model the harness trains, with its configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Model {
+    /// The transformer block of [`model`].
+    Transformer(model::Config),
+    /// The Clifford MLP of [`clifford_model`].
+    Clifford(clifford_model::Config),
+}
+
+impl Default for Model {
+    /// The transformer block with its default configuration.
+    fn default() -> Self {
+        Model::Transformer(model::Config::default())
+    }
+}
+
+impl Model {
+    /// Command-line names, in the order [`Model::parse`] lists them.
+    pub const NAMES: [&'static str; 2] = ["transformer", "clifford"];
+
+    /// From a command-line name (`transformer` or `clifford`), with the default configuration.
+    pub fn parse(name: &str) -> Option<Model> {
+        match name {
+            "transformer" => Some(Model::Transformer(model::Config::default())),
+            "clifford" => Some(Model::Clifford(clifford_model::Config::default())),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Model::Transformer(_) => "transformer",
+            Model::Clifford(_) => "clifford",
+        }
+    }
+
+    /// The divergence [`bisect()`] tolerates for this model by default
+    /// ([`BisectSettings::for_model`]). Transformer: 1e-4. Clifford MLP: 1e-3, because its three SGD
+    /// steps amplify an op's relative error about 10x (a uniform 1e-6 perturbation of one op kind
+    /// moves the gradients by 4e-6 to 1.4e-5; `bisect::tests`) and the GPU Clifford ops are held to
+    /// 1e-5 per op against their references (`host/tests/gpu_clifford.rs`), which would leave no
+    /// margin at 1e-4. A defect from a wrong index or constant moves it by far more than 1e-3.
+    pub fn tolerance(&self) -> f64 {
+        match self {
+            Model::Transformer(_) => 1e-4,
+            Model::Clifford(_) => 1e-3,
+        }
+    }
+
+    /// The op kinds this model uses, in the order of their first use in its forward pass.
+    pub fn kinds(&self) -> &'static [OpKind] {
+        match self {
+            Model::Transformer(_) => &OpKind::TRANSFORMER,
+            Model::Clifford(_) => &OpKind::CLIFFORD,
+        }
+    }
+}
+
+impl fmt::Display for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Model::Transformer(c) => write!(
+                f,
+                "transformer block: vocab {}, seq {}, d_model {}, d_ff {}, batch {}, lr {}",
+                c.vocab, c.seq, c.d_model, c.d_ff, c.batch, c.lr
+            ),
+            Model::Clifford(c) => write!(
+                f,
+                "clifford MLP: {:?}, features {}, batch {}, layers sgp + fcgp (grade norm), \
+                 residual, MSE; lr {}",
+                c.algebra, c.features, c.batch, c.lr
+            ),
+        }
     }
 }
 
@@ -177,5 +293,20 @@ mod tests {
             "GPU: add, loss (softmax cross-entropy)"
         );
         assert_eq!(Plan::all_reference().to_string(), "all reference");
+    }
+
+    #[test]
+    fn every_kind_belongs_to_a_model_and_models_parse() {
+        for kind in OpKind::ALL {
+            assert!(
+                OpKind::TRANSFORMER.contains(&kind) || OpKind::CLIFFORD.contains(&kind),
+                "{kind}"
+            );
+        }
+        for name in Model::NAMES {
+            assert_eq!(Model::parse(name).map(|m| m.name()), Some(name));
+        }
+        assert_eq!(Model::parse("resnet"), None);
+        assert_eq!(Model::default().kinds(), &OpKind::TRANSFORMER[..]);
     }
 }

@@ -52,9 +52,10 @@ for s in $stages; do
       echo "--- same code twice:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpB/ours.json" | tee "$out/compare_same.txt"
       echo "--- strided add swapped in:"; "$here/xtask" bench-compare "$out/cmpA/ours.json" "$out/cmpSlow/ours.json" | tee "$out/compare_slow.txt" ;;
     bisect)
-      # Incremental replacement on the transformer block: clean (expect no divergence), then each planted defect (expect it named).
+      # Incremental replacement on the transformer block: clean (expect no divergence), then each planted defect (expect it named);
+      # then the Clifford MLP, clean.
       stage bisect
-      for v in "" "--planted gelu" "--planted layernorm"; do
+      for v in "" "--planted gelu" "--planted layernorm" "--model clifford"; do
         echo "--- bisect $v" | tee -a "$out/bisect.log"
         "$here/xtask" bisect $v 2>&1 | tee -a "$out/bisect.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;

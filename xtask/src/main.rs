@@ -25,7 +25,7 @@ tasks:
   bench-compare BASE.json NEW.json statistical comparison of two bench runs (exit 1 on a regression)
   profile KERNEL [--bins DIR]      ncu (--clock-control none) summary of one kernel
   doctor                           GPU, driver, toolchain and tool check, each with what to do
-  bisect [--planted gelu|layernorm] [--steps N] [--seed S]
+  bisect [--model transformer|clifford] [--planted gelu|layernorm] [--steps N] [--seed S]
                                    switch the transformer block's ops to the GPU one at a time: per-op
                                    divergence table, first divergent op (exit 0, nothing done, without a GPU)";
 

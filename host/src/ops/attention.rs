@@ -15,6 +15,9 @@
 //!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
 //! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
 //!   kernel (the naive path: one per chunk of heads), and outputs are fresh allocations.
+//! - [`naive_backward`]: dQ, dK, dV from dO through the materialised scores (P and dS in f32
+//!   scratch), same inputs and masking as [`naive_forward`]; gradients in the input dtype, f32 math.
+//!   Rows that see no key contribute nothing: their dQ is 0 and they add 0 to dK and dV (never NaN).
 //!
 //! ```no_run
 //! use host::ops::attention::{self, AttentionParams, Causal};
@@ -63,6 +66,16 @@ pub struct Dims {
     pub seq_q: usize,
     pub seq_k: usize,
     pub head_dim: usize,
+}
+
+/// Gradients of an attention call: dQ `[batch, heads, seq_q, head_dim]`, dK and dV
+/// `[batch, heads, seq_k, head_dim]`. `T` is [`Tensor`] on the GPU path, `HostTensor` from the
+/// reference.
+#[derive(Clone, Debug)]
+pub struct AttentionGrads<T = Tensor> {
+    pub dq: T,
+    pub dk: T,
+    pub dv: T,
 }
 
 /// Which kernel a call is validated for (dtype and head-dim support differ).
@@ -261,6 +274,34 @@ fn validate_operands(
     Ok((d, scale(op, params, d.head_dim)?))
 }
 
+/// The upstream gradient dO of a backward call: q's shape, dtype and contiguity.
+fn validate_grad_output(op: &'static str, q: &Operand, d_o: &Operand) -> Result<()> {
+    if d_o.shape != q.shape {
+        return Err(Error::Shape {
+            op,
+            what: format!("{} (the gradient of O) must have q's shape", d_o.name),
+            expected: format!("{:?}", q.shape),
+            got: d_o.shape.to_vec(),
+        });
+    }
+    if d_o.dtype != q.dtype {
+        return Err(Error::DType {
+            op,
+            expected: format!("{} (q's dtype) for {}", q.dtype, d_o.name),
+            got: d_o.dtype,
+        });
+    }
+    if !d_o.contiguous {
+        return Err(Error::NotContiguous {
+            op,
+            what: d_o.name,
+            shape: d_o.shape.to_vec(),
+            strides: d_o.strides.to_vec(),
+        });
+    }
+    Ok(())
+}
+
 fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize) -> AttentionShape {
     // Every value was bounded by `validate` (seq <= 2^30, batch and heads <= 65535, head_dim <= 256).
     AttentionShape {
@@ -391,11 +432,102 @@ pub fn naive_forward(
     Ok((o, lse))
 }
 
+/// Naive attention backward: `(dQ, dK, dV)` for upstream gradient `d_o` (O's shape and dtype), with
+/// the inputs and `params` of the [`naive_forward`] call. The scores are recomputed (no saved state):
+/// `S = scale Q K^T` (masked), `P = softmax(S)`, `dV = P^T dO`, `dP = dO V^T`,
+/// `dS = P * (dP - rowsum(dP * P))`, `dQ = scale dS K`, `dK = scale dS^T Q`, all in f32; outputs in
+/// the input dtype. f32/f16/bf16, head dims 1..=256. Uses two f32 scratch matrices of
+/// `seq_q * seq_k` per head (up to 2^28 f32 in all; heads launched in chunks). Deterministic.
+pub fn naive_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    d_o: &Tensor,
+    params: &AttentionParams,
+) -> Result<AttentionGrads> {
+    const OP: &str = "attention::naive_backward";
+    let (d, scale) = validate(OP, Path::Naive, q, k, v, params)?;
+    if !q.gpu().same_device(d_o.gpu()) {
+        return Err(Error::DeviceMismatch { op: OP });
+    }
+    validate_grad_output(OP, &Operand::of("q", q), &Operand::of("d_o", d_o))?;
+    let gpu = q.gpu();
+    let kv_shape = [d.batch, d.heads, d.seq_k, d.head_dim];
+    let grads = AttentionGrads {
+        dq: Tensor::empty(gpu, q.shape(), q.dtype())?,
+        dk: Tensor::empty(gpu, &kv_shape, q.dtype())?,
+        dv: Tensor::empty(gpu, &kv_shape, q.dtype())?,
+    };
+    let heads_total = d.batch * d.heads;
+    if heads_total == 0 || d.seq_q + d.seq_k == 0 {
+        return Ok(grads);
+    }
+    // Both passes index one (batch, head) chunk of P and dS: `count * seq_q * seq_k` each.
+    let per_head = (d.seq_q * d.seq_k).max(1);
+    let chunk = (naive::MAX_SCRATCH_ELEMS / (2 * per_head)).clamp(1, GRID_YZ_MAX.min(heads_total));
+    let probs = Tensor::empty(gpu, &[chunk * per_head], DType::F32)?;
+    let dscores = Tensor::empty(gpu, &[chunk * per_head], DType::F32)?;
+    let grid_x = |what: &'static str, n: usize| {
+        u32::try_from(n).map_err(|_| Error::TooLarge {
+            op: OP,
+            what,
+            given: n as u64,
+            max: u32::MAX as u64,
+        })
+    };
+    let (rows_x, keys_x) = (grid_x("seq_q", d.seq_q)?, grid_x("seq_k", d.seq_k)?);
+    let launch = |grid_x: u32, count: usize| LaunchConfig {
+        grid_dim: (grid_x, count as u32, 1),
+        block_dim: (naive::BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for first in (0..heads_total).step_by(chunk) {
+        let count = chunk.min(heads_total - first);
+        let shape = shape_param(&d, params, scale, first);
+        // Pass 1 (rows): P, dS and dQ. With seq_q = 0 there is nothing to compute.
+        if d.seq_q > 0 {
+            launch_cfg(
+                gpu,
+                kernel_name!("attention_naive_bwd_rows", q.dtype()),
+                launch(rows_x, count),
+                &[
+                    &ByValue(q.raw()),
+                    &ByValue(k.raw()),
+                    &ByValue(v.raw()),
+                    &ByValue(d_o.raw()),
+                    &ByValue(grads.dq.raw()),
+                    &ByValue(probs.raw()),
+                    &ByValue(dscores.raw()),
+                    &ByValue(shape),
+                ],
+            )?;
+        }
+        // Pass 2 (keys): dK and dV (0 when seq_q = 0: no query sees any key).
+        if d.seq_k > 0 {
+            launch_cfg(
+                gpu,
+                kernel_name!("attention_naive_bwd_keys", q.dtype()),
+                launch(keys_x, count),
+                &[
+                    &ByValue(q.raw()),
+                    &ByValue(d_o.raw()),
+                    &ByValue(probs.raw()),
+                    &ByValue(dscores.raw()),
+                    &ByValue(grads.dk.raw()),
+                    &ByValue(grads.dv.raw()),
+                    &ByValue(shape),
+                ],
+            )?;
+        }
+    }
+    Ok(grads)
+}
+
 /// CPU references (f64), with the semantics of the module doc.
 pub mod reference {
-    use super::{AttentionParams, Causal, Dims, dims, scale};
+    use super::{AttentionGrads, AttentionParams, Causal, Dims, dims, scale};
     use crate::DType;
-    use crate::error::Result;
+    use crate::error::{Error, Result};
     use crate::tensor::HostTensor;
 
     /// Exact and same-precision-naive results of one computation.
@@ -484,6 +616,167 @@ pub mod reference {
             naive_o: HostTensor::new(naive_o, &o_shape, q.dtype)?,
             naive_lse: HostTensor::new(naive_lse, &l_shape, DType::F32)?,
         })
+    }
+
+    /// The backward reference: f64 arithmetic throughout, gradients returned as (unrounded) f32.
+    /// `d_o` must have q's shape. Fully masked rows (they see no key) contribute nothing: their dQ
+    /// is 0 and they add nothing to dK and dV.
+    pub fn backward(
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        d_o: &HostTensor,
+        params: &AttentionParams,
+    ) -> Result<AttentionGrads<HostTensor>> {
+        const OP: &str = "attention::reference::backward";
+        let d = dims(OP, &q.shape, &k.shape, &v.shape)?;
+        if d_o.shape != q.shape {
+            return Err(Error::Shape {
+                op: OP,
+                what: "d_o (the gradient of O) must have q's shape".into(),
+                expected: format!("{:?}", q.shape),
+                got: d_o.shape.clone(),
+            });
+        }
+        let scale = scale(OP, params, d.head_dim)? as f64;
+        let causal = params.causal == Causal::Yes;
+        let (sq, sk, dh) = (d.seq_q, d.seq_k, d.head_dim);
+        let heads = d.batch * d.heads;
+        let mut dq = vec![0f32; heads * sq * dh];
+        let mut dk = vec![0f32; heads * sk * dh];
+        let mut dv = vec![0f32; heads * sk * dh];
+        let f64s = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| v as f64).collect() };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = heads.div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let parts = dq
+                .chunks_mut((per * sq * dh).max(1))
+                .zip(dk.chunks_mut((per * sk * dh).max(1)))
+                .zip(dv.chunks_mut((per * sk * dh).max(1)));
+            for (t, ((dq, dk), dv)) in parts.enumerate() {
+                s.spawn(move || {
+                    for h in 0..per.min(heads - t * per) {
+                        let head = t * per + h;
+                        let (qr, kr) = (
+                            head * sq * dh..(head + 1) * sq * dh,
+                            head * sk * dh..(head + 1) * sk * dh,
+                        );
+                        let x = HeadInputs {
+                            q: &f64s(&q.data[qr.clone()]),
+                            k: &f64s(&k.data[kr.clone()]),
+                            v: &f64s(&v.data[kr]),
+                            seq_q: sq,
+                            seq_k: sk,
+                            head_dim: dh,
+                            scale,
+                            causal,
+                        };
+                        let g = x.backward(&f64s(&d_o.data[qr]));
+                        let (a, b) = (h * sq * dh, h * sk * dh);
+                        let store = |dst: &mut [f32], src: &[f64]| {
+                            for (o, &x) in dst.iter_mut().zip(src) {
+                                *o = x as f32;
+                            }
+                        };
+                        store(&mut dq[a..a + sq * dh], &g.dq);
+                        store(&mut dk[b..b + sk * dh], &g.dk);
+                        store(&mut dv[b..b + sk * dh], &g.dv);
+                    }
+                });
+            }
+        });
+        let kv = [d.batch, d.heads, sk, dh];
+        Ok(AttentionGrads {
+            dq: HostTensor::new(dq, &q.shape, DType::F32)?,
+            dk: HostTensor::new(dk, &kv, DType::F32)?,
+            dv: HostTensor::new(dv, &kv, DType::F32)?,
+        })
+    }
+
+    /// One head's inputs in f64: Q `[seq_q, head_dim]`, K and V `[seq_k, head_dim]`.
+    pub(super) struct HeadInputs<'a> {
+        pub q: &'a [f64],
+        pub k: &'a [f64],
+        pub v: &'a [f64],
+        pub seq_q: usize,
+        pub seq_k: usize,
+        pub head_dim: usize,
+        pub scale: f64,
+        pub causal: bool,
+    }
+
+    impl HeadInputs<'_> {
+        /// Keys query `i` sees (the module doc's causal convention).
+        fn visible(&self, i: usize) -> usize {
+            if self.causal {
+                (i as i64 + self.seq_k as i64 - self.seq_q as i64 + 1).clamp(0, self.seq_k as i64)
+                    as usize
+            } else {
+                self.seq_k
+            }
+        }
+
+        /// Row `i`'s probabilities over its visible keys (empty when it sees none).
+        fn probs(&self, i: usize) -> Vec<f64> {
+            let dh = self.head_dim;
+            let qi = &self.q[i * dh..(i + 1) * dh];
+            let s: Vec<f64> = (0..self.visible(i))
+                .map(|j| {
+                    let kj = &self.k[j * dh..(j + 1) * dh];
+                    self.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            e.iter().map(|x| x / l).collect()
+        }
+
+        /// O `[seq_q, head_dim]` in f64 (0 for rows that see no key): what the finite-difference test
+        /// differentiates.
+        #[cfg(test)]
+        pub(super) fn forward(&self) -> Vec<f64> {
+            let dh = self.head_dim;
+            let mut o = vec![0f64; self.seq_q * dh];
+            for i in 0..self.seq_q {
+                for (j, p) in self.probs(i).into_iter().enumerate() {
+                    for c in 0..dh {
+                        o[i * dh + c] += p * self.v[j * dh + c];
+                    }
+                }
+            }
+            o
+        }
+
+        /// Gradients for upstream `d_o` `[seq_q, head_dim]`, in f64.
+        pub(super) fn backward(&self, d_o: &[f64]) -> AttentionGrads<Vec<f64>> {
+            let (sq, sk, dh) = (self.seq_q, self.seq_k, self.head_dim);
+            let mut g = AttentionGrads {
+                dq: vec![0f64; sq * dh],
+                dk: vec![0f64; sk * dh],
+                dv: vec![0f64; sk * dh],
+            };
+            for i in 0..sq {
+                let p = self.probs(i);
+                let (qi, gi) = (&self.q[i * dh..(i + 1) * dh], &d_o[i * dh..(i + 1) * dh]);
+                let dp: Vec<f64> = (0..p.len())
+                    .map(|j| {
+                        let vj = &self.v[j * dh..(j + 1) * dh];
+                        gi.iter().zip(vj).map(|(a, b)| a * b).sum::<f64>()
+                    })
+                    .collect();
+                let row_dot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..p.len() {
+                    let ds = p[j] * (dp[j] - row_dot);
+                    for c in 0..dh {
+                        g.dq[i * dh + c] += self.scale * ds * self.k[j * dh + c];
+                        g.dk[j * dh + c] += self.scale * ds * qi[c];
+                        g.dv[j * dh + c] += p[j] * gi[c];
+                    }
+                }
+            }
+            g
+        }
     }
 
     struct Job<'a> {
@@ -827,6 +1120,226 @@ mod tests {
             ],
         );
         assert!(matches!(e, Err(Error::TooLarge { what: "heads", .. })));
+    }
+
+    /// splitmix64 values in [-1, 1): seeded inputs without an RNG dependency.
+    fn values(seed: &mut u64, n: usize) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = *seed;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+            })
+            .collect()
+    }
+
+    /// The backward reference against central differences of the f64 forward, for every element of
+    /// Q, K and V: loss `L = sum(dO * O)`, step `h = 1e-6 max(1, |x|)`, checked
+    /// `|fd - grad| <= 1e-7 + 1e-6 |grad|` (f64: rounding noise ~1e-10, truncation ~1e-12). Shapes:
+    /// square and Sq != Sk both ways, both masks, a custom scale, and causal Sq > Sk where rows see no
+    /// key. The f64 forward is first pinned to the public [`reference::forward`].
+    #[test]
+    fn backward_reference_matches_central_differences() {
+        let cases = [
+            // (seq_q, seq_k, head_dim, causal, scale)
+            (4, 4, 3, Causal::No, None),
+            (4, 4, 3, Causal::Yes, None),
+            (3, 5, 4, Causal::No, Some(0.7)),
+            (3, 5, 4, Causal::Yes, None),
+            (5, 3, 2, Causal::Yes, Some(1.3)), // rows 0 and 1 see no key
+            (5, 2, 3, Causal::No, None),
+            (1, 1, 5, Causal::Yes, None),
+        ];
+        let mut seed = 0x00A7_7E47_u64;
+        let mut checked = 0;
+        for (sq, sk, dh, causal, sc) in cases {
+            let params = AttentionParams { causal, scale: sc };
+            let scale = scale("t", &params, dh).unwrap() as f64;
+            let (q, k, v) = (
+                values(&mut seed, sq * dh),
+                values(&mut seed, sk * dh),
+                values(&mut seed, sk * dh),
+            );
+            let d_o = values(&mut seed, sq * dh);
+            let head = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+                let x = r::HeadInputs {
+                    q,
+                    k,
+                    v,
+                    seq_q: sq,
+                    seq_k: sk,
+                    head_dim: dh,
+                    scale,
+                    causal: causal == Causal::Yes,
+                };
+                x.forward().iter().zip(&d_o).map(|(o, g)| o * g).sum()
+            };
+            // The f64 forward is the published reference forward.
+            let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<_>>();
+            let (ht, hk) = ([1, 1, sq, dh], [1, 1, sk, dh]);
+            let (qt, kt, vt) = (
+                host(f32s(&q), &ht),
+                host(f32s(&k), &hk),
+                host(f32s(&v), &hk),
+            );
+            let x = r::HeadInputs {
+                q: &qt.data.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                k: &kt.data.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                v: &vt.data.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                seq_q: sq,
+                seq_k: sk,
+                head_dim: dh,
+                scale,
+                causal: causal == Causal::Yes,
+            };
+            let (o, _) = r::forward(&qt, &kt, &vt, &params).unwrap();
+            for (a, b) in x.forward().iter().zip(&o.data) {
+                assert!((a - *b as f64).abs() < 1e-6, "{a} vs {b}");
+            }
+
+            let g = r::HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                seq_q: sq,
+                seq_k: sk,
+                head_dim: dh,
+                scale,
+                causal: causal == Causal::Yes,
+            }
+            .backward(&d_o);
+            for (which, grad) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
+                for idx in 0..grad.len() {
+                    let (mut qp, mut kp, mut vp) = (q.clone(), k.clone(), v.clone());
+                    let (mut qm, mut km, mut vm) = (q.clone(), k.clone(), v.clone());
+                    let (xp, xm) = match which {
+                        "dq" => (&mut qp[idx], &mut qm[idx]),
+                        "dk" => (&mut kp[idx], &mut km[idx]),
+                        _ => (&mut vp[idx], &mut vm[idx]),
+                    };
+                    let h = 1e-6 * xp.abs().max(1.0);
+                    *xp += h;
+                    *xm -= h;
+                    let fd = (head(&qp, &kp, &vp) - head(&qm, &km, &vm)) / (2.0 * h);
+                    let an = grad[idx];
+                    assert!(
+                        an.is_finite() && (fd - an).abs() <= 1e-7 + 1e-6 * an.abs(),
+                        "sq {sq} sk {sk} d {dh} {causal:?}: {which}[{idx}] backward {an:.9e}, \
+                         central difference {fd:.9e}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 200, "{checked}");
+    }
+
+    #[test]
+    fn backward_of_fully_masked_rows_is_zero_and_never_nan() {
+        // Causal, seq_q = 4 > seq_k = 2: query i sees keys j <= i - 2, so rows 0 and 1 see nothing.
+        let mut seed = 7u64;
+        let f = |s: &mut u64, n| values(s, n).into_iter().map(|v| v as f32).collect();
+        let q = host(f(&mut seed, 2 * 4 * 3), &[1, 2, 4, 3]);
+        let k = host(f(&mut seed, 2 * 2 * 3), &[1, 2, 2, 3]);
+        let v = host(f(&mut seed, 2 * 2 * 3), &[1, 2, 2, 3]);
+        let d_o = host(f(&mut seed, 2 * 4 * 3), &[1, 2, 4, 3]);
+        let p = AttentionParams {
+            causal: Causal::Yes,
+            scale: None,
+        };
+        let g = r::backward(&q, &k, &v, &d_o, &p).unwrap();
+        assert_eq!(g.dq.shape, vec![1, 2, 4, 3]);
+        assert_eq!(
+            (g.dk.shape.clone(), g.dv.shape.clone()),
+            (vec![1, 2, 2, 3], vec![1, 2, 2, 3])
+        );
+        for t in [&g.dq, &g.dk, &g.dv] {
+            assert!(t.data.iter().all(|x| x.is_finite()));
+        }
+        for head in 0..2 {
+            // Rows 0 and 1: dQ = 0. Row 2 sees only key 0 (P = 1): dQ = 0 too (dS = 1 (dP - dP)).
+            let rows = &g.dq.data[head * 12..head * 12 + 9];
+            assert!(rows.iter().all(|&x| x == 0.0), "{rows:?}");
+            // dV of key 1: only row 3 sees it.
+            assert!(
+                g.dv.data[head * 6 + 3..head * 6 + 6]
+                    .iter()
+                    .any(|&x| x != 0.0)
+            );
+        }
+        // Every row masked (seq_k = 0 is allowed): all zero.
+        let empty = host(vec![], &[1, 2, 0, 3]);
+        let g = r::backward(&q, &empty, &empty, &d_o, &p).unwrap();
+        assert!(g.dq.data.iter().all(|&x| x == 0.0) && g.dk.data.is_empty());
+    }
+
+    #[test]
+    fn backward_reference_hand_case_and_bad_input() {
+        // One key: P = 1 for every query, so dV = sum of dO rows and dQ = dK = 0.
+        let q = host(vec![0.3, -0.2, 0.9, 0.4], &[1, 1, 2, 2]);
+        let k = host(vec![0.5, 0.1], &[1, 1, 1, 2]);
+        let v = host(vec![2.0, -1.0], &[1, 1, 1, 2]);
+        let d_o = host(vec![1.0, 2.0, 3.0, -4.0], &[1, 1, 2, 2]);
+        let p = AttentionParams::default();
+        let g = r::backward(&q, &k, &v, &d_o, &p).unwrap();
+        assert_eq!(g.dv.data, vec![4.0, -2.0]);
+        assert!(g.dq.data.iter().chain(&g.dk.data).all(|&x| x == 0.0));
+        // d_o of the wrong shape, non-finite scale.
+        let bad = host(vec![0.0; 6], &[1, 1, 3, 2]);
+        let e = r::backward(&q, &k, &v, &bad, &p).unwrap_err();
+        assert!(
+            matches!(e, Error::Shape { .. }) && e.to_string().contains("d_o"),
+            "{e}"
+        );
+        let p = AttentionParams {
+            scale: Some(f32::INFINITY),
+            ..Default::default()
+        };
+        assert!(r::backward(&q, &k, &v, &d_o, &p).is_err());
+    }
+
+    #[test]
+    fn backward_validation_checks_the_gradient_operand() {
+        let (qs, other) = ([2, 3, 5, 64], [2, 3, 7, 64]);
+        let q = operand("q", &qs, DType::F16);
+        assert!(validate_grad_output("t", &q, &operand("d_o", &qs, DType::F16)).is_ok());
+        let e = validate_grad_output("t", &q, &operand("d_o", &other, DType::F16)).unwrap_err();
+        assert!(
+            matches!(e, Error::Shape { .. }) && e.to_string().contains("d_o"),
+            "{e}"
+        );
+        let e = validate_grad_output("t", &q, &operand("d_o", &qs, DType::BF16)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DType {
+                    got: DType::BF16,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let mut strided = operand("d_o", &qs, DType::F16);
+        strided.contiguous = false;
+        let e = validate_grad_output("t", &q, &strided).unwrap_err();
+        assert!(matches!(e, Error::NotContiguous { what: "d_o", .. }), "{e}");
+    }
+
+    #[test]
+    fn naive_backward_kernels_exist_for_every_dtype() {
+        for dt in DType::ALL {
+            for name in [
+                kernel_name!("attention_naive_bwd_rows", dt),
+                kernel_name!("attention_naive_bwd_keys", dt),
+            ] {
+                for ptx in [crate::ptx::SM80, crate::ptx::SM90] {
+                    assert!(crate::ptx::entry_points(ptx).contains(&name), "{name}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! (validation happens in the op, before any launch).
 use crate::device::Gpu;
 use crate::error::{Error, Result};
+use crate::ops::clifford::reference::{Forward as CliffordForward, LayerGrads, LayerParams};
+use crate::ops::clifford::{self, GpMode, Layer};
 use crate::ops::elementwise::{self, BinaryOp};
 use crate::ops::matmul::{self, Transpose};
 use crate::ops::{embedding, layer_norm, softmax};
@@ -384,6 +386,107 @@ impl<'d> Exec<'d> {
                 let d = elementwise::sub(&up(gpu, probs)?, &up(gpu, &onehot)?)?;
                 elementwise::affine(&d, inv_n, 0.0)?.to_host()
             }
+        }
+    }
+}
+
+/// The op kind that runs a Clifford layer of this mode.
+pub fn clifford_kind(mode: GpMode) -> OpKind {
+    match mode {
+        GpMode::PerFeature => OpKind::CliffordSgpLayer,
+        GpMode::FullyConnected => OpKind::CliffordFcLayer,
+    }
+}
+
+impl Exec<'_> {
+    /// Clifford layer forward (`out` and, normalised, the grade norms) ([`OpKind::CliffordSgpLayer`]
+    /// or [`OpKind::CliffordFcLayer`] by `p.mode`).
+    pub fn clifford_layer(&self, p: &LayerParams, x: &HostTensor) -> Result<CliffordForward> {
+        match self.run(clifford_kind(p.mode))? {
+            Run::Cpu(rel) => {
+                let f = p.forward(x)?;
+                Ok(CliffordForward {
+                    out: scaled(f.out, rel),
+                    norms: f.norms,
+                })
+            }
+            Run::Gpu(gpu) => {
+                let f = Layer::from_host(gpu, p)?.forward(&up(gpu, x)?)?;
+                Ok(CliffordForward {
+                    out: f.out.to_host()?,
+                    norms: f.norms.map(|r| r.to_host()).transpose()?,
+                })
+            }
+        }
+    }
+
+    /// Clifford layer backward from the forward's saved state (same kind as [`Exec::clifford_layer`]).
+    pub fn clifford_layer_backward(
+        &self,
+        p: &LayerParams,
+        x: &HostTensor,
+        fwd: &CliffordForward,
+        grad_out: &HostTensor,
+    ) -> Result<LayerGrads> {
+        match self.run(clifford_kind(p.mode))? {
+            Run::Cpu(rel) => {
+                let g = p.backward(x, fwd, grad_out)?;
+                Ok(LayerGrads {
+                    grad_x: scaled(g.grad_x, rel),
+                    grad_linear_weight: scaled(g.grad_linear_weight, rel),
+                    grad_linear_bias: scaled(g.grad_linear_bias, rel),
+                    grad_gp_weight: scaled(g.grad_gp_weight, rel),
+                })
+            }
+            Run::Gpu(gpu) => {
+                let saved = clifford::Forward {
+                    out: up(gpu, &fwd.out)?,
+                    norms: fwd.norms.as_ref().map(|r| up(gpu, r)).transpose()?,
+                };
+                let g = Layer::from_host(gpu, p)?.backward(
+                    &up(gpu, x)?,
+                    &saved,
+                    &up(gpu, grad_out)?,
+                )?;
+                Ok(LayerGrads {
+                    grad_x: g.grad_x.to_host()?,
+                    grad_linear_weight: g.grad_linear_weight.to_host()?,
+                    grad_linear_bias: g.grad_linear_bias.to_host()?,
+                    grad_gp_weight: g.grad_gp_weight.to_host()?,
+                })
+            }
+        }
+    }
+
+    /// Mean squared error of `out` against `target` (equal shapes): `(mean(diff^2), diff)` with
+    /// `diff = out - target` from the backend; the scalar is taken on the host in f64 ([`OpKind::Mse`]).
+    pub fn mse(&self, out: &HostTensor, target: &HostTensor) -> Result<(f64, HostTensor)> {
+        const OP: &str = "mse";
+        if out.shape != target.shape {
+            return Err(Error::Shape {
+                op: OP,
+                what: "the target must have the output's shape".into(),
+                expected: format!("{:?}", out.shape),
+                got: target.shape.clone(),
+            });
+        }
+        let diff = match self.run(OpKind::Mse)? {
+            Run::Cpu(rel) => scaled(
+                elementwise::reference::binary(BinaryOp::Sub, out, target)?,
+                rel,
+            ),
+            Run::Gpu(gpu) => elementwise::sub(&up(gpu, out)?, &up(gpu, target)?)?.to_host()?,
+        };
+        let sum: f64 = diff.data.iter().map(|&d| d as f64 * d as f64).sum();
+        Ok((sum / diff.numel().max(1) as f64, diff))
+    }
+
+    /// Gradient of [`Exec::mse`] for the output: `2 diff / numel` ([`OpKind::Mse`]).
+    pub fn mse_backward(&self, diff: &HostTensor) -> Result<HostTensor> {
+        let k = 2.0 / diff.numel().max(1) as f32;
+        match self.run(OpKind::Mse)? {
+            Run::Cpu(rel) => Ok(scaled(elementwise::reference::affine(diff, k, 0.0)?, rel)),
+            Run::Gpu(gpu) => elementwise::affine(&up(gpu, diff)?, k, 0.0)?.to_host(),
         }
     }
 }

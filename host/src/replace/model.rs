@@ -120,7 +120,7 @@ impl Params {
 }
 
 /// splitmix64: a small seeded generator, so the library needs no RNG dependency.
-struct SplitMix(u64);
+pub(super) struct SplitMix(pub(super) u64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
@@ -131,7 +131,7 @@ impl SplitMix {
         z ^ (z >> 31)
     }
     /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
+    pub(super) fn unit(&mut self) -> f32 {
         ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn below(&mut self, n: usize) -> u32 {
@@ -139,7 +139,7 @@ impl SplitMix {
     }
 }
 
-fn tensor(rng: &mut SplitMix, shape: &[usize], center: f32, spread: f32) -> HostTensor {
+pub(super) fn tensor(rng: &mut SplitMix, shape: &[usize], center: f32, spread: f32) -> HostTensor {
     let n: usize = shape.iter().product();
     HostTensor {
         data: (0..n).map(|_| center + spread * rng.unit()).collect(),

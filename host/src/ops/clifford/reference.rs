@@ -577,10 +577,30 @@ impl LayerParams {
                 ),
             });
         }
+        // The parameters must fit N too (the f64 kernels index them without checks).
+        let (g, p, n) = (self.algebra.grades(), self.algebra.paths(), x.shape[2]);
+        let gp_shape = match self.mode {
+            GpMode::PerFeature => vec![n, p],
+            GpMode::FullyConnected => vec![p, n, n],
+        };
+        for (what, t, want) in [
+            ("linear_weight", &self.linear_weight, vec![g, n, n]),
+            ("gp_weight", &self.gp_weight, gp_shape),
+        ] {
+            if t.shape != want {
+                return Err(Error::Invalid {
+                    op: "Layer (reference)",
+                    msg: format!(
+                        "{what} {:?} does not fit the layer (expected {want:?})",
+                        t.shape
+                    ),
+                });
+            }
+        }
         Ok(Shape {
             alg: self.algebra,
             b: x.shape[1],
-            n: x.shape[2],
+            n,
         })
     }
 

@@ -1,0 +1,374 @@
+//! GPU naive attention backward vs the f64 CPU reference (`reference::backward`, itself checked
+//! against finite differences in the library's unit tests). The rule for each of dQ, dK and dV, with
+//! the reference computed from the same (dtype-rounded) inputs:
+//! - relative 2-norm error `||g - ref|| / ||ref||` at most 1e-5 (f32), 1e-3 (f16), 8e-3 (bf16)
+//!   (ops.md; f16/bf16 outputs are rounded once from f32 math, half an ulp is 2^-11 / 2^-8);
+//! - and max-norm error `max|g - ref| <= tol_max * max|ref|` with tol_max 1e-4 (f32), 1e-3 (f16),
+//!   8e-3 (bf16), so an error confined to a few elements fails too.
+//!
+//! NaN never passes (outputs are poisoned with NaN before every launch; an unwritten element fails).
+//! Seeds are printed; `RGK_FUZZ_CASES=n` runs only the first n cases of the grid.
+mod common;
+use common::*;
+use host::ops::attention::{self, AttentionGrads, AttentionParams, Causal, reference};
+use host::{DType, Gpu, HostTensor, Tensor};
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    batch: usize,
+    heads: usize,
+    seq_q: usize,
+    seq_k: usize,
+    head_dim: usize,
+    causal: Causal,
+    dtype: DType,
+    scale: Option<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(b: usize, h: usize, sq: usize, sk: usize, d: usize, causal: Causal, dtype: DType) -> Case {
+    Case {
+        batch: b,
+        heads: h,
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: d,
+        causal,
+        dtype,
+        scale: None,
+    }
+}
+
+/// Head dim and dtype rotate over these so every length pair and mask meets several combinations.
+const KINDS: [(usize, DType); 6] = [
+    (64, DType::F32),
+    (128, DType::F16),
+    (64, DType::BF16),
+    (128, DType::F32),
+    (8, DType::F16),
+    (3, DType::BF16),
+];
+const LENGTHS: [usize; 3] = [1, 17, 97];
+
+/// A few diverse cases first (the sanitizer set), then every (seq_q, seq_k) pair of 1, 17, 97 with
+/// both masks at B*H = 2*3, then larger and lopsided shapes, custom scales and the largest head dim.
+fn cases() -> Vec<Case> {
+    use Causal::{No, Yes};
+    use DType::{BF16, F16, F32};
+    let mut cases = vec![
+        case(2, 3, 97, 17, 64, Yes, F32), // rows 0..79 see no key
+        case(1, 3, 17, 97, 128, Yes, F16),
+        case(3, 1, 97, 97, 64, No, BF16),
+        case(1, 2, 1, 97, 8, Yes, F32),
+    ];
+    let mut n = 0;
+    for sq in LENGTHS {
+        for sk in LENGTHS {
+            for causal in [No, Yes] {
+                let (d, dtype) = KINDS[n % KINDS.len()];
+                n += 1;
+                cases.push(case(2, 3, sq, sk, d, causal, dtype));
+            }
+        }
+    }
+    cases.extend([
+        case(1, 2, 200, 130, 128, Yes, F16),
+        case(1, 2, 130, 200, 64, Yes, F32),
+        case(1, 1, 300, 301, 256, No, F32),
+        case(1, 1, 33, 300, 256, Yes, BF16),
+        case(5, 1, 64, 64, 1, Yes, F32),
+        case(1, 7, 31, 45, 40, No, F16),
+    ]);
+    let mut scaled = case(2, 2, 45, 31, 64, Yes, F32);
+    scaled.scale = Some(0.5);
+    cases.push(scaled);
+    scaled = case(1, 3, 31, 45, 32, No, F16);
+    scaled.scale = Some(-0.3);
+    cases.push(scaled);
+    cases
+}
+
+/// Q and K uniform in [-2, 2) (peaked and flat score rows both occur), V and dO in [-1, 1).
+fn inputs(rng: &mut rand::rngs::StdRng, c: &Case) -> [HostTensor; 4] {
+    let qs = [c.batch, c.heads, c.seq_q, c.head_dim];
+    let ks = [c.batch, c.heads, c.seq_k, c.head_dim];
+    [
+        uniform(rng, &qs, -2.0, 2.0, c.dtype),
+        uniform(rng, &ks, -2.0, 2.0, c.dtype),
+        uniform(rng, &ks, -1.0, 1.0, c.dtype),
+        uniform(rng, &qs, -1.0, 1.0, c.dtype),
+    ]
+}
+
+fn params(c: &Case) -> AttentionParams {
+    AttentionParams {
+        causal: c.causal,
+        scale: c.scale,
+    }
+}
+
+fn upload(gpu: &Gpu, x: &[HostTensor; 4]) -> [Tensor; 4] {
+    x.each_ref().map(|t| Tensor::from_host(gpu, t).unwrap())
+}
+
+fn backward(x: &[Tensor; 4], p: &AttentionParams) -> AttentionGrads {
+    attention::naive_backward(&x[0], &x[1], &x[2], &x[3], p).unwrap()
+}
+
+/// Max-norm tolerance relative to `max|ref|`.
+fn tol_max(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-4,
+        DType::F16 => 1e-3,
+        DType::BF16 => 8e-3,
+    }
+}
+
+/// `max|out - ref| / max|ref|` (the absolute error when ref is all zero); +inf on any NaN or
+/// infinity in `out`.
+fn max_rel(out: &[f32], reference: &[f32]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&o, &r) in out.iter().zip(reference) {
+        if !o.is_finite() {
+            return f64::INFINITY;
+        }
+        num = num.max((o as f64 - r as f64).abs());
+        den = den.max((r as f64).abs());
+    }
+    if den == 0.0 { num } else { num / den }
+}
+
+fn check(gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) {
+    let x = inputs(rng, c);
+    let p = params(c);
+    let g = backward(&upload(gpu, &x), &p);
+    let kv = [c.batch, c.heads, c.seq_k, c.head_dim];
+    assert_eq!(g.dq.shape(), x[0].shape.as_slice());
+    assert_eq!((g.dk.shape(), g.dv.shape()), (&kv[..], &kv[..]));
+    for t in [&g.dq, &g.dk, &g.dv] {
+        assert_eq!(t.dtype(), c.dtype);
+    }
+    let want = reference::backward(&x[0], &x[1], &x[2], &x[3], &p).unwrap();
+    for (what, out, reference) in [
+        ("dQ", &g.dq, &want.dq),
+        ("dK", &g.dk, &want.dk),
+        ("dV", &g.dv, &want.dv),
+    ] {
+        let out = out.to_vec().unwrap();
+        if reference.data.iter().all(|&r| r == 0.0) {
+            // E.g. dQ with one visible key per row (P = 1, dS = P (dP - P dP) = 0): only f32 noise
+            // from the fast exp may remain, far below 1e-5.
+            let worst = out.iter().fold(0f32, |m, &v| m.max(v.abs()));
+            assert!(
+                worst <= 1e-5,
+                "{c:?} {what}: reference is 0, max|g| = {worst:e}"
+            );
+            continue;
+        }
+        assert_close(
+            &format!("{c:?} {what}"),
+            &out,
+            &reference.data,
+            tol(c.dtype),
+        );
+        let e = max_rel(&out, &reference.data);
+        assert!(
+            e <= tol_max(c.dtype),
+            "{c:?} {what}: max|g - ref| / max|ref| = {e:.3e} > {:.0e}",
+            tol_max(c.dtype)
+        );
+    }
+}
+
+#[test]
+fn naive_backward_matches_reference_over_the_grid() {
+    let Some(gpu) = gpu_or_skip("naive_backward_matches_reference_over_the_grid") else {
+        return;
+    };
+    let mut rng = rng("naive_backward_grid");
+    let cases = cases();
+    for c in cases.iter().take(fuzz_cases(cases.len())) {
+        check(&gpu, &mut rng, c);
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect()
+}
+
+#[test]
+fn naive_backward_is_bit_identical_over_repeated_runs() {
+    let Some(gpu) = gpu_or_skip("naive_backward_is_bit_identical_over_repeated_runs") else {
+        return;
+    };
+    let mut rng = rng("naive_backward_repeat");
+    for c in [
+        case(2, 3, 130, 97, 128, Causal::Yes, DType::BF16),
+        case(1, 2, 97, 130, 64, Causal::No, DType::F32),
+    ] {
+        let x = upload(&gpu, &inputs(&mut rng, &c));
+        let g0 = backward(&x, &params(&c));
+        let first = [bits(&g0.dq), bits(&g0.dk), bits(&g0.dv)];
+        for run in 1..fuzz_cases(20) {
+            let g = backward(&x, &params(&c));
+            assert!(
+                [bits(&g.dq), bits(&g.dk), bits(&g.dv)] == first,
+                "{c:?}: run {run} differs from run 0"
+            );
+        }
+    }
+}
+
+#[test]
+fn naive_backward_fully_masked_rows_have_zero_gradients() {
+    let Some(gpu) = gpu_or_skip("naive_backward_fully_masked_rows_have_zero_gradients") else {
+        return;
+    };
+    let mut rng = rng("naive_backward_masked");
+    // Causal with seq_q = 200 > seq_k = 17: query i sees key j iff j <= i - 183, so rows 0..183 see
+    // nothing: their dQ is exactly 0 (and they add exactly 0 to dK and dV).
+    for (d, dtype) in [(64, DType::F32), (128, DType::F16), (8, DType::BF16)] {
+        let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
+        let x = inputs(&mut rng, &c);
+        let g = backward(&upload(&gpu, &x), &params(&c));
+        let (dq, dk, dv) = (
+            g.dq.to_vec().unwrap(),
+            g.dk.to_vec().unwrap(),
+            g.dv.to_vec().unwrap(),
+        );
+        assert!(
+            dq.iter().chain(&dk).chain(&dv).all(|v| v.is_finite()),
+            "{c:?}: non-finite gradient"
+        );
+        for head in 0..c.batch * c.heads {
+            let rows = &dq[head * c.seq_q * d..(head * c.seq_q + 183) * d];
+            assert!(rows.iter().all(|&v| v == 0.0), "{c:?}: masked dQ not 0");
+        }
+        check(&gpu, &mut rng, &c);
+    }
+
+    // No keys: dQ = 0. No queries: dK = dV = 0 (written, not left poisoned).
+    let q = Tensor::from_f32(&gpu, &[0.5; 2 * 3 * 64], &[1, 2, 3, 64], DType::F16).unwrap();
+    let none = Tensor::from_f32(&gpu, &[], &[1, 2, 0, 64], DType::F16).unwrap();
+    let kv = Tensor::from_f32(&gpu, &[0.25; 2 * 5 * 64], &[1, 2, 5, 64], DType::F16).unwrap();
+    for causal in [Causal::No, Causal::Yes] {
+        let p = AttentionParams {
+            causal,
+            scale: None,
+        };
+        let g = attention::naive_backward(&q, &none, &none, &q, &p).unwrap();
+        assert!(g.dq.to_vec().unwrap().iter().all(|&v| v == 0.0));
+        assert_eq!(g.dk.shape(), &[1, 2, 0, 64]);
+        let g = attention::naive_backward(&none, &kv, &kv, &none, &p).unwrap();
+        assert_eq!(g.dq.shape(), &[1, 2, 0, 64]);
+        for t in [&g.dk, &g.dv] {
+            assert!(t.to_vec().unwrap().iter().all(|&v| v == 0.0), "{causal:?}");
+        }
+    }
+}
+
+/// 9 heads of 4096 x 4096 scores need two f32 scratch matrices of 9 * 2^24 elements, more than the
+/// 2^28 the launcher allows at once, so it launches the heads in chunks (8, then 1). Each head's
+/// result must be bit-identical to a run of that head alone (the kernels do not depend on the chunk).
+#[test]
+fn naive_backward_chunked_heads_match_single_head_runs() {
+    let Some(gpu) = gpu_or_skip("naive_backward_chunked_heads_match_single_head_runs") else {
+        return;
+    };
+    if sanitizing() {
+        println!(
+            "SKIP naive_backward_chunked_heads_match_single_head_runs: too slow under the sanitizer"
+        );
+        return;
+    }
+    let mut rng = rng("naive_backward_chunks");
+    let c = case(3, 3, 4096, 4096, 8, Causal::Yes, DType::F16);
+    let x = inputs(&mut rng, &c);
+    let g = backward(&upload(&gpu, &x), &params(&c));
+    let all = [bits(&g.dq), bits(&g.dk), bits(&g.dv)];
+    let per_head = c.seq_q * c.head_dim; // seq_q == seq_k
+    for head in [0, 7, 8] {
+        let one = |t: &HostTensor| {
+            let shape = [1, 1, t.shape[2], t.shape[3]];
+            HostTensor::new(
+                t.data[head * per_head..(head + 1) * per_head].to_vec(),
+                &shape,
+                t.dtype,
+            )
+            .unwrap()
+        };
+        let xh = [one(&x[0]), one(&x[1]), one(&x[2]), one(&x[3])];
+        let gh = backward(&upload(&gpu, &xh), &params(&c));
+        for (what, whole, alone) in [
+            ("dQ", &all[0], bits(&gh.dq)),
+            ("dK", &all[1], bits(&gh.dk)),
+            ("dV", &all[2], bits(&gh.dv)),
+        ] {
+            assert!(
+                whole[head * per_head..(head + 1) * per_head] == alone[..],
+                "head {head}: {what} of the chunked launch differs from the single-head run"
+            );
+        }
+    }
+}
+
+#[test]
+fn naive_backward_rejects_bad_input_before_launch() {
+    let Some(gpu) = gpu_or_skip("naive_backward_rejects_bad_input_before_launch") else {
+        return;
+    };
+    let t = |shape: &[usize], dtype| {
+        Tensor::from_f32(&gpu, &vec![0.1; shape.iter().product()], shape, dtype).unwrap()
+    };
+    let p = AttentionParams::default();
+    let q = t(&[1, 2, 8, 64], DType::F16);
+    let kv = t(&[1, 2, 5, 64], DType::F16);
+    assert!(attention::naive_backward(&q, &kv, &kv, &q, &p).is_ok());
+    // dO of K's shape, of another dtype, not contiguous.
+    let e = attention::naive_backward(&q, &kv, &kv, &kv, &p).unwrap_err();
+    assert!(
+        matches!(e, host::Error::Shape { .. }) && e.to_string().contains("d_o"),
+        "{e}"
+    );
+    let e =
+        attention::naive_backward(&q, &kv, &kv, &t(&[1, 2, 8, 64], DType::BF16), &p).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            host::Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let strided = t(&[1, 8, 2, 64], DType::F16).transpose(1, 2).unwrap();
+    let e = attention::naive_backward(&q, &kv, &kv, &strided, &p).unwrap_err();
+    assert!(
+        matches!(e, host::Error::NotContiguous { what: "d_o", .. }),
+        "{e}"
+    );
+    // The forward's rules: q not contiguous, mixed dtypes, head dim too large, heads disagree,
+    // non-finite scale.
+    let e = attention::naive_backward(&strided, &kv, &kv, &q, &p).unwrap_err();
+    assert!(
+        matches!(e, host::Error::NotContiguous { what: "q", .. }),
+        "{e}"
+    );
+    let kv32 = t(&[1, 2, 5, 64], DType::F32);
+    let e = attention::naive_backward(&q, &kv32, &kv32, &q, &p).unwrap_err();
+    assert!(matches!(e, host::Error::DType { .. }), "{e}");
+    let q512 = t(&[1, 1, 3, 512], DType::F32);
+    let e = attention::naive_backward(&q512, &q512, &q512, &q512, &p).unwrap_err();
+    assert!(e.to_string().contains("1..=256"), "{e}");
+    let k3 = t(&[1, 3, 5, 64], DType::F16);
+    let e = attention::naive_backward(&q, &k3, &k3, &q, &p).unwrap_err();
+    assert!(matches!(e, host::Error::Shape { .. }), "{e}");
+    let bad_scale = AttentionParams {
+        scale: Some(f32::NAN),
+        ..p
+    };
+    let e = attention::naive_backward(&q, &kv, &kv, &q, &bad_scale).unwrap_err();
+    assert!(e.to_string().contains("finite"), "{e}");
+}
