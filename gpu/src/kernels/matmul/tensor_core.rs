@@ -269,11 +269,13 @@ unsafe fn load_tile<T: MmaElem, const R: usize, const C: usize>(
     let col = col0 + 8 * chunk;
     let col_in = col < cols;
     if access == RowAccess::Chunks16 {
+        // One 64-bit multiply per tile: the thread's copies are `row_step` stored rows apart.
+        let first = src.wrapping_add(((row0 + r_first) as u64 * ld + col as u64) as usize);
+        let step = row_step as u64 * ld;
         unroll_lt!(i < R * C / 8 / THREADS as usize, {
             let r = r_first + i as u32 * row_step;
-            let row = row0 + r;
-            let fill = col_in && row < rows;
-            let at = src.wrapping_add((row as u64 * ld + col as u64) as usize);
+            let fill = col_in && row0 + r < rows;
+            let at = first.wrapping_add((i as u64 * step) as usize);
             // SAFETY: when `fill`, the 8 elements at `at` are inside the matrix (cols % 8 == 0)
             // and 16-byte aligned (caller's contract); otherwise nothing is read.
             unsafe { tile.copy_chunk_async(r, chunk, at as *const u8, fill) };
