@@ -122,7 +122,7 @@ fn gemm_ceiling(b: &mut Bencher) {
     };
     for (m, n, k) in GEMM_SHAPES {
         cublas_gemm(b, &blas, "f16", (m, n, k), half::f16::from_f32);
-        if m % 8 == 0 {
+        if m.is_multiple_of(8) {
             cublas_gemm(b, &blas, "bf16", (m, n, k), half::bf16::from_f32);
         }
     }
@@ -214,7 +214,7 @@ fn matmuls(b: &mut Bencher) {
             continue;
         }
         cases.push((DType::F16, shape));
-        if shape.0 % 8 == 0 {
+        if shape.0.is_multiple_of(8) {
             cases.push((DType::BF16, shape));
         }
     }

@@ -549,7 +549,7 @@ pub mod matmul_tc {
     /// Most products in a batch (grid.z).
     pub const MAX_BATCH: u64 = 65_535;
 
-    const _: () = assert!(WM == 64 && WN == 64 && THREADS == 256 && BK % 16 == 0);
+    const _: () = assert!(WM == 64 && WN == 64 && THREADS == 256 && BK.is_multiple_of(16));
     const _: () = assert!(BM * BN * 2 <= SMEM_BYTES && SMEM_BYTES <= 163 * 1024);
 
     /// Output tiles of an `m x n` product (grid.x).

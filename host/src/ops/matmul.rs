@@ -265,7 +265,7 @@ fn tc_limits(op: &'static str, d: &MatmulDims) -> Result<()> {
 /// starts 16-byte aligned (aligned base, leading dim and batch stride multiples of 8 elements),
 /// else element by element.
 fn row_access(base_aligned16: bool, ld: u64, stride: u64) -> RowAccess {
-    if base_aligned16 && ld % 8 == 0 && stride % 8 == 0 {
+    if base_aligned16 && ld.is_multiple_of(8) && stride.is_multiple_of(8) {
         RowAccess::Chunks16
     } else {
         RowAccess::Elements
