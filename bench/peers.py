@@ -146,6 +146,29 @@ def gemm_case(tag, m, n, k):
                 peers=[eager(lambda s: torch.matmul(s[0], s[1], out=s[2]), "cublas-torch")])
 
 
+def matmul_case(tag, m, n, k):
+    """What a user calls for our matmul/<tag>/MxNxK (row-major C = A B): torch.matmul, eager (cuBLAS
+    underneath). fp32 with TF32 off, as our f32 kernel is full fp32."""
+    es = ELEM_SIZE[tag]
+    return Case(f"matmul/{tag}/{m}x{n}x{k}", bytes=(m * k + k * n + m * n) * es,
+                flops=2 * m * n * k, in_bytes=(m * k + k * n) * es,
+                make_set=lambda: (rand((m, k), tag), rand((k, n), tag), empty((m, n), tag)),
+                peers=[Peer("torch-eager", build=lambda: lambda s: torch.matmul(s[0], s[1], out=s[2]),
+                            context=no_tf32 if tag == "f32" else contextlib.nullcontext)])
+
+
+# (m, n, k) of the f16/bf16 matmul benches and their cuBLAS ceilings (benches/benches/ops.rs
+# GEMM_SHAPES; the odd shape in f16 only).
+GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4095, 4097, 1000)]
+
+
+def matmul_cases(quick):
+    shapes = [s for s in GEMM_SHAPES if not (quick and s[0] == 8192)]
+    cases = [matmul_case(tag, *s) for s in shapes for tag in ("f16", "bf16")
+             if tag == "f16" or s[0] % 8 == 0]
+    return cases + [matmul_case("f32", 4096, 4096, 4096)]
+
+
 def add_case(tag, shape):
     size = numel(shape) * ELEM_SIZE[tag]
     return Case(f"add/{tag}/{shape_str(shape)}", bytes=3 * size, flops=None, in_bytes=2 * size,
@@ -572,9 +595,11 @@ def build_cases(quick):
                 softmax_case("f32", 8192, 8192), softmax_backward_case(8192, 8192),
                 layernorm_case(65536, 1024), attn_case("f16", 4, 8, 512, 64, False),
                 sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096)] \
-            + clifford_cases(True)
+            + matmul_cases(True) + clifford_cases(True)
     cases = [copy_case(GIB)]
-    cases += [gemm_case(tag, 8192, 8192, 8192) for tag in ("f16", "bf16")]
+    cases += [gemm_case(tag, *s) for s in GEMM_SHAPES for tag in ("f16", "bf16")
+              if tag == "f16" or s[0] % 8 == 0]
+    cases += matmul_cases(False)
     cases += [add_case("f32", (8192, 8192))]
     cases += [add_case(tag, (16384, 8192)) for tag in ("f16", "bf16")]
     cases += [add_bcast_case(8192, 8192), gelu_case((8192, 8192))]

@@ -106,68 +106,138 @@ fn ceilings(b: &mut Bencher) {
     gemm_ceiling(b);
 }
 
-/// Dense fp16 and bf16 GEMM 8192^3 through cuBLAS (fp32 accumulation), the matrix-unit ceiling.
+/// The matmul shapes benched for f16/bf16, ours (`matmul/...`) and cuBLAS's (`gemm/...`) alike:
+/// `(m, n, k)` of `C (m x n) = A (m x k) B (k x n)`, all row-major.
+const GEMM_SHAPES: [(usize, usize, usize); 3] =
+    [(4096, 4096, 4096), (8192, 8192, 8192), (4095, 4097, 1000)];
+
+/// Dense fp16 and bf16 GEMM through cuBLAS (fp32 accumulation), the matrix-unit ceiling, at the
+/// shapes of [`GEMM_SHAPES`] (the odd one in f16 only).
 fn gemm_ceiling(b: &mut Bencher) {
-    use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t::CUBLAS_OP_N};
+    use cudarc::cublas::CudaBlas;
     let stream = b.gpu.stream().clone();
     let blas = match CudaBlas::new(stream.clone()) {
         Ok(blas) => blas,
         Err(e) => return println!("cuBLAS unavailable ({e:?}): no GEMM ceiling"),
     };
-    let n = 8192usize;
-    let vals: Vec<f32> = (0..n * n)
-        .map(|_| b.rng.random_range(-1.0f32..1.0))
-        .collect();
-    let a16: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f32(v)).collect();
-    let ab16: Vec<half::bf16> = vals.iter().map(|&v| half::bf16::from_f32(v)).collect();
-    let (a, bm) = (
-        stream.clone_htod(&a16).expect("upload"),
-        stream.clone_htod(&a16).expect("upload"),
-    );
-    let mut c = stream.alloc_zeros::<half::f16>(n * n).expect("alloc");
-    fn cfg<T>(n: usize, one: T, zero: T) -> GemmConfig<T> {
-        let n = n as i32;
-        GemmConfig {
-            transa: CUBLAS_OP_N,
-            transb: CUBLAS_OP_N,
-            m: n,
-            n,
-            k: n,
-            alpha: one,
-            lda: n,
-            ldb: n,
-            beta: zero,
-            ldc: n,
+    for (m, n, k) in GEMM_SHAPES {
+        cublas_gemm(b, &blas, "f16", (m, n, k), half::f16::from_f32);
+        if m.is_multiple_of(8) {
+            cublas_gemm(b, &blas, "bf16", (m, n, k), half::bf16::from_f32);
         }
     }
-    let flops = Some(2 * (n as u64).pow(3));
+}
+
+/// One cuBLAS GEMM bench `gemm/{tag}/{m}x{n}x{k}`: row-major `C = A B` computed as the column-major
+/// `C^T = B^T A^T` (no transposes, no copies), inputs rotated through like ours.
+fn cublas_gemm<T>(
+    b: &mut Bencher,
+    blas: &cudarc::cublas::CudaBlas,
+    tag: &str,
+    (m, n, k): (usize, usize, usize),
+    from_f32: fn(f32) -> T,
+) where
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + num_like::One,
+    cudarc::cublas::CudaBlas: cudarc::cublas::Gemm<T>,
+{
+    use cudarc::cublas::{Gemm, GemmConfig, sys::cublasOperation_t::CUBLAS_OP_N};
+    let stream = b.gpu.stream().clone();
+    let copies = rotation_copies((m * k + k * n) * 2, b.l2_bytes);
+    let mut upload = |len: usize| {
+        let vals: Vec<T> = (0..len)
+            .map(|_| from_f32(b.rng.random_range(-1.0f32..1.0)))
+            .collect();
+        stream.clone_htod(&vals).expect("upload")
+    };
+    let sets: Vec<_> = (0..copies)
+        .map(|_| (upload(m * k), upload(k * n)))
+        .collect();
+    let mut c = stream.alloc_zeros::<T>(m * n).expect("alloc");
+    let cfg = GemmConfig {
+        transa: CUBLAS_OP_N,
+        transb: CUBLAS_OP_N,
+        m: n as i32,
+        n: m as i32,
+        k: k as i32,
+        alpha: T::one(),
+        lda: n as i32,
+        ldb: k as i32,
+        beta: T::zero(),
+        ldc: n as i32,
+    };
+    let flops = Some(2 * (m * n * k) as u64);
     b.bench(
-        spec(format!("gemm/f16/{n}x{n}x{n}"), None, flops),
-        1,
-        |_| {
-            // SAFETY: a, b, c are n*n device buffers; the config describes n x n column-major operands.
-            unsafe {
-                blas.gemm(cfg(n, half::f16::ONE, half::f16::ZERO), &a, &bm, &mut c)
-                    .expect("gemm")
-            }
+        spec(format!("gemm/{tag}/{m}x{n}x{k}"), None, flops),
+        copies,
+        |i| {
+            let (a, bm) = &sets[i];
+            // SAFETY: column-major view of row-major data: the first operand is B (n x k
+            // column-major = k x n row-major, ld n), the second A (ld k), C n x m column-major
+            // (ld n); every buffer has exactly those element counts.
+            unsafe { blas.gemm(cfg, bm, a, &mut c).expect("gemm") }
         },
     );
-    let (a, bm) = (
-        stream.clone_htod(&ab16).expect("upload"),
-        stream.clone_htod(&ab16).expect("upload"),
-    );
-    let mut c = stream.alloc_zeros::<half::bf16>(n * n).expect("alloc");
-    b.bench(
-        spec(format!("gemm/bf16/{n}x{n}x{n}"), None, flops),
-        1,
-        |_| {
-            // SAFETY: as above.
-            unsafe {
-                blas.gemm(cfg(n, half::bf16::ONE, half::bf16::ZERO), &a, &bm, &mut c)
-                    .expect("gemm")
-            }
-        },
-    );
+}
+
+/// `one` and `zero` of the GEMM element types (cuBLAS's alpha and beta).
+mod num_like {
+    pub trait One: Copy {
+        fn one() -> Self;
+        fn zero() -> Self;
+    }
+    impl One for half::f16 {
+        fn one() -> Self {
+            half::f16::ONE
+        }
+        fn zero() -> Self {
+            half::f16::ZERO
+        }
+    }
+    impl One for half::bf16 {
+        fn one() -> Self {
+            half::bf16::ONE
+        }
+        fn zero() -> Self {
+            half::bf16::ZERO
+        }
+    }
+}
+
+/// Our matmul at the cuBLAS ceiling's shapes (`matmul/{f16,bf16}/...`, tensor cores) and f32 4096^3
+/// (`matmul/f32/...`, CUDA cores, against `sgemm/f32/4096x4096x4096`). Bytes count A, B and C once.
+fn matmuls(b: &mut Bencher) {
+    use host::ops::matmul::{Transpose::No, matmul};
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let mut cases: Vec<(DType, (usize, usize, usize))> = vec![];
+    for shape in GEMM_SHAPES {
+        if quick && shape.0 == 8192 {
+            continue;
+        }
+        cases.push((DType::F16, shape));
+        if shape.0.is_multiple_of(8) {
+            cases.push((DType::BF16, shape));
+        }
+    }
+    cases.push((DType::F32, (4096, 4096, 4096)));
+    for (dtype, (m, n, k)) in cases {
+        let es = dtype.size_bytes();
+        let copies = rotation_copies((m * k + k * n) * es, b.l2_bytes);
+        let (x, w) = (
+            b.inputs(&[m, k], dtype, copies),
+            b.inputs(&[k, n], dtype, copies),
+        );
+        b.bench(
+            spec(
+                format!("matmul/{dtype}/{m}x{n}x{k}"),
+                Some(((m * k + k * n + m * n) * es) as u64),
+                Some(2 * (m * n * k) as u64),
+            ),
+            copies,
+            |i| {
+                matmul(&x[i], &w[i], No, No).expect("matmul");
+            },
+        );
+    }
 }
 
 /// fp32 SGEMM 4096^3 through cuBLAS (no TF32: plain `cublasSgemm`), the ceiling the relevance kernels'
@@ -610,6 +680,7 @@ fn main() {
         specs: Vec::new(),
     };
     ceilings(&mut b);
+    matmuls(&mut b);
     elementwise(&mut b);
     reductions(&mut b);
     softmaxes(&mut b);

@@ -431,6 +431,135 @@ mod tests {
         warp_gemms::<128, 64>();
     }
 
+    /// One warp's k-tile of the tensor-core matmul exactly as `kernels/matmul/tensor_core.rs` issues
+    /// it, for each storage order: A from a `[m][k]` tile (`ldmatrix`, col-major quads) or a `[k][m]`
+    /// tile (`ldmatrix.trans`, row-major quads); B from a `[k][n]` tile (`.trans`, col-major quads) or
+    /// an `[n][k]` tile (row-major quads). Checked against the plain product, and every `ldmatrix`
+    /// phase must be conflict-free.
+    fn matmul_warp_tile<const A_T: bool, const B_T: bool>() {
+        use crate::params::matmul_tc::{BK, BM, BN, WM, WN};
+        const M: usize = BM as usize;
+        const N: usize = BN as usize;
+        const K: usize = BK as usize;
+        type L<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
+        let mut smem = Smem(vec![0; 64 * 1024]);
+        let (a_base, b_base) = (0u32, 16384u32);
+        // Logical A (m, k) and B (k, n) as ids, whichever way the tile stores them.
+        let (a_at, b_at): (Vec<Vec<u16>>, Vec<Vec<u16>>);
+        if A_T {
+            let t = fill::<K, M>(&mut smem, a_base, 0);
+            a_at = (0..M).map(|m| (0..K).map(|k| t[k][m]).collect()).collect();
+        } else {
+            a_at = fill::<M, K>(&mut smem, a_base, 0);
+        }
+        if B_T {
+            let t = fill::<N, K>(&mut smem, b_base, 9000);
+            b_at = (0..K).map(|k| (0..N).map(|n| t[n][k]).collect()).collect();
+        } else {
+            b_at = fill::<K, N>(&mut smem, b_base, 9000);
+        }
+        // The last warp: (wm0, wn0) = (64, 192) exercises non-zero warp offsets in both dims.
+        let (wm0, wn0) = (BM - WM, BN - WN);
+        let mut acc = vec![[[0f64; 4]; 32]; 4 * 8];
+        for ks in 0..K as u32 / 16 {
+            let k16 = 16 * ks;
+            let mut af = vec![];
+            for i in 0..4u32 {
+                let m = wm0 + 16 * i;
+                let addr: [u32; 32] = core::array::from_fn(|l| {
+                    if A_T {
+                        let (r, c) = row_major_quads(l as u32);
+                        a_base + L::<K, M>::chunk_offset(k16 + r, m / 8 + c)
+                    } else {
+                        let (r, c) = col_major_quads(l as u32);
+                        a_base + L::<M, K>::chunk_offset(m + r, k16 / 8 + c)
+                    }
+                });
+                assert_conflict_free(&addr);
+                af.push(ldmatrix_x4(&smem, &addr, A_T).map(to_vals));
+            }
+            let mut bf = vec![];
+            for j in 0..4u32 {
+                let n = wn0 + 16 * j;
+                let addr: [u32; 32] = core::array::from_fn(|l| {
+                    if B_T {
+                        let (r, c) = row_major_quads(l as u32);
+                        b_base + L::<N, K>::chunk_offset(n + r, k16 / 8 + c)
+                    } else {
+                        let (r, c) = col_major_quads(l as u32);
+                        b_base + L::<K, N>::chunk_offset(k16 + r, n / 8 + c)
+                    }
+                });
+                assert_conflict_free(&addr);
+                let m4 = ldmatrix_x4(&smem, &addr, !B_T).map(to_vals);
+                let b0: [[(f64, f64); 2]; 32] = core::array::from_fn(|l| [m4[l][0], m4[l][1]]);
+                let b1: [[(f64, f64); 2]; 32] = core::array::from_fn(|l| [m4[l][2], m4[l][3]]);
+                bf.push(b0);
+                bf.push(b1);
+            }
+            for i in 0..4 {
+                for j in 0..8 {
+                    mma(&af[i], &bf[j], &mut acc[i * 8 + j]);
+                }
+            }
+        }
+        for i in 0..4 {
+            for j in 0..8 {
+                for (lane, c) in acc[i * 8 + j].iter().enumerate() {
+                    for (e, &got) in c.iter().enumerate() {
+                        let m = wm0 as usize + 16 * i + lane / 4 + if e >= 2 { 8 } else { 0 };
+                        let n = wn0 as usize + 8 * j + 2 * (lane % 4) + (e & 1);
+                        let want: f64 = (0..K).map(|k| val(a_at[m][k]) * val(b_at[k][n])).sum();
+                        assert_eq!(got, want, "A_T={A_T} B_T={B_T} C({m}, {n})");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_fragments_compute_the_product_for_every_storage_order() {
+        matmul_warp_tile::<false, false>();
+        matmul_warp_tile::<false, true>();
+        matmul_warp_tile::<true, false>();
+        matmul_warp_tile::<true, true>();
+    }
+
+    #[test]
+    fn matmul_tile_copies_and_epilogue_stores_are_conflict_free() {
+        use crate::params::matmul_tc::{BK, BM, BN, THREADS};
+        // cp.async: thread t copies chunk (t / cpr, t % cpr) (+ whole rows per further copy); a
+        // warp's 32 chunks must spread over 8 bank groups per 8-lane phase, for every tile shape.
+        fn copies<const R: usize, const C: usize>() {
+            type L<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
+            let cpr = (C / 8) as u32;
+            for warp in 0..THREADS / 32 {
+                for i in 0..(R * C / 8) as u32 / THREADS {
+                    let addr: [u32; 32] = core::array::from_fn(|l| {
+                        let t = warp * 32 + l as u32;
+                        L::<R, C>::chunk_offset(t / cpr + i * (THREADS / cpr), t % cpr)
+                    });
+                    assert_conflict_free(&addr);
+                }
+            }
+        }
+        copies::<{ BM as usize }, { BK as usize }>();
+        copies::<{ BK as usize }, { BM as usize }>();
+        copies::<{ BK as usize }, { BN as usize }>();
+        copies::<{ BN as usize }, { BK as usize }>();
+        // Epilogue: lane (g, t) stores the word at row g, column 8 j + 2 t of the staging tile: the
+        // 32 words of one store must fall in 32 different banks.
+        type S = TileLayout<u16, { BM as usize }, { BN as usize }, Xor8>;
+        for j in 0..8u32 {
+            let mut banks: Vec<u32> = (0..32u32)
+                .map(|l| (S::elem_offset(l / 4, 8 * j + 2 * (l % 4)) / 4) % 32)
+                .collect();
+            banks.sort();
+            banks.dedup();
+            assert_eq!(banks.len(), 32, "epilogue store j={j}");
+        }
+    }
+
     #[test]
     fn block_addressing_identity_holds_for_every_lane_and_block() {
         fn check<const C: usize>() {

@@ -55,6 +55,9 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("grade_norm", clifford::ROW_BLOCK, 2),
     ("fc_pairs_bwd", clifford::FC_BWD_BLOCK, 3),
     ("fc_pairs", clifford::ELEM_BLOCK, 2),
+    // Before "matmul_" (the first matching prefix wins): one 256-thread block per SM, so ptxas may use
+    // up to 255 registers for the 128 accumulators and the fragments of a 64 x 64 warp tile.
+    ("matmul_tc_", matmul_tc::THREADS, 1),
     ("matmul_", matmul::THREADS, 2),
     // Without a bound the JIT may use more registers than a 512-thread block allows (launch fails
     // with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); with it, ptxas fits the row caches into 128.
@@ -521,6 +524,110 @@ pub struct Matmul {
     pub stride_c: u64,
 }
 unsafe impl KernelParam for Matmul {}
+
+/// Tensor-core matrix multiply `C = op(A) op(B)` for f16/bf16 (`kernels/matmul/tensor_core.rs`,
+/// `host::ops::matmul`): f32 accumulation, C in the input dtype, batched over `grid.z`.
+///
+/// A block computes a `BM x BN` tile of C from `BK`-deep slices of A and B that `STAGES` shared-memory
+/// stages stream in by 16-byte `cp.async` (XOR-swizzled rows, so `ldmatrix` reads are conflict-free);
+/// its `WARPS_M x WARPS_N` warps each own a `WM x WN` tile of `mma.m16n8k16` accumulators.
+///
+/// Design notes (no measurements yet; the owner's H100 benchmark is the judge, and these constants are
+/// all a re-tune needs to change):
+/// - 128 x 256 x 64 with 8 warps of 64 x 64: per k16 step a warp issues 8 `ldmatrix.x4` for 32
+///   `mma`, and every byte brought into shared memory feeds 2 (A) or 4 (B) warps. The accumulators
+///   take 128 registers a thread, so one block per SM (`LAUNCH_BOUNDS`: up to 255 registers).
+/// - BK = 64: rows of a k-contiguous tile are 128 bytes, exactly one `Xor8` swizzle period.
+/// - 3 stages of 48 KiB: 144 KiB, within the 163 KiB an sm_80 block may use (227 KiB on sm_90).
+/// - Tiles are visited in groups of `GROUP_M` tile rows, column by column inside a group, so blocks
+///   resident at the same time share A rows and B columns in L2.
+pub mod matmul_tc {
+    pub const BM: u32 = 128;
+    pub const BN: u32 = 256;
+    pub const BK: u32 = 64;
+    pub const STAGES: u32 = 3;
+    pub const WARPS_M: u32 = 2;
+    pub const WARPS_N: u32 = 4;
+    /// Rows and columns of C one warp owns.
+    pub const WM: u32 = BM / WARPS_M;
+    pub const WN: u32 = BN / WARPS_N;
+    pub const THREADS: u32 = WARPS_M * WARPS_N * 32;
+    /// Tile rows per rasterisation group.
+    pub const GROUP_M: u32 = 8;
+    /// Bytes of one stage of A plus B (16-bit elements).
+    pub const STAGE_BYTES: u32 = (BM * BK + BK * BN) * 2;
+    /// Dynamic shared memory of one block: the pipeline stages; the epilogue reuses the start of it
+    /// as a `BM x BN` staging tile of C.
+    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES;
+    /// Largest M, N or K: row and column indices (plus one tile) stay inside u32.
+    pub const MAX_DIM: u64 = 1 << 31;
+    /// Most output tiles of one product (grid.x).
+    pub const MAX_TILES: u64 = i32::MAX as u64;
+    /// Most products in a batch (grid.z).
+    pub const MAX_BATCH: u64 = 65_535;
+
+    const _: () = assert!(WM == 64 && WN == 64 && THREADS == 256 && BK.is_multiple_of(16));
+    const _: () = assert!(BM * BN * 2 <= SMEM_BYTES && SMEM_BYTES <= 163 * 1024);
+
+    /// Output tiles of an `m x n` product (grid.x).
+    pub const fn tiles(m: u64, n: u64) -> u64 {
+        m.div_ceil(BM as u64) * n.div_ceil(BN as u64)
+    }
+
+    /// The (tile row, tile column) block `bid` computes: groups of `GROUP_M` tile rows, each walked
+    /// column by column (consecutive blocks share a column of B and a group of rows of A).
+    pub const fn tile_coords(bid: u32, tiles_m: u32, tiles_n: u32) -> (u32, u32) {
+        // Never 0 for a launched grid (tiles_n >= 1, bid < tiles_m * tiles_n); the guards only
+        // keep a division by zero (a panic path in the kernel) out of the code.
+        let per_group = GROUP_M * if tiles_n == 0 { 1 } else { tiles_n };
+        let group = bid / per_group;
+        let first_m = group * GROUP_M;
+        let left = tiles_m.saturating_sub(first_m);
+        let size = if left == 0 {
+            1
+        } else if left < GROUP_M {
+            left
+        } else {
+            GROUP_M
+        };
+        let in_group = bid % per_group;
+        (first_m + in_group % size, in_group / size)
+    }
+}
+
+/// How a kernel reaches the rows of a 16-bit operand in global memory.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowAccess {
+    /// Every row starts 16-byte aligned and holds whole 16-byte chunks (base 16-byte aligned,
+    /// leading dim and batch stride multiples of 8 elements): `cp.async` / vector stores.
+    Chunks16 = 0,
+    /// Element by element (a row start is not 16-byte aligned): correct for any layout, slower.
+    Elements = 1,
+}
+
+/// Parameters of one `matmul_tc_*` launch. The entry point fixes the storage of A (`M x K`, or
+/// `K x M` when transposed) and B (`K x N`, or `N x K`); element (r, c) of a stored operand is at
+/// `r * ld + c`, batch `z` adds `z * stride_*` (0 broadcasts an operand). C is `M x N`, ld `ldc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulTc {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub a_access: RowAccess,
+    pub b_access: RowAccess,
+    pub c_access: RowAccess,
+    pub lda: u64,
+    pub ldb: u64,
+    pub ldc: u64,
+    pub stride_a: u64,
+    pub stride_b: u64,
+    pub stride_c: u64,
+}
+// SAFETY: #[repr(C)], six 4-byte fields then six 8-byte fields (offset 24): no padding; the access
+// fields are only built from the enum on the host.
+unsafe impl KernelParam for MatmulTc {}
 
 /// Clifford-algebra layers on Cl(2,0) and Cl(3,0) (../shared/specs/clifford.md): the product tables,
 /// grades and weight paths, shared by the kernels and the host references, and the launch constants.

@@ -252,3 +252,94 @@ fn layer_norm_and_embedding_reject_bad_inputs_before_launch() {
         vec![1.0; 3]
     );
 }
+
+#[test]
+fn matmul_rejects_bad_inputs_before_launch() {
+    use host::ops::matmul::{self, Transpose::No, Transpose::Yes, reference};
+    // CPU side (runs without a GPU): the reference applies the same shape rules as the GPU op.
+    let h = |shape: &[usize], dtype| {
+        HostTensor::new(vec![1.0; shape.iter().product()], shape, dtype).unwrap()
+    };
+    let e =
+        reference::matmul(&h(&[4, 5], DType::F16), &h(&[6, 7], DType::F16), No, No).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. })
+            && e.to_string().contains("[4, 5]")
+            && e.to_string().contains("[6, 7]"),
+        "{e}"
+    );
+    let e =
+        reference::matmul(&h(&[4, 5], DType::F16), &h(&[5, 7], DType::BF16), No, No).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        reference::matmul(&h(&[20], DType::BF16), &h(&[4, 5], DType::BF16), No, No),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        reference::matmul(
+            &h(&[2, 4, 5], DType::F16),
+            &h(&[3, 5, 6], DType::F16),
+            No,
+            No
+        ),
+        Err(Error::Shape { .. })
+    ));
+    // A transpose flag changes which dims must agree: (5 x 4)^T (5 x 6) is fine, (4 x 5)^T is not.
+    assert!(reference::matmul(&h(&[5, 4], DType::F16), &h(&[5, 6], DType::F16), Yes, No).is_ok());
+    assert!(reference::matmul(&h(&[4, 5], DType::F16), &h(&[5, 6], DType::F16), Yes, No).is_err());
+
+    let Some(gpu) = gpu_or_skip("matmul_rejects_bad_inputs_before_launch") else {
+        return;
+    };
+    let t = |shape: &[usize], dtype| {
+        Tensor::from_f32(&gpu, &vec![1.0; shape.iter().product()], shape, dtype).unwrap()
+    };
+    // Dtype mismatch between A and B.
+    let e = matmul::matmul(&t(&[4, 5], DType::F16), &t(&[5, 6], DType::BF16), No, No).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Inner-dim mismatch: both shapes in the message.
+    let e =
+        matmul::matmul(&t(&[4, 5], DType::BF16), &t(&[6, 7], DType::BF16), No, Yes).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. })
+            && e.to_string().contains("[4, 5]")
+            && e.to_string().contains("[6, 7]"),
+        "{e}"
+    );
+    // Wrong rank, batch mismatch.
+    for (a, b) in [
+        (t(&[20], DType::F16), t(&[4, 5], DType::F16)),
+        (t(&[1, 2, 4, 5], DType::F16), t(&[5, 6], DType::F16)),
+        (t(&[2, 4, 5], DType::F16), t(&[3, 5, 6], DType::F16)),
+    ] {
+        let e = matmul::matmul(&a, &b, No, No).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }), "{e}");
+    }
+    // Non-contiguous input (a transposed view): use the transpose flag instead.
+    let view = t(&[5, 4], DType::F16).transpose(0, 1).unwrap();
+    let e = matmul::matmul(&view, &t(&[5, 6], DType::F16), No, No).unwrap_err();
+    assert!(matches!(e, Error::NotContiguous { .. }), "{e}");
+    // The context is still healthy, and a product of width 0 is an empty result, not a launch.
+    let ok = matmul::matmul(&t(&[2, 3], DType::BF16), &t(&[3, 2], DType::BF16), No, No).unwrap();
+    assert_eq!(ok.to_vec().unwrap(), vec![3.0; 4]);
+    let empty = matmul::matmul(&t(&[2, 3], DType::F16), &t(&[3, 0], DType::F16), No, No).unwrap();
+    assert_eq!(empty.shape(), &[2, 0]);
+}

@@ -1,7 +1,7 @@
 //! The launch ABI: parameter structs are passed by value as raw bytes, so their layout must be the one
 //! the nvptx64 kernels were compiled with. Both targets are 64-bit little-endian with the same C layout
 //! rules; these tests pin the sizes so an edit that adds padding or reorders fields is caught here.
-use gpu::params::{Broadcast2, MAX_DIMS, RawSlice, ReduceTo};
+use gpu::params::{Broadcast2, MAX_DIMS, MatmulTc, RawSlice, ReduceTo, RowAccess};
 
 #[test]
 fn parameter_structs_have_the_kernel_layout() {
@@ -9,6 +9,34 @@ fn parameter_structs_have_the_kernel_layout() {
     assert_eq!(std::mem::align_of::<RawSlice>(), 8);
     assert_eq!(std::mem::size_of::<Broadcast2>(), 8 + 3 * 8 * MAX_DIMS);
     assert_eq!(std::mem::size_of::<ReduceTo>(), 16 + 3 * 8 * MAX_DIMS);
+    // Six 4-byte fields (M, N, K and the three row-access modes), then six u64 (lds, strides).
+    assert_eq!(std::mem::size_of::<RowAccess>(), 4);
+    assert_eq!(std::mem::size_of::<MatmulTc>(), 6 * 4 + 6 * 8);
+    assert_eq!(std::mem::align_of::<MatmulTc>(), 8);
+    assert_eq!(std::mem::offset_of!(MatmulTc, lda), 24);
+}
+
+#[test]
+fn tensor_core_matmul_entry_points_exist_for_every_dtype_and_transpose() {
+    for ptx in [host::ptx::SM80, host::ptx::SM90] {
+        let entries = host::ptx::entry_points(ptx);
+        for dtype in ["f16", "bf16"] {
+            for t in ["nn", "nt", "tn", "tt"] {
+                let name = format!("matmul_tc_{t}_{dtype}");
+                assert!(
+                    entries.contains(&name.as_str()),
+                    "missing entry point {name}"
+                );
+                // The launch bound reached the entry: 256 threads, one block per SM.
+                let at = ptx.find(&format!(".entry {name}(")).unwrap();
+                let header = &ptx[at..at + ptx[at..].find("\n{").unwrap()];
+                assert!(
+                    header.contains(".maxntid 256, 1, 1") && header.contains(".minnctapersm 1"),
+                    "{name}: launch bounds missing from\n{header}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

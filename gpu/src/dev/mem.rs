@@ -44,6 +44,36 @@ pub unsafe fn store_chunk(p: *mut Chunk16, i: u64, v: Chunk16) {
     }
 }
 
+/// Read-only (non-coherent cache) load of one 16-bit element (its bits).
+///
+/// # Safety
+/// `p.add(i)` must be inside a live allocation that no thread writes during the kernel.
+#[inline(always)]
+pub unsafe fn load_u16_ro(p: *const u16, i: u64) -> u16 {
+    let v: u16;
+    unsafe {
+        core::arch::asm!(
+            "ld.global.nc.b16 {v}, [{p}];",
+            v = out(reg16) v, p = in(reg64) p.add(i as usize), options(nostack, readonly, pure)
+        )
+    }
+    v
+}
+
+/// Stores one 16-bit element (its bits).
+///
+/// # Safety
+/// `p.add(i)` must be inside a live allocation this thread may write.
+#[inline(always)]
+pub unsafe fn store_u16(p: *mut u16, i: u64, v: u16) {
+    unsafe {
+        core::arch::asm!(
+            "st.global.b16 [{p}], {v};",
+            p = in(reg64) p.add(i as usize), v = in(reg16) v, options(nostack)
+        )
+    }
+}
+
 /// Read-only (non-coherent cache) f32 load, `ld.global.nc.f32`.
 ///
 /// # Safety

@@ -181,3 +181,20 @@ pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
     }
     [a, b, c, d]
 }
+
+/// `st.shared.v4.b32`: 16 bytes to shared memory.
+///
+/// # Safety
+/// `addr` is a 16-byte aligned address of 16 bytes in this block's shared memory that no other thread
+/// accesses until a barrier after this store.
+#[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
+    let [a, b, c, d] = v;
+    unsafe {
+        core::arch::asm!(
+            "st.shared.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};",
+            p = in(reg32) addr, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
+            options(nostack)
+        )
+    }
+}

@@ -22,7 +22,7 @@ use core::marker::PhantomData;
 
 use crate::dev::copy::{cp_async_16, ldmatrix_x4, ldmatrix_x4_trans};
 use crate::dev::mma::{FragA, FragB};
-use crate::dev::shared::{SharedScalar, check_index, dynamic_base, ld_shared_v4};
+use crate::dev::shared::{SharedScalar, check_index, dynamic_base, ld_shared_v4, st_shared_v4};
 use crate::dev::thread::lane_id;
 use crate::layout::{CHUNK_BYTES, Element, Swizzle, TileLayout, ldmatrix};
 
@@ -103,6 +103,15 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E,
         unsafe { ld_shared_v4(self.chunk_addr(row, chunk)) }
     }
 
+    /// Stores 16 bytes (four words) into chunk (row, chunk): the synchronous counterpart of
+    /// [`Self::copy_chunk_async`] for data assembled in registers.
+    #[inline(always)]
+    pub fn store_chunk(&self, row: u32, chunk: u32, words: [u32; 4]) {
+        // SAFETY: aligned and in the tile (type invariant; bounds checked in checked builds); the
+        // caller orders other threads' accesses with barriers, as for every tile write.
+        unsafe { st_shared_v4(self.chunk_addr(row, chunk), words) }
+    }
+
     /// Stores one 32-bit word at element (row, col), which must be the first of the elements that
     /// share the word (`col` a multiple of `4 / E::BYTES`).
     #[inline(always)]
@@ -140,6 +149,16 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E,
         let addr = self.block_addr(ldmatrix::col_major_quads(lane_id()), row0, chunk0);
         // SAFETY: aligned in-tile address (type invariant); the warp calls this converged.
         unsafe { ldmatrix_x4(addr) }
+    }
+
+    /// The A operand of the block at M chunk `chunk0`, K rows `row0..row0 + 16` of a tile stored
+    /// `[k][m]` (A transposed in memory), through `ldmatrix.trans`: matrix `i` holds K rows
+    /// `row0 + 8 (i / 2)`, M chunk `chunk0 + i % 2`, transposed into (m, k) order.
+    #[inline(always)]
+    pub fn load_a_km(&self, row0: u32, chunk0: u32) -> FragA {
+        let addr = self.block_addr(ldmatrix::row_major_quads(lane_id()), row0, chunk0);
+        // SAFETY: as for `load_a`.
+        unsafe { ldmatrix_x4_trans(addr) }
     }
 
     /// B operands of two n-tiles from a tile stored `[n][k]` (one row per output column, e.g. K in

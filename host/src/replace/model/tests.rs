@@ -148,7 +148,7 @@ fn shape_mismatches_between_layers_are_typed_errors() {
     assert!(
         matches!(
             e,
-            crate::Error::Invalid {
+            crate::Error::Shape {
                 op: "matmul (reference)",
                 ..
             }

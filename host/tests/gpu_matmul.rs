@@ -1,0 +1,330 @@
+//! GPU matmul for f16/bf16 (the tensor-core kernels) against the CPU reference in f64.
+//!
+//! Tolerance, per element: the kernel multiplies f16/bf16 values exactly (a product of two 11- or
+//! 8-bit significands fits fp32's 24), sums them in fp32 and rounds the sum once to the output dtype.
+//! With `ref` the exact (f64) sum and `abs = sum_k |a_ik| |b_kj|`:
+//! `|out - ref| <= u |ref| + (1 + u) gamma abs + tiny`, where `u` is the output dtype's unit roundoff
+//! (2^-11 f16, 2^-8 bf16), `gamma = 2 K 2^-24` bounds fp32 accumulation over K terms (the textbook
+//! `K u32` doubled, because the tensor cores' internal adds are not documented as round-to-nearest),
+//! and `tiny = 2^-24` covers f16 outputs in the subnormal range. NaN fails this check (comparisons with
+//! NaN are false), so unwritten, poisoned outputs never pass. On top, the relative 2-norm error must be
+//! under the spec's 1e-3 (f16) / 8e-3 (bf16) (`shared/specs/ops.md`, Tolerances).
+//!
+//! Inputs are uniform in [-1, 1) rounded to the dtype, fresh every run (seed printed; replay with
+//! `RGK_SEED`). Outputs are poisoned (0xFF bytes = NaN) before every launch. Products too large for a
+//! full CPU reference are checked on sampled rows (first, last, tile boundaries, random).
+mod common;
+use common::*;
+use host::ops::matmul::{self, Transpose, reference};
+use host::{DType, Gpu, HostTensor, Tensor};
+use rand::Rng;
+use rand::rngs::StdRng;
+
+const DTYPES: [DType; 2] = [DType::F16, DType::BF16];
+const TRANSPOSES: [(Transpose, Transpose); 4] = [
+    (Transpose::No, Transpose::No),
+    (Transpose::No, Transpose::Yes),
+    (Transpose::Yes, Transpose::No),
+    (Transpose::Yes, Transpose::Yes),
+];
+
+/// One product: `op(A)` is `m x k`, `op(B)` is `k x n`; a batch on either or both operands.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch_a: Option<usize>,
+    batch_b: Option<usize>,
+    ta: Transpose,
+    tb: Transpose,
+    dtype: DType,
+}
+
+fn case(m: usize, n: usize, k: usize, ta: Transpose, tb: Transpose, dtype: DType) -> Case {
+    Case {
+        m,
+        n,
+        k,
+        batch_a: None,
+        batch_b: None,
+        ta,
+        tb,
+        dtype,
+    }
+}
+
+/// Stored shape of an operand whose `op()` is `rows x cols`.
+fn stored(batch: Option<usize>, rows: usize, cols: usize, t: Transpose) -> Vec<usize> {
+    let (r, c) = match t {
+        Transpose::No => (rows, cols),
+        Transpose::Yes => (cols, rows),
+    };
+    batch.map_or(vec![r, c], |b| vec![b, r, c])
+}
+
+fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => (2.0f64).powi(-11),
+        DType::BF16 => (2.0f64).powi(-8),
+        DType::F32 => (2.0f64).powi(-24),
+    }
+}
+
+fn abs_of(t: &HostTensor) -> HostTensor {
+    HostTensor::new(t.data.iter().map(|v| v.abs()).collect(), &t.shape, t.dtype).unwrap()
+}
+
+/// The inputs of `c` (random, in the dtype), the GPU product, and the inputs kept for the reference.
+fn run(gpu: &Gpu, rng: &mut StdRng, c: &Case) -> (HostTensor, HostTensor, HostTensor) {
+    let a = uniform(rng, &stored(c.batch_a, c.m, c.k, c.ta), -1.0, 1.0, c.dtype);
+    let b = uniform(rng, &stored(c.batch_b, c.k, c.n, c.tb), -1.0, 1.0, c.dtype);
+    let (da, db) = (
+        Tensor::from_host(gpu, &a).unwrap(),
+        Tensor::from_host(gpu, &b).unwrap(),
+    );
+    let out = matmul::matmul(&da, &db, c.ta, c.tb)
+        .unwrap_or_else(|e| panic!("{c:?}: {e}"))
+        .to_host()
+        .unwrap();
+    (a, b, out)
+}
+
+/// Checks rows `rows` (as (batch, row) pairs) of `out` against the f64 reference: the per-element
+/// bound of the module doc and the relative 2-norm.
+fn check_rows(c: &Case, a: &HostTensor, b: &HostTensor, out: &HostTensor, rows: &[(usize, usize)]) {
+    let batch = c.batch_a.or(c.batch_b);
+    let want_shape = match batch {
+        Some(bt) => vec![bt, c.m, c.n],
+        None => vec![c.m, c.n],
+    };
+    assert_eq!(out.shape, want_shape, "{c:?}");
+    assert_eq!(out.dtype, c.dtype, "{c:?}");
+    let (aa, ba) = (abs_of(a), abs_of(b));
+    let u = unit_roundoff(c.dtype);
+    let gamma = 2.0 * c.k as f64 * (2.0f64).powi(-24);
+    let tiny = (2.0f64).powi(-24);
+    let (mut got_all, mut want_all) = (vec![], vec![]);
+    for &(z, i) in rows {
+        let want = reference::matmul_row(a, b, c.ta, c.tb, z, i).unwrap();
+        let abs = reference::matmul_row(&aa, &ba, c.ta, c.tb, z, i).unwrap();
+        let got = &out.data[(z * c.m + i) * c.n..][..c.n];
+        for j in 0..c.n {
+            let bound = u * want[j].abs() + (1.0 + u) * gamma * abs[j] + tiny;
+            let err = (got[j] as f64 - want[j]).abs();
+            assert!(
+                err <= bound,
+                "{c:?}: C[{z}][{i}][{j}] = {} but the f64 reference is {} (error {err:.3e} > bound \
+                 {bound:.3e})",
+                got[j],
+                want[j]
+            );
+        }
+        got_all.extend_from_slice(got);
+        want_all.extend(want.iter().map(|&v| v as f32));
+    }
+    assert_close(&format!("{c:?}"), &got_all, &want_all, tol(c.dtype));
+}
+
+fn all_rows(c: &Case) -> Vec<(usize, usize)> {
+    let nb = c.batch_a.or(c.batch_b).unwrap_or(1);
+    (0..nb)
+        .flat_map(|z| (0..c.m).map(move |i| (z, i)))
+        .collect()
+}
+
+/// First and last rows, both sides of the 128-row tile boundaries nearby, and `extra` random rows.
+fn sampled_rows(rng: &mut StdRng, m: usize, extra: usize) -> Vec<(usize, usize)> {
+    let mut rows = vec![0, 1, 127, 128, m / 2, m - 2, m - 1];
+    rows.extend((0..extra).map(|_| rng.random_range(0..m)));
+    rows.retain(|&r| r < m);
+    rows.sort();
+    rows.dedup();
+    rows.into_iter().map(|r| (0, r)).collect()
+}
+
+/// Small and odd shapes (1, primes, one past a tile, exact tiles, aligned rows with tails, K = 0), every
+/// transpose combination, f16 and bf16, checked on every element. Row alignment decides the load path:
+/// a stored row of a multiple of 8 elements takes `cp.async`, anything else the element-wise path, so
+/// the list covers both for A, B and C.
+#[test]
+fn matmul_matches_f64_reference_on_odd_shapes() {
+    let Some(gpu) = gpu_or_skip("matmul_matches_f64_reference_on_odd_shapes") else {
+        return;
+    };
+    let mut rng = rng("matmul_matches_f64_reference_on_odd_shapes");
+    let shapes = [
+        (1, 1, 1),
+        (17, 33, 9),
+        (127, 129, 65),
+        (255, 64, 1000),
+        (8, 8, 8),
+        (128, 256, 64),
+        (136, 264, 72),
+        (129, 257, 65),
+        (300, 520, 200),
+        (64, 1, 128),
+        (1, 300, 17),
+        (256, 512, 192),
+        (3, 5, 0),
+    ];
+    let n = fuzz_cases(shapes.len()).min(shapes.len());
+    for &(m, nn, k) in &shapes[..n] {
+        for dtype in DTYPES {
+            for (ta, tb) in TRANSPOSES {
+                let c = case(m, nn, k, ta, tb, dtype);
+                let (a, b, out) = run(&gpu, &mut rng, &c);
+                check_rows(&c, &a, &b, &out, &all_rows(&c));
+            }
+        }
+    }
+}
+
+/// Large products on sampled rows: the benchmark's odd shape (N = 4097 forces the element-wise path
+/// for B and C) and an aligned one with tails in every dim and a long K (many pipeline trips).
+#[test]
+fn matmul_large_products_match_on_sampled_rows() {
+    let Some(gpu) = gpu_or_skip("matmul_large_products_match_on_sampled_rows") else {
+        return;
+    };
+    let mut rng = rng("matmul_large_products_match_on_sampled_rows");
+    let big = scaled(4095, 300);
+    let long_k = scaled(4104, 520);
+    let cases = [
+        case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F16),
+        case(
+            big,
+            big + 2,
+            1000,
+            Transpose::Yes,
+            Transpose::Yes,
+            DType::BF16,
+        ),
+        case(
+            big,
+            big + 2,
+            1000,
+            Transpose::No,
+            Transpose::Yes,
+            DType::BF16,
+        ),
+        case(520, 776, long_k, Transpose::No, Transpose::No, DType::F16),
+        case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::BF16),
+        case(520, 776, long_k, Transpose::No, Transpose::Yes, DType::F16),
+    ];
+    for c in cases {
+        let (a, b, out) = run(&gpu, &mut rng, &c);
+        let rows = sampled_rows(&mut rng, c.m, 5);
+        check_rows(&c, &a, &b, &out, &rows);
+    }
+}
+
+/// Batched products: both operands batched, or one 2-D operand broadcast over the other's batch;
+/// unaligned (odd) and aligned (multiple-of-8) rows, every transpose, both dtypes.
+#[test]
+fn matmul_batched_matches_f64_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_batched_matches_f64_reference") else {
+        return;
+    };
+    let mut rng = rng("matmul_batched_matches_f64_reference");
+    for (m, n, k, bt) in [(65, 47, 33, 3), (136, 264, 72, 2)] {
+        for (batch_a, batch_b) in [(Some(bt), Some(bt)), (Some(bt), None), (None, Some(bt))] {
+            for dtype in DTYPES {
+                for (ta, tb) in TRANSPOSES {
+                    let c = Case {
+                        batch_a,
+                        batch_b,
+                        ..case(m, n, k, ta, tb, dtype)
+                    };
+                    let (a, b, out) = run(&gpu, &mut rng, &c);
+                    check_rows(&c, &a, &b, &out, &all_rows(&c));
+                }
+            }
+        }
+    }
+}
+
+/// Random shapes from sizes that catch indexing bugs, random transposes, dtype and batching.
+#[test]
+fn matmul_random_shapes_fuzz() {
+    let Some(gpu) = gpu_or_skip("matmul_random_shapes_fuzz") else {
+        return;
+    };
+    let mut rng = rng("matmul_random_shapes_fuzz");
+    const DIMS: [usize; 17] = [
+        1, 2, 3, 7, 8, 9, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257,
+    ];
+    for _ in 0..fuzz_cases(24) {
+        let mut pick = || DIMS[rng.random_range(0..DIMS.len())];
+        let (m, n, k) = (pick(), pick(), pick());
+        let batched = rng.random_range(0..4);
+        let bt = rng.random_range(1..4);
+        let c = Case {
+            batch_a: (batched & 1 == 1).then_some(bt),
+            batch_b: (batched & 2 == 2).then_some(bt),
+            ..case(
+                m,
+                n,
+                k,
+                TRANSPOSES[rng.random_range(0..4)].0,
+                TRANSPOSES[rng.random_range(0..4)].1,
+                DTYPES[rng.random_range(0..2)],
+            )
+        };
+        let (a, b, out) = run(&gpu, &mut rng, &c);
+        check_rows(&c, &a, &b, &out, &all_rows(&c));
+    }
+}
+
+/// Same inputs, same bits: no atomics, no split-K, a fixed k order per element. Compared bit for bit
+/// (f16/bf16 -> f32 is exact and one-to-one), on an aligned and an unaligned shape.
+#[test]
+fn matmul_repeated_runs_are_bit_identical() {
+    let Some(gpu) = gpu_or_skip("matmul_repeated_runs_are_bit_identical") else {
+        return;
+    };
+    let mut rng = rng("matmul_repeated_runs_are_bit_identical");
+    for (m, n, k, dtype) in [
+        (scaled(1024, 256), 1024, 1024, DType::F16),
+        (scaled(777, 129), 1029, 515, DType::BF16),
+    ] {
+        let a = uniform(&mut rng, &[m, k], -1.0, 1.0, dtype);
+        let b = uniform(&mut rng, &[k, n], -1.0, 1.0, dtype);
+        let (da, db) = (
+            Tensor::from_host(&gpu, &a).unwrap(),
+            Tensor::from_host(&gpu, &b).unwrap(),
+        );
+        let bits = || -> Vec<u32> {
+            matmul::matmul(&da, &db, Transpose::No, Transpose::No)
+                .unwrap()
+                .to_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let first = bits();
+        for run in 1..4 {
+            assert!(
+                first == bits(),
+                "{m}x{n}x{k} {dtype}: run {run} differs from run 0"
+            );
+        }
+    }
+}
+
+/// f32 stays on the CUDA-core kernel and keeps its fp32 accuracy (1e-5 relative, ops.md) on a shape
+/// with tails, so the dispatch by dtype did not send it elsewhere.
+#[test]
+fn matmul_f32_still_uses_full_precision() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_still_uses_full_precision") else {
+        return;
+    };
+    let mut rng = rng("matmul_f32_still_uses_full_precision");
+    for (ta, tb) in TRANSPOSES {
+        let c = case(129, 130, 257, ta, tb, DType::F32);
+        let (a, b, out) = run(&gpu, &mut rng, &c);
+        let want = reference::matmul(&a, &b, ta, tb).unwrap();
+        assert_close(&format!("{c:?}"), &out.data, &want.data, 1e-5);
+    }
+}
