@@ -67,10 +67,10 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("softmax_", softmax::MAX_BLOCK, 1),
     // Same reason: the row caches (x, and in the backward dy plus the dgamma/dbeta accumulators) must
     // fit the 128 registers a 512-thread block allows.
-    // The narrow kernels hold 4 elements a thread (backward: x, dy, xhat, g, gamma, dgamma, dbeta and
-    // the next row's x and dy): 3 (forward) or 2 (backward) blocks of 512 per SM. Listed before
-    // "layer_norm_": the first match counts.
-    ("layer_norm_narrow_", layer_norm::MAX_BLOCK, 3),
+    // The vector forward (16 values a thread) and the narrow backward (4 elements a thread: x, dy,
+    // xhat, g, gamma, dgamma, dbeta and the next row's x and dy) fit two blocks of 512 per SM. Listed
+    // before "layer_norm_": the first match counts.
+    ("layer_norm_vec_", layer_norm::MAX_BLOCK, 2),
     ("layer_norm_backward_narrow_", layer_norm::MAX_BLOCK, 2),
     ("layer_norm_", layer_norm::MAX_BLOCK, 1),
 ];
@@ -139,9 +139,9 @@ pub mod layer_norm {
     pub const MAX_BLOCK: u32 = 512;
     /// Longest row held in registers.
     pub const MAX_CACHED_COLS: u64 = (CACHE_PER_THREAD * MAX_BLOCK) as u64;
-    /// Elements a thread of the `_narrow` kernels holds: rows up to `NARROW_MAX_COLS` get four times
-    /// the threads, so an SM keeps more rows' loads in flight (the 16-element kernels put 64 threads
-    /// on a row of 1024: latency bound).
+    /// Elements a thread of the narrow backward holds: rows up to `NARROW_MAX_COLS` get four times
+    /// the threads, and registers to spare for the next row's loads (the 16-element backward put 64
+    /// threads on a row of 1024, one row in flight: latency bound at 0.30 of copy bandwidth).
     pub const NARROW_PER_THREAD: u32 = 4;
     pub const NARROW_MAX_COLS: u64 = (NARROW_PER_THREAD * MAX_BLOCK) as u64;
     /// Threads for a row of `cols` at `NARROW_PER_THREAD` elements a thread.

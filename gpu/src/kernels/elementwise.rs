@@ -53,6 +53,22 @@ unsafe fn zip_contiguous<T: Elem>(
     let chunks = a.len / per_chunk;
     let step = grid_threads_x();
     let mut i = global_index_x();
+    // Two chunks a trip, all four loads issued before either store: a store (inline asm, a memory
+    // clobber) keeps the compiler from hoisting the next trip's loads above it, so one chunk a trip
+    // left two 16-byte loads in flight per thread. The grid gives each thread two chunks.
+    while i + step < chunks {
+        // SAFETY: i < i + step < chunks: both chunks lie inside all three buffers (as below).
+        unsafe {
+            let (a0, b0) = (load_chunk_ro(a.chunks(), i), load_chunk_ro(b.chunks(), i));
+            let (a1, b1) = (
+                load_chunk_ro(a.chunks(), i + step),
+                load_chunk_ro(b.chunks(), i + step),
+            );
+            store_chunk(out.chunks(), i, map_chunk2::<T>(a0, b0, f));
+            store_chunk(out.chunks(), i + step, map_chunk2::<T>(a1, b1, f));
+        }
+        i += 2 * step;
+    }
     while i < chunks {
         // SAFETY: i < chunks, so the whole chunk lies inside all three buffers (equal lengths, checked by
         // the launcher); bases are 16-byte aligned (checked by the launcher).

@@ -8,15 +8,15 @@
 //! rows read x twice. Empty rows (`D = 0`) have no mean: an [`Error::Invalid`]. No rows: empty outputs
 //! and zero dgamma/dbeta, nothing launched.
 use gpu::params::layer_norm::{
-    DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, block_for, chunks, narrow_block_for,
-    rows_per_chunk,
+    CACHE_PER_THREAD, DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, block_for, chunks,
+    narrow_block_for, rows_per_chunk,
 };
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernel_name;
 use crate::launch::{ByValue, grid_blocks, launch};
-use crate::ops::{same_device_and_dtype, same_shape};
+use crate::ops::{aligned16, same_device_and_dtype, same_shape};
 use crate::tensor::Tensor;
 
 /// The kernel for rows of `cols` and its threads per row: the narrow kernel (4 elements a thread) up to
@@ -96,12 +96,20 @@ pub fn layer_norm(
     let mean = Tensor::empty(gpu, &stats_shape(x), DType::F32)?;
     let rstd = Tensor::empty(gpu, &stats_shape(x), DType::F32)?;
     if rows > 0 {
-        let (name, threads) = kernel(
-            gpu,
-            kernel_name!("layer_norm", x.dtype()),
-            kernel_name!("layer_norm_narrow", x.dtype()),
-            cols,
-        )?;
+        // The 16-byte kernel for rows of whole chunks with aligned buffers that one block holds;
+        // the scalar kernel (same math) otherwise.
+        let per_chunk = (16 / x.dtype().size_bytes()) as u64;
+        let vec_name = kernel_name!("layer_norm_vec", x.dtype());
+        let vec_threads = block_for(cols).min(gpu.max_block_pow2(vec_name)?);
+        let (name, threads) = if cols % per_chunk == 0
+            && cols <= vec_threads as u64 * CACHE_PER_THREAD as u64
+            && aligned16(&[x, gamma, beta, &y])
+        {
+            (vec_name, vec_threads)
+        } else {
+            let name = kernel_name!("layer_norm", x.dtype());
+            (name, block_for(cols).min(gpu.max_block_pow2(name)?))
+        };
         launch(
             gpu,
             name,
