@@ -154,7 +154,9 @@ unsafe fn scatter_add<T: Elem>(
         };
         let mut c0 = 0u64;
         while c0 < cols {
-            let mut acc = [0.0f32; CACHE];
+            // f64 sums: one id can own hundreds of thousands of rows of dy (a sequential f32 sum of
+            // 812,468 terms was 1.7e-5 off the exact sum, measured); the order stays fixed.
+            let mut acc = [0.0f64; CACHE];
             let mut k = k0 as u64;
             while k < k1 as u64 {
                 crate::dev::shared::check_index(k as usize, order.len as usize);
@@ -164,7 +166,7 @@ unsafe fn scatter_add<T: Elem>(
                 each_cached!(m {
                     let j = tid + m as u64 * nt;
                     if c0 + j < cols {
-                        acc[m] += dy.get(base + j);
+                        acc[m] += dy.get(base + j) as f64;
                     }
                 });
                 k += 1;
@@ -172,7 +174,7 @@ unsafe fn scatter_add<T: Elem>(
             each_cached!(m {
                 let j = tid + m as u64 * nt;
                 if c0 + j < cols {
-                    dw.set(v * cols + c0 + j, acc[m]);
+                    dw.set(v * cols + c0 + j, acc[m] as f32);
                 }
             });
             c0 += nt * CACHE as u64;
