@@ -59,6 +59,11 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // up to 255 registers for the 128 accumulators and the fragments of a 64 x 64 warp tile.
     ("matmul_tc_", matmul_tc::THREADS, 1),
     ("matmul_", matmul::THREADS, 2),
+    // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
+    // of a depth step. One 256-thread block per SM lets ptxas use up to 255 registers.
+    ("lrp_sums_", lrp::THREADS, 1),
+    ("lrp_spread_", lrp::THREADS, 1),
+    ("dense_f32", lrp::THREADS, 1),
     // Without a bound the JIT may use more registers than a 512-thread block allows (launch fails
     // with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); with it, ptxas fits the row caches into 128.
     // The vector forward holds 16 values a thread in 64 registers: two 512-thread blocks per SM overlap
@@ -230,30 +235,44 @@ unsafe impl KernelParam for RawSlice {}
 /// slice of the depth (split-K); each split writes its own partial tile to a workspace, and an
 /// elementwise kernel adds the splits in split order. The split count is a function of the shape alone,
 /// so every run adds in the same order: the same bits every run.
+///
+/// The products run on the tensor cores as "3xTF32" (`mma.m16n8k8` with tf32 inputs, each f32 operand
+/// split into a tf32 high part and a tf32 remainder; see `dev::mma::split_tf32`): fp32-level accuracy at
+/// several times the FFMA rate. Each warp owns a `WARP_M x WARP_N` piece of the block tile as
+/// `M_TILES x N_TILES` mma tiles of 16 x 8; the fragment addressing is below, as const fns the host
+/// unit-tests against the PTX ISA's fragment definition.
 pub mod lrp {
     /// Output rows per block tile (rows of x / relevance).
     pub const BM: u64 = 64;
     /// Output columns per block tile (outputs j for the sums, inputs i for the spread).
     pub const BN: u64 = 128;
-    /// Depth per shared-memory stage.
+    /// Depth per shared-memory stage (two mma k-steps of 8).
     pub const BK: u64 = 16;
-    /// Threads per block: 8 warps as 2 (rows) x 4 (columns); a warp's lanes as 4 x 8.
+    /// Threads per block: 8 warps as 2 (rows) x 4 (columns).
     pub const THREADS: u32 = 256;
     pub const WARPS_M: u64 = 2;
     pub const WARPS_N: u64 = 4;
-    pub const LANES_M: u64 = 4;
-    pub const LANES_N: u64 = 8;
-    /// Per-thread register tile.
-    pub const TM: u64 = 8;
-    pub const TN: u64 = 4;
-    /// Shared rows are padded by 4 floats: transposed stores hit distinct banks and rows stay 16-byte
-    /// aligned for `ld.shared.v4`.
-    pub const PAD: u64 = 4;
+    /// A warp's tile of the output, in mma tiles of `MMA_M x MMA_N` over depth steps of `MMA_K`.
+    pub const WARP_M: u64 = 32;
+    pub const WARP_N: u64 = 32;
+    pub const MMA_M: u64 = 16;
+    pub const MMA_N: u64 = 8;
+    pub const MMA_K: u64 = 8;
+    pub const M_TILES: usize = (WARP_M / MMA_M) as usize;
+    pub const N_TILES: usize = (WARP_N / MMA_N) as usize;
+    /// Both operands are held in shared memory depth-major (`[k][m]`, `[k][n]`) with rows padded by 8
+    /// floats: a row stride of 8 (mod 32) words puts the fragment reads of a warp (lane `4g + t` reads
+    /// depth `t` (+4), row/column `g` (+8)) at banks `8t + g`, all 32 distinct; rows stay 16-byte aligned.
+    pub const PAD: u64 = 8;
     pub const A_STRIDE: u64 = BM + PAD;
     pub const B_STRIDE: u64 = BN + PAD;
-    /// Blocks the split-K choice aims for (2 per SM of a 132-SM H100). A constant, not the device's SM
-    /// count, so the summation order depends on the shape only.
-    pub const TARGET_BLOCKS: u64 = 264;
+    /// Floats of one stage of each operand (two stages are double buffered).
+    pub const STAGE_A: usize = (BK * A_STRIDE) as usize;
+    pub const STAGE_B: usize = (BK * B_STRIDE) as usize;
+    /// Blocks the split-K choice aims for: about two waves of a 132-SM H100/H200 at one block per SM,
+    /// and a power of two, so `64 x 4096` outputs (32 tiles) split 4096 deep into 8 slices of 512. A
+    /// constant, not the device's SM count, so the summation order depends on the shape only.
+    pub const TARGET_BLOCKS: u64 = 256;
     /// Fewest depth elements one split covers.
     pub const MIN_K_PER_SPLIT: u64 = 256;
     pub const MAX_SPLITS: u64 = 16;
@@ -265,11 +284,63 @@ pub mod lrp {
     pub const MAX_GRID_Y: u64 = 65_535;
 
     const _: () = assert!(WARPS_M * WARPS_N * 32 == THREADS as u64);
-    const _: () = assert!(WARPS_M * LANES_M * TM == BM && WARPS_N * LANES_N * TN == BN);
-    const _: () = assert!(LANES_M * LANES_N == 32 && TN == 4 && TM == 8);
-    const _: () = assert!(A_STRIDE % 4 == 0 && B_STRIDE % 4 == 0);
+    const _: () = assert!(WARPS_M * WARP_M == BM && WARPS_N * WARP_N == BN);
+    const _: () = assert!(WARP_M % MMA_M == 0 && WARP_N % MMA_N == 0 && BK % MMA_K == 0);
+    const _: () = assert!(A_STRIDE % 32 == 8 && B_STRIDE % 32 == 8);
     // The tile loaders hard-code these (see kernels/lrp.rs).
     const _: () = assert!(BM == 64 && BN == 128 && BK == 16 && THREADS == 256);
+
+    /// Offset within an A stage (`[k][m]`, stride `A_STRIDE`) of register `r` of the A fragment of
+    /// m-tile `mi` at depth step `ks` (0 or `MMA_K`), for lane `lane` of warp `warp`: the thread's base
+    /// [`frag_a_base`] plus a constant [`frag_a_delta`]. The fragment (PTX ISA, m16n8k8 tf32,
+    /// `g = lane / 4`, `t = lane % 4`): `r = 0` (row g, depth t), `1` (g+8, t), `2` (g, t+4),
+    /// `3` (g+8, t+4), rows counted from the mma tile's first row.
+    pub const fn frag_a_offset(warp: usize, lane: usize, mi: usize, ks: usize, r: usize) -> usize {
+        frag_a_base(warp, lane) + frag_a_delta(mi, ks, r)
+    }
+    #[inline(always)]
+    pub const fn frag_a_base(warp: usize, lane: usize) -> usize {
+        (lane % 4) * A_STRIDE as usize + (warp / WARPS_N as usize) * WARP_M as usize + lane / 4
+    }
+    #[inline(always)]
+    pub const fn frag_a_delta(mi: usize, ks: usize, r: usize) -> usize {
+        (ks + 4 * (r >> 1)) * A_STRIDE as usize + mi * MMA_M as usize + 8 * (r & 1)
+    }
+
+    /// Offset within a B stage (`[k][n]`, stride `B_STRIDE`) of register `r` of the B fragment of
+    /// n-tile `ni` at depth step `ks`: `r = 0` (depth t, column g), `1` (depth t+4, column g).
+    pub const fn frag_b_offset(warp: usize, lane: usize, ni: usize, ks: usize, r: usize) -> usize {
+        frag_b_base(warp, lane) + frag_b_delta(ni, ks, r)
+    }
+    #[inline(always)]
+    pub const fn frag_b_base(warp: usize, lane: usize) -> usize {
+        (lane % 4) * B_STRIDE as usize + (warp % WARPS_N as usize) * WARP_N as usize + lane / 4
+    }
+    #[inline(always)]
+    pub const fn frag_b_delta(ni: usize, ks: usize, r: usize) -> usize {
+        (ks + 4 * r) * B_STRIDE as usize + ni * MMA_N as usize
+    }
+
+    /// Block-tile `(row, column)` of accumulator register `r` of mma tile `(mi, ni)`: `r = 0, 1` at
+    /// row g, columns 2t, 2t+1; `r = 2, 3` at row g+8.
+    #[inline(always)]
+    pub const fn acc_coords(
+        warp: usize,
+        lane: usize,
+        mi: usize,
+        ni: usize,
+        r: usize,
+    ) -> (u64, u64) {
+        let m = (warp / WARPS_N as usize) * WARP_M as usize
+            + mi * MMA_M as usize
+            + lane / 4
+            + 8 * (r >> 1);
+        let n = (warp % WARPS_N as usize) * WARP_N as usize
+            + ni * MMA_N as usize
+            + 2 * (lane % 4)
+            + (r & 1);
+        (m as u64, n as u64)
+    }
 
     /// `(splits, k_per_split)` for an `m x n` output over depth `k`: enough splits that the grid has
     /// about `TARGET_BLOCKS` blocks, each split at least `MIN_K_PER_SPLIT` deep (a multiple of `BK`), and
@@ -293,6 +364,131 @@ pub mod lrp {
         let kps = if kps == 0 { BK } else { kps };
         let splits = k.div_ceil(kps);
         (if splits == 0 { 1 } else { splits }, kps)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        //! The fragment addressing against the PTX ISA's m16n8k8 (tf32) fragments, by emulating the
+        //! warp-level mma on the CPU.
+        use super::*;
+        extern crate std;
+        use std::vec;
+
+        const A_ROWS: usize = BM as usize;
+        const B_COLS: usize = BN as usize;
+        const DEPTH: usize = BK as usize;
+
+        /// (row or column, depth) of a shared offset in a depth-major stage of stride `stride`.
+        fn decode(off: usize, stride: u64) -> (usize, usize) {
+            (off % stride as usize, off / stride as usize)
+        }
+
+        #[test]
+        fn fragments_are_the_isa_layout_and_conflict_free() {
+            for warp in 0..8 {
+                let (wm, wn) = ((warp / 4) * 32, (warp % 4) * 32);
+                for ks in [0, 8] {
+                    for mi in 0..M_TILES {
+                        for r in 0..4 {
+                            let mut banks = vec![false; 32];
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                let off = frag_a_offset(warp, lane, mi, ks, r);
+                                assert!(off < STAGE_A);
+                                // ISA: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4).
+                                let row = wm + 16 * mi + g + if r == 1 || r == 3 { 8 } else { 0 };
+                                let col = ks + t + if r >= 2 { 4 } else { 0 };
+                                assert_eq!(
+                                    decode(off, A_STRIDE),
+                                    (row, col),
+                                    "A w{warp} l{lane} r{r}"
+                                );
+                                assert!(!banks[off % 32], "A bank conflict");
+                                banks[off % 32] = true;
+                            }
+                        }
+                    }
+                    for ni in 0..N_TILES {
+                        for r in 0..2 {
+                            let mut banks = vec![false; 32];
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                let off = frag_b_offset(warp, lane, ni, ks, r);
+                                assert!(off < STAGE_B);
+                                // ISA: b0 (k = t, n = g), b1 (k = t+4, n = g).
+                                let n = wn + 8 * ni + g;
+                                let k = ks + t + 4 * r;
+                                assert_eq!(decode(off, B_STRIDE), (n, k), "B w{warp} l{lane} r{r}");
+                                assert!(!banks[off % 32], "B bank conflict");
+                                banks[off % 32] = true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        /// One stage of the block tile through emulated mma: every output once, equal to the product.
+        #[test]
+        fn emulated_block_stage_computes_the_product() {
+            let a = |m: usize, k: usize| ((m * 7 + k * 3) % 11) as i64 - 5;
+            let b = |k: usize, n: usize| ((k * 5 + n * 13) % 9) as i64 - 4;
+            let mut sa = vec![0i64; STAGE_A];
+            let mut sb = vec![0i64; STAGE_B];
+            for k in 0..DEPTH {
+                for m in 0..A_ROWS {
+                    sa[k * A_STRIDE as usize + m] = a(m, k);
+                }
+                for n in 0..B_COLS {
+                    sb[k * B_STRIDE as usize + n] = b(k, n);
+                }
+            }
+            let mut out = vec![None; A_ROWS * B_COLS];
+            for warp in 0..8 {
+                for mi in 0..M_TILES {
+                    for ni in 0..N_TILES {
+                        // Per lane accumulators of this mma tile.
+                        let mut acc = [[0i64; 4]; 32];
+                        for ks in [0, 8] {
+                            // Gather the 16x8 A and 8x8 B tiles from the lanes' registers (ISA layout).
+                            let (mut ta, mut tb) = ([[0i64; 8]; 16], [[0i64; 8]; 8]);
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                for r in 0..4 {
+                                    let v = sa[frag_a_offset(warp, lane, mi, ks, r)];
+                                    ta[g + 8 * (r & 1)][t + 4 * (r >> 1)] = v;
+                                }
+                                for r in 0..2 {
+                                    tb[t + 4 * r][g] = sb[frag_b_offset(warp, lane, ni, ks, r)];
+                                }
+                            }
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                for r in 0..4 {
+                                    let (row, col) = (g + 8 * (r >> 1), 2 * t + (r & 1));
+                                    acc[lane][r] +=
+                                        (0..8).map(|k| ta[row][k] * tb[k][col]).sum::<i64>();
+                                }
+                            }
+                        }
+                        for lane in 0..32 {
+                            for r in 0..4 {
+                                let (m, n) = acc_coords(warp, lane, mi, ni, r);
+                                let slot = &mut out[m as usize * B_COLS + n as usize];
+                                assert!(slot.is_none(), "output ({m}, {n}) written twice");
+                                *slot = Some(acc[lane][r]);
+                            }
+                        }
+                    }
+                }
+            }
+            for m in 0..A_ROWS {
+                for n in 0..B_COLS {
+                    let want: i64 = (0..DEPTH).map(|k| a(m, k) * b(k, n)).sum();
+                    assert_eq!(out[m * B_COLS + n], Some(want), "({m}, {n})");
+                }
+            }
+        }
     }
 
     /// Saturation kinds, as the coefficient kernel numbers them.

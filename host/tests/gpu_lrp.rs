@@ -520,3 +520,63 @@ fn bad_input_is_rejected_before_launch() {
             .all(|v| v.is_finite())
     );
 }
+
+#[test]
+fn split_boundaries_and_depth_tails() {
+    let Some(gpu) = gpu_or_skip("split_boundaries_and_depth_tails") else {
+        return;
+    };
+    let mut rng = rng("lrp_splits");
+    // The tensor-core passes step the depth 16 (a stage) and 8 (an mma) at a time, and split it in
+    // slices of a multiple of 16: depths just past a stage, an mma step, a split, and R = 64 (the
+    // skinny path that splits the depth 8 ways at I = O = 4096) with a tail of 8 after the last split;
+    // partial row and column tiles (65 rows, 129 / 200 columns).
+    let shapes = [
+        (64usize, 4104usize, 200usize),
+        (64, 200, 4104),
+        (65, 4096 + 24, 129),
+        (3, 9, 4097),
+        (17, 8, 1),
+        (1, 16, 24),
+        (64, 513, 257),
+    ];
+    for (k, &(rows, ni, no)) in shapes.iter().enumerate() {
+        let act = [
+            Activation::tanh(),
+            Activation::null(),
+            non_mono(Func::Sigmoid),
+        ][k % 3];
+        let c = case(&mut rng, rows, ni, no, k % 2 == 0, act);
+        check(&gpu, &format!("splits #{k}"), &c);
+    }
+}
+
+#[test]
+fn wide_dynamic_range_keeps_fp32_accuracy() {
+    let Some(gpu) = gpu_or_skip("wide_dynamic_range_keeps_fp32_accuracy") else {
+        return;
+    };
+    // 3xTF32 keeps about 21 bits per product whatever the magnitudes: inputs spanning 1e-3..1e3 (x) and
+    // 1e-2..1e2 (W) with random signs must still match the f64 reference at the f32 tolerance.
+    let mut rng = rng("lrp_range");
+    let mut wide = |shape: &[usize], decades: f32| {
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .map(|_| {
+                let m: f32 = rng.random_range(-1.0..1.0);
+                m * 10f32.powf(rng.random_range(-decades..decades))
+            })
+            .collect();
+        HostTensor::new(data, shape, DType::F32).unwrap()
+    };
+    for &(rows, ni, no) in &[(64usize, 1024usize, 96usize), (5, 333, 77)] {
+        let c = Case {
+            x: wide(&[rows, ni], 3.0),
+            w: wide(&[no, ni], 2.0),
+            b: None,
+            rel: wide(&[rows, no], 1.0),
+            act: Activation::tanh(),
+        };
+        check(&gpu, &format!("wide range [{rows},{ni}]x[{no}]"), &c);
+    }
+}

@@ -12,22 +12,38 @@
 //!    `relevance_in_ri = |x_ri| G_ri`, which is `sum_j R_j |c_i| / D'_j`, the spec's redistribution.
 //!
 //! The GEMM passes tile `BM x BN` outputs per block over `BK`-deep stages held in shared memory (double
-//! buffered, one barrier per stage), a `TM x TN` register tile per thread. Each split of the depth
-//! writes its own partial tile; the finishing kernels add the splits in split order. No atomics, no
-//! shared scalar written by many threads, the same bits on every run.
-use crate::dev::math::fma;
+//! buffered from registers, one barrier per stage); each warp computes a 32 x 32 piece with tensor-core
+//! `mma.m16n8k8` in "3xTF32" form (below). Each split of the depth writes its own partial tile; the
+//! finishing kernels add the splits in split order. No atomics, no shared scalar written by many
+//! threads, the same bits on every run (an mma is a fixed circuit: same inputs, same bits).
+//!
+//! # 3xTF32 and its error
+//! Each f32 operand is split `v = hi + lo + e` with `hi = tf32(v)`, `lo = tf32(v - hi)`, `|e| <= 2^-22 |v|`
+//! (`dev::mma::split_tf32`), and `a b` is taken as `a_lo b_hi + a_hi b_lo + a_hi b_hi` (three mma, the
+//! small terms first), within `3 * 2^-22 |a b|` ~ `7.2e-7 |a b|` per product. The mma adds its 8
+//! products and the incoming accumulator with truncation (not round-to-nearest), so a long chain of mma
+//! on one accumulator would drift low by up to an ulp per step (~`K/8 * 6e-8` relative over a depth K:
+//! 3e-5 at K = 4096). Instead every depth step of 8 starts a fresh fragment from zero, and that 8-term
+//! partial is added to the f32 accumulator with a round-to-nearest `add`: the truncation then costs at
+//! most ~2 ulp of each 8-term partial (`2.4e-7` relative, not growing with K), and the accumulation over
+//! K/8 partials has the error of an ordinary f32 sum. Altogether, with `A = sum |x_i W_ji|`:
+//! `|error of A or S| <= (1e-6 + (K/8) 2^-24) A` in the worst case (the second term is the f32 sum's
+//! bound, as for the FFMA loop it replaces; typical errors are ~sqrt of it), well inside the tests'
+//! 1e-5 relative tolerance and, from K = 16 on, inside the saturation slack `margin(K) A` of
+//! tests/gpu_lrp.rs. The abs sum uses the split of `|v|`, which is `(|hi|, sign(v) lo)`
+//! (`dev::mma::split_abs`), not `|lo|`.
 use crate::dev::mem::{Slice, SliceMut};
-use crate::dev::shared::SharedArray;
+use crate::dev::mma::{FragA, FragBTf32, FragC, mma_tf32, split_abs, split_tf32};
+use crate::dev::shared::{SharedArray, SharedScalar};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_threads_x, thread_idx_x,
 };
 use crate::dev::{block, math64};
+use crate::dev::{opaque_u32, opaque_u64};
 use crate::params::lrp::*;
 use crate::params::{LrpCoeff, LrpFinish, LrpGemm};
 
-const STAGE_A: usize = (BK * A_STRIDE) as usize;
-const STAGE_B: usize = (BK * B_STRIDE) as usize;
 crate::static_shared!(fn tile_a() -> [f32; 2 * STAGE_A] as LRP_TILE_A);
 crate::static_shared!(fn tile_b() -> [f32; 2 * STAGE_B] as LRP_TILE_B);
 
@@ -51,13 +67,17 @@ struct Tile {
 
 /// Loads stage `k0` of the A operand (`[rows, depth]`, depth contiguous) into registers. Thread `tid`
 /// covers rows `tid / 8 + 32 (q & 1)` at depth `8 (q >> 1) + tid % 8`: each warp reads four 32-byte row
-/// segments, and the transposed shared stores below fall in distinct banks.
+/// segments; the transposed shared stores below (stride 8 mod 32 words) conflict at most 2-way.
 #[inline(always)]
 fn fetch_a(a: &Slice<f32>, p: &LrpGemm, t: &Tile, k0: u64, tid: u64, ra: &mut [f32; A_LOADS]) {
+    let (m, k) = (t.m0 + tid / 8, k0 + (tid & 7));
+    // Element index of quarter q: base + (q & 1) 32 rows + (q >> 1) 8 deep.
+    let base = m * p.depth + k;
+    let rows32 = 32 * p.depth;
     crate::unroll!(q in [0, 1, 2, 3] {
-        let m = t.m0 + tid / 8 + 32 * (q as u64 & 1);
-        let k = k0 + 8 * (q as u64 >> 1) + (tid & 7);
-        ra[q] = if m < p.rows && k < t.k_end { a.get_ro(m * p.depth + k) } else { 0.0 };
+        let (dm, dk) = (32 * (q as u64 & 1), 8 * (q as u64 >> 1));
+        let at = base + if q & 1 == 1 { rows32 } else { 0 } + dk;
+        ra[q] = if m + dm < p.rows && k + dk < t.k_end { a.get_ro(at) } else { 0.0 };
     });
 }
 
@@ -82,16 +102,26 @@ fn fetch_b<const MODE: u32>(
     tid: u64,
     rb: &mut [f32; B_LOADS],
 ) {
-    crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
-        let (n, k) = if MODE == SPREAD {
-            (t.n0 + (tid & 127), k0 + (tid >> 7) + 2 * q as u64)
-        } else {
-            (t.n0 + tid / 8 + 32 * (q as u64 & 3), k0 + 8 * (q as u64 >> 2) + (tid & 7))
-        };
-        let at = if MODE == SPREAD { k * p.cols + n } else { n * p.depth + k };
-        let v = if n < p.cols && k < t.k_end { b.get_ro(at) } else { 0.0 };
-        rb[q] = if MODE == SPREAD { v.abs() } else { v };
-    });
+    if MODE == SPREAD {
+        let (n, k) = (t.n0 + (tid & 127), k0 + (tid >> 7));
+        // Quarter q is 2q depth rows further: a running index, one add per load.
+        let mut at = k * p.cols + n;
+        crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let v = if n < p.cols && k + 2 * (q as u64) < t.k_end { b.get_ro(at) } else { 0.0 };
+            rb[q] = v.abs();
+            at += 2 * p.cols;
+        });
+    } else {
+        let (n, k) = (t.n0 + tid / 8, k0 + (tid & 7));
+        // Quarter q: base + (q & 3) 32 rows + (q >> 2) 8 deep.
+        let base = n * p.depth + k;
+        let rows32 = 32 * p.depth;
+        crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let (dn, dk) = (32 * (q as u64 & 3), 8 * (q as u64 >> 2));
+            let at = base + (q as u64 & 3) * rows32 + dk;
+            rb[q] = if n + dn < p.cols && k + dk < t.k_end { b.get_ro(at) } else { 0.0 };
+        });
+    }
 }
 
 #[inline(always)]
@@ -107,32 +137,89 @@ fn store_b<const MODE: u32>(stage: usize, tid: usize, rb: &[f32; B_LOADS]) {
     });
 }
 
-/// One shared stage into the register tiles: per depth step two `ld.shared.v4` of A (8 rows; 4 distinct
-/// addresses per warp, one wavefront) and one of B (4 columns; 8 distinct per warp, one wavefront).
+/// An operand fragment split for 3xTF32: the high parts and the remainders.
+#[derive(Clone, Copy)]
+struct Split<const N: usize> {
+    hi: [u32; N],
+    lo: [u32; N],
+}
+
+impl<const N: usize> Split<N> {
+    #[inline(always)]
+    fn of(v: [f32; N]) -> Self {
+        let mut s = Split {
+            hi: [0; N],
+            lo: [0; N],
+        };
+        crate::unroll_lt!(r < N, {
+            (s.hi[r], s.lo[r]) = split_tf32(v[r]);
+        });
+        s
+    }
+
+    /// The split of the absolute values.
+    #[inline(always)]
+    fn abs(&self) -> Self {
+        let mut s = *self;
+        crate::unroll_lt!(r < N, {
+            (s.hi[r], s.lo[r]) = split_abs(self.hi[r], self.lo[r]);
+        });
+        s
+    }
+}
+
+/// `acc += a b` for one 16x8x8 tile in 3xTF32: a fresh fragment from zero takes the two correction
+/// terms and then the main product, and is added to `acc` with round-to-nearest (see the module doc).
 #[inline(always)]
-fn compute<const MODE: u32>(
-    stage: usize,
-    row: usize,
-    col: usize,
-    acc0: &mut [[f32; 4]; 8],
-    acc1: &mut [[f32; 4]; 8],
-) {
-    let (sa, sb): (
-        SharedArray<f32, { 2 * STAGE_A }>,
-        SharedArray<f32, { 2 * STAGE_B }>,
-    ) = (tile_a(), tile_b());
-    crate::unroll!(kk in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-        let abase = stage * STAGE_A + kk * A_STRIDE as usize + row;
-        let (lo, hi) = (sa.load4(abase), sa.load4(abase + 4));
-        let a = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
-        let b = sb.load4(stage * STAGE_B + kk * B_STRIDE as usize + col);
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            crate::unroll!(j in [0, 1, 2, 3] {
+fn mma3(acc: &mut FragC, a: &Split<4>, b: &Split<2>) {
+    let mut t = mma_tf32([0.0; 4], &a.lo, &b.hi);
+    t = mma_tf32(t, &a.hi, &b.lo);
+    t = mma_tf32(t, &a.hi, &b.hi);
+    crate::unroll!(r in [0, 1, 2, 3] {
+        acc[r] += t[r];
+    });
+}
+
+/// Accumulators of a warp's 32 x 32 piece: `M_TILES x N_TILES` mma tiles.
+type Acc = [[FragC; N_TILES]; M_TILES];
+
+/// One shared stage through the tensor cores: per depth step of 8, the warp's A fragments (`M_TILES`,
+/// four scalar `ld.shared` each) and B fragments (`N_TILES`, two each) at conflict-free addresses
+/// (`params::lrp::frag_a_offset`), split once, then 3 mma per tile and product (SUMS: two products,
+/// `|a||b|` into `acc0` and `a b` into `acc1`). `a_addr` / `b_addr` are this thread's fragment bases
+/// in the stage (shared addresses); every load is base + a constant.
+#[inline(always)]
+fn compute<const MODE: u32>(a_addr: u32, b_addr: u32, acc0: &mut Acc, acc1: &mut Acc) {
+    // SAFETY (loads below): base + delta is `frag_*_offset(..) < STAGE_*` floats into the stage the
+    // caller's address points at, inside the static arrays (unit-tested in params); written before the
+    // barrier that precedes this call.
+    let lda = |d: usize| unsafe { f32::ld_shared(a_addr + 4 * d as u32) };
+    let ldb = |d: usize| unsafe { f32::ld_shared(b_addr + 4 * d as u32) };
+    crate::unroll!(step in [0, 1] {
+        let ks = step * MMA_K as usize;
+        let mut a = [Split::<4> { hi: [0; 4], lo: [0; 4] }; M_TILES];
+        crate::unroll_lt!(mi < M_TILES, {
+            let mut v = [0.0f32; 4];
+            crate::unroll!(r in [0, 1, 2, 3] {
+                v[r] = lda(frag_a_delta(mi, ks, r));
+            });
+            a[mi] = Split::of(v);
+        });
+        let mut b = [Split::<2> { hi: [0; 2], lo: [0; 2] }; N_TILES];
+        crate::unroll_lt!(ni < N_TILES, {
+            let mut v = [0.0f32; 2];
+            crate::unroll!(r in [0, 1] {
+                v[r] = ldb(frag_b_delta(ni, ks, r));
+            });
+            b[ni] = Split::of(v);
+        });
+        crate::unroll_lt!(mi < M_TILES, {
+            crate::unroll_lt!(ni < N_TILES, {
                 if MODE == SUMS {
-                    acc0[i][j] = fma(a[i].abs(), b[j].abs(), acc0[i][j]);
-                    acc1[i][j] = fma(a[i], b[j], acc1[i][j]);
+                    mma3(&mut acc0[mi][ni], &a[mi].abs(), &b[ni].abs());
+                    mma3(&mut acc1[mi][ni], &a[mi], &b[ni]);
                 } else {
-                    acc0[i][j] = fma(a[i], b[j], acc0[i][j]);
+                    mma3(&mut acc0[mi][ni], &a[mi], &b[ni]);
                 }
             });
         });
@@ -151,8 +238,6 @@ unsafe fn gemm<const MODE: u32>(
 ) {
     let tid = thread_idx_x() as usize;
     let (lane, warp) = (tid & 31, tid >> 5);
-    let row = ((warp as u64 / WARPS_N) * LANES_M * TM + (lane as u64 / LANES_N) * TM) as usize;
-    let col = ((warp as u64 % WARPS_N) * LANES_N * TN + (lane as u64 % LANES_N) * TN) as usize;
     let split = block_idx_z() as u64;
     let k_begin = split * p.k_per_split;
     let t = Tile {
@@ -162,8 +247,11 @@ unsafe fn gemm<const MODE: u32>(
         k_end: (k_begin + p.k_per_split).min(p.depth),
     };
     let stages = t.k_end.saturating_sub(t.k_begin).div_ceil(BK);
-    let mut acc0 = [[0.0f32; 4]; 8];
-    let mut acc1 = [[0.0f32; 4]; 8];
+    // This thread's fragment bases in stage 0, hidden from the optimiser (see `opaque_u32`).
+    let a_frag = opaque_u32(tile_a().addr(frag_a_base(warp, lane)));
+    let b_frag = opaque_u32(tile_b().addr(frag_b_base(warp, lane)));
+    let mut acc0: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
+    let mut acc1: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
     let mut ra = [0.0f32; A_LOADS];
     let mut rb = [0.0f32; B_LOADS];
     fetch_a(&a, &p, &t, t.k_begin, tid as u64, &mut ra);
@@ -177,11 +265,19 @@ unsafe fn gemm<const MODE: u32>(
         // which the barrier closing that iteration has finished: one barrier per stage suffices.
         let more = s + 1 < stages;
         if more {
-            let k0 = t.k_begin + (s + 1) * BK;
+            // Opaque: addresses are recomputed from k0 each stage rather than kept as one 64-bit
+            // induction variable per load (see PERF_NOTES).
+            let k0 = opaque_u64(t.k_begin + (s + 1) * BK);
             fetch_a(&a, &p, &t, k0, tid as u64, &mut ra);
             fetch_b::<MODE>(&b, &p, &t, k0, tid as u64, &mut rb);
         }
-        compute::<MODE>((s & 1) as usize, row, col, &mut acc0, &mut acc1);
+        let buf = (s & 1) as u32;
+        compute::<MODE>(
+            a_frag + buf * (4 * STAGE_A) as u32,
+            b_frag + buf * (4 * STAGE_B) as u32,
+            &mut acc0,
+            &mut acc1,
+        );
         if more {
             store_a(((s + 1) & 1) as usize, tid, &ra);
             store_b::<MODE>(((s + 1) & 1) as usize, tid, &rb);
@@ -190,19 +286,19 @@ unsafe fn gemm<const MODE: u32>(
         s += 1;
     }
     let base = split * p.rows * p.cols;
-    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-        let m = t.m0 + (row + i) as u64;
-        if m < p.rows {
-            crate::unroll!(j in [0, 1, 2, 3] {
-                let n = t.n0 + (col + j) as u64;
-                if n < p.cols {
-                    out0.set(base + m * p.cols + n, acc0[i][j]);
+    crate::unroll_lt!(mi < M_TILES, {
+        crate::unroll_lt!(ni < N_TILES, {
+            crate::unroll!(r in [0, 1, 2, 3] {
+                let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
+                let (m, n) = (t.m0 + dm, t.n0 + dn);
+                if m < p.rows && n < p.cols {
+                    out0.set(base + m * p.cols + n, acc0[mi][ni][r]);
                     if MODE == SUMS {
-                        out1.set(base + m * p.cols + n, acc1[i][j]);
+                        out1.set(base + m * p.cols + n, acc1[mi][ni][r]);
                     }
                 }
             });
-        }
+        });
     });
 }
 

@@ -9,7 +9,8 @@
 //!
 //! How it runs (gpu/src/kernels/lrp.rs): per (row, j) the sums `A = sum |c_i|` and `S = sum c_i` in one
 //! tiled GEMM pass (`P = (A+S)/2`, `N = (A-S)/2`); the per-(row, j) coefficient in f64; then
-//! `relevance_in = |x| * (coef |W|)`, a second tiled GEMM. Both GEMM passes are split along their depth
+//! `relevance_in = |x| * (coef |W|)`, a second tiled GEMM. The GEMM passes run on the tensor cores in
+//! "3xTF32" form (fp32-level accuracy, error bound in the kernel's module doc). Both are split along their depth
 //! into a number of slices that depends on the shape only, and the slices are added in order: results
 //! are bit-identical from run to run (no float atomics).
 //!
