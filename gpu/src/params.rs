@@ -77,6 +77,10 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // before "layer_norm_": the first match counts.
     ("layer_norm_vec_", layer_norm::MAX_BLOCK, 2),
     ("layer_norm_backward_narrow_", layer_norm::MAX_BLOCK, 2),
+    // f32 fits 64 registers (two blocks of 512); the halves hold 8 elements a chunk and spilled at
+    // 64, so they get up to 128.
+    ("layer_norm_backward_pipe_f32", layer_norm::PIPE_MAX_BLOCK, 2),
+    ("layer_norm_backward_pipe_", layer_norm::PIPE_MAX_BLOCK, 1),
     ("layer_norm_", layer_norm::MAX_BLOCK, 1),
 ];
 
@@ -153,6 +157,18 @@ pub mod layer_norm {
     pub const fn narrow_block_for(cols: u64) -> u32 {
         super::row_block(cols, NARROW_PER_THREAD, MAX_BLOCK)
     }
+    /// Rows a block of the pipelined backward has in flight (`cp.async` stages: this row plus
+    /// `PIPE_STAGES - 1` ahead). At most 4 (`cp.async.wait_group` takes at most 3).
+    pub const PIPE_STAGES: u32 = 4;
+    /// Most threads of the pipelined backward (one 16-byte chunk of a row each): rows up to 2048 f32
+    /// or 4096 f16/bf16 elements.
+    pub const PIPE_MAX_BLOCK: u32 = 512;
+    /// Dynamic shared memory of the pipelined backward with `threads` threads: x and dy, one 16-byte
+    /// chunk a thread, per stage.
+    pub const fn pipe_smem_bytes(threads: u32) -> u32 {
+        PIPE_STAGES * 2 * threads * 16
+    }
+    const _: () = assert!(PIPE_STAGES >= 2 && PIPE_STAGES <= 4);
     /// Default epsilon added to the variance.
     pub const DEFAULT_EPS: f32 = 1e-5;
     /// Most dgamma/dbeta partial rows (blocks of the backward). A constant, not the SM count, so the

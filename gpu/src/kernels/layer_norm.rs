@@ -13,12 +13,16 @@
 //! into partial row `b` (a thread owns the same columns on every row: registers on the cached path, its
 //! own elements of the partial row otherwise); `param_grads` then adds the partial rows in chunk order.
 //! No float atomics: the same bits on every run.
+use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
+use crate::dev::shared::{dynamic_base, ld_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{block_dim_x, block_idx_x, grid_dim_x, lane_id, thread_idx_x, warp_id};
 use crate::dev::{block, math, opaque_u64};
-use crate::params::layer_norm::{CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS, NARROW_PER_THREAD};
+use crate::params::layer_norm::{
+    CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS, NARROW_PER_THREAD, PIPE_STAGES,
+};
 
 const CACHE: usize = CACHE_PER_THREAD as usize;
 const NARROW: usize = NARROW_PER_THREAD as usize;
@@ -336,6 +340,112 @@ fn backward_cached<T: Elem, const N: usize>(a: &Bwd<T>, chunk: u64, r0: u64, r1:
     });
 }
 
+/// Rows `[r0, r1)` of whole 16-byte chunks, thread `tid` owning chunk `tid` of every row (`per_chunk`
+/// consecutive elements), x and dy arriving through a `PIPE_STAGES`-deep `cp.async` pipeline in dynamic
+/// shared memory: rows `r + 1 .. r + PIPE_STAGES - 1` are in flight while row `r` is reduced, at no
+/// register cost (the register-prefetching kernel kept one row ahead and reached 0.56 of copy
+/// bandwidth). A thread reads back only the slots it copied itself, so its own `cp.async.wait_group`
+/// orders them; no barrier guards the stages (the block reductions have their own).
+/// Slot layout: stage s, operand o (0 = x, 1 = dy), thread t at `((s * 2 + o) * nt + t) * 16` bytes.
+#[inline(always)]
+fn backward_pipe<T: Elem>(a: &Bwd<T>, chunk: u64, r0: u64, r1: u64) {
+    const S: u32 = PIPE_STAGES;
+    let per_chunk = 16 / core::mem::size_of::<T>();
+    let (tid, nt) = (thread_idx_x(), block_dim_x());
+    let row_chunks = (a.cols / per_chunk as u64) as u32;
+    let mine = tid < row_chunks;
+    let inv_cols = 1.0 / a.cols as f32;
+    let base = dynamic_base();
+    let slot = |stage: u32, operand: u32| base + ((stage * 2 + operand) * nt + tid) * 16;
+    // Starts the copies of row `r` into `stage` (none past the chunk's rows or the row's chunks) and
+    // closes a group either way, so every trip waits on the same group count.
+    let issue = |r: u64, stage: u32| {
+        if r < r1 && mine {
+            let c = (r * row_chunks as u64 + tid as u64) as usize;
+            // SAFETY: r < rows and tid < row_chunks: chunk c lies inside x and dy (16-byte aligned
+            // bases: host check); the slots are this thread's, read only after its wait below.
+            unsafe {
+                cp_async_16(slot(stage, 0), a.x.chunks().add(c) as *const u8, true);
+                cp_async_16(slot(stage, 1), a.dy.chunks().add(c) as *const u8, true);
+            }
+        }
+        cp_async_commit();
+    };
+    crate::unroll!(s in [0, 1, 2, 3] {
+        if (s as u32) + 1 < S {
+            issue(r0 + s as u64, s as u32);
+        }
+    });
+    let mut gam = [0.0f32; 8];
+    let (mut dg, mut db) = ([0.0f32; 8], [0.0f32; 8]);
+    if mine {
+        // SAFETY: tid < row_chunks: a chunk of gamma (cols elements, aligned: host check).
+        let gc = unsafe { load_chunk_ro(a.gamma.chunks(), tid as u64) };
+        crate::unroll!(w in [0, 1, 2, 3] {
+            let [lo, hi] = T::unpack_word(gc.0[w]);
+            gam[w * T::PER_WORD] = lo;
+            if T::PER_WORD == 2 {
+                gam[w * 2 + 1] = hi;
+            }
+        });
+    }
+    let (mut r, mut stage) = (r0, 0u32);
+    while r < r1 {
+        issue(r + S as u64 - 1, (stage + S - 1) % S);
+        cp_async_wait::<{ PIPE_STAGES - 1 }>();
+        let (m, rs) = (a.mean.get(r), a.rstd.get(r));
+        let (mut xh, mut g) = ([0.0f32; 8], [0.0f32; 8]);
+        let (mut s1, mut s2) = (0.0f32, 0.0f32);
+        if mine {
+            // SAFETY: this thread's slots of `stage`, filled by its own copies, which the wait above
+            // completed.
+            let (xw, dw) = unsafe { (ld_shared_v4(slot(stage, 0)), ld_shared_v4(slot(stage, 1))) };
+            crate::unroll!(w in [0, 1, 2, 3] {
+                let xs = T::unpack_word(xw[w]);
+                let ds = T::unpack_word(dw[w]);
+                crate::unroll!(h in [0, 1] {
+                    if h < T::PER_WORD {
+                        let e = w * T::PER_WORD + h;
+                        xh[e] = (xs[h] - m) * rs;
+                        g[e] = ds[h] * gam[e];
+                        s1 += g[e];
+                        s2 += g[e] * xh[e];
+                        dg[e] += ds[h] * xh[e];
+                        db[e] += ds[h];
+                    }
+                });
+            });
+        }
+        let [t1, t2, _, _] = block::reduce_sum4([s1, s2, 0.0, 0.0]);
+        let (mg, mgx) = (t1 * inv_cols, t2 * inv_cols);
+        if mine {
+            let mut ch = Chunk16([0; 4]);
+            crate::unroll!(w in [0, 1, 2, 3] {
+                let e = w * T::PER_WORD;
+                let lo = rs * (g[e] - mg - xh[e] * mgx);
+                let hi = if T::PER_WORD == 2 { rs * (g[e + 1] - mg - xh[e + 1] * mgx) } else { 0.0 };
+                ch.0[w] = T::pack_word(lo, hi);
+            });
+            let c = r * row_chunks as u64 + tid as u64;
+            // SAFETY: chunk c lies inside dx (as for x above); each chunk is written by one thread.
+            unsafe { store_chunk(a.dx.chunks(), c, ch) };
+        }
+        r += 1;
+        stage = (stage + 1) % S;
+    }
+    cp_async_wait::<0>();
+    if mine {
+        let chunks = grid_dim_x() as u64;
+        crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if e < per_chunk {
+                let j = tid as u64 * per_chunk as u64 + e as u64;
+                a.partials.set(chunk * a.cols + j, dg[e]);
+                a.partials.set((chunks + chunk) * a.cols + j, db[e]);
+            }
+        });
+    }
+}
+
 /// Rows longer than the register cache: a sums pass, then the dx pass, which also folds dy * xhat and
 /// dy into this thread's own elements of partial row `chunk` (written on the chunk's first row).
 #[inline(always)]
@@ -388,6 +498,16 @@ unsafe fn backward<T: Elem, const N: usize>(a: Bwd<T>, rows_per_chunk: u64) {
     } else {
         backward_streaming(&a, chunk, r0, r1)
     }
+}
+
+/// The pipelined backward over this block's chunk of rows (see `backward_pipe` for when the host
+/// launches it).
+#[inline(always)]
+unsafe fn backward_pipelined<T: Elem>(a: Bwd<T>, rows_per_chunk: u64) {
+    let chunk = block_idx_x() as u64;
+    let r0 = (chunk * rows_per_chunk).min(a.rows);
+    let r1 = (r0 + rows_per_chunk).min(a.rows);
+    backward_pipe(&a, chunk, r0, r1)
 }
 
 crate::static_shared!(fn finish_slots() -> [f32; 2 * (FINISH_WARPS * FINISH_COLS) as usize] as LAYER_NORM_FINISH_SLOTS);
@@ -451,7 +571,7 @@ unsafe fn param_grads<T: Elem>(
 }
 
 macro_rules! layer_norm_entry_points {
-    ($($fwd:ident, $fwd_vec:ident, $bwd:ident, $bwd_narrow:ident, $fin:ident, $t:ty;)*) => {$(
+    ($($fwd:ident, $fwd_vec:ident, $bwd:ident, $bwd_pipe:ident, $bwd_narrow:ident, $fin:ident, $t:ty;)*) => {$(
         /// `CACHE_PER_THREAD` (16) elements a thread: rows up to `MAX_CACHED_COLS` in registers.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(
@@ -477,6 +597,16 @@ macro_rules! layer_norm_entry_points {
                 backward::<$t, CACHE>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
             }
         }
+        /// `cp.async`-pipelined rows of whole 16-byte chunks, one chunk a thread (see `backward_pipe`).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd_pipe(
+            x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
+            dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64, rows_per_chunk: u64,
+        ) {
+            unsafe {
+                backward_pipelined::<$t>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
+            }
+        }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bwd_narrow(
             x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
@@ -496,7 +626,7 @@ macro_rules! layer_norm_entry_points {
 }
 
 layer_norm_entry_points! {
-    layer_norm_f32, layer_norm_vec_f32, layer_norm_backward_f32, layer_norm_backward_narrow_f32, layer_norm_param_grads_f32, f32;
-    layer_norm_f16, layer_norm_vec_f16, layer_norm_backward_f16, layer_norm_backward_narrow_f16, layer_norm_param_grads_f16, F16;
-    layer_norm_bf16, layer_norm_vec_bf16, layer_norm_backward_bf16, layer_norm_backward_narrow_bf16, layer_norm_param_grads_bf16, BF16;
+    layer_norm_f32, layer_norm_vec_f32, layer_norm_backward_f32, layer_norm_backward_pipe_f32, layer_norm_backward_narrow_f32, layer_norm_param_grads_f32, f32;
+    layer_norm_f16, layer_norm_vec_f16, layer_norm_backward_f16, layer_norm_backward_pipe_f16, layer_norm_backward_narrow_f16, layer_norm_param_grads_f16, F16;
+    layer_norm_bf16, layer_norm_vec_bf16, layer_norm_backward_bf16, layer_norm_backward_pipe_bf16, layer_norm_backward_narrow_bf16, layer_norm_param_grads_bf16, BF16;
 }

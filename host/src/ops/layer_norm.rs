@@ -7,15 +7,16 @@
 //! Rows up to `MAX_CACHED_COLS` (8192) are held in registers (one read of x, one write of y); longer
 //! rows read x twice. Empty rows (`D = 0`) have no mean: an [`Error::Invalid`]. No rows: empty outputs
 //! and zero dgamma/dbeta, nothing launched.
+use cudarc::driver::LaunchConfig;
 use gpu::params::layer_norm::{
     CACHE_PER_THREAD, DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, block_for, chunks,
-    narrow_block_for, rows_per_chunk,
+    narrow_block_for, pipe_smem_bytes, rows_per_chunk,
 };
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernel_name;
-use crate::launch::{ByValue, grid_blocks, launch};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg_large_smem};
 use crate::ops::{aligned16, same_device_and_dtype, same_shape};
 use crate::tensor::Tensor;
 
@@ -178,18 +179,36 @@ pub fn layer_norm_backward(
     let dbeta = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
     let (chunks, per_chunk) = (chunks(rows), rows_per_chunk(rows));
     let partials = Tensor::empty(gpu, &[2 * chunks as usize * cols as usize], DType::F32)?;
-    let (name, threads) = kernel(
-        gpu,
-        kernel_name!("layer_norm_backward", x.dtype()),
-        kernel_name!("layer_norm_backward_narrow", x.dtype()),
-        cols,
-    )?;
-    launch(
+    // Rows of whole 16-byte chunks (at most PIPE_MAX_BLOCK of them) with aligned buffers take the
+    // cp.async-pipelined kernel, one chunk a thread; the register kernels take the rest.
+    let elems_per_chunk = (16 / x.dtype().size_bytes()) as u64;
+    let row_chunks = cols / elems_per_chunk;
+    let pipe_name = kernel_name!("layer_norm_backward_pipe", x.dtype());
+    let pipe_threads =
+        (row_chunks.max(32).next_power_of_two() as u32).min(gpu.max_block_pow2(pipe_name)?);
+    let pipelined = cols % elems_per_chunk == 0
+        && row_chunks <= pipe_threads as u64
+        && aligned16(&[x, gamma, dy, &dx]);
+    let (name, threads, smem) = if pipelined {
+        (pipe_name, pipe_threads, pipe_smem_bytes(pipe_threads))
+    } else {
+        let (name, threads) = kernel(
+            gpu,
+            kernel_name!("layer_norm_backward", x.dtype()),
+            kernel_name!("layer_norm_backward_narrow", x.dtype()),
+            cols,
+        )?;
+        (name, threads, 0)
+    };
+    launch_cfg_large_smem(
         gpu,
         name,
-        // chunks <= MAX_CHUNKS (2048): no cast loss.
-        chunks as u32,
-        threads,
+        LaunchConfig {
+            // chunks <= MAX_CHUNKS (2048): no cast loss.
+            grid_dim: (chunks as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        },
         &[
             &ByValue(x.raw()),
             &ByValue(gamma.raw()),
