@@ -69,11 +69,25 @@ fn layer_norm_matches_reference() {
 
             let (dx, dg, db) = ln::layer_norm_backward(&xt, &gt, &mean, &rstd, &up(&dy)).unwrap();
             let (wdx, wdg, wdb) = lr::layer_norm_backward(&x, &g, &wm, &wr, &dy).unwrap();
-            assert_close(
-                &format!("{case} dx"),
-                &dx.to_vec().unwrap(),
-                &wdx.data,
-                grad_tol(dtype),
+            // dx = rstd (g - mean(g) - xhat mean(g xhat)) cancels (for 2 columns it is 0 up to the
+            // eps term: a 2e-5 result from O(1) terms, measured 5.7e-4 relative on an H200), so the
+            // error is judged on the scale of its terms, rstd |dy gamma|, or of dx when larger.
+            let dxv = dx.to_vec().unwrap();
+            let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|e| e * e).sum::<f64>().sqrt();
+            let err = norm(
+                &mut dxv
+                    .iter()
+                    .zip(&wdx.data)
+                    .map(|(&a, &b)| a as f64 - b as f64),
+            );
+            let terms = norm(&mut (0..rows * cols).map(|k| {
+                wr.data[k / cols] as f64 * (dy.data[k] as f64 * g.data[k % cols] as f64).abs()
+            }));
+            let scale = terms.max(norm(&mut wdx.data.iter().map(|&v| v as f64)));
+            assert!(
+                err <= grad_tol(dtype) * scale,
+                "{case} dx: error {err:.3e} > {:.1e} x {scale:.3e} (seed above)",
+                grad_tol(dtype)
             );
             assert_close(
                 &format!("{case} dgamma"),

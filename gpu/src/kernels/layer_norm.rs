@@ -513,8 +513,8 @@ unsafe fn backward_pipelined<T: Elem>(a: Bwd<T>, rows_per_chunk: u64) {
 crate::static_shared!(fn finish_slots() -> [f32; 2 * (FINISH_WARPS * FINISH_COLS) as usize] as LAYER_NORM_FINISH_SLOTS);
 
 /// `dgamma[j] = sum_c partials[0][c][j]`, `dbeta[j] = sum_c partials[1][c][j]`. A block takes 32
-/// columns (one per lane, coalesced); warp `w` sums chunks `w, w + 8, ...` (four accumulators, fixed
-/// order); warp 0 adds the eight warp sums in warp order.
+/// columns (one per lane, coalesced); warp `w` of `FINISH_WARPS` sums chunks `w, w + FINISH_WARPS, ...`
+/// (eight accumulators, fixed order); warp 0 adds the warp sums in warp order.
 #[inline(always)]
 unsafe fn param_grads<T: Elem>(
     partials: Slice<f32>,
@@ -531,17 +531,17 @@ unsafe fn param_grads<T: Elem>(
     let mut cg = block_idx_x() as u64;
     while cg < groups {
         let j = cg * FINISH_COLS as u64 + lane;
-        let mut sg = [0.0f32; 4];
-        let mut sb = [0.0f32; 4];
+        let mut sg = [0.0f32; 8];
+        let mut sb = [0.0f32; 8];
         if j < cols {
             let mut c = w;
-            while c + 3 * W < chunks {
-                crate::unroll!(q in [0, 1, 2, 3] {
+            while c + 7 * W < chunks {
+                crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
                     let cc = c + q as u64 * W;
                     sg[q] += partials.get_ro(cc * cols + j);
                     sb[q] += partials.get_ro((chunks + cc) * cols + j);
                 });
-                c += 4 * W;
+                c += 8 * W;
             }
             while c < chunks {
                 sg[0] += partials.get_ro(c * cols + j);
@@ -552,8 +552,14 @@ unsafe fn param_grads<T: Elem>(
         // The previous group's readers are done with the slots.
         sync_threads();
         let s = (w * FINISH_COLS as u64 + lane) as usize;
-        slots.store(s, (sg[0] + sg[1]) + (sg[2] + sg[3]));
-        slots.store(SLOT + s, (sb[0] + sb[1]) + (sb[2] + sb[3]));
+        slots.store(
+            s,
+            ((sg[0] + sg[1]) + (sg[2] + sg[3])) + ((sg[4] + sg[5]) + (sg[6] + sg[7])),
+        );
+        slots.store(
+            SLOT + s,
+            ((sb[0] + sb[1]) + (sb[2] + sb[3])) + ((sb[4] + sb[5]) + (sb[6] + sb[7])),
+        );
         sync_threads();
         if w == 0 && j < cols {
             let (mut tg, mut tb) = (0.0f32, 0.0f32);
