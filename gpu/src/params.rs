@@ -104,8 +104,9 @@ pub const fn row_block(cols: u64, per_thread: u32, max_block: u32) -> u32 {
 pub mod elementwise {
     /// Threads per block for every elementwise kernel.
     pub const BLOCK: u32 = 256;
-    /// 16-byte chunks each thread handles per loop trip in the contiguous (vectorised) kernels.
-    pub const CHUNKS_PER_THREAD: u32 = 2;
+    /// 16-byte chunks of each operand a thread loads before it stores, in one trip, in the contiguous
+    /// binary kernels (and chunks a thread covers in the grid of every vectorised kernel).
+    pub const CHUNKS_PER_THREAD: u32 = 4;
     /// Bytes in one vector access: `ld.global.v4.b32`.
     pub const VECTOR_BYTES: usize = 16;
 }

@@ -4,6 +4,7 @@ use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::math;
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
 use crate::dev::thread::{global_index_x, grid_threads_x};
+use crate::params::elementwise::CHUNKS_PER_THREAD;
 use crate::params::{Broadcast2, MAX_DIMS, ReduceTo};
 
 const ADD: u32 = 0;
@@ -53,21 +54,29 @@ unsafe fn zip_contiguous<T: Elem>(
     let chunks = a.len / per_chunk;
     let step = grid_threads_x();
     let mut i = global_index_x();
-    // Two chunks a trip, all four loads issued before either store: a store (inline asm, a memory
-    // clobber) keeps the compiler from hoisting the next trip's loads above it, so one chunk a trip
-    // left two 16-byte loads in flight per thread. The grid gives each thread two chunks.
-    while i + step < chunks {
-        // SAFETY: i < i + step < chunks: both chunks lie inside all three buffers (as below).
+    // UNROLL chunks a trip, all loads issued before any store: a store (inline asm, a memory clobber)
+    // keeps the compiler from hoisting the next trip's loads above it, so one chunk a trip left two
+    // 16-byte loads in flight per thread. The grid gives each thread UNROLL chunks (one trip).
+    const UNROLL: usize = CHUNKS_PER_THREAD as usize;
+    while i + (UNROLL as u64 - 1) * step < chunks {
+        // SAFETY: i + u * step < chunks for every u < UNROLL: each chunk lies inside all three buffers
+        // (as below).
         unsafe {
-            let (a0, b0) = (load_chunk_ro(a.chunks(), i), load_chunk_ro(b.chunks(), i));
-            let (a1, b1) = (
-                load_chunk_ro(a.chunks(), i + step),
-                load_chunk_ro(b.chunks(), i + step),
-            );
-            store_chunk(out.chunks(), i, map_chunk2::<T>(a0, b0, f));
-            store_chunk(out.chunks(), i + step, map_chunk2::<T>(a1, b1, f));
+            let mut x = [Chunk16([0; 4]); UNROLL];
+            let mut y = [Chunk16([0; 4]); UNROLL];
+            crate::unroll_lt!(u < UNROLL, {
+                x[u] = load_chunk_ro(a.chunks(), i + u as u64 * step);
+                y[u] = load_chunk_ro(b.chunks(), i + u as u64 * step);
+            });
+            crate::unroll_lt!(u < UNROLL, {
+                store_chunk(
+                    out.chunks(),
+                    i + u as u64 * step,
+                    map_chunk2::<T>(x[u], y[u], f),
+                );
+            });
         }
-        i += 2 * step;
+        i += UNROLL as u64 * step;
     }
     while i < chunks {
         // SAFETY: i < chunks, so the whole chunk lies inside all three buffers (equal lengths, checked by
