@@ -17,7 +17,7 @@ use crate::util::{build_test_binaries, flag_value, run_checked, workspace_root};
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare] [profile] [bisect]
 # Logs go to OUT_DIR. Exit status: non-zero if any stage failed.
-# SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools; BENCH_FLAGS="--quick --no-peers" etc.
+# SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools, SANITIZE_ONLY=gpu_lrp,gpu_matmul the test binaries; BENCH_FLAGS="--quick --no-peers" etc.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-out}"; shift || true
@@ -40,7 +40,7 @@ for s in $stages; do
         [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: $(basename "$t")"; status=1; }
       done
       grep -h "test result" "$out/tests.log" | awk '{p+=$4; f+=$6} END {print "tests: " p " passed, " f " failed"}' ;;
-    sanitize) stage sanitize; "$here/xtask" sanitize --bins "$here" --log-dir "$out/sanitize" ${SANITIZE_TOOLS:+--tools $SANITIZE_TOOLS} 2>&1 | tee "$out/sanitize.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    sanitize) stage sanitize; "$here/xtask" sanitize --bins "$here" --log-dir "$out/sanitize" ${SANITIZE_TOOLS:+--tools $SANITIZE_TOOLS} ${SANITIZE_ONLY:+--only $SANITIZE_ONLY} 2>&1 | tee "$out/sanitize.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench) stage bench; "$here/xtask" bench --bins "$here" --out "$out/bench" --peers-timeout "${PEERS_TIMEOUT:-900}" ${BENCH_FLAGS:-} 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     compare)
       # Two runs of the same code (expect NO CHANGE) and one with the strided add kernel swapped in

@@ -57,9 +57,31 @@ pub fn run(args: &[String]) -> Result<(), String> {
             &workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?,
         )?,
     };
-    let bins: Vec<PathBuf> = bins.into_iter().filter(|b| is_gpu_test(b)).collect();
+    // `--only gpu_lrp,gpu_attention`: binaries whose file name starts with one of the prefixes.
+    let only: Vec<String> = flag_value(args, "--only")
+        .map(|o| {
+            o.split(',')
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let selected = |b: &Path| {
+        only.is_empty()
+            || b.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| only.iter().any(|p| n.starts_with(p.as_str())))
+    };
+    let bins: Vec<PathBuf> = bins
+        .into_iter()
+        .filter(|b| is_gpu_test(b) && selected(b))
+        .collect();
     if bins.is_empty() {
-        return Err("no GPU test binaries found".into());
+        return Err(if only.is_empty() {
+            "no GPU test binaries found".into()
+        } else {
+            format!("no GPU test binary matches --only {}", only.join(","))
+        });
     }
     let cs = find_compute_sanitizer().ok_or("compute-sanitizer not found: install the CUDA toolkit (it ships in CUDA's bin/) or put it on PATH")?;
     let log_dir =
