@@ -106,7 +106,7 @@ pub mod elementwise {
     pub const BLOCK: u32 = 256;
     /// 16-byte chunks of each operand a thread loads before it stores, in one trip, in the contiguous
     /// binary kernels (and chunks a thread covers in the grid of every vectorised kernel).
-    pub const CHUNKS_PER_THREAD: u32 = 4;
+    pub const CHUNKS_PER_THREAD: u32 = 2;
     /// Bytes in one vector access: `ld.global.v4.b32`.
     pub const VECTOR_BYTES: usize = 16;
 }

@@ -3,7 +3,9 @@
 use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::math;
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
-use crate::dev::thread::{global_index_x, grid_threads_x};
+use crate::dev::thread::{
+    block_dim_x, block_idx_x, global_index_x, grid_dim_x, grid_threads_x, thread_idx_x,
+};
 use crate::params::elementwise::CHUNKS_PER_THREAD;
 use crate::params::{Broadcast2, MAX_DIMS, ReduceTo};
 
@@ -42,7 +44,8 @@ fn map_chunk<T: Elem>(x: Chunk16, f: impl Fn(f32) -> f32 + Copy) -> Chunk16 {
 }
 
 /// `out = f(a, b)` over equal-length contiguous buffers whose bases are 16-byte aligned (the launcher
-/// checks): 16-byte chunks with a grid-stride loop, then the ragged tail element by element.
+/// checks): 16-byte chunks in block tiles (grid-stride over tiles), then the ragged tail element by
+/// element.
 #[inline(always)]
 unsafe fn zip_contiguous<T: Elem>(
     a: Slice<T>,
@@ -52,44 +55,53 @@ unsafe fn zip_contiguous<T: Elem>(
 ) {
     let per_chunk = (16 / core::mem::size_of::<T>()) as u64;
     let chunks = a.len / per_chunk;
-    let step = grid_threads_x();
-    let mut i = global_index_x();
-    // UNROLL chunks a trip, all loads issued before any store: a store (inline asm, a memory clobber)
-    // keeps the compiler from hoisting the next trip's loads above it, so one chunk a trip left two
-    // 16-byte loads in flight per thread. The grid gives each thread UNROLL chunks (one trip).
+    // A block takes tiles of UNROLL * block_dim consecutive chunks, thread t chunks t, t + block_dim,
+    // ...: all of a thread's loads are issued before any store (a store is inline asm, a memory clobber,
+    // so the compiler cannot hoist later loads above it), and a block's accesses stay inside one
+    // contiguous tile (a grid-stride pair of chunks 128 MiB apart measured 1% slower than PyTorch's
+    // tiled kernel; four chunks a thread, at 64 registers, 2% slower).
     const UNROLL: usize = CHUNKS_PER_THREAD as usize;
-    while i + (UNROLL as u64 - 1) * step < chunks {
-        // SAFETY: i + u * step < chunks for every u < UNROLL: each chunk lies inside all three buffers
-        // (as below).
-        unsafe {
-            let mut x = [Chunk16([0; 4]); UNROLL];
-            let mut y = [Chunk16([0; 4]); UNROLL];
+    let bd = block_dim_x() as u64;
+    let tile = bd * UNROLL as u64;
+    let mut t = block_idx_x() as u64 * tile;
+    while t < chunks {
+        let i = t + thread_idx_x() as u64;
+        if t + tile <= chunks {
+            // SAFETY: i + u * bd < t + tile <= chunks for every u < UNROLL: each chunk lies inside all
+            // three buffers (equal lengths, checked by the launcher); bases are 16-byte aligned
+            // (checked by the launcher).
+            unsafe {
+                let mut x = [Chunk16([0; 4]); UNROLL];
+                let mut y = [Chunk16([0; 4]); UNROLL];
+                crate::unroll_lt!(u < UNROLL, {
+                    x[u] = load_chunk_ro(a.chunks(), i + u as u64 * bd);
+                    y[u] = load_chunk_ro(b.chunks(), i + u as u64 * bd);
+                });
+                crate::unroll_lt!(u < UNROLL, {
+                    store_chunk(
+                        out.chunks(),
+                        i + u as u64 * bd,
+                        map_chunk2::<T>(x[u], y[u], f),
+                    );
+                });
+            }
+        } else {
             crate::unroll_lt!(u < UNROLL, {
-                x[u] = load_chunk_ro(a.chunks(), i + u as u64 * step);
-                y[u] = load_chunk_ro(b.chunks(), i + u as u64 * step);
-            });
-            crate::unroll_lt!(u < UNROLL, {
-                store_chunk(
-                    out.chunks(),
-                    i + u as u64 * step,
-                    map_chunk2::<T>(x[u], y[u], f),
-                );
+                let c = i + u as u64 * bd;
+                if c < chunks {
+                    // SAFETY: c < chunks (as above).
+                    unsafe {
+                        let z = map_chunk2::<T>(
+                            load_chunk_ro(a.chunks(), c),
+                            load_chunk_ro(b.chunks(), c),
+                            f,
+                        );
+                        store_chunk(out.chunks(), c, z);
+                    }
+                }
             });
         }
-        i += UNROLL as u64 * step;
-    }
-    while i < chunks {
-        // SAFETY: i < chunks, so the whole chunk lies inside all three buffers (equal lengths, checked by
-        // the launcher); bases are 16-byte aligned (checked by the launcher).
-        unsafe {
-            let z = map_chunk2::<T>(
-                load_chunk_ro(a.chunks(), i),
-                load_chunk_ro(b.chunks(), i),
-                f,
-            );
-            store_chunk(out.chunks(), i, z);
-        }
-        i += step;
+        t += grid_dim_x() as u64 * tile;
     }
     let j = chunks * per_chunk + global_index_x();
     if j < a.len {

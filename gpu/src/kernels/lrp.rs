@@ -33,8 +33,8 @@
 //! tests/gpu_lrp.rs. The abs sum uses the split of `|v|`, which is `(|hi|, sign(v) lo)`
 //! (`dev::mma::split_abs`), not `|lo|`.
 use crate::dev::mem::{Slice, SliceMut};
-use crate::dev::mma::{FragA, FragBTf32, FragC, mma_tf32, split_abs, split_tf32};
-use crate::dev::shared::{SharedArray, SharedScalar};
+use crate::dev::mma::{FragC, mma_tf32, split_abs, split_tf32};
+use crate::dev::shared::SharedScalar;
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_threads_x, thread_idx_x,
@@ -109,7 +109,9 @@ fn fetch_b<const MODE: u32>(
         crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
             let v = if n < p.cols && k + 2 * (q as u64) < t.k_end { b.get_ro(at) } else { 0.0 };
             rb[q] = v.abs();
-            at += 2 * p.cols;
+            if q < 7 {
+                at += 2 * p.cols;
+            }
         });
     } else {
         let (n, k) = (t.n0 + tid / 8, k0 + (tid & 7));
