@@ -109,10 +109,9 @@ fn fetch_b<const MODE: u32>(
         crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
             let v = if n < p.cols && k + 2 * (q as u64) < t.k_end { b.get_ro(at) } else { 0.0 };
             rb[q] = v.abs();
-            if q < 7 {
-                at += 2 * p.cols;
-            }
+            at += 2 * p.cols;
         });
+        let _ = at; // the last trip's step is not used
     } else {
         let (n, k) = (t.n0 + tid / 8, k0 + (tid & 7));
         // Quarter q: base + (q & 3) 32 rows + (q >> 2) 8 deep.
