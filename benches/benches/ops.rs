@@ -588,6 +588,21 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                 },
             );
+            // The forward variants, same inputs and byte count, measured next to the default.
+            for (tag, variant) in [("v2", cl::FwdVariant::V2)] {
+                b.bench(
+                    spec(
+                        format!("sgp_fwd_{tag}/f32/{d}d_B{bb}_N{n}"),
+                        Some(3 * size),
+                        None,
+                    ),
+                    copies,
+                    |i| {
+                        cl::sgp_forward_variant(&x[i], &y[i], &w[0], Normalize::Yes, variant)
+                            .expect("sgp_forward_variant");
+                    },
+                );
+            }
         }
         for &(bb, n) in &shapes {
             let size = (c * bb * n * 4) as u64;

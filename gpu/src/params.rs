@@ -47,6 +47,10 @@ unsafe impl KernelParam for ReduceTo {}
 /// instead of using up to 255 (a 512-thread block of a 255-register kernel cannot launch at all).
 /// Launchers must never exceed `T` (ptxas-compiled code traps otherwise: CUDA_ERROR_INVALID_VALUE).
 pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
+    // Forward variants: one thread a feature, up to 1024 a block, so at most 64 registers (two blocks of
+    // 512 per SM). Before "sgp2d_fwd_": the first matching prefix wins.
+    ("sgp2d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
+    ("sgp3d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
     ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("sgp2d_bwd_", clifford::BWD_BLOCK, 4),
@@ -79,7 +83,11 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("layer_norm_backward_narrow_", layer_norm::MAX_BLOCK, 2),
     // f32 fits 64 registers (two blocks of 512); the halves hold 8 elements a chunk and spilled at
     // 64, so they get up to 128.
-    ("layer_norm_backward_pipe_f32", layer_norm::PIPE_MAX_BLOCK, 2),
+    (
+        "layer_norm_backward_pipe_f32",
+        layer_norm::PIPE_MAX_BLOCK,
+        2,
+    ),
     ("layer_norm_backward_pipe_", layer_norm::PIPE_MAX_BLOCK, 1),
     ("layer_norm_", layer_norm::MAX_BLOCK, 1),
 ];
@@ -1008,6 +1016,14 @@ pub mod clifford {
         } else {
             need as u32
         }
+    }
+    /// Most threads of a forward-v2 block (one thread a feature): rows up to this many features.
+    pub const FWD_V2_MAX_BLOCK: u32 = 1024;
+    /// Threads of a forward-v2 block for a row of `n <= FWD_V2_MAX_BLOCK` features: `n` rounded up to
+    /// whole warps.
+    pub const fn fwd_v2_block(n: u64) -> u32 {
+        let t = n.div_ceil(32) * 32;
+        if t < 32 { 32 } else { t as u32 }
     }
     /// Threads of the per-feature backward (one feature a thread) and of the elementwise kernels.
     pub const BWD_BLOCK: u32 = 128;

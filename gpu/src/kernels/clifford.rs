@@ -22,7 +22,7 @@
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::thread::{block_dim_x, block_idx_x, block_idx_y, grid_dim_x, thread_idx_x};
-use crate::dev::{block, math, opaque_u64};
+use crate::dev::{block, math, opaque_u32, opaque_u64};
 use crate::params::clifford::{
     FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D,
     PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
@@ -41,6 +41,49 @@ trait Algebra {
     const TERMS: [Term; 64];
     const SLOT: [usize; 64];
     const GRADE: [usize; 8];
+    /// Output component and path of each pair slot (terms sharing both are summed before weighting).
+    const SLOT_J: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, true);
+    const SLOT_P: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, false);
+    /// Whether term `ti` is the first (in term order) of its slot.
+    const FIRST_IN_SLOT: [bool; 64] = first_in_slot(&Self::SLOT, Self::NT);
+    /// Whether slot `s` is the first (in slot order) of its output component.
+    const FIRST_SLOT_OF_J: [bool; 44] = first_slot_of_j(&Self::SLOT_J, Self::NS);
+}
+
+const fn slot_field(terms: &[Term; 64], slot: &[usize; 64], nt: usize, j: bool) -> [usize; 44] {
+    let mut out = [0; 44];
+    let mut ti = 0;
+    while ti < nt {
+        out[slot[ti]] = if j {
+            terms[ti].j as usize
+        } else {
+            terms[ti].p as usize
+        };
+        ti += 1;
+    }
+    out
+}
+const fn first_in_slot(slot: &[usize; 64], nt: usize) -> [bool; 64] {
+    let mut out = [false; 64];
+    let mut seen = [false; 44];
+    let mut ti = 0;
+    while ti < nt {
+        out[ti] = !seen[slot[ti]];
+        seen[slot[ti]] = true;
+        ti += 1;
+    }
+    out
+}
+const fn first_slot_of_j(slot_j: &[usize; 44], ns: usize) -> [bool; 44] {
+    let mut out = [false; 44];
+    let mut seen = [false; 8];
+    let mut s = 0;
+    while s < ns {
+        out[s] = !seen[slot_j[s]];
+        seen[slot_j[s]] = true;
+        s += 1;
+    }
+    out
 }
 
 const NONE: Term = Term {
@@ -143,6 +186,23 @@ macro_rules! each_term {
     };
 }
 
+/// [`each_term!`] with the term's index bound to `$ti` as well.
+macro_rules! each_term_idx {
+    ($A:ty, $ti:ident, $t:ident, $s:ident $body:block) => {
+        crate::unroll!($ti in [
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+            48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
+        ] {
+            if $ti < <$A>::NT {
+                let $t = <$A>::TERMS[$ti];
+                let $s = <$A>::SLOT[$ti];
+                $body
+            }
+        })
+    };
+}
+
 /// `acc + v` or `acc - v` for a constant sign.
 #[inline(always)]
 fn signed_add(acc: f32, neg: bool, v: f32) -> f32 {
@@ -155,6 +215,16 @@ fn load_mv<A: Algebra>(s: &Slice<f32>, idx: u64, stride: u64) -> Mv {
     let mut v = [0.0f32; 8];
     each_comp!(A, c {
         v[c] = s.get(idx + c as u64 * stride);
+    });
+    v
+}
+
+/// [`load_mv`] through the read-only cache (`ld.global.nc`): for inputs no thread writes.
+#[inline(always)]
+fn load_mv_ro<A: Algebra>(s: &Slice<f32>, idx: u64, stride: u64) -> Mv {
+    let mut v = [0.0f32; 8];
+    each_comp!(A, c {
+        v[c] = s.get_ro(idx + c as u64 * stride);
     });
     v
 }
@@ -209,6 +279,25 @@ fn product<A: Algebra>(x: &Mv, y: &Mv, w: &[f32; 20]) -> Mv {
     let mut o = [0.0f32; 8];
     each_term!(A, t, _slot {
         o[t.j as usize] = signed_add(o[t.j as usize], t.neg, w[t.p as usize] * (x[t.i as usize] * y[t.k as usize]));
+    });
+    o
+}
+
+/// The weighted product with FMAs: the terms sharing an output component and a path (one pair slot)
+/// are summed first, `S_s = sum ±x_i y_k`, and weighted once, `o_j = sum_s w_p(s) S_s`. 3D: 64 + 44
+/// multiply-adds instead of [`product`]'s 64 x (mul, mul, add) (rustc does not contract).
+#[inline(always)]
+fn product_slots<A: Algebra>(x: &Mv, y: &Mv, w: &[f32; 20]) -> Mv {
+    let mut sum = [0.0f32; 44];
+    each_term_idx!(A, ti, t, s {
+        let (xi, yk) = (x[t.i as usize], y[t.k as usize]);
+        let xi = if t.neg { -xi } else { xi };
+        sum[s] = if A::FIRST_IN_SLOT[ti] { xi * yk } else { math::fma(xi, yk, sum[s]) };
+    });
+    let mut o = [0.0f32; 8];
+    each_slot!(A, s {
+        let (j, p) = (A::SLOT_J[s], A::SLOT_P[s]);
+        o[j] = if A::FIRST_SLOT_OF_J[s] { w[p] * sum[s] } else { math::fma(w[p], sum[s], o[j]) };
     });
     o
 }
@@ -331,6 +420,95 @@ unsafe fn sgp_fwd<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normal
             first += piece;
         }
         row += grid_dim_x() as u64;
+    }
+}
+
+/// The C components at `idx + c * bn`, 32-bit offsets (the launcher keeps `C * B * N < 2^31`), through
+/// the read-only cache. `bn` is hidden from the optimiser per call so `c * bn` is recomputed (one add a
+/// component) instead of held across the row loop in a register each.
+#[inline(always)]
+fn load_mv32<A: Algebra>(s: &Slice<f32>, idx: u32, bn: u32) -> Mv {
+    let bn = opaque_u32(bn);
+    let mut v = [0.0f32; 8];
+    each_comp!(A, c {
+        v[c] = s.get_ro((idx + c as u32 * bn) as u64);
+    });
+    v
+}
+
+#[inline(always)]
+fn store_mv32<A: Algebra>(s: &SliceMut<f32>, idx: u32, bn: u32, v: &Mv) {
+    let bn = opaque_u32(bn);
+    each_comp!(A, c {
+        s.set((idx + c as u32 * bn) as u64, v[c]);
+    });
+}
+
+/// Sizes of the v2 forward in 32 bits.
+#[derive(Clone, Copy)]
+struct Rows32 {
+    rows: u32,
+    n: u32,
+    bn: u32,
+}
+
+/// x and y of feature `f` of `row`, or zeros past the row or the batch (a zero input gives a zero
+/// output and adds nothing to the grade sums).
+#[inline(always)]
+fn load_pair32<A: Algebra>(s: &Sgp, z: Rows32, row: u32, f: u32) -> (Mv, Mv) {
+    if f < z.n && row < z.rows {
+        let idx = opaque_u32(row) * z.n + f;
+        (
+            load_mv32::<A>(&s.x, idx, z.bn),
+            load_mv32::<A>(&s.y, idx, z.bn),
+        )
+    } else {
+        ([0.0; 8], [0.0; 8])
+    }
+}
+
+/// Forward v2: thread = feature, the block covers a whole row (`block_dim >= n`, at most
+/// `FWD_V2_MAX_BLOCK`), and a persistent grid strides over rows. Each thread loads its feature's P
+/// weights once (registers) instead of once per row, keeps one output in registers instead of
+/// `CACHE` (at most 64 registers, so two 512-thread blocks per SM instead of one), computes the
+/// product with FMAs over pair slots ([`product_slots`]), and loads the next row's x and y before the
+/// block reduction so those loads are in flight during the barriers and the stores. Offsets are 32-bit
+/// (`C * B * N < 2^31`, checked by the launcher).
+#[inline(always)]
+unsafe fn sgp_fwd_v2<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
+    let z = Rows32 {
+        rows: s.rows as u32,
+        n: s.n as u32,
+        bn: (s.rows * s.n) as u32,
+    };
+    let f = thread_idx_x();
+    let mut w = [0.0f32; 20];
+    if f < z.n {
+        each_path!(A, p {
+            w[p] = s.w.get_ro((f * A::P as u32 + p as u32) as u64);
+        });
+    }
+    let step = grid_dim_x();
+    let mut row = block_idx_x();
+    let (mut xv, mut yv) = load_pair32::<A>(&s, z, row, f);
+    while row < z.rows {
+        let (xt, _) = gate::<A>(&xv);
+        let (yt, _) = gate::<A>(&yv);
+        let out = product_slots::<A>(&xt, &yt, &w);
+        let next = row + step;
+        (xv, yv) = load_pair32::<A>(&s, z, next, f);
+        let inv = if normalize != 0 {
+            let mut sq = [0.0f32; 4];
+            add_grade_squares::<A>(&mut sq, &out);
+            grade_norms::<A>(sq, s.n, &r, row as u64, s.rows)
+        } else {
+            [1.0; 4]
+        };
+        if f < z.n {
+            let idx = opaque_u32(row) * z.n + f;
+            store_mv32::<A>(&o, idx, z.bn, &scale_grades::<A>(&out, &inv));
+        }
+        row = next;
     }
 }
 
@@ -533,6 +711,25 @@ unsafe fn fc_pairs_bwd<A: Algebra>(
         store_mv::<A>(&gy, e, bn, &gate_bwd::<A>(&yv, cy, &gyt));
         e += step;
     }
+}
+
+macro_rules! clifford_fwd_variants {
+    ($($A:ty: $v2:ident;)*) => {$(
+        /// Forward v2 ([`sgp_fwd_v2`]): block = `fwd_v2_block(n)` (one thread a feature), grid = the
+        /// blocks resident at once (or fewer, one per row). Same arguments as the fused forward.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $v2(
+            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>,
+            rows: u64, n: u64, normalize: u32,
+        ) {
+            unsafe { sgp_fwd_v2::<$A>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+        }
+    )*};
+}
+
+clifford_fwd_variants! {
+    Cl2: sgp2d_fwd_v2_f32;
+    Cl3: sgp3d_fwd_v2_f32;
 }
 
 macro_rules! clifford_entry_points {

@@ -19,9 +19,9 @@
 //! there if equivariance matters.
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
-    BWD_BLOCK, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D,
-    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks,
-    fwd_block, fwd_max_cached, rows_per_chunk,
+    BWD_BLOCK, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V2_MAX_BLOCK, GRADES_2D,
+    GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term,
+    chunks, fwd_block, fwd_max_cached, fwd_v2_block, rows_per_chunk,
 };
 
 use crate::error::{Error, Result};
@@ -127,6 +127,8 @@ impl Algebra {
         match (self, op) {
             (Cl2, Fwd) => "sgp2d_fwd_f32",
             (Cl3, Fwd) => "sgp3d_fwd_f32",
+            (Cl2, FwdV2) => "sgp2d_fwd_v2_f32",
+            (Cl3, FwdV2) => "sgp3d_fwd_v2_f32",
             (Cl2, Bwd) => "sgp2d_bwd_f32",
             (Cl3, Bwd) => "sgp3d_bwd_f32",
             (Cl2, Dot) => "grade_dot2d_f32",
@@ -144,6 +146,7 @@ impl Algebra {
 #[derive(Clone, Copy)]
 enum Kernel {
     Fwd,
+    FwdV2,
     Bwd,
     Dot,
     Norm,
@@ -365,12 +368,36 @@ fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
     })
 }
 
+/// Which kernel [`sgp_forward_variant`] runs (for side-by-side measurement; not a stable API).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdVariant {
+    /// The default: one block per row, `FWD_CACHE` features a thread in registers.
+    Cached,
+    /// `sgp{2,3}d_fwd_v2`: one thread a feature, weights in registers across rows, persistent grid,
+    /// FMA product over pair slots, next row prefetched. Rows of more than `FWD_V2_MAX_BLOCK`
+    /// features, and tensors of 2^31 elements or more, fall back to `Cached`.
+    V2,
+}
+
 /// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
 pub fn sgp_forward(
     x: &Tensor,
     y: &Tensor,
     weight: &Tensor,
     normalize: Normalize,
+) -> Result<Forward> {
+    sgp_forward_variant(x, y, weight, normalize, FwdVariant::Cached)
+}
+
+/// [`sgp_forward`] through a chosen kernel: same contract and results to f32 rounding.
+#[doc(hidden)]
+pub fn sgp_forward_variant(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    normalize: Normalize,
+    variant: FwdVariant,
 ) -> Result<Forward> {
     const OP: &str = "clifford sgp_forward";
     let d = check_pair(OP, x, y)?;
@@ -392,6 +419,31 @@ pub fn sgp_forward(
         return Ok(Forward { out, norms });
     }
     let (rows, n) = u64s(d);
+    // v2 addresses with 32-bit offsets: the whole tensor under 2^31 elements; rows are at most 2^31 - 1
+    // so `row + grid` cannot wrap.
+    let small = (out.numel() as u64) < (1u64 << 31);
+    if variant == FwdVariant::V2 && n <= FWD_V2_MAX_BLOCK as u64 && small {
+        let name = alg.kernel(Kernel::FwdV2);
+        let block = fwd_v2_block(n);
+        let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
+        launch(
+            gpu,
+            name,
+            persistent_grid(gpu, name, block, rows)?,
+            block,
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(weight.raw()),
+                &ByValue(out.raw()),
+                &ByValue(r_raw),
+                &rows,
+                &n,
+                &u32::from(norms.is_some()),
+            ],
+        )?;
+        return Ok(Forward { out, norms });
+    }
     let cache = alg.fwd_cache();
     let fused = n <= fwd_max_cached(cache);
     // Rows longer than the register cache: un-normalised product, then the norm as its own pass.
@@ -427,6 +479,20 @@ pub fn sgp_forward(
         grade_norm(gpu, alg, u, &out, r, rows, n)?;
     }
     Ok(Forward { out, norms })
+}
+
+/// Blocks for a row-persistent kernel: as many `block`-thread blocks of `name` as are resident at once
+/// on the device (the driver's occupancy for its register and shared-memory use), but no more than
+/// `rows`, and evened out so every block gets the same number of rows, or one fewer.
+fn persistent_grid(gpu: &Gpu, name: &'static str, block: u32, rows: u64) -> Result<u32> {
+    let per_sm = gpu
+        .function(name)?
+        .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+        .map_err(|e| Error::driver(e, format!("reading the occupancy of `{name}`")))?;
+    let resident = (per_sm.max(1) as u64) * gpu.sm_count()?.max(1) as u64;
+    let rows = rows.max(1);
+    let per_block = rows.div_ceil(resident);
+    Ok(rows.div_ceil(per_block).min(i32::MAX as u64) as u32)
 }
 
 /// Norm-backward grade dot products `S (G, B)`.
