@@ -626,6 +626,27 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_backward(&x[i], &y[i], &w[0], &f, &go[i]).expect("sgp_backward");
                 },
             );
+            // Forward v2 + backward v2, same bytes, next to the default.
+            b.bench(
+                spec(
+                    format!("sgp_fwdbwd_v2/f32/{d}d_B{bb}_N{n}"),
+                    Some(9 * size),
+                    None,
+                ),
+                copies,
+                |i| {
+                    let f = cl::sgp_forward_variant(
+                        &x[i],
+                        &y[i],
+                        &w[0],
+                        Normalize::Yes,
+                        cl::FwdVariant::V2,
+                    )
+                    .expect("sgp_forward_variant");
+                    cl::sgp_backward_variant(&x[i], &y[i], &w[0], &f, &go[i], cl::BwdVariant::V2)
+                        .expect("sgp_backward_variant");
+                },
+            );
             let mm_flops = 2 * slots * (bb * n * n) as u64;
             let wf = b.inputs(&[p, n, n], DType::F32, 1);
             b.bench(

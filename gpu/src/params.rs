@@ -53,6 +53,7 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("sgp3d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
     ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
+    ("chunk_sum_tree_", clifford::CHUNK_SUM_WARPS * 32, 2),
     ("sgp2d_bwd_", clifford::BWD_BLOCK, 4),
     ("sgp3d_bwd_", clifford::BWD_BLOCK, 3),
     ("grade_dot", clifford::ROW_BLOCK, 2),
@@ -1044,6 +1045,26 @@ pub mod clifford {
         } else {
             ROWS_PER_CHUNK
         }
+    }
+    /// Warps of a `chunk_sum_tree` block (each sums every W-th chunk of 32 outputs).
+    pub const CHUNK_SUM_WARPS: u32 = 8;
+    /// Backward v2: threads (features x chunks) to aim for, and the fewest rows a chunk folds.
+    pub const BWD_V2_TARGET_THREADS: u64 = 1 << 17;
+    pub const BWD_V2_MIN_ROWS_PER_CHUNK: u64 = 4;
+    /// Backward v2 rows per chunk: small enough that `n * chunks` reaches `BWD_V2_TARGET_THREADS`
+    /// (B = 1024, N = 128 gets 256 chunks of 4 rows where [`rows_per_chunk`] gives 32 chunks: 32
+    /// blocks for 132 SMs), between `BWD_V2_MIN_ROWS_PER_CHUNK` and `ROWS_PER_CHUNK`. A function of
+    /// B and N only: the same bits on every run and every GPU.
+    pub const fn rows_per_chunk_v2(rows: u64, n: u64) -> u64 {
+        let mut rpc = rows.saturating_mul(n) / BWD_V2_TARGET_THREADS;
+        if rpc < BWD_V2_MIN_ROWS_PER_CHUNK {
+            rpc = BWD_V2_MIN_ROWS_PER_CHUNK;
+        }
+        if rpc > ROWS_PER_CHUNK {
+            rpc = ROWS_PER_CHUNK;
+        }
+        let min = rows.div_ceil(super::matmul::MAX_GRID_YZ);
+        if min > rpc { min } else { rpc }
     }
     /// Number of row chunks (weight-gradient partials) for a batch of `rows`.
     pub const fn chunks(rows: u64) -> u64 {

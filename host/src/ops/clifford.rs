@@ -19,9 +19,10 @@
 //! there if equivariance matters.
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
-    BWD_BLOCK, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V2_MAX_BLOCK, GRADES_2D,
-    GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term,
-    chunks, fwd_block, fwd_max_cached, fwd_v2_block, rows_per_chunk,
+    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
+    FWD_V2_MAX_BLOCK, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D,
+    ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached, fwd_v2_block,
+    rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
@@ -131,6 +132,8 @@ impl Algebra {
             (Cl3, FwdV2) => "sgp3d_fwd_v2_f32",
             (Cl2, Bwd) => "sgp2d_bwd_f32",
             (Cl3, Bwd) => "sgp3d_bwd_f32",
+            (Cl2, BwdV2) => "sgp2d_bwd_v2_f32",
+            (Cl3, BwdV2) => "sgp3d_bwd_v2_f32",
             (Cl2, Dot) => "grade_dot2d_f32",
             (Cl3, Dot) => "grade_dot3d_f32",
             (Cl2, Norm) => "grade_norm2d_f32",
@@ -148,6 +151,7 @@ enum Kernel {
     Fwd,
     FwdV2,
     Bwd,
+    BwdV2,
     Dot,
     Norm,
     Pairs,
@@ -523,6 +527,18 @@ fn grade_dots(
     Ok(s)
 }
 
+/// Which kernels [`sgp_backward_variant`] runs (for side-by-side measurement; not a stable API).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwdVariant {
+    /// The default: `sgp{2,3}d_bwd` over chunks of `rows_per_chunk(B)` rows, then `chunk_sum`.
+    Chunked,
+    /// `sgp{2,3}d_bwd_v2` (FMA product backward over pair slots, read-only loads) over chunks of
+    /// `rows_per_chunk_v2(B, N)` rows (more blocks at small shapes), then `chunk_sum_tree` (the
+    /// partials summed by 8 warps per 32 outputs).
+    V2,
+}
+
 /// Backward of [`sgp_forward`]: grad_x, grad_y `(C, B, N)` and grad_weight `(N, P)`.
 pub fn sgp_backward(
     x: &Tensor,
@@ -530,6 +546,19 @@ pub fn sgp_backward(
     weight: &Tensor,
     fwd: &Forward,
     grad_out: &Tensor,
+) -> Result<Grads> {
+    sgp_backward_variant(x, y, weight, fwd, grad_out, BwdVariant::Chunked)
+}
+
+/// [`sgp_backward`] through chosen kernels: same contract and results to f32 rounding.
+#[doc(hidden)]
+pub fn sgp_backward_variant(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    fwd: &Forward,
+    grad_out: &Tensor,
+    variant: BwdVariant,
 ) -> Result<Grads> {
     const OP: &str = "clifford sgp_backward";
     let d = check_pair(OP, x, y)?;
@@ -559,7 +588,17 @@ pub fn sgp_backward(
         Some(_) => Some(grade_dots(gpu, alg, grad_out, &fwd.out, rows, n)?),
         None => None,
     };
-    let (rpc, nchunks) = (rows_per_chunk(rows), chunks(rows));
+    let (rpc, nchunks) = match variant {
+        BwdVariant::Chunked => (rows_per_chunk(rows), chunks(rows)),
+        BwdVariant::V2 => {
+            let rpc = rows_per_chunk_v2(rows, n);
+            (rpc, rows.div_ceil(rpc).max(1))
+        }
+    };
+    let (bwd_kernel, sum_kernel) = match variant {
+        BwdVariant::Chunked => (alg.kernel(Kernel::Bwd), "chunk_sum_f32"),
+        BwdVariant::V2 => (alg.kernel(Kernel::BwdV2), "chunk_sum_tree_f32"),
+    };
     let p = alg.paths() as u64;
     let partials = Tensor::empty(
         gpu,
@@ -575,7 +614,7 @@ pub fn sgp_backward(
     let raw_or_none = |t: &Option<Tensor>| t.as_ref().map_or(NONE, |t| t.raw());
     launch_cfg(
         gpu,
-        alg.kernel(Kernel::Bwd),
+        bwd_kernel,
         cfg,
         &[
             &ByValue(x.raw()),
@@ -594,7 +633,23 @@ pub fn sgp_backward(
             &normalize,
         ],
     )?;
-    chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
+    if sum_kernel == "chunk_sum_f32" {
+        chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
+    } else {
+        let len = n * p;
+        launch(
+            gpu,
+            sum_kernel,
+            grid_blocks(len, 32),
+            CHUNK_SUM_WARPS * 32,
+            &[
+                &ByValue(partials.raw()),
+                &ByValue(grad_weight.raw()),
+                &nchunks,
+                &len,
+            ],
+        )?;
+    }
     Ok(Grads {
         grad_x,
         grad_y,
