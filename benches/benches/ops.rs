@@ -588,6 +588,21 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                 },
             );
+            // The forward variants, same inputs and byte count, measured next to the default.
+            for (tag, variant) in [("v2", cl::FwdVariant::V2)] {
+                b.bench(
+                    spec(
+                        format!("sgp_fwd_{tag}/f32/{d}d_B{bb}_N{n}"),
+                        Some(3 * size),
+                        None,
+                    ),
+                    copies,
+                    |i| {
+                        cl::sgp_forward_variant(&x[i], &y[i], &w[0], Normalize::Yes, variant)
+                            .expect("sgp_forward_variant");
+                    },
+                );
+            }
         }
         for &(bb, n) in &shapes {
             let size = (c * bb * n * 4) as u64;
@@ -609,6 +624,27 @@ fn clifford(b: &mut Bencher) {
                     let f =
                         cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                     cl::sgp_backward(&x[i], &y[i], &w[0], &f, &go[i]).expect("sgp_backward");
+                },
+            );
+            // Forward v2 + backward v2, same bytes, next to the default.
+            b.bench(
+                spec(
+                    format!("sgp_fwdbwd_v2/f32/{d}d_B{bb}_N{n}"),
+                    Some(9 * size),
+                    None,
+                ),
+                copies,
+                |i| {
+                    let f = cl::sgp_forward_variant(
+                        &x[i],
+                        &y[i],
+                        &w[0],
+                        Normalize::Yes,
+                        cl::FwdVariant::V2,
+                    )
+                    .expect("sgp_forward_variant");
+                    cl::sgp_backward_variant(&x[i], &y[i], &w[0], &f, &go[i], cl::BwdVariant::V2)
+                        .expect("sgp_backward_variant");
                 },
             );
             let mm_flops = 2 * slots * (bb * n * n) as u64;

@@ -47,8 +47,13 @@ unsafe impl KernelParam for ReduceTo {}
 /// instead of using up to 255 (a 512-thread block of a 255-register kernel cannot launch at all).
 /// Launchers must never exceed `T` (ptxas-compiled code traps otherwise: CUDA_ERROR_INVALID_VALUE).
 pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
+    // Forward variants: one thread a feature, up to 1024 a block, so at most 64 registers (two blocks of
+    // 512 per SM). Before "sgp2d_fwd_": the first matching prefix wins.
+    ("sgp2d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
+    ("sgp3d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
     ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
+    ("chunk_sum_tree_", clifford::CHUNK_SUM_WARPS * 32, 2),
     ("sgp2d_bwd_", clifford::BWD_BLOCK, 4),
     ("sgp3d_bwd_", clifford::BWD_BLOCK, 3),
     ("grade_dot", clifford::ROW_BLOCK, 2),
@@ -1016,6 +1021,14 @@ pub mod clifford {
             need as u32
         }
     }
+    /// Most threads of a forward-v2 block (one thread a feature): rows up to this many features.
+    pub const FWD_V2_MAX_BLOCK: u32 = 1024;
+    /// Threads of a forward-v2 block for a row of `n <= FWD_V2_MAX_BLOCK` features: `n` rounded up to
+    /// whole warps.
+    pub const fn fwd_v2_block(n: u64) -> u32 {
+        let t = n.div_ceil(32) * 32;
+        if t < 32 { 32 } else { t as u32 }
+    }
     /// Threads of the per-feature backward (one feature a thread) and of the elementwise kernels.
     pub const BWD_BLOCK: u32 = 128;
     /// Threads of the per-row reductions (grade dot products, grade norms of the fc variant).
@@ -1035,6 +1048,26 @@ pub mod clifford {
         } else {
             ROWS_PER_CHUNK
         }
+    }
+    /// Warps of a `chunk_sum_tree` block (each sums every W-th chunk of 32 outputs).
+    pub const CHUNK_SUM_WARPS: u32 = 8;
+    /// Backward v2: threads (features x chunks) to aim for, and the fewest rows a chunk folds.
+    pub const BWD_V2_TARGET_THREADS: u64 = 1 << 17;
+    pub const BWD_V2_MIN_ROWS_PER_CHUNK: u64 = 4;
+    /// Backward v2 rows per chunk: small enough that `n * chunks` reaches `BWD_V2_TARGET_THREADS`
+    /// (B = 1024, N = 128 gets 256 chunks of 4 rows where [`rows_per_chunk`] gives 32 chunks: 32
+    /// blocks for 132 SMs), between `BWD_V2_MIN_ROWS_PER_CHUNK` and `ROWS_PER_CHUNK`. A function of
+    /// B and N only: the same bits on every run and every GPU.
+    pub const fn rows_per_chunk_v2(rows: u64, n: u64) -> u64 {
+        let mut rpc = rows.saturating_mul(n) / BWD_V2_TARGET_THREADS;
+        if rpc < BWD_V2_MIN_ROWS_PER_CHUNK {
+            rpc = BWD_V2_MIN_ROWS_PER_CHUNK;
+        }
+        if rpc > ROWS_PER_CHUNK {
+            rpc = ROWS_PER_CHUNK;
+        }
+        let min = rows.div_ceil(super::matmul::MAX_GRID_YZ);
+        if min > rpc { min } else { rpc }
     }
     /// Number of row chunks (weight-gradient partials) for a batch of `rows`.
     pub const fn chunks(rows: u64) -> u64 {

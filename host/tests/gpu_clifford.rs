@@ -164,6 +164,148 @@ fn sgp_forward_and_backward_match_reference() {
     }
 }
 
+/// Every forward variant (`sgp_forward_variant`) against the f64 reference: odd and prime sizes, rows
+/// of exactly one block (1024), one past it (the fallback), and more rows than resident blocks.
+#[test]
+fn sgp_forward_variants_match_reference() {
+    let Some(gpu) = gpu_or_skip("sgp_forward_variants_match_reference") else {
+        return;
+    };
+    let mut rng = rng("sgp_variants");
+    let mut shapes = vec![
+        (1, 1),
+        (3, 7),
+        (17, 31),
+        (5, 97),
+        (2, 1024),
+        (3, 1025),
+        (scaled(4096, 64), scaled(512, 33)),
+        (scaled(2053, 37), 3),
+        (scaled(1031, 13), 129),
+    ];
+    for _ in 0..fuzz_cases(4) {
+        shapes.push((rng.random_range(1..700), rng.random_range(1..1100)));
+    }
+    for variant in [cl::FwdVariant::V2] {
+        for &(b, n) in &shapes {
+            for alg in ALGS {
+                for normalize in NORMS {
+                    let case = format!("sgp {variant:?} {alg:?} B{b} N{n} {normalize:?}");
+                    let (x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
+                    let w = uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32);
+                    let (xd, yd, wd) = (up(&gpu, &x), up(&gpu, &y), up(&gpu, &w));
+                    let fwd = cl::sgp_forward_variant(&xd, &yd, &wd, normalize, variant).unwrap();
+                    let want = cr::sgp_forward(&x, &y, &w, normalize).unwrap();
+                    check(&case, "out", &fwd.out, &want.out, tol_for(n));
+                    assert_eq!(fwd.norms.is_some(), want.norms.is_some(), "{case}: norms");
+                    if let (Some(r), Some(rw)) = (&fwd.norms, &want.norms) {
+                        check(&case, "norms", r, rw, tol_for(n));
+                    }
+                    // Same bits on a second run.
+                    let again = cl::sgp_forward_variant(&xd, &yd, &wd, normalize, variant).unwrap();
+                    assert!(
+                        bits(&again.out) == bits(&fwd.out),
+                        "{case}: not deterministic"
+                    );
+                }
+            }
+        }
+        // A NaN in one feature reaches its row's output (and, normalised, the whole row), never hidden.
+        for alg in ALGS {
+            let (b, n) = (3, 37);
+            let (mut x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
+            x.data[n + 5] = f32::NAN;
+            let w = uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32);
+            let fwd = cl::sgp_forward_variant(
+                &up(&gpu, &x),
+                &up(&gpu, &y),
+                &up(&gpu, &w),
+                Normalize::No,
+                variant,
+            )
+            .unwrap();
+            let out = fwd.out.to_vec().unwrap();
+            assert!(out[n + 5].is_nan(), "{variant:?} {alg:?}: NaN input lost");
+            assert!(
+                out[5].is_finite(),
+                "{variant:?} {alg:?}: NaN leaked into another row"
+            );
+        }
+    }
+}
+
+/// The backward variant (`sgp_backward_variant`) against the f64 reference from the GPU's saved state,
+/// at sizes that give 1, a few, and many row chunks (partial sums over up to 1000+ chunks).
+#[test]
+fn sgp_backward_variants_match_reference() {
+    let Some(gpu) = gpu_or_skip("sgp_backward_variants_match_reference") else {
+        return;
+    };
+    let mut rng = rng("sgp_bwd_variants");
+    let mut shapes = vec![
+        (1, 1),
+        (3, 7),
+        (17, 31),
+        (5, 97),
+        (2, 1025),
+        (scaled(4099, 64), 3),
+        (scaled(1024, 16), scaled(128, 9)),
+        (scaled(257, 5), 513),
+    ];
+    for _ in 0..fuzz_cases(4) {
+        shapes.push((rng.random_range(1..600), rng.random_range(1..700)));
+    }
+    for variant in [cl::BwdVariant::V2] {
+        for &(b, n) in &shapes {
+            for alg in ALGS {
+                for normalize in NORMS {
+                    let case = format!("sgp bwd {variant:?} {alg:?} B{b} N{n} {normalize:?}");
+                    let (x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
+                    let w = uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32);
+                    let go = mv(&mut rng, alg, b, n);
+                    let (xd, yd, wd, god) =
+                        (up(&gpu, &x), up(&gpu, &y), up(&gpu, &w), up(&gpu, &go));
+                    let fwd = cl::sgp_forward(&xd, &yd, &wd, normalize).unwrap();
+                    let saved = cr::Forward {
+                        out: fwd.out.to_host().unwrap(),
+                        norms: fwd.norms.as_ref().map(|r| r.to_host().unwrap()),
+                    };
+                    let g = cl::sgp_backward_variant(&xd, &yd, &wd, &fwd, &god, variant).unwrap();
+                    let gw = cr::sgp_backward(&x, &y, &w, &saved, &go).unwrap();
+                    check(
+                        &case,
+                        "grad_x",
+                        &g.grad_x,
+                        &gw.grad_x,
+                        grad_tol(n, normalize),
+                    );
+                    check(
+                        &case,
+                        "grad_y",
+                        &g.grad_y,
+                        &gw.grad_y,
+                        grad_tol(n, normalize),
+                    );
+                    check(
+                        &case,
+                        "grad_weight",
+                        &g.grad_weight,
+                        &gw.grad_weight,
+                        tol_for(b),
+                    );
+                    let again =
+                        cl::sgp_backward_variant(&xd, &yd, &wd, &fwd, &god, variant).unwrap();
+                    assert!(
+                        bits(&again.grad_weight) == bits(&g.grad_weight)
+                            && bits(&again.grad_x) == bits(&g.grad_x),
+                        "{case}: not deterministic"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn fcgp_forward_and_backward_match_reference() {
     let Some(gpu) = gpu_or_skip("fcgp_forward_and_backward_match_reference") else {
@@ -390,8 +532,13 @@ fn clifford_kernels_are_in_the_ptx_with_launch_bounds() {
     let names = [
         "sgp2d_fwd_f32",
         "sgp3d_fwd_f32",
+        "sgp2d_fwd_v2_f32",
+        "sgp3d_fwd_v2_f32",
         "sgp2d_bwd_f32",
         "sgp3d_bwd_f32",
+        "sgp2d_bwd_v2_f32",
+        "sgp3d_bwd_v2_f32",
+        "chunk_sum_tree_f32",
         "grade_dot2d_f32",
         "grade_dot3d_f32",
         "grade_norm2d_f32",

@@ -21,11 +21,14 @@
 //!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is `matmul_f32`.
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
 use crate::dev::mem::{Slice, SliceMut};
-use crate::dev::thread::{block_dim_x, block_idx_x, block_idx_y, grid_dim_x, thread_idx_x};
-use crate::dev::{block, math, opaque_u64};
+use crate::dev::sync::sync_threads;
+use crate::dev::thread::{
+    block_dim_x, block_idx_x, block_idx_y, grid_dim_x, lane_id, thread_idx_x, warp_id,
+};
+use crate::dev::{block, math, opaque_u32, opaque_u64};
 use crate::params::clifford::{
-    FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D,
-    PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
+    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D,
+    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -41,6 +44,62 @@ trait Algebra {
     const TERMS: [Term; 64];
     const SLOT: [usize; 64];
     const GRADE: [usize; 8];
+    /// Output component and path of each pair slot (terms sharing both are summed before weighting).
+    const SLOT_J: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, true);
+    const SLOT_P: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, false);
+    /// Whether term `ti` is the first (in term order) of its slot.
+    const FIRST_IN_SLOT: [bool; 64] = first_in_slot(&Self::SLOT, Self::NT);
+    /// Whether term `ti` is the last (in term order) of its slot.
+    const LAST_IN_SLOT: [bool; 64] = last_in_slot(&Self::SLOT, Self::NT);
+    /// Whether slot `s` is the first (in slot order) of its output component.
+    const FIRST_SLOT_OF_J: [bool; 44] = first_slot_of_j(&Self::SLOT_J, Self::NS);
+}
+
+const fn slot_field(terms: &[Term; 64], slot: &[usize; 64], nt: usize, j: bool) -> [usize; 44] {
+    let mut out = [0; 44];
+    let mut ti = 0;
+    while ti < nt {
+        out[slot[ti]] = if j {
+            terms[ti].j as usize
+        } else {
+            terms[ti].p as usize
+        };
+        ti += 1;
+    }
+    out
+}
+const fn first_in_slot(slot: &[usize; 64], nt: usize) -> [bool; 64] {
+    let mut out = [false; 64];
+    let mut seen = [false; 44];
+    let mut ti = 0;
+    while ti < nt {
+        out[ti] = !seen[slot[ti]];
+        seen[slot[ti]] = true;
+        ti += 1;
+    }
+    out
+}
+const fn last_in_slot(slot: &[usize; 64], nt: usize) -> [bool; 64] {
+    let mut out = [false; 64];
+    let mut seen = [false; 44];
+    let mut ti = nt;
+    while ti > 0 {
+        ti -= 1;
+        out[ti] = !seen[slot[ti]];
+        seen[slot[ti]] = true;
+    }
+    out
+}
+const fn first_slot_of_j(slot_j: &[usize; 44], ns: usize) -> [bool; 44] {
+    let mut out = [false; 44];
+    let mut seen = [false; 8];
+    let mut s = 0;
+    while s < ns {
+        out[s] = !seen[slot_j[s]];
+        seen[slot_j[s]] = true;
+        s += 1;
+    }
+    out
 }
 
 const NONE: Term = Term {
@@ -143,6 +202,23 @@ macro_rules! each_term {
     };
 }
 
+/// [`each_term!`] with the term's index bound to `$ti` as well.
+macro_rules! each_term_idx {
+    ($A:ty, $ti:ident, $t:ident, $s:ident $body:block) => {
+        crate::unroll!($ti in [
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+            48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
+        ] {
+            if $ti < <$A>::NT {
+                let $t = <$A>::TERMS[$ti];
+                let $s = <$A>::SLOT[$ti];
+                $body
+            }
+        })
+    };
+}
+
 /// `acc + v` or `acc - v` for a constant sign.
 #[inline(always)]
 fn signed_add(acc: f32, neg: bool, v: f32) -> f32 {
@@ -155,6 +231,16 @@ fn load_mv<A: Algebra>(s: &Slice<f32>, idx: u64, stride: u64) -> Mv {
     let mut v = [0.0f32; 8];
     each_comp!(A, c {
         v[c] = s.get(idx + c as u64 * stride);
+    });
+    v
+}
+
+/// [`load_mv`] through the read-only cache (`ld.global.nc`): for inputs no thread writes.
+#[inline(always)]
+fn load_mv_ro<A: Algebra>(s: &Slice<f32>, idx: u64, stride: u64) -> Mv {
+    let mut v = [0.0f32; 8];
+    each_comp!(A, c {
+        v[c] = s.get_ro(idx + c as u64 * stride);
     });
     v
 }
@@ -209,6 +295,25 @@ fn product<A: Algebra>(x: &Mv, y: &Mv, w: &[f32; 20]) -> Mv {
     let mut o = [0.0f32; 8];
     each_term!(A, t, _slot {
         o[t.j as usize] = signed_add(o[t.j as usize], t.neg, w[t.p as usize] * (x[t.i as usize] * y[t.k as usize]));
+    });
+    o
+}
+
+/// The weighted product with FMAs: the terms sharing an output component and a path (one pair slot)
+/// are summed first, `S_s = sum ±x_i y_k`, and weighted once, `o_j = sum_s w_p(s) S_s`. 3D: 64 + 44
+/// multiply-adds instead of [`product`]'s 64 x (mul, mul, add) (rustc does not contract).
+#[inline(always)]
+fn product_slots<A: Algebra>(x: &Mv, y: &Mv, w: &[f32; 20]) -> Mv {
+    let mut sum = [0.0f32; 44];
+    each_term_idx!(A, ti, t, s {
+        let (xi, yk) = (x[t.i as usize], y[t.k as usize]);
+        let xi = if t.neg { -xi } else { xi };
+        sum[s] = if A::FIRST_IN_SLOT[ti] { xi * yk } else { math::fma(xi, yk, sum[s]) };
+    });
+    let mut o = [0.0f32; 8];
+    each_slot!(A, s {
+        let (j, p) = (A::SLOT_J[s], A::SLOT_P[s]);
+        o[j] = if A::FIRST_SLOT_OF_J[s] { w[p] * sum[s] } else { math::fma(w[p], sum[s], o[j]) };
     });
     o
 }
@@ -334,6 +439,95 @@ unsafe fn sgp_fwd<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normal
     }
 }
 
+/// The C components at `idx + c * bn`, 32-bit offsets (the launcher keeps `C * B * N < 2^31`), through
+/// the read-only cache. `bn` is hidden from the optimiser per call so `c * bn` is recomputed (one add a
+/// component) instead of held across the row loop in a register each.
+#[inline(always)]
+fn load_mv32<A: Algebra>(s: &Slice<f32>, idx: u32, bn: u32) -> Mv {
+    let bn = opaque_u32(bn);
+    let mut v = [0.0f32; 8];
+    each_comp!(A, c {
+        v[c] = s.get_ro((idx + c as u32 * bn) as u64);
+    });
+    v
+}
+
+#[inline(always)]
+fn store_mv32<A: Algebra>(s: &SliceMut<f32>, idx: u32, bn: u32, v: &Mv) {
+    let bn = opaque_u32(bn);
+    each_comp!(A, c {
+        s.set((idx + c as u32 * bn) as u64, v[c]);
+    });
+}
+
+/// Sizes of the v2 forward in 32 bits.
+#[derive(Clone, Copy)]
+struct Rows32 {
+    rows: u32,
+    n: u32,
+    bn: u32,
+}
+
+/// x and y of feature `f` of `row`, or zeros past the row or the batch (a zero input gives a zero
+/// output and adds nothing to the grade sums).
+#[inline(always)]
+fn load_pair32<A: Algebra>(s: &Sgp, z: Rows32, row: u32, f: u32) -> (Mv, Mv) {
+    if f < z.n && row < z.rows {
+        let idx = opaque_u32(row) * z.n + f;
+        (
+            load_mv32::<A>(&s.x, idx, z.bn),
+            load_mv32::<A>(&s.y, idx, z.bn),
+        )
+    } else {
+        ([0.0; 8], [0.0; 8])
+    }
+}
+
+/// Forward v2: thread = feature, the block covers a whole row (`block_dim >= n`, at most
+/// `FWD_V2_MAX_BLOCK`), and a persistent grid strides over rows. Each thread loads its feature's P
+/// weights once (registers) instead of once per row, keeps one output in registers instead of
+/// `CACHE` (at most 64 registers, so two 512-thread blocks per SM instead of one), computes the
+/// product with FMAs over pair slots ([`product_slots`]), and loads the next row's x and y before the
+/// block reduction so those loads are in flight during the barriers and the stores. Offsets are 32-bit
+/// (`C * B * N < 2^31`, checked by the launcher).
+#[inline(always)]
+unsafe fn sgp_fwd_v2<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
+    let z = Rows32 {
+        rows: s.rows as u32,
+        n: s.n as u32,
+        bn: (s.rows * s.n) as u32,
+    };
+    let f = thread_idx_x();
+    let mut w = [0.0f32; 20];
+    if f < z.n {
+        each_path!(A, p {
+            w[p] = s.w.get_ro((f * A::P as u32 + p as u32) as u64);
+        });
+    }
+    let step = grid_dim_x();
+    let mut row = block_idx_x();
+    let (mut xv, mut yv) = load_pair32::<A>(&s, z, row, f);
+    while row < z.rows {
+        let (xt, _) = gate::<A>(&xv);
+        let (yt, _) = gate::<A>(&yv);
+        let out = product_slots::<A>(&xt, &yt, &w);
+        let next = row + step;
+        (xv, yv) = load_pair32::<A>(&s, z, next, f);
+        let inv = if normalize != 0 {
+            let mut sq = [0.0f32; 4];
+            add_grade_squares::<A>(&mut sq, &out);
+            grade_norms::<A>(sq, s.n, &r, row as u64, s.rows)
+        } else {
+            [1.0; 4]
+        };
+        if f < z.n {
+            let idx = opaque_u32(row) * z.n + f;
+            store_mv32::<A>(&o, idx, z.bn, &scale_grades::<A>(&out, &inv));
+        }
+        row = next;
+    }
+}
+
 /// Per row and grade: `s[G * rows + b] = sum_n sum_{c in G} go_c o_c` (`o` the normalised output).
 /// With `r` non-empty (`apply`), a second pass writes the norm backward
 /// `gu_c = go_c / r - o_c S / (N r)` into `gu`.
@@ -451,6 +645,67 @@ unsafe fn sgp_bwd<A: Algebra>(s: Sgp, g: SgpGrads, rows_per_chunk: u64, normaliz
     });
 }
 
+/// Backward v2: [`sgp_bwd`]'s schedule (thread = feature, grid y = chunk of rows), inputs through the
+/// read-only cache and the product backward with FMAs: per term `gx~_i += ±(w_p go_j) y~_k` and
+/// `gy~_k += ±(w_p go_j) x~_i` (the product `w_p go_j` shared by the terms of a pair slot), and the
+/// weight gradient per slot, `dw_p += go_j S_s` with `S_s = sum ±x~_i y~_k` (flushed at the slot's last
+/// term, so only the open slots of one output are live). 3D: about 280 FMA-class instructions a (b, n)
+/// instead of 64 x 3 x (mul, mul, add).
+#[inline(always)]
+unsafe fn sgp_bwd_v2<A: Algebra>(s: Sgp, g: SgpGrads, rows_per_chunk: u64, normalize: u32) {
+    let f = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    if f >= s.n {
+        return;
+    }
+    let chunk = block_idx_y() as u64;
+    let (b0, bn) = (chunk * rows_per_chunk, s.rows * s.n);
+    let b1 = (b0 + rows_per_chunk).min(s.rows);
+    let mut w = [0.0f32; 20];
+    each_path!(A, p {
+        w[p] = s.w.get_ro(f * A::P as u64 + p as u64);
+    });
+    let mut dw = [0.0f32; 20];
+    let mut b = b0;
+    while b < b1 {
+        let idx = opaque_u64(b) * s.n + f;
+        let mut gu = load_mv_ro::<A>(&g.go, idx, bn);
+        if normalize != 0 {
+            let (mut inv_r, mut coef) = ([0.0f32; 4], [0.0f32; 4]);
+            each_grade!(A, gr {
+                let rg = g.r.get_ro(gr as u64 * s.rows + b);
+                inv_r[gr] = 1.0 / rg;
+                coef[gr] = g.s.get_ro(gr as u64 * s.rows + b) / (s.n as f32 * rg);
+            });
+            gu = norm_bwd::<A>(&gu, &load_mv_ro::<A>(&g.o, idx, bn), &inv_r, &coef);
+        }
+        let (xv, yv) = (
+            load_mv_ro::<A>(&s.x, idx, bn),
+            load_mv_ro::<A>(&s.y, idx, bn),
+        );
+        let ((xt, cx), (yt, cy)) = (gate::<A>(&xv), gate::<A>(&yv));
+        let (mut gxt, mut gyt) = ([0.0f32; 8], [0.0f32; 8]);
+        let mut sum = [0.0f32; 44];
+        each_term_idx!(A, ti, t, sl {
+            let (i, j, k, p) = (t.i as usize, t.j as usize, t.k as usize, t.p as usize);
+            let wg = w[p] * gu[j];
+            let wg = if t.neg { -wg } else { wg };
+            gxt[i] = math::fma(wg, yt[k], gxt[i]);
+            gyt[k] = math::fma(wg, xt[i], gyt[k]);
+            let xi = if t.neg { -xt[i] } else { xt[i] };
+            sum[sl] = if A::FIRST_IN_SLOT[ti] { xi * yt[k] } else { math::fma(xi, yt[k], sum[sl]) };
+            if A::LAST_IN_SLOT[ti] {
+                dw[p] = math::fma(gu[j], sum[sl], dw[p]);
+            }
+        });
+        store_mv::<A>(&g.gx, idx, bn, &gate_bwd::<A>(&xv, cx, &gxt));
+        store_mv::<A>(&g.gy, idx, bn, &gate_bwd::<A>(&yv, cy, &gyt));
+        b += 1;
+    }
+    each_path!(A, p {
+        g.partials.set((chunk * s.n + f) * A::P as u64 + p as u64, dw[p]);
+    });
+}
+
 /// Grade RMS norm alone: `o = u / r`, `r` per (grade, row). One block per row, two passes.
 #[inline(always)]
 unsafe fn grade_norm<A: Algebra>(
@@ -532,6 +787,88 @@ unsafe fn fc_pairs_bwd<A: Algebra>(
         store_mv::<A>(&gx, e, bn, &gate_bwd::<A>(&xv, cx, &gxt));
         store_mv::<A>(&gy, e, bn, &gate_bwd::<A>(&yv, cy, &gyt));
         e += step;
+    }
+}
+
+macro_rules! clifford_fwd_variants {
+    ($($A:ty: $v2:ident;)*) => {$(
+        /// Forward v2 ([`sgp_fwd_v2`]): block = `fwd_v2_block(n)` (one thread a feature), grid = the
+        /// blocks resident at once (or fewer, one per row). Same arguments as the fused forward.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $v2(
+            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>,
+            rows: u64, n: u64, normalize: u32,
+        ) {
+            unsafe { sgp_fwd_v2::<$A>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+        }
+    )*};
+}
+
+clifford_fwd_variants! {
+    Cl2: sgp2d_fwd_v2_f32;
+    Cl3: sgp3d_fwd_v2_f32;
+}
+
+macro_rules! clifford_bwd_variants {
+    ($($A:ty: $v2:ident;)*) => {$(
+        /// Backward v2 ([`sgp_bwd_v2`]): same grid, block and arguments as the backward.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $v2(
+            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, go: Slice<f32>, o: Slice<f32>, r: Slice<f32>,
+            s: Slice<f32>, gx: SliceMut<f32>, gy: SliceMut<f32>, partials: SliceMut<f32>,
+            rows: u64, n: u64, rows_per_chunk: u64, normalize: u32,
+        ) {
+            let g = SgpGrads { go, o, r, s, gx, gy, partials };
+            unsafe { sgp_bwd_v2::<$A>(Sgp { x, y, w, rows, n }, g, rows_per_chunk, normalize) }
+        }
+    )*};
+}
+
+clifford_bwd_variants! {
+    Cl2: sgp2d_bwd_v2_f32;
+    Cl3: sgp3d_bwd_v2_f32;
+}
+
+crate::static_shared!(fn chunk_scratch() -> [f32; 256] as CLIFFORD_CHUNK_SUM_SCRATCH);
+const _: () = assert!(CHUNK_SUM_WARPS * 32 == 256);
+
+/// `out[i] = sum_{c < chunks} partials[c * len + i]` as a fixed tree, for many chunks: a block of
+/// `CHUNK_SUM_WARPS` warps takes 32 consecutive outputs (grid-stride over such groups); warp `v` sums
+/// chunks `v, v + W, v + 2W, ...` in order (coalesced 128-byte rows, W loads in flight per output
+/// instead of one), then lane `l` of warp 0 adds the W warp sums in warp order. The order depends on
+/// `chunks` and `len` only: the same bits on every run and every GPU.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn chunk_sum_tree_f32(
+    partials: Slice<f32>,
+    out: SliceMut<f32>,
+    chunks: u64,
+    len: u64,
+) {
+    let (lane, warp) = (lane_id() as u64, warp_id() as u64);
+    let slots = chunk_scratch();
+    let mut group = block_idx_x() as u64;
+    while group * 32 < len {
+        let col = group * 32 + lane;
+        let mut acc = 0.0f32;
+        if col < len {
+            let mut c = warp;
+            while c < chunks {
+                acc += partials.get_ro(opaque_u64(c) * len + col);
+                c += CHUNK_SUM_WARPS as u64;
+            }
+        }
+        // Barrier first: the previous group's warp 0 may still be reading the slots.
+        sync_threads();
+        slots.store((warp * 32 + lane) as usize, acc);
+        sync_threads();
+        if warp == 0 && col < len {
+            let mut sum = slots.load(lane as usize);
+            crate::unroll!(v in [1, 2, 3, 4, 5, 6, 7] {
+                sum += slots.load(v * 32 + lane as usize);
+            });
+            out.set(col, sum);
+        }
+        group += grid_dim_x() as u64;
     }
 }
 

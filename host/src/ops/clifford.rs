@@ -19,9 +19,10 @@
 //! there if equivariance matters.
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
-    BWD_BLOCK, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D,
-    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks,
-    fwd_block, fwd_max_cached, rows_per_chunk,
+    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
+    FWD_V2_MAX_BLOCK, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D,
+    ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached, fwd_v2_block,
+    rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
@@ -127,8 +128,12 @@ impl Algebra {
         match (self, op) {
             (Cl2, Fwd) => "sgp2d_fwd_f32",
             (Cl3, Fwd) => "sgp3d_fwd_f32",
+            (Cl2, FwdV2) => "sgp2d_fwd_v2_f32",
+            (Cl3, FwdV2) => "sgp3d_fwd_v2_f32",
             (Cl2, Bwd) => "sgp2d_bwd_f32",
             (Cl3, Bwd) => "sgp3d_bwd_f32",
+            (Cl2, BwdV2) => "sgp2d_bwd_v2_f32",
+            (Cl3, BwdV2) => "sgp3d_bwd_v2_f32",
             (Cl2, Dot) => "grade_dot2d_f32",
             (Cl3, Dot) => "grade_dot3d_f32",
             (Cl2, Norm) => "grade_norm2d_f32",
@@ -144,7 +149,9 @@ impl Algebra {
 #[derive(Clone, Copy)]
 enum Kernel {
     Fwd,
+    FwdV2,
     Bwd,
+    BwdV2,
     Dot,
     Norm,
     Pairs,
@@ -365,12 +372,36 @@ fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
     })
 }
 
+/// Which kernel [`sgp_forward_variant`] runs (for side-by-side measurement; not a stable API).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdVariant {
+    /// The default: one block per row, `FWD_CACHE` features a thread in registers.
+    Cached,
+    /// `sgp{2,3}d_fwd_v2`: one thread a feature, weights in registers across rows, persistent grid,
+    /// FMA product over pair slots, next row prefetched. Rows of more than `FWD_V2_MAX_BLOCK`
+    /// features, and tensors of 2^31 elements or more, fall back to `Cached`.
+    V2,
+}
+
 /// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
 pub fn sgp_forward(
     x: &Tensor,
     y: &Tensor,
     weight: &Tensor,
     normalize: Normalize,
+) -> Result<Forward> {
+    sgp_forward_variant(x, y, weight, normalize, FwdVariant::Cached)
+}
+
+/// [`sgp_forward`] through a chosen kernel: same contract and results to f32 rounding.
+#[doc(hidden)]
+pub fn sgp_forward_variant(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    normalize: Normalize,
+    variant: FwdVariant,
 ) -> Result<Forward> {
     const OP: &str = "clifford sgp_forward";
     let d = check_pair(OP, x, y)?;
@@ -392,6 +423,31 @@ pub fn sgp_forward(
         return Ok(Forward { out, norms });
     }
     let (rows, n) = u64s(d);
+    // v2 addresses with 32-bit offsets: the whole tensor under 2^31 elements; rows are at most 2^31 - 1
+    // so `row + grid` cannot wrap.
+    let small = (out.numel() as u64) < (1u64 << 31);
+    if variant == FwdVariant::V2 && n <= FWD_V2_MAX_BLOCK as u64 && small {
+        let name = alg.kernel(Kernel::FwdV2);
+        let block = fwd_v2_block(n);
+        let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
+        launch(
+            gpu,
+            name,
+            persistent_grid(gpu, name, block, rows)?,
+            block,
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(weight.raw()),
+                &ByValue(out.raw()),
+                &ByValue(r_raw),
+                &rows,
+                &n,
+                &u32::from(norms.is_some()),
+            ],
+        )?;
+        return Ok(Forward { out, norms });
+    }
     let cache = alg.fwd_cache();
     let fused = n <= fwd_max_cached(cache);
     // Rows longer than the register cache: un-normalised product, then the norm as its own pass.
@@ -429,6 +485,20 @@ pub fn sgp_forward(
     Ok(Forward { out, norms })
 }
 
+/// Blocks for a row-persistent kernel: as many `block`-thread blocks of `name` as are resident at once
+/// on the device (the driver's occupancy for its register and shared-memory use), but no more than
+/// `rows`, and evened out so every block gets the same number of rows, or one fewer.
+fn persistent_grid(gpu: &Gpu, name: &'static str, block: u32, rows: u64) -> Result<u32> {
+    let per_sm = gpu
+        .function(name)?
+        .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+        .map_err(|e| Error::driver(e, format!("reading the occupancy of `{name}`")))?;
+    let resident = (per_sm.max(1) as u64) * gpu.sm_count()?.max(1) as u64;
+    let rows = rows.max(1);
+    let per_block = rows.div_ceil(resident);
+    Ok(rows.div_ceil(per_block).min(i32::MAX as u64) as u32)
+}
+
 /// Norm-backward grade dot products `S (G, B)`.
 fn grade_dots(
     gpu: &Gpu,
@@ -457,6 +527,18 @@ fn grade_dots(
     Ok(s)
 }
 
+/// Which kernels [`sgp_backward_variant`] runs (for side-by-side measurement; not a stable API).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwdVariant {
+    /// The default: `sgp{2,3}d_bwd` over chunks of `rows_per_chunk(B)` rows, then `chunk_sum`.
+    Chunked,
+    /// `sgp{2,3}d_bwd_v2` (FMA product backward over pair slots, read-only loads) over chunks of
+    /// `rows_per_chunk_v2(B, N)` rows (more blocks at small shapes), then `chunk_sum_tree` (the
+    /// partials summed by 8 warps per 32 outputs).
+    V2,
+}
+
 /// Backward of [`sgp_forward`]: grad_x, grad_y `(C, B, N)` and grad_weight `(N, P)`.
 pub fn sgp_backward(
     x: &Tensor,
@@ -464,6 +546,19 @@ pub fn sgp_backward(
     weight: &Tensor,
     fwd: &Forward,
     grad_out: &Tensor,
+) -> Result<Grads> {
+    sgp_backward_variant(x, y, weight, fwd, grad_out, BwdVariant::Chunked)
+}
+
+/// [`sgp_backward`] through chosen kernels: same contract and results to f32 rounding.
+#[doc(hidden)]
+pub fn sgp_backward_variant(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    fwd: &Forward,
+    grad_out: &Tensor,
+    variant: BwdVariant,
 ) -> Result<Grads> {
     const OP: &str = "clifford sgp_backward";
     let d = check_pair(OP, x, y)?;
@@ -493,7 +588,17 @@ pub fn sgp_backward(
         Some(_) => Some(grade_dots(gpu, alg, grad_out, &fwd.out, rows, n)?),
         None => None,
     };
-    let (rpc, nchunks) = (rows_per_chunk(rows), chunks(rows));
+    let (rpc, nchunks) = match variant {
+        BwdVariant::Chunked => (rows_per_chunk(rows), chunks(rows)),
+        BwdVariant::V2 => {
+            let rpc = rows_per_chunk_v2(rows, n);
+            (rpc, rows.div_ceil(rpc).max(1))
+        }
+    };
+    let (bwd_kernel, sum_kernel) = match variant {
+        BwdVariant::Chunked => (alg.kernel(Kernel::Bwd), "chunk_sum_f32"),
+        BwdVariant::V2 => (alg.kernel(Kernel::BwdV2), "chunk_sum_tree_f32"),
+    };
     let p = alg.paths() as u64;
     let partials = Tensor::empty(
         gpu,
@@ -509,7 +614,7 @@ pub fn sgp_backward(
     let raw_or_none = |t: &Option<Tensor>| t.as_ref().map_or(NONE, |t| t.raw());
     launch_cfg(
         gpu,
-        alg.kernel(Kernel::Bwd),
+        bwd_kernel,
         cfg,
         &[
             &ByValue(x.raw()),
@@ -528,7 +633,23 @@ pub fn sgp_backward(
             &normalize,
         ],
     )?;
-    chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
+    if sum_kernel == "chunk_sum_f32" {
+        chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
+    } else {
+        let len = n * p;
+        launch(
+            gpu,
+            sum_kernel,
+            grid_blocks(len, 32),
+            CHUNK_SUM_WARPS * 32,
+            &[
+                &ByValue(partials.raw()),
+                &ByValue(grad_weight.raw()),
+                &nchunks,
+                &len,
+            ],
+        )?;
+    }
     Ok(Grads {
         grad_x,
         grad_y,
