@@ -404,7 +404,7 @@ fn matmul_variants_match_f64_reference() {
                     let c = Case {
                         batch_a,
                         batch_b,
-                        ..case(m, nn, k, ta, tb, DTYPES[(m % 2) as usize])
+                        ..case(m, nn, k, ta, tb, DTYPES[m % 2])
                     };
                     let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
                     check_rows(&c, &a, &b, &out, &all_rows(&c));
