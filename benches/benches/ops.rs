@@ -240,6 +240,51 @@ fn matmuls(b: &mut Bencher) {
     }
 }
 
+/// The tensor-core tuning variants side by side (`matmul_tcv{N}/{f16,bf16}/{4096,8192}^3`; N = 0 is
+/// the default kernel through the same hook, measured next to the others), on shared inputs per
+/// dtype and shape. Read against `gemm/...` (cuBLAS) and `matmul/...`. Variants the device cannot
+/// launch (shared memory) are skipped with a note. `RGK_BENCH_QUICK=1` drops 8192^3.
+fn matmul_variants(b: &mut Bencher) {
+    use host::ops::matmul::{TC_VARIANTS, Transpose::No, matmul_variant, matmul_variant_supported};
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let variants: Vec<u32> = (0..=TC_VARIANTS)
+        .filter(|&v| {
+            let ok = matmul_variant_supported(&b.gpu, v).unwrap_or(false);
+            if !ok {
+                println!("matmul_tcv{v}: not launchable on this device, skipped");
+            }
+            ok
+        })
+        .collect();
+    for n in [4096usize, 8192] {
+        if quick && n == 8192 {
+            continue;
+        }
+        let (m, k) = (n, n);
+        for dtype in [DType::F16, DType::BF16] {
+            let es = dtype.size_bytes();
+            let copies = rotation_copies((m * k + k * n) * es, b.l2_bytes);
+            let (x, w) = (
+                b.inputs(&[m, k], dtype, copies),
+                b.inputs(&[k, n], dtype, copies),
+            );
+            for &v in &variants {
+                b.bench(
+                    spec(
+                        format!("matmul_tcv{v}/{dtype}/{m}x{n}x{k}"),
+                        Some(((m * k + k * n + m * n) * es) as u64),
+                        Some(2 * (m * n * k) as u64),
+                    ),
+                    copies,
+                    |i| {
+                        matmul_variant(&x[i], &w[i], No, No, v).expect("matmul variant");
+                    },
+                );
+            }
+        }
+    }
+}
+
 /// fp32 SGEMM 4096^3 through cuBLAS (no TF32: plain `cublasSgemm`), the ceiling the relevance kernels'
 /// FLOP/s are read against.
 fn sgemm_ceiling(b: &mut Bencher) {
@@ -717,6 +762,7 @@ fn main() {
     };
     ceilings(&mut b);
     matmuls(&mut b);
+    matmul_variants(&mut b);
     elementwise(&mut b);
     reductions(&mut b);
     softmaxes(&mut b);

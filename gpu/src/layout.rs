@@ -527,37 +527,50 @@ mod tests {
 
     #[test]
     fn matmul_tile_copies_and_epilogue_stores_are_conflict_free() {
-        use crate::params::matmul_tc::{BK, BM, BN, THREADS};
+        use crate::params::matmul_tc::{Config, DEFAULT, VARIANTS};
         // cp.async: thread t copies chunk (t / cpr, t % cpr) (+ whole rows per further copy); a
         // warp's 32 chunks must spread over 8 bank groups per 8-lane phase, for every tile shape.
-        fn copies<const R: usize, const C: usize>() {
+        fn copies<const R: usize, const C: usize>(threads: u32) {
             type L<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
             let cpr = (C / 8) as u32;
-            for warp in 0..THREADS / 32 {
-                for i in 0..(R * C / 8) as u32 / THREADS {
+            for warp in 0..threads / 32 {
+                for i in 0..(R * C / 8) as u32 / threads {
                     let addr: [u32; 32] = core::array::from_fn(|l| {
                         let t = warp * 32 + l as u32;
-                        L::<R, C>::chunk_offset(t / cpr + i * (THREADS / cpr), t % cpr)
+                        L::<R, C>::chunk_offset(t / cpr + i * (threads / cpr), t % cpr)
                     });
                     assert_conflict_free(&addr);
                 }
             }
         }
-        copies::<{ BM as usize }, { BK as usize }>();
-        copies::<{ BK as usize }, { BM as usize }>();
-        copies::<{ BK as usize }, { BN as usize }>();
-        copies::<{ BN as usize }, { BK as usize }>();
         // Epilogue: lane (g, t) stores the word at row g, column 8 j + 2 t of the staging tile: the
         // 32 words of one store must fall in 32 different banks.
-        type S = TileLayout<u16, { BM as usize }, { BN as usize }, Xor8>;
-        for j in 0..8u32 {
-            let mut banks: Vec<u32> = (0..32u32)
-                .map(|l| (S::elem_offset(l / 4, 8 * j + 2 * (l % 4)) / 4) % 32)
-                .collect();
-            banks.sort();
-            banks.dedup();
-            assert_eq!(banks.len(), 32, "epilogue store j={j}");
+        fn epilogue<const R: usize, const C: usize>() {
+            type S<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
+            for j in 0..(C / 8) as u32 {
+                let mut banks: Vec<u32> = (0..32u32)
+                    .map(|l| (S::<R, C>::elem_offset(l / 4, 8 * j + 2 * (l % 4)) / 4) % 32)
+                    .collect();
+                banks.sort();
+                banks.dedup();
+                assert_eq!(banks.len(), 32, "epilogue store j={j}");
+            }
         }
+        fn config<const BM: usize, const BN: usize>(c: Config) {
+            assert_eq!((c.bm as usize, c.bn as usize, c.bk), (BM, BN, 64));
+            let t = c.threads();
+            copies::<BM, 64>(t);
+            copies::<64, BM>(t);
+            copies::<64, BN>(t);
+            copies::<BN, 64>(t);
+            epilogue::<BM, BN>();
+        }
+        config::<128, 256>(DEFAULT);
+        config::<128, 256>(VARIANTS[0]);
+        config::<256, 128>(VARIANTS[1]);
+        config::<128, 128>(VARIANTS[2]);
+        config::<128, 256>(VARIANTS[3]);
+        assert_eq!(VARIANTS.len(), 4, "add the new variant's tile shapes here");
     }
 
     #[test]

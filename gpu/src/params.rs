@@ -63,6 +63,27 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // Before "matmul_" (the first matching prefix wins): one 256-thread block per SM, so ptxas may use
     // up to 255 registers for the 128 accumulators and the fragments of a 64 x 64 warp tile.
     ("matmul_tc_", matmul_tc::THREADS, 1),
+    // The tuning variants (`matmul_tc::VARIANTS`): each its own threads and blocks per SM.
+    (
+        "matmul_tcv1_",
+        matmul_tc::VARIANTS[0].threads(),
+        matmul_tc::VARIANTS[0].min_blocks,
+    ),
+    (
+        "matmul_tcv2_",
+        matmul_tc::VARIANTS[1].threads(),
+        matmul_tc::VARIANTS[1].min_blocks,
+    ),
+    (
+        "matmul_tcv3_",
+        matmul_tc::VARIANTS[2].threads(),
+        matmul_tc::VARIANTS[2].min_blocks,
+    ),
+    (
+        "matmul_tcv4_",
+        matmul_tc::VARIANTS[3].threads(),
+        matmul_tc::VARIANTS[3].min_blocks,
+    ),
     ("matmul_", matmul::THREADS, 2),
     // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
     // of a depth step. One 256-thread block per SM lets ptxas use up to 255 registers.
@@ -765,24 +786,176 @@ unsafe impl KernelParam for Matmul {}
 /// - 3 stages of 48 KiB: 144 KiB, within the 163 KiB an sm_80 block may use (227 KiB on sm_90).
 /// - Tiles are visited in groups of `GROUP_M` tile rows, column by column inside a group, so blocks
 ///   resident at the same time share A rows and B columns in L2.
+///
+/// The kernel is generic over a [`matmul_tc::Config`]; [`matmul_tc::DEFAULT`] is the shipped one and
+/// [`matmul_tc::VARIANTS`] are tuning candidates (entry points `matmul_tcv{N}_*`), benchmarked side
+/// by side (`matmul_tcv{N}/...`) before one becomes the default.
 pub mod matmul_tc {
-    pub const BM: u32 = 128;
-    pub const BN: u32 = 256;
-    pub const BK: u32 = 64;
-    pub const STAGES: u32 = 3;
-    pub const WARPS_M: u32 = 2;
-    pub const WARPS_N: u32 = 4;
+    /// One tuning of the tensor-core kernel: block tile `bm x bn`, `bk`-deep k-tiles, `stages`
+    /// pipeline stages, `warps_m x warps_n` warps (each a `bm / warps_m x bn / warps_n` tile of C),
+    /// the launch bound's blocks per SM, and whether the k loop double-buffers the `ldmatrix`
+    /// fragments in registers (`frag_pipe`: fragments of k16 step s + 1, including the first step of
+    /// the next k-tile, are loaded before the `mma` of step s; the barrier moves before the last step).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Config {
+        pub bm: u32,
+        pub bn: u32,
+        pub bk: u32,
+        pub stages: u32,
+        pub warps_m: u32,
+        pub warps_n: u32,
+        pub min_blocks: u32,
+        pub frag_pipe: bool,
+    }
+
+    impl Config {
+        /// Rows of C one warp owns.
+        pub const fn wm(&self) -> u32 {
+            self.bm / self.warps_m
+        }
+        /// Columns of C one warp owns.
+        pub const fn wn(&self) -> u32 {
+            self.bn / self.warps_n
+        }
+        pub const fn threads(&self) -> u32 {
+            self.warps_m * self.warps_n * 32
+        }
+        /// Bytes of one stage of A plus B (16-bit elements).
+        pub const fn stage_bytes(&self) -> u32 {
+            (self.bm * self.bk + self.bk * self.bn) * 2
+        }
+        /// Dynamic shared memory of one block: the pipeline stages, or the `bm x bn` staging tile of
+        /// C that the epilogue lays over them, whichever is larger.
+        pub const fn smem_bytes(&self) -> u32 {
+            let pipe = self.stages * self.stage_bytes();
+            let staging = self.bm * self.bn * 2;
+            if pipe > staging { pipe } else { staging }
+        }
+        /// Output tiles of an `m x n` product (grid.x).
+        pub const fn tiles(&self, m: u64, n: u64) -> u64 {
+            m.div_ceil(self.bm as u64) * n.div_ceil(self.bn as u64)
+        }
+        /// The shapes the kernel supports: warp tiles of whole 16 x 16 (A) and 16 x 8 pairs (B)
+        /// blocks, 64-deep k-tiles (one `Xor8` period per k-contiguous row; the `ldmatrix`
+        /// addressing needs power-of-two rows), 2 to 5 stages, at most 16 unrolled copies per
+        /// thread, and at most 227 KiB of shared memory (the sm_90 per-block limit; see
+        /// [`Self::fits_sm80`]).
+        pub const fn valid(&self) -> bool {
+            let (wm, wn, t) = (self.wm(), self.wn(), self.threads());
+            self.bm.is_power_of_two()
+                && self.bn.is_power_of_two()
+                && self.bk == 64
+                && wm * self.warps_m == self.bm
+                && wn * self.warps_n == self.bn
+                && wm.is_multiple_of(16)
+                && wn.is_multiple_of(16)
+                && wm / 16 <= 16
+                && wn / 8 <= 16
+                && self.stages >= 2
+                && self.stages <= 5
+                && (self.bm * self.bk / 8).is_multiple_of(t)
+                && (self.bn * self.bk / 8).is_multiple_of(t)
+                && self.bm * self.bk / 8 / t <= 16
+                && self.bn * self.bk / 8 / t <= 16
+                && self.bm * self.bn / 8 / t <= 16
+                && t.is_multiple_of(self.bm / 8)
+                && t.is_multiple_of(self.bn / 8)
+                && self.min_blocks >= 1
+                && self.smem_bytes() <= 227 * 1024
+        }
+        /// Whether one block fits the 163 KiB of dynamic shared memory an sm_80 block may use
+        /// (sm_90: 227 KiB). Larger configurations launch only on devices that allow them.
+        pub const fn fits_sm80(&self) -> bool {
+            self.smem_bytes() <= 163 * 1024
+        }
+    }
+
+    /// The shipped configuration (`matmul_tc_*`).
+    pub const DEFAULT: Config = Config {
+        bm: 128,
+        bn: 256,
+        bk: 64,
+        stages: 3,
+        warps_m: 2,
+        warps_n: 4,
+        min_blocks: 1,
+        frag_pipe: false,
+    };
+
+    /// Tuning variants (`matmul_tcv{N}_*`, `VARIANTS[N - 1]`), reachable through the hidden
+    /// `host::ops::matmul::matmul_variant` for side-by-side benchmarks; variant 0 is [`DEFAULT`].
+    pub const VARIANTS: [Config; 4] = [
+        // 1: the default tile with fragments double-buffered in registers across k16 steps and
+        //    across the k-tile barrier.
+        Config {
+            frag_pipe: true,
+            ..DEFAULT
+        },
+        // 2: the transposed tile, 256 x 128 (4 x 2 warps of 64 x 64), fragments pipelined.
+        Config {
+            bm: 256,
+            bn: 128,
+            warps_m: 4,
+            warps_n: 2,
+            frag_pipe: true,
+            ..DEFAULT
+        },
+        // 3: 128 x 128 with 4 warps of 64 x 64, 96 KiB: two blocks per SM on sm_90 (228 KiB of
+        //    shared memory an SM), one on sm_80; fragments pipelined.
+        Config {
+            bm: 128,
+            bn: 128,
+            warps_m: 2,
+            warps_n: 2,
+            min_blocks: 2,
+            frag_pipe: true,
+            ..DEFAULT
+        },
+        // 4: the default tile with 4 stages (192 KiB: sm_90 only), fragments pipelined.
+        Config {
+            stages: 4,
+            frag_pipe: true,
+            ..DEFAULT
+        },
+    ];
+
+    /// The configuration of variant `v` (0 = [`DEFAULT`]), if there is one.
+    pub const fn variant(v: u32) -> Option<Config> {
+        if v == 0 {
+            Some(DEFAULT)
+        } else if (v as usize) <= VARIANTS.len() {
+            Some(VARIANTS[v as usize - 1])
+        } else {
+            None
+        }
+    }
+
+    const _: () = {
+        assert!(DEFAULT.valid() && DEFAULT.fits_sm80());
+        let mut i = 0;
+        while i < VARIANTS.len() {
+            assert!(VARIANTS[i].valid());
+            i += 1;
+        }
+    };
+
+    pub const BM: u32 = DEFAULT.bm;
+    pub const BN: u32 = DEFAULT.bn;
+    pub const BK: u32 = DEFAULT.bk;
+    pub const STAGES: u32 = DEFAULT.stages;
+    pub const WARPS_M: u32 = DEFAULT.warps_m;
+    pub const WARPS_N: u32 = DEFAULT.warps_n;
     /// Rows and columns of C one warp owns.
-    pub const WM: u32 = BM / WARPS_M;
-    pub const WN: u32 = BN / WARPS_N;
-    pub const THREADS: u32 = WARPS_M * WARPS_N * 32;
+    pub const WM: u32 = DEFAULT.wm();
+    pub const WN: u32 = DEFAULT.wn();
+    pub const THREADS: u32 = DEFAULT.threads();
     /// Tile rows per rasterisation group.
     pub const GROUP_M: u32 = 8;
     /// Bytes of one stage of A plus B (16-bit elements).
-    pub const STAGE_BYTES: u32 = (BM * BK + BK * BN) * 2;
+    pub const STAGE_BYTES: u32 = DEFAULT.stage_bytes();
     /// Dynamic shared memory of one block: the pipeline stages; the epilogue reuses the start of it
     /// as a `BM x BN` staging tile of C.
-    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES;
+    pub const SMEM_BYTES: u32 = DEFAULT.smem_bytes();
     /// Largest M, N or K: row and column indices (plus one tile) stay inside u32.
     pub const MAX_DIM: u64 = 1 << 31;
     /// Most output tiles of one product (grid.x).
@@ -793,9 +966,9 @@ pub mod matmul_tc {
     const _: () = assert!(WM == 64 && WN == 64 && THREADS == 256 && BK.is_multiple_of(16));
     const _: () = assert!(BM * BN * 2 <= SMEM_BYTES && SMEM_BYTES <= 163 * 1024);
 
-    /// Output tiles of an `m x n` product (grid.x).
+    /// Output tiles of an `m x n` product (grid.x) for the default configuration.
     pub const fn tiles(m: u64, n: u64) -> u64 {
-        m.div_ceil(BM as u64) * n.div_ceil(BN as u64)
+        DEFAULT.tiles(m, n)
     }
 
     /// The (tile row, tile column) block `bid` computes: groups of `GROUP_M` tile rows, each walked

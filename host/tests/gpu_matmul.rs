@@ -77,16 +77,29 @@ fn abs_of(t: &HostTensor) -> HostTensor {
 
 /// The inputs of `c` (random, in the dtype), the GPU product, and the inputs kept for the reference.
 fn run(gpu: &Gpu, rng: &mut StdRng, c: &Case) -> (HostTensor, HostTensor, HostTensor) {
+    run_on(gpu, rng, c, None)
+}
+
+/// [`run`] on tensor-core variant `variant` (`matmul::matmul_variant`), or on `matmul` for `None`.
+fn run_on(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    c: &Case,
+    variant: Option<u32>,
+) -> (HostTensor, HostTensor, HostTensor) {
     let a = uniform(rng, &stored(c.batch_a, c.m, c.k, c.ta), -1.0, 1.0, c.dtype);
     let b = uniform(rng, &stored(c.batch_b, c.k, c.n, c.tb), -1.0, 1.0, c.dtype);
     let (da, db) = (
         Tensor::from_host(gpu, &a).unwrap(),
         Tensor::from_host(gpu, &b).unwrap(),
     );
-    let out = matmul::matmul(&da, &db, c.ta, c.tb)
-        .unwrap_or_else(|e| panic!("{c:?}: {e}"))
-        .to_host()
-        .unwrap();
+    let out = match variant {
+        None => matmul::matmul(&da, &db, c.ta, c.tb),
+        Some(v) => matmul::matmul_variant(&da, &db, c.ta, c.tb, v),
+    }
+    .unwrap_or_else(|e| panic!("{c:?} variant {variant:?}: {e}"))
+    .to_host()
+    .unwrap();
     (a, b, out)
 }
 
@@ -326,5 +339,161 @@ fn matmul_f32_still_uses_full_precision() {
         let (a, b, out) = run(&gpu, &mut rng, &c);
         let want = reference::matmul(&a, &b, ta, tb).unwrap();
         assert_close(&format!("{c:?}"), &out.data, &want.data, 1e-5);
+    }
+}
+
+/// The tensor-core tuning variants this device can launch (`matmul::matmul_variant`), 1..=N; the
+/// others (192 KiB of shared memory a block needs sm_90) must be refused with an error.
+fn launchable_variants(gpu: &Gpu) -> Vec<u32> {
+    let mut out = vec![];
+    for v in 1..=matmul::TC_VARIANTS {
+        if matmul::matmul_variant_supported(gpu, v).unwrap() {
+            out.push(v);
+        } else {
+            println!("variant {v}: not launchable on {} (skipped)", gpu.name());
+            let a = Tensor::from_host(
+                gpu,
+                &HostTensor::new(vec![0.0; 64], &[8, 8], DType::F16).unwrap(),
+            )
+            .unwrap();
+            assert!(matmul::matmul_variant(&a, &a, Transpose::No, Transpose::No, v).is_err());
+        }
+    }
+    out
+}
+
+/// Every tensor-core tuning variant against the f64 reference, every element: odd and aligned shapes
+/// (tails of every tile size: 128, 256 and 64-deep k), K = 0, a long K (many pipeline trips, the
+/// register-pipelined loop runs on 16-byte rows), every transpose, f16 and bf16; outputs poisoned.
+#[test]
+fn matmul_variants_match_f64_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_variants_match_f64_reference") else {
+        return;
+    };
+    let mut rng = rng("matmul_variants_match_f64_reference");
+    let shapes = [
+        (1, 1, 1),
+        (17, 33, 9),
+        (129, 257, 65),
+        (257, 129, 65),
+        (136, 264, 72),
+        (264, 136, 136),
+        (128, 128, 64),
+        (256, 256, 128),
+        (300, 520, 200),
+        (64, 1, 128),
+        (3, 5, 0),
+        (8, 8, 8),
+        (392, 264, 1032),
+    ];
+    let n = fuzz_cases(shapes.len()).min(shapes.len());
+    for v in launchable_variants(&gpu) {
+        for &(m, nn, k) in &shapes[..n] {
+            for dtype in DTYPES {
+                for (ta, tb) in TRANSPOSES {
+                    let c = case(m, nn, k, ta, tb, dtype);
+                    let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                    check_rows(&c, &a, &b, &out, &all_rows(&c));
+                }
+            }
+        }
+        // Batched: both operands, and each broadcast; aligned (pipelined loop) and odd rows.
+        for (m, nn, k, bt) in [(136, 264, 72, 2), (65, 47, 33, 3)] {
+            for (batch_a, batch_b) in [(Some(bt), Some(bt)), (Some(bt), None), (None, Some(bt))] {
+                for (ta, tb) in TRANSPOSES {
+                    let c = Case {
+                        batch_a,
+                        batch_b,
+                        ..case(m, nn, k, ta, tb, DTYPES[m % 2])
+                    };
+                    let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                    check_rows(&c, &a, &b, &out, &all_rows(&c));
+                }
+            }
+        }
+    }
+}
+
+/// Large products on every variant, checked on sampled rows: aligned with tails in every dim and a
+/// long K, and the benchmark's odd shape (N = 4097: element-wise B and C).
+#[test]
+fn matmul_variants_large_products_match_on_sampled_rows() {
+    let Some(gpu) = gpu_or_skip("matmul_variants_large_products_match_on_sampled_rows") else {
+        return;
+    };
+    let mut rng = rng("matmul_variants_large_products_match_on_sampled_rows");
+    let big = scaled(4095, 300);
+    let long_k = scaled(4104, 520);
+    for v in launchable_variants(&gpu) {
+        let cases = [
+            case(1032, 1160, long_k, Transpose::No, Transpose::No, DType::F16),
+            case(
+                1032,
+                1160,
+                long_k,
+                Transpose::Yes,
+                Transpose::Yes,
+                DType::BF16,
+            ),
+            case(520, 776, long_k, Transpose::No, Transpose::Yes, DType::BF16),
+            case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F16),
+            case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F16),
+        ];
+        for c in cases {
+            let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+            let rows = sampled_rows(&mut rng, c.m, 5);
+            check_rows(&c, &a, &b, &out, &rows);
+        }
+    }
+}
+
+/// Every variant adds each C element's products in the same order (k ascending, one `mma` per 16),
+/// so it must give the default kernel's bits exactly: aligned (pipelined loop) and odd shapes, every
+/// transpose, both dtypes.
+#[test]
+fn matmul_variants_give_the_default_kernels_bits() {
+    let Some(gpu) = gpu_or_skip("matmul_variants_give_the_default_kernels_bits") else {
+        return;
+    };
+    let mut rng = rng("matmul_variants_give_the_default_kernels_bits");
+    let variants = launchable_variants(&gpu);
+    for (m, n, k) in [(scaled(1024, 256), 768, 1040), (777, 1029, 515)] {
+        for dtype in DTYPES {
+            for (ta, tb) in TRANSPOSES {
+                let a = uniform(&mut rng, &stored(None, m, k, ta), -1.0, 1.0, dtype);
+                let b = uniform(&mut rng, &stored(None, k, n, tb), -1.0, 1.0, dtype);
+                let (da, db) = (
+                    Tensor::from_host(&gpu, &a).unwrap(),
+                    Tensor::from_host(&gpu, &b).unwrap(),
+                );
+                let bits = |v: Option<u32>| -> Vec<u32> {
+                    match v {
+                        None => matmul::matmul(&da, &db, ta, tb),
+                        Some(v) => matmul::matmul_variant(&da, &db, ta, tb, v),
+                    }
+                    .unwrap()
+                    .to_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect()
+                };
+                let want = bits(None);
+                assert!(
+                    want.iter().all(|&w| !f32::from_bits(w).is_nan()),
+                    "default kernel left NaN in {m}x{n}x{k}"
+                );
+                assert!(bits(Some(0)) == want, "variant 0 is not the default kernel");
+                for &v in &variants {
+                    let got = bits(Some(v));
+                    let diff = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+                    assert!(
+                        diff == 0,
+                        "variant {v} {m}x{n}x{k} {dtype} {ta:?} {tb:?}: {diff} elements differ \
+                         from the default kernel"
+                    );
+                }
+            }
+        }
     }
 }

@@ -40,6 +40,33 @@ fn tensor_core_matmul_entry_points_exist_for_every_dtype_and_transpose() {
 }
 
 #[test]
+fn tensor_core_matmul_variants_exist_with_their_launch_bounds() {
+    use gpu::params::matmul_tc::VARIANTS;
+    for ptx in [host::ptx::SM80, host::ptx::SM90] {
+        let entries = host::ptx::entry_points(ptx);
+        for (i, cfg) in VARIANTS.iter().enumerate() {
+            for dtype in ["f16", "bf16"] {
+                for t in ["nn", "nt", "tn", "tt"] {
+                    let name = format!("matmul_tcv{}_{t}_{dtype}", i + 1);
+                    assert!(
+                        entries.contains(&name.as_str()),
+                        "missing entry point {name}"
+                    );
+                    let at = ptx.find(&format!(".entry {name}(")).unwrap();
+                    let header = &ptx[at..at + ptx[at..].find("\n{").unwrap()];
+                    let (threads, blocks) = (cfg.threads(), cfg.min_blocks);
+                    assert!(
+                        header.contains(&format!(".maxntid {threads}, 1, 1"))
+                            && header.contains(&format!(".minnctapersm {blocks}")),
+                        "{name}: launch bounds ({threads}, {blocks}) missing from\n{header}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn every_ptx_entry_point_is_named_op_dtype() {
     for ptx in [host::ptx::SM80, host::ptx::SM90] {
         let entries = host::ptx::entry_points(ptx);

@@ -229,7 +229,7 @@ pub fn matmul_dims(
 /// The size limits of the tensor-core kernels: M, N, K up to [`tc::MAX_DIM`] (row and column
 /// indices are u32 inside the kernel; element offsets are u64, so there is no limit on element
 /// counts), at most [`tc::MAX_TILES`] output tiles (grid x) and [`tc::MAX_BATCH`] products (grid z).
-fn tc_limits(op: &'static str, d: &MatmulDims) -> Result<()> {
+fn tc_limits(op: &'static str, d: &MatmulDims, cfg: &tc::Config) -> Result<()> {
     for (what, given) in [("M", d.m), ("N", d.n), ("K", d.k)] {
         if given as u64 > tc::MAX_DIM {
             return Err(Error::TooLarge {
@@ -240,11 +240,11 @@ fn tc_limits(op: &'static str, d: &MatmulDims) -> Result<()> {
             });
         }
     }
-    let tiles = tc::tiles(d.m as u64, d.n as u64);
+    let tiles = cfg.tiles(d.m as u64, d.n as u64);
     if tiles > tc::MAX_TILES {
         return Err(Error::TooLarge {
             op,
-            what: "output tiles (ceil(M / 128) * ceil(N / 256))",
+            what: "output tiles (ceil(M / BM) * ceil(N / BN))",
             given: tiles,
             max: tc::MAX_TILES,
         });
@@ -272,20 +272,55 @@ fn row_access(base_aligned16: bool, ld: u64, stride: u64) -> RowAccess {
     }
 }
 
-/// The tensor-core entry point for a dtype and storage combination.
+/// The entry points of one configuration, indexed by [`tc_index`].
+macro_rules! tc_names {
+    ($p:literal) => {
+        [
+            concat!($p, "_nn_f16"),
+            concat!($p, "_nt_f16"),
+            concat!($p, "_tn_f16"),
+            concat!($p, "_tt_f16"),
+            concat!($p, "_nn_bf16"),
+            concat!($p, "_nt_bf16"),
+            concat!($p, "_tn_bf16"),
+            concat!($p, "_tt_bf16"),
+        ]
+    };
+}
+
+/// Entry points of the default configuration (row 0) and of `tc::VARIANTS` (row N).
+const TC_NAMES: [[&str; 8]; 1 + tc::VARIANTS.len()] = [
+    tc_names!("matmul_tc"),
+    tc_names!("matmul_tcv1"),
+    tc_names!("matmul_tcv2"),
+    tc_names!("matmul_tcv3"),
+    tc_names!("matmul_tcv4"),
+];
+
+/// Column of [`TC_NAMES`] for a 16-bit dtype and storage combination.
+fn tc_index(dtype: DType, ta: Transpose, tb: Transpose) -> Option<usize> {
+    let d = match dtype {
+        DType::F16 => 0,
+        DType::BF16 => 4,
+        DType::F32 => return None,
+    };
+    Some(d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize)
+}
+
+/// The tensor-core entry point for a dtype and storage combination (the default configuration).
+#[cfg(test)]
 fn tc_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str> {
-    use Transpose::{No, Yes};
-    Some(match (dtype, ta, tb) {
-        (DType::F16, No, No) => "matmul_tc_nn_f16",
-        (DType::F16, No, Yes) => "matmul_tc_nt_f16",
-        (DType::F16, Yes, No) => "matmul_tc_tn_f16",
-        (DType::F16, Yes, Yes) => "matmul_tc_tt_f16",
-        (DType::BF16, No, No) => "matmul_tc_nn_bf16",
-        (DType::BF16, No, Yes) => "matmul_tc_nt_bf16",
-        (DType::BF16, Yes, No) => "matmul_tc_tn_bf16",
-        (DType::BF16, Yes, Yes) => "matmul_tc_tt_bf16",
-        (DType::F32, _, _) => return None,
-    })
+    tc_variant_kernel(0, dtype, ta, tb)
+}
+
+/// The entry point of variant `variant` (0: the default configuration).
+fn tc_variant_kernel(
+    variant: u32,
+    dtype: DType,
+    ta: Transpose,
+    tb: Transpose,
+) -> Option<&'static str> {
+    Some(TC_NAMES.get(variant as usize)?[tc_index(dtype, ta, tb)?])
 }
 
 /// `op(a) op(b)`: a is `(M, K)` (or `(K, M)` with `ta = Yes`), b is `(K, N)` (or `(N, K)`), each
@@ -304,7 +339,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
     a.require_contiguous(OP, "a")?;
     b.require_contiguous(OP, "b")?;
     if a.dtype() != DType::F32 {
-        tc_limits(OP, &d)?;
+        tc_limits(OP, &d, &tc::DEFAULT)?;
     }
     let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
     let stride = |batched: bool, (r, c): (usize, usize)| if batched { (r * c) as u64 } else { 0 };
@@ -338,12 +373,96 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
         )?;
         return Ok(out);
     }
-    if d.m == 0 || d.n == 0 || shape.batch == 0 {
-        return Ok(out);
+    tc_launch(a, b, &d, &out, name_of(a.dtype(), ta, tb, 0), &tc::DEFAULT)?;
+    Ok(out)
+}
+
+fn name_of(dtype: DType, ta: Transpose, tb: Transpose, variant: u32) -> &'static str {
+    match tc_variant_kernel(variant, dtype, ta, tb) {
+        Some(name) => name,
+        None => unreachable!("f32 is dispatched before; every variant has every 16-bit kernel"),
     }
-    let Some(name) = tc_kernel(a.dtype(), ta, tb) else {
-        unreachable!("f32 returned above; every 16-bit dtype has a kernel")
+}
+
+/// Number of tensor-core tuning variants besides the default (`matmul_tcv1..=N`); see
+/// [`matmul_variant`].
+#[doc(hidden)]
+pub const TC_VARIANTS: u32 = tc::VARIANTS.len() as u32;
+
+/// Whether `gpu` can launch tensor-core variant `variant` (its shared memory fits the device's
+/// per-block opt-in limit: the 192 KiB variants need sm_90).
+#[doc(hidden)]
+pub fn matmul_variant_supported(gpu: &crate::Gpu, variant: u32) -> Result<bool> {
+    let Some(cfg) = tc::variant(variant) else {
+        return Ok(false);
     };
+    let optin = gpu.attribute(
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    )?;
+    Ok(cfg.smem_bytes() <= optin)
+}
+
+/// [`matmul`] for 16-bit operands on tensor-core tuning variant `variant` (0: the default kernel,
+/// exactly [`matmul`]; 1..=[`TC_VARIANTS`]: `gpu::params::matmul_tc::VARIANTS[variant - 1]`), for
+/// side-by-side benchmarks and tests. Same shape rules, results and bits as [`matmul`]; refuses f32,
+/// unknown variants and variants whose shared memory the device cannot give a block.
+#[doc(hidden)]
+pub fn matmul_variant(
+    a: &Tensor,
+    b: &Tensor,
+    ta: Transpose,
+    tb: Transpose,
+    variant: u32,
+) -> Result<Tensor> {
+    const OP: &str = "matmul_variant";
+    same_device_and_dtype(OP, a, b)?;
+    if a.dtype() == DType::F32 {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: "tensor-core variants take f16 or bf16 operands".into(),
+        });
+    }
+    let Some(cfg) = tc::variant(variant) else {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("no tensor-core variant {variant} (0..={TC_VARIANTS})"),
+        });
+    };
+    if !matmul_variant_supported(a.gpu(), variant)? {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "variant {variant} needs {} bytes of shared memory a block, more than this device \
+                 allows",
+                cfg.smem_bytes()
+            ),
+        });
+    }
+    let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
+    a.require_contiguous(OP, "a")?;
+    b.require_contiguous(OP, "b")?;
+    tc_limits(OP, &d, &cfg)?;
+    let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
+    tc_launch(a, b, &d, &out, name_of(a.dtype(), ta, tb, variant), &cfg)?;
+    Ok(out)
+}
+
+/// Launches tensor-core entry `name` (of configuration `cfg`) for `out = op(a) op(b)`; `d` passed
+/// `tc_limits` for `cfg`, `out` has `d.out_shape()` and the operands' dtype.
+fn tc_launch(
+    a: &Tensor,
+    b: &Tensor,
+    d: &MatmulDims,
+    out: &Tensor,
+    name: &'static str,
+    cfg: &tc::Config,
+) -> Result<()> {
+    let batch = d.batch.unwrap_or(1);
+    if d.m == 0 || d.n == 0 || batch == 0 {
+        return Ok(());
+    }
+    let stride = |batched: bool, (r, c): (usize, usize)| if batched { (r * c) as u64 } else { 0 };
+    let (sa, sb) = (stride(d.a_batched, d.a), stride(d.b_batched, d.b));
     // Every value below was bounded by `tc_limits` (M, N, K <= 2^31, tiles < 2^31, batch <= 65535).
     let (lda, ldb, ldc) = (d.a.1 as u64, d.b.1 as u64, d.n as u64);
     let stride_c = (d.m * d.n) as u64;
@@ -353,7 +472,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
         k: d.k as u32,
         a_access: row_access(aligned16(&[a]), lda, sa),
         b_access: row_access(aligned16(&[b]), ldb, sb),
-        c_access: row_access(aligned16(&[&out]), ldc, stride_c),
+        c_access: row_access(aligned16(&[out]), ldc, stride_c),
         lda,
         ldb,
         ldc,
@@ -361,27 +480,22 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
         stride_b: sb,
         stride_c,
     };
-    let cfg = cudarc::driver::LaunchConfig {
-        grid_dim: (
-            tc::tiles(d.m as u64, d.n as u64) as u32,
-            1,
-            shape.batch as u32,
-        ),
-        block_dim: (tc::THREADS, 1, 1),
-        shared_mem_bytes: tc::SMEM_BYTES,
+    let launch = cudarc::driver::LaunchConfig {
+        grid_dim: (cfg.tiles(d.m as u64, d.n as u64) as u32, 1, batch as u32),
+        block_dim: (cfg.threads(), 1, 1),
+        shared_mem_bytes: cfg.smem_bytes(),
     };
     launch_cfg_large_smem(
         a.gpu(),
         name,
-        cfg,
+        launch,
         &[
             &ByValue(a.raw()),
             &ByValue(b.raw()),
             &ByValue(out.raw()),
             &ByValue(p),
         ],
-    )?;
-    Ok(out)
+    )
 }
 
 /// CPU reference in f64.
@@ -567,8 +681,22 @@ mod tests {
             a_batched: batch.is_some(),
             b_batched: batch.is_some(),
         };
-        assert!(tc_limits("matmul", &d(1, 1, 1, None)).is_ok());
-        assert!(tc_limits("matmul", &d(1 << 20, 1 << 20, 1 << 31, Some(65_535))).is_ok());
+        assert!(
+            tc_limits(
+                "matmul",
+                &d(1, 1, 1, None),
+                &gpu::params::matmul_tc::DEFAULT
+            )
+            .is_ok()
+        );
+        assert!(
+            tc_limits(
+                "matmul",
+                &d(1 << 20, 1 << 20, 1 << 31, Some(65_535)),
+                &gpu::params::matmul_tc::DEFAULT
+            )
+            .is_ok()
+        );
         for bad in [
             d((1 << 31) + 1, 1, 1, None),
             d(1, 1, (1 << 31) + 1, None),
@@ -576,7 +704,10 @@ mod tests {
             d(1 << 31, 1 << 31, 1, None),
         ] {
             assert!(
-                matches!(tc_limits("matmul", &bad), Err(Error::TooLarge { .. })),
+                matches!(
+                    tc_limits("matmul", &bad, &gpu::params::matmul_tc::DEFAULT),
+                    Err(Error::TooLarge { .. })
+                ),
                 "{bad:?}"
             );
         }
@@ -596,6 +727,36 @@ mod tests {
             }
         }
         assert!(tc_kernel(DType::F32, No, No).is_none());
+        // Every tuning variant too, each name once, the default row being `tc_kernel`'s.
+        let mut all = std::collections::HashSet::new();
+        for v in 0..=super::TC_VARIANTS {
+            for dt in [DType::F16, DType::BF16] {
+                for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
+                    let name = super::tc_variant_kernel(v, dt, ta, tb).unwrap();
+                    if v == 0 {
+                        assert_eq!(Some(name), tc_kernel(dt, ta, tb));
+                    }
+                    let t = match (ta, tb) {
+                        (No, No) => "nn",
+                        (No, Yes) => "nt",
+                        (Yes, No) => "tn",
+                        (Yes, Yes) => "tt",
+                    };
+                    let prefix = if v == 0 {
+                        "matmul_tc".to_string()
+                    } else {
+                        format!("matmul_tcv{v}")
+                    };
+                    assert_eq!(name, format!("{prefix}_{t}_{dt}"));
+                    assert!(all.insert(name));
+                    for ptx in [crate::ptx::SM80, crate::ptx::SM90] {
+                        assert!(crate::ptx::entry_points(ptx).contains(&name), "{name}");
+                    }
+                }
+            }
+            assert!(super::tc_variant_kernel(v, DType::F32, No, No).is_none());
+        }
+        assert!(super::tc_variant_kernel(super::TC_VARIANTS + 1, DType::F16, No, No).is_none());
     }
 
     #[test]
