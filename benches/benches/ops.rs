@@ -633,8 +633,15 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                 },
             );
-            // The forward variants, same inputs and byte count, measured next to the default.
-            for (tag, variant) in [("v2", cl::FwdVariant::V2)] {
+            // The earlier forward (`v1`, one block per row), same inputs and byte count, next to the
+            // default (V2), on request only (`RGK_BENCH_VARIANTS=1`).
+            let variants: &[(&str, cl::FwdVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok()
+            {
+                &[("v1", cl::FwdVariant::Cached)]
+            } else {
+                &[]
+            };
+            for &(tag, variant) in variants {
                 b.bench(
                     spec(
                         format!("sgp_fwd_{tag}/f32/{d}d_B{bb}_N{n}"),
@@ -671,27 +678,36 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_backward(&x[i], &y[i], &w[0], &f, &go[i]).expect("sgp_backward");
                 },
             );
-            // Forward v2 + backward v2, same bytes, next to the default.
-            b.bench(
-                spec(
-                    format!("sgp_fwdbwd_v2/f32/{d}d_B{bb}_N{n}"),
-                    Some(9 * size),
-                    None,
-                ),
-                copies,
-                |i| {
-                    let f = cl::sgp_forward_variant(
-                        &x[i],
-                        &y[i],
-                        &w[0],
-                        Normalize::Yes,
-                        cl::FwdVariant::V2,
-                    )
-                    .expect("sgp_forward_variant");
-                    cl::sgp_backward_variant(&x[i], &y[i], &w[0], &f, &go[i], cl::BwdVariant::V2)
+            // The earlier forward + backward (`v1`), same bytes, next to the default, on request only.
+            if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+                b.bench(
+                    spec(
+                        format!("sgp_fwdbwd_v1/f32/{d}d_B{bb}_N{n}"),
+                        Some(9 * size),
+                        None,
+                    ),
+                    copies,
+                    |i| {
+                        let f = cl::sgp_forward_variant(
+                            &x[i],
+                            &y[i],
+                            &w[0],
+                            Normalize::Yes,
+                            cl::FwdVariant::Cached,
+                        )
+                        .expect("sgp_forward_variant");
+                        cl::sgp_backward_variant(
+                            &x[i],
+                            &y[i],
+                            &w[0],
+                            &f,
+                            &go[i],
+                            cl::BwdVariant::Chunked,
+                        )
                         .expect("sgp_backward_variant");
-                },
-            );
+                    },
+                );
+            }
             let mm_flops = 2 * slots * (bb * n * n) as u64;
             let wf = b.inputs(&[p, n, n], DType::F32, 1);
             b.bench(
@@ -762,7 +778,11 @@ fn main() {
     };
     ceilings(&mut b);
     matmuls(&mut b);
-    matmul_variants(&mut b);
+    // The tensor-core tuning variants only on request (`RGK_BENCH_VARIANTS=1`): they served the
+    // choice of the default and cost a minute of device time per run.
+    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+        matmul_variants(&mut b);
+    }
     elementwise(&mut b);
     reductions(&mut b);
     softmaxes(&mut b);
