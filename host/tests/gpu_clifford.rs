@@ -152,12 +152,15 @@ fn sgp_forward_and_backward_match_reference() {
                     &gw.grad_y,
                     grad_tol(n, normalize),
                 );
+                // The weight gradient sums over the batch (tol_for(b)) the product of the gated
+                // inputs with the norm backward's output, so it inherits that output's cancellation at
+                // few features (seen: sgp Cl2 B1 N1, 2.3e-5 with the v2 backward on an H200).
                 check(
                     &case,
                     "grad_weight",
                     &g.grad_weight,
                     &gw.grad_weight,
-                    tol_for(b),
+                    tol_for(b).max(grad_tol(n, normalize)),
                 );
             }
         }
@@ -291,7 +294,7 @@ fn sgp_backward_variants_match_reference() {
                         "grad_weight",
                         &g.grad_weight,
                         &gw.grad_weight,
-                        tol_for(b),
+                        tol_for(b).max(grad_tol(n, normalize)),
                     );
                     let again =
                         cl::sgp_backward_variant(&xd, &yd, &wd, &fwd, &god, variant).unwrap();
