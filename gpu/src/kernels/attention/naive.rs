@@ -41,6 +41,58 @@ fn first_query(mask: MaskKind, j: u64, sq: u64, sk: u64) -> u64 {
     }
 }
 
+/// One query row's `exp(s_j - max)` into `out[row + j]` for every key `j < sk` (0 past `visible`, all 0
+/// when the row sees no key), from the query row staged in `query_row()` (after a barrier); returns the
+/// row's max score and the sum of the exponentials (both block-uniform). Each thread reads back only
+/// the scores it wrote; the barriers inside the block reductions order the rest. Shared by the forward
+/// and the backward so the backward recomputes exactly the forward's probabilities.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn row_exponentials<T: Elem>(
+    k: &Slice<T>,
+    keys: u64,
+    d: u64,
+    sk: u64,
+    visible: u64,
+    scale: f32,
+    out: &SliceMut<f32>,
+    row: u64,
+) -> (f32, f32) {
+    let (tid, nt) = (thread_idx_x() as u64, block_dim_x() as u64);
+    let qs = query_row();
+    let read = out.as_slice();
+    let mut m = f32::NEG_INFINITY;
+    let mut j = tid;
+    while j < sk {
+        let s = if j < visible {
+            let mut dot = 0.0f32;
+            for c in 0..d {
+                dot += qs.load(c as usize) * k.get(keys + j * d + c);
+            }
+            dot * scale
+        } else {
+            f32::NEG_INFINITY
+        };
+        out.set(row + j, s);
+        m = math::max(m, s);
+        j += nt;
+    }
+    let m = block::reduce_max(m);
+    let mut l = 0.0f32;
+    let mut j = tid;
+    while j < sk {
+        let e = if m == f32::NEG_INFINITY {
+            0.0
+        } else {
+            math::exp(read.get(row + j) - m)
+        };
+        out.set(row + j, e);
+        l += e;
+        j += nt;
+    }
+    (m, block::reduce_sum(l))
+}
+
 /// Grid `(seq_q, batch*heads of this launch)`; `scratch` holds `seq_k` f32 per row of the launch.
 #[inline(always)]
 unsafe fn naive<T: Elem>(
@@ -72,38 +124,7 @@ unsafe fn naive<T: Elem>(
 
     // Causal: query i sees key j iff j <= i + sk - sq (bottom-right aligned).
     let visible = visible_keys(p.mask, i, sq, sk);
-    let mut m = f32::NEG_INFINITY;
-    let mut j = tid;
-    while j < sk {
-        let s = if j < visible {
-            let mut dot = 0.0f32;
-            for c in 0..d {
-                dot += qs.load(c as usize) * k.get(keys + j * d + c);
-            }
-            dot * p.scale
-        } else {
-            f32::NEG_INFINITY
-        };
-        scratch.set(scores + j, s);
-        m = math::max(m, s);
-        j += nt;
-    }
-    let m = block::reduce_max(m);
-
-    // Each thread rewrites the scores it wrote itself; the barrier in reduce_sum publishes them.
-    let mut l = 0.0f32;
-    let mut j = tid;
-    while j < sk {
-        let e = if m == f32::NEG_INFINITY {
-            0.0
-        } else {
-            math::exp(read_scratch.get(scores + j) - m)
-        };
-        scratch.set(scores + j, e);
-        l += e;
-        j += nt;
-    }
-    let l = block::reduce_sum(l);
+    let (m, l) = row_exponentials(&k, keys, d, sk, visible, p.scale, &scratch, scores);
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
 
     let mut c = tid;
@@ -160,39 +181,8 @@ unsafe fn backward_rows<T: Elem>(
     sync_threads();
 
     let visible = visible_keys(p.mask, i, sq, sk);
-    // Scores and their max, exactly as the forward.
-    let mut m = f32::NEG_INFINITY;
-    let mut j = tid;
-    while j < sk {
-        let s = if j < visible {
-            let mut dot = 0.0f32;
-            for c in 0..d {
-                dot += qs.load(c as usize) * k.get(keys + j * d + c);
-            }
-            dot * p.scale
-        } else {
-            f32::NEG_INFINITY
-        };
-        probs.set(scores + j, s);
-        m = math::max(m, s);
-        j += nt;
-    }
-    let m = block::reduce_max(m);
-
-    // Unnormalised probabilities and their sum (each thread rewrites only the entries it wrote).
-    let mut l = 0.0f32;
-    let mut j = tid;
-    while j < sk {
-        let e = if m == f32::NEG_INFINITY {
-            0.0
-        } else {
-            math::exp(read_probs.get(scores + j) - m)
-        };
-        probs.set(scores + j, e);
-        l += e;
-        j += nt;
-    }
-    let l = block::reduce_sum(l);
+    // Unnormalised probabilities and their sum, exactly as the forward.
+    let (_, l) = row_exponentials(&k, keys, d, sk, visible, p.scale, &probs, scores);
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
 
     // P_ij, dP_ij = dO_i . V_j (0 where masked: P is 0 there too), and D_i = sum_j P_ij dP_ij.
