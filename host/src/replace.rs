@@ -278,6 +278,29 @@ impl fmt::Display for Plan {
     }
 }
 
+/// `p -= lr * grad` over named parameters and their gradients, in order (host-side f32, identical for
+/// every plan); the models' `sgd`.
+fn sgd_step<'a>(
+    params: impl IntoIterator<Item = (&'static str, &'a mut crate::HostTensor)>,
+    grads: impl IntoIterator<Item = (&'static str, &'a crate::HostTensor)>,
+    lr: f32,
+) -> crate::error::Result<()> {
+    for ((name, t), (_, g)) in params.into_iter().zip(grads) {
+        if t.shape != g.shape {
+            return Err(crate::error::Error::Shape {
+                op: "sgd",
+                what: format!("gradient of {name} must have its parameter's shape"),
+                expected: format!("{:?}", t.shape),
+                got: g.shape.clone(),
+            });
+        }
+        for (w, dw) in t.data.iter_mut().zip(&g.data) {
+            *w -= lr * dw;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

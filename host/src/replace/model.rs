@@ -318,20 +318,7 @@ pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Res
 
 /// `p -= lr * grad` for every parameter (host-side f32, identical for every plan).
 pub fn sgd(p: &mut Params, grads: &Grads, lr: f32) -> Result<()> {
-    for ((name, t), (_, g)) in p.named_mut().into_iter().zip(grads.named()) {
-        if t.shape != g.shape {
-            return Err(Error::Shape {
-                op: "sgd",
-                what: format!("gradient of {name} must have its parameter's shape"),
-                expected: format!("{:?}", t.shape),
-                got: g.shape.clone(),
-            });
-        }
-        for (w, dw) in t.data.iter_mut().zip(&g.data) {
-            *w -= lr * dw;
-        }
-    }
-    Ok(())
+    super::sgd_step(p.named_mut(), grads.named(), lr)
 }
 
 /// One training step's loss and gradients (taken before the update).
