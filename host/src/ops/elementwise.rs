@@ -68,10 +68,8 @@ pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Resu
         && a.is_contiguous()
         && b.is_contiguous()
         && aligned16(&[a, b, &out]);
-    if path == KernelPath::Auto && !fast {
-        if try_rows(op, a, b, &out)? {
-            return Ok(out);
-        }
+    if path == KernelPath::Auto && !fast && try_rows(op, a, b, &out)? {
+        return Ok(out);
     }
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
