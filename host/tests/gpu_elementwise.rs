@@ -314,3 +314,54 @@ fn row_broadcast_matches_reference_in_both_orders() {
         }
     }
 }
+
+#[test]
+fn add_memory_variants_give_the_default_bits() {
+    let Some(gpu) = gpu_or_skip("add_memory_variants_give_the_default_bits") else {
+        return;
+    };
+    let mut rng = rng("add_variants");
+    // Sizes with a partial tile and a ragged element tail, and one of many tiles.
+    for n in [
+        1usize,
+        3,
+        4,
+        1027,
+        2048 * 3 + 5,
+        scaled(1 << 22, 1 << 14) + 3,
+    ] {
+        let a = uniform(&mut rng, &[n], -4.0, 4.0, DType::F32);
+        let b = uniform(&mut rng, &[n], -4.0, 4.0, DType::F32);
+        let (at, bt) = (
+            Tensor::from_host(&gpu, &a).unwrap(),
+            Tensor::from_host(&gpu, &b).unwrap(),
+        );
+        let want = ew::add(&at, &bt).unwrap().to_vec().unwrap();
+        assert_close(
+            &format!("add [{n}]"),
+            &want,
+            &r::binary(BinaryOp::Add, &a, &b).unwrap().data,
+            tol(DType::F32),
+        );
+        for v in 0..=2 {
+            let got = ew::add_memory_variant(&at, &bt, v)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "add variant {v} [{n}] differs from the default"
+            );
+        }
+    }
+    assert!(
+        ew::add_memory_variant(
+            &Tensor::from_f32(&gpu, &[1.0], &[1], DType::F16).unwrap(),
+            &Tensor::from_f32(&gpu, &[1.0], &[1], DType::F16).unwrap(),
+            1
+        )
+        .is_err()
+    );
+}
