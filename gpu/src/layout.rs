@@ -443,7 +443,8 @@ mod tests {
         const K: usize = BK as usize;
         type L<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
         let mut smem = Smem(vec![0; 64 * 1024]);
-        let (a_base, b_base) = (0u32, 16384u32);
+        // B's tile right after A's (the default 256 x 128 config has a 32 KiB A tile).
+        let (a_base, b_base) = (0u32, (M * K * 2) as u32);
         // Logical A (m, k) and B (k, n) as ids, whichever way the tile stores them.
         let (a_at, b_at): (Vec<Vec<u16>>, Vec<Vec<u16>>);
         if A_T {
@@ -458,7 +459,7 @@ mod tests {
         } else {
             b_at = fill::<K, N>(&mut smem, b_base, 9000);
         }
-        // The last warp: (wm0, wn0) = (64, 192) exercises non-zero warp offsets in both dims.
+        // The last warp (e.g. (192, 64) for 256 x 128) exercises non-zero warp offsets in both dims.
         let (wm0, wn0) = (BM - WM, BN - WN);
         let mut acc = vec![[[0f64; 4]; 32]; 4 * 8];
         for ks in 0..K as u32 / 16 {
@@ -565,7 +566,7 @@ mod tests {
             copies::<BN, 64>(t);
             epilogue::<BM, BN>();
         }
-        config::<128, 256>(DEFAULT);
+        config::<256, 128>(DEFAULT);
         config::<128, 256>(VARIANTS[0]);
         config::<256, 128>(VARIANTS[1]);
         config::<128, 128>(VARIANTS[2]);
