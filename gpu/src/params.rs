@@ -415,6 +415,102 @@ pub mod lrp {
         (if splits == 0 { 1 } else { splits }, kps)
     }
 
+    // ---- Variant 2 (`lrp_*_v2`): operands split into tf32 (hi, lo) planes when a stage is stored, in
+    // "fragment-native" order, so each lane reads its fragments with `ld.shared.v4` and no conversion.
+
+    /// Floats of one plane (hi or lo) of a variant-2 stage: unpadded, `BM x BK` and `BN x BK`.
+    pub const V2_PLANE_A: usize = (BM * BK) as usize;
+    pub const V2_PLANE_B: usize = (BN * BK) as usize;
+    /// Floats of one double-buffered operand array: 2 stages x 2 planes. A and B together take exactly
+    /// 48 KiB, the static shared-memory limit.
+    pub const V2_TILE_A: usize = 4 * V2_PLANE_A;
+    pub const V2_TILE_B: usize = 4 * V2_PLANE_B;
+    const _: () = assert!(4 * (V2_TILE_A + V2_TILE_B) <= 48 * 1024);
+
+    /// Offset within a variant-2 A plane of element `(m, k)` (row `m < BM`, depth `k < BK`). The plane is
+    /// a sequence of 16-byte chunks, one per (warp row `m / 32`, m-tile, depth step `k / 8`, lane); the
+    /// chunk of lane `4g + t` holds its m16n8k8 A fragment `a[0..4]` = (g, t), (g+8, t), (g, t+4),
+    /// (g+8, t+4) of that tile and step, so one `ld.shared.v4` reads a fragment, and the 8 lanes of each
+    /// quarter-warp read 8 consecutive chunks (all 32 banks).
+    pub const fn v2_a_offset(m: usize, k: usize) -> usize {
+        let (wm, mi, r16) = (m / WARP_M as usize, (m % WARP_M as usize) / 16, m % 16);
+        let (step, k8) = (k / MMA_K as usize, k % MMA_K as usize);
+        let lane = 4 * (r16 % 8) + k8 % 4;
+        let r = r16 / 8 + 2 * (k8 / 4);
+        let chunk = ((wm * M_TILES + mi) * 2 + step) * 32 + lane;
+        4 * chunk + r
+    }
+    /// This lane's fragment chunk (float offset) of m-tile `mi`, step `step` in a variant-2 A plane.
+    #[inline(always)]
+    pub const fn v2_a_frag(warp: usize, lane: usize, mi: usize, step: usize) -> usize {
+        let wm = warp / WARPS_N as usize;
+        4 * (((wm * M_TILES + mi) * 2 + step) * 32 + lane)
+    }
+    /// [`v2_a_frag`] of `(mi, step)` minus that of `(0, 0)`: a constant.
+    #[inline(always)]
+    pub const fn v2_a_frag_delta(mi: usize, step: usize) -> usize {
+        4 * (mi * 2 + step) * 32
+    }
+    /// Chunk swizzle of the B planes: `c ^ ((c >> 3) & 3)` permutes chunks within aligned groups of 8
+    /// (so the quarter-warp reads stay conflict-free) and spreads the transposed stores of the spread
+    /// pass (8 columns x 4 depths a warp) over all 32 banks.
+    #[inline(always)]
+    pub const fn v2_b_swizzle(c: usize) -> usize {
+        c ^ ((c >> 3) & 3)
+    }
+    /// Offset within a variant-2 B plane of element `(n, k)` (column `n < BN`, depth `k < BK`): one
+    /// 16-byte chunk per (warp column `n / 32`, n-tile, lane) (swizzled), holding the lane's B fragments
+    /// of both depth steps: (k = t, 4+t, 8+t, 12+t) of column g.
+    pub const fn v2_b_offset(n: usize, k: usize) -> usize {
+        let (wn, ni, g) = (n / WARP_N as usize, (n % WARP_N as usize) / 8, n % 8);
+        let chunk = (wn * N_TILES + ni) * 32 + 4 * g + k % 4;
+        4 * v2_b_swizzle(chunk) + k / 4
+    }
+    /// This lane's fragment chunk (float offset) of n-tile `ni` in a variant-2 B plane: `[b0, b1]` of
+    /// step 0, then of step 1.
+    #[inline(always)]
+    pub const fn v2_b_frag(warp: usize, lane: usize, ni: usize) -> usize {
+        let wn = warp % WARPS_N as usize;
+        4 * v2_b_swizzle((wn * N_TILES + ni) * 32 + lane)
+    }
+
+    /// [`v2_b_frag`] of `ni` minus that of n-tile 0: a constant (the swizzle only permutes within 32).
+    #[inline(always)]
+    pub const fn v2_b_frag_delta(ni: usize) -> usize {
+        4 * ni * 32
+    }
+
+    /// The loaders of variant 2 (kernels/lrp.rs) hold, per thread `tid`, element `q` of a stage at:
+    /// `[rows, depth]` operands (A, and B of the sums / dense): row `tid / 8 + 32 (q & 1)` (A, q < 4) or
+    /// `tid / 8 + 32 (q & 3)` (B), depth `8 (q >> 1)` (A) or `8 (q >> 2)` (B) `+ tid % 8`; the spread
+    /// pass's `[depth, cols]` B: column `8 w + 64 (q & 1) + (l & 7)`, depth `4 (l >> 3) + (q >> 1)`
+    /// (`w = tid / 32`, `l = tid % 32`: a warp reads 4 depth rows of 8 columns). Their plane offsets are
+    /// a per-thread base (q = 0) combined with a constant:
+    pub const fn v2_store_a_base(tid: usize) -> usize {
+        v2_a_offset(tid / 8, tid % 8)
+    }
+    #[inline(always)]
+    pub const fn v2_store_a_delta(q: usize) -> usize {
+        512 * (q & 1) + 128 * (q >> 1)
+    }
+    pub const fn v2_store_b_base(tid: usize) -> usize {
+        v2_b_offset(tid / 8, tid % 8)
+    }
+    #[inline(always)]
+    pub const fn v2_store_b_delta(q: usize) -> usize {
+        512 * (q & 3) + 2 * (q >> 2)
+    }
+    pub const fn v2_store_spread_base(tid: usize) -> usize {
+        let (w, l) = (tid / 32, tid % 32);
+        v2_b_offset(8 * w + (l & 7), 4 * (l >> 3))
+    }
+    /// The spread store offset of element `q`: `(base ^ 4 (q >> 1)) + 1024 (q & 1)` (the depth step
+    /// `q >> 1` moves the chunk by `t`, which the swizzle turns into an XOR of the low chunk bits).
+    #[inline(always)]
+    pub const fn v2_store_spread(base: usize, q: usize) -> usize {
+        (base ^ (4 * (q >> 1))) + 1024 * (q & 1)
+    }
+
     #[cfg(test)]
     mod tests {
         //! The fragment addressing against the PTX ISA's m16n8k8 (tf32) fragments, by emulating the
@@ -473,6 +569,158 @@ pub mod lrp {
                             }
                         }
                     }
+                }
+            }
+        }
+
+        /// Variant 2: the plane layouts are bijections, the v4 reads give the ISA fragments, and the
+        /// reads of a warp and the stores of the loaders (kernels/lrp.rs) are conflict-free or 2-way.
+        #[test]
+        fn v2_layouts_are_bijective_isa_fragments() {
+            let mut seen = vec![false; V2_PLANE_A];
+            for m in 0..A_ROWS {
+                for k in 0..DEPTH {
+                    let o = v2_a_offset(m, k);
+                    assert!(o < V2_PLANE_A && !seen[o], "A ({m}, {k})");
+                    seen[o] = true;
+                }
+            }
+            let mut seen = vec![false; V2_PLANE_B];
+            for n in 0..B_COLS {
+                for k in 0..DEPTH {
+                    let o = v2_b_offset(n, k);
+                    assert!(o < V2_PLANE_B && !seen[o], "B ({n}, {k})");
+                    seen[o] = true;
+                }
+            }
+            for warp in 0..8 {
+                let (wm, wn) = ((warp / 4) * 32, (warp % 4) * 32);
+                for lane in 0..32 {
+                    let (g, t) = (lane / 4, lane % 4);
+                    for mi in 0..M_TILES {
+                        for step in 0..2 {
+                            let c = v2_a_frag(warp, lane, mi, step);
+                            assert_eq!(c % 4, 0);
+                            for r in 0..4 {
+                                let row = wm + 16 * mi + g + 8 * (r & 1);
+                                let col = 8 * step + t + 4 * (r >> 1);
+                                assert_eq!(c + r, v2_a_offset(row, col), "A w{warp} l{lane} r{r}");
+                            }
+                        }
+                    }
+                    for ni in 0..N_TILES {
+                        let c = v2_b_frag(warp, lane, ni);
+                        assert_eq!(c % 4, 0);
+                        for step in 0..2 {
+                            for r in 0..2 {
+                                let (n, k) = (wn + 8 * ni + g, 8 * step + t + 4 * r);
+                                assert_eq!(
+                                    c + 2 * step + r,
+                                    v2_b_offset(n, k),
+                                    "B w{warp} l{lane}"
+                                );
+                            }
+                        }
+                    }
+                }
+                // v4 reads: each quarter-warp covers 32 distinct banks.
+                for q in 0..4 {
+                    let mut banks = vec![false; 32];
+                    for lane in 8 * q..8 * q + 8 {
+                        for w in 0..4 {
+                            let b = (v2_b_frag(warp, lane, 1) + w) % 32;
+                            assert!(!banks[b], "B read conflict");
+                            banks[b] = true;
+                        }
+                    }
+                    let mut banks = vec![false; 32];
+                    for lane in 8 * q..8 * q + 8 {
+                        for w in 0..4 {
+                            let b = (v2_a_frag(warp, lane, 1, 1) + w) % 32;
+                            assert!(!banks[b], "A read conflict");
+                            banks[b] = true;
+                        }
+                    }
+                }
+            }
+            for warp in 0..8 {
+                for lane in 0..32 {
+                    for mi in 0..M_TILES {
+                        for step in 0..2 {
+                            assert_eq!(
+                                v2_a_frag(warp, lane, mi, step),
+                                v2_a_frag(warp, lane, 0, 0) + v2_a_frag_delta(mi, step)
+                            );
+                        }
+                    }
+                    for ni in 0..N_TILES {
+                        assert_eq!(
+                            v2_b_frag(warp, lane, ni),
+                            v2_b_frag(warp, lane, 0) + v2_b_frag_delta(ni)
+                        );
+                    }
+                }
+            }
+            // The loaders' base + delta forms against the layouts, and every element stored once.
+            let (mut sa, mut sb, mut sp) = (
+                vec![0; V2_PLANE_A],
+                vec![0; V2_PLANE_B],
+                vec![0; V2_PLANE_B],
+            );
+            for tid in 0..THREADS as usize {
+                let (w, l) = (tid / 32, tid % 32);
+                for q in 0..8 {
+                    if q < 4 {
+                        let (m, k) = (tid / 8 + 32 * (q & 1), 8 * (q >> 1) + tid % 8);
+                        let o = v2_store_a_base(tid) + v2_store_a_delta(q);
+                        assert_eq!(o, v2_a_offset(m, k));
+                        sa[o] += 1;
+                    }
+                    let (n, k) = (tid / 8 + 32 * (q & 3), 8 * (q >> 2) + tid % 8);
+                    let o = v2_store_b_base(tid) + v2_store_b_delta(q);
+                    assert_eq!(o, v2_b_offset(n, k));
+                    sb[o] += 1;
+                    let (n, k) = (8 * w + 64 * (q & 1) + (l & 7), 4 * (l >> 3) + (q >> 1));
+                    let o = v2_store_spread(v2_store_spread_base(tid), q);
+                    assert_eq!(o, v2_b_offset(n, k), "spread tid {tid} q {q}");
+                    sp[o] += 1;
+                }
+            }
+            assert!(sa.iter().chain(&sb).chain(&sp).all(|&c| c == 1));
+            // Stores, as the loaders assign elements (kernels/lrp.rs): the worst bank multiplicity.
+            let worst = |offs: &[usize]| {
+                let mut count = [0usize; 32];
+                for o in offs {
+                    count[o % 32] += 1;
+                }
+                *count.iter().max().unwrap()
+            };
+            for w in 0..8 {
+                for q in 0..8 {
+                    let lanes = 0..32usize;
+                    // [rows, depth] operands (A always, B of sums and dense).
+                    let tid = |l: usize| 32 * w + l;
+                    if q < 4 {
+                        let offs: std::vec::Vec<usize> = lanes
+                            .clone()
+                            .map(|l| {
+                                v2_a_offset(tid(l) / 8 + 32 * (q & 1), 8 * (q >> 1) + tid(l) % 8)
+                            })
+                            .collect();
+                        assert!(worst(&offs) <= 2, "A store w{w} q{q}");
+                    }
+                    let offs: std::vec::Vec<usize> = lanes
+                        .clone()
+                        .map(|l| v2_b_offset(tid(l) / 8 + 32 * (q & 3), 8 * (q >> 2) + tid(l) % 8))
+                        .collect();
+                    assert!(worst(&offs) <= 2, "B store w{w} q{q}");
+                    // [depth, cols] B of the spread pass.
+                    let offs: std::vec::Vec<usize> = lanes
+                        .map(|l| {
+                            v2_b_offset(8 * w + 64 * (q & 1) + (l & 7), 4 * (l >> 3) + (q >> 1))
+                        })
+                        .collect();
+                    assert_eq!(worst(&offs), 1, "spread B store w{w} q{q}");
                 }
             }
         }

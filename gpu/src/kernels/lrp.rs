@@ -32,9 +32,32 @@
 //! 1e-5 relative tolerance and, from K = 16 on, inside the saturation slack `margin(K) A` of
 //! tests/gpu_lrp.rs. The abs sum uses the split of `|v|`, which is `(|hi|, sign(v) lo)`
 //! (`dev::mma::split_abs`), not `|lo|`.
+//!
+//! # Variant 2 (`lrp_sums_v2_f32`, `lrp_spread_v2_f32`; host: `relevance_variant(.., 1)`)
+//! The same tiles, loaders (the spread pass's B excepted), splits and output order, with three changes
+//! that take the per-stage bookkeeping off the warps' instruction streams:
+//! - Each value is split `(hi, lo)` once, when its stage is stored, into a hi and a lo plane (four warps
+//!   read every A value and two every B value, so the conversions drop 2-4x), and the spread pass stores
+//!   the split of `|W|`.
+//! - The planes are in fragment order (`params::lrp::v2_a_offset` / `v2_b_offset`): a lane's A fragment
+//!   of one tile and step, and its B fragments of one tile over both steps, are 16 contiguous bytes, one
+//!   `ld.shared.v4` (conflict-free; unit-tested). Two planes of two stages of both operands fill exactly
+//!   the 48 KiB of static shared memory.
+//! - Each tile's fresh fragment runs a whole 16-deep stage, 6 mma (the four correction products of both
+//!   steps first, then the two main ones), and is added to the f32 accumulator once per stage: half the
+//!   adds. The sums pass reads the signed splits, runs `a b` into `S`, then turns the fragments into the
+//!   splits of `|v|` in place (`split_abs`) and runs `|a||b|` into `A`, in the same mma order, so
+//!   one-sign rows still give `A = |S|` bit for bit.
+//!
+//! Error: the split error is unchanged (`3 * 2^-22` per product). The in-mma truncation now acts on a
+//! 16-term partial over 6 mma instead of an 8-term one over 3: about twice the ulps of a partial twice as
+//! large, i.e. the same per-term rate as before (`~5e-7` of the partial's `sum |a b|`, not growing with
+//! K), and the f32 accumulation runs over `K/16` partials instead of `K/8`, halving its worst case:
+//! `|error of A or S| <= (1.5e-6 + (K/16) 2^-24) A`, still inside the tests' tolerance and, from K = 16,
+//! the saturation slack.
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragC, mma_tf32, split_abs, split_tf32};
-use crate::dev::shared::SharedScalar;
+use crate::dev::shared::{SharedScalar, ld_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_threads_x, thread_idx_x,
@@ -303,6 +326,239 @@ unsafe fn gemm<const MODE: u32>(
     });
 }
 
+// ---- Variant 2 (`lrp_sums_v2_f32`, `lrp_spread_v2_f32`; see "Variant 2" in the module doc) ----
+
+crate::static_shared!(fn tile2_a() -> [f32; V2_TILE_A] as LRP2_TILE_A);
+crate::static_shared!(fn tile2_b() -> [f32; V2_TILE_B] as LRP2_TILE_B);
+
+/// Stage `k0` of the spread pass's B (`[K, N]`, N contiguous) as variant 2 assigns it: thread
+/// `(w, l)` takes columns `8 w + (l & 7) + 64 (q & 1)` at depth `4 (l >> 3) + (q >> 1)` (each warp reads
+/// four 32-byte row segments), as `|W|`.
+#[inline(always)]
+fn fetch_b_spread_v2(
+    b: &Slice<f32>,
+    p: &LrpGemm,
+    t: &Tile,
+    k0: u64,
+    tid: u64,
+    rb: &mut [f32; B_LOADS],
+) {
+    let (w, l) = (tid >> 5, tid & 31);
+    let (n, k) = (t.n0 + 8 * w + (l & 7), k0 + 4 * (l >> 3));
+    let base = k * p.cols + n;
+    crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let (dn, dk) = (64 * (q as u64 & 1), q as u64 >> 1);
+        let at = base + dk * p.cols + dn;
+        let v = if n + dn < p.cols && k + dk < t.k_end { b.get_ro(at) } else { 0.0 };
+        rb[q] = v.abs();
+    });
+}
+
+/// Splits `v` and stores `(hi, lo)` at byte address `addr` of the hi plane and `addr + plane_bytes`.
+#[inline(always)]
+fn store_split(addr: u32, plane_bytes: u32, v: f32) {
+    let (hi, lo) = split_tf32(v);
+    // SAFETY: `addr` is `tile.addr(off)` with `off` a loader offset (`params::lrp::v2_store_*`, inside
+    // the plane: unit-tested) of a hi plane, so both addresses lie in the static array; the buffer is
+    // not read by any warp until the barrier after this store (see `gemm_v2`).
+    unsafe {
+        f32::st_shared(addr, f32::from_bits(hi));
+        f32::st_shared(addr + plane_bytes, f32::from_bits(lo));
+    }
+}
+
+/// A variant-2 stage to shared memory: each value split once here, into its hi and lo planes.
+/// `a_st` / `b_st`: this thread's q = 0 byte addresses in buffer 0's hi planes.
+#[inline(always)]
+fn store_v2<const MODE: u32>(
+    buf: u32,
+    a_st: u32,
+    b_st: u32,
+    b_off: u32,
+    ra: &[f32; A_LOADS],
+    rb: &[f32; B_LOADS],
+) {
+    let a0 = a_st + buf * (4 * 2 * V2_PLANE_A) as u32;
+    crate::unroll!(q in [0, 1, 2, 3] {
+        store_split(a0 + 4 * v2_store_a_delta(q) as u32, 4 * V2_PLANE_A as u32, ra[q]);
+    });
+    let bb = tile2_b().addr(0) + buf * (4 * 2 * V2_PLANE_B) as u32;
+    crate::unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let addr = if MODE == SPREAD {
+            bb + 4 * v2_store_spread(b_off as usize, q) as u32
+        } else {
+            b_st + buf * (4 * 2 * V2_PLANE_B) as u32 + 4 * v2_store_b_delta(q) as u32
+        };
+        store_split(addr, 4 * V2_PLANE_B as u32, rb[q]);
+    });
+}
+
+/// One 16x8 tile over a whole 16-deep stage in 3xTF32, in a fresh fragment: the four correction
+/// products (both depth steps) first, then the two main products; the caller adds the result to its
+/// accumulator with round-to-nearest. `a_*[step]` are A fragments, `b_*` the B chunk (step 0's
+/// `[b0, b1]`, then step 1's).
+#[inline(always)]
+fn mma6(a_hi: &[[u32; 4]; 2], a_lo: &[[u32; 4]; 2], b_hi: &[u32; 4], b_lo: &[u32; 4]) -> FragC {
+    let (bh0, bh1) = ([b_hi[0], b_hi[1]], [b_hi[2], b_hi[3]]);
+    let (bl0, bl1) = ([b_lo[0], b_lo[1]], [b_lo[2], b_lo[3]]);
+    let mut t = mma_tf32([0.0; 4], &a_lo[0], &bh0);
+    t = mma_tf32(t, &a_hi[0], &bl0);
+    t = mma_tf32(t, &a_lo[1], &bh1);
+    t = mma_tf32(t, &a_hi[1], &bl1);
+    t = mma_tf32(t, &a_hi[0], &bh0);
+    mma_tf32(t, &a_hi[1], &bh1)
+}
+
+/// The fragments of one stage for a warp: A `[mi][step]`, B `[ni]` (both steps), hi and lo.
+struct Frags {
+    ah: [[[u32; 4]; 2]; M_TILES],
+    al: [[[u32; 4]; 2]; M_TILES],
+    bh: [[u32; 4]; N_TILES],
+    bl: [[u32; 4]; N_TILES],
+}
+
+impl Frags {
+    #[inline(always)]
+    fn mma_into(&self, acc: &mut Acc) {
+        crate::unroll_lt!(mi < M_TILES, {
+            crate::unroll_lt!(ni < N_TILES, {
+                let t = mma6(&self.ah[mi], &self.al[mi], &self.bh[ni], &self.bl[ni]);
+                crate::unroll!(r in [0, 1, 2, 3] {
+                    acc[mi][ni][r] += t[r];
+                });
+            });
+        });
+    }
+}
+
+/// One variant-2 stage through the tensor cores: 4 + 4 `ld.shared.v4` of A and B fragments per plane,
+/// then 6 mma per tile and product (SUMS: the signed product into `acc1`, then the fragments turned
+/// into the splits of the absolute values in place, and `|a||b|` into `acc0`). `a_addr` / `b_addr`: this
+/// lane's chunk of (mi, step) = (0, 0) / ni = 0 in the stage's hi planes (shared addresses).
+#[inline(always)]
+fn compute_v2<const MODE: u32>(a_addr: u32, b_addr: u32, acc0: &mut Acc, acc1: &mut Acc) {
+    let mut f = Frags {
+        ah: [[[0; 4]; 2]; M_TILES],
+        al: [[[0; 4]; 2]; M_TILES],
+        bh: [[0; 4]; N_TILES],
+        bl: [[0; 4]; N_TILES],
+    };
+    // SAFETY (loads): base + delta is `v2_*_frag(..)` (< the plane, 16-byte aligned: unit-tested in
+    // params) in the stage the caller's address points at, inside the static arrays; written before the
+    // barrier that precedes this call.
+    crate::unroll_lt!(mi < M_TILES, {
+        crate::unroll!(step in [0, 1] {
+            let at = a_addr + 4 * v2_a_frag_delta(mi, step) as u32;
+            f.ah[mi][step] = unsafe { ld_shared_v4(at) };
+            f.al[mi][step] = unsafe { ld_shared_v4(at + 4 * V2_PLANE_A as u32) };
+        });
+    });
+    crate::unroll_lt!(ni < N_TILES, {
+        let at = b_addr + 4 * v2_b_frag_delta(ni) as u32;
+        f.bh[ni] = unsafe { ld_shared_v4(at) };
+        f.bl[ni] = unsafe { ld_shared_v4(at + 4 * V2_PLANE_B as u32) };
+    });
+    if MODE == SUMS {
+        f.mma_into(acc1);
+        crate::unroll_lt!(mi < M_TILES, {
+            crate::unroll!(step in [0, 1] {
+                crate::unroll!(r in [0, 1, 2, 3] {
+                    (f.ah[mi][step][r], f.al[mi][step][r]) = split_abs(f.ah[mi][step][r], f.al[mi][step][r]);
+                });
+            });
+        });
+        crate::unroll_lt!(ni < N_TILES, {
+            crate::unroll!(r in [0, 1, 2, 3] {
+                (f.bh[ni][r], f.bl[ni][r]) = split_abs(f.bh[ni][r], f.bl[ni][r]);
+            });
+        });
+        f.mma_into(acc0);
+    } else {
+        f.mma_into(acc0);
+    }
+}
+
+/// [`gemm`] with variant-2 stages: operands split when stored, fragments read as `v4`, one fresh
+/// fragment per tile and stage. Same tiles, splits, output order and workspace layout.
+#[inline(always)]
+unsafe fn gemm_v2<const MODE: u32>(
+    a: Slice<f32>,
+    b: Slice<f32>,
+    out0: SliceMut<f32>,
+    out1: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    let tid = thread_idx_x() as usize;
+    let (lane, warp) = (tid & 31, tid >> 5);
+    let split = block_idx_z() as u64;
+    let k_begin = split * p.k_per_split;
+    let t = Tile {
+        m0: block_idx_y() as u64 * BM,
+        n0: block_idx_x() as u64 * BN,
+        k_begin,
+        k_end: (k_begin + p.k_per_split).min(p.depth),
+    };
+    let stages = t.k_end.saturating_sub(t.k_begin).div_ceil(BK);
+    let a_frag = opaque_u32(tile2_a().addr(v2_a_frag(warp, lane, 0, 0)));
+    let b_frag = opaque_u32(tile2_b().addr(v2_b_frag(warp, lane, 0)));
+    let a_st = opaque_u32(tile2_a().addr(v2_store_a_base(tid)));
+    let b_st = opaque_u32(tile2_b().addr(v2_store_b_base(tid)));
+    let b_off = opaque_u32(v2_store_spread_base(tid) as u32);
+    let mut acc0: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
+    let mut acc1: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
+    let mut ra = [0.0f32; A_LOADS];
+    let mut rb = [0.0f32; B_LOADS];
+    fetch_a(&a, &p, &t, t.k_begin, tid as u64, &mut ra);
+    if MODE == SPREAD {
+        fetch_b_spread_v2(&b, &p, &t, t.k_begin, tid as u64, &mut rb);
+    } else {
+        fetch_b::<MODE>(&b, &p, &t, t.k_begin, tid as u64, &mut rb);
+    }
+    store_v2::<MODE>(0, a_st, b_st, b_off, &ra, &rb);
+    sync_threads();
+    let mut s = 0u64;
+    while s < stages {
+        // As in `gemm`: stage s in buffer s & 1, one barrier per stage.
+        let more = s + 1 < stages;
+        if more {
+            let k0 = opaque_u64(t.k_begin + (s + 1) * BK);
+            fetch_a(&a, &p, &t, k0, tid as u64, &mut ra);
+            if MODE == SPREAD {
+                fetch_b_spread_v2(&b, &p, &t, k0, tid as u64, &mut rb);
+            } else {
+                fetch_b::<MODE>(&b, &p, &t, k0, tid as u64, &mut rb);
+            }
+        }
+        let buf = (s & 1) as u32;
+        compute_v2::<MODE>(
+            a_frag + buf * (4 * 2 * V2_PLANE_A) as u32,
+            b_frag + buf * (4 * 2 * V2_PLANE_B) as u32,
+            &mut acc0,
+            &mut acc1,
+        );
+        if more {
+            store_v2::<MODE>(((s + 1) & 1) as u32, a_st, b_st, b_off, &ra, &rb);
+        }
+        sync_threads();
+        s += 1;
+    }
+    let base = split * p.rows * p.cols;
+    crate::unroll_lt!(mi < M_TILES, {
+        crate::unroll_lt!(ni < N_TILES, {
+            crate::unroll!(r in [0, 1, 2, 3] {
+                let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
+                let (m, n) = (t.m0 + dm, t.n0 + dn);
+                if m < p.rows && n < p.cols {
+                    out0.set(base + m * p.cols + n, acc0[mi][ni][r]);
+                    if MODE == SUMS {
+                        out1.set(base + m * p.cols + n, acc1[mi][ni][r]);
+                    }
+                }
+            });
+        });
+    });
+}
+
 /// Split partials of element `e` of a `rows x cols` pass, added in split order.
 #[inline(always)]
 fn split_sum(ws: &Slice<f32>, e: u64, numel: u64, splits: u64) -> f32 {
@@ -474,6 +730,29 @@ pub unsafe extern "ptx-kernel" fn lrp_sums_f32(
     p: LrpGemm,
 ) {
     unsafe { gemm::<SUMS>(x, w, ws_a, ws_s, p) }
+}
+
+/// [`lrp_sums_f32`] on variant-2 stages (same arguments and workspaces).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_sums_v2_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws_a: SliceMut<f32>,
+    ws_s: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { gemm_v2::<SUMS>(x, w, ws_a, ws_s, p) }
+}
+
+/// [`lrp_spread_f32`] on variant-2 stages (same arguments and workspace).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v2_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    ws_g: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { gemm_v2::<SPREAD>(coef, w, ws_g, ws_g, p) }
 }
 
 #[unsafe(no_mangle)]
