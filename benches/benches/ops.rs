@@ -352,15 +352,6 @@ fn relevance(b: &mut Bencher) {
                 lrp::relevance(&layer, &x[0], &rel[0], &Activation::tanh()).expect("lrp");
             },
         );
-        // GEMM-pass variant 1 (lrp_*_v2_f32): fp32 split into tf32 planes when staged.
-        b.bench(
-            spec(format!("lrp_v2/f32/R{rows}_I{ni}_O{no}"), None, Some(flops)),
-            1,
-            |_| {
-                lrp::relevance_variant(&layer, &x[0], &rel[0], &Activation::tanh(), 1)
-                    .expect("lrp v2");
-            },
-        );
     }
 }
 

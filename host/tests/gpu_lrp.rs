@@ -47,31 +47,22 @@ fn case(rng: &mut StdRng, rows: usize, ni: usize, no: usize, bias: bool, act: Ac
 
 /// Runs the case on the GPU and compares with the reference row by row (ambiguous rows: finite only).
 fn check(gpu: &host::Gpu, name: &str, c: &Case) -> Vec<f32> {
-    check_variant(gpu, name, c, 0)
-}
-
-/// [`check`] on GEMM-pass variant `variant` (`lrp::relevance_variant`; 0 is `lrp::relevance`).
-fn check_variant(gpu: &host::Gpu, name: &str, c: &Case, variant: u32) -> Vec<f32> {
     let (rows, ni) = (c.x.shape[0], c.x.shape[1]);
     let no = c.w.shape[0];
     let layer = Linear::from_host(gpu, &c.w, c.b.as_ref()).unwrap();
     let x = Tensor::from_host(gpu, &c.x).unwrap();
     let rel = Tensor::from_host(gpu, &c.rel).unwrap();
-    let got = if variant == 0 {
-        lrp::relevance(&layer, &x, &rel, &c.act)
-    } else {
-        lrp::relevance_variant(&layer, &x, &rel, &c.act, variant)
-    }
-    .unwrap()
-    .to_vec()
-    .unwrap();
+    let got = lrp::relevance(&layer, &x, &rel, &c.act)
+        .unwrap()
+        .to_vec()
+        .unwrap();
     let (want, slack) =
         lr::relevance_with_slack(&c.x, &c.rel, &c.w, c.b.as_ref(), &c.act, margin(ni)).unwrap();
     let tol = lrp_tol(ni, no);
     let loose = slack.iter().filter(|&&s| s > 0.0).count();
     let e = lr::slack_rel_err(&got, &want.data, &slack);
     println!(
-        "{name} v{variant} [{rows},{ni}]x[{no},{ni}] {:?}: rel err {e:.2e} ({loose} elements with slack)",
+        "{name} [{rows},{ni}]x[{no},{ni}] {:?}: rel err {e:.2e} ({loose} elements with slack)",
         c.act
     );
     assert!(
@@ -588,109 +579,4 @@ fn wide_dynamic_range_keeps_fp32_accuracy() {
         };
         check(&gpu, &format!("wide range [{rows},{ni}]x[{no}]"), &c);
     }
-}
-
-/// GEMM-pass variant 1 (`lrp_sums_v2_f32` / `lrp_spread_v2_f32`, operands split into tf32 planes when
-/// staged): the reference at the same tolerances on random shapes, partial tiles and depth tails, a wide
-/// dynamic range and one-sign products (where `A = |S|` exactly); bit-identical across runs; and close to
-/// the default kernels.
-#[test]
-fn variant_v2_matches_reference_and_is_deterministic() {
-    let Some(gpu) = gpu_or_skip("variant_v2_matches_reference_and_is_deterministic") else {
-        return;
-    };
-    let mut rng = rng("lrp_v2");
-    let acts = [
-        Activation::tanh(),
-        Activation::null(),
-        non_mono(Func::Sigmoid),
-        Activation::relu(),
-        non_mono(Func::Swish),
-    ];
-    let shapes = [
-        (64usize, 4104usize, 200usize),
-        (64, 200, 4104),
-        (65, 4096 + 24, 129),
-        (3, 9, 4097),
-        (17, 8, 1),
-        (1, 16, 24),
-        (64, 513, 257),
-        (1, 1, 1),
-        (4096, 3, 2),
-        (2, 3, 8192),
-        (257, 1023, 65),
-        (130, 255, 300),
-        (16, 2049, 127),
-        (1024, 256, 512),
-    ];
-    for (k, &(rows, ni, no)) in shapes.iter().enumerate() {
-        let c = case(&mut rng, rows, ni, no, k % 2 == 0, acts[k % acts.len()]);
-        let got = check_variant(&gpu, &format!("v2 #{k}"), &c, 1);
-        // Bit-identical across runs, and within the tolerance of the default kernels.
-        let again = check_variant(&gpu, &format!("v2 #{k} again"), &c, 1);
-        assert!(
-            got.iter()
-                .zip(&again)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "v2 #{k}: results differ between runs"
-        );
-        let base = check(&gpu, &format!("v2 #{k} default"), &c);
-        let (num, den) = got
-            .iter()
-            .zip(&base)
-            .fold((0.0f64, 0.0f64), |(n, d), (&a, &b)| {
-                (n + (a as f64 - b as f64).powi(2), d + (b as f64).powi(2))
-            });
-        let diff = (num / den.max(f64::MIN_POSITIVE)).sqrt();
-        assert!(
-            diff <= 2.0 * lrp_tol(ni, no),
-            "v2 #{k}: {diff:.2e} from the default kernels"
-        );
-    }
-    // Wide dynamic range.
-    let mut wide = |shape: &[usize], decades: f32| {
-        let n: usize = shape.iter().product();
-        let data = (0..n)
-            .map(|_| {
-                let m: f32 = rng.random_range(-1.0..1.0);
-                m * 10f32.powf(rng.random_range(-decades..decades))
-            })
-            .collect();
-        HostTensor::new(data, shape, DType::F32).unwrap()
-    };
-    for &(rows, ni, no) in &[(64usize, 1024usize, 96usize), (5, 333, 77)] {
-        let c = Case {
-            x: wide(&[rows, ni], 3.0),
-            w: wide(&[no, ni], 2.0),
-            b: None,
-            rel: wide(&[rows, no], 1.0),
-            act: Activation::tanh(),
-        };
-        check_variant(&gpu, &format!("v2 wide range [{rows},{ni}]x[{no}]"), &c, 1);
-    }
-    // One-sign products: x > 0 and W > 0 everywhere, no saturation: N must come out exactly 0 (then
-    // N' = 1 enters the denominator; a rounding residue in A - S would be off by about 1 / P).
-    let mut pos = |shape: &[usize]| {
-        let n: usize = shape.iter().product();
-        let data = (0..n).map(|_| rng.random_range(0.01f32..2.0)).collect();
-        HostTensor::new(data, shape, DType::F32).unwrap()
-    };
-    let c = Case {
-        x: pos(&[70, 1000]),
-        w: pos(&[90, 1000]),
-        b: None,
-        rel: pos(&[70, 90]),
-        act: Activation::null(),
-    };
-    check_variant(&gpu, "v2 one-sign", &c, 1);
-    // Unknown variants are rejected.
-    let layer = Linear::from_host(&gpu, &c.w, None).unwrap();
-    let (x, rel) = (
-        Tensor::from_host(&gpu, &c.x).unwrap(),
-        Tensor::from_host(&gpu, &c.rel).unwrap(),
-    );
-    assert!(matches!(
-        lrp::relevance_variant(&layer, &x, &rel, &c.act, lrp::RELEVANCE_VARIANTS + 1),
-        Err(Error::Invalid { .. })
-    ));
 }

@@ -462,45 +462,7 @@ pub fn relevance(
     relevance_out: &Tensor,
     act: &Activation,
 ) -> Result<Tensor> {
-    relevance_with(layer, x, relevance_out, act, 0)
-}
-
-/// Number of GEMM-pass variants besides the default (see [`relevance_variant`]).
-#[doc(hidden)]
-pub const RELEVANCE_VARIANTS: u32 = 1;
-
-/// [`relevance`] on GEMM-pass variant `variant` (0: the default kernels, exactly [`relevance`]; 1: the
-/// `lrp_*_v2_f32` kernels, operands split into tf32 planes when staged). For benchmarks and tests.
-#[doc(hidden)]
-pub fn relevance_variant(
-    layer: &Linear,
-    x: &Tensor,
-    relevance_out: &Tensor,
-    act: &Activation,
-    variant: u32,
-) -> Result<Tensor> {
-    if variant > RELEVANCE_VARIANTS {
-        return Err(Error::Invalid {
-            op: "lrp::relevance_variant",
-            msg: format!("no relevance variant {variant} (0..={RELEVANCE_VARIANTS})"),
-        });
-    }
-    relevance_with(layer, x, relevance_out, act, variant)
-}
-
-fn relevance_with(
-    layer: &Linear,
-    x: &Tensor,
-    relevance_out: &Tensor,
-    act: &Activation,
-    variant: u32,
-) -> Result<Tensor> {
     const OP: &str = "lrp::relevance";
-    let (sums, spread) = if variant == 1 {
-        ("lrp_sums_v2_f32", "lrp_spread_v2_f32")
-    } else {
-        ("lrp_sums_f32", "lrp_spread_f32")
-    };
     require_f32(OP, "x", x, layer)?;
     require_f32(OP, "relevance_out", relevance_out, layer)?;
     act.validate(OP)?;
@@ -521,7 +483,7 @@ fn relevance_with(
         return Ok(out);
     }
     // Pass 1: A and S per (row, j).
-    let (ws, splits) = gemm_pass(gpu, sums, x, &layer.weight, 2, (r, o, i))?;
+    let (ws, splits) = gemm_pass(gpu, "lrp_sums_f32", x, &layer.weight, 2, (r, o, i))?;
     // Coefficients per (row, j).
     let coef = Tensor::empty(gpu, &[r, o], DType::F32)?;
     let (lower, upper) = act.bounds();
@@ -553,7 +515,7 @@ fn relevance_with(
     )?;
     drop(ws);
     // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G.
-    let (ws, splits) = gemm_pass(gpu, spread, &coef, &layer.weight, 1, (r, i, o))?;
+    let (ws, splits) = gemm_pass(gpu, "lrp_spread_f32", &coef, &layer.weight, 1, (r, i, o))?;
     let p = LrpFinish {
         rows: r as u64,
         cols: i as u64,
