@@ -380,24 +380,6 @@ fn elementwise(b: &mut Bencher) {
             },
         );
     }
-    // The cache-path variants of the contiguous f32 add, on request (`RGK_BENCH_VARIANTS=1`).
-    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        let shape = [8192usize, 8192];
-        let bytes = (shape[0] * shape[1] * 4) as u64;
-        let (x, y) = (
-            b.inputs(&shape, DType::F32, 1),
-            b.inputs(&shape, DType::F32, 1),
-        );
-        for v in 0..=2u32 {
-            b.bench(
-                spec(format!("add_mem{v}/f32/8192x8192"), Some(3 * bytes), None),
-                1,
-                |_| {
-                    ew::add_memory_variant(&x[0], &y[0], v).expect("add variant");
-                },
-            );
-        }
-    }
     let x = b.inputs(&[8192, 8192], DType::F32, 1);
     let row = b.inputs(&[8192], DType::F32, 1);
     let bytes = 8192u64 * 8192 * 4;

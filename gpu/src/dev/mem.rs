@@ -28,57 +28,6 @@ pub unsafe fn load_chunk_ro(p: *const Chunk16, i: u64) -> Chunk16 {
     Chunk16([a, b, c, d])
 }
 
-/// 16-byte load through the coherent path (`ld.global.v4`), for comparing cache paths.
-///
-/// # Safety
-/// `p.add(i)` must be inside a live allocation.
-#[inline(always)]
-pub unsafe fn load_chunk(p: *const Chunk16, i: u64) -> Chunk16 {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    unsafe {
-        core::arch::asm!(
-            "ld.global.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-            p = in(reg64) p.add(i as usize), options(nostack, readonly)
-        )
-    }
-    Chunk16([a, b, c, d])
-}
-
-/// Streaming 16-byte load (`ld.global.cs`: read once, evict first; `.L1::no_allocate` would need PTX
-/// ISA 7.4, above what the sm_80 build declares).
-///
-/// # Safety
-/// As [`load_chunk_ro`].
-#[inline(always)]
-pub unsafe fn load_chunk_stream(p: *const Chunk16, i: u64) -> Chunk16 {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    unsafe {
-        core::arch::asm!(
-            "ld.global.cs.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-            p = in(reg64) p.add(i as usize), options(nostack, readonly)
-        )
-    }
-    Chunk16([a, b, c, d])
-}
-
-/// 16-byte streaming store (`st.global.cs`: likely not read again soon, evict first).
-///
-/// # Safety
-/// As [`store_chunk`].
-#[inline(always)]
-pub unsafe fn store_chunk_stream(p: *mut Chunk16, i: u64, v: Chunk16) {
-    let [a, b, c, d] = v.0;
-    unsafe {
-        core::arch::asm!(
-            "st.global.cs.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};",
-            p = in(reg64) p.add(i as usize), a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
-            options(nostack)
-        )
-    }
-}
-
 /// 16-byte store.
 ///
 /// # Safety

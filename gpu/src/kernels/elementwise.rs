@@ -2,21 +2,12 @@
 //! and backward, and the broadcast-gradient reduction `reduce_to`.
 use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::math;
-use crate::dev::mem::{
-    Chunk16, Slice, SliceMut, load_chunk, load_chunk_ro, load_chunk_stream, store_chunk,
-    store_chunk_stream,
-};
+use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
 use crate::dev::thread::{
     block_dim_x, block_idx_x, global_index_x, grid_dim_x, grid_threads_x, thread_idx_x,
 };
 use crate::params::elementwise::CHUNKS_PER_THREAD;
 use crate::params::{Broadcast2, MAX_DIMS, ReduceTo};
-
-/// Cache paths of the contiguous binary kernels: read-only loads (`ld.global.nc`) and plain stores
-/// (the default); coherent loads; L1-bypassing loads with streaming stores.
-const MEM_RO: u32 = 0;
-const MEM_COHERENT: u32 = 1;
-const MEM_STREAM: u32 = 2;
 
 const ADD: u32 = 0;
 const SUB: u32 = 1;
@@ -56,30 +47,12 @@ fn map_chunk<T: Elem>(x: Chunk16, f: impl Fn(f32) -> f32 + Copy) -> Chunk16 {
 /// checks): 16-byte chunks in block tiles (grid-stride over tiles), then the ragged tail element by
 /// element.
 #[inline(always)]
-unsafe fn zip_contiguous<T: Elem, const MEM: u32>(
+unsafe fn zip_contiguous<T: Elem>(
     a: Slice<T>,
     b: Slice<T>,
     out: SliceMut<T>,
     f: impl Fn(f32, f32) -> f32 + Copy,
 ) {
-    // The cache path of the tiles' loads and stores (`MEM_*`): the default and two variants kept
-    // for side-by-side measurement (`add_mem{1,2}_f32`).
-    // SAFETY (both closures): called only with chunk indices inside the buffers (the callers below
-    // check them), whose bases are 16-byte aligned (checked by the launcher).
-    let load = |p: *const Chunk16, i: u64| unsafe {
-        match MEM {
-            MEM_COHERENT => load_chunk(p, i),
-            MEM_STREAM => load_chunk_stream(p, i),
-            _ => load_chunk_ro(p, i),
-        }
-    };
-    let store = |p: *mut Chunk16, i: u64, v: Chunk16| unsafe {
-        if MEM == MEM_STREAM {
-            store_chunk_stream(p, i, v)
-        } else {
-            store_chunk(p, i, v)
-        }
-    };
     let per_chunk = (16 / core::mem::size_of::<T>()) as u64;
     let chunks = a.len / per_chunk;
     // A block takes tiles of UNROLL * block_dim consecutive chunks, thread t chunks t, t + block_dim,
@@ -101,8 +74,8 @@ unsafe fn zip_contiguous<T: Elem, const MEM: u32>(
                 let mut x = [Chunk16([0; 4]); UNROLL];
                 let mut y = [Chunk16([0; 4]); UNROLL];
                 crate::unroll_lt!(u < UNROLL, {
-                    x[u] = load(a.chunks(), i + u as u64 * bd);
-                    y[u] = load(b.chunks(), i + u as u64 * bd);
+                    x[u] = load_chunk_ro(a.chunks(), i + u as u64 * bd);
+                    y[u] = load_chunk_ro(b.chunks(), i + u as u64 * bd);
                 });
                 crate::unroll_lt!(u < UNROLL, {
                     store_chunk(
@@ -123,7 +96,7 @@ unsafe fn zip_contiguous<T: Elem, const MEM: u32>(
                             load_chunk_ro(b.chunks(), c),
                             f,
                         );
-                        store(out.chunks(), c, z);
+                        store_chunk(out.chunks(), c, z);
                     }
                 }
             });
@@ -328,23 +301,12 @@ pub unsafe extern "ptx-kernel" fn narrow_bf16(x: Slice<f32>, out: SliceMut<BF16>
     unsafe { convert(x, out) }
 }
 
-/// `add` through the other cache paths (`MEM_COHERENT`, `MEM_STREAM`), for side-by-side benchmarks
-/// (`host::ops::elementwise::add_memory_variant`).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn add_mem1_f32(a: Slice<f32>, b: Slice<f32>, out: SliceMut<f32>) {
-    unsafe { zip_contiguous::<_, MEM_COHERENT>(a, b, out, apply::<ADD>) }
-}
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn add_mem2_f32(a: Slice<f32>, b: Slice<f32>, out: SliceMut<f32>) {
-    unsafe { zip_contiguous::<_, MEM_STREAM>(a, b, out, apply::<ADD>) }
-}
-
 macro_rules! binary_entry_points {
     ($($contig:ident, $rows:ident, $bcast:ident, $t:ty, $op:expr;)*) => {$(
         /// Contiguous, same-shape binary op (see `zip_contiguous`).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $contig(a: Slice<$t>, b: Slice<$t>, out: SliceMut<$t>) {
-            unsafe { zip_contiguous::<_, MEM_RO>(a, b, out, apply::<{ $op }>) }
+            unsafe { zip_contiguous(a, b, out, apply::<{ $op }>) }
         }
         /// A row repeated along the leading dims of a full operand (see `zip_rows`).
         #[unsafe(no_mangle)]
@@ -382,7 +344,7 @@ macro_rules! unary_entry_points {
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $gelu_bwd(x: Slice<$t>, dy: Slice<$t>, dx: SliceMut<$t>) {
-            unsafe { zip_contiguous::<_, MEM_RO>(x, dy, dx, gelu_grad) }
+            unsafe { zip_contiguous(x, dy, dx, gelu_grad) }
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $reduce_to(grad: Slice<$t>, out: SliceMut<$t>, p: ReduceTo, alpha: f32) {

@@ -151,44 +151,6 @@ fn try_rows(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool> 
     Ok(true)
 }
 
-/// `a + b` (f32, same shape, contiguous, 16-byte aligned) through cache-path variant `variant` of the
-/// contiguous kernel: 0 the default (`add_f32`: read-only loads), 1 coherent loads, 2 streaming loads
-/// and stores. For side-by-side benchmarks; not a stable API.
-#[doc(hidden)]
-pub fn add_memory_variant(a: &Tensor, b: &Tensor, variant: u32) -> Result<Tensor> {
-    const OP: &str = "add_memory_variant";
-    same_device_and_dtype(OP, a, b)?;
-    same_shape(OP, "operands must have one shape", a.shape(), b.shape())?;
-    let name = match (a.dtype(), variant) {
-        (DType::F32, 0) => "add_f32",
-        (DType::F32, 1) => "add_mem1_f32",
-        (DType::F32, 2) => "add_mem2_f32",
-        (dtype, v) => {
-            return Err(Error::Invalid {
-                op: OP,
-                msg: format!("variants 0..=2 of f32 add exist; got variant {v} for {dtype}"),
-            });
-        }
-    };
-    let out = Tensor::empty(a.gpu(), a.shape(), a.dtype())?;
-    if !(a.is_contiguous() && b.is_contiguous() && aligned16(&[a, b, &out])) {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: "operands must be contiguous with 16-byte aligned bases".into(),
-        });
-    }
-    if out.numel() > 0 {
-        launch(
-            a.gpu(),
-            name,
-            vector_grid(out.numel(), out.dtype()),
-            BLOCK,
-            &[&ByValue(a.raw()), &ByValue(b.raw()), &ByValue(out.raw())],
-        )?;
-    }
-    Ok(out)
-}
-
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     binary(BinaryOp::Add, a, b)
 }
