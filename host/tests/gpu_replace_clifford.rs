@@ -35,29 +35,13 @@ fn clifford_all_gpu_training_matches_all_reference() {
     let reference = train(&device, Plan::all_reference(), seed);
     let on_gpu = train(&device, Plan::all_gpu(), seed);
     for (step, (g, r)) in on_gpu.iter().zip(&reference).enumerate() {
-        let dl = (g.loss - r.loss).abs() / r.loss.abs();
-        println!(
-            "step {step}: loss gpu {:.8} ref {:.8} (rel {dl:.2e})",
-            g.loss, r.loss
+        assert_step_matches(
+            step,
+            (g.loss, g.grads.named()),
+            (r.loss, r.grads.named()),
+            LOSS_TOL,
+            GRAD_TOL,
         );
-        assert!(
-            dl <= LOSS_TOL,
-            "step {step}: loss rel diff {dl:.3e} > {LOSS_TOL:.0e}"
-        );
-        for ((name, gg), (_, rg)) in g.grads.named().into_iter().zip(r.grads.named()) {
-            let e = host::replace::bisect::rel_max_diff(&gg.data, &rg.data);
-            println!("step {step}: {name}: max-norm rel {e:.2e}");
-            assert!(
-                e <= GRAD_TOL,
-                "step {step}: gradient of {name} differs by {e:.3e} > {GRAD_TOL:.0e}"
-            );
-            assert_close(
-                &format!("step {step} grad {name}"),
-                &gg.data,
-                &rg.data,
-                GRAD_TOL,
-            );
-        }
     }
     let d = divergence(&on_gpu, &reference);
     println!(

@@ -151,3 +151,41 @@ pub fn sanitizing() -> bool {
 pub fn scaled(full: usize, small: usize) -> usize {
     if sanitizing() { small } else { full }
 }
+
+/// One training step on the GPU against the all-reference run's same step: the loss within `loss_tol`
+/// relative, every named gradient within `grad_tol` max-norm relative (`max |g - r| / max |r|`) and
+/// relative 2-norm (the ops.md norm). Prints the measured divergences.
+pub fn assert_step_matches<'a>(
+    step: usize,
+    (gpu_loss, gpu_grads): (
+        f64,
+        impl IntoIterator<Item = (&'static str, &'a HostTensor)>,
+    ),
+    (ref_loss, ref_grads): (
+        f64,
+        impl IntoIterator<Item = (&'static str, &'a HostTensor)>,
+    ),
+    loss_tol: f64,
+    grad_tol: f64,
+) {
+    let dl = (gpu_loss - ref_loss).abs() / ref_loss.abs();
+    println!("step {step}: loss gpu {gpu_loss:.8} ref {ref_loss:.8} (rel {dl:.2e})");
+    assert!(
+        dl <= loss_tol,
+        "step {step}: loss rel diff {dl:.3e} > {loss_tol:.0e}"
+    );
+    for ((name, gg), (_, rg)) in gpu_grads.into_iter().zip(ref_grads) {
+        let e = host::replace::bisect::rel_max_diff(&gg.data, &rg.data);
+        println!("step {step}: {name}: max-norm rel {e:.2e}");
+        assert!(
+            e <= grad_tol,
+            "step {step}: gradient of {name} differs by {e:.3e} > {grad_tol:.0e}"
+        );
+        assert_close(
+            &format!("step {step} grad {name}"),
+            &gg.data,
+            &rg.data,
+            grad_tol,
+        );
+    }
+}
