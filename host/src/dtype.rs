@@ -18,6 +18,12 @@ impl DType {
         }
     }
 
+    /// Elements in one 16-byte vector access (`ld.global.v4.b32`): 4 for f32, 8 for f16/bf16. The
+    /// vector kernels need rows made of whole chunks.
+    pub fn chunk_elems(self) -> usize {
+        gpu::params::elementwise::VECTOR_BYTES / self.size_bytes()
+    }
+
     /// The suffix of kernel entry points (`add_f32`, `softmax_bf16`).
     pub fn kernel_suffix(self) -> &'static str {
         match self {

@@ -120,7 +120,7 @@ fn try_rows(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool> 
     } else {
         return Ok(false);
     };
-    let per_chunk = VECTOR_BYTES / a.dtype().size_bytes();
+    let per_chunk = a.dtype().chunk_elems();
     let chunks = out.numel() / per_chunk;
     if !(full.is_contiguous() && row.is_contiguous())
         || row.numel() % per_chunk != 0

@@ -99,10 +99,9 @@ pub fn layer_norm(
     if rows > 0 {
         // The 16-byte kernel for rows of whole chunks with aligned buffers that one block holds;
         // the scalar kernel (same math) otherwise.
-        let per_chunk = (16 / x.dtype().size_bytes()) as u64;
         let vec_name = kernel_name!("layer_norm_vec", x.dtype());
         let vec_threads = block_for(cols).min(gpu.max_block_pow2(vec_name)?);
-        let (name, threads) = if cols % per_chunk == 0
+        let (name, threads) = if cols % x.dtype().chunk_elems() as u64 == 0
             && cols <= vec_threads as u64 * CACHE_PER_THREAD as u64
             && aligned16(&[x, gamma, beta, &y])
         {
@@ -181,7 +180,7 @@ pub fn layer_norm_backward(
     let partials = Tensor::empty(gpu, &[2 * chunks as usize * cols as usize], DType::F32)?;
     // Rows of whole 16-byte chunks (at most PIPE_MAX_BLOCK of them) with aligned buffers take the
     // cp.async-pipelined kernel, one chunk a thread; the register kernels take the rest.
-    let elems_per_chunk = (16 / x.dtype().size_bytes()) as u64;
+    let elems_per_chunk = x.dtype().chunk_elems() as u64;
     let row_chunks = cols / elems_per_chunk;
     let pipe_name = kernel_name!("layer_norm_backward_pipe", x.dtype());
     let pipe_threads =

@@ -37,10 +37,9 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
         // The 16-byte path needs whole chunks per row, aligned bases and the row in one block's
         // registers; anything else takes the scalar kernel (same math, same results up to rounding of
         // the block reduction order, which both fix per row length).
-        let per_chunk = (16 / x.dtype().size_bytes()) as u64;
         let vec_name = kernel_name!("softmax_vec", x.dtype());
         let vec_block = block(x.gpu(), vec_name, cols)?;
-        let (name, threads) = if cols % per_chunk == 0
+        let (name, threads) = if cols % x.dtype().chunk_elems() as u64 == 0
             && cols <= vec_block as u64 * CACHE_PER_THREAD as u64
             && aligned16(&[x, &y])
         {
