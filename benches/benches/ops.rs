@@ -380,6 +380,26 @@ fn elementwise(b: &mut Bencher) {
             },
         );
     }
+    // Launch-geometry tuning of the contiguous add (`KernelPath::Tuned`), on request only.
+    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+        let shape = [8192usize, 8192];
+        let bytes = (shape[0] * shape[1] * 4) as u64;
+        let (x, y) = (b.inputs(&shape, DType::F32, 1), b.inputs(&shape, DType::F32, 1));
+        for (block, chunks) in [(128u32, 1u32), (256, 1), (128, 2), (512, 2), (1024, 2)] {
+            b.bench(
+                spec(
+                    format!("add_b{block}c{chunks}/f32/8192x8192"),
+                    Some(3 * bytes),
+                    None,
+                ),
+                1,
+                |_| {
+                    ew::binary_on(BinaryOp::Add, &x[0], &y[0], KernelPath::Tuned { block, chunks })
+                        .expect("add");
+                },
+            );
+        }
+    }
     let x = b.inputs(&[8192, 8192], DType::F32, 1);
     let row = b.inputs(&[8192], DType::F32, 1);
     let bytes = 8192u64 * 8192 * 4;

@@ -2,7 +2,7 @@
 //! outputs poisoned before each launch, seed printed.
 mod common;
 use common::*;
-use host::ops::elementwise::{self as ew, BinaryOp, reference as r};
+use host::ops::elementwise::{self as ew, BinaryOp, KernelPath, reference as r};
 use host::{DType, HostTensor, Tensor};
 use rand::Rng;
 
@@ -73,28 +73,70 @@ fn binary_ops_match_reference_with_broadcasting() {
     }
 }
 
+/// The launch geometries benchmarked as add tuning variants (`KernelPath::Tuned`), besides the default.
+const ADD_TUNINGS: [KernelPath; 6] = [
+    KernelPath::Auto,
+    KernelPath::Tuned { block: 128, chunks: 1 },
+    KernelPath::Tuned { block: 256, chunks: 1 },
+    KernelPath::Tuned { block: 128, chunks: 2 },
+    KernelPath::Tuned { block: 512, chunks: 2 },
+    KernelPath::Tuned { block: 1024, chunks: 2 },
+];
+
 #[test]
 fn large_contiguous_add_is_exact_in_f32() {
     let Some(gpu) = gpu_or_skip("large_contiguous_add_is_exact_in_f32") else {
         return;
     };
     let mut rng = rng("large_add");
-    // 2^24 + 3 elements: many grid-stride trips and a ragged tail after the 16-byte chunks.
+    // 2^24 + 3 elements: many blocks and a ragged tail after the 16-byte chunks.
     let n = scaled(1 << 24, 1 << 16) + 3;
     let a = uniform(&mut rng, &[n], -1e3, 1e3, DType::F32);
     let b = uniform(&mut rng, &[n], -1e3, 1e3, DType::F32);
-    let out = ew::add(
-        &Tensor::from_host(&gpu, &a).unwrap(),
-        &Tensor::from_host(&gpu, &b).unwrap(),
-    )
-    .unwrap()
-    .to_vec()
-    .unwrap();
-    // f32 addition is correctly rounded on both sides: the results are bit-identical.
-    let mismatches = (0..n)
-        .filter(|&i| out[i].to_bits() != (a.data[i] + b.data[i]).to_bits())
-        .count();
-    assert_eq!(mismatches, 0, "{mismatches} of {n} elements differ");
+    let (da, db) = (
+        Tensor::from_host(&gpu, &a).unwrap(),
+        Tensor::from_host(&gpu, &b).unwrap(),
+    );
+    for path in ADD_TUNINGS {
+        let out = ew::binary_on(BinaryOp::Add, &da, &db, path)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        // f32 addition is correctly rounded on both sides: the results are bit-identical.
+        let mismatches = (0..n)
+            .filter(|&i| out[i].to_bits() != (a.data[i] + b.data[i]).to_bits())
+            .count();
+        assert_eq!(mismatches, 0, "{path:?}: {mismatches} of {n} elements differ");
+    }
+}
+
+#[test]
+fn add_tuning_variants_match_reference_in_half_precision() {
+    let Some(gpu) = gpu_or_skip("add_tuning_variants_match_reference_in_half_precision") else {
+        return;
+    };
+    let mut rng = rng("add_tunings");
+    for dtype in [DType::F16, DType::BF16] {
+        // Odd lengths: whole block tiles, a partial tile and a ragged tail of elements.
+        for n in [1usize, 7, 8, 4099, scaled(1 << 20, 1 << 14) + 5] {
+            let a = uniform(&mut rng, &[n], -2.0, 2.0, dtype);
+            let b = uniform(&mut rng, &[n], -2.0, 2.0, dtype);
+            let want = r::binary(BinaryOp::Add, &a, &b).unwrap();
+            let (da, db) = (
+                Tensor::from_host(&gpu, &a).unwrap(),
+                Tensor::from_host(&gpu, &b).unwrap(),
+            );
+            for path in ADD_TUNINGS {
+                let out = ew::binary_on(BinaryOp::Add, &da, &db, path).unwrap();
+                assert_close(
+                    &format!("add {dtype} n={n} {path:?}"),
+                    &out.to_vec().unwrap(),
+                    &want.data,
+                    tol(dtype),
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -47,7 +47,7 @@ fn map_chunk<T: Elem>(x: Chunk16, f: impl Fn(f32) -> f32 + Copy) -> Chunk16 {
 /// checks): 16-byte chunks in block tiles (grid-stride over tiles), then the ragged tail element by
 /// element.
 #[inline(always)]
-unsafe fn zip_contiguous<T: Elem>(
+unsafe fn zip_contiguous<T: Elem, const UNROLL: usize>(
     a: Slice<T>,
     b: Slice<T>,
     out: SliceMut<T>,
@@ -60,7 +60,6 @@ unsafe fn zip_contiguous<T: Elem>(
     // so the compiler cannot hoist later loads above it), and a block's accesses stay inside one
     // contiguous tile (a grid-stride pair of chunks 128 MiB apart measured 1% slower than PyTorch's
     // tiled kernel; four chunks a thread, at 64 registers, 2% slower).
-    const UNROLL: usize = CHUNKS_PER_THREAD as usize;
     let bd = block_dim_x() as u64;
     let tile = bd * UNROLL as u64;
     let mut t = block_idx_x() as u64 * tile;
@@ -306,7 +305,7 @@ macro_rules! binary_entry_points {
         /// Contiguous, same-shape binary op (see `zip_contiguous`).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $contig(a: Slice<$t>, b: Slice<$t>, out: SliceMut<$t>) {
-            unsafe { zip_contiguous(a, b, out, apply::<{ $op }>) }
+            unsafe { zip_contiguous::<_, { CHUNKS_PER_THREAD as usize }>(a, b, out, apply::<{ $op }>) }
         }
         /// A row repeated along the leading dims of a full operand (see `zip_rows`).
         #[unsafe(no_mangle)]
@@ -336,6 +335,23 @@ binary_entry_points! {
     div_bf16, div_rows_bf16, div_bcast_bf16, BF16, DIV;
 }
 
+macro_rules! add_tuning_entry_points {
+    ($($name:ident, $t:ty;)*) => {$(
+        /// Tuning variant of the contiguous add: one 16-byte chunk of each operand a thread
+        /// (`KernelPath::Tuned`), benchmarked next to the default `CHUNKS_PER_THREAD` kernel.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(a: Slice<$t>, b: Slice<$t>, out: SliceMut<$t>) {
+            unsafe { zip_contiguous::<_, 1>(a, b, out, apply::<ADD>) }
+        }
+    )*};
+}
+
+add_tuning_entry_points! {
+    add_c1_f32, f32;
+    add_c1_f16, F16;
+    add_c1_bf16, BF16;
+}
+
 macro_rules! unary_entry_points {
     ($($gelu:ident, $gelu_bwd:ident, $reduce_to:ident, $expand:ident, $affine:ident, $t:ty;)*) => {$(
         #[unsafe(no_mangle)]
@@ -344,7 +360,7 @@ macro_rules! unary_entry_points {
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $gelu_bwd(x: Slice<$t>, dy: Slice<$t>, dx: SliceMut<$t>) {
-            unsafe { zip_contiguous(x, dy, dx, gelu_grad) }
+            unsafe { zip_contiguous::<_, { CHUNKS_PER_THREAD as usize }>(x, dy, dx, gelu_grad) }
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $reduce_to(grad: Slice<$t>, out: SliceMut<$t>, p: ReduceTo, alpha: f32) {

@@ -41,6 +41,11 @@ pub enum KernelPath {
     /// Always the strided (broadcasting) kernel: for tests that cover it on same-shape inputs, and as
     /// the deliberately slower variant that proves `xtask bench-compare` flags a regression.
     Strided,
+    /// Tuning only (benches and tests): the contiguous kernel with `block` threads and `chunks`
+    /// 16-byte chunks a thread (`chunks` 1 runs the `*_c1` entry points; anything else runs the
+    /// default `CHUNKS_PER_THREAD` kernel). Falls back like `Auto` when the operands don't allow it.
+    #[doc(hidden)]
+    Tuned { block: u32, chunks: u32 },
 }
 
 /// `a (op) b` with broadcasting. Operands may be strided views.
@@ -63,21 +68,30 @@ pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Resu
     if out.numel() == 0 {
         return Ok(out);
     }
-    let fast = path == KernelPath::Auto
+    let auto = matches!(path, KernelPath::Auto | KernelPath::Tuned { .. });
+    let fast = auto
         && a.shape() == b.shape()
         && a.is_contiguous()
         && b.is_contiguous()
         && aligned16(&[a, b, &out]);
-    if path == KernelPath::Auto && !fast && try_rows(op, a, b, &out)? {
+    if auto && !fast && try_rows(op, a, b, &out)? {
         return Ok(out);
     }
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
+        let (name, block, chunks) = match path {
+            KernelPath::Tuned { block, chunks: 1 } if op == BinaryOp::Add => {
+                (kernel_name!("add_c1", a.dtype()), block, 1)
+            }
+            KernelPath::Tuned { block, .. } => (name, block, CHUNKS_PER_THREAD),
+            _ => (name, BLOCK, CHUNKS_PER_THREAD),
+        };
+        let chunk_count = (out.numel() * out.dtype().size_bytes() / VECTOR_BYTES).max(1) as u64;
         launch(
             a.gpu(),
             name,
-            vector_grid(out.numel(), out.dtype()),
-            BLOCK,
+            grid_blocks(chunk_count, (block * chunks) as u64),
+            block,
             &[&ByValue(a.raw()), &ByValue(b.raw()), &ByValue(out.raw())],
         )?;
     } else {
