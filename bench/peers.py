@@ -177,6 +177,14 @@ def add_case(tag, shape):
                        compiled(lambda a, b: a + b, 2)])
 
 
+def add_alloc_case(tag, shape):
+    """The allocating call (ours: `ew::add`; PyTorch: `a + b` through its caching allocator)."""
+    size = numel(shape) * ELEM_SIZE[tag]
+    return Case(f"add_alloc/{tag}/{shape_str(shape)}", bytes=3 * size, flops=None, in_bytes=2 * size,
+                make_set=lambda: (rand(shape, tag), rand(shape, tag)),
+                peers=[eager(lambda s: torch.add(s[0], s[1]))])
+
+
 def add_bcast_case(rows, cols):
     size, row = rows * cols * 4, cols * 4
     return Case(f"add_bcast/f32/{rows}x{cols}+{cols}", bytes=2 * size + row, flops=None,
@@ -600,8 +608,9 @@ def build_cases(quick):
     cases += [gemm_case(tag, *s) for s in GEMM_SHAPES for tag in ("f16", "bf16")
               if tag == "f16" or s[0] % 8 == 0]
     cases += matmul_cases(False)
-    cases += [add_case("f32", (8192, 8192))]
+    cases += [add_case("f32", (8192, 8192)), add_alloc_case("f32", (8192, 8192))]
     cases += [add_case(tag, (16384, 8192)) for tag in ("f16", "bf16")]
+    cases += [add_alloc_case(tag, (16384, 8192)) for tag in ("f16", "bf16")]
     cases += [add_bcast_case(8192, 8192), gelu_case((8192, 8192))]
     cases += [reduce_lastdim_case("sum", 8192, 8192), sum_all_case(67108864),
               reduce_lastdim_case("max", 8192, 8192)]

@@ -368,9 +368,24 @@ fn elementwise(b: &mut Bencher) {
     ] {
         let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
         let (x, y) = (b.inputs(&shape, dtype, 1), b.inputs(&shape, dtype, 1));
+        // `add/...` writes into a preallocated output, as the PyTorch peers do (`torch.add(a, b,
+        // out=c)`); `add_alloc/...` is the allocating call (`ew::add`), stream-ordered alloc and free
+        // included.
+        let mut out = Tensor::empty(&b.gpu, &shape, dtype).expect("alloc");
         b.bench(
             spec(
                 format!("add/{dtype}/{}x{}", shape[0], shape[1]),
+                Some(3 * bytes),
+                None,
+            ),
+            1,
+            |_| {
+                ew::binary_into_on(BinaryOp::Add, &x[0], &y[0], &mut out, path).expect("add");
+            },
+        );
+        b.bench(
+            spec(
+                format!("add_alloc/{dtype}/{}x{}", shape[0], shape[1]),
                 Some(3 * bytes),
                 None,
             ),
@@ -382,22 +397,29 @@ fn elementwise(b: &mut Bencher) {
     }
     // Launch-geometry tuning of the contiguous add (`KernelPath::Tuned`), on request only.
     if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        let shape = [8192usize, 8192];
-        let bytes = (shape[0] * shape[1] * 4) as u64;
-        let (x, y) = (b.inputs(&shape, DType::F32, 1), b.inputs(&shape, DType::F32, 1));
-        for (block, chunks) in [(128u32, 1u32), (256, 1), (128, 2), (512, 2), (1024, 2)] {
-            b.bench(
-                spec(
-                    format!("add_b{block}c{chunks}/f32/8192x8192"),
-                    Some(3 * bytes),
-                    None,
-                ),
-                1,
-                |_| {
-                    ew::binary_on(BinaryOp::Add, &x[0], &y[0], KernelPath::Tuned { block, chunks })
-                        .expect("add");
-                },
-            );
+        for (dtype, shape) in [
+            (DType::F32, [8192usize, 8192]),
+            (DType::F16, [16384, 8192]),
+            (DType::BF16, [16384, 8192]),
+        ] {
+            let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
+            let (x, y) = (b.inputs(&shape, dtype, 1), b.inputs(&shape, dtype, 1));
+            let mut out = Tensor::empty(&b.gpu, &shape, dtype).expect("alloc");
+            for (block, chunks) in [(128u32, 1u32), (256, 1), (512, 1), (512, 2)] {
+                b.bench(
+                    spec(
+                        format!("add_b{block}c{chunks}/{dtype}/{}x{}", shape[0], shape[1]),
+                        Some(3 * bytes),
+                        None,
+                    ),
+                    1,
+                    |_| {
+                        let path = KernelPath::Tuned { block, chunks };
+                        ew::binary_into_on(BinaryOp::Add, &x[0], &y[0], &mut out, path)
+                            .expect("add");
+                    },
+                );
+            }
         }
     }
     let x = b.inputs(&[8192, 8192], DType::F32, 1);

@@ -111,6 +111,57 @@ fn large_contiguous_add_is_exact_in_f32() {
 }
 
 #[test]
+fn binary_into_writes_every_element_and_rejects_bad_outputs() {
+    let Some(gpu) = gpu_or_skip("binary_into_writes_every_element_and_rejects_bad_outputs") else {
+        return;
+    };
+    let mut rng = rng("binary_into");
+    for case in 0..fuzz_cases(24) {
+        let dtype = DType::ALL[case % 3];
+        let op = OPS[(case / 3) % 4];
+        let a_shape = random_shape(&mut rng, 3, 1 << 18);
+        let b_shape = if case % 2 == 0 {
+            a_shape.clone()
+        } else {
+            broadcast_partner(&mut rng, &a_shape)
+        };
+        let a = operand(&mut rng, &a_shape, BinaryOp::Add, dtype);
+        let b = operand(&mut rng, &b_shape, op, dtype);
+        let want = r::binary(op, &a, &b).unwrap();
+        // `Tensor::empty` is poisoned (0xFF bytes: NaN) in test builds: unwritten elements fail.
+        let mut out = Tensor::empty(&gpu, &want.shape, dtype).unwrap();
+        ew::binary_into(
+            op,
+            &Tensor::from_host(&gpu, &a).unwrap(),
+            &Tensor::from_host(&gpu, &b).unwrap(),
+            &mut out,
+        )
+        .unwrap();
+        assert_close(
+            &format!("into {op:?} {dtype} {a_shape:?} (op) {b_shape:?}"),
+            &out.to_vec().unwrap(),
+            &want.data,
+            tol(dtype),
+        );
+    }
+    // Bad outputs: a typed error naming what was expected, and nothing launched.
+    let a = Tensor::from_host(&gpu, &uniform(&mut rng, &[4, 6], -1.0, 1.0, DType::F32)).unwrap();
+    let b = Tensor::from_host(&gpu, &uniform(&mut rng, &[6], -1.0, 1.0, DType::F32)).unwrap();
+    let mut wrong_shape = Tensor::empty(&gpu, &[6, 4], DType::F32).unwrap();
+    let e = ew::binary_into(BinaryOp::Add, &a, &b, &mut wrong_shape).unwrap_err();
+    assert!(
+        matches!(e, host::Error::Shape { .. }) && e.to_string().contains("[4, 6]"),
+        "{e}"
+    );
+    let mut wrong_dtype = Tensor::empty(&gpu, &[4, 6], DType::F16).unwrap();
+    let e = ew::binary_into(BinaryOp::Add, &a, &b, &mut wrong_dtype).unwrap_err();
+    assert!(matches!(e, host::Error::DType { .. }), "{e}");
+    let mut strided = Tensor::empty(&gpu, &[6, 4], DType::F32).unwrap().transpose(0, 1).unwrap();
+    let e = ew::binary_into(BinaryOp::Add, &a, &b, &mut strided).unwrap_err();
+    assert!(matches!(e, host::Error::NotContiguous { .. }), "{e}");
+}
+
+#[test]
 fn add_tuning_variants_match_reference_in_half_precision() {
     let Some(gpu) = gpu_or_skip("add_tuning_variants_match_reference_in_half_precision") else {
         return;

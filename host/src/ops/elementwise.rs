@@ -55,27 +55,78 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// [`binary`] with the kernel choice made explicit.
 pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Result<Tensor> {
+    same_device_and_dtype("elementwise binary", a, b)?;
+    let out_shape = broadcast_shapes(a.shape(), b.shape())?;
+    let mut out = Tensor::empty(a.gpu(), &out_shape, a.dtype())?;
+    binary_into_on(op, a, b, &mut out, path)?;
+    Ok(out)
+}
+
+/// `out = a (op) b` into an existing tensor (no allocation; PyTorch's `torch.add(a, b, out=out)`):
+/// `out` must be contiguous, of the broadcast shape of `a` and `b`, and of their dtype. `out` must
+/// not overlap `a` or `b` unless it is exactly one of them (elementwise, each element is read
+/// before it is written by the same thread).
+///
+/// ```no_run
+/// # fn main() -> host::Result<()> {
+/// use host::ops::elementwise::{binary_into, BinaryOp};
+/// let gpu = host::Gpu::new(0)?;
+/// let a = host::Tensor::from_host(&gpu, &host::HostTensor::new(vec![1.0, 2.0], &[2], host::DType::F32)?)?;
+/// let b = host::Tensor::from_host(&gpu, &host::HostTensor::new(vec![10.0], &[1], host::DType::F32)?)?;
+/// let mut out = host::Tensor::empty(&gpu, &[2], host::DType::F32)?;
+/// binary_into(BinaryOp::Add, &a, &b, &mut out)?; // out = [11, 12]
+/// # Ok(()) }
+/// ```
+pub fn binary_into(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
+    binary_into_on(op, a, b, out, KernelPath::Auto)
+}
+
+/// [`binary_into`] with the kernel choice made explicit.
+pub fn binary_into_on(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    out: &mut Tensor,
+    path: KernelPath,
+) -> Result<()> {
     const OP: &str = "elementwise binary";
     same_device_and_dtype(OP, a, b)?;
+    same_device_and_dtype(OP, a, out)?;
     let out_shape = broadcast_shapes(a.shape(), b.shape())?;
+    if out.shape() != out_shape.as_slice() {
+        return Err(Error::Shape {
+            op: OP,
+            what: "out".into(),
+            expected: format!("{out_shape:?} (the broadcast shape of the operands)"),
+            got: out.shape().to_vec(),
+        });
+    }
+    if !out.is_contiguous() {
+        return Err(Error::NotContiguous {
+            op: OP,
+            what: "out",
+            shape: out.shape().to_vec(),
+            strides: out.strides().to_vec(),
+        });
+    }
     let params = broadcast2(
         OP,
         &out_shape,
         (a.shape(), a.strides()),
         (b.shape(), b.strides()),
     )?;
-    let out = Tensor::empty(a.gpu(), &out_shape, a.dtype())?;
     if out.numel() == 0 {
-        return Ok(out);
+        return Ok(());
     }
+    let out = &*out;
     let auto = matches!(path, KernelPath::Auto | KernelPath::Tuned { .. });
     let fast = auto
         && a.shape() == b.shape()
         && a.is_contiguous()
         && b.is_contiguous()
-        && aligned16(&[a, b, &out]);
-    if auto && !fast && try_rows(op, a, b, &out)? {
-        return Ok(out);
+        && aligned16(&[a, b, out]);
+    if auto && !fast && try_rows(op, a, b, out)? {
+        return Ok(());
     }
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
@@ -109,7 +160,7 @@ pub fn binary_on(op: BinaryOp, a: &Tensor, b: &Tensor, path: KernelPath) -> Resu
             ],
         )?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The row-broadcast kernel (`[R, C] (op) [C]`, either order) when it applies: one operand has the
