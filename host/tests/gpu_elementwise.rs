@@ -80,7 +80,7 @@ const ADD_TUNINGS: [KernelPath; 6] = [
     KernelPath::Tuned { block: 256, chunks: 1 },
     KernelPath::Tuned { block: 128, chunks: 2 },
     KernelPath::Tuned { block: 512, chunks: 2 },
-    KernelPath::Tuned { block: 1024, chunks: 2 },
+    KernelPath::Tuned { block: 512, chunks: 1 },
 ];
 
 #[test]
