@@ -405,7 +405,7 @@ fn elementwise(b: &mut Bencher) {
             let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
             let (x, y) = (b.inputs(&shape, dtype, 1), b.inputs(&shape, dtype, 1));
             let mut out = Tensor::empty(&b.gpu, &shape, dtype).expect("alloc");
-            for (block, chunks) in [(128u32, 1u32), (256, 1), (512, 1), (512, 2)] {
+            for (block, chunks) in [(128u32, 1u32), (512, 1), (256, 2), (512, 2)] {
                 b.bench(
                     spec(
                         format!("add_b{block}c{chunks}/{dtype}/{}x{}", shape[0], shape[1]),

@@ -6,7 +6,7 @@ use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
 use crate::dev::thread::{
     block_dim_x, block_idx_x, global_index_x, grid_dim_x, grid_threads_x, thread_idx_x,
 };
-use crate::params::elementwise::CHUNKS_PER_THREAD;
+use crate::params::elementwise::{BINARY_CHUNKS_PER_THREAD, CHUNKS_PER_THREAD};
 use crate::params::{Broadcast2, MAX_DIMS, ReduceTo};
 
 const ADD: u32 = 0;
@@ -59,7 +59,8 @@ unsafe fn zip_contiguous<T: Elem, const UNROLL: usize>(
     // ...: all of a thread's loads are issued before any store (a store is inline asm, a memory clobber,
     // so the compiler cannot hoist later loads above it), and a block's accesses stay inside one
     // contiguous tile (a grid-stride pair of chunks 128 MiB apart measured 1% slower than PyTorch's
-    // tiled kernel; four chunks a thread, at 64 registers, 2% slower).
+    // tiled kernel; four chunks a thread, at 64 registers, 2% slower; for the binary ops one chunk a
+    // thread measured 0.8% faster than two, see `params::elementwise::BINARY_CHUNKS_PER_THREAD`).
     let bd = block_dim_x() as u64;
     let tile = bd * UNROLL as u64;
     let mut t = block_idx_x() as u64 * tile;
@@ -305,7 +306,7 @@ macro_rules! binary_entry_points {
         /// Contiguous, same-shape binary op (see `zip_contiguous`).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $contig(a: Slice<$t>, b: Slice<$t>, out: SliceMut<$t>) {
-            unsafe { zip_contiguous::<_, { CHUNKS_PER_THREAD as usize }>(a, b, out, apply::<{ $op }>) }
+            unsafe { zip_contiguous::<_, { BINARY_CHUNKS_PER_THREAD as usize }>(a, b, out, apply::<{ $op }>) }
         }
         /// A row repeated along the leading dims of a full operand (see `zip_rows`).
         #[unsafe(no_mangle)]
@@ -337,19 +338,19 @@ binary_entry_points! {
 
 macro_rules! add_tuning_entry_points {
     ($($name:ident, $t:ty;)*) => {$(
-        /// Tuning variant of the contiguous add: one 16-byte chunk of each operand a thread
-        /// (`KernelPath::Tuned`), benchmarked next to the default `CHUNKS_PER_THREAD` kernel.
+        /// Tuning variant of the contiguous add: two 16-byte chunks of each operand a thread
+        /// (`KernelPath::Tuned`, the default until run r3), benchmarked next to the default.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(a: Slice<$t>, b: Slice<$t>, out: SliceMut<$t>) {
-            unsafe { zip_contiguous::<_, 1>(a, b, out, apply::<ADD>) }
+            unsafe { zip_contiguous::<_, 2>(a, b, out, apply::<ADD>) }
         }
     )*};
 }
 
 add_tuning_entry_points! {
-    add_c1_f32, f32;
-    add_c1_f16, F16;
-    add_c1_bf16, BF16;
+    add_c2_f32, f32;
+    add_c2_f16, F16;
+    add_c2_bf16, BF16;
 }
 
 macro_rules! unary_entry_points {

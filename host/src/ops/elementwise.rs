@@ -5,7 +5,7 @@
 //! (`{op}_{dtype}`, 16-byte loads); anything else — broadcasting, strided views — the strided kernel
 //! (`{op}_bcast_{dtype}`).
 pub use gpu::params::BinaryOp;
-use gpu::params::elementwise::{BLOCK, CHUNKS_PER_THREAD, VECTOR_BYTES};
+use gpu::params::elementwise::{BINARY_CHUNKS_PER_THREAD, BLOCK, CHUNKS_PER_THREAD, VECTOR_BYTES};
 
 use crate::error::{Error, Result};
 use crate::launch::{ByValue, grid_blocks, launch};
@@ -42,8 +42,9 @@ pub enum KernelPath {
     /// the deliberately slower variant that proves `xtask bench-compare` flags a regression.
     Strided,
     /// Tuning only (benches and tests): the contiguous kernel with `block` threads and `chunks`
-    /// 16-byte chunks a thread (`chunks` 1 runs the `*_c1` entry points; anything else runs the
-    /// default `CHUNKS_PER_THREAD` kernel). Falls back like `Auto` when the operands don't allow it.
+    /// 16-byte chunks a thread (`chunks` 2 runs the `add_c2_*` entry points for add; anything else
+    /// runs the default `BINARY_CHUNKS_PER_THREAD` kernel). Falls back like `Auto` when the operands
+    /// don't allow it.
     #[doc(hidden)]
     Tuned { block: u32, chunks: u32 },
 }
@@ -131,11 +132,11 @@ pub fn binary_into_on(
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
         let (name, block, chunks) = match path {
-            KernelPath::Tuned { block, chunks: 1 } if op == BinaryOp::Add => {
-                (kernel_name!("add_c1", a.dtype()), block, 1)
+            KernelPath::Tuned { block, chunks: 2 } if op == BinaryOp::Add => {
+                (kernel_name!("add_c2", a.dtype()), block, 2)
             }
-            KernelPath::Tuned { block, .. } => (name, block, CHUNKS_PER_THREAD),
-            _ => (name, BLOCK, CHUNKS_PER_THREAD),
+            KernelPath::Tuned { block, .. } => (name, block, BINARY_CHUNKS_PER_THREAD),
+            _ => (name, BLOCK, BINARY_CHUNKS_PER_THREAD),
         };
         let chunk_count = (out.numel() * out.dtype().size_bytes() / VECTOR_BYTES).max(1) as u64;
         launch(
