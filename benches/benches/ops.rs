@@ -48,11 +48,28 @@ impl Bencher<'_> {
     }
 
     /// Registers one bench; `run(i)` performs one launch on input set `i % copies`.
-    fn bench(&mut self, spec: BenchSpec, copies: usize, mut run: impl FnMut(usize)) {
+    fn bench(&mut self, spec: BenchSpec, copies: usize, run: impl FnMut(usize)) {
+        self.bench_sampled(spec, copies, Samples::Default, run)
+    }
+
+    /// [`Bencher::bench`] with a sampling plan (see [`Samples`]).
+    fn bench_sampled(
+        &mut self,
+        spec: BenchSpec,
+        copies: usize,
+        samples: Samples,
+        mut run: impl FnMut(usize),
+    ) {
         let (group, id) = spec.criterion_ids();
         let mut g = self.c.benchmark_group(group);
         if let Some(t) = spec.throughput() {
             g.throughput(t);
+        }
+        if samples == Samples::Few {
+            g.sample_size(FEW_SAMPLES)
+                .sampling_mode(criterion::SamplingMode::Flat)
+                .warm_up_time(Duration::from_millis(150))
+                .measurement_time(Duration::from_millis(400));
         }
         let mut i = 0usize;
         g.bench_function(id, |b| {
@@ -65,6 +82,18 @@ impl Bencher<'_> {
         self.specs.push(spec);
     }
 }
+
+/// How a bench is sampled. `Few` is for calls of up to tens of ms (fcgp and Layer at large shapes):
+/// criterion's default linear sampling needs at least 1 + 2 + ... + 20 = 210 iterations, seconds each;
+/// `Few` takes `FEW_SAMPLES` samples of equal iteration counts (flat sampling) in about 0.4 s.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Samples {
+    Default,
+    Few,
+}
+
+/// Samples of a [`Samples::Few`] bench (criterion's minimum).
+const FEW_SAMPLES: usize = 10;
 
 fn spec(name: String, bytes: Option<u64>, flops: Option<u64>) -> BenchSpec {
     BenchSpec { name, bytes, flops }
@@ -534,11 +563,6 @@ fn embeddings(b: &mut Bencher) {
     );
 }
 
-/// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024} (one shape with
-/// RGK_BENCH_QUICK). Bytes counted: sgp forward reads x, y and writes o (3 tensors of C*B*N f32);
-/// forward+backward adds the backward's minimum (reads x, y, grad_out, o; writes grad_x, grad_y):
-/// 9 tensors. fcgp and Layer count FLOPs of their matmuls (2 * pair-slots * B * N * N, plus
-/// 2 * C * B * N * N for the Layer's linear map). Same names and formulas as bench/peers.py.
 /// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
 /// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md).
 fn attention(b: &mut Bencher) {
@@ -596,26 +620,30 @@ fn attention(b: &mut Bencher) {
     }
 }
 
+/// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024}, all 9 (one shape
+/// with RGK_BENCH_QUICK), the same grid as bench/peers.py's CLIFFORD_SWEEP. Bytes counted: sgp forward
+/// reads x, y and writes o (3 tensors of C*B*N f32); forward+backward adds the backward's minimum
+/// (reads x, y, grad_out, o; writes grad_x, grad_y): 9 tensors. fcgp and Layer count FLOPs of their
+/// matmuls (2 * pair-slots * B * N * N, plus 2 * C * B * N * N for the Layer's linear map). Same names
+/// and formulas as bench/peers.py. fcgp and Layer run at every shape but with [`Samples::Few`]: their
+/// large shapes take tens of ms a call, and the default sampling would spend seconds on each.
 fn clifford(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
     let shapes: Vec<(usize, usize)> = if quick {
         vec![(4096, 512)]
     } else {
-        // The diagonal of {1024, 4096, 8192} x {128, 512, 1024}, like bench/peers.py's CLIFFORD_SWEEP.
-        vec![(1024, 128), (4096, 512), (8192, 1024)]
+        // The full {1024, 4096, 8192} x {128, 512, 1024} grid, like bench/peers.py's CLIFFORD_SWEEP.
+        let mut v = Vec::new();
+        for bb in [1024usize, 4096, 8192] {
+            for n in [128usize, 512, 1024] {
+                v.push((bb, n));
+            }
+        }
+        v
     };
     for alg in [Algebra::Cl2, Algebra::Cl3] {
         let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
-        let slots: u64 = (0..alg.grades())
-            .map(|g| {
-                alg.grade_span(g).1 as u64
-                    * alg
-                        .path_table()
-                        .iter()
-                        .filter(|t| t[1] as usize == g)
-                        .count() as u64
-            })
-            .sum();
         // Forward alone at the headline shape (the bandwidth target).
         {
             let (bb, n) = (4096usize, 512usize);
@@ -635,8 +663,7 @@ fn clifford(b: &mut Bencher) {
             );
             // The earlier forward (`v1`, one block per row), same inputs and byte count, next to the
             // default (V2), on request only (`RGK_BENCH_VARIANTS=1`).
-            let variants: &[(&str, cl::FwdVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok()
-            {
+            let variants: &[(&str, cl::FwdVariant)] = if variants_on {
                 &[("v1", cl::FwdVariant::Cached)]
             } else {
                 &[]
@@ -679,7 +706,7 @@ fn clifford(b: &mut Bencher) {
                 },
             );
             // The earlier forward + backward (`v1`), same bytes, next to the default, on request only.
-            if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+            if variants_on {
                 b.bench(
                     spec(
                         format!("sgp_fwdbwd_v1/f32/{d}d_B{bb}_N{n}"),
@@ -708,17 +735,39 @@ fn clifford(b: &mut Bencher) {
                     },
                 );
             }
+        }
+    }
+    // fcgp and Layer after every sgp bench (a run cut short keeps the sgp sweep), fewer samples each.
+    for alg in [Algebra::Cl2, Algebra::Cl3] {
+        let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
+        let slots: u64 = (0..alg.grades())
+            .map(|g| {
+                alg.grade_span(g).1 as u64
+                    * alg
+                        .path_table()
+                        .iter()
+                        .filter(|t| t[1] as usize == g)
+                        .count() as u64
+            })
+            .sum();
+        for &(bb, n) in &shapes {
+            let size = (c * bb * n * 4) as u64;
+            let (x, y) = (
+                b.inputs(&[c, bb, n], DType::F32, 1).remove(0),
+                b.inputs(&[c, bb, n], DType::F32, 1).remove(0),
+            );
             let mm_flops = 2 * slots * (bb * n * n) as u64;
-            let wf = b.inputs(&[p, n, n], DType::F32, 1);
-            b.bench(
+            let wf = b.inputs(&[p, n, n], DType::F32, 1).remove(0);
+            b.bench_sampled(
                 spec(
                     format!("fcgp_fwd/f32/{d}d_B{bb}_N{n}"),
                     None,
                     Some(mm_flops),
                 ),
                 1,
+                Samples::Few,
                 |_| {
-                    cl::fcgp_forward(&x[0], &y[0], &wf[0], Normalize::Yes).expect("fcgp_forward");
+                    cl::fcgp_forward(&x, &y, &wf, Normalize::Yes).expect("fcgp_forward");
                 },
             );
             drop(wf);
@@ -727,15 +776,16 @@ fn clifford(b: &mut Bencher) {
                     .expect("init");
             let layer = Layer::from_host(&b.gpu, &params).expect("layer");
             let lin_flops = 2 * (c * bb * n * n) as u64;
-            b.bench(
+            b.bench_sampled(
                 spec(
                     format!("layer_fwd/f32/{d}d_B{bb}_N{n}"),
                     Some(3 * size),
                     Some(lin_flops),
                 ),
                 1,
+                Samples::Few,
                 |_| {
-                    layer.forward(&x[0]).expect("layer forward");
+                    layer.forward(&x).expect("layer forward");
                 },
             );
         }
