@@ -96,7 +96,42 @@ enum Samples {
 const FEW_SAMPLES: usize = 10;
 
 fn spec(name: String, bytes: Option<u64>, flops: Option<u64>) -> BenchSpec {
-    BenchSpec { name, bytes, flops }
+    BenchSpec {
+        name,
+        bytes,
+        flops,
+        peak_memory_bytes: None,
+    }
+}
+
+/// `spec` with the peak device memory of one call of `call` (see [`peak_memory`]).
+fn spec_with_memory<R>(
+    gpu: &Gpu,
+    name: String,
+    bytes: Option<u64>,
+    flops: Option<u64>,
+    call: impl FnOnce() -> R,
+) -> BenchSpec {
+    BenchSpec {
+        peak_memory_bytes: Some(peak_memory(gpu, call)),
+        ..spec(name, bytes, flops)
+    }
+}
+
+/// Bytes `call` allocates at its high point above what was held before it: our allocation counter's
+/// peak since a reset just before the call, minus the bytes live then, with the call's results still
+/// held when the peak is read. The same definition as bench/peers.py's PyTorch figure
+/// (`max_memory_allocated() - memory_allocated()` around one call), counted exactly: the sizes our API
+/// requested for outputs, saved state and workspaces.
+fn peak_memory<R>(gpu: &Gpu, call: impl FnOnce() -> R) -> u64 {
+    gpu.synchronize().expect("sync");
+    gpu.reset_peak_memory();
+    let before = gpu.memory_stats().live_bytes;
+    let results = call();
+    let peak = gpu.memory_stats().peak_bytes;
+    gpu.synchronize().expect("sync");
+    drop(results);
+    peak - before
 }
 
 fn ceilings(b: &mut Bencher) {
@@ -626,7 +661,8 @@ fn attention(b: &mut Bencher) {
 /// (reads x, y, grad_out, o; writes grad_x, grad_y): 9 tensors. fcgp and Layer count FLOPs of their
 /// matmuls (2 * pair-slots * B * N * N, plus 2 * C * B * N * N for the Layer's linear map). Same names
 /// and formulas as bench/peers.py. fcgp and Layer run at every shape but with [`Samples::Few`]: their
-/// large shapes take tens of ms a call, and the default sampling would spend seconds on each.
+/// large shapes take tens of ms a call, and the default sampling would spend seconds on each. Every
+/// Clifford bench also records the peak device memory of one call ([`peak_memory`]).
 fn clifford(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
@@ -654,8 +690,15 @@ fn clifford(b: &mut Bencher) {
                 b.inputs(&[c, bb, n], DType::F32, copies),
             );
             let w = b.inputs(&[n, p], DType::F32, 1);
+            let gpu = b.gpu.clone();
             b.bench(
-                spec(format!("sgp_fwd/f32/{d}d_B{bb}_N{n}"), Some(3 * size), None),
+                spec_with_memory(
+                    &gpu,
+                    format!("sgp_fwd/f32/{d}d_B{bb}_N{n}"),
+                    Some(3 * size),
+                    None,
+                    || cl::sgp_forward(&x[0], &y[0], &w[0], Normalize::Yes).expect("sgp_forward"),
+                ),
                 copies,
                 |i| {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
@@ -692,11 +735,20 @@ fn clifford(b: &mut Bencher) {
                 b.inputs(&[c, bb, n], DType::F32, copies),
             );
             let w = b.inputs(&[n, p], DType::F32, 1);
+            let gpu = b.gpu.clone();
             b.bench(
-                spec(
+                spec_with_memory(
+                    &gpu,
                     format!("sgp_fwdbwd/f32/{d}d_B{bb}_N{n}"),
                     Some(9 * size),
                     None,
+                    || {
+                        let f = cl::sgp_forward(&x[0], &y[0], &w[0], Normalize::Yes)
+                            .expect("sgp_forward");
+                        let g = cl::sgp_backward(&x[0], &y[0], &w[0], &f, &go[0])
+                            .expect("sgp_backward");
+                        (f, g)
+                    },
                 ),
                 copies,
                 |i| {
@@ -758,11 +810,14 @@ fn clifford(b: &mut Bencher) {
             );
             let mm_flops = 2 * slots * (bb * n * n) as u64;
             let wf = b.inputs(&[p, n, n], DType::F32, 1).remove(0);
+            let gpu = b.gpu.clone();
             b.bench_sampled(
-                spec(
+                spec_with_memory(
+                    &gpu,
                     format!("fcgp_fwd/f32/{d}d_B{bb}_N{n}"),
                     None,
                     Some(mm_flops),
+                    || cl::fcgp_forward(&x, &y, &wf, Normalize::Yes).expect("fcgp_forward"),
                 ),
                 1,
                 Samples::Few,
@@ -777,10 +832,12 @@ fn clifford(b: &mut Bencher) {
             let layer = Layer::from_host(&b.gpu, &params).expect("layer");
             let lin_flops = 2 * (c * bb * n * n) as u64;
             b.bench_sampled(
-                spec(
+                spec_with_memory(
+                    &gpu,
                     format!("layer_fwd/f32/{d}d_B{bb}_N{n}"),
                     Some(3 * size),
                     Some(lin_flops),
+                    || layer.forward(&x).expect("layer forward"),
                 ),
                 1,
                 Samples::Few,

@@ -420,6 +420,53 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
+/// The allocation counter (`Gpu::memory_stats`, what the benches report as our peak memory) against
+/// the sizes the sgp forward + backward must allocate, worked out by hand: forward out `(C, B, N)` and
+/// norms `(G, B)`; backward grad_x, grad_y `(C, B, N)`, grad_weight `(N, P)`, the grade dots `(G, B)`
+/// and the weight-gradient partials `(chunks, N, P)`; every buffer at least 16 bytes. All of them are
+/// live at the backward's last allocation, so that is the peak. After the results are dropped the live
+/// count is back where it started.
+#[test]
+fn sgp_peak_memory_is_the_sum_of_its_allocations() {
+    let Some(gpu) = gpu_or_skip("sgp_peak_memory_is_the_sum_of_its_allocations") else {
+        return;
+    };
+    let mut rng = rng("sgp_memory");
+    for (b, n) in [(1, 1), (3, 7), (scaled(1024, 40), 128), (scaled(4096, 33), 96)] {
+        for alg in ALGS {
+            let (x, y, go) = (
+                up(&gpu, &mv(&mut rng, alg, b, n)),
+                up(&gpu, &mv(&mut rng, alg, b, n)),
+                up(&gpu, &mv(&mut rng, alg, b, n)),
+            );
+            let w = up(
+                &gpu,
+                &uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32),
+            );
+            let before = gpu.memory_stats().live_bytes;
+            gpu.reset_peak_memory();
+            let f = cl::sgp_forward(&x, &y, &w, Normalize::Yes).unwrap();
+            let g = cl::sgp_backward(&x, &y, &w, &f, &go).unwrap();
+            let peak = gpu.memory_stats().peak_bytes - before;
+            let alloc = |elems: usize| (4 * elems).max(16) as u64;
+            let (c, gr, p) = (alg.components(), alg.grades(), alg.paths());
+            let rpc = gpu::params::clifford::rows_per_chunk_v2(b as u64, n as u64);
+            let chunks = (b as u64).div_ceil(rpc).max(1) as usize;
+            let want = 3 * alloc(c * b * n)
+                + 2 * alloc(gr * b)
+                + alloc(n * p)
+                + alloc(chunks * n * p);
+            assert_eq!(peak, want, "{alg:?} B{b} N{n}: peak bytes");
+            drop((f, g));
+            assert_eq!(
+                gpu.memory_stats().live_bytes,
+                before,
+                "{alg:?} B{b} N{n}: bytes left live"
+            );
+        }
+    }
+}
+
 #[test]
 fn clifford_results_are_bit_identical_across_runs() {
     let Some(gpu) = gpu_or_skip("clifford_results_are_bit_identical_across_runs") else {
