@@ -704,12 +704,17 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                 },
             );
-            // The earlier forward (`v1`, one block per row), same inputs and byte count, next to the
-            // default (V2), on request only (`RGK_BENCH_VARIANTS=1`).
-            let variants: &[(&str, cl::FwdVariant)] = if variants_on {
-                &[("v1", cl::FwdVariant::Cached)]
-            } else {
-                &[]
+            // The earlier forward (`v1`, one block per row) and, in 2D, the 16-byte-access forwards
+            // (`v3`, `v3p` with prefetch), same inputs and byte count, next to the default (V2), on
+            // request only (`RGK_BENCH_VARIANTS=1`).
+            let variants: &[(&str, cl::FwdVariant)] = match (variants_on, alg) {
+                (false, _) => &[],
+                (true, Algebra::Cl2) => &[
+                    ("v1", cl::FwdVariant::Cached),
+                    ("v3", cl::FwdVariant::V3),
+                    ("v3p", cl::FwdVariant::V3Prefetch),
+                ],
+                (true, Algebra::Cl3) => &[("v1", cl::FwdVariant::Cached)],
             };
             for &(tag, variant) in variants {
                 b.bench(
