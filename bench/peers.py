@@ -92,6 +92,7 @@ class Case:
     make_set: Callable[[], tuple]  # inputs first, then any preallocated outputs
     peers: List[Peer]
     peak_memory: bool = False      # also report torch.cuda.max_memory_allocated of one call in meta
+    samples: Optional[int] = None  # at most this many timed samples (slow cases), else --samples
 
 
 def dtype_of(tag):
@@ -434,9 +435,13 @@ CLIFFORD_TERMS = {
 }
 CLIFFORD_GRADES = {2: [0, 1, 1, 2], 3: [0, 1, 1, 1, 2, 2, 2, 3]}
 CLIFFORD_PATHS = {2: 10, 3: 20}
-# The diagonal of the B x N grid {1024, 4096, 8192} x {128, 512, 1024}: each B and each N once. The full
-# 3 x 3 grid compiles 9 torch.compile graphs per algebra and op, which does not fit one device call.
-CLIFFORD_SWEEP = [(1024, 128), (4096, 512), (8192, 1024)]
+# The full B x N grid {1024, 4096, 8192} x {128, 512, 1024}, the same as benches/benches/ops.rs. Every
+# shape is its own torch.compile graph (static shapes, as a user with one shape gets), so the peers'
+# time is mostly compilation: split a run with --only (e.g. "sgp_", then "fcgp_", then "layer_") when one
+# call must stay short; report.py merges several peers files.
+CLIFFORD_SWEEP = [(b, n) for b in (1024, 4096, 8192) for n in (128, 512, 1024)]
+# Timed samples (at most) of the fcgp and Layer cases: up to tens of ms a call at the large shapes.
+CLIFFORD_FEW_SAMPLES = 20
 
 
 def grade_slices(dims):
@@ -578,17 +583,16 @@ def layer_fwd_case(dims, b, n):
 
 
 def clifford_cases(quick):
+    """sgp forward (headline shape), then sgp forward+backward over the sweep, then fcgp and Layer over
+    the sweep with fewer samples: the order the goals rank them in, so a run cut short keeps the sgp
+    results. Every peer (eager and compiled) at every shape."""
     sweep = [(4096, 512)] if quick else CLIFFORD_SWEEP
-    cases = []
+    cases = [sgp_fwd_case(dims, 4096, 512) for dims in (2, 3)]
+    cases += [sgp_fwdbwd_case(dims, b, n) for dims in (2, 3) for b, n in sweep]
     for dims in (2, 3):
-        cases.append(sgp_fwd_case(dims, 4096, 512))
         for b, n in sweep:
-            cases.append(sgp_fwdbwd_case(dims, b, n))
             for case in (fcgp_fwd_case(dims, b, n), layer_fwd_case(dims, b, n)):
-                # torch.compile of the fc variant and the Layer only at the headline shape: each
-                # compile takes tens of seconds and the sweep must fit one device call.
-                if (b, n) != (4096, 512):
-                    case.peers = [p for p in case.peers if p.name != "torch-compile"]
+                case.samples = CLIFFORD_FEW_SAMPLES
                 cases.append(case)
     return cases
 
@@ -705,7 +709,8 @@ def measure_peer(case, peer, sets, args):
         try:
             with peer.context():
                 launch = peer.build()
-                samples, first_s = time_samples(launch, sets, args.warmup, args.samples,
+                n_samples = min(args.samples, case.samples or args.samples)
+                samples, first_s = time_samples(launch, sets, min(args.warmup, n_samples), n_samples,
                                                 SLEEP_CYCLES if args.hide_launch else 0)
             meta = {"copies": len(sets), "first_call_s": round(first_s, 3)}
             if case.peak_memory:
@@ -718,7 +723,15 @@ def measure_peer(case, peer, sets, args):
 
 
 def peak_memory(launch, inputs):
-    """Device memory of one call: peak allocated during it, total and above what was live before."""
+    """Device memory of one call, after the timed samples, on the first input set.
+
+    peak_memory_above_inputs_bytes = max_memory_allocated() (peak since reset_peak_memory_stats(),
+    taken right before the call) - memory_allocated() before the call. What was live before is the
+    inputs (every rotated set) and nothing else of this case; the call's outputs are still held when
+    the peak is read. So it is what the call needs at its high point: outputs, tensors saved for
+    backward, temporaries. Sizes as PyTorch's caching allocator counts them (blocks rounded to 512
+    bytes; its reserved-but-free cache is not counted). peak_memory_bytes is the raw peak, inputs
+    included. Our bench writes the same key from its allocation counter (Gpu::memory_stats)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()

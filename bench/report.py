@@ -20,6 +20,8 @@ Per row (one per bench of ours):
                    is the highest of ours and the peers' measurements in the run.
   per-peer cells = median ms, "error", "missing" (the peer ran this op family but
                    has no entry for this bench), or "-" (peer does not apply).
+  peak memory    = meta "peak_memory_above_inputs_bytes" of ours and of each peer, where
+                   given (a separate table: MiB and peer / ours).
 
 Writes DIR/report.md, DIR/report.json, DIR/ratio.svg (log-scale bars of ratio with
 a line at 1.0) and DIR/roofline.svg: fraction-of-ceiling bars for every bench (ours
@@ -210,6 +212,15 @@ def peer_cells(name, by_peer, peer_names, families):
     return cells
 
 
+def peak_memory_of(entry):
+    """Bytes a call allocated at its high point above what was held before it (entry meta
+    "peak_memory_above_inputs_bytes"; peers.py and our bench both write it), or None."""
+    if not entry or entry.get("error"):
+        return None
+    value = (entry.get("meta") or {}).get("peak_memory_above_inputs_bytes")
+    return value if isinstance(value, (int, float)) and value >= 0 else None
+
+
 def build_row(name, our_entry, by_peer, peer_names, families, ceil):
     ours_ms = median_of(our_entry) if our_entry else None
     nbytes, flops = counts(name, our_entry, by_peer)
@@ -235,6 +246,8 @@ def build_row(name, our_entry, by_peer, peer_names, families, ceil):
             "intensity": flops / nbytes if flops and nbytes else None,
             "throughput": ours_tp, "throughput_unit": unit,
             "fraction_of_ceiling": ours_frac, "best_peer_fraction_of_ceiling": peer_frac,
+            "peak_memory_bytes": {OURS: peak_memory_of(our_entry),
+                                  **{p: peak_memory_of(by_peer.get(p)) for p in peer_names}},
             "peers": cells}
 
 
@@ -330,6 +343,31 @@ def main_table(rows, peer_names):
     return md_table(header, [row_cells(r, peer_names) for r in rows])
 
 
+def fmt_mib(nbytes):
+    return "" if nbytes is None else f"{nbytes / (1 << 20):,.1f}"
+
+
+def memory_table(rows, peer_names):
+    """Peak device memory of one call, in MiB above what was held before it, ours and each peer's,
+    and each peer's over ours; only rows where anyone reported it."""
+    with_mem = [r for r in rows if any(v is not None for v in r["peak_memory_bytes"].values())]
+    if not with_mem:
+        return None
+    peers = [p for p in peer_names if any(r["peak_memory_bytes"].get(p) is not None
+                                          for r in with_mem)]
+    header = (["bench", "ours MiB"] + [f"{p} MiB" for p in peers]
+              + [f"{p} / ours" for p in peers])
+    body = []
+    for r in with_mem:
+        mem = r["peak_memory_bytes"]
+        ours = mem.get(OURS)
+        ratios = [fmt_ratio(mem[p] / ours) if ours and mem.get(p) is not None else ""
+                  for p in peers]
+        body.append([f"`{r['name']}`", fmt_mib(ours)] + [fmt_mib(mem.get(p)) for p in peers]
+                    + ratios)
+    return md_table(header, body)
+
+
 def ceiling_lines(report):
     ceil = report["ceilings"]
     copy = (f"{ceil['copy_gbps']:,.1f} GB/s ({ceil['copy_source']})"
@@ -354,6 +392,14 @@ def markdown(report):
             "- peer cells: median ms, `error` (see below), `missing` (peer ran this op "
             "family but not this bench), `-` (does not apply)", "",
             "## Our benches", "", main_table(report["rows"], peer_names), ""]
+    mem = memory_table(report["rows"], peer_names)
+    if mem:
+        out += ["## Peak device memory of one call", "",
+                "MiB allocated at the call's high point above what was held before it (inputs and "
+                "anything else live): PyTorch `max_memory_allocated()` after "
+                "`reset_peak_memory_stats()` minus `memory_allocated()` before the call; ours the "
+                "same from our allocation counter (`Gpu::memory_stats`: outputs, saved state and "
+                "workspaces). `/ ours` > 1: the peer needs more.", "", mem, ""]
     if report["ceiling_rows"]:
         out += ["## Ceilings (ours = cuBLAS/memcpy from Rust)", "",
                 main_table(report["ceiling_rows"], peer_names), ""]

@@ -48,11 +48,28 @@ impl Bencher<'_> {
     }
 
     /// Registers one bench; `run(i)` performs one launch on input set `i % copies`.
-    fn bench(&mut self, spec: BenchSpec, copies: usize, mut run: impl FnMut(usize)) {
+    fn bench(&mut self, spec: BenchSpec, copies: usize, run: impl FnMut(usize)) {
+        self.bench_sampled(spec, copies, Samples::Default, run)
+    }
+
+    /// [`Bencher::bench`] with a sampling plan (see [`Samples`]).
+    fn bench_sampled(
+        &mut self,
+        spec: BenchSpec,
+        copies: usize,
+        samples: Samples,
+        mut run: impl FnMut(usize),
+    ) {
         let (group, id) = spec.criterion_ids();
         let mut g = self.c.benchmark_group(group);
         if let Some(t) = spec.throughput() {
             g.throughput(t);
+        }
+        if samples == Samples::Few {
+            g.sample_size(FEW_SAMPLES)
+                .sampling_mode(criterion::SamplingMode::Flat)
+                .warm_up_time(Duration::from_millis(150))
+                .measurement_time(Duration::from_millis(400));
         }
         let mut i = 0usize;
         g.bench_function(id, |b| {
@@ -66,8 +83,55 @@ impl Bencher<'_> {
     }
 }
 
+/// How a bench is sampled. `Few` is for calls of up to tens of ms (fcgp and Layer at large shapes):
+/// criterion's default linear sampling needs at least 1 + 2 + ... + 20 = 210 iterations, seconds each;
+/// `Few` takes `FEW_SAMPLES` samples of equal iteration counts (flat sampling) in about 0.4 s.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Samples {
+    Default,
+    Few,
+}
+
+/// Samples of a [`Samples::Few`] bench (criterion's minimum).
+const FEW_SAMPLES: usize = 10;
+
 fn spec(name: String, bytes: Option<u64>, flops: Option<u64>) -> BenchSpec {
-    BenchSpec { name, bytes, flops }
+    BenchSpec {
+        name,
+        bytes,
+        flops,
+        peak_memory_bytes: None,
+    }
+}
+
+/// `spec` with the peak device memory of one call of `call` (see [`peak_memory`]).
+fn spec_with_memory<R>(
+    gpu: &Gpu,
+    name: String,
+    bytes: Option<u64>,
+    flops: Option<u64>,
+    call: impl FnOnce() -> R,
+) -> BenchSpec {
+    BenchSpec {
+        peak_memory_bytes: Some(peak_memory(gpu, call)),
+        ..spec(name, bytes, flops)
+    }
+}
+
+/// Bytes `call` allocates at its high point above what was held before it: our allocation counter's
+/// peak since a reset just before the call, minus the bytes live then, with the call's results still
+/// held when the peak is read. The same definition as bench/peers.py's PyTorch figure
+/// (`max_memory_allocated() - memory_allocated()` around one call), counted exactly: the sizes our API
+/// requested for outputs, saved state and workspaces.
+fn peak_memory<R>(gpu: &Gpu, call: impl FnOnce() -> R) -> u64 {
+    gpu.synchronize().expect("sync");
+    gpu.reset_peak_memory();
+    let before = gpu.memory_stats().live_bytes;
+    let results = call();
+    let peak = gpu.memory_stats().peak_bytes;
+    gpu.synchronize().expect("sync");
+    drop(results);
+    peak - before
 }
 
 fn ceilings(b: &mut Bencher) {
@@ -576,11 +640,6 @@ fn embeddings(b: &mut Bencher) {
     );
 }
 
-/// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024} (one shape with
-/// RGK_BENCH_QUICK). Bytes counted: sgp forward reads x, y and writes o (3 tensors of C*B*N f32);
-/// forward+backward adds the backward's minimum (reads x, y, grad_out, o; writes grad_x, grad_y):
-/// 9 tensors. fcgp and Layer count FLOPs of their matmuls (2 * pair-slots * B * N * N, plus
-/// 2 * C * B * N * N for the Layer's linear map). Same names and formulas as bench/peers.py.
 /// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
 /// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md).
 fn attention(b: &mut Bencher) {
@@ -638,26 +697,31 @@ fn attention(b: &mut Bencher) {
     }
 }
 
+/// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024}, all 9 (one shape
+/// with RGK_BENCH_QUICK), the same grid as bench/peers.py's CLIFFORD_SWEEP. Bytes counted: sgp forward
+/// reads x, y and writes o (3 tensors of C*B*N f32); forward+backward adds the backward's minimum
+/// (reads x, y, grad_out, o; writes grad_x, grad_y): 9 tensors. fcgp and Layer count FLOPs of their
+/// matmuls (2 * pair-slots * B * N * N, plus 2 * C * B * N * N for the Layer's linear map). Same names
+/// and formulas as bench/peers.py. fcgp and Layer run at every shape but with [`Samples::Few`]: their
+/// large shapes take tens of ms a call, and the default sampling would spend seconds on each. Every
+/// Clifford bench also records the peak device memory of one call ([`peak_memory`]).
 fn clifford(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
     let shapes: Vec<(usize, usize)> = if quick {
         vec![(4096, 512)]
     } else {
-        // The diagonal of {1024, 4096, 8192} x {128, 512, 1024}, like bench/peers.py's CLIFFORD_SWEEP.
-        vec![(1024, 128), (4096, 512), (8192, 1024)]
+        // The full {1024, 4096, 8192} x {128, 512, 1024} grid, like bench/peers.py's CLIFFORD_SWEEP.
+        let mut v = Vec::new();
+        for bb in [1024usize, 4096, 8192] {
+            for n in [128usize, 512, 1024] {
+                v.push((bb, n));
+            }
+        }
+        v
     };
     for alg in [Algebra::Cl2, Algebra::Cl3] {
         let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
-        let slots: u64 = (0..alg.grades())
-            .map(|g| {
-                alg.grade_span(g).1 as u64
-                    * alg
-                        .path_table()
-                        .iter()
-                        .filter(|t| t[1] as usize == g)
-                        .count() as u64
-            })
-            .sum();
         // Forward alone at the headline shape (the bandwidth target).
         {
             let (bb, n) = (4096usize, 512usize);
@@ -668,20 +732,31 @@ fn clifford(b: &mut Bencher) {
                 b.inputs(&[c, bb, n], DType::F32, copies),
             );
             let w = b.inputs(&[n, p], DType::F32, 1);
+            let gpu = b.gpu.clone();
             b.bench(
-                spec(format!("sgp_fwd/f32/{d}d_B{bb}_N{n}"), Some(3 * size), None),
+                spec_with_memory(
+                    &gpu,
+                    format!("sgp_fwd/f32/{d}d_B{bb}_N{n}"),
+                    Some(3 * size),
+                    None,
+                    || cl::sgp_forward(&x[0], &y[0], &w[0], Normalize::Yes).expect("sgp_forward"),
+                ),
                 copies,
                 |i| {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                 },
             );
-            // The earlier forward (`v1`, one block per row), same inputs and byte count, next to the
-            // default (V2), on request only (`RGK_BENCH_VARIANTS=1`).
-            let variants: &[(&str, cl::FwdVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok()
-            {
-                &[("v1", cl::FwdVariant::Cached)]
-            } else {
-                &[]
+            // The earlier forward (`v1`, one block per row) and, in 2D, the 16-byte-access forwards
+            // (`v3`, `v3p` with prefetch), same inputs and byte count, next to the default (V2), on
+            // request only (`RGK_BENCH_VARIANTS=1`).
+            let variants: &[(&str, cl::FwdVariant)] = match (variants_on, alg) {
+                (false, _) => &[],
+                (true, Algebra::Cl2) => &[
+                    ("v1", cl::FwdVariant::Cached),
+                    ("v3", cl::FwdVariant::V3),
+                    ("v3p", cl::FwdVariant::V3Prefetch),
+                ],
+                (true, Algebra::Cl3) => &[("v1", cl::FwdVariant::Cached)],
             };
             for &(tag, variant) in variants {
                 b.bench(
@@ -707,11 +782,20 @@ fn clifford(b: &mut Bencher) {
                 b.inputs(&[c, bb, n], DType::F32, copies),
             );
             let w = b.inputs(&[n, p], DType::F32, 1);
+            let gpu = b.gpu.clone();
             b.bench(
-                spec(
+                spec_with_memory(
+                    &gpu,
                     format!("sgp_fwdbwd/f32/{d}d_B{bb}_N{n}"),
                     Some(9 * size),
                     None,
+                    || {
+                        let f = cl::sgp_forward(&x[0], &y[0], &w[0], Normalize::Yes)
+                            .expect("sgp_forward");
+                        let g = cl::sgp_backward(&x[0], &y[0], &w[0], &f, &go[0])
+                            .expect("sgp_backward");
+                        (f, g)
+                    },
                 ),
                 copies,
                 |i| {
@@ -721,7 +805,7 @@ fn clifford(b: &mut Bencher) {
                 },
             );
             // The earlier forward + backward (`v1`), same bytes, next to the default, on request only.
-            if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+            if variants_on {
                 b.bench(
                     spec(
                         format!("sgp_fwdbwd_v1/f32/{d}d_B{bb}_N{n}"),
@@ -750,17 +834,42 @@ fn clifford(b: &mut Bencher) {
                     },
                 );
             }
+        }
+    }
+    // fcgp and Layer after every sgp bench (a run cut short keeps the sgp sweep), fewer samples each.
+    for alg in [Algebra::Cl2, Algebra::Cl3] {
+        let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
+        let slots: u64 = (0..alg.grades())
+            .map(|g| {
+                alg.grade_span(g).1 as u64
+                    * alg
+                        .path_table()
+                        .iter()
+                        .filter(|t| t[1] as usize == g)
+                        .count() as u64
+            })
+            .sum();
+        for &(bb, n) in &shapes {
+            let size = (c * bb * n * 4) as u64;
+            let (x, y) = (
+                b.inputs(&[c, bb, n], DType::F32, 1).remove(0),
+                b.inputs(&[c, bb, n], DType::F32, 1).remove(0),
+            );
             let mm_flops = 2 * slots * (bb * n * n) as u64;
-            let wf = b.inputs(&[p, n, n], DType::F32, 1);
-            b.bench(
-                spec(
+            let wf = b.inputs(&[p, n, n], DType::F32, 1).remove(0);
+            let gpu = b.gpu.clone();
+            b.bench_sampled(
+                spec_with_memory(
+                    &gpu,
                     format!("fcgp_fwd/f32/{d}d_B{bb}_N{n}"),
                     None,
                     Some(mm_flops),
+                    || cl::fcgp_forward(&x, &y, &wf, Normalize::Yes).expect("fcgp_forward"),
                 ),
                 1,
+                Samples::Few,
                 |_| {
-                    cl::fcgp_forward(&x[0], &y[0], &wf[0], Normalize::Yes).expect("fcgp_forward");
+                    cl::fcgp_forward(&x, &y, &wf, Normalize::Yes).expect("fcgp_forward");
                 },
             );
             drop(wf);
@@ -769,15 +878,18 @@ fn clifford(b: &mut Bencher) {
                     .expect("init");
             let layer = Layer::from_host(&b.gpu, &params).expect("layer");
             let lin_flops = 2 * (c * bb * n * n) as u64;
-            b.bench(
-                spec(
+            b.bench_sampled(
+                spec_with_memory(
+                    &gpu,
                     format!("layer_fwd/f32/{d}d_B{bb}_N{n}"),
                     Some(3 * size),
                     Some(lin_flops),
+                    || layer.forward(&x).expect("layer forward"),
                 ),
                 1,
+                Samples::Few,
                 |_| {
-                    layer.forward(&x[0]).expect("layer forward");
+                    layer.forward(&x).expect("layer forward");
                 },
             );
         }

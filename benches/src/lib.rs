@@ -92,6 +92,10 @@ pub struct BenchSpec {
     pub name: String,
     pub bytes: Option<u64>,
     pub flops: Option<u64>,
+    /// Device bytes one call allocated at its high point above what was held before it (outputs, saved
+    /// state, workspaces), from the host's allocation counter (`host::Gpu::memory_stats`); written as
+    /// `meta.peak_memory_above_inputs_bytes`, the key bench/peers.py uses for PyTorch's.
+    pub peak_memory_bytes: Option<u64>,
 }
 
 impl BenchSpec {
@@ -161,6 +165,10 @@ pub fn write_json(
             serde_json::json!({
                 "name": spec.name, "peer": "ours", "samples_ms": samples, "median_ms": median(samples),
                 "bytes": spec.bytes, "flops": spec.flops, "error": serde_json::Value::Null,
+                "meta": match spec.peak_memory_bytes {
+                    Some(b) => serde_json::json!({ "peak_memory_above_inputs_bytes": b }),
+                    None => serde_json::json!({}),
+                },
             })
         })
         .collect();
@@ -191,6 +199,7 @@ mod tests {
             name: "softmax/f32/8192x8192".into(),
             bytes: Some(1),
             flops: None,
+            peak_memory_bytes: None,
         };
         assert_eq!(
             s.criterion_ids(),

@@ -50,6 +50,10 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // Forward variants: one thread a feature, up to 1024 a block, so at most 64 registers (two blocks of
     // 512 per SM). Before "sgp2d_fwd_": the first matching prefix wins.
     ("sgp2d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
+    // Forward v3 (2D, v3 and v3p): 256-thread blocks holding 4 features x 10 weights, 4 x 8 inputs and 16
+    // outputs a thread: two blocks a SM, up to 128 registers (three, at 85, spilled 68 bytes). Before
+    // "sgp2d_fwd_": the first matching prefix wins.
+    ("sgp2d_fwd_v3", clifford::FWD_V3_BLOCK, 2),
     ("sgp3d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
     ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
@@ -1215,6 +1219,26 @@ pub mod clifford {
         let t = n.div_ceil(32) * 32;
         if t < 32 { 32 } else { t as u32 }
     }
+    /// Threads of a forward-v3 block (2D): several rows at once, 4 features a thread.
+    pub const FWD_V3_BLOCK: u32 = 256;
+    /// Features a forward-v3 thread takes: one 16-byte load a component of x and y, one store of o.
+    pub const FWD_V3_FEATURES: u64 = 4;
+    /// Longest row of forward v3: one row at most a block.
+    pub const FWD_V3_MAX_N: u64 = FWD_V3_FEATURES * FWD_V3_BLOCK as u64;
+    /// Threads of one row of forward v3 (`n` a multiple of 4, at most [`FWD_V3_MAX_N`]): the row's
+    /// `n / 4` feature quads rounded up to a power of two of at least a warp, so a block holds a whole
+    /// number of rows (`FWD_V3_BLOCK / row_threads`) and a warp never spans two rows.
+    pub const fn fwd_v3_row_threads(n: u64) -> u32 {
+        let quads = n.div_ceil(FWD_V3_FEATURES);
+        let mut t = 32u32;
+        while (t as u64) < quads && t < FWD_V3_BLOCK {
+            t *= 2;
+        }
+        t
+    }
+    const _: () = assert!(fwd_v3_row_threads(FWD_V3_MAX_N) == FWD_V3_BLOCK);
+    const _: () = assert!(fwd_v3_row_threads(4) == 32 && fwd_v3_row_threads(132) == 64);
+
     /// Threads of the per-feature backward (one feature a thread) and of the elementwise kernels.
     pub const BWD_BLOCK: u32 = 128;
     /// Threads of the per-row reductions (grade dot products, grade norms of the fc variant).

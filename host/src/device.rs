@@ -4,7 +4,7 @@
 //! The driver library is loaded at run time (cudarc `dynamic-loading`): without a driver the crate still
 //! builds and runs, and [`Gpu::new`] returns [`Error::NoDevice`].
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -25,6 +25,47 @@ struct Inner {
     compute_capability: (i32, i32),
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     poison_outputs: AtomicBool,
+    memory: Arc<MemoryCounter>,
+}
+
+/// Device bytes held by the tensors of one [`Gpu`] handle: every [`crate::Tensor`] allocation adds its
+/// size (as requested from the driver: `max(bytes, 16)`) when made and takes it off when its buffer is
+/// freed (the last view dropped). `peak` is the most held at once since the last
+/// [`Gpu::reset_peak_memory`]. The driver's own rounding and pool reserve are not counted, as PyTorch's
+/// `memory_allocated` does not count its caching allocator's.
+#[derive(Debug, Default)]
+pub struct MemoryCounter {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemoryCounter {
+    pub(crate) fn allocated(&self, bytes: u64) {
+        let live = self.live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.peak.fetch_max(live, Ordering::SeqCst);
+    }
+    pub(crate) fn freed(&self, bytes: u64) {
+        self.live.fetch_sub(bytes, Ordering::SeqCst);
+    }
+    fn stats(&self) -> MemoryStats {
+        MemoryStats {
+            live_bytes: self.live.load(Ordering::SeqCst),
+            peak_bytes: self.peak.load(Ordering::SeqCst),
+        }
+    }
+    fn reset_peak(&self) {
+        self.peak
+            .store(self.live.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+}
+
+/// A reading of a handle's [`MemoryCounter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes held by live tensors now.
+    pub live_bytes: u64,
+    /// Most bytes held at once since the last reset (or since the handle was made).
+    pub peak_bytes: u64,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -87,6 +128,7 @@ impl Gpu {
                 compute_capability: (major, minor),
                 functions: Mutex::new(HashMap::new()),
                 poison_outputs: AtomicBool::new(false),
+                memory: Arc::new(MemoryCounter::default()),
             }),
         })
     }
@@ -143,6 +185,22 @@ impl Gpu {
         self.inner.poison_outputs.load(Ordering::Relaxed)
     }
 
+    /// Device memory held by the tensors of this handle, now and at most since [`Gpu::reset_peak_memory`]
+    /// (see [`MemoryCounter`]). For one call's peak: reset, read `live_bytes`, make the call and keep its
+    /// results, then `peak_bytes - live_bytes_before` is what the call allocated at its high point
+    /// (outputs, saved state and workspaces together), the same definition as PyTorch's
+    /// `max_memory_allocated() - memory_allocated()` around a call.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.inner.memory.stats()
+    }
+    /// Starts a new peak: `peak_bytes` becomes the bytes held now.
+    pub fn reset_peak_memory(&self) {
+        self.inner.memory.reset_peak()
+    }
+    pub(crate) fn memory_counter(&self) -> &Arc<MemoryCounter> {
+        &self.inner.memory
+    }
+
     /// The kernel `name` from the loaded module (cached).
     pub fn function(&self, name: &'static str) -> Result<CudaFunction> {
         let mut cache = self
@@ -191,5 +249,37 @@ impl Gpu {
 
     pub(crate) fn same_device(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner) || Arc::ptr_eq(&self.inner.ctx, &other.inner.ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_counter_tracks_live_and_peak_bytes() {
+        let m = MemoryCounter::default();
+        m.allocated(100);
+        m.allocated(50);
+        m.freed(100);
+        assert_eq!(
+            m.stats(),
+            MemoryStats {
+                live_bytes: 50,
+                peak_bytes: 150
+            }
+        );
+        m.reset_peak();
+        assert_eq!(m.stats().peak_bytes, 50);
+        m.allocated(30);
+        m.freed(30);
+        m.allocated(10);
+        assert_eq!(
+            m.stats(),
+            MemoryStats {
+                live_bytes: 60,
+                peak_bytes: 80
+            }
+        );
     }
 }

@@ -34,7 +34,7 @@ pub mod replace;
 pub mod shape;
 pub mod tensor;
 
-pub use device::{Gpu, driver_present};
+pub use device::{Gpu, MemoryStats, driver_present};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use tensor::{HostTensor, Tensor};

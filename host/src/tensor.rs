@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, DevicePtr};
 use gpu::params::RawSlice;
 
-use crate::device::Gpu;
+use crate::device::{Gpu, MemoryCounter};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -64,11 +64,40 @@ impl HostTensor {
     }
 }
 
+/// A device allocation counted in its handle's [`MemoryCounter`] while it lives.
+struct DeviceBuf {
+    slice: CudaSlice<u8>,
+    memory: Arc<MemoryCounter>,
+}
+
+impl DeviceBuf {
+    fn new(slice: CudaSlice<u8>, memory: &Arc<MemoryCounter>) -> DeviceBuf {
+        memory.allocated(slice.len() as u64);
+        DeviceBuf {
+            slice,
+            memory: memory.clone(),
+        }
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        self.memory.freed(self.slice.len() as u64);
+    }
+}
+
+impl std::ops::Deref for DeviceBuf {
+    type Target = CudaSlice<u8>;
+    fn deref(&self) -> &CudaSlice<u8> {
+        &self.slice
+    }
+}
+
 /// A tensor on the GPU.
 #[derive(Clone)]
 pub struct Tensor {
     gpu: Gpu,
-    buf: Arc<CudaSlice<u8>>,
+    buf: Arc<DeviceBuf>,
     dtype: DType,
     shape: Vec<usize>,
     strides: Vec<usize>,
@@ -108,7 +137,7 @@ impl Tensor {
             .map_err(|e| Error::driver(e, format!("allocating {bytes} bytes")))?;
         let t = Tensor {
             gpu: gpu.clone(),
-            buf: Arc::new(buf),
+            buf: Arc::new(DeviceBuf::new(buf, gpu.memory_counter())),
             dtype,
             shape: shape.to_vec(),
             strides: contiguous_strides(shape),

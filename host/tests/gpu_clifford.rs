@@ -180,7 +180,10 @@ fn sgp_forward_and_backward_match_reference() {
 }
 
 /// Every forward variant (`sgp_forward_variant`) against the f64 reference: odd and prime sizes, rows
-/// of exactly one block (1024), one past it (the fallback), and more rows than resident blocks.
+/// of exactly one block (1024), one past it (the fallback), and more rows than resident blocks. The
+/// 2D v3 variants run on the multiples of 4 (rows of one warp and several, 1 to 8 rows a block, last
+/// row group partial, quads that leave threads of a row idle: N = 4, 100, 132, 516) and fall back to v2
+/// on the rest and in 3D.
 #[test]
 fn sgp_forward_variants_match_reference() {
     let Some(gpu) = gpu_or_skip("sgp_forward_variants_match_reference") else {
@@ -197,11 +200,27 @@ fn sgp_forward_variants_match_reference() {
         (scaled(4096, 64), scaled(512, 33)),
         (scaled(2053, 37), 3),
         (scaled(1031, 13), 129),
+        (1, 4),
+        (9, 4),
+        (3, 8),
+        (17, 32),
+        (5, 100),
+        (7, 128),
+        (13, 132),
+        (3, 516),
+        (2, 1024),
+        (scaled(4096, 64), 512),
+        (scaled(2053, 37), 128),
     ];
     for _ in 0..fuzz_cases(4) {
         shapes.push((rng.random_range(1..700), rng.random_range(1..1100)));
+        shapes.push((rng.random_range(1..700), 4 * rng.random_range(1..257)));
     }
-    for variant in [cl::FwdVariant::V2] {
+    for variant in [
+        cl::FwdVariant::V2,
+        cl::FwdVariant::V3,
+        cl::FwdVariant::V3Prefetch,
+    ] {
         for &(b, n) in &shapes {
             for alg in ALGS {
                 for normalize in NORMS {
@@ -227,7 +246,7 @@ fn sgp_forward_variants_match_reference() {
         }
         // A NaN in one feature reaches its row's output (and, normalised, the whole row), never hidden.
         for alg in ALGS {
-            let (b, n) = (3, 37);
+            let (b, n) = (3, 36);
             let (mut x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
             x.data[n + 5] = f32::NAN;
             let w = uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32);
@@ -420,6 +439,56 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
+/// The allocation counter (`Gpu::memory_stats`, what the benches report as our peak memory) against
+/// the sizes the sgp forward + backward must allocate, worked out by hand: forward out `(C, B, N)` and
+/// norms `(G, B)`; backward grad_x, grad_y `(C, B, N)`, grad_weight `(N, P)`, the grade dots `(G, B)`
+/// and the weight-gradient partials `(chunks, N, P)`; every buffer at least 16 bytes. All of them are
+/// live at the backward's last allocation, so that is the peak. After the results are dropped the live
+/// count is back where it started.
+#[test]
+fn sgp_peak_memory_is_the_sum_of_its_allocations() {
+    let Some(gpu) = gpu_or_skip("sgp_peak_memory_is_the_sum_of_its_allocations") else {
+        return;
+    };
+    let mut rng = rng("sgp_memory");
+    for (b, n) in [
+        (1, 1),
+        (3, 7),
+        (scaled(1024, 40), 128),
+        (scaled(4096, 33), 96),
+    ] {
+        for alg in ALGS {
+            let (x, y, go) = (
+                up(&gpu, &mv(&mut rng, alg, b, n)),
+                up(&gpu, &mv(&mut rng, alg, b, n)),
+                up(&gpu, &mv(&mut rng, alg, b, n)),
+            );
+            let w = up(
+                &gpu,
+                &uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32),
+            );
+            let before = gpu.memory_stats().live_bytes;
+            gpu.reset_peak_memory();
+            let f = cl::sgp_forward(&x, &y, &w, Normalize::Yes).unwrap();
+            let g = cl::sgp_backward(&x, &y, &w, &f, &go).unwrap();
+            let peak = gpu.memory_stats().peak_bytes - before;
+            let alloc = |elems: usize| (4 * elems).max(16) as u64;
+            let (c, gr, p) = (alg.components(), alg.grades(), alg.paths());
+            let rpc = gpu::params::clifford::rows_per_chunk_v2(b as u64, n as u64);
+            let chunks = (b as u64).div_ceil(rpc).max(1) as usize;
+            let want =
+                3 * alloc(c * b * n) + 2 * alloc(gr * b) + alloc(n * p) + alloc(chunks * n * p);
+            assert_eq!(peak, want, "{alg:?} B{b} N{n}: peak bytes");
+            drop((f, g));
+            assert_eq!(
+                gpu.memory_stats().live_bytes,
+                before,
+                "{alg:?} B{b} N{n}: bytes left live"
+            );
+        }
+    }
+}
+
 #[test]
 fn clifford_results_are_bit_identical_across_runs() {
     let Some(gpu) = gpu_or_skip("clifford_results_are_bit_identical_across_runs") else {
@@ -529,6 +598,8 @@ fn clifford_kernels_are_in_the_ptx_with_launch_bounds() {
         "sgp3d_fwd_f32",
         "sgp2d_fwd_v2_f32",
         "sgp3d_fwd_v2_f32",
+        "sgp2d_fwd_v3_f32",
+        "sgp2d_fwd_v3p_f32",
         "sgp2d_bwd_f32",
         "sgp3d_bwd_f32",
         "sgp2d_bwd_v2_f32",

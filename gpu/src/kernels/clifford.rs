@@ -20,15 +20,17 @@
 //! - `fc_pairs{2,3}d`, `fc_pairs_bwd{2,3}d`: the per-feature pair terms of the fully connected variant
 //!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is `matmul_f32`.
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
-use crate::dev::mem::{Slice, SliceMut};
+use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
+use crate::dev::shared::check_index;
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_dim_x, block_idx_x, block_idx_y, grid_dim_x, lane_id, thread_idx_x, warp_id,
 };
-use crate::dev::{block, math, opaque_u32, opaque_u64};
+use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::clifford::{
-    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D,
-    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
+    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V3_BLOCK, GRADES_2D, GRADES_3D, NORM_EPS,
+    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
+    fwd_v3_row_threads,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -528,6 +530,186 @@ unsafe fn sgp_fwd_v2<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, nor
     }
 }
 
+crate::static_shared!(fn v3_partials() -> [f32; 64] as CLIFFORD_FWD_V3_PARTIALS);
+// Two iteration parities x 8 warps x 4 grade slots.
+const _: () = assert!(FWD_V3_BLOCK / 32 * 4 * 2 == 64);
+
+/// Component `c` of feature quad `q` of `row` (`n` a multiple of 4): chunk `c * bn/4 + row * n/4 + q`.
+#[inline(always)]
+fn v3_chunk(c: u32, row: u32, q: u32, z: Rows32) -> u32 {
+    opaque_u32(c) * (z.bn / 4) + row * (z.n / 4) + q
+}
+
+/// x and y of the 4 features of quad `q` of `row`, `[component][feature]`, one 16-byte load a
+/// component; zeros when `!valid` (zero inputs give zero outputs and add nothing to the grade sums).
+#[inline(always)]
+fn v3_load(s: &Sgp, z: Rows32, row: u32, q: u32, valid: bool) -> ([[f32; 4]; 4], [[f32; 4]; 4]) {
+    let (mut xv, mut yv) = ([[0.0f32; 4]; 4], [[0.0f32; 4]; 4]);
+    if valid {
+        crate::unroll!(c in [0, 1, 2, 3] {
+            let i = v3_chunk(c as u32, row, q, z) as u64;
+            check_index(i as usize * 4 + 3, s.x.len as usize);
+            check_index(i as usize * 4 + 3, s.y.len as usize);
+            // SAFETY: `row < rows` and `4 q + 3 < n` (`valid`), so the chunk's 4 elements are inside x
+            // and y (`C * B * N` elements); `n` and `B * N` are multiples of 4 and the bases 16-byte
+            // aligned (checked by the launcher), so the chunk is aligned; x and y are never written.
+            let (a, b) = unsafe { (load_chunk_ro(s.x.chunks(), i), load_chunk_ro(s.y.chunks(), i)) };
+            xv[c] = a.0.map(f32::from_bits);
+            yv[c] = b.0.map(f32::from_bits);
+        });
+    }
+    (xv, yv)
+}
+
+/// Grade norms of the row of this thread's row slot `slot` (rows of `row_threads` threads, `warps_per_row`
+/// warps): each warp reduces its grade sums with shuffles; a row of one warp is done (no barrier at
+/// all); otherwise lane 0 of each warp writes its sums to shared slots of this iteration's parity, one
+/// barrier, and every thread adds its row's warp sums in warp order (fixed: the same bits on every
+/// run). Two parities of slots: a warp writes parity `p` again only after the next iteration's barrier,
+/// which every warp reaches only after reading parity `p`, so one barrier an iteration suffices.
+/// Thread `q == 0` of a valid row stores `r[G * rows + row]`. Returns `1 / r_G`. Every thread of the
+/// block must call it (the barrier).
+#[inline(always)]
+fn v3_row_norms(
+    sq: [f32; 4],
+    warps_per_row: u32,
+    slot: u32,
+    parity: u32,
+    row_store: Option<u32>,
+    z: Rows32,
+    r: &SliceMut<f32>,
+) -> [f32; 4] {
+    let mut sum = [0.0f32; 4];
+    each_grade!(Cl2, g {
+        sum[g] = warp::reduce_sum(sq[g]);
+    });
+    if warps_per_row > 1 {
+        let slots = v3_partials();
+        let base = parity as usize * 32;
+        if lane_id() == 0 {
+            each_grade!(Cl2, g {
+                slots.store(base + warp_id() as usize * 4 + g, sum[g]);
+            });
+        }
+        sync_threads();
+        let first = (slot * warps_per_row) as usize;
+        let mut total = [0.0f32; 4];
+        let mut k = 0;
+        while k < warps_per_row as usize {
+            each_grade!(Cl2, g {
+                total[g] += slots.load(base + (first + k) * 4 + g);
+            });
+            k += 1;
+        }
+        sum = total;
+    }
+    let mut inv = [1.0f32; 4];
+    each_grade!(Cl2, g {
+        let rg = math::sqrt(sum[g] / z.n as f32 + NORM_EPS);
+        inv[g] = 1.0 / rg;
+        if let Some(row) = row_store {
+            r.set(g as u64 * z.rows as u64 + row as u64, rg);
+        }
+    });
+    inv
+}
+
+/// Forward v3, 2D only: 4 consecutive features a thread, so every component of x, y and o moves as one
+/// 16-byte access (4 loads of x, 4 of y, 4 stores a thread and row: v2 makes 16 scalar accesses for one
+/// feature), and `FWD_V3_BLOCK / row_threads` rows a block at once (N = 512: 128 threads a row, 2 rows
+/// a block; N = 128: 8 rows of one warp each). Why: v2's 2D row moves only 32 bytes a thread between
+/// two block-wide barrier pairs, half of what its 3D row moves, and measured 0.63 of copy where 3D
+/// reaches 0.81: too few bytes in flight a SM for the per-row latency (load, 2 barriers, store). Here a
+/// thread has 128 bytes of loads in flight a row, the norm costs one barrier an iteration (none when a
+/// row is one warp: N <= 128), and weights stay in registers (4 x 10, loaded once; a thread keeps its
+/// features across rows). With `PREFETCH` the next row group's x and y are loaded before the norm's
+/// barrier and the stores (in flight during them; 32 more registers). Persistent grid over row groups.
+/// Requires `n % 4 == 0`, `n <= FWD_V3_MAX_N`, `C * B * N < 2^31`, 16-byte aligned bases (launcher).
+#[inline(always)]
+unsafe fn sgp2d_fwd_v3<const PREFETCH: bool>(
+    s: Sgp,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    normalize: u32,
+) {
+    type A = Cl2;
+    let z = Rows32 {
+        rows: s.rows as u32,
+        n: s.n as u32,
+        bn: (s.rows * s.n) as u32,
+    };
+    let row_threads = fwd_v3_row_threads(s.n);
+    let rows_per_block = block_dim_x() / row_threads;
+    let warps_per_row = row_threads / 32;
+    let tid = thread_idx_x();
+    let (slot, q) = (tid / row_threads, tid % row_threads);
+    let active = q < z.n / 4;
+    let mut w = [[0.0f32; 20]; 4];
+    if active {
+        crate::unroll!(k in [0, 1, 2, 3] {
+            each_path!(A, p {
+                w[k][p] = s.w.get_ro(((4 * q + k as u32) * A::P as u32 + p as u32) as u64);
+            });
+        });
+    }
+    let groups = z.rows.div_ceil(rows_per_block);
+    let step = grid_dim_x();
+    let mut group = block_idx_x();
+    let mut parity = 0u32;
+    let row_of = |g: u32| g * rows_per_block + slot;
+    let (mut xv, mut yv) = if PREFETCH {
+        v3_load(&s, z, row_of(group), q, active && row_of(group) < z.rows)
+    } else {
+        ([[0.0f32; 4]; 4], [[0.0f32; 4]; 4])
+    };
+    while group < groups {
+        let row = row_of(opaque_u32(group));
+        let valid = active && row < z.rows;
+        if !PREFETCH {
+            (xv, yv) = v3_load(&s, z, row, q, valid);
+        }
+        let mut out = [[0.0f32; 8]; 4];
+        let mut sq = [0.0f32; 4];
+        crate::unroll!(k in [0, 1, 2, 3] {
+            let (mut xm, mut ym) = ([0.0f32; 8], [0.0f32; 8]);
+            each_comp!(A, c {
+                xm[c] = xv[c][k];
+                ym[c] = yv[c][k];
+            });
+            let (xt, _) = gate::<A>(&xm);
+            let (yt, _) = gate::<A>(&ym);
+            out[k] = product_slots::<A>(&xt, &yt, &w[k]);
+            add_grade_squares::<A>(&mut sq, &out[k]);
+        });
+        let next = group + step;
+        if PREFETCH {
+            let next_row = row_of(next);
+            (xv, yv) = v3_load(&s, z, next_row, q, active && next_row < z.rows);
+        }
+        let inv = if normalize != 0 {
+            let store = if valid && q == 0 { Some(row) } else { None };
+            v3_row_norms(sq, warps_per_row, slot, parity, store, z, &r)
+        } else {
+            [1.0; 4]
+        };
+        if valid {
+            crate::unroll!(c in [0, 1, 2, 3] {
+                let mut v = [0u32; 4];
+                crate::unroll!(k in [0, 1, 2, 3] {
+                    v[k] = (out[k][c] * inv[A::GRADE[c]]).to_bits();
+                });
+                let i = v3_chunk(c as u32, row, q, z) as u64;
+                check_index(i as usize * 4 + 3, o.len as usize);
+                // SAFETY: as for the loads in `v3_load` (o has x's shape); each chunk is written by
+                // exactly one thread.
+                unsafe { store_chunk(o.chunks(), i, Chunk16(v)) };
+            });
+        }
+        group = next;
+        parity ^= 1;
+    }
+}
+
 /// Per row and grade: `s[G * rows + b] = sum_n sum_{c in G} go_c o_c` (`o` the normalised output).
 /// With `r` non-empty (`apply`), a second pass writes the norm backward
 /// `gu_c = go_c / r - o_c S / (N r)` into `gu`.
@@ -807,6 +989,38 @@ macro_rules! clifford_fwd_variants {
 clifford_fwd_variants! {
     Cl2: sgp2d_fwd_v2_f32;
     Cl3: sgp3d_fwd_v2_f32;
+}
+
+/// Forward v3, 2D ([`sgp2d_fwd_v3`]): block `FWD_V3_BLOCK`, grid = the blocks resident at once (or
+/// fewer, one per row group of `FWD_V3_BLOCK / fwd_v3_row_threads(n)` rows). Same arguments as the
+/// fused forward.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3_f32(
+    x: Slice<f32>,
+    y: Slice<f32>,
+    w: Slice<f32>,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    rows: u64,
+    n: u64,
+    normalize: u32,
+) {
+    unsafe { sgp2d_fwd_v3::<false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+}
+
+/// [`sgp2d_fwd_v3_f32`] with the next row group's x and y loaded before the norm's barrier.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3p_f32(
+    x: Slice<f32>,
+    y: Slice<f32>,
+    w: Slice<f32>,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    rows: u64,
+    n: u64,
+    normalize: u32,
+) {
+    unsafe { sgp2d_fwd_v3::<true>(Sgp { x, y, w, rows, n }, o, r, normalize) }
 }
 
 macro_rules! clifford_bwd_variants {

@@ -20,9 +20,9 @@
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
-    FWD_V2_MAX_BLOCK, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D,
-    ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached, fwd_v2_block,
-    rows_per_chunk, rows_per_chunk_v2,
+    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D,
+    PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached,
+    fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
@@ -382,6 +382,13 @@ pub enum FwdVariant {
     /// FMA product over pair slots, next row prefetched. Rows of more than `FWD_V2_MAX_BLOCK`
     /// features, and tensors of 2^31 elements or more, fall back to `Cached`.
     V2,
+    /// `sgp2d_fwd_v3`, 2D only: 4 features a thread (16-byte accesses), several rows a 256-thread
+    /// block, one barrier a row group. Cl(3,0), `N % 4 != 0`, `N > FWD_V3_MAX_N` or bases not 16-byte
+    /// aligned fall back to `V2`.
+    V3,
+    /// `sgp2d_fwd_v3p`: [`FwdVariant::V3`] with the next row group prefetched before the barrier.
+    /// Same fallbacks.
+    V3Prefetch,
 }
 
 /// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
@@ -425,10 +432,47 @@ pub fn sgp_forward_variant(
         return Ok(Forward { out, norms });
     }
     let (rows, n) = u64s(d);
-    // v2 addresses with 32-bit offsets: the whole tensor under 2^31 elements; rows are at most 2^31 - 1
-    // so `row + grid` cannot wrap.
+    // v2 and v3 address with 32-bit offsets: the whole tensor under 2^31 elements; rows are at most
+    // 2^31 - 1 so `row + grid` cannot wrap.
     let small = (out.numel() as u64) < (1u64 << 31);
-    if variant == FwdVariant::V2 && n <= FWD_V2_MAX_BLOCK as u64 && small {
+    let aligned = [x, y, &out].iter().all(|t| t.raw().ptr.is_multiple_of(16));
+    let v3 = match variant {
+        FwdVariant::V3 => Some("sgp2d_fwd_v3_f32"),
+        FwdVariant::V3Prefetch => Some("sgp2d_fwd_v3p_f32"),
+        _ => None,
+    };
+    if let Some(name) = v3
+        && alg == Algebra::Cl2
+        && n.is_multiple_of(4)
+        && n <= FWD_V3_MAX_N
+        && small
+        && aligned
+    {
+        let rows_per_block = (FWD_V3_BLOCK / fwd_v3_row_threads(n)) as u64;
+        let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
+        launch(
+            gpu,
+            name,
+            persistent_grid(gpu, name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block))?,
+            FWD_V3_BLOCK,
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(weight.raw()),
+                &ByValue(out.raw()),
+                &ByValue(r_raw),
+                &rows,
+                &n,
+                &u32::from(norms.is_some()),
+            ],
+        )?;
+        return Ok(Forward { out, norms });
+    }
+    let v2 = matches!(
+        variant,
+        FwdVariant::V2 | FwdVariant::V3 | FwdVariant::V3Prefetch
+    );
+    if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small {
         let name = alg.kernel(Kernel::FwdV2);
         let block = fwd_v2_block(n);
         let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
