@@ -97,6 +97,13 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         lrp::v3::SPREAD_BLOCKS_PER_SM,
     ),
     ("dense_v3_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
+    // Variant 4: variant 3's spread and dense code at one block per SM (no 128-register cap).
+    (
+        "lrp_spread_v4_",
+        lrp::THREADS,
+        lrp::v3::V4_SPREAD_BLOCKS_PER_SM,
+    ),
+    ("dense_v4_", lrp::THREADS, lrp::v3::V4_SPREAD_BLOCKS_PER_SM),
     ("lrp_sums_", lrp::THREADS, 1),
     ("lrp_spread_", lrp::THREADS, 1),
     ("dense_f32", lrp::THREADS, 1),
@@ -474,6 +481,10 @@ pub mod lrp {
         /// SM, whose barriers and pipeline bubbles overlap (2 x 106 KiB of stages fit an sm_90 SM).
         pub const SUMS_BLOCKS_PER_SM: u32 = 1;
         pub const SPREAD_BLOCKS_PER_SM: u32 = 2;
+        /// Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`; its sums pass is variant 3's): the same
+        /// code at one block per SM, so ptxas is not held to 128 registers. Measured beside variant
+        /// 3, it says whether the second resident block or the freer register allocation is worth more.
+        pub const V4_SPREAD_BLOCKS_PER_SM: u32 = 1;
 
         const _: () = assert!(BK.is_multiple_of(MMA_K) && K_STEPS == 4);
         const _: () = assert!(NK_STRIDE % 32 == 8 && KN_STRIDE % 16 == 4);

@@ -4,7 +4,7 @@
 //!
 //! Every test that runs a GEMM pass runs it on each `GemmVariant` (the shipped kernels and the variants
 //! measured beside them), against the same reference and tolerances; a variant that cannot take a
-//! shape (variant 3: `I` or `O` not a multiple of 4) falls back to the default, and the printed line
+//! shape (variants 3 and 4: `I` or `O` not a multiple of 4) falls back to the default, and the printed line
 //! names the kernels that ran. Tests that exist for a variant's own edge cases assert that it ran.
 //!
 //! Defect 2 (a shared scalar written by every thread) is a race that only racecheck sees: `cargo xtask
@@ -58,9 +58,12 @@ struct Run {
 }
 
 impl Run {
-    /// Whether both GEMM passes ran on variant 3's kernels.
-    fn v3_ran(&self) -> bool {
-        self.kernels.iter().all(|k| k.contains("_v3_"))
+    /// Whether both GEMM passes ran on the variant's own kernels (variants 3 and 4: `_v3_` / `_v4_`
+    /// names; variant 4 shares variant 3's sums kernel), not the default's fallback.
+    fn variant_ran(&self) -> bool {
+        self.kernels
+            .iter()
+            .all(|k| k.contains("_v3_") || k.contains("_v4_"))
     }
 }
 
@@ -104,18 +107,17 @@ fn check(gpu: &host::Gpu, name: &str, c: &Case) -> Vec<Run> {
         .collect()
 }
 
-/// The run of variant 3, asserting that both of its GEMM passes ran on its kernels.
-fn v3_run<'a>(name: &str, runs: &'a [Run]) -> &'a Run {
-    let run = runs
-        .iter()
-        .find(|r| r.variant == GemmVariant::V3)
-        .expect("GemmVariant::ALL has V3");
-    assert!(
-        run.v3_ran(),
-        "{name}: variant 3 fell back ({:?})",
-        run.kernels
-    );
-    run
+/// Asserts that every variant besides the default ran both GEMM passes on its own kernels (for
+/// shapes chosen to exercise them: `I` and `O` multiples of 4).
+fn assert_variants_ran(name: &str, runs: &[Run]) {
+    for run in runs.iter().filter(|r| r.variant != GemmVariant::Default) {
+        assert!(
+            run.variant_ran(),
+            "{name}: {:?} fell back ({:?})",
+            run.variant,
+            run.kernels
+        );
+    }
 }
 
 fn non_mono(func: Func) -> Activation {
@@ -142,7 +144,7 @@ fn defect1_every_in_features_is_counted_once() {
         let act = [Activation::null(), Activation::tanh(), Activation::relu()][k % 3];
         let c = case(&mut rng, rows, ni, 37, k % 2 == 0, act);
         check(&gpu, &format!("defect1 I={ni}"), &c);
-        // O = 37: variant 3 runs the sums pass (where the double counting was) when I % 4 == 0.
+        // O = 37: variants 3 and 4 run the sums pass (where the double counting was) when I % 4 == 0.
         // P and N themselves: with no saturation and relevance 1, sum_i rin = sum_j (P+N)/(P'+N'+|b|),
         // where P' = P and N' = N except that a zero sum is stabilised to 1 (the spec's aggregation).
         // With few inputs all contributions often share a sign (I = 4: 1 in 8 outputs), so the
@@ -184,7 +186,7 @@ fn defect3_results_are_bit_identical_across_runs() {
     let (rows, ni, no) = (64usize, 1028, 300);
     let c = case(&mut rng, rows, ni, no, true, Activation::tanh());
     let runs = check(&gpu, "defect3", &c);
-    v3_run("defect3", &runs);
+    assert_variants_ran("defect3", &runs);
     let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
     let x = Tensor::from_host(&gpu, &c.x).unwrap();
     let rel = Tensor::from_host(&gpu, &c.rel).unwrap();
@@ -391,7 +393,7 @@ fn dense_forward_matches_reference() {
     };
     let mut rng = rng("lrp_dense");
     // (65, 2052, 36): partial row tile, a depth tail of 4 after 64 stages of 32, a partial column
-    // tile; variant 3 must run it (I % 4 == 0).
+    // tile; variants 3 and 4 must run it (I % 4 == 0).
     for (k, &(rows, ni, no)) in [
         (1usize, 1usize, 1usize),
         (7, 33, 65),
@@ -407,8 +409,8 @@ fn dense_forward_matches_reference() {
         let x = Tensor::from_host(&gpu, &c.x).unwrap();
         for variant in GemmVariant::ALL {
             let kernel = lrp::dense_kernel(&layer, &x, variant).unwrap();
-            if variant == GemmVariant::V3 && ni % 4 == 0 {
-                assert_eq!(kernel, "dense_v3_f32", "[{rows},{ni}]x[{no}]");
+            if variant != GemmVariant::Default && ni % 4 == 0 {
+                assert_ne!(kernel, "dense_f32", "{variant:?} [{rows},{ni}]x[{no}]");
             }
             for f in [
                 Nonlinearity::Linear,
@@ -617,7 +619,7 @@ fn split_boundaries_and_depth_tails() {
         (1, 16, 24),
         (64, 513, 257),
     ];
-    // Variant 3 (I and O multiples of 4, so it runs): stages of 32 deep in a 4-buffer pipeline, copies
+    // Variants 3 and 4 (I and O multiples of 4, so they run): stages of 32 deep in a 4-buffer pipeline, copies
     // of 4 floats. Depths of 1, 2, 3 and 4 stages (fewer stages than the prologue fills: 4, 36, 68,
     // 100), a 4-deep tail after the last whole stage (4100 = 4096 + 4: at R = 64, 15 slices of 288
     // with a last one of 68 = 2 stages + 4), 8-deep tails, one chunk into the next row tile / column
@@ -642,7 +644,7 @@ fn split_boundaries_and_depth_tails() {
         let c = case(&mut rng, rows, ni, no, k % 2 == 0, act);
         let runs = check(&gpu, &format!("splits #{k}"), &c);
         if k >= shapes.len() {
-            v3_run(&format!("splits #{k}"), &runs);
+            assert_variants_ran(&format!("splits #{k}"), &runs);
         }
     }
 }
@@ -665,7 +667,7 @@ fn wide_dynamic_range_keeps_fp32_accuracy() {
             .collect();
         HostTensor::new(data, shape, DType::F32).unwrap()
     };
-    // (64, 1024, 96) runs variant 3; (5, 333, 77) falls back.
+    // (64, 1024, 96) runs variants 3 and 4; (5, 333, 77) falls back.
     for &(rows, ni, no) in &[(64usize, 1024usize, 96usize), (5, 333, 77)] {
         let c = Case {
             x: wide(&[rows, ni], 3.0),
@@ -676,7 +678,7 @@ fn wide_dynamic_range_keeps_fp32_accuracy() {
         };
         let runs = check(&gpu, &format!("wide range [{rows},{ni}]x[{no}]"), &c);
         if ni % 4 == 0 && no % 4 == 0 {
-            v3_run("wide range", &runs);
+            assert_variants_ran("wide range", &runs);
         }
     }
 }
@@ -690,7 +692,7 @@ fn one_sign_products_give_exact_zero_sums() {
     // the sign taken off, and the mma's truncation is symmetric), so the other sum is exactly 0 and
     // N' = 1 (or P' = 1) enters the denominator; a rounding residue of A - S instead would be off by
     // about 1 / P. x > 0 everywhere, W of one sign per case, no saturation; shapes a multiple of 4
-    // (variant 3 runs) and not.
+    // (variants 3 and 4 run) and not.
     let mut rng = rng("lrp_one_sign");
     for (k, &(rows, ni, no)) in [(70usize, 1000usize, 92usize), (9, 333, 31)]
         .iter()
@@ -713,7 +715,7 @@ fn one_sign_products_give_exact_zero_sums() {
             };
             let runs = check(&gpu, &format!("one-sign #{k} W sign {w_sign}"), &c);
             if k == 0 {
-                v3_run("one-sign", &runs);
+                assert_variants_ran("one-sign", &runs);
             }
         }
     }

@@ -68,6 +68,11 @@
 //! default's exceeds it below K = 16. Typical errors are far smaller (the f32 sum's ~sqrt, a bias of
 //! ~0.7e-6 A at most). Determinism is unchanged: each output is one thread's fixed sequence of mma and
 //! adds, the splits are added in split order by the finishing kernels.
+//!
+//! Occupancy: the sums pass holds 64 accumulators and 64 stage partials a thread, so it runs one block
+//! of 8 warps per SM (up to 255 registers); the spread and dense passes (32 + 32) are bounded to 128
+//! registers for two blocks per SM. Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`, with variant 3's
+//! sums kernel) is the same code at one block per SM, to measure that choice.
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragC, mma_tf32, split_abs, split_tf32};
 use crate::dev::shared::SharedScalar;
@@ -900,6 +905,28 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v3_f32(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dense_v3_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<DENSE>(x, w, ws, ws, p) }
+}
+
+/// Variant 4: [`lrp_spread_v3_f32`]'s code at one block per SM (`params::lrp::v3::V4_SPREAD_BLOCKS_PER_SM`).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v4_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    ws_g: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SPREAD>(coef, w, ws_g, ws_g, p) }
+}
+
+/// Variant 4: [`dense_v3_f32`]'s code at one block per SM.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dense_v4_f32(
     x: Slice<f32>,
     w: Slice<f32>,
     ws: SliceMut<f32>,

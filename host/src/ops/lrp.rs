@@ -390,10 +390,13 @@ pub enum GemmVariant {
     /// operand rows are not 16-byte granular (`I` or `O` not a multiple of 4, or an unaligned base)
     /// runs the default kernel instead.
     V3,
+    /// Variant 3's kernels, with the spread and dense passes (`lrp_spread_v4_f32`, `dense_v4_f32`) at
+    /// one block per SM instead of two (no 128-register cap); the same fallback.
+    V4,
 }
 
 impl GemmVariant {
-    pub const ALL: [GemmVariant; 2] = [GemmVariant::Default, GemmVariant::V3];
+    pub const ALL: [GemmVariant; 3] = [GemmVariant::Default, GemmVariant::V3, GemmVariant::V4];
 }
 
 /// One of the tiled GEMM passes.
@@ -408,14 +411,18 @@ enum Pass {
 }
 
 impl Pass {
-    fn kernel(self, v3: bool) -> &'static str {
-        match (self, v3) {
-            (Pass::Sums, false) => "lrp_sums_f32",
-            (Pass::Spread, false) => "lrp_spread_f32",
-            (Pass::Dense, false) => "dense_f32",
-            (Pass::Sums, true) => "lrp_sums_v3_f32",
-            (Pass::Spread, true) => "lrp_spread_v3_f32",
-            (Pass::Dense, true) => "dense_v3_f32",
+    /// The pass's kernel in `variant` (variant 4 shares variant 3's sums kernel).
+    fn kernel(self, variant: GemmVariant) -> &'static str {
+        use GemmVariant::{Default, V3, V4};
+        match (self, variant) {
+            (Pass::Sums, Default) => "lrp_sums_f32",
+            (Pass::Spread, Default) => "lrp_spread_f32",
+            (Pass::Dense, Default) => "dense_f32",
+            (Pass::Sums, V3 | V4) => "lrp_sums_v3_f32",
+            (Pass::Spread, V3) => "lrp_spread_v3_f32",
+            (Pass::Dense, V3) => "dense_v3_f32",
+            (Pass::Spread, V4) => "lrp_spread_v4_f32",
+            (Pass::Dense, V4) => "dense_v4_f32",
         }
     }
 
@@ -448,7 +455,7 @@ impl Pass {
     }
 }
 
-/// The kernel `pass` runs on for `variant` (see [`Pass::v3_fits`]).
+/// The kernel `pass` runs on for `variant` (variants 3 and 4: where [`Pass::v3_fits`]).
 fn pass_kernel(
     gpu: &Gpu,
     pass: Pass,
@@ -456,8 +463,8 @@ fn pass_kernel(
     (a_ptr, b_ptr): (u64, u64),
     (n, k): (u64, u64),
 ) -> Result<&'static str> {
-    let v3 = variant == GemmVariant::V3 && pass.v3_fits(gpu, a_ptr, b_ptr, n, k)?;
-    Ok(pass.kernel(v3))
+    let fits = variant != GemmVariant::Default && pass.v3_fits(gpu, a_ptr, b_ptr, n, k)?;
+    Ok(pass.kernel(if fits { variant } else { GemmVariant::Default }))
 }
 
 /// The kernels of the sums and spread passes [`relevance_variant`] launches for `x` (the spread pass
@@ -498,7 +505,8 @@ fn gemm_pass(
     let (m, n, k) = (m as u64, n as u64, k as u64);
     let (ar, br) = (a.raw(), b.raw());
     let kernel = pass_kernel(gpu, pass, variant, (ar.ptr, br.ptr), (n, k))?;
-    let v3 = kernel != pass.kernel(false);
+    // Variants 3 and 4 share the pipeline, split and shared memory.
+    let v3 = kernel != pass.kernel(GemmVariant::Default);
     let (splits, k_per_split) = if v3 {
         cfg::v3::split_k(m, n, k)
     } else {
