@@ -416,6 +416,27 @@ fn relevance(b: &mut Bencher) {
                 lrp::relevance(&layer, &x[0], &rel[0], &Activation::tanh()).expect("lrp");
             },
         );
+        // GEMM-pass variants 3 (cp.async 32-deep stages) and 4 (the same, spread at one block per
+        // SM), same inputs, next to the default, on request only (`RGK_BENCH_VARIANTS=1`).
+        let variants: &[(&str, lrp::GemmVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+            &[("v3", lrp::GemmVariant::V3), ("v4", lrp::GemmVariant::V4)]
+        } else {
+            &[]
+        };
+        for &(tag, variant) in variants {
+            b.bench(
+                spec(
+                    format!("lrp_{tag}/f32/R{rows}_I{ni}_O{no}"),
+                    None,
+                    Some(flops),
+                ),
+                1,
+                |_| {
+                    lrp::relevance_variant(&layer, &x[0], &rel[0], &Activation::tanh(), variant)
+                        .expect("lrp variant");
+                },
+            );
+        }
     }
 }
 

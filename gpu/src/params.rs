@@ -91,6 +91,23 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("matmul_", matmul::THREADS, 2),
     // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
     // of a depth step. One 256-thread block per SM lets ptxas use up to 255 registers.
+    // Variant 3 (cp.async stages, `lrp::v3`): listed before "lrp_sums_" / "lrp_spread_", which their
+    // names also match. The sums pass keeps one block per SM (two accumulator sets and two stage
+    // partials: 128 registers before any operand); spread and dense ask for two (at most 128).
+    ("lrp_sums_v3_", lrp::THREADS, lrp::v3::SUMS_BLOCKS_PER_SM),
+    (
+        "lrp_spread_v3_",
+        lrp::THREADS,
+        lrp::v3::SPREAD_BLOCKS_PER_SM,
+    ),
+    ("dense_v3_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
+    // Variant 4: variant 3's spread and dense code at one block per SM (no 128-register cap).
+    (
+        "lrp_spread_v4_",
+        lrp::THREADS,
+        lrp::v3::V4_SPREAD_BLOCKS_PER_SM,
+    ),
+    ("dense_v4_", lrp::THREADS, lrp::v3::V4_SPREAD_BLOCKS_PER_SM),
     ("lrp_sums_", lrp::THREADS, 1),
     ("lrp_spread_", lrp::THREADS, 1),
     ("dense_f32", lrp::THREADS, 1),
@@ -422,6 +439,11 @@ pub mod lrp {
     /// about `TARGET_BLOCKS` blocks, each split at least `MIN_K_PER_SPLIT` deep (a multiple of `BK`), and
     /// no empty split.
     pub const fn split_k(m: u64, n: u64, k: u64) -> (u64, u64) {
+        split_k_in(m, n, k, BK)
+    }
+
+    /// [`split_k`] for stages `bk` deep: the slices are multiples of `bk`.
+    pub const fn split_k_in(m: u64, n: u64, k: u64, bk: u64) -> (u64, u64) {
         let tiles = m.div_ceil(BM) * n.div_ceil(BN);
         let want = if tiles == 0 {
             1
@@ -436,10 +458,379 @@ pub mod lrp {
         if splits == 0 {
             splits = 1;
         }
-        let kps = k.div_ceil(splits).div_ceil(BK) * BK;
-        let kps = if kps == 0 { BK } else { kps };
+        let kps = k.div_ceil(splits).div_ceil(bk) * bk;
+        let kps = if kps == 0 { bk } else { kps };
         let splits = k.div_ceil(kps);
         (if splits == 0 { 1 } else { splits }, kps)
+    }
+
+    /// GEMM-pass variant 3 (`lrp_sums_v3_f32`, `lrp_spread_v3_f32`, `dense_v3_f32`; see the
+    /// kernels/lrp.rs module doc): the default's block tile, warps and mma tiles, but stages `BK = 32`
+    /// deep, filled by 16-byte `cp.async` copies into `STAGES` buffers of dynamic shared memory, each
+    /// operand tile stored in its global orientation (`[row][k]`, or `[k][n]` for the spread pass's B).
+    ///
+    /// Depth slots: the mma adds the 8 products of a k-step in any order, so which depth of the stage
+    /// feeds which fragment slot only has to agree between A and B. Here slot `t` (`t = lane % 4`) of
+    /// k-step `s` is depth `8 s + 2 t` and slot `t + 4` is `8 s + 2 t + 1` ([`slot_depth`]): a lane's
+    /// two A values of a row (`a0`, `a2`), and its two B values of a column in `[n][k]` tiles, are
+    /// adjacent, one 8-byte `ld.shared.v2` each.
+    pub mod v3 {
+        use super::{BM, BN, MMA_K, MMA_M, MMA_N, THREADS, WARP_M, WARP_N, WARPS_N};
+
+        /// Depth per stage: four k-steps of 8; one fresh 3xTF32 partial per tile and stage.
+        pub const BK: u64 = 32;
+        pub const K_STEPS: usize = (BK / MMA_K) as usize;
+        /// Pipeline buffers: while one stage is computed, up to `STAGES - 1` newer ones are in flight.
+        pub const STAGES: u32 = 4;
+        /// Row stride (floats) of the depth-contiguous tiles `[row][k]` (A; B of the sums and dense
+        /// passes, whose `W` is `[N][K]`). Fragment reads are 8-byte pairs at float `row * 40 + 8 s +
+        /// 2 t`; a half-warp (rows g = 0..3 or 4..7, t = 0..3) reads pairs `20 g + t` mod 16 =
+        /// `4 g + t`: 16 distinct bank pairs, no conflict. Rows of 160 bytes keep chunks 16-byte
+        /// aligned, and the 8 chunks of a row (one `cp.async` phase) land in 8 distinct 16-byte bank
+        /// groups.
+        pub const NK_STRIDE: u64 = BK + 8;
+        /// Row stride of the spread pass's B tile `[k][n]` (its `W` is `[K][N]`, N contiguous): the
+        /// scalar fragment reads (depth `2 t` and `2 t + 1`, column `g`) fall on banks
+        /// `264 t + g = 8 t + g` (+ 4) mod 32: all 32 distinct. Rows of 528 bytes.
+        pub const KN_STRIDE: u64 = BN + 4;
+        /// Floats of one stage of A (`[BM][NK_STRIDE]`) and of B (`[BN][NK_STRIDE]` or
+        /// `[BK][KN_STRIDE]`).
+        pub const STAGE_A: u32 = (BM * NK_STRIDE) as u32;
+        pub const STAGE_B_NK: u32 = (BN * NK_STRIDE) as u32;
+        pub const STAGE_B_KN: u32 = (BK * KN_STRIDE) as u32;
+        /// 16-byte copies per thread and stage: A (64 rows of 8 chunks), B (128 rows of 8 chunks, or
+        /// 32 depth rows of 32 chunks).
+        pub const A_COPIES: usize = (BM * BK / 4 / THREADS as u64) as usize;
+        pub const B_COPIES: usize = (BN * BK / 4 / THREADS as u64) as usize;
+        /// Blocks per SM the launch bounds ask for. The sums pass holds two accumulator sets and two
+        /// stage partials (128 registers before any operand): one block of 8 warps per SM, up to 255
+        /// registers. The spread and dense passes (32 + 32) are to fit 128 registers: two blocks per
+        /// SM, whose barriers and pipeline bubbles overlap (2 x 106 KiB of stages fit an sm_90 SM).
+        pub const SUMS_BLOCKS_PER_SM: u32 = 1;
+        pub const SPREAD_BLOCKS_PER_SM: u32 = 2;
+        /// Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`; its sums pass is variant 3's): the same
+        /// code at one block per SM, so ptxas is not held to 128 registers. Measured beside variant
+        /// 3, it says whether the second resident block or the freer register allocation is worth more.
+        pub const V4_SPREAD_BLOCKS_PER_SM: u32 = 1;
+
+        const _: () = assert!(BK.is_multiple_of(MMA_K) && K_STEPS == 4);
+        const _: () = assert!(NK_STRIDE % 32 == 8 && KN_STRIDE % 16 == 4);
+        const _: () = assert!(NK_STRIDE.is_multiple_of(4) && KN_STRIDE.is_multiple_of(4));
+        // The loaders (kernels/lrp.rs) hard-code these.
+        const _: () = assert!(BM == 64 && BN == 128 && THREADS == 256);
+        const _: () = assert!(A_COPIES == 2 && B_COPIES == 4);
+        // One sums block, or two spread blocks, within an sm_90 SM's 228 KiB (1 KiB per block reserved).
+        const _: () = assert!(smem_bytes(false) <= 227 * 1024);
+        const _: () = assert!(2 * (smem_bytes(true) + 1024) <= 228 * 1024);
+
+        /// Floats of one stage (A then B); `kn`: B stored `[k][n]` (the spread pass).
+        pub const fn stage_floats(kn: bool) -> u32 {
+            STAGE_A + if kn { STAGE_B_KN } else { STAGE_B_NK }
+        }
+        /// Dynamic shared memory of a launch: `STAGES` stages.
+        pub const fn smem_bytes(kn: bool) -> u32 {
+            STAGES * stage_floats(kn) * 4
+        }
+
+        /// `(splits, k_per_split)` as [`super::split_k`], with slices a multiple of `BK = 32`.
+        pub const fn split_k(m: u64, n: u64, k: u64) -> (u64, u64) {
+            super::split_k_in(m, n, k, BK)
+        }
+
+        /// Depth within the stage that fragment slot `t + 4 h` (`h` = 0 or 1) of k-step `s` holds.
+        pub const fn slot_depth(s: usize, t: usize, h: usize) -> usize {
+            MMA_K as usize * s + 2 * t + h
+        }
+
+        /// Float offset within an A stage of the pair of A fragment registers of m-tile `mi` at
+        /// k-step `s`: `h = 0` the pair (`a0`, `a2`) of row `g`, `h = 1` (`a1`, `a3`) of row `g + 8`.
+        /// The thread's base [`frag_a_base`] plus a constant [`frag_a_delta`].
+        pub const fn frag_a_offset(
+            warp: usize,
+            lane: usize,
+            mi: usize,
+            s: usize,
+            h: usize,
+        ) -> usize {
+            frag_a_base(warp, lane) + frag_a_delta(mi, s, h)
+        }
+        #[inline(always)]
+        pub const fn frag_a_base(warp: usize, lane: usize) -> usize {
+            ((warp / WARPS_N as usize) * WARP_M as usize + lane / 4) * NK_STRIDE as usize
+                + 2 * (lane % 4)
+        }
+        #[inline(always)]
+        pub const fn frag_a_delta(mi: usize, s: usize, h: usize) -> usize {
+            (mi * MMA_M as usize + 8 * h) * NK_STRIDE as usize + MMA_K as usize * s
+        }
+
+        /// Float offset within a `[n][k]` B stage of the pair (`b0`, `b1`) of n-tile `ni` at k-step `s`.
+        pub const fn frag_b_nk_offset(warp: usize, lane: usize, ni: usize, s: usize) -> usize {
+            frag_b_nk_base(warp, lane) + frag_b_nk_delta(ni, s)
+        }
+        #[inline(always)]
+        pub const fn frag_b_nk_base(warp: usize, lane: usize) -> usize {
+            ((warp % WARPS_N as usize) * WARP_N as usize + lane / 4) * NK_STRIDE as usize
+                + 2 * (lane % 4)
+        }
+        #[inline(always)]
+        pub const fn frag_b_nk_delta(ni: usize, s: usize) -> usize {
+            ni * MMA_N as usize * NK_STRIDE as usize + MMA_K as usize * s
+        }
+
+        /// Float offset within a `[k][n]` B stage of register `r` (`b0`, `b1`) of n-tile `ni` at
+        /// k-step `s`.
+        pub const fn frag_b_kn_offset(
+            warp: usize,
+            lane: usize,
+            ni: usize,
+            s: usize,
+            r: usize,
+        ) -> usize {
+            frag_b_kn_base(warp, lane) + frag_b_kn_delta(ni, s, r)
+        }
+        #[inline(always)]
+        pub const fn frag_b_kn_base(warp: usize, lane: usize) -> usize {
+            2 * (lane % 4) * KN_STRIDE as usize
+                + (warp % WARPS_N as usize) * WARP_N as usize
+                + lane / 4
+        }
+        #[inline(always)]
+        pub const fn frag_b_kn_delta(ni: usize, s: usize, r: usize) -> usize {
+            (MMA_K as usize * s + r) * KN_STRIDE as usize + ni * MMA_N as usize
+        }
+
+        /// (row, 16-byte chunk) of a `[row][k]` tile (A, or B of `[n][k]`) that copy `i` of thread
+        /// `tid` fills: 8 threads a row, 32 rows per round.
+        #[inline(always)]
+        pub const fn nk_copy(tid: usize, i: usize) -> (usize, usize) {
+            (tid / 8 + 32 * i, tid % 8)
+        }
+        /// (depth row, 16-byte chunk) of the `[k][n]` B tile that copy `i` of thread `tid` fills: a
+        /// warp a row (512 contiguous bytes), 8 rows per round.
+        #[inline(always)]
+        pub const fn kn_copy(tid: usize, i: usize) -> (usize, usize) {
+            (tid / 32 + 8 * i, tid % 32)
+        }
+
+        #[cfg(test)]
+        mod tests {
+            //! The variant's fragment addressing against the PTX ISA's m16n8k8 (tf32) fragments (by
+            //! emulating the warp-level mma on the CPU over a whole stage), its bank behaviour, and the
+            //! copy coverage of a stage.
+            use super::*;
+            extern crate std;
+            use std::vec;
+
+            /// (row or column, depth) of a `[row][k]` stage offset; (column, depth) of a `[k][n]` one.
+            fn decode_nk(off: usize) -> (usize, usize) {
+                (off / NK_STRIDE as usize, off % NK_STRIDE as usize)
+            }
+            fn decode_kn(off: usize) -> (usize, usize) {
+                (off % KN_STRIDE as usize, off / KN_STRIDE as usize)
+            }
+
+            #[test]
+            fn fragments_hold_matching_depths_and_reads_are_conflict_free() {
+                for warp in 0..8 {
+                    let (wm, wn) = ((warp / 4) * 32, (warp % 4) * 32);
+                    for s in 0..K_STEPS {
+                        for mi in 0..super::super::M_TILES {
+                            for h in 0..2 {
+                                // 8-byte reads: two phases of 16 lanes, 16 distinct bank pairs each.
+                                for half in 0..2 {
+                                    let mut pairs = [false; 16];
+                                    for lane in 16 * half..16 * half + 16 {
+                                        let (g, t) = (lane / 4, lane % 4);
+                                        let off = frag_a_offset(warp, lane, mi, s, h);
+                                        assert!(
+                                            off.is_multiple_of(2) && off + 1 < STAGE_A as usize
+                                        );
+                                        let row = wm + 16 * mi + g + 8 * h;
+                                        // ISA: a0 / a1 at slot t, a2 / a3 at slot t + 4.
+                                        assert_eq!(decode_nk(off), (row, slot_depth(s, t, 0)));
+                                        assert_eq!(decode_nk(off + 1), (row, slot_depth(s, t, 1)));
+                                        let p = (off / 2) % 16;
+                                        assert!(
+                                            !pairs[p],
+                                            "A bank conflict w{warp} s{s} mi{mi} h{h}"
+                                        );
+                                        pairs[p] = true;
+                                    }
+                                }
+                            }
+                        }
+                        for ni in 0..super::super::N_TILES {
+                            for half in 0..2 {
+                                let mut pairs = [false; 16];
+                                for lane in 16 * half..16 * half + 16 {
+                                    let (g, t) = (lane / 4, lane % 4);
+                                    let off = frag_b_nk_offset(warp, lane, ni, s);
+                                    assert!(off.is_multiple_of(2) && off + 1 < STAGE_B_NK as usize);
+                                    let n = wn + 8 * ni + g;
+                                    // ISA: b0 at slot t, b1 at slot t + 4, column g.
+                                    assert_eq!(decode_nk(off), (n, slot_depth(s, t, 0)));
+                                    assert_eq!(decode_nk(off + 1), (n, slot_depth(s, t, 1)));
+                                    let p = (off / 2) % 16;
+                                    assert!(!pairs[p], "B[n][k] bank conflict");
+                                    pairs[p] = true;
+                                }
+                            }
+                            for r in 0..2 {
+                                let mut banks = [false; 32];
+                                for lane in 0..32 {
+                                    let (g, t) = (lane / 4, lane % 4);
+                                    let off = frag_b_kn_offset(warp, lane, ni, s, r);
+                                    assert!(off < STAGE_B_KN as usize);
+                                    let n = wn + 8 * ni + g;
+                                    assert_eq!(decode_kn(off), (n, slot_depth(s, t, r)));
+                                    assert!(!banks[off % 32], "B[k][n] bank conflict");
+                                    banks[off % 32] = true;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+
+            /// One stage of the block tile through emulated mma (ISA fragment semantics, slots as
+            /// loaded): every output once, equal to the product over the stage's 32 depths, for both
+            /// B orientations.
+            #[test]
+            fn emulated_block_stage_computes_the_product() {
+                let (rows, cols, depth) = (BM as usize, BN as usize, BK as usize);
+                let a = |m: usize, k: usize| ((m * 7 + k * 3) % 11) as i64 - 5;
+                let b = |k: usize, n: usize| ((k * 5 + n * 13) % 9) as i64 - 4;
+                let mut sa = vec![0i64; STAGE_A as usize];
+                let mut snk = vec![0i64; STAGE_B_NK as usize];
+                let mut skn = vec![0i64; STAGE_B_KN as usize];
+                for k in 0..depth {
+                    for m in 0..rows {
+                        sa[m * NK_STRIDE as usize + k] = a(m, k);
+                    }
+                    for n in 0..cols {
+                        snk[n * NK_STRIDE as usize + k] = b(k, n);
+                        skn[k * KN_STRIDE as usize + n] = b(k, n);
+                    }
+                }
+                for kn in [false, true] {
+                    let mut out = vec![None; rows * cols];
+                    for warp in 0..8 {
+                        for mi in 0..super::super::M_TILES {
+                            for ni in 0..super::super::N_TILES {
+                                let mut acc = [[0i64; 4]; 32];
+                                for s in 0..K_STEPS {
+                                    let (mut ta, mut tb) = ([[0i64; 8]; 16], [[0i64; 8]; 8]);
+                                    for lane in 0..32 {
+                                        let (g, t) = (lane / 4, lane % 4);
+                                        for h in 0..2 {
+                                            let off = frag_a_offset(warp, lane, mi, s, h);
+                                            // (a0, a2) of row g, (a1, a3) of row g + 8.
+                                            ta[g + 8 * h][t] = sa[off];
+                                            ta[g + 8 * h][t + 4] = sa[off + 1];
+                                        }
+                                        let (b0, b1) = if kn {
+                                            (
+                                                skn[frag_b_kn_offset(warp, lane, ni, s, 0)],
+                                                skn[frag_b_kn_offset(warp, lane, ni, s, 1)],
+                                            )
+                                        } else {
+                                            let off = frag_b_nk_offset(warp, lane, ni, s);
+                                            (snk[off], snk[off + 1])
+                                        };
+                                        tb[t][g] = b0;
+                                        tb[t + 4][g] = b1;
+                                    }
+                                    for lane in 0..32 {
+                                        let (g, t) = (lane / 4, lane % 4);
+                                        for r in 0..4 {
+                                            let (row, col) = (g + 8 * (r >> 1), 2 * t + (r & 1));
+                                            acc[lane][r] += (0..8)
+                                                .map(|k| ta[row][k] * tb[k][col])
+                                                .sum::<i64>();
+                                        }
+                                    }
+                                }
+                                for lane in 0..32 {
+                                    for r in 0..4 {
+                                        let (m, n) =
+                                            super::super::acc_coords(warp, lane, mi, ni, r);
+                                        let slot = &mut out[m as usize * cols + n as usize];
+                                        assert!(slot.is_none(), "output ({m}, {n}) written twice");
+                                        *slot = Some(acc[lane][r]);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    for m in 0..rows {
+                        for n in 0..cols {
+                            let want: i64 = (0..depth).map(|k| a(m, k) * b(k, n)).sum();
+                            assert_eq!(out[m * cols + n], Some(want), "kn {kn} ({m}, {n})");
+                        }
+                    }
+                }
+            }
+
+            /// The copies of a stage: every 16-byte chunk of each tile exactly once, 16-byte aligned,
+            /// inside the stage; the 8 threads of a `cp.async` phase write distinct 16-byte bank groups.
+            #[test]
+            fn copies_cover_each_stage_chunk_once() {
+                let threads = THREADS as usize;
+                let mut a = vec![0u32; (BM * BK / 4) as usize];
+                let mut bnk = vec![0u32; (BN * BK / 4) as usize];
+                let mut bkn = vec![0u32; (BN * BK / 4) as usize];
+                for tid in 0..threads {
+                    for i in 0..A_COPIES {
+                        let (r, c) = nk_copy(tid, i);
+                        assert!(r < BM as usize && c < (BK / 4) as usize);
+                        a[r * (BK / 4) as usize + c] += 1;
+                    }
+                    for i in 0..B_COPIES {
+                        let (r, c) = nk_copy(tid, i);
+                        assert!(r < BN as usize && c < (BK / 4) as usize);
+                        bnk[r * (BK / 4) as usize + c] += 1;
+                        let (k, c) = kn_copy(tid, i);
+                        assert!(k < BK as usize && c < (BN / 4) as usize);
+                        bkn[k * (BN / 4) as usize + c] += 1;
+                        let off = k * KN_STRIDE as usize + 4 * c;
+                        assert!(off.is_multiple_of(4) && off + 4 <= STAGE_B_KN as usize);
+                    }
+                }
+                assert!(a.iter().chain(&bnk).chain(&bkn).all(|&n| n == 1));
+                for i in 0..B_COPIES {
+                    for phase in 0..threads / 8 {
+                        let (mut nk, mut kn) = ([false; 8], [false; 8]);
+                        for tid in 8 * phase..8 * phase + 8 {
+                            let (r, c) = nk_copy(tid, i);
+                            let off = r * NK_STRIDE as usize + 4 * c;
+                            assert!(off.is_multiple_of(4) && off + 4 <= STAGE_B_NK as usize);
+                            assert!(!nk[(off / 4) % 8], "[n][k] copy conflict");
+                            nk[(off / 4) % 8] = true;
+                            let (k, c) = kn_copy(tid, i);
+                            let off = k * KN_STRIDE as usize + 4 * c;
+                            assert!(!kn[(off / 4) % 8], "[k][n] copy conflict");
+                            kn[(off / 4) % 8] = true;
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn split_k_slices_are_whole_stages() {
+                // R = 64, I = O = 4096: 32 tiles, 8 slices of 512 (the default's split too).
+                assert_eq!(split_k(64, 4096, 4096), (8, 512));
+                assert_eq!(split_k(1024, 4096, 4096), (1, 4096));
+                for (m, n, k) in [(64, 200, 4104), (3, 9, 4097), (1, 16, 24), (65, 129, 4120)] {
+                    let (splits, kps) = split_k(m, n, k);
+                    assert!(kps.is_multiple_of(BK) && splits >= 1, "({m}, {n}, {k})");
+                    assert!(
+                        (splits - 1) * kps < k && splits * kps >= k,
+                        "({m}, {n}, {k})"
+                    );
+                }
+            }
+        }
     }
 
     #[cfg(test)]

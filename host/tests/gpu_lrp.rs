@@ -2,12 +2,17 @@
 //! of the widely used CUDA version as regression tests, random shapes, the MLP explanation, and bad
 //! input. Outputs are poisoned (NaN) before each launch; the seed is printed.
 //!
+//! Every test that runs a GEMM pass runs it on each `GemmVariant` (the shipped kernels and the variants
+//! measured beside them), against the same reference and tolerances; a variant that cannot take a
+//! shape (variants 3 and 4: `I` or `O` not a multiple of 4) falls back to the default, and the printed line
+//! names the kernels that ran. Tests that exist for a variant's own edge cases assert that it ran.
+//!
 //! Defect 2 (a shared scalar written by every thread) is a race that only racecheck sees: `cargo xtask
 //! sanitize` runs this file under racecheck; the kernels have no shared scalar written by many threads.
 mod common;
 use common::*;
 use host::ops::lrp::{
-    self, Activation, Func, Kind, Linear, Nonlinearity,
+    self, Activation, Func, GemmVariant, Kind, Linear, Nonlinearity,
     mlp::{self, MlpLayer},
     reference as lr,
 };
@@ -45,32 +50,74 @@ fn case(rng: &mut StdRng, rows: usize, ni: usize, no: usize, bias: bool, act: Ac
     }
 }
 
-/// Runs the case on the GPU and compares with the reference row by row (ambiguous rows: finite only).
-fn check(gpu: &host::Gpu, name: &str, c: &Case) -> Vec<f32> {
+/// One GEMM variant's run of a case: the GEMM kernels that ran (sums, spread) and the output.
+struct Run {
+    variant: GemmVariant,
+    kernels: [&'static str; 2],
+    out: Vec<f32>,
+}
+
+impl Run {
+    /// Whether both GEMM passes ran on the variant's own kernels (variants 3 and 4: `_v3_` / `_v4_`
+    /// names; variant 4 shares variant 3's sums kernel), not the default's fallback.
+    fn variant_ran(&self) -> bool {
+        self.kernels
+            .iter()
+            .all(|k| k.contains("_v3_") || k.contains("_v4_"))
+    }
+}
+
+/// Runs the case on every GEMM variant and compares each with the reference row by row (ambiguous
+/// rows: finite only); the runs in `GemmVariant::ALL` order.
+fn check(gpu: &host::Gpu, name: &str, c: &Case) -> Vec<Run> {
     let (rows, ni) = (c.x.shape[0], c.x.shape[1]);
     let no = c.w.shape[0];
     let layer = Linear::from_host(gpu, &c.w, c.b.as_ref()).unwrap();
     let x = Tensor::from_host(gpu, &c.x).unwrap();
     let rel = Tensor::from_host(gpu, &c.rel).unwrap();
-    let got = lrp::relevance(&layer, &x, &rel, &c.act)
-        .unwrap()
-        .to_vec()
-        .unwrap();
     let (want, slack) =
         lr::relevance_with_slack(&c.x, &c.rel, &c.w, c.b.as_ref(), &c.act, margin(ni)).unwrap();
     let tol = lrp_tol(ni, no);
     let loose = slack.iter().filter(|&&s| s > 0.0).count();
-    let e = lr::slack_rel_err(&got, &want.data, &slack);
-    println!(
-        "{name} [{rows},{ni}]x[{no},{ni}] {:?}: rel err {e:.2e} ({loose} elements with slack)",
-        c.act
-    );
-    assert!(
-        e <= tol,
-        "{name} [{rows},{ni}]x[{no},{ni}] {:?}: relative error {e:.3e} > {tol:.1e}",
-        c.act
-    );
-    got
+    GemmVariant::ALL
+        .iter()
+        .map(|&variant| {
+            let kernels = lrp::relevance_kernels(&layer, &x, variant).unwrap();
+            let out = lrp::relevance_variant(&layer, &x, &rel, &c.act, variant)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            let e = lr::slack_rel_err(&out, &want.data, &slack);
+            println!(
+                "{name} {variant:?} {kernels:?} [{rows},{ni}]x[{no},{ni}] {:?}: rel err {e:.2e} \
+                 ({loose} elements with slack)",
+                c.act
+            );
+            assert!(
+                e <= tol,
+                "{name} {variant:?} [{rows},{ni}]x[{no},{ni}] {:?}: relative error {e:.3e} > {tol:.1e}",
+                c.act
+            );
+            Run {
+                variant,
+                kernels,
+                out,
+            }
+        })
+        .collect()
+}
+
+/// Asserts that every variant besides the default ran both GEMM passes on its own kernels (for
+/// shapes chosen to exercise them: `I` and `O` multiples of 4).
+fn assert_variants_ran(name: &str, runs: &[Run]) {
+    for run in runs.iter().filter(|r| r.variant != GemmVariant::Default) {
+        assert!(
+            run.variant_ran(),
+            "{name}: {:?} fell back ({:?})",
+            run.variant,
+            run.kernels
+        );
+    }
 }
 
 fn non_mono(func: Func) -> Activation {
@@ -97,6 +144,7 @@ fn defect1_every_in_features_is_counted_once() {
         let act = [Activation::null(), Activation::tanh(), Activation::relu()][k % 3];
         let c = case(&mut rng, rows, ni, 37, k % 2 == 0, act);
         check(&gpu, &format!("defect1 I={ni}"), &c);
+        // O = 37: variants 3 and 4 run the sums pass (where the double counting was) when I % 4 == 0.
         // P and N themselves: with no saturation and relevance 1, sum_i rin = sum_j (P+N)/(P'+N'+|b|),
         // where P' = P and N' = N except that a zero sum is stabilised to 1 (the spec's aggregation).
         // With few inputs all contributions often share a sign (I = 4: 1 in 8 outputs), so the
@@ -104,8 +152,9 @@ fn defect1_every_in_features_is_counted_once() {
         if act == Activation::null() {
             let mut c = c;
             c.rel = HostTensor::new(vec![1.0; rows * 37], &[rows, 37], DType::F32).unwrap();
-            let got = check(&gpu, &format!("defect1 conservation I={ni}"), &c);
-            for r in 0..rows {
+            let runs = check(&gpu, &format!("defect1 conservation I={ni}"), &c);
+            for (run, r) in runs.iter().flat_map(|run| (0..rows).map(move |r| (run, r))) {
+                let got = &run.out;
                 let s: f64 = got[r * ni..(r + 1) * ni].iter().map(|&v| v as f64).sum();
                 let mut want = 0.0;
                 for j in 0..37 {
@@ -119,7 +168,8 @@ fn defect1_every_in_features_is_counted_once() {
                 }
                 assert!(
                     (s - want).abs() <= 1e-5 * want,
-                    "I={ni} row {r}: sum {s} vs {want}"
+                    "I={ni} {:?} row {r}: sum {s} vs {want}",
+                    run.variant
                 );
             }
         }
@@ -135,22 +185,27 @@ fn defect3_results_are_bit_identical_across_runs() {
     // R = 64 with few output tiles: the depth is split, so split order is exercised.
     let (rows, ni, no) = (64usize, 1028, 300);
     let c = case(&mut rng, rows, ni, no, true, Activation::tanh());
-    let first = check(&gpu, "defect3", &c);
+    let runs = check(&gpu, "defect3", &c);
+    assert_variants_ran("defect3", &runs);
     let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
     let x = Tensor::from_host(&gpu, &c.x).unwrap();
     let rel = Tensor::from_host(&gpu, &c.rel).unwrap();
-    for run in 0..scaled(100, 5) {
-        let again = lrp::relevance(&layer, &x, &rel, &c.act)
-            .unwrap()
-            .to_vec()
-            .unwrap();
-        assert!(
-            first
-                .iter()
-                .zip(&again)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "run {run}: bits changed"
-        );
+    for first in &runs {
+        for run in 0..scaled(100, 5) {
+            let again = lrp::relevance_variant(&layer, &x, &rel, &c.act, first.variant)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            assert!(
+                first
+                    .out
+                    .iter()
+                    .zip(&again)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{:?} run {run}: bits changed",
+                first.variant
+            );
+        }
     }
 }
 
@@ -229,15 +284,17 @@ fn hand_computed_branches_on_the_gpu() {
         .unwrap();
         let xt = Tensor::from_f32(&gpu, &x, &[1, n], DType::F32).unwrap();
         let rel = Tensor::from_f32(&gpu, &[1.0], &[1, 1], DType::F32).unwrap();
-        let got = lrp::relevance(&layer, &xt, &rel, &act)
-            .unwrap()
-            .to_vec()
-            .unwrap();
-        for (g, w) in got.iter().zip(&want) {
-            assert!(
-                (*g as f64 - w).abs() <= 1e-6 * w.abs().max(1.0),
-                "case {k}: {got:?} vs {want:?}"
-            );
+        for variant in GemmVariant::ALL {
+            let got = lrp::relevance_variant(&layer, &xt, &rel, &act, variant)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (*g as f64 - w).abs() <= 1e-6 * w.abs().max(1.0),
+                    "case {k} {variant:?}: {got:?} vs {want:?}"
+                );
+            }
         }
     }
 }
@@ -316,10 +373,17 @@ fn rank3_inputs_flatten_leading_dims() {
         .unwrap()
         .reshape(&[2, 3, 9])
         .unwrap();
-    let out = lrp::relevance(&layer, &x, &rel, &c.act).unwrap();
-    assert_eq!(out.shape(), &[2, 3, 50]);
     let want = lr::relevance(&c.x, &c.rel, &c.w, c.b.as_ref(), &c.act).unwrap();
-    assert_close("rank 3", &out.to_vec().unwrap(), &want.data, 1e-5);
+    for variant in GemmVariant::ALL {
+        let out = lrp::relevance_variant(&layer, &x, &rel, &c.act, variant).unwrap();
+        assert_eq!(out.shape(), &[2, 3, 50]);
+        assert_close(
+            &format!("rank 3 {variant:?}"),
+            &out.to_vec().unwrap(),
+            &want.data,
+            1e-5,
+        );
+    }
 }
 
 #[test]
@@ -328,11 +392,14 @@ fn dense_forward_matches_reference() {
         return;
     };
     let mut rng = rng("lrp_dense");
+    // (65, 2052, 36): partial row tile, a depth tail of 4 after 64 stages of 32, a partial column
+    // tile; variants 3 and 4 must run it (I % 4 == 0).
     for (k, &(rows, ni, no)) in [
         (1usize, 1usize, 1usize),
         (7, 33, 65),
         (64, 1000, 129),
         (300, 4099, 10),
+        (65, 2052, 36),
     ]
     .iter()
     .enumerate()
@@ -340,22 +407,31 @@ fn dense_forward_matches_reference() {
         let c = case(&mut rng, rows, ni, no, k % 2 == 0, Activation::null());
         let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
         let x = Tensor::from_host(&gpu, &c.x).unwrap();
-        for f in [
-            Nonlinearity::Linear,
-            Nonlinearity::Relu,
-            Nonlinearity::Tanh,
-            Nonlinearity::Sigmoid,
-            Nonlinearity::Softmax,
-        ] {
-            let got = lrp::dense(&layer, &x, f).unwrap().to_vec().unwrap();
-            let want = lr::dense(&c.x, &c.w, c.b.as_ref(), f).unwrap();
-            // x W^T cancels; compare on the scale of sum |x||w|.
-            assert_close(
-                &format!("dense {f:?} [{rows},{ni}]x[{no}]"),
-                &got,
-                &want.data,
-                1e-5 * (ni as f64).sqrt().max(1.0),
-            );
+        for variant in GemmVariant::ALL {
+            let kernel = lrp::dense_kernel(&layer, &x, variant).unwrap();
+            if variant != GemmVariant::Default && ni % 4 == 0 {
+                assert_ne!(kernel, "dense_f32", "{variant:?} [{rows},{ni}]x[{no}]");
+            }
+            for f in [
+                Nonlinearity::Linear,
+                Nonlinearity::Relu,
+                Nonlinearity::Tanh,
+                Nonlinearity::Sigmoid,
+                Nonlinearity::Softmax,
+            ] {
+                let got = lrp::dense_variant(&layer, &x, f, variant)
+                    .unwrap()
+                    .to_vec()
+                    .unwrap();
+                let want = lr::dense(&c.x, &c.w, c.b.as_ref(), f).unwrap();
+                // x W^T cancels; compare on the scale of sum |x||w|.
+                assert_close(
+                    &format!("dense {variant:?} ({kernel}) {f:?} [{rows},{ni}]x[{no}]"),
+                    &got,
+                    &want.data,
+                    1e-5 * (ni as f64).sqrt().max(1.0),
+                );
+            }
         }
     }
 }
@@ -400,23 +476,26 @@ fn mlp_explanation_matches_reference() {
         })
         .collect();
     let x = uniform(&mut rng, &[batch, widths[0]], -1.0, 1.0, DType::F32);
-    let e = mlp::explain(&layers, &Tensor::from_host(&gpu, &x).unwrap(), None).unwrap();
     let (acts, rels) = lr::explain(&host_layers, &x, None).unwrap();
-    for l in 0..=4 {
-        assert_close(
-            &format!("activation {l}"),
-            &e.activations[l].to_vec().unwrap(),
-            &acts[l].data,
-            1e-5,
-        );
-        assert_close(
-            &format!("relevance {l}"),
-            &e.relevance[l].to_vec().unwrap(),
-            &rels[l].data,
-            1e-4,
-        );
+    for variant in GemmVariant::ALL {
+        let xt = Tensor::from_host(&gpu, &x).unwrap();
+        let e = mlp::explain_variant(&layers, &xt, None, variant).unwrap();
+        for l in 0..=4 {
+            assert_close(
+                &format!("{variant:?} activation {l}"),
+                &e.activations[l].to_vec().unwrap(),
+                &acts[l].data,
+                1e-5,
+            );
+            assert_close(
+                &format!("{variant:?} relevance {l}"),
+                &e.relevance[l].to_vec().unwrap(),
+                &rels[l].data,
+                1e-4,
+            );
+        }
+        assert_eq!(e.input_relevance().shape(), &[batch, widths[0]]);
     }
-    assert_eq!(e.input_relevance().shape(), &[batch, widths[0]]);
 }
 
 #[test]
@@ -540,14 +619,33 @@ fn split_boundaries_and_depth_tails() {
         (1, 16, 24),
         (64, 513, 257),
     ];
-    for (k, &(rows, ni, no)) in shapes.iter().enumerate() {
+    // Variants 3 and 4 (I and O multiples of 4, so they run): stages of 32 deep in a 4-buffer pipeline, copies
+    // of 4 floats. Depths of 1, 2, 3 and 4 stages (fewer stages than the prologue fills: 4, 36, 68,
+    // 100), a 4-deep tail after the last whole stage (4100 = 4096 + 4: at R = 64, 15 slices of 288
+    // with a last one of 68 = 2 stages + 4), 8-deep tails, one chunk into the next row tile / column
+    // tile (65 rows; 132 = 128 + 4 columns, which the spread pass reads as [k][n] chunks).
+    let v3_shapes = [
+        (64usize, 4100usize, 200usize),
+        (64, 200, 4100),
+        (65, 4096 + 36, 132),
+        (3, 4, 4100),
+        (17, 36, 4),
+        (1, 68, 100),
+        (130, 100, 68),
+        (64, 516, 260),
+        (1024, 256, 512),
+    ];
+    for (k, &(rows, ni, no)) in shapes.iter().chain(&v3_shapes).enumerate() {
         let act = [
             Activation::tanh(),
             Activation::null(),
             non_mono(Func::Sigmoid),
         ][k % 3];
         let c = case(&mut rng, rows, ni, no, k % 2 == 0, act);
-        check(&gpu, &format!("splits #{k}"), &c);
+        let runs = check(&gpu, &format!("splits #{k}"), &c);
+        if k >= shapes.len() {
+            assert_variants_ran(&format!("splits #{k}"), &runs);
+        }
     }
 }
 
@@ -569,6 +667,7 @@ fn wide_dynamic_range_keeps_fp32_accuracy() {
             .collect();
         HostTensor::new(data, shape, DType::F32).unwrap()
     };
+    // (64, 1024, 96) runs variants 3 and 4; (5, 333, 77) falls back.
     for &(rows, ni, no) in &[(64usize, 1024usize, 96usize), (5, 333, 77)] {
         let c = Case {
             x: wide(&[rows, ni], 3.0),
@@ -577,6 +676,47 @@ fn wide_dynamic_range_keeps_fp32_accuracy() {
             rel: wide(&[rows, no], 1.0),
             act: Activation::tanh(),
         };
-        check(&gpu, &format!("wide range [{rows},{ni}]x[{no}]"), &c);
+        let runs = check(&gpu, &format!("wide range [{rows},{ni}]x[{no}]"), &c);
+        if ni % 4 == 0 && no % 4 == 0 {
+            assert_variants_ran("wide range", &runs);
+        }
+    }
+}
+
+#[test]
+fn one_sign_products_give_exact_zero_sums() {
+    let Some(gpu) = gpu_or_skip("one_sign_products_give_exact_zero_sums") else {
+        return;
+    };
+    // When every c_i = x_i W_ji has one sign, A = |S| bit for bit (the split of |v| is that of v with
+    // the sign taken off, and the mma's truncation is symmetric), so the other sum is exactly 0 and
+    // N' = 1 (or P' = 1) enters the denominator; a rounding residue of A - S instead would be off by
+    // about 1 / P. x > 0 everywhere, W of one sign per case, no saturation; shapes a multiple of 4
+    // (variants 3 and 4 run) and not.
+    let mut rng = rng("lrp_one_sign");
+    for (k, &(rows, ni, no)) in [(70usize, 1000usize, 92usize), (9, 333, 31)]
+        .iter()
+        .enumerate()
+    {
+        for w_sign in [1.0f32, -1.0] {
+            let mut pos = |shape: &[usize], sign: f32| {
+                let n: usize = shape.iter().product();
+                let data = (0..n)
+                    .map(|_| sign * rng.random_range(0.01f32..2.0))
+                    .collect();
+                HostTensor::new(data, shape, DType::F32).unwrap()
+            };
+            let c = Case {
+                x: pos(&[rows, ni], 1.0),
+                w: pos(&[no, ni], w_sign),
+                b: None,
+                rel: pos(&[rows, no], 1.0),
+                act: Activation::null(),
+            };
+            let runs = check(&gpu, &format!("one-sign #{k} W sign {w_sign}"), &c);
+            if k == 0 {
+                assert_variants_ran("one-sign", &runs);
+            }
+        }
     }
 }

@@ -164,6 +164,24 @@ pub fn dynamic_base() -> u32 {
     base
 }
 
+/// `ld.shared.v2.f32`: two consecutive floats from shared memory.
+///
+/// # Safety
+/// `addr` is an 8-byte aligned address of 8 readable bytes in this block's shared memory whose writers
+/// are ordered before this read (a barrier, or `bar.warp.sync` for writers in this warp).
+#[inline(always)]
+pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
+    let (a, b): (f32, f32);
+    unsafe {
+        core::arch::asm!(
+            "ld.shared.v2.f32 {{{a}, {b}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b,
+            p = in(reg32) addr, options(nostack, readonly)
+        )
+    }
+    [a, b]
+}
+
 /// `ld.shared.v4.b32`: 16 bytes from shared memory.
 ///
 /// # Safety

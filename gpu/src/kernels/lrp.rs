@@ -32,6 +32,47 @@
 //! 1e-5 relative tolerance and, from K = 16 on, inside the saturation slack `margin(K) A` of
 //! tests/gpu_lrp.rs. The abs sum uses the split of `|v|`, which is `(|hi|, sign(v) lo)`
 //! (`dev::mma::split_abs`), not `|lo|`.
+//!
+//! # Variant 3 (`lrp_sums_v3_f32`, `lrp_spread_v3_f32`, `dense_v3_f32`)
+//! The same block tile, warps, 3xTF32 products and split-K; what changes is how stages arrive and how
+//! long a fresh fragment runs (layouts, bank analysis and CPU-emulated checks: `params::lrp::v3`):
+//! - Stages are `v3::BK = 32` deep (four k-steps) and arrive by 16-byte `cp.async.cg` copies in a
+//!   pipeline of `v3::STAGES = 4` buffers of dynamic shared memory, so three stages of loads are in
+//!   flight while one is computed and no register holds a load. Per stage `kt`, one barrier: wait until
+//!   stage kt has landed (at most 2 newer groups pending), barrier (which also means every warp is done
+//!   with stage kt - 1), start stage kt + 3's copies into kt - 1's buffer, commit, compute stage kt.
+//!   Tiles keep the global orientation: `[row][k]` (x, coef, and `W` as `[N][K]` in the sums and dense
+//!   passes) at a row stride of 40 floats, the spread pass's `W` as `[k][n]` at 132.
+//! - Chunks outside the matrix (rows, columns, depth past the split's end) are zero-filled by the copy
+//!   itself (`src_size = 0`); zeros add nothing to either sum. Copies need 16-byte rows: `I` and `O`
+//!   multiples of 4 and 16-byte aligned bases. The host checks that per pass and otherwise runs the
+//!   default kernel (with its own split), so a pass's kernel and summation order follow from the shape
+//!   and the buffers' alignment, never from timing.
+//! - The depths of a k-step are dealt to the fragment slots so that a lane's two values of a row (A) or
+//!   a column (B `[n][k]`) are adjacent depths (`v3::slot_depth`): one `ld.shared.v2` each. The mma
+//!   adds its 8 products in a fixed circuit whatever depth feeds which slot; A and B agree on the deal.
+//! - A fresh fragment covers a whole stage: per tile and product, a chain of 4 k-steps x 3 mma (the
+//!   small terms first within each k-step) from zero, then one round-to-nearest `add` into the f32
+//!   accumulator: a quarter of the default's adds.
+//!
+//! Error of variant 3: the split costs the same `3 * 2^-22 |a b|` per product. A chain of `3 s` mma
+//! (`s <= 4` k-steps of the stage) truncates once per mma, each time by up to about an ulp of the
+//! running partial (the model above), which never exceeds `Σ`, the stage's sum of `|a b|` over its 32
+//! depths: at most `12 * 2^-23 Σ ~ 1.4e-6 Σ` per stage partial (the default: about 2 ulp of an 8-term
+//! partial), relative to the partial and not growing with K; it is one-sided (low), so about half of it
+//! is a bias. The K/32 partials are added with round-to-nearest, an ordinary f32 sum of half the
+//! default's length. Altogether `|error of A or S| <= (2.2e-6 + (K/32) 2^-24) A` in the worst case:
+//! below the default's bound from K = 64 on (K = 4096: `9.8e-6 A`, the default `3.2e-5 A`), and inside
+//! the saturation slack `margin(K) A` of tests/gpu_lrp.rs from K = 64 on; at K = 16..32 the worst case
+//! (every truncation a full ulp, all of one sign) exceeds `margin(K)` by up to 0.4e-6 A, where the
+//! default's exceeds it below K = 16. Typical errors are far smaller (the f32 sum's ~sqrt, a bias of
+//! ~0.7e-6 A at most). Determinism is unchanged: each output is one thread's fixed sequence of mma and
+//! adds, the splits are added in split order by the finishing kernels.
+//!
+//! Occupancy: the sums pass holds 64 accumulators and 64 stage partials a thread, so it runs one block
+//! of 8 warps per SM (up to 255 registers); the spread and dense passes (32 + 32) are bounded to 128
+//! registers for two blocks per SM. Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`, with variant 3's
+//! sums kernel) is the same code at one block per SM, to measure that choice.
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragC, mma_tf32, split_abs, split_tf32};
 use crate::dev::shared::SharedScalar;
@@ -531,4 +572,365 @@ pub unsafe extern "ptx-kernel" fn dense_finish_f32(
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn nonfinite_partials_f32(x: Slice<f32>, partials: SliceMut<f32>) {
     unsafe { nonfinite_partials(x, partials) }
+}
+
+/// GEMM-pass variant 3 (module doc, "Variant 3"; layouts in `params::lrp::v3`): 32-deep stages through
+/// a 4-buffer `cp.async` pipeline in dynamic shared memory, a fresh 3xTF32 partial per tile and stage.
+mod v3 {
+    use super::{Acc, SPREAD, SUMS, Split};
+    use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
+    use crate::dev::mem::{Slice, SliceMut};
+    use crate::dev::mma::{FragC, mma_tf32};
+    use crate::dev::opaque_u32;
+    use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v2_f32};
+    use crate::dev::sync::sync_threads;
+    use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, thread_idx_x};
+    use crate::params::LrpGemm;
+    use crate::params::lrp::v3::*;
+    use crate::params::lrp::{BM, BN, M_TILES, N_TILES, acc_coords};
+
+    /// This thread's `cp.async` copies of a stage: the first chunk's source (at depth `k_begin`) and
+    /// destination (bytes into a stage) per operand, the step between copy rounds, and which rounds
+    /// lie inside the matrix. A chunk is 4 floats of one row; the host guarantees 16-byte rows, and
+    /// every stage boundary and `k_end` is a multiple of 4, so a chunk is wholly in or out.
+    struct Copies {
+        a_src: *const u8,
+        b_src: *const u8,
+        /// Source bytes between copy rounds: 32 rows of A; 32 rows (`[n][k]`) or 8 depth rows
+        /// (`[k][n]`) of B.
+        a_round: u64,
+        b_round: u64,
+        /// Source bytes from one stage of B to the next: `BK` floats (`[n][k]`) or `BK` rows.
+        b_stage: u64,
+        a_dst: u32,
+        b_dst: u32,
+        /// Bit `i`: round `i`'s row (A; B `[n][k]`) or column chunk (B `[k][n]`) is inside the matrix.
+        a_in: u32,
+        b_in: u32,
+        /// Depth of this thread's chunks from a stage's start: `4 c` (`[row][k]` tiles) or the depth
+        /// row of round 0 (`[k][n]`).
+        a_depth: u64,
+        b_depth: u64,
+        k_begin: u64,
+        k_end: u64,
+    }
+
+    impl Copies {
+        #[inline(always)]
+        fn new<const MODE: u32>(a: &Slice<f32>, b: &Slice<f32>, p: &LrpGemm, tid: usize) -> Self {
+            let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
+            let k_begin = block_idx_z() as u64 * p.k_per_split;
+            let k_end = (k_begin + p.k_per_split).min(p.depth);
+            let (ar, ac) = nk_copy(tid, 0);
+            let (ar, ac) = (ar as u64, ac as u64);
+            let mut a_in = 0;
+            crate::unroll_lt!(i < A_COPIES, {
+                if m0 + ar + 32 * (i as u64) < p.rows {
+                    a_in |= 1 << i;
+                }
+            });
+            let a_src = (a.ptr as *const u8)
+                .wrapping_add((4 * ((m0 + ar) * p.depth + k_begin + 4 * ac)) as usize);
+            let a_dst = 4 * (ar * NK_STRIDE + 4 * ac) as u32;
+            let (b_src, b_round, b_stage, b_dst, b_in, b_depth);
+            if MODE == SPREAD {
+                // B is [K][N]: rows of `cols` floats.
+                let (br, bc) = kn_copy(tid, 0);
+                let (br, bc) = (br as u64, bc as u64);
+                b_src = (b.ptr as *const u8)
+                    .wrapping_add((4 * ((k_begin + br) * p.cols + n0 + 4 * bc)) as usize);
+                b_round = 4 * 8 * p.cols;
+                b_stage = 4 * BK * p.cols;
+                b_dst = 4 * (STAGE_A as u64 + br * KN_STRIDE + 4 * bc) as u32;
+                b_in = if n0 + 4 * bc < p.cols { u32::MAX } else { 0 };
+                b_depth = br;
+            } else {
+                // B is [N][K]: rows of `depth` floats, like A.
+                let (br, bc) = nk_copy(tid, 0);
+                let (br, bc) = (br as u64, bc as u64);
+                b_src = (b.ptr as *const u8)
+                    .wrapping_add((4 * ((n0 + br) * p.depth + k_begin + 4 * bc)) as usize);
+                b_round = 4 * 32 * p.depth;
+                b_stage = 4 * BK;
+                b_dst = 4 * (STAGE_A as u64 + br * NK_STRIDE + 4 * bc) as u32;
+                let mut bits = 0;
+                crate::unroll_lt!(i < B_COPIES, {
+                    if n0 + br + 32 * (i as u64) < p.cols {
+                        bits |= 1 << i;
+                    }
+                });
+                b_in = bits;
+                b_depth = 4 * bc;
+            }
+            Copies {
+                a_src,
+                b_src,
+                a_round: 4 * 32 * p.depth,
+                b_round,
+                b_stage,
+                a_dst,
+                b_dst,
+                a_in,
+                b_in,
+                a_depth: 4 * ac,
+                b_depth,
+                k_begin,
+                k_end,
+            }
+        }
+
+        /// Starts this thread's copies of stage `kt` (depth `k_begin + 32 kt`) into the stage buffer at
+        /// shared address `stage`; chunks outside the matrix or past `k_end` are zero-filled.
+        ///
+        /// # Safety
+        /// The buffer is idle: no thread reads it until the group holding these copies has been waited
+        /// for and a barrier has followed (pipeline order in [`gemm`]); `stage` is a buffer of the
+        /// launch's dynamic shared memory (`smem_bytes`).
+        #[inline(always)]
+        unsafe fn issue<const MODE: u32>(&self, kt: u32, stage: u32) {
+            // Opaque: every address is recomputed from `kt` rather than kept as its own 64-bit
+            // induction variable (see PERF_NOTES).
+            let kt = opaque_u32(kt) as u64;
+            let k0 = self.k_begin + kt * BK;
+            let a_depth_in = k0 + self.a_depth < self.k_end;
+            let a_src = self.a_src.wrapping_add((kt * 4 * BK) as usize);
+            crate::unroll_lt!(i < A_COPIES, {
+                let fill = a_depth_in && self.a_in & (1 << i) != 0;
+                let dst = stage + self.a_dst + (4 * 32 * NK_STRIDE) as u32 * i as u32;
+                let src = a_src.wrapping_add((i as u64 * self.a_round) as usize);
+                // SAFETY: `dst` is this thread's 16-byte aligned chunk of the idle buffer (caller;
+                // strides are multiples of 4 floats). When `fill`, `src` is 4 floats of row
+                // m0 + r < rows at depth k < k_end of A ([rows][depth], 16-byte rows and base: host),
+                // which nothing writes during the kernel.
+                unsafe { cp_async_16(dst, src, fill) };
+            });
+            let b_src = self.b_src.wrapping_add((kt * self.b_stage) as usize);
+            let b_depth_in = k0 + self.b_depth < self.k_end;
+            crate::unroll_lt!(i < B_COPIES, {
+                let (fill, dst) = if MODE == SPREAD {
+                    (
+                        k0 + self.b_depth + 8 * (i as u64) < self.k_end && self.b_in != 0,
+                        stage + self.b_dst + (4 * 8 * KN_STRIDE) as u32 * i as u32,
+                    )
+                } else {
+                    (
+                        b_depth_in && self.b_in & (1 << i) != 0,
+                        stage + self.b_dst + (4 * 32 * NK_STRIDE) as u32 * i as u32,
+                    )
+                };
+                let src = b_src.wrapping_add((i as u64 * self.b_round) as usize);
+                // SAFETY: as for A: an in-matrix chunk of B ([cols][depth], or [depth][cols] for the
+                // spread pass; 16-byte rows and base checked by the host) into this thread's chunk
+                // of the idle buffer.
+                unsafe { cp_async_16(dst, src, fill) };
+            });
+        }
+    }
+
+    /// `t += a b` in 3xTF32 without a rounding step: the two correction terms, then the main product
+    /// (the chain's truncation is bounded in the module doc).
+    #[inline(always)]
+    fn mma3_chain(t: &mut FragC, a: &Split<4>, b: &Split<2>) {
+        *t = mma_tf32(*t, &a.lo, &b.hi);
+        *t = mma_tf32(*t, &a.hi, &b.lo);
+        *t = mma_tf32(*t, &a.hi, &b.hi);
+    }
+
+    /// One stage through the tensor cores: per k-step the warp's A fragments (`M_TILES`, two
+    /// `ld.shared.v2` each) and B fragments (`N_TILES`, one `ld.shared.v2` or, `[k][n]`, two scalar
+    /// loads), split once, 3 mma per tile and product into fresh per-stage partials (SUMS: `|a||b|` into
+    /// `t0`, `a b` into `t1`), which are then added to the accumulators with round-to-nearest.
+    /// `a_addr` / `b_addr` are this thread's fragment bases in the stage (shared addresses); every load
+    /// is base + a constant.
+    #[inline(always)]
+    fn compute<const MODE: u32>(a_addr: u32, b_addr: u32, acc0: &mut Acc, acc1: &mut Acc) {
+        // SAFETY (loads below): base + delta is a `v3::frag_*_offset` (< the stage's floats, even for
+        // the pairs: unit-tested in params) of the stage the caller's address points at, inside the
+        // launch's dynamic shared memory, written by copies that were waited for before the barrier
+        // that precedes this call.
+        let ld2 = |addr: u32, d: usize| unsafe { ld_shared_v2_f32(addr + 4 * d as u32) };
+        let ld1 = |addr: u32, d: usize| unsafe { f32::ld_shared(addr + 4 * d as u32) };
+        let mut t0: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
+        let mut t1: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
+        crate::unroll!(s in [0, 1, 2, 3] {
+            let mut a = [Split::<4> { hi: [0; 4], lo: [0; 4] }; M_TILES];
+            crate::unroll_lt!(mi < M_TILES, {
+                // (a0, a2) of row g, (a1, a3) of row g + 8: slots t and t + 4 are adjacent depths.
+                let [a0, a2] = ld2(a_addr, frag_a_delta(mi, s, 0));
+                let [a1, a3] = ld2(a_addr, frag_a_delta(mi, s, 1));
+                a[mi] = Split::of([a0, a1, a2, a3]);
+            });
+            let mut b = [Split::<2> { hi: [0; 2], lo: [0; 2] }; N_TILES];
+            crate::unroll_lt!(ni < N_TILES, {
+                let v = if MODE == SPREAD {
+                    // The spread multiplies by |W|; the split of |v| is that of v made positive.
+                    [
+                        ld1(b_addr, frag_b_kn_delta(ni, s, 0)).abs(),
+                        ld1(b_addr, frag_b_kn_delta(ni, s, 1)).abs(),
+                    ]
+                } else {
+                    ld2(b_addr, frag_b_nk_delta(ni, s))
+                };
+                b[ni] = Split::of(v);
+            });
+            crate::unroll_lt!(mi < M_TILES, {
+                crate::unroll_lt!(ni < N_TILES, {
+                    if MODE == SUMS {
+                        mma3_chain(&mut t0[mi][ni], &a[mi].abs(), &b[ni].abs());
+                        mma3_chain(&mut t1[mi][ni], &a[mi], &b[ni]);
+                    } else {
+                        mma3_chain(&mut t0[mi][ni], &a[mi], &b[ni]);
+                    }
+                });
+            });
+        });
+        crate::unroll_lt!(mi < M_TILES, {
+            crate::unroll_lt!(ni < N_TILES, {
+                crate::unroll!(r in [0, 1, 2, 3] {
+                    acc0[mi][ni][r] += t0[mi][ni][r];
+                    if MODE == SUMS {
+                        acc1[mi][ni][r] += t1[mi][ni][r];
+                    }
+                });
+            });
+        });
+    }
+
+    /// The tiled pass: block (x, y, z) = (column tile, row tile, depth split), `smem_bytes(MODE ==
+    /// SPREAD)` of dynamic shared memory. Writes the split's partial tile to `out0[split][rows][cols]`
+    /// (and `out1` for SUMS), like the default.
+    ///
+    /// # Safety
+    /// The launcher's contract of the default pass, plus: A's and B's bases are 16-byte aligned and
+    /// their rows (`depth` floats; B of the spread pass: `cols` floats) a multiple of 4 floats.
+    #[inline(always)]
+    pub(super) unsafe fn gemm<const MODE: u32>(
+        a: Slice<f32>,
+        b: Slice<f32>,
+        out0: SliceMut<f32>,
+        out1: SliceMut<f32>,
+        p: LrpGemm,
+    ) {
+        const { assert!(STAGES == 4) }; // the wait counts below
+        let tid = thread_idx_x() as usize;
+        let (lane, warp) = (tid & 31, tid >> 5);
+        let copies = Copies::new::<MODE>(&a, &b, &p, tid);
+        let stages = copies.k_end.saturating_sub(copies.k_begin).div_ceil(BK) as u32;
+        let stage_bytes = 4 * stage_floats(MODE == SPREAD);
+        let smem = dynamic_base();
+        // Prologue: stages 0..STAGES - 1 in flight, one commit group each (empty past the end, so the
+        // group count per stage stays fixed).
+        crate::unroll!(s in [0, 1, 2] {
+            if (s as u32) < stages {
+                // SAFETY: nothing has read the buffers yet.
+                unsafe { copies.issue::<MODE>(s as u32, smem + s as u32 * stage_bytes) };
+            }
+            cp_async_commit();
+        });
+        // This thread's fragment bases in stage 0, hidden from the optimiser (see `opaque_u32`).
+        let a_frag = opaque_u32(smem + 4 * frag_a_base(warp, lane) as u32);
+        let b_base = if MODE == SPREAD {
+            frag_b_kn_base(warp, lane)
+        } else {
+            frag_b_nk_base(warp, lane)
+        };
+        let b_frag = opaque_u32(smem + 4 * (STAGE_A as usize + b_base) as u32);
+        let mut acc0: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
+        let mut acc1: Acc = [[[0.0; 4]; N_TILES]; M_TILES];
+        let (mut read, mut write) = (0u32, STAGES - 1);
+        let mut kt = 0u32;
+        while kt < stages {
+            // Stage kt has landed once at most STAGES - 2 newer groups are pending; after the barrier
+            // every thread's copies of it are visible, and every warp is done with stage kt - 1, whose
+            // buffer (`write`) takes stage kt + STAGES - 1.
+            cp_async_wait::<{ STAGES - 2 }>();
+            sync_threads();
+            if kt + STAGES - 1 < stages {
+                // SAFETY: buffer `write` was last read in stage kt - 1, finished by the barrier above.
+                unsafe { copies.issue::<MODE>(kt + STAGES - 1, smem + write * stage_bytes) };
+            }
+            cp_async_commit();
+            compute::<MODE>(
+                a_frag + read * stage_bytes,
+                b_frag + read * stage_bytes,
+                &mut acc0,
+                &mut acc1,
+            );
+            read = if read + 1 == STAGES { 0 } else { read + 1 };
+            write = if write + 1 == STAGES { 0 } else { write + 1 };
+            kt += 1;
+        }
+        // Only empty groups can be pending; no copy may outlive the block.
+        cp_async_wait::<0>();
+        let split = block_idx_z() as u64;
+        let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
+        let base = split * p.rows * p.cols;
+        crate::unroll_lt!(mi < M_TILES, {
+            crate::unroll_lt!(ni < N_TILES, {
+                crate::unroll!(r in [0, 1, 2, 3] {
+                    let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
+                    let (m, n) = (m0 + dm, n0 + dn);
+                    if m < p.rows && n < p.cols {
+                        out0.set(base + m * p.cols + n, acc0[mi][ni][r]);
+                        if MODE == SUMS {
+                            out1.set(base + m * p.cols + n, acc1[mi][ni][r]);
+                        }
+                    }
+                });
+            });
+        });
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_sums_v3_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws_a: SliceMut<f32>,
+    ws_s: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SUMS>(x, w, ws_a, ws_s, p) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v3_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    ws_g: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SPREAD>(coef, w, ws_g, ws_g, p) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dense_v3_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<DENSE>(x, w, ws, ws, p) }
+}
+
+/// Variant 4: [`lrp_spread_v3_f32`]'s code at one block per SM (`params::lrp::v3::V4_SPREAD_BLOCKS_PER_SM`).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v4_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    ws_g: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SPREAD>(coef, w, ws_g, ws_g, p) }
+}
+
+/// Variant 4: [`dense_v3_f32`]'s code at one block per SM.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dense_v4_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<DENSE>(x, w, ws, ws, p) }
 }

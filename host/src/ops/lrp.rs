@@ -27,7 +27,7 @@ use gpu::params::lrp as cfg;
 use gpu::params::{LrpCoeff, LrpFinish, LrpGemm, RawSlice};
 
 use crate::error::{Error, Result};
-use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg_large_smem};
 use crate::tensor::{HostTensor, Tensor};
 use crate::{DType, Gpu};
 
@@ -378,18 +378,140 @@ pub fn count_nonfinite(t: &Tensor) -> Result<u64> {
     Ok(partials.to_vec()?.iter().map(|&c| c as u64).sum())
 }
 
-/// Launches one tiled GEMM pass (`lrp_sums` / `lrp_spread` / `dense`) over an `m x n` output of depth
-/// `k`, into fresh split workspaces; returns them with the split count.
+/// The kernels that run relevance propagation's GEMM passes: the shipped ones, or a variant measured
+/// side by side ([`relevance_variant`], [`dense_variant`]; not a stable API).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmVariant {
+    /// `lrp_sums_f32`, `lrp_spread_f32`, `dense_f32`: 16-deep stages double buffered from registers.
+    Default,
+    /// `lrp_*_v3_f32`, `dense_v3_f32`: 32-deep stages through a 4-buffer `cp.async` pipeline in
+    /// dynamic shared memory, one fresh 3xTF32 partial per stage (gpu/src/kernels/lrp.rs). A pass whose
+    /// operand rows are not 16-byte granular (`I` or `O` not a multiple of 4, or an unaligned base)
+    /// runs the default kernel instead.
+    V3,
+    /// Variant 3's kernels, with the spread and dense passes (`lrp_spread_v4_f32`, `dense_v4_f32`) at
+    /// one block per SM instead of two (no 128-register cap); the same fallback.
+    V4,
+}
+
+impl GemmVariant {
+    pub const ALL: [GemmVariant; 3] = [GemmVariant::Default, GemmVariant::V3, GemmVariant::V4];
+}
+
+/// One of the tiled GEMM passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// `A = sum |x||W|`, `S = sum x W` per (row, output): B is `W` as `[N][K]`.
+    Sums,
+    /// `G = coef |W|` per (row, input): B is `W` as `[K][N]`.
+    Spread,
+    /// `x W^T` per (row, output): B is `W` as `[N][K]`.
+    Dense,
+}
+
+impl Pass {
+    /// The pass's kernel in `variant` (variant 4 shares variant 3's sums kernel).
+    fn kernel(self, variant: GemmVariant) -> &'static str {
+        use GemmVariant::{Default, V3, V4};
+        match (self, variant) {
+            (Pass::Sums, Default) => "lrp_sums_f32",
+            (Pass::Spread, Default) => "lrp_spread_f32",
+            (Pass::Dense, Default) => "dense_f32",
+            (Pass::Sums, V3 | V4) => "lrp_sums_v3_f32",
+            (Pass::Spread, V3) => "lrp_spread_v3_f32",
+            (Pass::Dense, V3) => "dense_v3_f32",
+            (Pass::Spread, V4) => "lrp_spread_v4_f32",
+            (Pass::Dense, V4) => "dense_v4_f32",
+        }
+    }
+
+    /// Split workspaces the pass writes.
+    fn outputs(self) -> usize {
+        if self == Pass::Sums { 2 } else { 1 }
+    }
+
+    /// The operand half of [`Pass::v3_fits`]: 16-byte rows and bases.
+    fn v3_rows_fit(self, a_ptr: u64, b_ptr: u64, n: u64, k: u64) -> bool {
+        let b_row = if self == Pass::Spread { n } else { k };
+        k.is_multiple_of(4)
+            && b_row.is_multiple_of(4)
+            && a_ptr.is_multiple_of(16)
+            && b_ptr.is_multiple_of(16)
+    }
+
+    /// Whether variant 3 can run this pass over an `m x n` output of depth `k` from `a`'s and `b`'s
+    /// buffers (`a_ptr`, `b_ptr`): its `cp.async` copies need 16-byte rows (A's rows are `k` floats,
+    /// B's `k`, or `n` in the spread pass, where `W` is `[K][N]`), 16-byte aligned bases, and a device
+    /// that gives a block its shared memory.
+    fn v3_fits(self, gpu: &Gpu, a_ptr: u64, b_ptr: u64, n: u64, k: u64) -> Result<bool> {
+        if !self.v3_rows_fit(a_ptr, b_ptr, n, k) {
+            return Ok(false);
+        }
+        let optin = gpu.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
+        Ok(cfg::v3::smem_bytes(self == Pass::Spread) <= optin)
+    }
+}
+
+/// The kernel `pass` runs on for `variant` (variants 3 and 4: where [`Pass::v3_fits`]).
+fn pass_kernel(
+    gpu: &Gpu,
+    pass: Pass,
+    variant: GemmVariant,
+    (a_ptr, b_ptr): (u64, u64),
+    (n, k): (u64, u64),
+) -> Result<&'static str> {
+    let fits = variant != GemmVariant::Default && pass.v3_fits(gpu, a_ptr, b_ptr, n, k)?;
+    Ok(pass.kernel(if fits { variant } else { GemmVariant::Default }))
+}
+
+/// The kernels of the sums and spread passes [`relevance_variant`] launches for `x` (the spread pass
+/// reads the coefficients from a fresh allocation, which is aligned), for tests that must know
+/// whether a variant ran or fell back.
+#[doc(hidden)]
+pub fn relevance_kernels(
+    layer: &Linear,
+    x: &Tensor,
+    variant: GemmVariant,
+) -> Result<[&'static str; 2]> {
+    let (i, o) = (layer.in_features() as u64, layer.out_features() as u64);
+    let (gpu, w) = (x.gpu(), layer.weight.raw().ptr);
+    Ok([
+        pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))?,
+        pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))?,
+    ])
+}
+
+/// The kernel of the GEMM pass [`dense_variant`] launches for `x`.
+#[doc(hidden)]
+pub fn dense_kernel(layer: &Linear, x: &Tensor, variant: GemmVariant) -> Result<&'static str> {
+    let (i, o) = (layer.in_features() as u64, layer.out_features() as u64);
+    let ptrs = (x.raw().ptr, layer.weight.raw().ptr);
+    pass_kernel(x.gpu(), Pass::Dense, variant, ptrs, (o, i))
+}
+
+/// Launches one tiled GEMM pass over an `m x n` output of depth `k` (`variant`'s kernel where it fits,
+/// else the default), into fresh split workspaces; returns them with the split count.
 fn gemm_pass(
     gpu: &Gpu,
-    kernel: &'static str,
+    pass: Pass,
+    variant: GemmVariant,
     a: &Tensor,
     b: &Tensor,
-    outputs: usize,
     (m, n, k): (usize, usize, usize),
 ) -> Result<(Vec<Tensor>, u64)> {
     let (m, n, k) = (m as u64, n as u64, k as u64);
-    let (splits, k_per_split) = cfg::split_k(m, n, k);
+    let (ar, br) = (a.raw(), b.raw());
+    let kernel = pass_kernel(gpu, pass, variant, (ar.ptr, br.ptr), (n, k))?;
+    // Variants 3 and 4 share the pipeline, split and shared memory.
+    let v3 = kernel != pass.kernel(GemmVariant::Default);
+    let (splits, k_per_split) = if v3 {
+        cfg::v3::split_k(m, n, k)
+    } else {
+        cfg::split_k(m, n, k)
+    };
     let row_tiles = m.div_ceil(cfg::BM);
     if row_tiles > cfg::MAX_GRID_Y {
         return Err(Error::TooLarge {
@@ -411,7 +533,7 @@ fn gemm_pass(
         given: u64::MAX,
         max: usize::MAX as u64,
     })?;
-    let ws: Vec<Tensor> = (0..outputs)
+    let ws: Vec<Tensor> = (0..pass.outputs())
         .map(|_| Tensor::empty(gpu, &[ws_len], DType::F32))
         .collect::<Result<_>>()?;
     let p = LrpGemm {
@@ -420,19 +542,24 @@ fn gemm_pass(
         depth: k,
         k_per_split,
     };
-    let (ar, br) = (ByValue(a.raw()), ByValue(b.raw()));
+    let (ar, br) = (ByValue(ar), ByValue(br));
     let wr: Vec<ByValue<RawSlice>> = ws.iter().map(|t| ByValue(t.raw())).collect();
     let pv = ByValue(p);
     let mut args: Vec<&dyn crate::launch::ArgPush> = vec![&ar, &br];
     args.extend(wr.iter().map(|w| w as &dyn crate::launch::ArgPush));
     args.push(&pv);
-    launch_cfg(
+    let shared_mem_bytes = if v3 {
+        cfg::v3::smem_bytes(pass == Pass::Spread)
+    } else {
+        0
+    };
+    launch_cfg_large_smem(
         gpu,
         kernel,
         LaunchConfig {
             grid_dim: (col_tiles, row_tiles as u32, splits as u32),
             block_dim: (cfg::THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes,
         },
         &args,
     )?;
@@ -462,6 +589,19 @@ pub fn relevance(
     relevance_out: &Tensor,
     act: &Activation,
 ) -> Result<Tensor> {
+    relevance_variant(layer, x, relevance_out, act, GemmVariant::Default)
+}
+
+/// [`relevance`] with its GEMM passes on `variant`'s kernels (`GemmVariant::Default` is exactly
+/// [`relevance`]): same contract, results within the same error bound, bit-identical across runs.
+#[doc(hidden)]
+pub fn relevance_variant(
+    layer: &Linear,
+    x: &Tensor,
+    relevance_out: &Tensor,
+    act: &Activation,
+    variant: GemmVariant,
+) -> Result<Tensor> {
     const OP: &str = "lrp::relevance";
     require_f32(OP, "x", x, layer)?;
     require_f32(OP, "relevance_out", relevance_out, layer)?;
@@ -483,7 +623,7 @@ pub fn relevance(
         return Ok(out);
     }
     // Pass 1: A and S per (row, j).
-    let (ws, splits) = gemm_pass(gpu, "lrp_sums_f32", x, &layer.weight, 2, (r, o, i))?;
+    let (ws, splits) = gemm_pass(gpu, Pass::Sums, variant, x, &layer.weight, (r, o, i))?;
     // Coefficients per (row, j).
     let coef = Tensor::empty(gpu, &[r, o], DType::F32)?;
     let (lower, upper) = act.bounds();
@@ -515,7 +655,7 @@ pub fn relevance(
     )?;
     drop(ws);
     // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G.
-    let (ws, splits) = gemm_pass(gpu, "lrp_spread_f32", &coef, &layer.weight, 1, (r, i, o))?;
+    let (ws, splits) = gemm_pass(gpu, Pass::Spread, variant, &coef, &layer.weight, (r, i, o))?;
     let p = LrpFinish {
         rows: r as u64,
         cols: i as u64,
@@ -576,6 +716,17 @@ impl Nonlinearity {
 /// Forward pass of a dense layer: `f(x W^T + b)` for `x: [.., I]`, result `[.., O]` (the same tiled
 /// kernel as the relevance sums, then an epilogue; softmax runs as its own op).
 pub fn dense(layer: &Linear, x: &Tensor, f: Nonlinearity) -> Result<Tensor> {
+    dense_variant(layer, x, f, GemmVariant::Default)
+}
+
+/// [`dense`] with its GEMM pass on `variant`'s kernel (`GemmVariant::Default` is exactly [`dense`]).
+#[doc(hidden)]
+pub fn dense_variant(
+    layer: &Linear,
+    x: &Tensor,
+    f: Nonlinearity,
+    variant: GemmVariant,
+) -> Result<Tensor> {
     const OP: &str = "lrp::dense";
     require_f32(OP, "x", x, layer)?;
     let (i, o) = (layer.in_features(), layer.out_features());
@@ -622,7 +773,7 @@ pub fn dense(layer: &Linear, x: &Tensor, f: Nonlinearity) -> Result<Tensor> {
             ],
         )?;
     } else {
-        let (ws, splits) = gemm_pass(gpu, "dense_f32", x, &layer.weight, 1, (r, o, i))?;
+        let (ws, splits) = gemm_pass(gpu, Pass::Dense, variant, x, &layer.weight, (r, o, i))?;
         launch(
             gpu,
             "dense_finish_f32",

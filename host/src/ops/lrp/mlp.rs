@@ -18,7 +18,7 @@
 //! assert_eq!(e.input_relevance().shape(), &[2, 4]);
 //! # Ok(()) }
 //! ```
-use super::{Activation, Linear, Nonlinearity, dense, relevance};
+use super::{Activation, GemmVariant, Linear, Nonlinearity, dense_variant, relevance_variant};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -60,12 +60,17 @@ impl Explanation {
 
 /// Forward pass of `layers` on `x: [.., I0]`, keeping each layer's input.
 pub fn forward(layers: &[MlpLayer], x: &Tensor) -> Result<Vec<Tensor>> {
+    forward_variant(layers, x, GemmVariant::Default)
+}
+
+fn forward_variant(layers: &[MlpLayer], x: &Tensor, variant: GemmVariant) -> Result<Vec<Tensor>> {
     let mut acts = vec![x.clone()];
     for layer in layers {
-        let next = dense(
+        let next = dense_variant(
             &layer.linear,
             acts.last().expect("non-empty"),
             layer.nonlinearity,
+            variant,
         )?;
         acts.push(next);
     }
@@ -75,6 +80,17 @@ pub fn forward(layers: &[MlpLayer], x: &Tensor) -> Result<Vec<Tensor>> {
 /// Runs the forward pass and propagates relevance from the output back to the input. `start` is the
 /// relevance of the last layer's outputs (same shape); `None` starts from the outputs themselves.
 pub fn explain(layers: &[MlpLayer], x: &Tensor, start: Option<&Tensor>) -> Result<Explanation> {
+    explain_variant(layers, x, start, GemmVariant::Default)
+}
+
+/// [`explain`] with every GEMM pass on `variant`'s kernels (see `super::relevance_variant`).
+#[doc(hidden)]
+pub fn explain_variant(
+    layers: &[MlpLayer],
+    x: &Tensor,
+    start: Option<&Tensor>,
+    variant: GemmVariant,
+) -> Result<Explanation> {
     const OP: &str = "lrp::mlp::explain";
     if layers.is_empty() {
         return Err(Error::Invalid {
@@ -92,7 +108,7 @@ pub fn explain(layers: &[MlpLayer], x: &Tensor, start: Option<&Tensor>) -> Resul
             });
         }
     }
-    let activations = forward(layers, x)?;
+    let activations = forward_variant(layers, x, variant)?;
     let output = activations.last().expect("non-empty").clone();
     let mut rel = match start {
         Some(s) => {
@@ -108,7 +124,13 @@ pub fn explain(layers: &[MlpLayer], x: &Tensor, start: Option<&Tensor>) -> Resul
     };
     let mut relevances = vec![rel.clone()];
     for (l, layer) in layers.iter().enumerate().rev() {
-        rel = relevance(&layer.linear, &activations[l], &rel, &layer.activation)?;
+        rel = relevance_variant(
+            &layer.linear,
+            &activations[l],
+            &rel,
+            &layer.activation,
+            variant,
+        )?;
         relevances.push(rel.clone());
     }
     relevances.reverse();

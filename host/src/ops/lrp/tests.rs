@@ -619,3 +619,36 @@ fn gpu_algebra_matches_the_reference() {
         "{flagged} of {total} cases near a branch decision"
     );
 }
+
+/// Variant 3's `cp.async` copies need 16-byte rows: A's rows are `k` floats, B's `k` (`W` as
+/// `[N][K]`) or, in the spread pass, `n` (`W` as `[K][N]`); bases 16-byte aligned. Anything else
+/// falls back to the default kernel.
+#[test]
+fn v3_runs_only_on_16_byte_rows() {
+    let fits = |pass: Pass, a: u64, b: u64, n: u64, k: u64| pass.v3_rows_fit(a, b, n, k);
+    for pass in [Pass::Sums, Pass::Dense, Pass::Spread] {
+        assert!(fits(pass, 0, 256, 4096, 4096), "{pass:?}");
+        assert!(fits(pass, 4096, 16, 128, 4), "{pass:?}");
+        // Depth (A's rows) not a multiple of 4, or an unaligned base.
+        assert!(!fits(pass, 0, 0, 4096, 4098), "{pass:?}");
+        assert!(!fits(pass, 0, 0, 4096, 4097), "{pass:?}");
+        assert!(!fits(pass, 4, 0, 4096, 4096), "{pass:?}");
+        assert!(!fits(pass, 0, 8, 4096, 4096), "{pass:?}");
+    }
+    // B's rows: `n` long only in the spread pass.
+    assert!(fits(Pass::Sums, 0, 0, 4097, 4096));
+    assert!(fits(Pass::Dense, 0, 0, 30, 4096));
+    assert!(!fits(Pass::Spread, 0, 0, 4097, 4096));
+    assert!(!fits(Pass::Spread, 0, 0, 30, 4096));
+    // The kernels a pass names.
+    use GemmVariant::{Default, V3, V4};
+    assert_eq!(Pass::Sums.kernel(V3), "lrp_sums_v3_f32");
+    assert_eq!(Pass::Spread.kernel(V3), "lrp_spread_v3_f32");
+    assert_eq!(Pass::Dense.kernel(V3), "dense_v3_f32");
+    assert_eq!(Pass::Sums.kernel(V4), "lrp_sums_v3_f32");
+    assert_eq!(Pass::Spread.kernel(V4), "lrp_spread_v4_f32");
+    assert_eq!(Pass::Dense.kernel(V4), "dense_v4_f32");
+    assert_eq!(Pass::Sums.kernel(Default), "lrp_sums_f32");
+    assert_eq!(Pass::Spread.kernel(Default), "lrp_spread_f32");
+    assert_eq!(Pass::Dense.kernel(Default), "dense_f32");
+}
