@@ -405,12 +405,15 @@ fn layer_forward_and_backward_match_reference() {
                         &gw.grad_x,
                         grad_tol(n, normalize),
                     );
+                    // The linear weight gradient is x times the gradient flowing out of the grade
+                    // norm, so it inherits that norm backward's cancellation at few features (seen:
+                    // Cl2 FullyConnected B1 N1, 3.2e-5 on an H200): the input gradients' tolerance.
                     check(
                         &case,
                         "grad_linear_weight",
                         &g.grad_linear_weight,
                         &gw.grad_linear_weight,
-                        1e-5,
+                        grad_tol(n, normalize),
                     );
                     // The bias gradient sums C*B signed terms per feature (4-8 at B = 1) that largely
                     // cancel: measured against the result, f32 rounding of the terms shows up to ~3e-5
