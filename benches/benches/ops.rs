@@ -661,12 +661,10 @@ fn embeddings(b: &mut Bencher) {
     );
 }
 
-/// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16;
-/// with `RGK_BENCH_VARIANTS=1` also the tuning variants (`attn_fwd_v{N}/...`) after each default.
+/// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
 /// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md).
 fn attention(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
-    let variants = std::env::var("RGK_BENCH_VARIANTS").is_ok();
     let shapes: &[(usize, usize, usize, usize)] = if quick {
         &[(4, 8, 512, 64)]
     } else {
@@ -715,32 +713,6 @@ fn attention(b: &mut Bencher) {
                         attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
                     },
                 );
-                // The tuning variants of this head dim (`attn::FLASH_VARIANTS`), same inputs and
-                // counts, next to the default, on request only (`RGK_BENCH_VARIANTS=1`).
-                if variants {
-                    for var in attn::FLASH_VARIANTS
-                        .iter()
-                        .filter(|v| v.config.head_dim == d)
-                    {
-                        b.bench(
-                            spec(
-                                format!(
-                                    "attn_fwd_v{}/{dtype}/B{bb}H{h}S{s}D{d}/{mask}",
-                                    var.number
-                                ),
-                                Some((4 * bb * h * s * d * dtype.size_bytes()) as u64),
-                                Some(flops),
-                            ),
-                            copies,
-                            |i| {
-                                attn::flash_forward_variant(
-                                    &q[i], &k[i], &v[i], &params, var.number,
-                                )
-                                .expect("flash_forward_variant");
-                            },
-                        );
-                    }
-                }
             }
         }
     }

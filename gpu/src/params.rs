@@ -133,24 +133,6 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ),
     ("layer_norm_backward_pipe_", layer_norm::PIPE_MAX_BLOCK, 1),
     ("layer_norm_", layer_norm::MAX_BLOCK, 1),
-    // The FlashAttention tuning variants (`attention::FLASH_VARIANTS`): v2 must fit 128 registers
-    // (two 256-thread CTAs per SM), v3 168 (three 128-thread CTAs), v4 128 (four 128-thread CTAs). The default kernels
-    // ("flash_fwd_d*") have no bound. Checked against the table by a host test.
-    (
-        "flash_fwd_v2_",
-        attention::FLASH_VARIANTS[0].config.threads() as u32,
-        attention::FLASH_VARIANTS[0].min_blocks,
-    ),
-    (
-        "flash_fwd_v3_",
-        attention::FLASH_VARIANTS[1].config.threads() as u32,
-        attention::FLASH_VARIANTS[1].min_blocks,
-    ),
-    (
-        "flash_fwd_v4_",
-        attention::FLASH_VARIANTS[2].config.threads() as u32,
-        attention::FLASH_VARIANTS[2].min_blocks,
-    ),
 ];
 
 /// Threads for a block that covers a row of `cols` elements at `per_thread` elements a thread: a power
@@ -1112,106 +1094,6 @@ pub mod attention {
         stages: 2,
     };
 
-    /// Where each warp keeps Q's `mma` A fragments (its 16 rows, all of `head_dim`) during the K loop.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum QFrags {
-        /// Loaded once into registers: `head_dim / 16 * 4` words a thread (32 at D = 128).
-        Registers,
-        /// Re-read from the resident shared Q tile by one `ldmatrix.x4` per 16-dim step of every
-        /// K tile: 25% more `ldmatrix` in `Q K^T` (one Q block per four K pairs), 32 registers
-        /// fewer at D = 128.
-        Shared,
-    }
-
-    /// A tuning candidate for the FlashAttention forward, built side by side with the default
-    /// (`flash_config`): entry points `flash_fwd_v{number}_d{head_dim}_{f16,bf16}`, launched by
-    /// `host::ops::attention::flash_forward_variant`, benched as `attn_fwd_v{number}/...`
-    /// (`RGK_BENCH_VARIANTS=1`). Its launch bound (`LAUNCH_BOUNDS`: `config.threads()` threads,
-    /// `min_blocks` CTAs per SM) caps the registers at 65536 / (threads * min_blocks).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct FlashVariant {
-        /// 2, 3, ...: the default kernel is number 1.
-        pub number: u32,
-        pub config: FlashConfig,
-        pub q_frags: QFrags,
-        pub min_blocks: u32,
-    }
-
-    /// The tuning candidates (design rationale, not measured yet):
-    /// - v2, D = 128: the default's 177 registers (O accumulator 64, S tile 32, Q fragments 32, the
-    ///   rest addresses, softmax state and B fragments in flight) allow one 8-warp CTA per SM though
-    ///   shared memory (96 KiB) allows two. Q fragments re-read from shared memory, 32-key tiles
-    ///   (S: 16 registers) and a bound of two 256-thread CTAs (128 registers) give 16 warps per SM:
-    ///   while one CTA's warps are in the softmax (FP32 pipe, shuffles) the other's keep the tensor
-    ///   cores busy. Costs: 25% more `ldmatrix` in `Q K^T`, twice the barriers and accumulator
-    ///   rescales per key. (With 64-key tiles the same bound spilled 60 bytes on sm_90.)
-    /// - v3, D = 128: 64-row blocks of 4 warps, Q in registers, 32-key tiles, three CTAs per SM
-    ///   (168 registers, 48 KiB each): 12 warps per SM in CTAs that do not wait on each other's
-    ///   barriers, and twice the CTAs for the last wave.
-    /// - v4, D = 64: 64-row blocks of 4 warps: the B4 H8 S512 seed shape gets 256 CTAs instead of
-    ///   128 (one wave of 8 warps on 132 SMs left 4 SMs idle and nothing to overlap with); up to 4
-    ///   CTAs (40 KiB each) per SM.
-    pub const FLASH_VARIANTS: [FlashVariant; 3] = [
-        FlashVariant {
-            number: 2,
-            config: FlashConfig {
-                head_dim: 128,
-                block_q: 128,
-                block_k: 32,
-                stages: 2,
-            },
-            q_frags: QFrags::Shared,
-            min_blocks: 2,
-        },
-        FlashVariant {
-            number: 3,
-            config: FlashConfig {
-                head_dim: 128,
-                block_q: 64,
-                block_k: 32,
-                stages: 2,
-            },
-            q_frags: QFrags::Registers,
-            min_blocks: 3,
-        },
-        FlashVariant {
-            number: 4,
-            config: FlashConfig {
-                head_dim: 64,
-                block_q: 64,
-                block_k: 64,
-                stages: 2,
-            },
-            q_frags: QFrags::Registers,
-            min_blocks: 4,
-        },
-    ];
-
-    /// Variant `number` (1 = the default kernel of [`flash_config`]) for a head dimension, or
-    /// `None` if there is none.
-    pub const fn flash_variant(number: u32, head_dim: usize) -> Option<FlashVariant> {
-        if number == 1 {
-            return match flash_config(head_dim) {
-                Some(config) => Some(FlashVariant {
-                    number: 1,
-                    config,
-                    q_frags: QFrags::Registers,
-                    min_blocks: 1,
-                }),
-                None => None,
-            };
-        }
-        let mut i = 0;
-        while i < FLASH_VARIANTS.len() {
-            let v = FLASH_VARIANTS[i];
-            if v.number == number && v.config.head_dim == head_dim {
-                return Some(v);
-            }
-            i += 1;
-        }
-        None
-    }
-
     /// The FlashAttention config for a head dimension, or `None` if there is no kernel for it.
     pub const fn flash_config(head_dim: usize) -> Option<FlashConfig> {
         match head_dim {
@@ -1232,26 +1114,6 @@ pub mod attention {
         type D128K = TileLayout<u16, { FLASH_D128.block_k }, { FLASH_D128.head_dim }, Xor8>;
         assert!(FLASH_D64.smem_bytes() == D64Q::BYTES + 2 * FLASH_D64.stages * D64K::BYTES);
         assert!(FLASH_D128.smem_bytes() == D128Q::BYTES + 2 * FLASH_D128.stages * D128K::BYTES);
-        // `LAUNCH_BOUNDS` names the variants' entry points by these numbers.
-        assert!(FLASH_VARIANTS[0].number == 2);
-        assert!(FLASH_VARIANTS[1].number == 3);
-        assert!(FLASH_VARIANTS[2].number == 4);
-        // Variant numbers are unique per head dim, and each variant's CTAs fit an SM together
-        // (227 KiB of shared memory on sm_90, 64K registers).
-        let mut i = 0;
-        while i < FLASH_VARIANTS.len() {
-            let v = FLASH_VARIANTS[i];
-            assert!(v.number >= 2);
-            assert!(v.min_blocks as usize * v.config.smem_bytes() <= 227 * 1024);
-            assert!(v.min_blocks as usize * v.config.threads() <= 2048);
-            let mut j = 0;
-            while j < i {
-                let w = FLASH_VARIANTS[j];
-                assert!(!(w.number == v.number && w.config.head_dim == v.config.head_dim));
-                j += 1;
-            }
-            i += 1;
-        }
     };
 
     /// Naive attention: one block per query row.

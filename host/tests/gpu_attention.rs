@@ -3,11 +3,9 @@
 //! `reference::naive_same_precision` in the input dtype; NaN never passes and infinities (LSE of fully
 //! masked rows) must match exactly. Outputs are poisoned (NaN) before every launch; seeds are printed.
 //! `RGK_FUZZ_CASES=n` runs only the first n cases of each grid (the first six are the sanitizer set).
-//! The FlashAttention tuning variants (`attention::FLASH_VARIANTS`, `flash_forward_variant`) go
-//! through the same checks as the default (`flash_variant*` tests), on the cases of their head dim.
 mod common;
 use common::*;
-use host::ops::attention::{self, AttentionParams, Causal, FLASH_VARIANTS, reference};
+use host::ops::attention::{self, AttentionParams, Causal, reference};
 use host::{DType, Gpu, HostTensor, Tensor};
 
 #[derive(Clone, Copy, Debug)]
@@ -24,8 +22,6 @@ struct Case {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Path {
     Flash,
-    /// `flash_forward_variant` with this variant number.
-    FlashVariant(u32),
     Naive,
 }
 
@@ -152,7 +148,6 @@ fn run(path: Path, gpu: &Gpu, inputs: &[HostTensor; 3], p: &AttentionParams) -> 
         .map(|t| Tensor::from_host(gpu, t).unwrap());
     match path {
         Path::Flash => attention::flash_forward(&q, &k, &v, p),
-        Path::FlashVariant(n) => attention::flash_forward_variant(&q, &k, &v, p, n),
         Path::Naive => attention::naive_forward(&q, &k, &v, p),
     }
     .unwrap()
@@ -197,34 +192,6 @@ fn flash_forward_matches_reference_over_the_grid() {
     }
 }
 
-/// Every tuning variant over the FlashAttention grid's cases of its head dim (both dtypes, both
-/// masks, odd lengths, Sq != Sk), same rule as the default; a variant asked for a head dim it has no
-/// kernel for is an error, not a launch.
-#[test]
-fn flash_variants_match_reference_over_the_grid() {
-    let Some(gpu) = gpu_or_skip("flash_variants_match_reference_over_the_grid") else {
-        return;
-    };
-    let mut rng = rng("flash_variants_grid");
-    for var in FLASH_VARIANTS {
-        let d = var.config.head_dim;
-        let cases: Vec<Case> = flash_cases()
-            .into_iter()
-            .filter(|c| c.head_dim == d)
-            .collect();
-        for c in cases.iter().take(fuzz_cases(cases.len())) {
-            check(Path::FlashVariant(var.number), &gpu, &mut rng, c);
-        }
-        let other = if d == 64 { 128 } else { 64 };
-        let t =
-            Tensor::from_f32(&gpu, &vec![0.1; 8 * other], &[1, 1, 8, other], DType::F16).unwrap();
-        let e =
-            attention::flash_forward_variant(&t, &t, &t, &AttentionParams::default(), var.number)
-                .unwrap_err();
-        assert!(matches!(e, host::Error::Invalid { .. }), "{e}");
-    }
-}
-
 #[test]
 fn naive_forward_matches_reference() {
     let Some(gpu) = gpu_or_skip("naive_forward_matches_reference") else {
@@ -247,56 +214,26 @@ fn naive_forward_matches_reference() {
     }
 }
 
-/// Runs `path` 100 times on one causal case of head dim `d` and asserts O and LSE keep their bits.
-fn assert_bit_identical_over_100_runs(
-    gpu: &Gpu,
-    rng: &mut rand::rngs::StdRng,
-    path: Path,
-    d: usize,
-) {
-    let c = case(2, 3, 1025, 1025, d, Causal::Yes, DType::BF16);
-    let x = inputs(rng, &c);
-    let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(gpu, t).unwrap());
-    let p = params(&c);
-    let bits =
-        |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect() };
-    let launch = || {
-        match path {
-            Path::Flash => attention::flash_forward(&q, &k, &v, &p),
-            Path::FlashVariant(n) => attention::flash_forward_variant(&q, &k, &v, &p, n),
-            Path::Naive => attention::naive_forward(&q, &k, &v, &p),
-        }
-        .unwrap()
-    };
-    let (o0, l0) = launch();
-    let (first_o, first_l) = (bits(&o0), bits(&l0));
-    for run in 1..fuzz_cases(100) {
-        let (o, l) = launch();
-        assert!(
-            bits(&o) == first_o && bits(&l) == first_l,
-            "{path:?} {c:?}: run {run} differs from run 0"
-        );
-    }
-}
-
 #[test]
 fn flash_forward_is_bit_identical_over_100_runs() {
     let Some(gpu) = gpu_or_skip("flash_forward_is_bit_identical_over_100_runs") else {
         return;
     };
     let mut rng = rng("flash_repeat");
-    assert_bit_identical_over_100_runs(&gpu, &mut rng, Path::Flash, 128);
-}
-
-#[test]
-fn flash_variants_are_bit_identical_over_100_runs() {
-    let Some(gpu) = gpu_or_skip("flash_variants_are_bit_identical_over_100_runs") else {
-        return;
-    };
-    let mut rng = rng("flash_variants_repeat");
-    for var in FLASH_VARIANTS {
-        let path = Path::FlashVariant(var.number);
-        assert_bit_identical_over_100_runs(&gpu, &mut rng, path, var.config.head_dim);
+    let c = case(2, 3, 1025, 1025, 128, Causal::Yes, DType::BF16);
+    let x = inputs(&mut rng, &c);
+    let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(&gpu, t).unwrap());
+    let p = params(&c);
+    let bits =
+        |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect() };
+    let (o0, l0) = attention::flash_forward(&q, &k, &v, &p).unwrap();
+    let (first_o, first_l) = (bits(&o0), bits(&l0));
+    for run in 1..fuzz_cases(100) {
+        let (o, l) = attention::flash_forward(&q, &k, &v, &p).unwrap();
+        assert!(
+            bits(&o) == first_o && bits(&l) == first_l,
+            "run {run} differs from run 0"
+        );
     }
 }
 
@@ -306,38 +243,13 @@ fn fully_masked_rows_are_zero_not_nan() {
         return;
     };
     let mut rng = rng("fully_masked");
-    check_fully_masked_rows(&gpu, &mut rng, &[Path::Flash, Path::Naive], &KINDS);
-}
-
-#[test]
-fn flash_variants_fully_masked_rows_are_zero_not_nan() {
-    let Some(gpu) = gpu_or_skip("flash_variants_fully_masked_rows_are_zero_not_nan") else {
-        return;
-    };
-    let mut rng = rng("flash_variants_fully_masked");
-    for var in FLASH_VARIANTS {
-        let kinds: Vec<_> = KINDS
-            .into_iter()
-            .filter(|&(d, _)| d == var.config.head_dim)
-            .collect();
-        check_fully_masked_rows(&gpu, &mut rng, &[Path::FlashVariant(var.number)], &kinds);
-    }
-}
-
-/// Causal with seq_q = 200 > seq_k = 17: query i sees key j iff j <= i - 183, so rows 0..183 see
-/// nothing (and a first query block of 64 or 128 rows sees no key at all: no K tile is loaded).
-/// Those rows must be 0 with LSE -inf, the others finite, on every path and (head dim, dtype).
-fn check_fully_masked_rows(
-    gpu: &Gpu,
-    rng: &mut rand::rngs::StdRng,
-    paths: &[Path],
-    kinds: &[(usize, DType)],
-) {
-    for &(d, dtype) in kinds {
+    // Causal with seq_q = 200 > seq_k = 17: query i sees key j iff j <= i - 183, so rows 0..183 see
+    // nothing (and the first query block of 128 rows sees no key at all: no K tile is loaded).
+    for (d, dtype) in KINDS {
         let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
-        let x = inputs(rng, &c);
-        for &path in paths {
-            let (o, lse) = run(path, gpu, &x, &params(&c));
+        let x = inputs(&mut rng, &c);
+        for path in [Path::Flash, Path::Naive] {
+            let (o, lse) = run(path, &gpu, &x, &params(&c));
             let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
             for head in 0..c.batch * c.heads {
                 for i in 0..c.seq_q {
@@ -391,42 +303,14 @@ fn custom_scale_is_applied() {
         return;
     };
     let mut rng = rng("custom_scale");
-    check_custom_scales(&gpu, &mut rng, Path::Flash, 64);
-}
-
-/// The variants with a positive, a negative (Q's sign flipped once, in shared memory where Q's
-/// fragments are re-read) and a zero scale.
-#[test]
-fn flash_variants_apply_custom_scale() {
-    let Some(gpu) = gpu_or_skip("flash_variants_apply_custom_scale") else {
-        return;
-    };
-    let mut rng = rng("flash_variants_custom_scale");
-    for var in FLASH_VARIANTS {
-        check_custom_scales(
-            &gpu,
-            &mut rng,
-            Path::FlashVariant(var.number),
-            var.config.head_dim,
-        );
-    }
-}
-
-/// Scales 0.5, -0.3 and 0 on `path` at head dim `d`, same rule as the grid, both masks.
-fn check_custom_scales(gpu: &Gpu, rng: &mut rand::rngs::StdRng, path: Path, d: usize) {
-    for (scale, causal) in [
-        (0.5f32, Causal::No),
-        (-0.3, Causal::No),
-        (0.0, Causal::No),
-        (-0.3, Causal::Yes),
-    ] {
-        let c = case(1, 3, 130, 70, d, causal, DType::F16);
-        let x = inputs(rng, &c);
+    for scale in [0.5f32, -0.3, 0.0] {
+        let c = case(1, 3, 130, 70, 64, Causal::No, DType::F16);
+        let x = inputs(&mut rng, &c);
         let p = AttentionParams {
             causal: c.causal,
             scale: Some(scale),
         };
-        let (o, lse) = run(path, gpu, &x, &p);
+        let (o, lse) = run(Path::Flash, &gpu, &x, &p);
         let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
         for (out, exact, naive) in [
             (o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
@@ -434,10 +318,7 @@ fn check_custom_scales(gpu: &Gpu, rng: &mut rand::rngs::StdRng, path: Path, d: u
         ] {
             let err = max_abs_err(&out, &exact.data);
             let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
-            assert!(
-                err <= bound,
-                "{path:?} {c:?} scale {scale}: {err:.3e} > {bound:.3e}"
-            );
+            assert!(err <= bound, "scale {scale}: {err:.3e} > {bound:.3e}");
         }
     }
 }

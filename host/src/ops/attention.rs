@@ -33,9 +33,7 @@
 //! ```
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
-use gpu::params::attention::{AttentionShape, MAX_SEQ, MaskKind, flash_variant, naive};
-#[doc(hidden)]
-pub use gpu::params::attention::{FLASH_VARIANTS, FlashVariant};
+use gpu::params::attention::{AttentionShape, MAX_SEQ, MaskKind, flash_config, naive};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -328,20 +326,12 @@ fn outputs(q: &Tensor, d: &Dims) -> Result<(Tensor, Tensor)> {
     Ok((o, lse))
 }
 
-/// The entry point of FlashAttention variant `number` (1 = the default kernels; the others are
-/// `FLASH_VARIANTS`) for a head dim and dtype.
-fn flash_kernel(number: u32, head_dim: usize, dtype: DType) -> Option<&'static str> {
-    Some(match (number, head_dim, dtype) {
-        (1, 64, DType::F16) => "flash_fwd_d64_f16",
-        (1, 64, DType::BF16) => "flash_fwd_d64_bf16",
-        (1, 128, DType::F16) => "flash_fwd_d128_f16",
-        (1, 128, DType::BF16) => "flash_fwd_d128_bf16",
-        (2, 128, DType::F16) => "flash_fwd_v2_d128_f16",
-        (2, 128, DType::BF16) => "flash_fwd_v2_d128_bf16",
-        (3, 128, DType::F16) => "flash_fwd_v3_d128_f16",
-        (3, 128, DType::BF16) => "flash_fwd_v3_d128_bf16",
-        (4, 64, DType::F16) => "flash_fwd_v4_d64_f16",
-        (4, 64, DType::BF16) => "flash_fwd_v4_d64_bf16",
+fn flash_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
+    Some(match (head_dim, dtype) {
+        (64, DType::F16) => "flash_fwd_d64_f16",
+        (64, DType::BF16) => "flash_fwd_d64_bf16",
+        (128, DType::F16) => "flash_fwd_d128_f16",
+        (128, DType::BF16) => "flash_fwd_d128_bf16",
         _ => return None,
     })
 }
@@ -353,39 +343,14 @@ pub fn flash_forward(
     v: &Tensor,
     params: &AttentionParams,
 ) -> Result<(Tensor, Tensor)> {
-    flash_forward_variant(q, k, v, params, 1)
-}
-
-/// [`flash_forward`] through tuning variant `number` (`FLASH_VARIANTS`; 1 is the default kernel),
-/// for side-by-side measurement; not a stable API. Same contract and accuracy rule; an
-/// `Error::Invalid` for a variant that has no kernel for the head dim.
-#[doc(hidden)]
-pub fn flash_forward_variant(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    params: &AttentionParams,
-    number: u32,
-) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
     let (cfg, name) = match (
-        flash_variant(number, d.head_dim),
-        flash_kernel(number, d.head_dim, q.dtype()),
+        flash_config(d.head_dim),
+        flash_kernel(d.head_dim, q.dtype()),
     ) {
-        (Some(variant), Some(name)) => (variant.config, name),
-        _ if number == 1 => {
-            unreachable!("validate accepts only head dims and dtypes with a kernel")
-        }
-        _ => {
-            return Err(Error::Invalid {
-                op: OP,
-                msg: format!(
-                    "no FlashAttention variant {number} for head dim {}",
-                    d.head_dim
-                ),
-            });
-        }
+        (Some(cfg), Some(name)) => (cfg, name),
+        _ => unreachable!("validate accepts only head dims and dtypes with a kernel"),
     };
     let (o, lse) = outputs(q, &d)?;
     if d.batch * d.heads * d.seq_q == 0 {
@@ -1392,38 +1357,12 @@ mod tests {
         );
     }
 
-    /// Each variant's entry points get its launch bound (the first matching prefix of
-    /// `LAUNCH_BOUNDS`: its threads and CTAs per SM); the default kernels get none.
-    #[test]
-    fn flash_variants_have_their_launch_bounds() {
-        let bound = |name: &str| {
-            gpu::params::LAUNCH_BOUNDS
-                .iter()
-                .find(|(prefix, _, _)| name.starts_with(prefix))
-                .map(|&(_, threads, blocks)| (threads, blocks))
-        };
-        for dt in [DType::F16, DType::BF16] {
-            for d in FLASH_HEAD_DIMS {
-                assert_eq!(bound(flash_kernel(1, d, dt).unwrap()), None);
-            }
-            for v in FLASH_VARIANTS {
-                let name = flash_kernel(v.number, v.config.head_dim, dt).unwrap();
-                assert_eq!(
-                    bound(name),
-                    Some((v.config.threads() as u32, v.min_blocks)),
-                    "{name}"
-                );
-            }
-        }
-    }
-
     #[test]
     fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
-        let variants = FLASH_VARIANTS.iter().map(|v| (v.number, v.config.head_dim));
-        for (number, d) in FLASH_HEAD_DIMS.map(|d| (1, d)).into_iter().chain(variants) {
-            assert!(flash_variant(number, d).is_some());
+        for d in FLASH_HEAD_DIMS {
+            assert!(flash_config(d).is_some());
             for dt in [DType::F16, DType::BF16] {
-                let name = flash_kernel(number, d, dt).unwrap();
+                let name = flash_kernel(d, dt).unwrap();
                 assert!(
                     crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
                     "{name}"

@@ -1,9 +1,7 @@
 //! FlashAttention-2 forward on tensor cores (`mma.sync.m16n8k16`, f16/bf16 in, f32 accumulation).
 //!
 //! One CTA per (block of `BQ` query rows, head, batch); `BQ / 16` warps, each owning 16 query rows.
-//! - Q's block is copied to shared memory once; its `mma` A fragments stay in registers
-//!   ([`QInRegisters`], the default) or are re-read from the resident tile for every K tile
-//!   ([`QInShared`], tuning variants that trade `ldmatrix` traffic for 32 registers at D = 128).
+//! - Q's block is copied to shared memory once and its `mma` A fragments stay in registers.
 //! - K and V stream through shared memory in `BK`-key tiles, two stages each, by `cp.async` 16-byte
 //!   copies in commit groups; rows past the end are zero-filled. Tiles use the [`Xor8`] swizzle, so
 //!   the `ldmatrix` reads (and the copies) are bank-conflict free.
@@ -20,9 +18,6 @@
 //! - Epilogue: `O / l` rounded to the input type, staged through the warp's own (now unused) rows of
 //!   the Q tile for 16-byte coalesced stores; `LSE = (m c + log2 l) ln 2` (natural log of the scaled
 //!   scores' sum of exponentials). A row with no visible key has `l = 0`: O = 0, LSE = -inf.
-//!
-//! The default kernels (`flash_fwd_d{64,128}_*`) and the tuning variants (`flash_fwd_v{N}_*`,
-//! `params::attention::FLASH_VARIANTS`) are this one body with different const parameters.
 //!
 //! The pipeline per K/V tile `j` (groups are per thread; `wait 1` leaves only the newest pending):
 //! ```text
@@ -43,30 +38,20 @@ use crate::dev::sync::{sync_threads, sync_warp};
 use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x, warp_id};
 use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
-use crate::dev::{opaque_u32, opaque_u64};
 use crate::layout::Xor8;
 use crate::params::attention::{
-    AttentionShape, FLASH_D64, FLASH_D128, FLASH_VARIANTS, FlashConfig, FlashVariant, MaskKind,
-    QFrags, flash_variant,
+    AttentionShape, FLASH_D64, FLASH_D128, FlashConfig, MaskKind, flash_config,
 };
 use crate::{unroll, unroll_lt};
 
 /// A `ROWS x D` tile of 16-bit elements with swizzled rows: Q, K and V tiles alike.
 type Tile<T, const ROWS: usize, const D: usize> = SharedTile<T, ROWS, D, Xor8>;
 
-/// The forward kernel of variant `VAR` (1 = default). `KD = D / 16` (k-steps of `Q K^T`),
-/// `NS = BK / 8` (8-key tiles of S) and `NO = D / 8` (8-column tiles of O) size the register
-/// fragments; `Q` says where Q's fragments live. All are checked against the variant's config.
-///
-/// `LEAN` (the variants, which run under a register bound from `LAUNCH_BOUNDS`): copy offsets are
-/// recomputed per tile instead of held, and P is rounded to the input type before the V barrier
-/// (16 words live across it instead of 32 floats). The default (`!LEAN`) keeps its measured code.
+/// The forward kernel. `KD = D / 16` (k-steps of `Q K^T`), `NS = BK / 8` (8-key tiles of S) and
+/// `NO = D / 8` (8-column tiles of O) size the register fragments; all are checked against the config.
 #[inline(always)]
 unsafe fn flash_fwd<
     T: MmaElem,
-    Q: QOperand<T, BQ, D>,
-    const VAR: u32,
-    const LEAN: bool,
     const D: usize,
     const BQ: usize,
     const BK: usize,
@@ -81,9 +66,7 @@ unsafe fn flash_fwd<
     lse: SliceMut<f32>,
     p: AttentionShape,
 ) {
-    let cfg: FlashConfig = const { checked_config::<T, Q, VAR, D, BQ, BK, KD, NS, NO>() };
-    const { assert!(LEAN == (VAR != 1)) };
-
+    let cfg: FlashConfig = const { checked_config::<T, D, BQ, BK, KD, NS, NO>() };
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
     // Query block, heaviest first: under a causal mask later blocks see more keys.
@@ -125,13 +108,13 @@ unsafe fn flash_fwd<
     // SAFETY (all `load_rows` calls): row offsets stay inside this head's rows (rows past the end
     // are zero-filled without reading); every copied-into stage is idle per the pipeline above.
     unsafe {
-        load_rows::<T, BQ, D, BQ, LEAN>(q_tile, q_src, m0, sq);
+        load_rows::<T, BQ, D, BQ>(q_tile, q_src, m0, sq);
         if n_tiles > 0 {
-            load_rows::<T, BK, D, BQ, LEAN>(k_tiles, k_src, 0, sk);
+            load_rows::<T, BK, D, BQ>(k_tiles, k_src, 0, sk);
         }
         cp_async_commit();
         if n_tiles > 0 {
-            load_rows::<T, BK, D, BQ, LEAN>(v_tiles, v_src, 0, sk);
+            load_rows::<T, BK, D, BQ>(v_tiles, v_src, 0, sk);
         }
         cp_async_commit();
     }
@@ -141,32 +124,16 @@ unsafe fn flash_fwd<
     let warp_row = warp_id() * 16;
     // s * scale == (-s) * |scale|: a negative scale negates Q (sign bits of f16 and bf16 alike).
     let sign = if p.scale < 0.0 { 0x8000_8000 } else { 0 };
-    let q_frags = Q::new(q_tile, warp_row, sign);
+    let mut qf = [[0u32; 4]; KD];
+    unroll_lt!(kd < KD, {
+        qf[kd] = q_tile.load_a(warp_row, 2 * kd as u32).map(|w| w ^ sign);
+    });
     let first_row = m0 + warp_row + lane_id() / 4; // this thread's rows: first_row and first_row + 8
     let key_limit = key_limits(first_row, sk, diag, causal);
     // Clamped away from 0 so that masked scores stay -inf (not NaN) under scale = 0; a scale of
     // 1e-30 instead of 0 changes no f32 result.
     let mut softmax = OnlineSoftmax::new(max(p.scale.abs() * LOG2_E, 1e-30));
     let mut acc = [[0.0f32; 4]; NO];
-    // A tile ending past this key (exclusive) needs masking: past sk, or (causal) past the
-    // CTA's first row's last visible key.
-    let mask_limit = match (LEAN, causal) {
-        (false, _) => 0, // unused
-        (true, true) => (m0 as i32 + diag + 1).min(sk as i32),
-        (true, false) => sk as i32,
-    };
-
-    // Lean: this head's K and V rows as the kernel parameters (constant bank) plus one opaque offset
-    // (two registers across the loop instead of two pointers' four).
-    let kv_off = bh * sk as u64 * D as u64;
-    let head_rows = |m: Slice<T>, src: *const T| -> *const T {
-        if LEAN {
-            // SAFETY: the same address as `k_src` / `v_src` above.
-            unsafe { m.ptr.add(opaque_u64(kv_off) as usize) }
-        } else {
-            src
-        }
-    };
 
     for j in 0..n_tiles {
         let (stage, next) = (j % 2, (j + 1) % 2);
@@ -178,48 +145,16 @@ unsafe fn flash_fwd<
         }
         if more {
             // SAFETY: see above.
-            unsafe {
-                load_rows::<T, BK, D, BQ, LEAN>(
-                    k_tiles.stage(next),
-                    head_rows(k, k_src),
-                    n0 + BK as u32,
-                    sk,
-                )
-            };
+            unsafe { load_rows::<T, BK, D, BQ>(k_tiles.stage(next), k_src, n0 + BK as u32, sk) };
         }
         cp_async_commit();
 
-        let mut s = scores::<T, Q, BQ, BK, D, KD, NS>(&q_frags, k_tiles.stage(stage));
+        let mut s = scores::<T, BK, D, KD, NS>(&qf, k_tiles.stage(stage));
         let last_key = (n0 + BK as u32 - 1) as i32;
-        let ragged = if LEAN {
-            // One value live across the loop instead of sk, m0, diag and the mask kind.
-            (n0 + BK as u32) as i32 > opaque_u32(mask_limit as u32) as i32
-        } else {
-            n0 + BK as u32 > sk || (causal && last_key > m0 as i32 + diag)
-        };
-        if ragged {
-            let limit = if LEAN {
-                // Recomputed from the launch indices and parameters: nothing held across the loop.
-                let m0 = (sq.div_ceil(BQ as u32) - 1 - opaque_u32(block_idx_x())) * BQ as u32;
-                let row = m0 + opaque_u32(warp_id()) * 16 + lane_id() / 4;
-                key_limits(
-                    row,
-                    p.seq_k,
-                    p.seq_k as i32 - p.seq_q as i32,
-                    p.mask == MaskKind::Causal,
-                )
-            } else {
-                key_limit
-            };
-            mask(&mut s, n0, limit);
+        if n0 + BK as u32 > sk || (causal && last_key > m0 as i32 + diag) {
+            mask(&mut s, n0, key_limit);
         }
         let alpha = softmax.update(&mut s);
-        // Only under LEAN: the default's packing must not be merged with (and moved up to) this one.
-        let p_early = if LEAN {
-            pack_p::<T, NS>(&s)
-        } else {
-            [[0; 2]; NS]
-        };
         unroll_lt!(n < NO, {
             acc[n] = [
                 acc[n][0] * alpha[0],
@@ -233,50 +168,19 @@ unsafe fn flash_fwd<
         sync_threads();
         if more {
             // SAFETY: see above.
-            unsafe {
-                load_rows::<T, BK, D, BQ, LEAN>(
-                    v_tiles.stage(next),
-                    head_rows(v, v_src),
-                    n0 + BK as u32,
-                    sk,
-                )
-            };
+            unsafe { load_rows::<T, BK, D, BQ>(v_tiles.stage(next), v_src, n0 + BK as u32, sk) };
         }
         cp_async_commit();
-        // The default packs each 16-key block of P next to its `mma`s (its measured code).
-        let p_frag = |ks: usize| -> FragA {
-            let (lo, hi) = if LEAN {
-                (p_early[2 * ks], p_early[2 * ks + 1])
-            } else {
-                let (lo, hi) = (&s[2 * ks], &s[2 * ks + 1]);
-                (
-                    [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3])],
-                    [T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])],
-                )
-            };
-            [lo[0], lo[1], hi[0], hi[1]]
-        };
-        accumulate_pv::<T, BK, D, NO>(&mut acc, p_frag, NS / 2, v_tiles.stage(stage));
+        accumulate_pv::<T, BK, D, NS, NO>(&mut acc, &s, v_tiles.stage(stage));
     }
 
-    let (bh, m0, warp_row) = if LEAN {
-        // Recomputed from the launch indices (a few integer ops) rather than held across the loop.
-        let m0 = (sq.div_ceil(BQ as u32) - 1 - opaque_u32(block_idx_x())) * BQ as u32;
-        let bh = (opaque_u32(block_idx_z()) * p.heads + block_idx_y()) as u64;
-        (bh, m0, opaque_u32(warp_id()) * 16)
-    } else {
-        (bh, m0, warp_row)
-    };
     let out_row0 = bh * sq as u64 + m0 as u64 + warp_row as u64;
     store_output::<T, BQ, D, NO>(&acc, &softmax, q_tile, warp_row, sq - m0, o, lse, out_row0);
 }
 
-/// The config of variant `VAR` for `D`, checked against the kernel's const parameters and the
-/// placement of Q's fragments (evaluated at compile time).
+/// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).
 const fn checked_config<
     T: MmaElem,
-    Q: QOperand<T, BQ, D>,
-    const VAR: u32,
     const D: usize,
     const BQ: usize,
     const BK: usize,
@@ -284,18 +188,9 @@ const fn checked_config<
     const NS: usize,
     const NO: usize,
 >() -> FlashConfig {
-    let Some(FlashVariant {
-        config: cfg,
-        q_frags,
-        ..
-    }) = flash_variant(VAR, D)
-    else {
-        panic!("no FlashAttention config for this variant and head dim")
+    let Some(cfg) = flash_config(D) else {
+        panic!("no FlashAttention config for this head dim")
     };
-    assert!(matches!(
-        (q_frags, Q::KIND),
-        (QFrags::Registers, QFrags::Registers) | (QFrags::Shared, QFrags::Shared)
-    ));
     assert!(cfg.block_q == BQ && cfg.block_k == BK && cfg.stages == 2);
     assert!(KD == D / 16 && NS == BK / 8 && NO == D / 8);
     assert!(BQ % 16 == 0 && BK % 16 == 0 && D % 16 == 0 && BQ <= 256);
@@ -310,13 +205,7 @@ const fn checked_config<
 /// # Safety
 /// `src` points at `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
 #[inline(always)]
-unsafe fn load_rows<
-    T: MmaElem,
-    const ROWS: usize,
-    const D: usize,
-    const BQ: usize,
-    const LEAN: bool,
->(
+unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const BQ: usize>(
     tile: Tile<T, ROWS, D>,
     src: *const T,
     row0: u32,
@@ -330,14 +219,7 @@ unsafe fn load_rows<
         )
     };
     unroll_lt!(i < ROWS * D / 8 / (BQ * 2), {
-        // Lean: the thread index behind an opaque move, so the per-copy offsets are recomputed
-        // (a few integer ops) rather than hoisted out of the K loop into registers.
-        let tid = if LEAN {
-            opaque_u32(thread_idx_x())
-        } else {
-            thread_idx_x()
-        };
-        let c = tid + (i * BQ * 2) as u32;
+        let c = thread_idx_x() + (i * BQ * 2) as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         let fill = row0 + r < rows;
         let at = if fill {
@@ -350,97 +232,18 @@ unsafe fn load_rows<
     });
 }
 
-/// One warp's Q operand of `S = Q K^T`: the `mma` A fragment of its 16 rows and 16-dim step `kd`.
-trait QOperand<T: MmaElem, const BQ: usize, const D: usize>: Sized {
-    /// Which [`QFrags`] placement this is (checked against the variant's config).
-    const KIND: QFrags;
-    /// Prepares the operand of rows `warp_row..warp_row + 16` of `tile`; every element's sign bit is
-    /// XORed with `sign` (0 or `0x8000_8000`, per 16-bit half). Called by the whole warp, converged,
-    /// after Q's copies have landed and a CTA barrier has made them visible.
-    fn new(tile: Tile<T, BQ, D>, warp_row: u32, sign: u32) -> Self;
-    /// The A fragment of step `kd` (dims `16 kd..16 kd + 16`); the whole warp calls it together.
-    fn frag(&self, kd: usize) -> FragA;
-}
-
-/// Q's fragments loaded once into registers (`KD = D / 16` fragments of 4 words).
-struct QInRegisters<const KD: usize>([FragA; KD]);
-
-impl<T: MmaElem, const BQ: usize, const D: usize, const KD: usize> QOperand<T, BQ, D>
-    for QInRegisters<KD>
-{
-    const KIND: QFrags = QFrags::Registers;
-
-    #[inline(always)]
-    fn new(tile: Tile<T, BQ, D>, warp_row: u32, sign: u32) -> Self {
-        const { assert!(KD == D / 16) };
-        let mut qf = [[0u32; 4]; KD];
-        unroll_lt!(kd < KD, {
-            qf[kd] = tile.load_a(warp_row, 2 * kd as u32).map(|w| w ^ sign);
-        });
-        Self(qf)
-    }
-
-    #[inline(always)]
-    fn frag(&self, kd: usize) -> FragA {
-        self.0[kd]
-    }
-}
-
-/// Q's fragments re-read from the resident shared tile at every use: one `ldmatrix.x4` per
-/// 16-dim step of each K tile instead of `4 D / 16` registers held across the loop.
-struct QInShared<T: MmaElem, const BQ: usize, const D: usize> {
-    tile: Tile<T, BQ, D>,
-    warp_row: u32,
-}
-
-impl<T: MmaElem, const BQ: usize, const D: usize> QOperand<T, BQ, D> for QInShared<T, BQ, D> {
-    const KIND: QFrags = QFrags::Shared;
-
-    /// A sign flip is applied to the warp's own 16 rows in place, once (only this warp reads them,
-    /// here and in the epilogue's staging), so the loop's loads are plain `ldmatrix`.
-    #[inline(always)]
-    fn new(tile: Tile<T, BQ, D>, warp_row: u32, sign: u32) -> Self {
-        if sign != 0 {
-            let chunks_per_row = Tile::<T, BQ, D>::CHUNKS_PER_ROW as u32;
-            unroll_lt!(i < 16 * D / 8 / 32, {
-                let c = lane_id() + 32 * i as u32;
-                let (r, chunk) = (warp_row + c / chunks_per_row, c % chunks_per_row);
-                let words = tile.load_chunk(r, chunk).map(|w| w ^ sign);
-                tile.store_chunk(r, chunk, words);
-            });
-            // Every lane's flip before any lane's `ldmatrix` of the rows.
-            sync_warp(FULL_MASK);
-        }
-        Self { tile, warp_row }
-    }
-
-    #[inline(always)]
-    fn frag(&self, kd: usize) -> FragA {
-        self.tile.load_a(self.warp_row, 2 * kd as u32)
-    }
-}
-
 /// `S = Q K^T` (unscaled) for this warp's 16 rows and the `BK` keys of `kt`.
 #[inline(always)]
-fn scores<
-    T: MmaElem,
-    Q: QOperand<T, BQ, D>,
-    const BQ: usize,
-    const BK: usize,
-    const D: usize,
-    const KD: usize,
-    const NS: usize,
->(
-    q: &Q,
+fn scores<T: MmaElem, const BK: usize, const D: usize, const KD: usize, const NS: usize>(
+    qf: &[FragA; KD],
     kt: Tile<T, BK, D>,
 ) -> [FragC; NS] {
     let mut s = [[0.0f32; 4]; NS];
     unroll_lt!(kd < KD, {
-        let a = q.frag(kd);
         unroll_lt!(np < NS / 2, {
             let [b0, b1] = kt.load_b_pair_nk(16 * np as u32, 2 * kd as u32);
-            T::mma(&mut s[2 * np], &a, b0);
-            T::mma(&mut s[2 * np + 1], &a, b1);
+            T::mma(&mut s[2 * np], &qf[kd], b0);
+            T::mma(&mut s[2 * np + 1], &qf[kd], b1);
         });
     });
     s
@@ -526,29 +329,21 @@ impl OnlineSoftmax {
     }
 }
 
-/// P (this warp's 16 x `BK` probabilities) rounded to `T`: per 8-key tile, the words of rows
-/// `g` and `g + 8` (two keys each).
+/// `acc += P V` with P (this warp's 16 x `BK` probabilities) rounded to `T` as A fragments.
 #[inline(always)]
-fn pack_p<T: MmaElem, const NS: usize>(p: &[FragC; NS]) -> [[u32; 2]; NS] {
-    let mut out = [[0u32; 2]; NS];
-    unroll_lt!(n < NS, {
-        out[n] = [T::pack2(p[n][0], p[n][1]), T::pack2(p[n][2], p[n][3])];
-    });
-    out
-}
-
-/// `acc += P V`: `p_frag(ks)` is the A fragment of P's 16-key block `ks` (of `blocks = BK / 16`),
-/// rounded to `T` (two 8-key tiles of S make one block).
-#[inline(always)]
-fn accumulate_pv<T: MmaElem, const BK: usize, const D: usize, const NO: usize>(
+fn accumulate_pv<T: MmaElem, const BK: usize, const D: usize, const NS: usize, const NO: usize>(
     acc: &mut [FragC; NO],
-    p_frag: impl Fn(usize) -> FragA,
-    blocks: usize,
+    p: &[FragC; NS],
     vt: Tile<T, BK, D>,
 ) {
-    unroll_lt!(ks < BK / 16, {
-        check_index(ks, blocks);
-        let a = p_frag(ks);
+    unroll_lt!(ks < NS / 2, {
+        let (lo, hi) = (&p[2 * ks], &p[2 * ks + 1]);
+        let a: FragA = [
+            T::pack2(lo[0], lo[1]),
+            T::pack2(lo[2], lo[3]),
+            T::pack2(hi[0], hi[1]),
+            T::pack2(hi[2], hi[3]),
+        ];
         unroll_lt!(np < NO / 2, {
             let [b0, b1] = vt.load_b_pair_kn(16 * ks as u32, 2 * np as u32);
             T::mma(&mut acc[2 * np], &a, b0);
@@ -583,8 +378,8 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
             row_lse[r] = fma(softmax.m[r], softmax.c, log2(l)) * LN_2;
         }
     });
-    // The warp's rows of the Q tile are free (Q's fragments live in registers, or the loop that
-    // re-read them is over) and only this warp touches them, so warp barriers order the staging: the first orders every lane's `ldmatrix` read
+    // The warp's rows of the Q tile are free (Q's fragments live in registers) and only this warp
+    // touches them, so warp barriers order the staging: the first orders every lane's `ldmatrix` read
     // of Q (long done in practice, but racecheck sees lanes, not instruction order) before any lane's
     // write; the second orders the writes before the reads below.
     sync_warp(FULL_MASK);
@@ -628,7 +423,7 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
 }
 
 macro_rules! flash_entry_points {
-    ($($name:ident: $t:ty, $var:expr, $cfg:expr, $q:ident;)*) => {$(
+    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
         /// FlashAttention forward; launch with the grid, block and shared memory of its config.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -636,35 +431,17 @@ macro_rules! flash_entry_points {
         ) {
             const C: FlashConfig = $cfg;
             unsafe {
-                flash_fwd::<
-                    $t,
-                    flash_entry_points!(@q $q, $t, C),
-                    { $var },
-                    { $var != 1 },
-                    { C.head_dim },
-                    { C.block_q },
-                    { C.block_k },
-                    { C.head_dim / 16 },
-                    { C.block_k / 8 },
-                    { C.head_dim / 8 },
-                >(q, k, v, o, lse, shape)
+                flash_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.head_dim / 16 }, { C.block_k / 8 }, { C.head_dim / 8 }>(
+                    q, k, v, o, lse, shape,
+                )
             }
         }
     )*};
-    (@q QInRegisters, $t:ty, $c:ident) => { QInRegisters<{ $c.head_dim / 16 }> };
-    (@q QInShared, $t:ty, $c:ident) => { QInShared<$t, { $c.block_q }, { $c.head_dim }> };
 }
 
 flash_entry_points! {
-    flash_fwd_d64_f16: F16, 1, FLASH_D64, QInRegisters;
-    flash_fwd_d64_bf16: BF16, 1, FLASH_D64, QInRegisters;
-    flash_fwd_d128_f16: F16, 1, FLASH_D128, QInRegisters;
-    flash_fwd_d128_bf16: BF16, 1, FLASH_D128, QInRegisters;
-    // Tuning variants (`FLASH_VARIANTS`; the index is the variant number minus 2).
-    flash_fwd_v2_d128_f16: F16, 2, FLASH_VARIANTS[0].config, QInShared;
-    flash_fwd_v2_d128_bf16: BF16, 2, FLASH_VARIANTS[0].config, QInShared;
-    flash_fwd_v3_d128_f16: F16, 3, FLASH_VARIANTS[1].config, QInRegisters;
-    flash_fwd_v3_d128_bf16: BF16, 3, FLASH_VARIANTS[1].config, QInRegisters;
-    flash_fwd_v4_d64_f16: F16, 4, FLASH_VARIANTS[2].config, QInRegisters;
-    flash_fwd_v4_d64_bf16: BF16, 4, FLASH_VARIANTS[2].config, QInRegisters;
+    flash_fwd_d64_f16: F16, FLASH_D64;
+    flash_fwd_d64_bf16: BF16, FLASH_D64;
+    flash_fwd_d128_f16: F16, FLASH_D128;
+    flash_fwd_d128_bf16: BF16, FLASH_D128;
 }
