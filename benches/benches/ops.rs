@@ -416,10 +416,11 @@ fn relevance(b: &mut Bencher) {
                 lrp::relevance(&layer, &x[0], &rel[0], &Activation::tanh()).expect("lrp");
             },
         );
-        // GEMM-pass variants 3 (cp.async 32-deep stages) and 4 (the same, spread at one block per
-        // SM), same inputs, next to the default, on request only (`RGK_BENCH_VARIANTS=1`).
+        // GEMM-pass variants: the register-staged kernels (the default until run r5) and 4 (the
+        // default's cp.async pipeline with spread at one block per SM), same inputs, next to the
+        // default, on request only (`RGK_BENCH_VARIANTS=1`).
         let variants: &[(&str, lrp::GemmVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-            &[("v3", lrp::GemmVariant::V3), ("v4", lrp::GemmVariant::V4)]
+            &[("staged", lrp::GemmVariant::Staged), ("v4", lrp::GemmVariant::V4)]
         } else {
             &[]
         };
@@ -767,15 +768,15 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                 },
             );
-            // The earlier forward (`v1`, one block per row) and, in 2D, the 16-byte-access forwards
-            // (`v3`, `v3p` with prefetch), same inputs and byte count, next to the default (V2), on
-            // request only (`RGK_BENCH_VARIANTS=1`).
+            // The earlier forwards (`v1`, one block per row; `v2`, one thread a feature) and, in 2D,
+            // `v3` (16-byte accesses without the prefetch), same inputs and byte count, next to the
+            // default (2D: V3Prefetch, 3D: V2), on request only (`RGK_BENCH_VARIANTS=1`).
             let variants: &[(&str, cl::FwdVariant)] = match (variants_on, alg) {
                 (false, _) => &[],
                 (true, Algebra::Cl2) => &[
                     ("v1", cl::FwdVariant::Cached),
+                    ("v2", cl::FwdVariant::V2),
                     ("v3", cl::FwdVariant::V3),
-                    ("v3p", cl::FwdVariant::V3Prefetch),
                 ],
                 (true, Algebra::Cl3) => &[("v1", cl::FwdVariant::Cached)],
             };

@@ -107,10 +107,10 @@ fn check(gpu: &host::Gpu, name: &str, c: &Case) -> Vec<Run> {
         .collect()
 }
 
-/// Asserts that every variant besides the default ran both GEMM passes on its own kernels (for
+/// Asserts that every variant besides the staged kernels ran both GEMM passes on its own kernels (for
 /// shapes chosen to exercise them: `I` and `O` multiples of 4).
 fn assert_variants_ran(name: &str, runs: &[Run]) {
-    for run in runs.iter().filter(|r| r.variant != GemmVariant::Default) {
+    for run in runs.iter().filter(|r| r.variant != GemmVariant::Staged) {
         assert!(
             run.variant_ran(),
             "{name}: {:?} fell back ({:?})",
@@ -299,6 +299,35 @@ fn hand_computed_branches_on_the_gpu() {
     }
 }
 
+/// Variant 3's spread pass with one split finishes in its epilogue (`lrp_spread_v3_finish_f32`:
+/// `|x| G` written directly): shapes whose depth (O <= 256) gives one split, with ragged row and
+/// column tiles, against the reference, the staged kernels and itself across runs.
+#[test]
+fn fused_spread_finish_matches_reference() {
+    let Some(gpu) = gpu_or_skip("fused_spread_finish_matches_reference") else {
+        return;
+    };
+    let mut rng = rng("lrp_fused_finish");
+    for (rows, ni, no) in [(200usize, 1028usize, 36usize), (257, 2052, 100), (64, 4096, 256)] {
+        let c = case(&mut rng, rows, ni, no, true, Activation::tanh());
+        let name = format!("fused R{rows} I{ni} O{no}");
+        let runs = check(&gpu, &name, &c);
+        let v3 = runs.iter().find(|r| r.variant == GemmVariant::V3).unwrap();
+        assert_eq!(v3.kernels[1], "lrp_spread_v3_finish_f32", "{name}: {:?}", v3.kernels);
+        let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
+        let (x, rel) = (
+            Tensor::from_host(&gpu, &c.x).unwrap(),
+            Tensor::from_host(&gpu, &c.rel).unwrap(),
+        );
+        let again = lrp::relevance(&layer, &x, &rel, &c.act).unwrap().to_vec().unwrap();
+        let same = again
+            .iter()
+            .zip(&v3.out)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{name}: the default (fused) run differs from the V3 run");
+    }
+}
+
 #[test]
 fn random_shapes_match_reference() {
     let Some(gpu) = gpu_or_skip("random_shapes_match_reference") else {
@@ -409,7 +438,7 @@ fn dense_forward_matches_reference() {
         let x = Tensor::from_host(&gpu, &c.x).unwrap();
         for variant in GemmVariant::ALL {
             let kernel = lrp::dense_kernel(&layer, &x, variant).unwrap();
-            if variant != GemmVariant::Default && ni % 4 == 0 {
+            if variant != GemmVariant::Staged && ni % 4 == 0 {
                 assert_ne!(kernel, "dense_f32", "{variant:?} [{rows},{ni}]x[{no}]");
             }
             for f in [

@@ -384,19 +384,22 @@ pub fn count_nonfinite(t: &Tensor) -> Result<u64> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmVariant {
     /// `lrp_sums_f32`, `lrp_spread_f32`, `dense_f32`: 16-deep stages double buffered from registers.
-    Default,
-    /// `lrp_*_v3_f32`, `dense_v3_f32`: 32-deep stages through a 4-buffer `cp.async` pipeline in
-    /// dynamic shared memory, one fresh 3xTF32 partial per stage (gpu/src/kernels/lrp.rs). A pass whose
+    /// The shipped kernels until run r5 (2026-11-26), now the fallback of [`GemmVariant::V3`] for
+    /// operands that are not 16-byte granular.
+    Staged,
+    /// The shipped kernels ([`relevance`], [`dense`], [`mlp`]): `lrp_*_v3_f32`, `dense_v3_f32`:
+    /// 32-deep stages through a 4-buffer `cp.async` pipeline in dynamic shared memory, one fresh 3xTF32 partial per stage (gpu/src/kernels/lrp.rs). A pass whose
     /// operand rows are not 16-byte granular (`I` or `O` not a multiple of 4, or an unaligned base)
     /// runs the default kernel instead.
     V3,
     /// Variant 3's kernels, with the spread and dense passes (`lrp_spread_v4_f32`, `dense_v4_f32`) at
-    /// one block per SM instead of two (no 128-register cap); the same fallback.
+    /// one block per SM instead of two (no 128-register cap); the same fallback. Measured slower
+    /// than V3 (run r5, H200: R1024 2.159 ms vs 2.091; R64 0.174 vs 0.167).
     V4,
 }
 
 impl GemmVariant {
-    pub const ALL: [GemmVariant; 3] = [GemmVariant::Default, GemmVariant::V3, GemmVariant::V4];
+    pub const ALL: [GemmVariant; 3] = [GemmVariant::Staged, GemmVariant::V3, GemmVariant::V4];
 }
 
 /// One of the tiled GEMM passes.
@@ -413,11 +416,11 @@ enum Pass {
 impl Pass {
     /// The pass's kernel in `variant` (variant 4 shares variant 3's sums kernel).
     fn kernel(self, variant: GemmVariant) -> &'static str {
-        use GemmVariant::{Default, V3, V4};
+        use GemmVariant::{Staged, V3, V4};
         match (self, variant) {
-            (Pass::Sums, Default) => "lrp_sums_f32",
-            (Pass::Spread, Default) => "lrp_spread_f32",
-            (Pass::Dense, Default) => "dense_f32",
+            (Pass::Sums, Staged) => "lrp_sums_f32",
+            (Pass::Spread, Staged) => "lrp_spread_f32",
+            (Pass::Dense, Staged) => "dense_f32",
             (Pass::Sums, V3 | V4) => "lrp_sums_v3_f32",
             (Pass::Spread, V3) => "lrp_spread_v3_f32",
             (Pass::Dense, V3) => "dense_v3_f32",
@@ -463,8 +466,8 @@ fn pass_kernel(
     (a_ptr, b_ptr): (u64, u64),
     (n, k): (u64, u64),
 ) -> Result<&'static str> {
-    let fits = variant != GemmVariant::Default && pass.v3_fits(gpu, a_ptr, b_ptr, n, k)?;
-    Ok(pass.kernel(if fits { variant } else { GemmVariant::Default }))
+    let fits = variant != GemmVariant::Staged && pass.v3_fits(gpu, a_ptr, b_ptr, n, k)?;
+    Ok(pass.kernel(if fits { variant } else { GemmVariant::Staged }))
 }
 
 /// The kernels of the sums and spread passes [`relevance_variant`] launches for `x` (the spread pass
@@ -477,10 +480,16 @@ pub fn relevance_kernels(
     variant: GemmVariant,
 ) -> Result<[&'static str; 2]> {
     let (i, o) = (layer.in_features() as u64, layer.out_features() as u64);
+    let r = x.numel() as u64 / i.max(1);
     let (gpu, w) = (x.gpu(), layer.weight.raw().ptr);
+    let spread = match pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))? {
+        // One split: the finishing product runs in the pass's epilogue (see `gemm_pass`).
+        "lrp_spread_v3_f32" if cfg::v3::split_k(r, i, o).0 == 1 => "lrp_spread_v3_finish_f32",
+        k => k,
+    };
     Ok([
         pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))?,
-        pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))?,
+        spread,
     ])
 }
 
@@ -492,8 +501,18 @@ pub fn dense_kernel(layer: &Linear, x: &Tensor, variant: GemmVariant) -> Result<
     pass_kernel(x.gpu(), Pass::Dense, variant, ptrs, (o, i))
 }
 
+/// What one GEMM pass wrote.
+enum PassOutput {
+    /// Split partials (`splits` of `m x n` each), for a finishing kernel to add in split order.
+    Splits(Vec<Tensor>, u64),
+    /// The finished result, written by the pass's own epilogue (the fused spread + finish).
+    Finished,
+}
+
 /// Launches one tiled GEMM pass over an `m x n` output of depth `k` (`variant`'s kernel where it fits,
-/// else the default), into fresh split workspaces; returns them with the split count.
+/// else the staged one), into fresh split workspaces; returns them with the split count. With
+/// `finish = Some((x, out))` (the spread pass), a pass that runs on variant 3's kernel with a single
+/// split writes `out = |x| G` directly (`lrp_spread_v3_finish_f32`) and returns `Finished`.
 fn gemm_pass(
     gpu: &Gpu,
     pass: Pass,
@@ -501,16 +520,21 @@ fn gemm_pass(
     a: &Tensor,
     b: &Tensor,
     (m, n, k): (usize, usize, usize),
-) -> Result<(Vec<Tensor>, u64)> {
+    finish: Option<(&Tensor, &Tensor)>,
+) -> Result<PassOutput> {
     let (m, n, k) = (m as u64, n as u64, k as u64);
     let (ar, br) = (a.raw(), b.raw());
     let kernel = pass_kernel(gpu, pass, variant, (ar.ptr, br.ptr), (n, k))?;
     // Variants 3 and 4 share the pipeline, split and shared memory.
-    let v3 = kernel != pass.kernel(GemmVariant::Default);
+    let v3 = kernel != pass.kernel(GemmVariant::Staged);
     let (splits, k_per_split) = if v3 {
         cfg::v3::split_k(m, n, k)
     } else {
         cfg::split_k(m, n, k)
+    };
+    let fused = match finish {
+        Some(_) => pass == Pass::Spread && kernel == "lrp_spread_v3_f32" && splits == 1,
+        None => false,
     };
     let row_tiles = m.div_ceil(cfg::BM);
     if row_tiles > cfg::MAX_GRID_Y {
@@ -533,9 +557,13 @@ fn gemm_pass(
         given: u64::MAX,
         max: usize::MAX as u64,
     })?;
-    let ws: Vec<Tensor> = (0..pass.outputs())
-        .map(|_| Tensor::empty(gpu, &[ws_len], DType::F32))
-        .collect::<Result<_>>()?;
+    let ws: Vec<Tensor> = if fused {
+        Vec::new()
+    } else {
+        (0..pass.outputs())
+            .map(|_| Tensor::empty(gpu, &[ws_len], DType::F32))
+            .collect::<Result<_>>()?
+    };
     let p = LrpGemm {
         rows: m,
         cols: n,
@@ -543,7 +571,14 @@ fn gemm_pass(
         k_per_split,
     };
     let (ar, br) = (ByValue(ar), ByValue(br));
-    let wr: Vec<ByValue<RawSlice>> = ws.iter().map(|t| ByValue(t.raw())).collect();
+    let (kernel, wr): (_, Vec<ByValue<RawSlice>>) = match finish {
+        // Arguments (coef, W, x, out, p): x in the place of the first workspace, out in the second.
+        Some((x, out)) if fused => (
+            "lrp_spread_v3_finish_f32",
+            vec![ByValue(x.raw()), ByValue(out.raw())],
+        ),
+        _ => (kernel, ws.iter().map(|t| ByValue(t.raw())).collect()),
+    };
     let pv = ByValue(p);
     let mut args: Vec<&dyn crate::launch::ArgPush> = vec![&ar, &br];
     args.extend(wr.iter().map(|w| w as &dyn crate::launch::ArgPush));
@@ -563,7 +598,11 @@ fn gemm_pass(
         },
         &args,
     )?;
-    Ok((ws, splits))
+    Ok(if fused {
+        PassOutput::Finished
+    } else {
+        PassOutput::Splits(ws, splits)
+    })
 }
 
 fn require_f32(op: &'static str, what: &'static str, t: &Tensor, layer: &Linear) -> Result<()> {
@@ -589,10 +628,10 @@ pub fn relevance(
     relevance_out: &Tensor,
     act: &Activation,
 ) -> Result<Tensor> {
-    relevance_variant(layer, x, relevance_out, act, GemmVariant::Default)
+    relevance_variant(layer, x, relevance_out, act, GemmVariant::V3)
 }
 
-/// [`relevance`] with its GEMM passes on `variant`'s kernels (`GemmVariant::Default` is exactly
+/// [`relevance`] with its GEMM passes on `variant`'s kernels (`GemmVariant::V3` is exactly
 /// [`relevance`]): same contract, results within the same error bound, bit-identical across runs.
 #[doc(hidden)]
 pub fn relevance_variant(
@@ -623,7 +662,11 @@ pub fn relevance_variant(
         return Ok(out);
     }
     // Pass 1: A and S per (row, j).
-    let (ws, splits) = gemm_pass(gpu, Pass::Sums, variant, x, &layer.weight, (r, o, i))?;
+    let PassOutput::Splits(ws, splits) =
+        gemm_pass(gpu, Pass::Sums, variant, x, &layer.weight, (r, o, i), None)?
+    else {
+        unreachable!("only the spread pass finishes in its epilogue")
+    };
     // Coefficients per (row, j).
     let coef = Tensor::empty(gpu, &[r, o], DType::F32)?;
     let (lower, upper) = act.bounds();
@@ -654,8 +697,15 @@ pub fn relevance_variant(
         ],
     )?;
     drop(ws);
-    // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G.
-    let (ws, splits) = gemm_pass(gpu, Pass::Spread, variant, &coef, &layer.weight, (r, i, o))?;
+    // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G (in the pass's epilogue when it
+    // runs variant 3 in one split).
+    let spread = (r, i, o);
+    let finish = Some((x, &out));
+    let PassOutput::Splits(ws, splits) =
+        gemm_pass(gpu, Pass::Spread, variant, &coef, &layer.weight, spread, finish)?
+    else {
+        return Ok(out);
+    };
     let p = LrpFinish {
         rows: r as u64,
         cols: i as u64,
@@ -716,10 +766,10 @@ impl Nonlinearity {
 /// Forward pass of a dense layer: `f(x W^T + b)` for `x: [.., I]`, result `[.., O]` (the same tiled
 /// kernel as the relevance sums, then an epilogue; softmax runs as its own op).
 pub fn dense(layer: &Linear, x: &Tensor, f: Nonlinearity) -> Result<Tensor> {
-    dense_variant(layer, x, f, GemmVariant::Default)
+    dense_variant(layer, x, f, GemmVariant::V3)
 }
 
-/// [`dense`] with its GEMM pass on `variant`'s kernel (`GemmVariant::Default` is exactly [`dense`]).
+/// [`dense`] with its GEMM pass on `variant`'s kernel (`GemmVariant::V3` is exactly [`dense`]).
 #[doc(hidden)]
 pub fn dense_variant(
     layer: &Linear,
@@ -773,7 +823,11 @@ pub fn dense_variant(
             ],
         )?;
     } else {
-        let (ws, splits) = gemm_pass(gpu, Pass::Dense, variant, x, &layer.weight, (r, o, i))?;
+        let PassOutput::Splits(ws, splits) =
+            gemm_pass(gpu, Pass::Dense, variant, x, &layer.weight, (r, o, i), None)?
+        else {
+            unreachable!("only the spread pass finishes in its epilogue")
+        };
         launch(
             gpu,
             "dense_finish_f32",

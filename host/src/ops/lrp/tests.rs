@@ -641,14 +641,14 @@ fn v3_runs_only_on_16_byte_rows() {
     assert!(!fits(Pass::Spread, 0, 0, 4097, 4096));
     assert!(!fits(Pass::Spread, 0, 0, 30, 4096));
     // The kernels a pass names.
-    use GemmVariant::{Default, V3, V4};
+    use GemmVariant::{Staged, V3, V4};
     assert_eq!(Pass::Sums.kernel(V3), "lrp_sums_v3_f32");
     assert_eq!(Pass::Spread.kernel(V3), "lrp_spread_v3_f32");
     assert_eq!(Pass::Dense.kernel(V3), "dense_v3_f32");
     assert_eq!(Pass::Sums.kernel(V4), "lrp_sums_v3_f32");
     assert_eq!(Pass::Spread.kernel(V4), "lrp_spread_v4_f32");
     assert_eq!(Pass::Dense.kernel(V4), "dense_v4_f32");
-    assert_eq!(Pass::Sums.kernel(Default), "lrp_sums_f32");
-    assert_eq!(Pass::Spread.kernel(Default), "lrp_spread_f32");
-    assert_eq!(Pass::Dense.kernel(Default), "dense_f32");
+    assert_eq!(Pass::Sums.kernel(Staged), "lrp_sums_f32");
+    assert_eq!(Pass::Spread.kernel(Staged), "lrp_spread_f32");
+    assert_eq!(Pass::Dense.kernel(Staged), "dense_f32");
 }
