@@ -420,7 +420,11 @@ fn relevance(b: &mut Bencher) {
         // default's cp.async pipeline with spread at one block per SM), same inputs, next to the
         // default, on request only (`RGK_BENCH_VARIANTS=1`).
         let variants: &[(&str, lrp::GemmVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-            &[("staged", lrp::GemmVariant::Staged), ("v4", lrp::GemmVariant::V4)]
+            &[
+                ("staged", lrp::GemmVariant::Staged),
+                ("v4", lrp::GemmVariant::V4),
+                ("v3split", lrp::GemmVariant::V3Split),
+            ]
         } else {
             &[]
         };

@@ -101,6 +101,7 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         lrp::v3::SPREAD_BLOCKS_PER_SM,
     ),
     ("dense_v3_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
+    ("lrp_abs_v3_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
     // Variant 4: variant 3's spread and dense code at one block per SM (no 128-register cap).
     (
         "lrp_spread_v4_",

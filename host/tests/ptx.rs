@@ -49,10 +49,12 @@ fn every_launched_kernel_is_in_the_ptx_for_every_dtype_and_arch() {
 
 /// Kernels with one entry point (relevance propagation and its dense forward: f32 only; the embedding
 /// id check: u32 ids).
-const F32_KERNELS: [&str; 13] = [
+const F32_KERNELS: [&str; 15] = [
     "lrp_sums_f32",
     "lrp_sums_v3_f32",
+    "lrp_abs_v3_f32",
     "lrp_spread_v3_f32",
+    "lrp_spread_v3_finish_f32",
     "dense_v3_f32",
     "lrp_spread_v4_f32",
     "dense_v4_f32",

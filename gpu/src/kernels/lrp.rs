@@ -92,6 +92,7 @@ crate::static_shared!(fn tile_b() -> [f32; 2 * STAGE_B] as LRP_TILE_B);
 const SUMS: u32 = 0; // acc0 += |a||b|, acc1 += a b; B is [N, K] (K contiguous)
 const DENSE: u32 = 1; // acc0 += a b; B is [N, K]
 const SPREAD: u32 = 2; // acc0 += a |b|; B is [K, N] (N contiguous)
+const ABS: u32 = 3; // acc0 += |a||b|; B is [N, K] (variant 3 only: SUMS's first product alone)
 
 const A_LOADS: usize = (BM * BK / THREADS as u64) as usize;
 const B_LOADS: usize = (BN * BK / THREADS as u64) as usize;
@@ -590,7 +591,7 @@ pub unsafe extern "ptx-kernel" fn nonfinite_partials_f32(x: Slice<f32>, partials
 /// GEMM-pass variant 3 (module doc, "Variant 3"; layouts in `params::lrp::v3`): 32-deep stages through
 /// a 4-buffer `cp.async` pipeline in dynamic shared memory, a fresh 3xTF32 partial per tile and stage.
 mod v3 {
-    use super::{Acc, SPREAD, SUMS, Split};
+    use super::{ABS, Acc, SPREAD, SUMS, Split};
     use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
     use crate::dev::mem::{Slice, SliceMut};
     use crate::dev::mma::{FragC, mma_tf32};
@@ -791,6 +792,9 @@ mod v3 {
                     if MODE == SUMS {
                         mma3_chain(&mut t0[mi][ni], &a[mi].abs(), &b[ni].abs());
                         mma3_chain(&mut t1[mi][ni], &a[mi], &b[ni]);
+                    } else if MODE == ABS {
+                        // The same chain as SUMS's first product.
+                        mma3_chain(&mut t0[mi][ni], &a[mi].abs(), &b[ni].abs());
                     } else {
                         mma3_chain(&mut t0[mi][ni], &a[mi], &b[ni]);
                     }
@@ -916,6 +920,19 @@ pub unsafe extern "ptx-kernel" fn lrp_sums_v3_f32(
     p: LrpGemm,
 ) {
     unsafe { v3::gemm::<SUMS, false>(x, w, ws_a, ws_s, x, p) }
+}
+
+/// The sums pass as two kernels (`GemmVariant::V3Split`): `A = sum |x||W|` here, `S = x W^T` by
+/// [`dense_v3_f32`]. Each holds one accumulator set, so two blocks fit an SM (the fused sums kernel:
+/// one); each product is chained as in the fused kernel.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_abs_v3_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws_a: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<ABS, false>(x, w, ws_a, ws_a, x, p) }
 }
 
 #[unsafe(no_mangle)]

@@ -396,10 +396,19 @@ pub enum GemmVariant {
     /// one block per SM instead of two (no 128-register cap); the same fallback. Measured slower
     /// than V3 (run r5, H200: R1024 2.159 ms vs 2.091; R64 0.174 vs 0.167).
     V4,
+    /// Variant 3 with the sums pass as two kernels, `lrp_abs_v3_f32` (A) and `dense_v3_f32` (S), at
+    /// two blocks per SM each instead of the fused `lrp_sums_v3_f32` at one: the same products
+    /// chained in the same order, twice the operand traffic. The same fallback.
+    V3Split,
 }
 
 impl GemmVariant {
-    pub const ALL: [GemmVariant; 3] = [GemmVariant::Staged, GemmVariant::V3, GemmVariant::V4];
+    pub const ALL: [GemmVariant; 4] = [
+        GemmVariant::Staged,
+        GemmVariant::V3,
+        GemmVariant::V4,
+        GemmVariant::V3Split,
+    ];
 }
 
 /// One of the tiled GEMM passes.
@@ -411,21 +420,25 @@ enum Pass {
     Spread,
     /// `x W^T` per (row, output): B is `W` as `[N][K]`.
     Dense,
+    /// `A = sum |x||W|` alone (the first half of `Sums` for [`GemmVariant::V3Split`]).
+    Abs,
 }
 
 impl Pass {
     /// The pass's kernel in `variant` (variant 4 shares variant 3's sums kernel).
     fn kernel(self, variant: GemmVariant) -> &'static str {
-        use GemmVariant::{Staged, V3, V4};
+        use GemmVariant::{Staged, V3, V3Split, V4};
         match (self, variant) {
             (Pass::Sums, Staged) => "lrp_sums_f32",
             (Pass::Spread, Staged) => "lrp_spread_f32",
             (Pass::Dense, Staged) => "dense_f32",
-            (Pass::Sums, V3 | V4) => "lrp_sums_v3_f32",
-            (Pass::Spread, V3) => "lrp_spread_v3_f32",
-            (Pass::Dense, V3) => "dense_v3_f32",
+            (Pass::Sums, V3 | V4 | V3Split) => "lrp_sums_v3_f32",
+            (Pass::Spread, V3 | V3Split) => "lrp_spread_v3_f32",
+            (Pass::Dense, V3 | V3Split) => "dense_v3_f32",
             (Pass::Spread, V4) => "lrp_spread_v4_f32",
             (Pass::Dense, V4) => "dense_v4_f32",
+            // No staged kernel: `relevance_variant` runs `Abs` only where variant 3 fits.
+            (Pass::Abs, _) => "lrp_abs_v3_f32",
         }
     }
 
@@ -487,10 +500,12 @@ pub fn relevance_kernels(
         "lrp_spread_v3_f32" if cfg::v3::split_k(r, i, o).0 == 1 => "lrp_spread_v3_finish_f32",
         k => k,
     };
-    Ok([
-        pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))?,
-        spread,
-    ])
+    let sums = match pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))? {
+        // V3Split: A by `lrp_abs_v3_f32`, S by `dense_v3_f32`.
+        "lrp_sums_v3_f32" if variant == GemmVariant::V3Split => Pass::Abs.kernel(variant),
+        k => k,
+    };
+    Ok([sums, spread])
 }
 
 /// The kernel of the GEMM pass [`dense_variant`] launches for `x`.
@@ -661,11 +676,32 @@ pub fn relevance_variant(
         out.fill_bytes(0)?; // an empty sum over outputs
         return Ok(out);
     }
-    // Pass 1: A and S per (row, j).
-    let PassOutput::Splits(ws, splits) =
-        gemm_pass(gpu, Pass::Sums, variant, x, &layer.weight, (r, o, i), None)?
-    else {
-        unreachable!("only the spread pass finishes in its epilogue")
+    // Pass 1: A and S per (row, j) (V3Split, where variant 3 fits: A and S by two kernels).
+    let w = &layer.weight;
+    let split_sums = variant == GemmVariant::V3Split
+        && pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w.raw().ptr), (o as u64, i as u64))?
+            == "lrp_sums_v3_f32";
+    let (ws, splits) = if split_sums {
+        let (
+            PassOutput::Splits(mut ws_a, splits),
+            PassOutput::Splits(ws_s, splits_s),
+        ) = (
+            gemm_pass(gpu, Pass::Abs, variant, x, w, (r, o, i), None)?,
+            gemm_pass(gpu, Pass::Dense, variant, x, w, (r, o, i), None)?,
+        )
+        else {
+            unreachable!("only the spread pass finishes in its epilogue")
+        };
+        debug_assert_eq!(splits, splits_s);
+        ws_a.extend(ws_s);
+        (ws_a, splits)
+    } else {
+        let PassOutput::Splits(ws, splits) =
+            gemm_pass(gpu, Pass::Sums, variant, x, w, (r, o, i), None)?
+        else {
+            unreachable!("only the spread pass finishes in its epilogue")
+        };
+        (ws, splits)
     };
     // Coefficients per (row, j).
     let coef = Tensor::empty(gpu, &[r, o], DType::F32)?;
