@@ -540,8 +540,9 @@ fn gemm_pass(
     let (m, n, k) = (m as u64, n as u64, k as u64);
     let (ar, br) = (a.raw(), b.raw());
     let kernel = pass_kernel(gpu, pass, variant, (ar.ptr, br.ptr), (n, k))?;
-    // Variants 3 and 4 share the pipeline, split and shared memory.
-    let v3 = kernel != pass.kernel(GemmVariant::Staged);
+    // Variants 3, 4 and V3Split share the pipeline, split and shared memory (`Pass::Abs` has no
+    // staged kernel: it always runs the pipeline).
+    let v3 = pass == Pass::Abs || kernel != pass.kernel(GemmVariant::Staged);
     let (splits, k_per_split) = if v3 {
         cfg::v3::split_k(m, n, k)
     } else {
