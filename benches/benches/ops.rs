@@ -445,17 +445,20 @@ fn relevance(b: &mut Bencher) {
     }
 }
 
+/// The add benches' tensors: 256 MiB per operand in every dtype (bench/peers.py uses the same).
+const ADD_SHAPES: [(DType, [usize; 2]); 3] = [
+    (DType::F32, [8192, 8192]),
+    (DType::F16, [16384, 8192]),
+    (DType::BF16, [16384, 8192]),
+];
+
 fn elementwise(b: &mut Bencher) {
     let path = if std::env::var("RGK_BENCH_SLOW_VARIANT").is_ok() {
         KernelPath::Strided
     } else {
         KernelPath::Auto
     };
-    for (dtype, shape) in [
-        (DType::F32, [8192usize, 8192]),
-        (DType::F16, [16384, 8192]),
-        (DType::BF16, [16384, 8192]),
-    ] {
+    for (dtype, shape) in ADD_SHAPES {
         let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
         let (x, y) = (b.inputs(&shape, dtype, 1), b.inputs(&shape, dtype, 1));
         // `add/...` writes into a preallocated output, as the PyTorch peers do (`torch.add(a, b,
@@ -487,11 +490,7 @@ fn elementwise(b: &mut Bencher) {
     }
     // Launch-geometry tuning of the contiguous add (`KernelPath::Tuned`), on request only.
     if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        for (dtype, shape) in [
-            (DType::F32, [8192usize, 8192]),
-            (DType::F16, [16384, 8192]),
-            (DType::BF16, [16384, 8192]),
-        ] {
+        for (dtype, shape) in ADD_SHAPES {
             let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
             let (x, y) = (b.inputs(&shape, dtype, 1), b.inputs(&shape, dtype, 1));
             let mut out = Tensor::empty(&b.gpu, &shape, dtype).expect("alloc");
