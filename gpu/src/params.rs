@@ -1640,7 +1640,7 @@ pub mod clifford {
     /// quarter warp hits 8 distinct 4-bank groups (conflict-free).
     pub const FWD_V4_WEIGHT_STRIDE: u64 = 12;
     const _: () =
-        assert!(FWD_V4_WEIGHT_STRIDE >= PATHS_2D.len() as u64 && FWD_V4_WEIGHT_STRIDE % 4 == 0);
+        assert!(FWD_V4_WEIGHT_STRIDE >= PATHS_2D.len() as u64 && FWD_V4_WEIGHT_STRIDE.is_multiple_of(4));
     /// Dynamic shared memory of forward v4 for rows of `n` features: the block's copy of the weights.
     pub const fn fwd_v4_smem_bytes(n: u64) -> u32 {
         (n * FWD_V4_WEIGHT_STRIDE * 4) as u32
