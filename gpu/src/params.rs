@@ -54,11 +54,6 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // outputs a thread: two blocks a SM, up to 128 registers (three, at 85, spilled 68 bytes). Before
     // "sgp2d_fwd_": the first matching prefix wins.
     ("sgp2d_fwd_v3", clifford::FWD_V3_BLOCK, 2),
-    // Forward v4 (2D): v3p with the weights in shared memory instead of 40 registers, so three blocks a
-    // SM (up to 85 registers a thread; four, at 64, spilled 88 bytes: the prefetched inputs, 32, and the
-    // outputs, 16, are live together across the norm's barrier). Before "sgp2d_fwd_": the first
-    // matching prefix wins.
-    ("sgp2d_fwd_v4", clifford::FWD_V3_BLOCK, 3),
     ("sgp3d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
     ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
@@ -1635,16 +1630,6 @@ pub mod clifford {
     }
     const _: () = assert!(fwd_v3_row_threads(FWD_V3_MAX_N) == FWD_V3_BLOCK);
     const _: () = assert!(fwd_v3_row_threads(4) == 32 && fwd_v3_row_threads(132) == 64);
-    /// Floats a feature's weights take in forward v4's shared copy: the 10 paths of Cl(2,0) padded to 12
-    /// so a thread reads them as three 16-byte loads, and a 48-byte stride between the threads of a
-    /// quarter warp hits 8 distinct 4-bank groups (conflict-free).
-    pub const FWD_V4_WEIGHT_STRIDE: u64 = 12;
-    const _: () =
-        assert!(FWD_V4_WEIGHT_STRIDE >= PATHS_2D.len() as u64 && FWD_V4_WEIGHT_STRIDE.is_multiple_of(4));
-    /// Dynamic shared memory of forward v4 for rows of `n` features: the block's copy of the weights.
-    pub const fn fwd_v4_smem_bytes(n: u64) -> u32 {
-        (n * FWD_V4_WEIGHT_STRIDE * 4) as u32
-    }
 
     /// Threads of the per-feature backward (one feature a thread) and of the elementwise kernels.
     pub const BWD_BLOCK: u32 = 128;

@@ -220,7 +220,6 @@ fn sgp_forward_variants_match_reference() {
         cl::FwdVariant::V2,
         cl::FwdVariant::V3,
         cl::FwdVariant::V3Prefetch,
-        cl::FwdVariant::V4,
     ] {
         for &(b, n) in &shapes {
             for alg in ALGS {
@@ -604,7 +603,6 @@ fn clifford_kernels_are_in_the_ptx_with_launch_bounds() {
         "sgp3d_fwd_v2_f32",
         "sgp2d_fwd_v3_f32",
         "sgp2d_fwd_v3p_f32",
-        "sgp2d_fwd_v4_f32",
         "sgp2d_bwd_f32",
         "sgp3d_bwd_f32",
         "sgp2d_bwd_v2_f32",

@@ -21,16 +21,16 @@
 //!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is `matmul_f32`.
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
-use crate::dev::shared::{SharedScalar, check_index, dynamic_base, ld_shared_v4};
+use crate::dev::shared::check_index;
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_dim_x, block_idx_x, block_idx_y, grid_dim_x, lane_id, thread_idx_x, warp_id,
 };
 use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::clifford::{
-    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V3_BLOCK, FWD_V4_WEIGHT_STRIDE, GRADES_2D,
-    GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D,
-    TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads,
+    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V3_BLOCK, GRADES_2D, GRADES_3D, NORM_EPS,
+    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
+    fwd_v3_row_threads,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -710,113 +710,6 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool>(
     }
 }
 
-/// Forward v4, 2D only: [`sgp2d_fwd_v3`] with prefetch, but the weights live in shared memory instead
-/// of registers. Why: v3p holds 4 x 10 weights a thread across rows (119 registers, two 256-thread
-/// blocks a SM, 64 KiB of loads in flight a SM) and measured 0.76 of copy; without them a thread fits
-/// 85 registers (ptxas: 80), so three blocks a SM and 1.5 times the bytes in flight (four blocks, 64
-/// registers, spill: see `LAUNCH_BOUNDS`). The block copies `w` once into
-/// dynamic shared memory (`fwd_v4_smem_bytes(n)`, sized to the row so the L1 keeps room for the
-/// loads in flight), laid out `[k][q][p]` with `p` padded to `FWD_V4_WEIGHT_STRIDE` (12): feature
-/// `4 q + k`'s weights at float `(k * n/4 + q) * 12`, read as three 16-byte loads per feature just
-/// before its product (12 registers live, not 40), conflict-free (48-byte stride between threads). The
-/// padding is written as zeros (never used; no uninitialised shared reads). Same requirements as v3.
-#[inline(always)]
-unsafe fn sgp2d_fwd_v4(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
-    type A = Cl2;
-    const STRIDE: u32 = FWD_V4_WEIGHT_STRIDE as u32;
-    let z = Rows32 {
-        rows: s.rows as u32,
-        n: s.n as u32,
-        bn: (s.rows * s.n) as u32,
-    };
-    let row_threads = fwd_v3_row_threads(s.n);
-    let rows_per_block = block_dim_x() / row_threads;
-    let warps_per_row = row_threads / 32;
-    let tid = thread_idx_x();
-    let (slot, q) = (tid / row_threads, tid % row_threads);
-    let quads = z.n / 4;
-    let active = q < quads;
-    // The block's copy of the weights: shared float j = (k * quads + q') * 12 + p holds w[4 q' + k, p].
-    let smem = dynamic_base();
-    let total = z.n * STRIDE;
-    let mut j = tid;
-    while j < total {
-        let (p, rest) = (j % STRIDE, j / STRIDE);
-        let (qq, k) = (rest % quads, rest / quads);
-        let v = if p < A::P as u32 {
-            s.w.get_ro(((4 * qq + k) * A::P as u32 + p) as u64)
-        } else {
-            0.0
-        };
-        // SAFETY: `j < 12 n`, inside the `fwd_v4_smem_bytes(n)` bytes the launcher gives; no thread
-        // reads the copy before the barrier below.
-        unsafe { f32::st_shared(smem + 4 * j, v) };
-        j += block_dim_x();
-    }
-    sync_threads();
-    let groups = z.rows.div_ceil(rows_per_block);
-    let step = grid_dim_x();
-    let mut group = block_idx_x();
-    let mut parity = 0u32;
-    let row_of = |g: u32| g * rows_per_block + slot;
-    let (mut xv, mut yv) = v3_load(&s, z, row_of(group), q, active && row_of(group) < z.rows);
-    while group < groups {
-        let row = row_of(opaque_u32(group));
-        let valid = active && row < z.rows;
-        let mut out = [[0.0f32; 8]; 4];
-        let mut sq = [0.0f32; 4];
-        crate::unroll!(k in [0, 1, 2, 3] {
-            let (mut xm, mut ym) = ([0.0f32; 8], [0.0f32; 8]);
-            each_comp!(A, c {
-                xm[c] = xv[c][k];
-                ym[c] = yv[c][k];
-            });
-            let mut w = [0.0f32; 20];
-            if active {
-                let base = smem + 4 * ((k as u32 * quads + q) * STRIDE);
-                crate::unroll!(h in [0, 1, 2] {
-                    // SAFETY: `q < n/4` and `k < 4`, so the 12 floats at `base` are inside the copy;
-                    // 16-byte aligned (dynamic base aligned, 48-byte steps); written before the barrier
-                    // above and never again.
-                    let v = unsafe { ld_shared_v4(base + 16 * h as u32) };
-                    crate::unroll!(e in [0, 1, 2, 3] {
-                        if 4 * h + e < A::P {
-                            w[4 * h + e] = f32::from_bits(v[e]);
-                        }
-                    });
-                });
-            }
-            let (xt, _) = gate::<A>(&xm);
-            let (yt, _) = gate::<A>(&ym);
-            out[k] = product_slots::<A>(&xt, &yt, &w);
-            add_grade_squares::<A>(&mut sq, &out[k]);
-        });
-        let next = group + step;
-        let next_row = row_of(next);
-        (xv, yv) = v3_load(&s, z, next_row, q, active && next_row < z.rows);
-        let inv = if normalize != 0 {
-            let store = if valid && q == 0 { Some(row) } else { None };
-            v3_row_norms(sq, warps_per_row, slot, parity, store, z, &r)
-        } else {
-            [1.0; 4]
-        };
-        if valid {
-            crate::unroll!(c in [0, 1, 2, 3] {
-                let mut v = [0u32; 4];
-                crate::unroll!(k in [0, 1, 2, 3] {
-                    v[k] = (out[k][c] * inv[A::GRADE[c]]).to_bits();
-                });
-                let i = v3_chunk(c as u32, row, q, z) as u64;
-                check_index(i as usize * 4 + 3, o.len as usize);
-                // SAFETY: as in `sgp2d_fwd_v3`.
-                unsafe { store_chunk(o.chunks(), i, Chunk16(v)) };
-            });
-        }
-        group = next;
-        parity ^= 1;
-    }
-}
-
 /// Per row and grade: `s[G * rows + b] = sum_n sum_{c in G} go_c o_c` (`o` the normalised output).
 /// With `r` non-empty (`apply`), a second pass writes the norm backward
 /// `gu_c = go_c / r - o_c S / (N r)` into `gu`.
@@ -1128,22 +1021,6 @@ pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3p_f32(
     normalize: u32,
 ) {
     unsafe { sgp2d_fwd_v3::<true>(Sgp { x, y, w, rows, n }, o, r, normalize) }
-}
-
-/// Forward v4, 2D ([`sgp2d_fwd_v4`]): block `FWD_V3_BLOCK`, `fwd_v4_smem_bytes(n)` of dynamic shared
-/// memory, grid = the blocks resident at once (or fewer). Same arguments as the fused forward.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v4_f32(
-    x: Slice<f32>,
-    y: Slice<f32>,
-    w: Slice<f32>,
-    o: SliceMut<f32>,
-    r: SliceMut<f32>,
-    rows: u64,
-    n: u64,
-    normalize: u32,
-) {
-    unsafe { sgp2d_fwd_v4(Sgp { x, y, w, rows, n }, o, r, normalize) }
 }
 
 macro_rules! clifford_bwd_variants {

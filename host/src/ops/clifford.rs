@@ -22,13 +22,11 @@ use gpu::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
     FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D,
     PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached,
-    fwd_v2_block, fwd_v3_row_threads, fwd_v4_smem_bytes, rows_per_chunk, rows_per_chunk_v2,
+    fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
-use crate::launch::{
-    ByValue, DEFAULT_MAX_DYNAMIC_SMEM, grid_blocks, launch, launch_cfg, set_max_dynamic_smem,
-};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
 use crate::ops::matmul::{Accumulate, GemmShape, Operand, Transpose, gemm, offset};
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
@@ -391,9 +389,6 @@ pub enum FwdVariant {
     /// `sgp2d_fwd_v3p`: [`FwdVariant::V3`] with the next row group prefetched before the barrier.
     /// Same fallbacks.
     V3Prefetch,
-    /// `sgp2d_fwd_v4`: [`FwdVariant::V3Prefetch`] with the weights in shared memory instead of
-    /// registers (three blocks a SM instead of two). Same fallbacks.
-    V4,
 }
 
 /// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
@@ -445,7 +440,6 @@ pub fn sgp_forward_variant(
     let v3 = match variant {
         FwdVariant::V3 => Some("sgp2d_fwd_v3_f32"),
         FwdVariant::V3Prefetch => Some("sgp2d_fwd_v3p_f32"),
-        FwdVariant::V4 => Some("sgp2d_fwd_v4_f32"),
         _ => None,
     };
     if let Some(name) = v3
@@ -457,29 +451,11 @@ pub fn sgp_forward_variant(
     {
         let rows_per_block = (FWD_V3_BLOCK / fwd_v3_row_threads(n)) as u64;
         let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
-        // v4 keeps the weights in dynamic shared memory (at most 48 KiB at `FWD_V3_MAX_N`, plus the
-        // static partials: past the default limit, so opt in for such rows).
-        let smem = if variant == FwdVariant::V4 {
-            fwd_v4_smem_bytes(n)
-        } else {
-            0
-        };
-        if smem + 1024 > DEFAULT_MAX_DYNAMIC_SMEM {
-            set_max_dynamic_smem(gpu, name, smem + 1024)?;
-        }
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (
-                persistent_grid_smem(gpu, name, FWD_V3_BLOCK, smem, rows.div_ceil(rows_per_block))?,
-                1,
-                1,
-            ),
-            block_dim: (FWD_V3_BLOCK, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        launch_cfg(
+        launch(
             gpu,
             name,
-            cfg,
+            persistent_grid(gpu, name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block))?,
+            FWD_V3_BLOCK,
             &[
                 &ByValue(x.raw()),
                 &ByValue(y.raw()),
@@ -495,7 +471,7 @@ pub fn sgp_forward_variant(
     }
     let v2 = matches!(
         variant,
-        FwdVariant::V2 | FwdVariant::V3 | FwdVariant::V3Prefetch | FwdVariant::V4
+        FwdVariant::V2 | FwdVariant::V3 | FwdVariant::V3Prefetch
     );
     if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small {
         let name = alg.kernel(Kernel::FwdV2);
@@ -560,20 +536,9 @@ pub fn sgp_forward_variant(
 /// on the device (the driver's occupancy for its register and shared-memory use), but no more than
 /// `rows`, and evened out so every block gets the same number of rows, or one fewer.
 fn persistent_grid(gpu: &Gpu, name: &'static str, block: u32, rows: u64) -> Result<u32> {
-    persistent_grid_smem(gpu, name, block, 0, rows)
-}
-
-/// [`persistent_grid`] for blocks launched with `smem` bytes of dynamic shared memory.
-fn persistent_grid_smem(
-    gpu: &Gpu,
-    name: &'static str,
-    block: u32,
-    smem: u32,
-    rows: u64,
-) -> Result<u32> {
     let per_sm = gpu
         .function(name)?
-        .occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)
+        .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
         .map_err(|e| Error::driver(e, format!("reading the occupancy of `{name}`")))?;
     let resident = (per_sm.max(1) as u64) * gpu.sm_count()?.max(1) as u64;
     let rows = rows.max(1);
