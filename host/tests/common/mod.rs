@@ -1,5 +1,6 @@
 //! Shared test support: the GPU (or a visible SKIP), seeded random inputs, error norms.
 #![allow(dead_code)]
+use host::replace::{TrainStep, divergence};
 use host::{DType, Gpu, HostTensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -152,40 +153,37 @@ pub fn scaled(full: usize, small: usize) -> usize {
     if sanitizing() { small } else { full }
 }
 
-/// One training step on the GPU against the all-reference run's same step: the loss within `loss_tol`
-/// relative, every named gradient within `grad_tol` max-norm relative (`max |g - r| / max |r|`) and
-/// relative 2-norm (the ops.md norm). Prints the measured divergences.
-pub fn assert_step_matches<'a>(
-    step: usize,
-    (gpu_loss, gpu_grads): (
-        f64,
-        impl IntoIterator<Item = (&'static str, &'a HostTensor)>,
-    ),
-    (ref_loss, ref_grads): (
-        f64,
-        impl IntoIterator<Item = (&'static str, &'a HostTensor)>,
-    ),
-    loss_tol: f64,
-    grad_tol: f64,
-) {
-    let dl = (gpu_loss - ref_loss).abs() / ref_loss.abs();
-    println!("step {step}: loss gpu {gpu_loss:.8} ref {ref_loss:.8} (rel {dl:.2e})");
-    assert!(
-        dl <= loss_tol,
-        "step {step}: loss rel diff {dl:.3e} > {loss_tol:.0e}"
-    );
-    for ((name, gg), (_, rg)) in gpu_grads.into_iter().zip(ref_grads) {
-        let e = host::replace::bisect::rel_max_diff(&gg.data, &rg.data);
-        println!("step {step}: {name}: max-norm rel {e:.2e}");
+/// A training run on the GPU against the all-reference run, step by step: each step's loss within
+/// `loss_tol` relative, every named gradient within `grad_tol` max-norm relative (`max |g - r| / max
+/// |r|`) and relative 2-norm (the ops.md norm). Prints the measured divergences, per step and overall.
+pub fn assert_runs_match<S: TrainStep>(on_gpu: &[S], reference: &[S], loss_tol: f64, grad_tol: f64) {
+    assert_eq!(on_gpu.len(), reference.len(), "runs of different lengths");
+    for (step, (g, r)) in on_gpu.iter().zip(reference).enumerate() {
+        let (gpu_loss, ref_loss) = (g.loss(), r.loss());
+        let dl = (gpu_loss - ref_loss).abs() / ref_loss.abs();
+        println!("step {step}: loss gpu {gpu_loss:.8} ref {ref_loss:.8} (rel {dl:.2e})");
         assert!(
-            e <= grad_tol,
-            "step {step}: gradient of {name} differs by {e:.3e} > {grad_tol:.0e}"
+            dl <= loss_tol,
+            "step {step}: loss rel diff {dl:.3e} > {loss_tol:.0e}"
         );
-        assert_close(
-            &format!("step {step} grad {name}"),
-            &gg.data,
-            &rg.data,
-            grad_tol,
-        );
+        for ((name, gg), (_, rg)) in g.named_grads().into_iter().zip(r.named_grads()) {
+            let e = host::replace::bisect::rel_max_diff(&gg.data, &rg.data);
+            println!("step {step}: {name}: max-norm rel {e:.2e}");
+            assert!(
+                e <= grad_tol,
+                "step {step}: gradient of {name} differs by {e:.3e} > {grad_tol:.0e}"
+            );
+            assert_close(
+                &format!("step {step} grad {name}"),
+                &gg.data,
+                &rg.data,
+                grad_tol,
+            );
+        }
     }
+    let d = divergence(on_gpu, reference);
+    println!(
+        "all-GPU divergence: loss {:.2e}, grad {:.2e} ({})",
+        d.loss, d.grad, d.worst_param
+    );
 }
