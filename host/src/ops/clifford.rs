@@ -442,45 +442,35 @@ pub fn sgp_forward_variant(
         FwdVariant::V3Prefetch => Some("sgp2d_fwd_v3p_f32"),
         _ => None,
     };
-    if let Some(name) = v3
-        && alg == Algebra::Cl2
-        && n.is_multiple_of(4)
-        && n <= FWD_V3_MAX_N
-        && small
-        && aligned
-    {
-        let rows_per_block = (FWD_V3_BLOCK / fwd_v3_row_threads(n)) as u64;
-        let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
-        launch(
-            gpu,
-            name,
-            persistent_grid(gpu, name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block))?,
-            FWD_V3_BLOCK,
-            &[
-                &ByValue(x.raw()),
-                &ByValue(y.raw()),
-                &ByValue(weight.raw()),
-                &ByValue(out.raw()),
-                &ByValue(r_raw),
-                &rows,
-                &n,
-                &u32::from(norms.is_some()),
-            ],
-        )?;
-        return Ok(Forward { out, norms });
-    }
     let v2 = matches!(
         variant,
         FwdVariant::V2 | FwdVariant::V3 | FwdVariant::V3Prefetch
     );
-    if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small {
-        let name = alg.kernel(Kernel::FwdV2);
-        let block = fwd_v2_block(n);
+    // The persistent-grid forwards (v3, else v2) where they apply: kernel, block, and the units of
+    // work the grid shares out (v3: row groups of `FWD_V3_BLOCK / fwd_v3_row_threads(n)` rows; v2:
+    // rows). Both take the same arguments.
+    let persistent = match v3 {
+        Some(name)
+            if alg == Algebra::Cl2
+                && n.is_multiple_of(4)
+                && n <= FWD_V3_MAX_N
+                && small
+                && aligned =>
+        {
+            let rows_per_block = (FWD_V3_BLOCK / fwd_v3_row_threads(n)) as u64;
+            Some((name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block)))
+        }
+        _ if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small => {
+            Some((alg.kernel(Kernel::FwdV2), fwd_v2_block(n), rows))
+        }
+        _ => None,
+    };
+    if let Some((name, block, units)) = persistent {
         let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
         launch(
             gpu,
             name,
-            persistent_grid(gpu, name, block, rows)?,
+            persistent_grid(gpu, name, block, units)?,
             block,
             &[
                 &ByValue(x.raw()),
