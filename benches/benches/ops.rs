@@ -104,6 +104,17 @@ fn spec(name: String, bytes: Option<u64>, flops: Option<u64>) -> BenchSpec {
     }
 }
 
+/// `op/dtype/MxNxK` of `C (m x n) = A (m x k) B (k x n)`: A and B read and C written once, `2 m n k`
+/// FLOPs.
+fn matmul_spec(op: &str, dtype: DType, (m, n, k): (usize, usize, usize)) -> BenchSpec {
+    let es = dtype.size_bytes();
+    spec(
+        format!("{op}/{dtype}/{m}x{n}x{k}"),
+        Some(((m * k + k * n + m * n) * es) as u64),
+        Some(2 * (m * n * k) as u64),
+    )
+}
+
 /// `spec` with the peak device memory of one call of `call` (see [`peak_memory`]).
 fn spec_with_memory<R>(
     gpu: &Gpu,
@@ -290,17 +301,9 @@ fn matmuls(b: &mut Bencher) {
             b.inputs(&[m, k], dtype, copies),
             b.inputs(&[k, n], dtype, copies),
         );
-        b.bench(
-            spec(
-                format!("matmul/{dtype}/{m}x{n}x{k}"),
-                Some(((m * k + k * n + m * n) * es) as u64),
-                Some(2 * (m * n * k) as u64),
-            ),
-            copies,
-            |i| {
-                matmul(&x[i], &w[i], No, No).expect("matmul");
-            },
-        );
+        b.bench(matmul_spec("matmul", dtype, (m, n, k)), copies, |i| {
+            matmul(&x[i], &w[i], No, No).expect("matmul");
+        });
     }
 }
 
@@ -334,11 +337,7 @@ fn matmul_variants(b: &mut Bencher) {
             );
             for &v in &variants {
                 b.bench(
-                    spec(
-                        format!("matmul_tcv{v}/{dtype}/{m}x{n}x{k}"),
-                        Some(((m * k + k * n + m * n) * es) as u64),
-                        Some(2 * (m * n * k) as u64),
-                    ),
+                    matmul_spec(&format!("matmul_tcv{v}"), dtype, (m, n, k)),
                     copies,
                     |i| {
                         matmul_variant(&x[i], &w[i], No, No, v).expect("matmul variant");

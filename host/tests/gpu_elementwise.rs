@@ -76,11 +76,26 @@ fn binary_ops_match_reference_with_broadcasting() {
 /// The launch geometries benchmarked as add tuning variants (`KernelPath::Tuned`), besides the default.
 const ADD_TUNINGS: [KernelPath; 6] = [
     KernelPath::Auto,
-    KernelPath::Tuned { block: 128, chunks: 1 },
-    KernelPath::Tuned { block: 256, chunks: 1 },
-    KernelPath::Tuned { block: 128, chunks: 2 },
-    KernelPath::Tuned { block: 512, chunks: 2 },
-    KernelPath::Tuned { block: 512, chunks: 1 },
+    KernelPath::Tuned {
+        block: 128,
+        chunks: 1,
+    },
+    KernelPath::Tuned {
+        block: 256,
+        chunks: 1,
+    },
+    KernelPath::Tuned {
+        block: 128,
+        chunks: 2,
+    },
+    KernelPath::Tuned {
+        block: 512,
+        chunks: 2,
+    },
+    KernelPath::Tuned {
+        block: 512,
+        chunks: 1,
+    },
 ];
 
 #[test]
@@ -106,7 +121,10 @@ fn large_contiguous_add_is_exact_in_f32() {
         let mismatches = (0..n)
             .filter(|&i| out[i].to_bits() != (a.data[i] + b.data[i]).to_bits())
             .count();
-        assert_eq!(mismatches, 0, "{path:?}: {mismatches} of {n} elements differ");
+        assert_eq!(
+            mismatches, 0,
+            "{path:?}: {mismatches} of {n} elements differ"
+        );
     }
 }
 
@@ -156,7 +174,10 @@ fn binary_into_writes_every_element_and_rejects_bad_outputs() {
     let mut wrong_dtype = Tensor::empty(&gpu, &[4, 6], DType::F16).unwrap();
     let e = ew::binary_into(BinaryOp::Add, &a, &b, &mut wrong_dtype).unwrap_err();
     assert!(matches!(e, host::Error::DType { .. }), "{e}");
-    let mut strided = Tensor::empty(&gpu, &[6, 4], DType::F32).unwrap().transpose(0, 1).unwrap();
+    let mut strided = Tensor::empty(&gpu, &[6, 4], DType::F32)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
     let e = ew::binary_into(BinaryOp::Add, &a, &b, &mut strided).unwrap_err();
     assert!(matches!(e, host::Error::NotContiguous { .. }), "{e}");
 }

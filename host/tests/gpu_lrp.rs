@@ -308,23 +308,37 @@ fn fused_spread_finish_matches_reference() {
         return;
     };
     let mut rng = rng("lrp_fused_finish");
-    for (rows, ni, no) in [(200usize, 1028usize, 36usize), (257, 2052, 100), (64, 4096, 256)] {
+    for (rows, ni, no) in [
+        (200usize, 1028usize, 36usize),
+        (257, 2052, 100),
+        (64, 4096, 256),
+    ] {
         let c = case(&mut rng, rows, ni, no, true, Activation::tanh());
         let name = format!("fused R{rows} I{ni} O{no}");
         let runs = check(&gpu, &name, &c);
         let v3 = runs.iter().find(|r| r.variant == GemmVariant::V3).unwrap();
-        assert_eq!(v3.kernels[1], "lrp_spread_v3_finish_f32", "{name}: {:?}", v3.kernels);
+        assert_eq!(
+            v3.kernels[1], "lrp_spread_v3_finish_f32",
+            "{name}: {:?}",
+            v3.kernels
+        );
         let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
         let (x, rel) = (
             Tensor::from_host(&gpu, &c.x).unwrap(),
             Tensor::from_host(&gpu, &c.rel).unwrap(),
         );
-        let again = lrp::relevance(&layer, &x, &rel, &c.act).unwrap().to_vec().unwrap();
+        let again = lrp::relevance(&layer, &x, &rel, &c.act)
+            .unwrap()
+            .to_vec()
+            .unwrap();
         let same = again
             .iter()
             .zip(&v3.out)
             .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{name}: the default (fused) run differs from the V3 run");
+        assert!(
+            same,
+            "{name}: the default (fused) run differs from the V3 run"
+        );
     }
 }
 

@@ -680,17 +680,18 @@ pub fn relevance_variant(
     // Pass 1: A and S per (row, j) (V3Split, where variant 3 fits: A and S by two kernels).
     let w = &layer.weight;
     let split_sums = variant == GemmVariant::V3Split
-        && pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w.raw().ptr), (o as u64, i as u64))?
-            == "lrp_sums_v3_f32";
+        && pass_kernel(
+            gpu,
+            Pass::Sums,
+            variant,
+            (x.raw().ptr, w.raw().ptr),
+            (o as u64, i as u64),
+        )? == "lrp_sums_v3_f32";
     let (ws, splits) = if split_sums {
-        let (
-            PassOutput::Splits(mut ws_a, splits),
-            PassOutput::Splits(ws_s, splits_s),
-        ) = (
+        let (PassOutput::Splits(mut ws_a, splits), PassOutput::Splits(ws_s, splits_s)) = (
             gemm_pass(gpu, Pass::Abs, variant, x, w, (r, o, i), None)?,
             gemm_pass(gpu, Pass::Dense, variant, x, w, (r, o, i), None)?,
-        )
-        else {
+        ) else {
             unreachable!("only the spread pass finishes in its epilogue")
         };
         debug_assert_eq!(splits, splits_s);
@@ -738,8 +739,15 @@ pub fn relevance_variant(
     // runs variant 3 in one split).
     let spread = (r, i, o);
     let finish = Some((x, &out));
-    let PassOutput::Splits(ws, splits) =
-        gemm_pass(gpu, Pass::Spread, variant, &coef, &layer.weight, spread, finish)?
+    let PassOutput::Splits(ws, splits) = gemm_pass(
+        gpu,
+        Pass::Spread,
+        variant,
+        &coef,
+        &layer.weight,
+        spread,
+        finish,
+    )?
     else {
         return Ok(out);
     };

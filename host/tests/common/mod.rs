@@ -156,7 +156,12 @@ pub fn scaled(full: usize, small: usize) -> usize {
 /// A training run on the GPU against the all-reference run, step by step: each step's loss within
 /// `loss_tol` relative, every named gradient within `grad_tol` max-norm relative (`max |g - r| / max
 /// |r|`) and relative 2-norm (the ops.md norm). Prints the measured divergences, per step and overall.
-pub fn assert_runs_match<S: TrainStep>(on_gpu: &[S], reference: &[S], loss_tol: f64, grad_tol: f64) {
+pub fn assert_runs_match<S: TrainStep>(
+    on_gpu: &[S],
+    reference: &[S],
+    loss_tol: f64,
+    grad_tol: f64,
+) {
     assert_eq!(on_gpu.len(), reference.len(), "runs of different lengths");
     for (step, (g, r)) in on_gpu.iter().zip(reference).enumerate() {
         let (gpu_loss, ref_loss) = (g.loss(), r.loss());
