@@ -496,16 +496,36 @@ pub fn relevance_kernels(
     let r = x.numel() as u64 / i.max(1);
     let (gpu, w) = (x.gpu(), layer.weight.raw().ptr);
     let spread = match pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))? {
-        // One split: the finishing product runs in the pass's epilogue (see `gemm_pass`).
-        "lrp_spread_v3_f32" if cfg::v3::split_k(r, i, o).0 == 1 => "lrp_spread_v3_finish_f32",
+        k if finishes_in_epilogue(k, (r, i, o)) => "lrp_spread_v3_finish_f32",
         k => k,
     };
-    let sums = match pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))? {
-        // V3Split: A by `lrp_abs_v3_f32`, S by `dense_v3_f32`.
-        "lrp_sums_v3_f32" if variant == GemmVariant::V3Split => Pass::Abs.kernel(variant),
-        k => k,
+    let sums = if sums_split(gpu, variant, x, &layer.weight, (o, i))? {
+        // A by `lrp_abs_v3_f32`, S by `dense_v3_f32`.
+        Pass::Abs.kernel(variant)
+    } else {
+        pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))?
     };
     Ok([sums, spread])
+}
+
+/// Whether the spread pass over `(m, n, k)` on `kernel` writes the finished relevance in its own
+/// epilogue (`lrp_spread_v3_finish_f32`): variant 3's spread kernel with a single split.
+fn finishes_in_epilogue(kernel: &str, (m, n, k): (u64, u64, u64)) -> bool {
+    kernel == "lrp_spread_v3_f32" && cfg::v3::split_k(m, n, k).0 == 1
+}
+
+/// Whether the sums pass runs as two kernels (`Pass::Abs` and `Pass::Dense`): `V3Split` where
+/// variant 3 fits the sums pass over `n` outputs of depth `k`.
+fn sums_split(
+    gpu: &Gpu,
+    variant: GemmVariant,
+    x: &Tensor,
+    w: &Tensor,
+    nk: (u64, u64),
+) -> Result<bool> {
+    Ok(variant == GemmVariant::V3Split
+        && pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w.raw().ptr), nk)?
+            == "lrp_sums_v3_f32")
 }
 
 /// The kernel of the GEMM pass [`dense_variant`] launches for `x`.
@@ -514,6 +534,21 @@ pub fn dense_kernel(layer: &Linear, x: &Tensor, variant: GemmVariant) -> Result<
     let (i, o) = (layer.in_features() as u64, layer.out_features() as u64);
     let ptrs = (x.raw().ptr, layer.weight.raw().ptr);
     pass_kernel(x.gpu(), Pass::Dense, variant, ptrs, (o, i))
+}
+
+/// [`gemm_pass`] without a fused finish: the split workspaces and the split count.
+fn split_pass(
+    gpu: &Gpu,
+    pass: Pass,
+    variant: GemmVariant,
+    a: &Tensor,
+    b: &Tensor,
+    mnk: (usize, usize, usize),
+) -> Result<(Vec<Tensor>, u64)> {
+    match gemm_pass(gpu, pass, variant, a, b, mnk, None)? {
+        PassOutput::Splits(ws, splits) => Ok((ws, splits)),
+        PassOutput::Finished => unreachable!("a pass finishes in its epilogue only when asked"),
+    }
 }
 
 /// What one GEMM pass wrote.
@@ -548,10 +583,7 @@ fn gemm_pass(
     } else {
         cfg::split_k(m, n, k)
     };
-    let fused = match finish {
-        Some(_) => pass == Pass::Spread && kernel == "lrp_spread_v3_f32" && splits == 1,
-        None => false,
-    };
+    let fused = finish.is_some() && pass == Pass::Spread && finishes_in_epilogue(kernel, (m, n, k));
     let row_tiles = m.div_ceil(cfg::BM);
     if row_tiles > cfg::MAX_GRID_Y {
         return Err(Error::TooLarge {
@@ -679,31 +711,14 @@ pub fn relevance_variant(
     }
     // Pass 1: A and S per (row, j) (V3Split, where variant 3 fits: A and S by two kernels).
     let w = &layer.weight;
-    let split_sums = variant == GemmVariant::V3Split
-        && pass_kernel(
-            gpu,
-            Pass::Sums,
-            variant,
-            (x.raw().ptr, w.raw().ptr),
-            (o as u64, i as u64),
-        )? == "lrp_sums_v3_f32";
-    let (ws, splits) = if split_sums {
-        let (PassOutput::Splits(mut ws_a, splits), PassOutput::Splits(ws_s, splits_s)) = (
-            gemm_pass(gpu, Pass::Abs, variant, x, w, (r, o, i), None)?,
-            gemm_pass(gpu, Pass::Dense, variant, x, w, (r, o, i), None)?,
-        ) else {
-            unreachable!("only the spread pass finishes in its epilogue")
-        };
+    let (ws, splits) = if sums_split(gpu, variant, x, w, (o as u64, i as u64))? {
+        let (mut ws_a, splits) = split_pass(gpu, Pass::Abs, variant, x, w, (r, o, i))?;
+        let (ws_s, splits_s) = split_pass(gpu, Pass::Dense, variant, x, w, (r, o, i))?;
         debug_assert_eq!(splits, splits_s);
         ws_a.extend(ws_s);
         (ws_a, splits)
     } else {
-        let PassOutput::Splits(ws, splits) =
-            gemm_pass(gpu, Pass::Sums, variant, x, w, (r, o, i), None)?
-        else {
-            unreachable!("only the spread pass finishes in its epilogue")
-        };
-        (ws, splits)
+        split_pass(gpu, Pass::Sums, variant, x, w, (r, o, i))?
     };
     // Coefficients per (row, j).
     let coef = Tensor::empty(gpu, &[r, o], DType::F32)?;
@@ -868,11 +883,7 @@ pub fn dense_variant(
             ],
         )?;
     } else {
-        let PassOutput::Splits(ws, splits) =
-            gemm_pass(gpu, Pass::Dense, variant, x, &layer.weight, (r, o, i), None)?
-        else {
-            unreachable!("only the spread pass finishes in its epilogue")
-        };
+        let (ws, splits) = split_pass(gpu, Pass::Dense, variant, x, &layer.weight, (r, o, i))?;
         launch(
             gpu,
             "dense_finish_f32",
