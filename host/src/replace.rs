@@ -23,6 +23,8 @@ pub mod bisect;
 pub mod clifford_model;
 pub mod exec;
 pub mod model;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 pub use bisect::{
     BisectSettings, Divergence, OpDivergence, Report, TrainStep, bisect, bisect_on, divergence,

@@ -1,25 +1,8 @@
 //! CPU tests of the Clifford MLP on the references: finite differences of the whole model's loss,
 //! training, bad input.
 use super::*;
+use crate::replace::test_support::{reference, seed};
 use crate::replace::{Device, Plan};
-
-fn reference() -> Exec<'static> {
-    static NONE: Device = Device::None;
-    Exec::new(Plan::all_reference(), &NONE)
-}
-
-fn seed(test: &str) -> u64 {
-    let seed = std::env::var("RGK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("{test}: seed {seed} (replay with RGK_SEED={seed})");
-    seed
-}
 
 /// The model's loss in f64 end to end, from the same f64 building blocks the references use
 /// (`exact::linear`, `exact::fused`): what the finite differences differentiate. The model itself

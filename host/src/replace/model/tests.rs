@@ -1,12 +1,7 @@
 //! CPU tests of the model on the references: finite differences of the full backward, training,
 //! bad input.
 use super::*;
-use crate::replace::{Device, Plan};
-
-fn reference() -> Exec<'static> {
-    static NONE: Device = Device::None;
-    Exec::new(Plan::all_reference(), &NONE)
-}
+use crate::replace::test_support::{reference, seed};
 
 /// Finite-difference step and tolerance. The references round every op's output to f32, so the loss
 /// is an f32-noisy function (noise ~1e-7 relative, ~3e-7 absolute at loss ~3.4): a central difference
@@ -21,17 +16,7 @@ const RTOL: f64 = 1e-3;
 fn full_backward_matches_central_differences() {
     let cfg = Config::default();
     // Fresh parameters each run, seeded and printed (replay with RGK_SEED).
-    let seed = std::env::var("RGK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!(
-        "full_backward_matches_central_differences: seed {seed} (replay with RGK_SEED={seed})"
-    );
+    let seed = seed("full_backward_matches_central_differences");
     let params = init(&cfg, seed);
     let batch = batch(&cfg, seed);
     let ex = reference();
