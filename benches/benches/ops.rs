@@ -779,6 +779,8 @@ fn clifford(b: &mut Bencher) {
                     ("v1", cl::FwdVariant::Cached),
                     ("v2", cl::FwdVariant::V2),
                     ("v3", cl::FwdVariant::V3),
+                    ("v3l2", cl::FwdVariant::V3L2),
+                    ("v3r", cl::FwdVariant::V3Ring),
                 ],
                 (true, Algebra::Cl3) => &[("v1", cl::FwdVariant::Cached)],
             };

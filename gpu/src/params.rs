@@ -1629,6 +1629,14 @@ pub mod clifford {
         t
     }
     const _: () = assert!(fwd_v3_row_threads(FWD_V3_MAX_N) == FWD_V3_BLOCK);
+    /// Row groups in the shared-memory ring of forward v3r (the one being computed and
+    /// `FWD_V3R_STAGES - 1` in flight behind it).
+    pub const FWD_V3R_STAGES: u32 = 3;
+    /// 16-byte chunks a forward-v3 thread loads for one row group: 4 components of x, 4 of y.
+    pub const FWD_V3_CHUNKS: u32 = 8;
+    /// Dynamic shared memory of forward v3r: every thread's chunks of every stage (96 KiB; two blocks
+    /// fit an SM's 227 KiB on sm_90 and 163 KiB on sm_80).
+    pub const FWD_V3R_SMEM: u32 = FWD_V3R_STAGES * FWD_V3_CHUNKS * FWD_V3_BLOCK * 16;
     const _: () = assert!(fwd_v3_row_threads(4) == 32 && fwd_v3_row_threads(132) == 64);
 
     /// Threads of the per-feature backward (one feature a thread) and of the elementwise kernels.

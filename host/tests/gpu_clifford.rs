@@ -220,6 +220,8 @@ fn sgp_forward_variants_match_reference() {
         cl::FwdVariant::V2,
         cl::FwdVariant::V3,
         cl::FwdVariant::V3Prefetch,
+        cl::FwdVariant::V3L2,
+        cl::FwdVariant::V3Ring,
     ] {
         for &(b, n) in &shapes {
             for alg in ALGS {

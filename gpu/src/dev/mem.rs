@@ -28,6 +28,23 @@ pub unsafe fn load_chunk_ro(p: *const Chunk16, i: u64) -> Chunk16 {
     Chunk16([a, b, c, d])
 }
 
+/// `prefetch.global.L2`: a hint that the line holding chunk `p.add(i)` is read soon, so a later load
+/// finds it in L2. Nothing is returned and no register waits on it: it deepens a load pipeline without
+/// holding registers.
+///
+/// # Safety
+/// `p.add(i)` must be inside a live allocation (a hint, but an address outside every allocation is
+/// still an address the memory checker reports).
+#[inline(always)]
+pub unsafe fn prefetch_l2(p: *const Chunk16, i: u64) {
+    unsafe {
+        core::arch::asm!(
+            "prefetch.global.L2 [{p}];",
+            p = in(reg64) p.add(i as usize), options(nostack, readonly)
+        )
+    }
+}
+
 /// 16-byte store.
 ///
 /// # Safety

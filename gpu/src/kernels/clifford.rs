@@ -20,17 +20,18 @@
 //! - `fc_pairs{2,3}d`, `fc_pairs_bwd{2,3}d`: the per-feature pair terms of the fully connected variant
 //!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is `matmul_f32`.
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
-use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
-use crate::dev::shared::check_index;
+use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
+use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, prefetch_l2, store_chunk};
+use crate::dev::shared::{check_index, dynamic_base, ld_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_dim_x, block_idx_x, block_idx_y, grid_dim_x, lane_id, thread_idx_x, warp_id,
 };
 use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::clifford::{
-    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V3_BLOCK, GRADES_2D, GRADES_3D, NORM_EPS,
-    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
-    fwd_v3_row_threads,
+    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V3_BLOCK, FWD_V3_CHUNKS, FWD_V3R_STAGES,
+    GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D,
+    SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -626,7 +627,7 @@ fn v3_row_norms(
 /// barrier and the stores (in flight during them; 32 more registers). Persistent grid over row groups.
 /// Requires `n % 4 == 0`, `n <= FWD_V3_MAX_N`, `C * B * N < 2^31`, 16-byte aligned bases (launcher).
 #[inline(always)]
-unsafe fn sgp2d_fwd_v3<const PREFETCH: bool>(
+unsafe fn sgp2d_fwd_v3<const PREFETCH: bool, const L2: bool>(
     s: Sgp,
     o: SliceMut<f32>,
     r: SliceMut<f32>,
@@ -686,6 +687,12 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool>(
             let next_row = row_of(next);
             (xv, yv) = v3_load(&s, z, next_row, q, active && next_row < z.rows);
         }
+        if L2 {
+            let far_row = row_of(next + step);
+            if active && next + step < groups && far_row < z.rows {
+                v3_prefetch_l2(&s, z, far_row, q);
+            }
+        }
         let inv = if normalize != 0 {
             let store = if valid && q == 0 { Some(row) } else { None };
             v3_row_norms(sq, warps_per_row, slot, parity, store, z, &r)
@@ -708,6 +715,145 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool>(
         group = next;
         parity ^= 1;
     }
+}
+
+/// Asks L2 for the x and y chunks of quad `q` of `row` (a valid row and quad).
+#[inline(always)]
+fn v3_prefetch_l2(s: &Sgp, z: Rows32, row: u32, q: u32) {
+    crate::unroll!(c in [0, 1, 2, 3] {
+        let i = v3_chunk(c as u32, row, q, z) as u64;
+        check_index(i as usize * 4 + 3, s.x.len as usize);
+        check_index(i as usize * 4 + 3, s.y.len as usize);
+        // SAFETY: the chunk is inside x and y, as for the loads in `v3_load`.
+        unsafe {
+            prefetch_l2(s.x.chunks(), i);
+            prefetch_l2(s.y.chunks(), i);
+        }
+    });
+}
+
+/// Forward v3r, 2D: [`sgp2d_fwd_v3`]'s work split and math, with x and y arriving through a ring of
+/// `FWD_V3R_STAGES` row groups in dynamic shared memory filled by `cp.async`: while a group is
+/// computed, the next `FWD_V3R_STAGES - 1` are in flight, without holding registers for them (v3p holds
+/// one group in registers: 119 registers). Every thread copies only the chunks it later reads itself,
+/// so its own `cp.async.wait_group` orders copy and read: the ring needs no barrier. Slot
+/// `(stage * 8 + chunk) * FWD_V3_BLOCK + thread` of 16 bytes: a warp's 16-byte reads of one chunk are
+/// 512 consecutive bytes (no bank conflicts). Groups past the end and threads without a quad copy
+/// zeros (`cp.async` with source size 0), as `v3_load` gives for them.
+#[inline(always)]
+unsafe fn sgp2d_fwd_v3r(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
+    type A = Cl2;
+    let z = Rows32 {
+        rows: s.rows as u32,
+        n: s.n as u32,
+        bn: (s.rows * s.n) as u32,
+    };
+    let row_threads = fwd_v3_row_threads(s.n);
+    let rows_per_block = block_dim_x() / row_threads;
+    let warps_per_row = row_threads / 32;
+    let tid = thread_idx_x();
+    let (slot, q) = (tid / row_threads, tid % row_threads);
+    let active = q < z.n / 4;
+    let mut w = [[0.0f32; 20]; 4];
+    if active {
+        crate::unroll!(k in [0, 1, 2, 3] {
+            each_path!(A, p {
+                w[k][p] = s.w.get_ro(((4 * q + k as u32) * A::P as u32 + p as u32) as u64);
+            });
+        });
+    }
+    let groups = z.rows.div_ceil(rows_per_block);
+    let step = grid_dim_x();
+    let row_of = |g: u32| g * rows_per_block + slot;
+    let base = dynamic_base();
+    let ring =
+        |stage: u32, chunk: u32| base + ((stage * FWD_V3_CHUNKS + chunk) * FWD_V3_BLOCK + tid) * 16;
+    // Copies group `g`'s chunks of this thread into `stage` and closes the copy group (an empty group
+    // when `g` is past the end, so every iteration waits on the same count).
+    let issue = |g: u32, stage: u32| {
+        let row = row_of(g);
+        let valid = active && g < groups && row < z.rows;
+        crate::unroll!(c in [0, 1, 2, 3] {
+            let i = if valid { v3_chunk(c as u32, row, q, z) as usize } else { 0 };
+            check_index(i * 4 + 3, s.x.len as usize);
+            check_index(i * 4 + 3, s.y.len as usize);
+            // SAFETY: for a valid row and quad the chunk is inside x and y (as in `v3_load`), 16-byte
+            // aligned (launcher), and x and y are never written; otherwise nothing is read (size 0).
+            // The ring slot is this thread's own, 16-byte aligned (dynamic base 1024-aligned), inside
+            // `FWD_V3R_SMEM`, and read only after this thread waits for the group (below).
+            unsafe {
+                cp_async_16(ring(stage, c as u32), s.x.chunks().add(i) as *const u8, valid);
+                cp_async_16(ring(stage, 4 + c as u32), s.y.chunks().add(i) as *const u8, valid);
+            }
+        });
+        cp_async_commit();
+    };
+    let mut group = block_idx_x();
+    crate::unroll_lt!(k < (FWD_V3R_STAGES - 1) as usize, {
+        issue(group + k as u32 * step, k as u32);
+    });
+    let mut stage = 0u32;
+    let mut parity = 0u32;
+    while group < groups {
+        let row = row_of(opaque_u32(group));
+        let valid = active && row < z.rows;
+        // The group `FWD_V3R_STAGES - 1` ahead goes into the stage this thread finished last iteration.
+        let ahead = if stage == 0 {
+            FWD_V3R_STAGES - 1
+        } else {
+            stage - 1
+        };
+        issue(group + (FWD_V3R_STAGES - 1) * step, ahead);
+        cp_async_wait::<{ FWD_V3R_STAGES - 1 }>();
+        let (mut xv, mut yv) = ([[0.0f32; 4]; 4], [[0.0f32; 4]; 4]);
+        crate::unroll!(c in [0, 1, 2, 3] {
+            // SAFETY: this thread's own slots, whose copies its wait above completed.
+            unsafe {
+                xv[c] = ld_shared_v4(ring(stage, c as u32)).map(f32::from_bits);
+                yv[c] = ld_shared_v4(ring(stage, 4 + c as u32)).map(f32::from_bits);
+            }
+        });
+        let mut out = [[0.0f32; 8]; 4];
+        let mut sq = [0.0f32; 4];
+        crate::unroll!(k in [0, 1, 2, 3] {
+            let (mut xm, mut ym) = ([0.0f32; 8], [0.0f32; 8]);
+            each_comp!(A, c {
+                xm[c] = xv[c][k];
+                ym[c] = yv[c][k];
+            });
+            let (xt, _) = gate::<A>(&xm);
+            let (yt, _) = gate::<A>(&ym);
+            out[k] = product_slots::<A>(&xt, &yt, &w[k]);
+            add_grade_squares::<A>(&mut sq, &out[k]);
+        });
+        let inv = if normalize != 0 {
+            let store = if valid && q == 0 { Some(row) } else { None };
+            v3_row_norms(sq, warps_per_row, slot, parity, store, z, &r)
+        } else {
+            [1.0; 4]
+        };
+        if valid {
+            crate::unroll!(c in [0, 1, 2, 3] {
+                let mut v = [0u32; 4];
+                crate::unroll!(k in [0, 1, 2, 3] {
+                    v[k] = (out[k][c] * inv[A::GRADE[c]]).to_bits();
+                });
+                let i = v3_chunk(c as u32, row, q, z) as u64;
+                check_index(i as usize * 4 + 3, o.len as usize);
+                // SAFETY: as for the stores of `sgp2d_fwd_v3`.
+                unsafe { store_chunk(o.chunks(), i, Chunk16(v)) };
+            });
+        }
+        group += step;
+        stage = if stage + 1 == FWD_V3R_STAGES {
+            0
+        } else {
+            stage + 1
+        };
+        parity ^= 1;
+    }
+    // Copies of groups past the end (zero-size) are still this thread's pending groups: drain them.
+    cp_async_wait::<0>();
 }
 
 /// Per row and grade: `s[G * rows + b] = sum_n sum_{c in G} go_c o_c` (`o` the normalised output).
@@ -1005,7 +1151,7 @@ pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3_f32(
     n: u64,
     normalize: u32,
 ) {
-    unsafe { sgp2d_fwd_v3::<false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+    unsafe { sgp2d_fwd_v3::<false, false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
 }
 
 /// [`sgp2d_fwd_v3_f32`] with the next row group's x and y loaded before the norm's barrier.
@@ -1020,7 +1166,39 @@ pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3p_f32(
     n: u64,
     normalize: u32,
 ) {
-    unsafe { sgp2d_fwd_v3::<true>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+    unsafe { sgp2d_fwd_v3::<true, false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+}
+
+/// [`sgp2d_fwd_v3p_f32`] that also asks L2 for the row group after the next (`prefetch.global.L2`), so
+/// the prefetch load finds it there: two groups in flight for the registers of one.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3l2_f32(
+    x: Slice<f32>,
+    y: Slice<f32>,
+    w: Slice<f32>,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    rows: u64,
+    n: u64,
+    normalize: u32,
+) {
+    unsafe { sgp2d_fwd_v3::<true, true>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+}
+
+/// Forward v3r ([`sgp2d_fwd_v3r`]): [`sgp2d_fwd_v3_f32`]'s grid and arguments, plus
+/// `FWD_V3R_SMEM` bytes of dynamic shared memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3r_f32(
+    x: Slice<f32>,
+    y: Slice<f32>,
+    w: Slice<f32>,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    rows: u64,
+    n: u64,
+    normalize: u32,
+) {
+    unsafe { sgp2d_fwd_v3r(Sgp { x, y, w, rows, n }, o, r, normalize) }
 }
 
 macro_rules! clifford_bwd_variants {

@@ -20,13 +20,15 @@
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
-    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D,
-    PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached,
-    fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
+    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, FWD_V3R_SMEM, GRADES_2D, GRADES_3D, NUM_SLOTS_2D,
+    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block,
+    fwd_max_cached, fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
-use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
+use crate::launch::{
+    ByValue, DEFAULT_MAX_DYNAMIC_SMEM, grid_blocks, launch, launch_cfg, set_max_dynamic_smem,
+};
 use crate::ops::matmul::{Accumulate, GemmShape, Operand, Transpose, gemm, offset};
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
@@ -389,6 +391,12 @@ pub enum FwdVariant {
     /// `sgp2d_fwd_v3p`: [`FwdVariant::V3`] with the next row group prefetched before the barrier.
     /// Same fallbacks.
     V3Prefetch,
+    /// `sgp2d_fwd_v3l2`: [`FwdVariant::V3Prefetch`] that also prefetches the group after next into L2.
+    /// Same fallbacks.
+    V3L2,
+    /// `sgp2d_fwd_v3r`: [`FwdVariant::V3`] fed by a 3-group `cp.async` ring in shared memory (two
+    /// groups in flight behind the one computed). Same fallbacks.
+    V3Ring,
 }
 
 /// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
@@ -440,12 +448,17 @@ pub fn sgp_forward_variant(
     let v3 = match variant {
         FwdVariant::V3 => Some("sgp2d_fwd_v3_f32"),
         FwdVariant::V3Prefetch => Some("sgp2d_fwd_v3p_f32"),
+        FwdVariant::V3L2 => Some("sgp2d_fwd_v3l2_f32"),
+        FwdVariant::V3Ring => Some("sgp2d_fwd_v3r_f32"),
         _ => None,
     };
-    let v2 = matches!(
-        variant,
-        FwdVariant::V2 | FwdVariant::V3 | FwdVariant::V3Prefetch
-    );
+    let v2 = variant != FwdVariant::Cached;
+    // Dynamic shared memory of the chosen persistent kernel (only v3r's ring uses any).
+    let smem = if variant == FwdVariant::V3Ring {
+        FWD_V3R_SMEM
+    } else {
+        0
+    };
     // The persistent-grid forwards (v3, else v2) where they apply: kernel, block, and the units of
     // work the grid shares out (v3: row groups of `FWD_V3_BLOCK / fwd_v3_row_threads(n)` rows; v2:
     // rows). Both take the same arguments.
@@ -458,20 +471,28 @@ pub fn sgp_forward_variant(
                 && aligned =>
         {
             let rows_per_block = (FWD_V3_BLOCK / fwd_v3_row_threads(n)) as u64;
-            Some((name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block)))
+            Some((name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block), smem))
         }
         _ if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small => {
-            Some((alg.kernel(Kernel::FwdV2), fwd_v2_block(n), rows))
+            Some((alg.kernel(Kernel::FwdV2), fwd_v2_block(n), rows, 0))
         }
         _ => None,
     };
-    if let Some((name, block, units)) = persistent {
+    if let Some((name, block, units, smem)) = persistent {
         let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
-        launch(
+        if smem > DEFAULT_MAX_DYNAMIC_SMEM {
+            // Before the occupancy query: the driver counts blocks for this much shared memory only
+            // once the kernel may use it.
+            set_max_dynamic_smem(gpu, name, smem)?;
+        }
+        launch_cfg(
             gpu,
             name,
-            persistent_grid(gpu, name, block, units)?,
-            block,
+            cudarc::driver::LaunchConfig {
+                grid_dim: (persistent_grid(gpu, name, block, units, smem)?, 1, 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: smem,
+            },
             &[
                 &ByValue(x.raw()),
                 &ByValue(y.raw()),
@@ -525,10 +546,10 @@ pub fn sgp_forward_variant(
 /// Blocks for a row-persistent kernel: as many `block`-thread blocks of `name` as are resident at once
 /// on the device (the driver's occupancy for its register and shared-memory use), but no more than
 /// `rows`, and evened out so every block gets the same number of rows, or one fewer.
-fn persistent_grid(gpu: &Gpu, name: &'static str, block: u32, rows: u64) -> Result<u32> {
+fn persistent_grid(gpu: &Gpu, name: &'static str, block: u32, rows: u64, smem: u32) -> Result<u32> {
     let per_sm = gpu
         .function(name)?
-        .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+        .occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)
         .map_err(|e| Error::driver(e, format!("reading the occupancy of `{name}`")))?;
     let resident = (per_sm.max(1) as u64) * gpu.sm_count()?.max(1) as u64;
     let rows = rows.max(1);
