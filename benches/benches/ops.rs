@@ -772,13 +772,14 @@ fn clifford(b: &mut Bencher) {
             );
             // The earlier forwards (`v1`, one block per row; `v2`, one thread a feature) and, in 2D,
             // `v3` (16-byte accesses without the prefetch), same inputs and byte count, next to the
-            // default (2D: V3Prefetch, 3D: V2), on request only (`RGK_BENCH_VARIANTS=1`).
+            // default (2D: V3Prefetch on fast DRAM, else V2; 3D: V2), on request only (`RGK_BENCH_VARIANTS=1`).
             let variants: &[(&str, cl::FwdVariant)] = match (variants_on, alg) {
                 (false, _) => &[],
                 (true, Algebra::Cl2) => &[
                     ("v1", cl::FwdVariant::Cached),
                     ("v2", cl::FwdVariant::V2),
                     ("v3", cl::FwdVariant::V3),
+                    ("v3p", cl::FwdVariant::V3Prefetch),
                     ("v3l2", cl::FwdVariant::V3L2),
                     ("v3r", cl::FwdVariant::V3Ring),
                 ],

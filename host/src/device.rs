@@ -158,6 +158,16 @@ impl Gpu {
         )
     }
 
+    /// The DRAM's theoretical peak in bytes per second: 2 transfers a clock (DDR/HBM) x memory clock x
+    /// bus width, from the driver's attributes (H100 SXM: 3.35e12, H200: 4.8e12). Kernels whose best
+    /// form depends on how many bytes must be in flight choose by it.
+    pub fn peak_dram_bytes_per_s(&self) -> Result<f64> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let khz = self.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as f64;
+        let bits = self.attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as f64;
+        Ok(2.0 * khz * 1e3 * bits / 8.0)
+    }
+
     pub fn attribute(&self, a: cudarc::driver::sys::CUdevice_attribute) -> Result<u32> {
         self.inner
             .ctx

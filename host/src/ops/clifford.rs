@@ -374,6 +374,10 @@ fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
     })
 }
 
+/// Peak DRAM bandwidth above which the 2D forward runs V3Prefetch rather than V2 (between the
+/// H100's 3.35 and the H200's 4.8 TB/s, the two cards measured).
+const FWD_V3_MIN_DRAM_BYTES_PER_S: f64 = 4.0e12;
+
 /// Which kernel [`sgp_forward_variant`] runs (for side-by-side measurement; not a stable API).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -407,9 +411,14 @@ pub fn sgp_forward(
     normalize: Normalize,
 ) -> Result<Forward> {
     // V2 measured faster on an H200 (same run): 3D B4096 N512 0.0589 vs 0.0730 ms (0.81 vs 0.65 of
-    // copy bandwidth), 2D 0.0379 vs 0.0432 ms. For 2D, V3Prefetch measured faster still (run r5,
-    // H200: 0.0314 ms, 0.75 of copy, vs V2 0.0378 and V3 0.0370); for 3D it runs V2.
-    sgp_forward_variant(x, y, weight, normalize, FwdVariant::V3Prefetch)
+    // copy bandwidth), 2D 0.0379 vs 0.0432 ms; 3D runs V2. For 2D the better kernel depends on the
+    // card's bandwidth, B4096 N512: on an H200 (4.8 TB/s peak) V3Prefetch 0.0314 ms (0.75 of copy)
+    // vs V2 0.0378 (run r5); on an H100 (3.35 TB/s) V2 0.0399 (0.84) vs V3Prefetch 0.0416 (0.80)
+    // (session 4, run b). V2 keeps fewer bytes in flight a SM (one row, 4-byte accesses) but less
+    // work a row, so it wins until the memory outruns it.
+    let fast_dram = x.gpu().peak_dram_bytes_per_s()? > FWD_V3_MIN_DRAM_BYTES_PER_S;
+    let variant = if fast_dram { FwdVariant::V3Prefetch } else { FwdVariant::V2 };
+    sgp_forward_variant(x, y, weight, normalize, variant)
 }
 
 /// [`sgp_forward`] through a chosen kernel: same contract and results to f32 rounding.
