@@ -778,12 +778,16 @@ fn clifford(b: &mut Bencher) {
                 (true, Algebra::Cl2) => &[
                     ("v1", cl::FwdVariant::Cached),
                     ("v2", cl::FwdVariant::V2),
+                    ("v2b", cl::FwdVariant::V2OneBarrier),
                     ("v3", cl::FwdVariant::V3),
                     ("v3p", cl::FwdVariant::V3Prefetch),
                     ("v3l2", cl::FwdVariant::V3L2),
                     ("v3r", cl::FwdVariant::V3Ring),
                 ],
-                (true, Algebra::Cl3) => &[("v1", cl::FwdVariant::Cached)],
+                (true, Algebra::Cl3) => &[
+                    ("v1", cl::FwdVariant::Cached),
+                    ("v2b", cl::FwdVariant::V2OneBarrier),
+                ],
             };
             for &(tag, variant) in variants {
                 b.bench(

@@ -50,11 +50,13 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // Forward variants: one thread a feature, up to 1024 a block, so at most 64 registers (two blocks of
     // 512 per SM). Before "sgp2d_fwd_": the first matching prefix wins.
     ("sgp2d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
+    ("sgp2d_fwd_v2b_", clifford::FWD_V2_MAX_BLOCK, 1),
     // Forward v3 (2D, v3 and v3p): 256-thread blocks holding 4 features x 10 weights, 4 x 8 inputs and 16
     // outputs a thread: two blocks a SM, up to 128 registers (three, at 85, spilled 68 bytes). Before
     // "sgp2d_fwd_": the first matching prefix wins.
     ("sgp2d_fwd_v3", clifford::FWD_V3_BLOCK, 2),
     ("sgp3d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
+    ("sgp3d_fwd_v2b_", clifford::FWD_V2_MAX_BLOCK, 1),
     ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
     ("chunk_sum_tree_", clifford::CHUNK_SUM_WARPS * 32, 2),

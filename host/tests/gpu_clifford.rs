@@ -218,6 +218,7 @@ fn sgp_forward_variants_match_reference() {
     }
     for variant in [
         cl::FwdVariant::V2,
+        cl::FwdVariant::V2OneBarrier,
         cl::FwdVariant::V3,
         cl::FwdVariant::V3Prefetch,
         cl::FwdVariant::V3L2,

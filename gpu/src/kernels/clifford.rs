@@ -339,7 +339,18 @@ fn grade_norms<A: Algebra>(
     row: u64,
     rows: u64,
 ) -> [f32; 4] {
-    let s = block::reduce_sum4(sq);
+    grade_norms_of::<A>(block::reduce_sum4(sq), n, r, row, rows)
+}
+
+/// `1 / r_G` from the row's grade sums of squares `s`; thread 0 stores `r`.
+#[inline(always)]
+fn grade_norms_of<A: Algebra>(
+    s: [f32; 4],
+    n: u64,
+    r: &SliceMut<f32>,
+    row: u64,
+    rows: u64,
+) -> [f32; 4] {
     let mut inv = [1.0f32; 4];
     each_grade!(A, g {
         let rg = math::sqrt(s[g] / n as f32 + NORM_EPS);
@@ -494,7 +505,12 @@ fn load_pair32<A: Algebra>(s: &Sgp, z: Rows32, row: u32, f: u32) -> (Mv, Mv) {
 /// block reduction so those loads are in flight during the barriers and the stores. Offsets are 32-bit
 /// (`C * B * N < 2^31`, checked by the launcher).
 #[inline(always)]
-unsafe fn sgp_fwd_v2<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
+unsafe fn sgp_fwd_v2<A: Algebra, const ONE_BARRIER: bool>(
+    s: Sgp,
+    o: SliceMut<f32>,
+    r: SliceMut<f32>,
+    normalize: u32,
+) {
     let z = Rows32 {
         rows: s.rows as u32,
         n: s.n as u32,
@@ -510,6 +526,7 @@ unsafe fn sgp_fwd_v2<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, nor
     let step = grid_dim_x();
     let mut row = block_idx_x();
     let (mut xv, mut yv) = load_pair32::<A>(&s, z, row, f);
+    let mut parity = 0u32;
     while row < z.rows {
         let (xt, _) = gate::<A>(&xv);
         let (yt, _) = gate::<A>(&yv);
@@ -519,10 +536,16 @@ unsafe fn sgp_fwd_v2<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, nor
         let inv = if normalize != 0 {
             let mut sq = [0.0f32; 4];
             add_grade_squares::<A>(&mut sq, &out);
-            grade_norms::<A>(sq, s.n, &r, row as u64, s.rows)
+            if ONE_BARRIER {
+                let sums = block::reduce_sum4_parity(sq, parity);
+                grade_norms_of::<A>(sums, s.n, &r, row as u64, s.rows)
+            } else {
+                grade_norms::<A>(sq, s.n, &r, row as u64, s.rows)
+            }
         } else {
             [1.0; 4]
         };
+        parity ^= 1;
         if f < z.n {
             let idx = opaque_u32(row) * z.n + f;
             store_mv32::<A>(&o, idx, z.bn, &scale_grades::<A>(&out, &inv));
@@ -1119,7 +1142,7 @@ unsafe fn fc_pairs_bwd<A: Algebra>(
 }
 
 macro_rules! clifford_fwd_variants {
-    ($($A:ty: $v2:ident;)*) => {$(
+    ($($A:ty: $v2:ident, $v2b:ident;)*) => {$(
         /// Forward v2 ([`sgp_fwd_v2`]): block = `fwd_v2_block(n)` (one thread a feature), grid = the
         /// blocks resident at once (or fewer, one per row). Same arguments as the fused forward.
         #[unsafe(no_mangle)]
@@ -1127,14 +1150,24 @@ macro_rules! clifford_fwd_variants {
             x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>,
             rows: u64, n: u64, normalize: u32,
         ) {
-            unsafe { sgp_fwd_v2::<$A>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+            unsafe { sgp_fwd_v2::<$A, false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+        }
+
+        /// Forward v2 with the row norm's block reduction at one barrier a row instead of two
+        /// ([`block::reduce_sum4_parity`]). Same grid, block and arguments as v2.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $v2b(
+            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>,
+            rows: u64, n: u64, normalize: u32,
+        ) {
+            unsafe { sgp_fwd_v2::<$A, true>(Sgp { x, y, w, rows, n }, o, r, normalize) }
         }
     )*};
 }
 
 clifford_fwd_variants! {
-    Cl2: sgp2d_fwd_v2_f32;
-    Cl3: sgp3d_fwd_v2_f32;
+    Cl2: sgp2d_fwd_v2_f32, sgp2d_fwd_v2b_f32;
+    Cl3: sgp3d_fwd_v2_f32, sgp3d_fwd_v2b_f32;
 }
 
 /// Forward v3, 2D ([`sgp2d_fwd_v3`]): block `FWD_V3_BLOCK`, grid = the blocks resident at once (or

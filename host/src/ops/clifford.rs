@@ -132,6 +132,8 @@ impl Algebra {
             (Cl3, Fwd) => "sgp3d_fwd_f32",
             (Cl2, FwdV2) => "sgp2d_fwd_v2_f32",
             (Cl3, FwdV2) => "sgp3d_fwd_v2_f32",
+            (Cl2, FwdV2b) => "sgp2d_fwd_v2b_f32",
+            (Cl3, FwdV2b) => "sgp3d_fwd_v2b_f32",
             (Cl2, Bwd) => "sgp2d_bwd_f32",
             (Cl3, Bwd) => "sgp3d_bwd_f32",
             (Cl2, BwdV2) => "sgp2d_bwd_v2_f32",
@@ -152,6 +154,7 @@ impl Algebra {
 enum Kernel {
     Fwd,
     FwdV2,
+    FwdV2b,
     Bwd,
     BwdV2,
     Dot,
@@ -395,6 +398,9 @@ pub enum FwdVariant {
     /// `sgp2d_fwd_v3p`: [`FwdVariant::V3`] with the next row group prefetched before the barrier.
     /// Same fallbacks.
     V3Prefetch,
+    /// `sgp{2,3}d_fwd_v2b`: [`FwdVariant::V2`] with the row norm at one barrier a row (two
+    /// alternating sets of shared slots) instead of two. Same fallbacks.
+    V2OneBarrier,
     /// `sgp2d_fwd_v3l2`: [`FwdVariant::V3Prefetch`] that also prefetches the group after next into L2.
     /// Same fallbacks.
     V3L2,
@@ -417,7 +423,11 @@ pub fn sgp_forward(
     // (session 4, run b). V2 keeps fewer bytes in flight a SM (one row, 4-byte accesses) but less
     // work a row, so it wins until the memory outruns it.
     let fast_dram = x.gpu().peak_dram_bytes_per_s()? > FWD_V3_MIN_DRAM_BYTES_PER_S;
-    let variant = if fast_dram { FwdVariant::V3Prefetch } else { FwdVariant::V2 };
+    let variant = if fast_dram {
+        FwdVariant::V3Prefetch
+    } else {
+        FwdVariant::V2
+    };
     sgp_forward_variant(x, y, weight, normalize, variant)
 }
 
@@ -483,7 +493,12 @@ pub fn sgp_forward_variant(
             Some((name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block), smem))
         }
         _ if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small => {
-            Some((alg.kernel(Kernel::FwdV2), fwd_v2_block(n), rows, 0))
+            let kernel = if variant == FwdVariant::V2OneBarrier {
+                Kernel::FwdV2b
+            } else {
+                Kernel::FwdV2
+            };
+            Some((alg.kernel(kernel), fwd_v2_block(n), rows, 0))
         }
         _ => None,
     };
