@@ -639,6 +639,46 @@ fn layer_norms(b: &mut Bencher) {
             ln::layer_norm_backward(&x[0], &g, &mean, &rstd, &dy).expect("layer_norm_backward");
         },
     );
+    // Warp-per-row backward variants (`layernorm_bwd_warp_s{stages}w{warps}/...`), same inputs, next
+    // to the default, on request only (`RGK_BENCH_VARIANTS=1`); bf16 at the same shape with the
+    // shipped kernels as `layernorm_bwd_block/bf16/...` (no default bf16 bench to sit beside).
+    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+        for variant in ln::BwdVariant::WARP {
+            b.bench(
+                spec(
+                    format!("layernorm_bwd_{}/f32/{rows}x{cols}", variant.tag()),
+                    Some(3 * bytes),
+                    None,
+                ),
+                1,
+                |_| {
+                    ln::layer_norm_backward_variant(&x[0], &g, &mean, &rstd, &dy, variant)
+                        .expect("layer_norm_backward variant");
+                },
+            );
+        }
+        let half_bytes = bytes / 2;
+        let xh = b.inputs(&[rows, cols], DType::BF16, 1).remove(0);
+        let gh = b.inputs(&[cols], DType::BF16, 1).remove(0);
+        let bh = b.inputs(&[cols], DType::BF16, 1).remove(0);
+        let dyh = b.inputs(&[rows, cols], DType::BF16, 1).remove(0);
+        let (_, mean_h, rstd_h) = ln::layer_norm(&xh, &gh, &bh, None).expect("layer_norm");
+        let block = [ln::BwdVariant::Block];
+        for variant in block.into_iter().chain(ln::BwdVariant::WARP) {
+            b.bench(
+                spec(
+                    format!("layernorm_bwd_{}/bf16/{rows}x{cols}", variant.tag()),
+                    Some(3 * half_bytes),
+                    None,
+                ),
+                1,
+                |_| {
+                    ln::layer_norm_backward_variant(&xh, &gh, &mean_h, &rstd_h, &dyh, variant)
+                        .expect("layer_norm_backward variant");
+                },
+            );
+        }
+    }
 }
 
 /// Embedding gather with device-resident ids uploaded from the host (the path a model uses; their bound

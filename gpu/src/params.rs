@@ -127,6 +127,10 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // before "layer_norm_": the first match counts.
     ("layer_norm_vec_", layer_norm::MAX_BLOCK, 2),
     ("layer_norm_backward_narrow_", layer_norm::MAX_BLOCK, 2),
+    // Warp-per-row backward variants: dgamma, dbeta and gamma take 96 registers a lane, and ptxas keeps
+    // the row's x and dy across the shuffles. At a cap of 128 they spilled (f32 ~80 B, f16/bf16
+    // ~600 B); at 170 (3 blocks of 4 warps) still 20-48 B; unbounded they take ~205 (8 warps an SM).
+    ("layer_norm_backward_warp", layer_norm::WARP_MAX_WARPS * 32, 1),
     // f32 fits 64 registers (two blocks of 512); the halves hold 8 elements a chunk and spilled at
     // 64, so they get up to 128.
     (
@@ -265,6 +269,29 @@ pub mod layer_norm {
     }
     const _: () = assert!(chunks(1 << 40) <= MAX_CHUNKS && chunks(1) == 1 && chunks(16) == 1);
     const _: () = assert!(FINISH_COLS == 32 && FINISH_BLOCK <= MAX_BLOCK);
+
+    /// Warp-per-row backward (variants, `kernels::layer_norm::backward_warp`): elements of a row one
+    /// lane holds, as 16-byte chunks `lane, lane + 32, ...` (f32: 8 chunks of 4; f16/bf16: 4 of 8).
+    pub const WARP_LANE_ELEMS: u32 = 32;
+    /// Longest row the warp-per-row backward takes (one warp of `WARP_LANE_ELEMS` a lane).
+    pub const WARP_MAX_COLS: u64 = (32 * WARP_LANE_ELEMS) as u64;
+    /// Most warps in a block of the warp-per-row backward (its launch bound: 256 threads).
+    pub const WARP_MAX_WARPS: u32 = 8;
+    /// Dynamic shared memory of the warp-per-row backward with `warps` warps, `stages` rows of x and dy
+    /// per warp, rows of `row_chunks` 16-byte chunks and `cols` elements: the `cp.async` stages
+    /// (`stages` x {x, dy} x `ceil(row_chunks / 32)` chunks a lane), or, when larger, the end-of-kernel
+    /// fold of the warps' dgamma/dbeta (`2 x warps x cols` f32), which reuses the same bytes.
+    pub const fn warp_smem_bytes(warps: u32, stages: u32, row_chunks: u64, cols: u64) -> u64 {
+        let stages_bytes = warps as u64 * stages as u64 * 2 * row_chunks.div_ceil(32) * 32 * 16;
+        let fold_bytes = 2 * warps as u64 * cols * 4;
+        if stages_bytes > fold_bytes {
+            stages_bytes
+        } else {
+            fold_bytes
+        }
+    }
+    // 1024 f32 columns, 4 warps, 2 stages: 64 KiB, three blocks an SM.
+    const _: () = assert!(warp_smem_bytes(4, 2, 256, 1024) == 64 * 1024);
 }
 
 /// Embedding lookup (`kernels/embedding.rs`, `host::ops::embedding`).

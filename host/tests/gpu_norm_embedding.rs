@@ -67,40 +67,186 @@ fn layer_norm_matches_reference() {
                 1e-4,
             );
 
-            let (dx, dg, db) = ln::layer_norm_backward(&xt, &gt, &mean, &rstd, &up(&dy)).unwrap();
-            let (wdx, wdg, wdb) = lr::layer_norm_backward(&x, &g, &wm, &wr, &dy).unwrap();
-            // dx = rstd (g - mean(g) - xhat mean(g xhat)) cancels (for 2 columns it is 0 up to the
-            // eps term: a 2e-5 result from O(1) terms, measured 5.7e-4 relative on an H200), so the
-            // error is judged on the scale of its terms, rstd |dy gamma|, or of dx when larger.
-            let dxv = dx.to_vec().unwrap();
-            let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|e| e * e).sum::<f64>().sqrt();
-            let err = norm(
-                &mut dxv
-                    .iter()
-                    .zip(&wdx.data)
-                    .map(|(&a, &b)| a as f64 - b as f64),
-            );
-            let terms = norm(&mut (0..rows * cols).map(|k| {
-                wr.data[k / cols] as f64 * (dy.data[k] as f64 * g.data[k % cols] as f64).abs()
-            }));
-            let scale = terms.max(norm(&mut wdx.data.iter().map(|&v| v as f64)));
-            assert!(
-                err <= grad_tol(dtype) * scale,
-                "{case} dx: error {err:.3e} > {:.1e} x {scale:.3e} (seed above)",
-                grad_tol(dtype)
-            );
-            assert_close(
-                &format!("{case} dgamma"),
-                &dg.to_vec().unwrap(),
-                &wdg.data,
-                grad_tol(dtype),
-            );
-            assert_close(
-                &format!("{case} dbeta"),
-                &db.to_vec().unwrap(),
-                &wdb.data,
-                grad_tol(dtype),
-            );
+            let grads = ln::layer_norm_backward(&xt, &gt, &mean, &rstd, &up(&dy)).unwrap();
+            check_backward(&case, &x, &g, (&wm, &wr), &dy, grads);
+        }
+    }
+}
+
+/// The backward's `(dx, dgamma, dbeta)` against the f64 reference from the reference statistics
+/// `(mean, rstd)`; the panic message names `case` (the seed is printed above it).
+fn check_backward(
+    case: &str,
+    x: &HostTensor,
+    g: &HostTensor,
+    (wm, wr): (&HostTensor, &HostTensor),
+    dy: &HostTensor,
+    (dx, dg, db): (Tensor, Tensor, Tensor),
+) {
+    let (rows, cols) = (wm.data.len(), g.data.len());
+    let dtype = x.dtype;
+    assert_eq!(dx.shape(), x.shape.as_slice(), "{case} dx shape");
+    let (wdx, wdg, wdb) = lr::layer_norm_backward(x, g, wm, wr, dy).unwrap();
+    // dx = rstd (g - mean(g) - xhat mean(g xhat)) cancels (for 2 columns it is 0 up to the
+    // eps term: a 2e-5 result from O(1) terms, measured 5.7e-4 relative on an H200), so the
+    // error is judged on the scale of its terms, rstd |dy gamma|, or of dx when larger.
+    let dxv = dx.to_vec().unwrap();
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|e| e * e).sum::<f64>().sqrt();
+    let err = norm(
+        &mut dxv
+            .iter()
+            .zip(&wdx.data)
+            .map(|(&a, &b)| a as f64 - b as f64),
+    );
+    let terms =
+        norm(&mut (0..rows * cols).map(|k| {
+            wr.data[k / cols] as f64 * (dy.data[k] as f64 * g.data[k % cols] as f64).abs()
+        }));
+    let scale = terms.max(norm(&mut wdx.data.iter().map(|&v| v as f64)));
+    // `err <= ...` is false for a NaN error (an unwritten, poisoned element).
+    assert!(
+        err <= grad_tol(dtype) * scale,
+        "{case} dx: error {err:.3e} > {:.1e} x {scale:.3e} (seed above)",
+        grad_tol(dtype)
+    );
+    assert_close(
+        &format!("{case} dgamma"),
+        &dg.to_vec().unwrap(),
+        &wdg.data,
+        grad_tol(dtype),
+    );
+    assert_close(
+        &format!("{case} dbeta"),
+        &db.to_vec().unwrap(),
+        &wdb.data,
+        grad_tol(dtype),
+    );
+}
+
+/// Row lengths for the warp-per-row backward variants: whole 16-byte chunks from one chunk to the
+/// 1024-element limit (lanes with no chunk, partial last slots), and rows that fall back to the shipped
+/// kernels (not whole chunks, longer than 1024).
+const WARP_COLS: [usize; 16] = [
+    1, 3, 4, 8, 12, 64, 100, 128, 136, 504, 768, 1000, 1016, 1024, 1032, 2048,
+];
+
+#[test]
+fn layer_norm_backward_variants_match_reference() {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_variants_match_reference") else {
+        return;
+    };
+    let mut rng = rng("layer_norm_backward_variants");
+    for variant in ln::BwdVariant::WARP {
+        for (i, &cols) in WARP_COLS.iter().enumerate() {
+            for dtype in DType::ALL {
+                // Rows past the grid's warps (several rows a warp) on some cases: the grid holds
+                // a few thousand warps.
+                let rows = match rng.random_range(0..4) {
+                    0 => scaled((1 << 23) / cols, (1 << 14) / cols).clamp(1, scaled(9000, 64)),
+                    _ => rows_for(&mut rng, cols),
+                };
+                let x = uniform(&mut rng, &[rows, cols], 1.0, 5.0, dtype);
+                let g = uniform(&mut rng, &[cols], 0.5, 1.5, dtype);
+                let b = uniform(&mut rng, &[cols], -1.0, 1.0, dtype);
+                let dy = uniform(&mut rng, &[rows, cols], -1.0, 1.0, dtype);
+                let up = |h: &HostTensor| Tensor::from_host(&gpu, h).unwrap();
+                let (xt, gt, bt) = (up(&x), up(&g), up(&b));
+                let launch =
+                    ln::warp_launch(&gpu, dtype, variant, (rows as u64, cols as u64)).unwrap();
+                let case = format!(
+                    "{} #{i} {dtype} [{rows}, {cols}] (launch {launch:?})",
+                    variant.tag()
+                );
+                println!("{case}");
+                let (_, mean, rstd) = ln::layer_norm(&xt, &gt, &bt, None).unwrap();
+                let (_, wm, wr) = lr::layer_norm(&x, &g, &b, None).unwrap();
+                let grads =
+                    ln::layer_norm_backward_variant(&xt, &gt, &mean, &rstd, &up(&dy), variant)
+                        .unwrap();
+                check_backward(&case, &x, &g, (&wm, &wr), &dy, grads);
+            }
+        }
+    }
+}
+
+/// The variants take their own kernel where they apply (so the test above checks them, not the
+/// fallback): rows of whole chunks up to 1024 elements, every dtype.
+#[test]
+fn layer_norm_backward_variants_launch_the_warp_kernel() {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_variants_launch_the_warp_kernel") else {
+        return;
+    };
+    for variant in ln::BwdVariant::WARP {
+        for dtype in DType::ALL {
+            for (rows, cols, applies) in [
+                (65536u64, 1024u64, true),
+                (5, 64, true),
+                (1, 8, true),
+                (100, 1026, false),
+                (100, 2048, false),
+            ] {
+                let launch = ln::warp_launch(&gpu, dtype, variant, (rows, cols)).unwrap();
+                println!("{} {dtype} [{rows}, {cols}]: {launch:?}", variant.tag());
+                // Halves need whole chunks of 8: 1026 is not one for any dtype.
+                let applies = applies && cols % dtype.chunk_elems() as u64 == 0;
+                assert_eq!(
+                    launch.is_some(),
+                    applies,
+                    "{} {dtype} [{rows}, {cols}]",
+                    variant.tag()
+                );
+                if let Some((_, threads, grid, _)) = launch {
+                    // No more warps than rows, rounded up to a block.
+                    assert!(grid as u64 * (threads as u64 / 32) < rows + threads as u64 / 32);
+                }
+            }
+        }
+    }
+    // Not the variants: the shipped kernels.
+    assert_eq!(
+        ln::warp_launch(&gpu, DType::F32, ln::BwdVariant::Block, (100, 1024)).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn layer_norm_backward_variants_are_bit_identical_over_runs() {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_variants_are_bit_identical_over_runs") else {
+        return;
+    };
+    let mut rng = rng("layer_norm_backward_variants_determinism");
+    let bits = |t: &Tensor| {
+        t.to_vec()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    for variant in ln::BwdVariant::WARP {
+        for (rows, cols, dtype) in [
+            (scaled(20_000, 300), 1024, DType::F32),
+            (scaled(9_000, 200), 1016, DType::BF16),
+            (scaled(3_000, 100), 96, DType::F16),
+        ] {
+            let up = |h: &HostTensor| Tensor::from_host(&gpu, h).unwrap();
+            let x = up(&uniform(&mut rng, &[rows, cols], -2.0, 2.0, dtype));
+            let g = up(&uniform(&mut rng, &[cols], 0.5, 1.5, dtype));
+            let b = up(&uniform(&mut rng, &[cols], -1.0, 1.0, dtype));
+            let dy = up(&uniform(&mut rng, &[rows, cols], -1.0, 1.0, dtype));
+            let (_, mean, rstd) = ln::layer_norm(&x, &g, &b, None).unwrap();
+            let run = || {
+                let (dx, dg, db) =
+                    ln::layer_norm_backward_variant(&x, &g, &mean, &rstd, &dy, variant).unwrap();
+                (bits(&dx), bits(&dg), bits(&db))
+            };
+            let first = run();
+            for r in 0..scaled(5, 2) {
+                let again = run();
+                let case = format!("{} {dtype} [{rows}, {cols}] run {r}", variant.tag());
+                assert!(again.1 == first.1, "{case}: dgamma changed");
+                assert!(again.2 == first.2, "{case}: dbeta changed");
+                assert!(again.0 == first.0, "{case}: dx changed");
+            }
         }
     }
 }

@@ -16,12 +16,12 @@
 use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
-use crate::dev::shared::{dynamic_base, ld_shared_v4};
+use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{block_dim_x, block_idx_x, grid_dim_x, lane_id, thread_idx_x, warp_id};
-use crate::dev::{block, math, opaque_u64};
+use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::layer_norm::{
-    CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS, NARROW_PER_THREAD, PIPE_STAGES,
+    CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS, NARROW_PER_THREAD, PIPE_STAGES, WARP_LANE_ELEMS,
 };
 
 const CACHE: usize = CACHE_PER_THREAD as usize;
@@ -510,6 +510,214 @@ unsafe fn backward_pipelined<T: Elem>(a: Bwd<T>, rows_per_chunk: u64) {
     backward_pipe(&a, chunk, r0, r1)
 }
 
+/// The row `r` of the warp-per-row backward's trip: `stage` and the statistics of row `r`.
+/// Rows `gw, gw + tw, gw + 2 tw, ...` belong to warp `gw` of `tw` in the grid (a persistent grid: the
+/// host sizes it to the blocks resident at once), so every warp gets the same number of rows, or one
+/// fewer. Each lane owns chunks `lane + 32 k` of every row (`k < ceil(row_chunks / 32)`): 16-byte
+/// accesses, a warp's loads of one slot contiguous. x and dy arrive through `S` `cp.async` stages in the
+/// warp's own slice of dynamic shared memory (rows `r + tw .. r + (S - 1) tw` in flight while row `r`
+/// is reduced); a lane reads back only the bytes it copied itself, so its own `cp.async.wait_group`
+/// orders them and the row loop has no barrier. The two row sums are warp butterflies (the same bits
+/// in every lane), and dx re-reads x and dy from the stage instead of keeping xhat and g in registers
+/// across the shuffles. (ptxas merges the two reads and keeps x and dy across the shuffles anyway:
+/// about 205 registers, 8 warps an SM. A volatile re-read, bounded to 170 registers for 12 warps an
+/// SM, still spilled 20-48 B: ptxas hoists all 16 chunk loads of the first pass.)
+///
+/// dgamma/dbeta: each lane accumulates its columns over all the warp's rows in registers; at the end
+/// the block's warps store their sums to shared memory and thread `t` adds them in warp order for
+/// columns `t, t + nt, ...` into partial row `block` (`param_grads` then adds the partial rows in block
+/// order). The grid, and with it the summation order, depends on the device's SM count and the kernel's
+/// occupancy: the same bits on every run on one device.
+///
+/// Stage layout, per warp `w`: stage `s`, operand `o` (0 = x, 1 = dy), slot `k`, lane `l` at
+/// `(((w * S + s) * 2 + o) * kpl + k) * 512 + l * 16` bytes, `kpl = ceil(row_chunks / 32)`.
+/// Host checks: cols a multiple of the chunk, at most `WARP_MAX_COLS`; 16-byte aligned bases.
+#[inline(always)]
+unsafe fn backward_warp<T: Elem, const S: u32>(a: Bwd<T>) {
+    const LANE: usize = WARP_LANE_ELEMS as usize;
+    let per_chunk = 16 / core::mem::size_of::<T>();
+    // Slots a lane may hold (f32: 8, f16/bf16: 4); a launch uses the first `kpl`.
+    let slots = LANE / per_chunk;
+    let (lane, wid, warps) = (lane_id(), warp_id(), block_dim_x() / 32);
+    let row_chunks = (a.cols / per_chunk as u64) as u32;
+    let kpl = row_chunks.div_ceil(32);
+    let inv_cols = 1.0 / a.cols as f32;
+    let operand_bytes = kpl * 512;
+    let stage_bytes = 2 * operand_bytes;
+    // This lane's first slot; `opaque_u32` keeps `+ k * 512` as address immediates.
+    let mine = opaque_u32(dynamic_base() + wid * S * stage_bytes + lane * 16);
+    let owned = |k: usize| lane + 32 * (k as u32) < row_chunks;
+    let gw = block_idx_x() as u64 * warps as u64 + wid as u64;
+    let tw = grid_dim_x() as u64 * warps as u64;
+    // Starts the copies of row `r` into `stage` (none past the last row) and closes a group either
+    // way, so every trip waits on the same group count.
+    let issue = |r: u64, stage: u32| {
+        if r < a.rows {
+            let first = (r * row_chunks as u64 + lane as u64) as usize;
+            let dst = mine + stage * stage_bytes;
+            // SAFETY: r < rows: the row's chunks lie inside x and dy; `first + 32 k` is inside the row
+            // for owned slots (below). The slots are this lane's, read only after its wait.
+            unsafe {
+                let (xs, ds) = (a.x.chunks().add(first), a.dy.chunks().add(first));
+                crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if k < slots && owned(k) {
+                        let d = dst + k as u32 * 512;
+                        cp_async_16(d, xs.add(32 * k) as *const u8, true);
+                        cp_async_16(d + operand_bytes, ds.add(32 * k) as *const u8, true);
+                    }
+                });
+            }
+        }
+        cp_async_commit();
+    };
+    crate::unroll!(s in [0, 1, 2, 3] {
+        if (s as u32) + 1 < S {
+            issue(gw + s as u64 * tw, s as u32);
+        }
+    });
+    let mut gam = [0.0f32; LANE];
+    let (mut dg, mut db) = ([0.0f32; LANE], [0.0f32; LANE]);
+    crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+        if k < slots && owned(k) {
+            // SAFETY: an owned chunk of gamma (cols elements, aligned: host check).
+            let gc = unsafe { load_chunk_ro(a.gamma.chunks(), (lane + 32 * k as u32) as u64) };
+            crate::unroll!(w in [0, 1, 2, 3] {
+                let [lo, hi] = T::unpack_word(gc.0[w]);
+                let e = k * per_chunk + w * T::PER_WORD;
+                gam[e] = lo;
+                if T::PER_WORD == 2 {
+                    gam[e + 1] = hi;
+                }
+            });
+        }
+    });
+    // The next row's statistics are loaded a trip ahead (their latency would otherwise add to every
+    // row's).
+    let stats = |r: u64| {
+        if r < a.rows {
+            (a.mean.get_ro(r), a.rstd.get_ro(r))
+        } else {
+            (0.0, 0.0)
+        }
+    };
+    let mut next = stats(gw);
+    let (mut r, mut stage) = (gw, 0u32);
+    while r < a.rows {
+        issue(r + (S as u64 - 1) * tw, (stage + S - 1) % S);
+        let (m, rs) = next;
+        next = stats(r + tw);
+        match S {
+            2 => cp_async_wait::<1>(),
+            3 => cp_async_wait::<2>(),
+            _ => cp_async_wait::<3>(),
+        }
+        let xb = mine + stage * stage_bytes;
+        let dyb = xb + operand_bytes;
+        let (mut s1, mut s2) = (0.0f32, 0.0f32);
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if k < slots && owned(k) {
+                // SAFETY: this lane's slots of `stage`, filled by its own copies, which the wait
+                // above completed.
+                let (xw, dw) = unsafe {
+                    (ld_shared_v4(xb + k as u32 * 512), ld_shared_v4(dyb + k as u32 * 512))
+                };
+                crate::unroll!(w in [0, 1, 2, 3] {
+                    let xs = T::unpack_word(xw[w]);
+                    let ds = T::unpack_word(dw[w]);
+                    crate::unroll!(h in [0, 1] {
+                        if h < T::PER_WORD {
+                            let e = k * per_chunk + w * T::PER_WORD + h;
+                            let xh = (xs[h] - m) * rs;
+                            let g = ds[h] * gam[e];
+                            s1 += g;
+                            s2 += g * xh;
+                            dg[e] += ds[h] * xh;
+                            db[e] += ds[h];
+                        }
+                    });
+                });
+            }
+        });
+        // Two butterflies, interleaved: every lane ends with the same bits (a + b == b + a).
+        let mut step = 16;
+        while step > 0 {
+            s1 += warp::shfl_xor_f32(s1, step);
+            s2 += warp::shfl_xor_f32(s2, step);
+            step >>= 1;
+        }
+        let (mg, mgx) = (s1 * inv_cols, s2 * inv_cols);
+        let first = r * row_chunks as u64 + lane as u64;
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if k < slots && owned(k) {
+                // SAFETY: as above (the stage is not reissued before the next trip).
+                let (xw, dw) = unsafe {
+                    (ld_shared_v4(xb + k as u32 * 512), ld_shared_v4(dyb + k as u32 * 512))
+                };
+                let mut ch = Chunk16([0; 4]);
+                crate::unroll!(w in [0, 1, 2, 3] {
+                    let xs = T::unpack_word(xw[w]);
+                    let ds = T::unpack_word(dw[w]);
+                    let e = k * per_chunk + w * T::PER_WORD;
+                    let lo = rs * (ds[0] * gam[e] - mg - (xs[0] - m) * rs * mgx);
+                    let hi = if T::PER_WORD == 2 {
+                        rs * (ds[1] * gam[e + 1] - mg - (xs[1] - m) * rs * mgx)
+                    } else {
+                        0.0
+                    };
+                    ch.0[w] = T::pack_word(lo, hi);
+                });
+                // SAFETY: an owned chunk of row r inside dx; each chunk is written by one lane.
+                unsafe { store_chunk(a.dx.chunks(), first + 32 * k as u64, ch) };
+            }
+        });
+        r += tw;
+        stage = (stage + 1) % S;
+    }
+    // Fold the block's warps: every copy done (this thread's, then everyone's at the barrier) before
+    // the stages are reused as `[2][warps][cols]` f32.
+    cp_async_wait::<0>();
+    sync_threads();
+    let base = dynamic_base();
+    let cols = a.cols as u32;
+    crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+        if k < slots && owned(k) {
+            let j = (lane + 32 * k as u32) * per_chunk as u32;
+            crate::unroll!(q in [0, 1] {
+                if q * 4 < per_chunk {
+                    let e = k * per_chunk + q * 4;
+                    let at = |o: u32| base + ((o * warps + wid) * cols + j + q as u32 * 4) * 4;
+                    let g4 = [dg[e].to_bits(), dg[e + 1].to_bits(), dg[e + 2].to_bits(), dg[e + 3].to_bits()];
+                    let b4 = [db[e].to_bits(), db[e + 1].to_bits(), db[e + 2].to_bits(), db[e + 3].to_bits()];
+                    // SAFETY: 16-byte aligned (cols and j multiples of 4) inside the
+                    // `2 * warps * cols` f32 the host sized; this lane's own elements.
+                    unsafe {
+                        st_shared_v4(at(0), g4);
+                        st_shared_v4(at(1), b4);
+                    }
+                }
+            });
+        }
+    });
+    sync_threads();
+    let (blk, blocks) = (block_idx_x() as u64, grid_dim_x() as u64);
+    let mut j = thread_idx_x();
+    while j < cols {
+        let (mut sg, mut sb) = (0.0f32, 0.0f32);
+        let mut w = 0;
+        while w < warps {
+            // SAFETY: inside the fold area, written before the barrier above.
+            unsafe {
+                sg += f32::ld_shared(base + (w * cols + j) * 4);
+                sb += f32::ld_shared(base + ((warps + w) * cols + j) * 4);
+            }
+            w += 1;
+        }
+        a.partials.set(blk * a.cols + j as u64, sg);
+        a.partials.set((blocks + blk) * a.cols + j as u64, sb);
+        j += block_dim_x();
+    }
+}
+
 crate::static_shared!(fn finish_slots() -> [f32; 2 * (FINISH_WARPS * FINISH_COLS) as usize] as LAYER_NORM_FINISH_SLOTS);
 
 /// `dgamma[j] = sum_c partials[0][c][j]`, `dbeta[j] = sum_c partials[1][c][j]`. A block takes 32
@@ -577,7 +785,7 @@ unsafe fn param_grads<T: Elem>(
 }
 
 macro_rules! layer_norm_entry_points {
-    ($($fwd:ident, $fwd_vec:ident, $bwd:ident, $bwd_pipe:ident, $bwd_narrow:ident, $fin:ident, $t:ty;)*) => {$(
+    ($($fwd:ident, $fwd_vec:ident, $bwd:ident, $bwd_pipe:ident, $bwd_narrow:ident, $bwd_warp2:ident, $bwd_warp3:ident, $fin:ident, $t:ty;)*) => {$(
         /// `CACHE_PER_THREAD` (16) elements a thread: rows up to `MAX_CACHED_COLS` in registers.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(
@@ -622,6 +830,22 @@ macro_rules! layer_norm_entry_points {
                 backward::<$t, NARROW>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
             }
         }
+        /// Warp-per-row backward, 2 `cp.async` stages a warp (see `backward_warp`; a variant).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd_warp2(
+            x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
+            dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64,
+        ) {
+            unsafe { backward_warp::<$t, 2>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }) }
+        }
+        /// Warp-per-row backward, 3 `cp.async` stages a warp (see `backward_warp`; a variant).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd_warp3(
+            x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
+            dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64,
+        ) {
+            unsafe { backward_warp::<$t, 3>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }) }
+        }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fin(
             partials: Slice<f32>, dgamma: SliceMut<$t>, dbeta: SliceMut<$t>, chunks: u64, cols: u64,
@@ -632,7 +856,7 @@ macro_rules! layer_norm_entry_points {
 }
 
 layer_norm_entry_points! {
-    layer_norm_f32, layer_norm_vec_f32, layer_norm_backward_f32, layer_norm_backward_pipe_f32, layer_norm_backward_narrow_f32, layer_norm_param_grads_f32, f32;
-    layer_norm_f16, layer_norm_vec_f16, layer_norm_backward_f16, layer_norm_backward_pipe_f16, layer_norm_backward_narrow_f16, layer_norm_param_grads_f16, F16;
-    layer_norm_bf16, layer_norm_vec_bf16, layer_norm_backward_bf16, layer_norm_backward_pipe_bf16, layer_norm_backward_narrow_bf16, layer_norm_param_grads_bf16, BF16;
+    layer_norm_f32, layer_norm_vec_f32, layer_norm_backward_f32, layer_norm_backward_pipe_f32, layer_norm_backward_narrow_f32, layer_norm_backward_warp2_f32, layer_norm_backward_warp3_f32, layer_norm_param_grads_f32, f32;
+    layer_norm_f16, layer_norm_vec_f16, layer_norm_backward_f16, layer_norm_backward_pipe_f16, layer_norm_backward_narrow_f16, layer_norm_backward_warp2_f16, layer_norm_backward_warp3_f16, layer_norm_param_grads_f16, F16;
+    layer_norm_bf16, layer_norm_vec_bf16, layer_norm_backward_bf16, layer_norm_backward_pipe_bf16, layer_norm_backward_narrow_bf16, layer_norm_backward_warp2_bf16, layer_norm_backward_warp3_bf16, layer_norm_param_grads_bf16, BF16;
 }

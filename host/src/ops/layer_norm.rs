@@ -9,14 +9,18 @@
 //! and zero dgamma/dbeta, nothing launched.
 use cudarc::driver::LaunchConfig;
 use gpu::params::layer_norm::{
-    CACHE_PER_THREAD, DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, block_for, chunks,
-    narrow_block_for, pipe_smem_bytes, rows_per_chunk,
+    CACHE_PER_THREAD, DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, WARP_MAX_COLS,
+    WARP_MAX_WARPS, block_for, chunks, narrow_block_for, pipe_smem_bytes, rows_per_chunk,
+    warp_smem_bytes,
 };
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernel_name;
-use crate::launch::{ByValue, grid_blocks, launch, launch_cfg_large_smem};
+use crate::launch::{
+    ByValue, DEFAULT_MAX_DYNAMIC_SMEM, grid_blocks, launch, launch_cfg_large_smem,
+    set_max_dynamic_smem,
+};
 use crate::ops::{aligned16, same_device_and_dtype, same_shape};
 use crate::tensor::Tensor;
 
@@ -139,6 +143,119 @@ pub fn layer_norm_backward(
     rstd: &Tensor,
     dy: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    layer_norm_backward_variant(x, gamma, mean, rstd, dy, BwdVariant::Block)
+}
+
+/// Which kernels [`layer_norm_backward_variant`] runs (for side-by-side measurement; not a stable API).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwdVariant {
+    /// The shipped kernels: one block a row, rows of whole 16-byte chunks through the `cp.async`
+    /// block pipeline (`layer_norm_backward_pipe`), the register kernels otherwise; 2048 partial rows
+    /// at most.
+    Block,
+    /// `layer_norm_backward_warp{stages}`: one warp a row, `stages` (2 or 3) rows of x and dy per warp
+    /// in the `cp.async` stages (`stages - 1` in flight), `warps` (1 ..= 8) warps a block, a persistent
+    /// grid of the blocks resident at once (one dgamma/dbeta partial row each). Rows of more than
+    /// `WARP_MAX_COLS` elements, or not whole 16-byte chunks, unaligned buffers, other
+    /// configurations, and devices where a block does not fit take [`BwdVariant::Block`].
+    Warp { stages: u32, warps: u32 },
+}
+
+impl BwdVariant {
+    /// The warp-per-row configurations measured side by side (benches, tests).
+    pub const WARP: [BwdVariant; 4] = [
+        BwdVariant::Warp {
+            stages: 2,
+            warps: 4,
+        },
+        BwdVariant::Warp {
+            stages: 3,
+            warps: 4,
+        },
+        BwdVariant::Warp {
+            stages: 3,
+            warps: 2,
+        },
+        BwdVariant::Warp {
+            stages: 2,
+            warps: 8,
+        },
+    ];
+
+    /// A short name for bench ids: `block`, `warp_s2w4`, ...
+    pub fn tag(self) -> String {
+        match self {
+            BwdVariant::Block => "block".into(),
+            BwdVariant::Warp { stages, warps } => format!("warp_s{stages}w{warps}"),
+        }
+    }
+}
+
+/// The warp-per-row backward's launch: `(kernel, threads, grid, dynamic shared memory bytes)` for
+/// `rows` rows of `cols` in 16-byte aligned buffers of `dtype`, or `None` where `variant` takes the
+/// shipped kernels (see [`BwdVariant::Warp`]). Public for the tests, which check that the variants run.
+#[doc(hidden)]
+pub fn warp_launch(
+    gpu: &crate::Gpu,
+    dtype: DType,
+    variant: BwdVariant,
+    (rows, cols): (u64, u64),
+) -> Result<Option<(&'static str, u32, u32, u32)>> {
+    let BwdVariant::Warp { stages, warps } = variant else {
+        return Ok(None);
+    };
+    let elems_per_chunk = dtype.chunk_elems() as u64;
+    if !(rows > 0
+        && cols % elems_per_chunk == 0
+        && cols <= WARP_MAX_COLS
+        && (1..=WARP_MAX_WARPS).contains(&warps))
+    {
+        return Ok(None);
+    }
+    let name = match stages {
+        2 => kernel_name!("layer_norm_backward_warp2", dtype),
+        3 => kernel_name!("layer_norm_backward_warp3", dtype),
+        _ => return Ok(None),
+    };
+    let threads = warps * 32;
+    // Never past the kernel's launch bound (the launch would fail).
+    if threads > gpu.max_block_pow2(name)? {
+        return Ok(None);
+    }
+    let smem = warp_smem_bytes(warps, stages, cols / elems_per_chunk, cols) as u32;
+    if smem > DEFAULT_MAX_DYNAMIC_SMEM {
+        // The opt-in may fail where the device has less shared memory (sm_80: 163 KiB a block).
+        if set_max_dynamic_smem(gpu, name, smem).is_err() {
+            return Ok(None);
+        }
+    }
+    let per_sm = gpu
+        .function(name)?
+        .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+        .map_err(|e| Error::driver(e, format!("reading the occupancy of `{name}`")))?;
+    if per_sm == 0 {
+        return Ok(None);
+    }
+    let resident = per_sm as u64 * gpu.sm_count()?.max(1) as u64;
+    // No block without a row: every warp of the grid but the last block's has rows.
+    let grid = resident
+        .min(rows.div_ceil(warps as u64))
+        .min(i32::MAX as u64) as u32;
+    Ok(Some((name, threads, grid, smem)))
+}
+
+/// [`layer_norm_backward`] through a chosen kernel: same contract; results to f32 rounding (dgamma and
+/// dbeta summed in another order), the same bits on every run of one variant on one device.
+#[doc(hidden)]
+pub fn layer_norm_backward_variant(
+    x: &Tensor,
+    gamma: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    dy: &Tensor,
+    variant: BwdVariant,
+) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "layer_norm_backward";
     let (rows, cols) = rows_cols(OP, x)?;
     check_param(OP, "gamma", x, gamma)?;
@@ -176,6 +293,36 @@ pub fn layer_norm_backward(
     }
     let dgamma = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
     let dbeta = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
+    let warp = if aligned16(&[x, gamma, dy, &dx]) {
+        warp_launch(gpu, x.dtype(), variant, (rows, cols))?
+    } else {
+        None
+    };
+    if let Some((name, threads, grid, smem)) = warp {
+        let partials = Tensor::empty(gpu, &[2 * grid as usize * cols as usize], DType::F32)?;
+        launch_cfg_large_smem(
+            gpu,
+            name,
+            LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: smem,
+            },
+            &[
+                &ByValue(x.raw()),
+                &ByValue(gamma.raw()),
+                &ByValue(mean.raw()),
+                &ByValue(rstd.raw()),
+                &ByValue(dy.raw()),
+                &ByValue(dx.raw()),
+                &ByValue(partials.raw()),
+                &rows,
+                &cols,
+            ],
+        )?;
+        param_grads(gpu, &partials, &dgamma, &dbeta, grid as u64, cols)?;
+        return Ok((dx, dgamma, dbeta));
+    }
     let (chunks, per_chunk) = (chunks(rows), rows_per_chunk(rows));
     let partials = Tensor::empty(gpu, &[2 * chunks as usize * cols as usize], DType::F32)?;
     // Rows of whole 16-byte chunks (at most PIPE_MAX_BLOCK of them) with aligned buffers take the
@@ -221,9 +368,22 @@ pub fn layer_norm_backward(
             &per_chunk,
         ],
     )?;
+    param_grads(gpu, &partials, &dgamma, &dbeta, chunks, cols)?;
+    Ok((dx, dgamma, dbeta))
+}
+
+/// dgamma and dbeta from `[2][chunks][cols]` partial rows, added in chunk order.
+fn param_grads(
+    gpu: &crate::Gpu,
+    partials: &Tensor,
+    dgamma: &Tensor,
+    dbeta: &Tensor,
+    chunks: u64,
+    cols: u64,
+) -> Result<()> {
     launch(
         gpu,
-        kernel_name!("layer_norm_param_grads", x.dtype()),
+        kernel_name!("layer_norm_param_grads", dgamma.dtype()),
         grid_blocks(cols, FINISH_COLS as u64),
         FINISH_BLOCK,
         &[
@@ -233,8 +393,7 @@ pub fn layer_norm_backward(
             &chunks,
             &cols,
         ],
-    )?;
-    Ok((dx, dgamma, dbeta))
+    )
 }
 
 /// CPU references in f64.
