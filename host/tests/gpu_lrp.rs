@@ -58,12 +58,14 @@ struct Run {
 }
 
 impl Run {
-    /// Whether both GEMM passes ran on the variant's own kernels (variants 3 and 4: `_v3_` / `_v4_`
-    /// names; variant 4 shares variant 3's sums kernel), not the default's fallback.
+    /// Whether both GEMM passes ran on the variant's own kernels (variants 3, 4 and 5: `_v3_`,
+    /// `_v4_`, `_v5_` names; variant 4 shares variant 3's sums kernel), not the default's fallback.
     fn variant_ran(&self) -> bool {
-        self.kernels
-            .iter()
-            .all(|k| k.contains("_v3_") || k.contains("_v4_"))
+        let own = |k: &str| match self.variant {
+            GemmVariant::V5 => k.contains("_v5_"),
+            _ => k.contains("_v3_") || k.contains("_v4_"),
+        };
+        self.kernels.iter().all(|k| own(k))
     }
 }
 
@@ -299,7 +301,7 @@ fn hand_computed_branches_on_the_gpu() {
     }
 }
 
-/// Variant 3's spread pass with one split finishes in its epilogue (`lrp_spread_v3_finish_f32`:
+/// Variant 3's (and 5's) spread pass with one split finishes in its epilogue (`lrp_spread_v3_finish_f32`:
 /// `|x| G` written directly): shapes whose depth (O <= 256) gives one split, with ragged row and
 /// column tiles, against the reference, the staged kernels and itself across runs.
 #[test]
@@ -321,6 +323,13 @@ fn fused_spread_finish_matches_reference() {
             v3.kernels[1], "lrp_spread_v3_finish_f32",
             "{name}: {:?}",
             v3.kernels
+        );
+        // Variant 5 fuses the finish in the same cases (checked against the reference by `check`).
+        let v5 = runs.iter().find(|r| r.variant == GemmVariant::V5).unwrap();
+        assert_eq!(
+            v5.kernels,
+            ["lrp_sums_v5_f32", "lrp_spread_v5_finish_f32"],
+            "{name}"
         );
         let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
         let (x, rel) = (

@@ -200,6 +200,26 @@ impl<const N: usize> Split<N> {
         s
     }
 
+    /// [`Split::of`] by integer operations (variant 5, `params::lrp::v5`): `hi` the same, `lo`
+    /// truncated instead of rounded; about four instructions a value instead of nine.
+    #[inline(always)]
+    fn of_fast(v: [f32; N]) -> Self {
+        let mut s = Split {
+            hi: [0; N],
+            lo: [0; N],
+        };
+        crate::unroll_lt!(r < N, {
+            (s.hi[r], s.lo[r]) = crate::params::lrp::v5::split_tf32_fast(v[r]);
+        });
+        s
+    }
+
+    /// [`Split::of`], or [`Split::of_fast`] when `FAST`.
+    #[inline(always)]
+    fn of_in<const FAST: bool>(v: [f32; N]) -> Self {
+        if FAST { Self::of_fast(v) } else { Self::of(v) }
+    }
+
     /// The split of the absolute values.
     #[inline(always)]
     fn abs(&self) -> Self {
@@ -757,7 +777,12 @@ mod v3 {
     /// `a_addr` / `b_addr` are this thread's fragment bases in the stage (shared addresses); every load
     /// is base + a constant.
     #[inline(always)]
-    fn compute<const MODE: u32>(a_addr: u32, b_addr: u32, acc0: &mut Acc, acc1: &mut Acc) {
+    fn compute<const MODE: u32, const FAST: bool>(
+        a_addr: u32,
+        b_addr: u32,
+        acc0: &mut Acc,
+        acc1: &mut Acc,
+    ) {
         // SAFETY (loads below): base + delta is a `v3::frag_*_offset` (< the stage's floats, even for
         // the pairs: unit-tested in params) of the stage the caller's address points at, inside the
         // launch's dynamic shared memory, written by copies that were waited for before the barrier
@@ -772,7 +797,7 @@ mod v3 {
                 // (a0, a2) of row g, (a1, a3) of row g + 8: slots t and t + 4 are adjacent depths.
                 let [a0, a2] = ld2(a_addr, frag_a_delta(mi, s, 0));
                 let [a1, a3] = ld2(a_addr, frag_a_delta(mi, s, 1));
-                a[mi] = Split::of([a0, a1, a2, a3]);
+                a[mi] = Split::of_in::<FAST>([a0, a1, a2, a3]);
             });
             let mut b = [Split::<2> { hi: [0; 2], lo: [0; 2] }; N_TILES];
             crate::unroll_lt!(ni < N_TILES, {
@@ -785,7 +810,7 @@ mod v3 {
                 } else {
                     ld2(b_addr, frag_b_nk_delta(ni, s))
                 };
-                b[ni] = Split::of(v);
+                b[ni] = Split::of_in::<FAST>(v);
             });
             crate::unroll_lt!(mi < M_TILES, {
                 crate::unroll_lt!(ni < N_TILES, {
@@ -821,10 +846,12 @@ mod v3 {
     /// The launcher's contract of the default pass, plus: A's and B's bases are 16-byte aligned and
     /// their rows (`depth` floats; B of the spread pass: `cols` floats) a multiple of 4 floats.
     ///
+    /// `FAST`: the 3xTF32 split by integer operations (variant 5, `params::lrp::v5`).
+    ///
     /// `FINISH` (SPREAD with one split only): the epilogue writes `|scale| * G` (the relevance,
     /// `lrp_finish`'s product) to `out0` instead of the partial `G`, saving the finishing pass.
     #[inline(always)]
-    pub(super) unsafe fn gemm<const MODE: u32, const FINISH: bool>(
+    pub(super) unsafe fn gemm<const MODE: u32, const FINISH: bool, const FAST: bool>(
         a: Slice<f32>,
         b: Slice<f32>,
         out0: SliceMut<f32>,
@@ -872,7 +899,7 @@ mod v3 {
                 unsafe { copies.issue::<MODE>(kt + STAGES - 1, smem + write * stage_bytes) };
             }
             cp_async_commit();
-            compute::<MODE>(
+            compute::<MODE, FAST>(
                 a_frag + read * stage_bytes,
                 b_frag + read * stage_bytes,
                 &mut acc0,
@@ -919,7 +946,7 @@ pub unsafe extern "ptx-kernel" fn lrp_sums_v3_f32(
     ws_s: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SUMS, false>(x, w, ws_a, ws_s, x, p) }
+    unsafe { v3::gemm::<SUMS, false, false>(x, w, ws_a, ws_s, x, p) }
 }
 
 /// The sums pass as two kernels (`GemmVariant::V3Split`): `A = sum |x||W|` here, `S = x W^T` by
@@ -932,7 +959,7 @@ pub unsafe extern "ptx-kernel" fn lrp_abs_v3_f32(
     ws_a: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<ABS, false>(x, w, ws_a, ws_a, x, p) }
+    unsafe { v3::gemm::<ABS, false, false>(x, w, ws_a, ws_a, x, p) }
 }
 
 #[unsafe(no_mangle)]
@@ -942,7 +969,7 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v3_f32(
     ws_g: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, false>(coef, w, ws_g, ws_g, coef, p) }
+    unsafe { v3::gemm::<SPREAD, false, false>(coef, w, ws_g, ws_g, coef, p) }
 }
 
 #[unsafe(no_mangle)]
@@ -952,7 +979,7 @@ pub unsafe extern "ptx-kernel" fn dense_v3_f32(
     ws: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<DENSE, false>(x, w, ws, ws, x, p) }
+    unsafe { v3::gemm::<DENSE, false, false>(x, w, ws, ws, x, p) }
 }
 
 /// [`lrp_spread_v3_f32`] with `lrp_finish_f32` fused into its epilogue: `relevance_in = |x| G`
@@ -965,7 +992,7 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v3_finish_f32(
     relevance_in: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, true>(coef, w, relevance_in, relevance_in, x, p) }
+    unsafe { v3::gemm::<SPREAD, true, false>(coef, w, relevance_in, relevance_in, x, p) }
 }
 
 /// Variant 4: [`lrp_spread_v3_f32`]'s code at one block per SM (`params::lrp::v3::V4_SPREAD_BLOCKS_PER_SM`).
@@ -976,7 +1003,7 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v4_f32(
     ws_g: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, false>(coef, w, ws_g, ws_g, coef, p) }
+    unsafe { v3::gemm::<SPREAD, false, false>(coef, w, ws_g, ws_g, coef, p) }
 }
 
 /// Variant 4: [`dense_v3_f32`]'s code at one block per SM.
@@ -987,5 +1014,51 @@ pub unsafe extern "ptx-kernel" fn dense_v4_f32(
     ws: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<DENSE, false>(x, w, ws, ws, x, p) }
+    unsafe { v3::gemm::<DENSE, false, false>(x, w, ws, ws, x, p) }
+}
+
+/// Variant 5: [`lrp_sums_v3_f32`] with the 3xTF32 split by integer operations (`params::lrp::v5`).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_sums_v5_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws_a: SliceMut<f32>,
+    ws_s: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SUMS, false, true>(x, w, ws_a, ws_s, x, p) }
+}
+
+/// Variant 5: [`lrp_spread_v3_f32`] with the integer split.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v5_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    ws_g: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SPREAD, false, true>(coef, w, ws_g, ws_g, coef, p) }
+}
+
+/// Variant 5: [`lrp_spread_v3_finish_f32`] with the integer split (one split only).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v5_finish_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    x: Slice<f32>,
+    relevance_in: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SPREAD, true, true>(coef, w, relevance_in, relevance_in, x, p) }
+}
+
+/// Variant 5: [`dense_v3_f32`] with the integer split.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dense_v5_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<DENSE, false, true>(x, w, ws, ws, x, p) }
 }

@@ -400,14 +400,22 @@ pub enum GemmVariant {
     /// two blocks per SM each instead of the fused `lrp_sums_v3_f32` at one: the same products
     /// chained in the same order, twice the operand traffic. The same fallback.
     V3Split,
+    /// Variant 3's kernels with the 3xTF32 split done by integer operations instead of the
+    /// `cvt.rna.tf32.f32` that ptxas expands to about four instructions (`lrp_sums_v5_f32`,
+    /// `lrp_spread_v5_f32`, `lrp_spread_v5_finish_f32`, `dense_v5_f32`; `gpu::params::lrp::v5`):
+    /// `hi` identical, `lo` truncated instead of rounded (error per product `5 2^-22` instead of
+    /// `3 2^-22`), about a third fewer instructions per stage. The same tiles, pipeline, splits,
+    /// occupancy and fallback.
+    V5,
 }
 
 impl GemmVariant {
-    pub const ALL: [GemmVariant; 4] = [
+    pub const ALL: [GemmVariant; 5] = [
         GemmVariant::Staged,
         GemmVariant::V3,
         GemmVariant::V4,
         GemmVariant::V3Split,
+        GemmVariant::V5,
     ];
 }
 
@@ -427,7 +435,7 @@ enum Pass {
 impl Pass {
     /// The pass's kernel in `variant` (variant 4 shares variant 3's sums kernel).
     fn kernel(self, variant: GemmVariant) -> &'static str {
-        use GemmVariant::{Staged, V3, V3Split, V4};
+        use GemmVariant::{Staged, V3, V3Split, V4, V5};
         match (self, variant) {
             (Pass::Sums, Staged) => "lrp_sums_f32",
             (Pass::Spread, Staged) => "lrp_spread_f32",
@@ -437,6 +445,9 @@ impl Pass {
             (Pass::Dense, V3 | V3Split) => "dense_v3_f32",
             (Pass::Spread, V4) => "lrp_spread_v4_f32",
             (Pass::Dense, V4) => "dense_v4_f32",
+            (Pass::Sums, V5) => "lrp_sums_v5_f32",
+            (Pass::Spread, V5) => "lrp_spread_v5_f32",
+            (Pass::Dense, V5) => "dense_v5_f32",
             // No staged kernel: `relevance_variant` runs `Abs` only where variant 3 fits.
             (Pass::Abs, _) => "lrp_abs_v3_f32",
         }
@@ -495,9 +506,10 @@ pub fn relevance_kernels(
     let (i, o) = (layer.in_features() as u64, layer.out_features() as u64);
     let r = x.numel() as u64 / i.max(1);
     let (gpu, w) = (x.gpu(), layer.weight.raw().ptr);
-    let spread = match pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))? {
-        k if finishes_in_epilogue(k, (r, i, o)) => "lrp_spread_v3_finish_f32",
-        k => k,
+    let spread = pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))?;
+    let spread = match finish_kernel(spread) {
+        Some(fused) if finishes_in_epilogue(spread, (r, i, o)) => fused,
+        _ => spread,
     };
     let sums = if sums_split(gpu, variant, x, &layer.weight, (o, i))? {
         // A by `lrp_abs_v3_f32`, S by `dense_v3_f32`.
@@ -508,10 +520,20 @@ pub fn relevance_kernels(
     Ok([sums, spread])
 }
 
+/// The spread kernel with the finish fused into its epilogue, for the spread kernels that have one
+/// (variants 3 and 5).
+fn finish_kernel(spread_kernel: &str) -> Option<&'static str> {
+    match spread_kernel {
+        "lrp_spread_v3_f32" => Some("lrp_spread_v3_finish_f32"),
+        "lrp_spread_v5_f32" => Some("lrp_spread_v5_finish_f32"),
+        _ => None,
+    }
+}
+
 /// Whether the spread pass over `(m, n, k)` on `kernel` writes the finished relevance in its own
-/// epilogue (`lrp_spread_v3_finish_f32`): variant 3's spread kernel with a single split.
+/// epilogue ([`finish_kernel`]): a spread kernel that has a fused form, with a single split.
 fn finishes_in_epilogue(kernel: &str, (m, n, k): (u64, u64, u64)) -> bool {
-    kernel == "lrp_spread_v3_f32" && cfg::v3::split_k(m, n, k).0 == 1
+    finish_kernel(kernel).is_some() && cfg::v3::split_k(m, n, k).0 == 1
 }
 
 /// Whether the sums pass runs as two kernels (`Pass::Abs` and `Pass::Dense`): `V3Split` where
@@ -562,7 +584,7 @@ enum PassOutput {
 /// Launches one tiled GEMM pass over an `m x n` output of depth `k` (`variant`'s kernel where it fits,
 /// else the staged one), into fresh split workspaces; returns them with the split count. With
 /// `finish = Some((x, out))` (the spread pass), a pass that runs on variant 3's kernel with a single
-/// split writes `out = |x| G` directly (`lrp_spread_v3_finish_f32`) and returns `Finished`.
+/// split writes `out = |x| G` directly (`lrp_spread_v3_finish_f32`, or variant 5's) and returns `Finished`.
 fn gemm_pass(
     gpu: &Gpu,
     pass: Pass,
@@ -619,12 +641,11 @@ fn gemm_pass(
         k_per_split,
     };
     let (ar, br) = (ByValue(ar), ByValue(br));
-    let (kernel, wr): (_, Vec<ByValue<RawSlice>>) = match finish {
+    let (kernel, wr): (_, Vec<ByValue<RawSlice>>) = match (finish, finish_kernel(kernel)) {
         // Arguments (coef, W, x, out, p): x in the place of the first workspace, out in the second.
-        Some((x, out)) if fused => (
-            "lrp_spread_v3_finish_f32",
-            vec![ByValue(x.raw()), ByValue(out.raw())],
-        ),
+        (Some((x, out)), Some(fused_kernel)) if fused => {
+            (fused_kernel, vec![ByValue(x.raw()), ByValue(out.raw())])
+        }
         _ => (kernel, ws.iter().map(|t| ByValue(t.raw())).collect()),
     };
     let pv = ByValue(p);
