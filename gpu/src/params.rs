@@ -117,6 +117,8 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         lrp::v3::SPREAD_BLOCKS_PER_SM,
     ),
     ("dense_v5_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
+    // Variant 6: variant 5's sums pass with the coefficients in its epilogue (one block per SM).
+    ("lrp_sums_v6_", lrp::THREADS, lrp::v3::SUMS_BLOCKS_PER_SM),
     ("lrp_sums_", lrp::THREADS, 1),
     ("lrp_spread_", lrp::THREADS, 1),
     ("dense_f32", lrp::THREADS, 1),
@@ -903,7 +905,7 @@ pub mod lrp {
             #[test]
             fn hi_is_round_to_nearest_ties_away_and_lo_the_truncated_rest() {
                 let mut s = 0x9e37_79b9u32;
-                let mut check = |v: f32| {
+                let check = |v: f32| {
                     let (hi, lo) = split_tf32_fast(v);
                     assert_eq!(
                         f32::from_bits(hi),

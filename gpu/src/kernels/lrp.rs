@@ -415,13 +415,18 @@ fn coefficient(a: f32, s: f32, bias: f32, rel: f32, p: &LrpCoeff) -> f32 {
     let (pb, nb) = (b.max(0.0), (-b).max(0.0));
     if p.kind != KIND_NULL {
         let t = pos + pb - neg - nb;
-        let f = (p.kind == KIND_NON_MONO).then(|| {
-            (
+        // An `if`, not `bool::then` with a closure: the closure is not `inline(always)`, and with two
+        // kernels calling `coefficient` (lrp_coeffs_f32, lrp_sums_v6_coef_f32) LLVM made it a
+        // called function with a 160-byte stack frame.
+        let f = if p.kind == KIND_NON_MONO {
+            Some((
                 act_fn(p.func, t),
                 act_fn(p.func, pos + pb),
                 act_fn(p.func, -(neg + nb)),
-            )
-        });
+            ))
+        } else {
+            None
+        };
         if t < p.lower as f64 {
             pos = 0.0;
         }
@@ -860,7 +865,49 @@ mod v3 {
         p: LrpGemm,
     ) {
         const { assert!(!FINISH || MODE == SPREAD) };
+        // SAFETY: the caller's contract is the main loop's.
+        let (acc0, acc1) = unsafe { mainloop::<MODE, FAST>(a, b, &p) };
+        let tid = thread_idx_x() as usize;
+        let (lane, warp) = (tid & 31, tid >> 5);
+        let split = block_idx_z() as u64;
+        let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
+        let base = split * p.rows * p.cols;
+        crate::unroll_lt!(mi < M_TILES, {
+            crate::unroll_lt!(ni < N_TILES, {
+                crate::unroll!(r in [0, 1, 2, 3] {
+                    let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
+                    let (m, n) = (m0 + dm, n0 + dn);
+                    if m < p.rows && n < p.cols {
+                        let at = base + m * p.cols + n;
+                        if FINISH {
+                            // One split (the launcher's contract): base is 0 and `at` indexes
+                            // `scale` (x, `[rows, cols]`) too.
+                            out0.set(at, scale.get_ro(at).abs() * acc0[mi][ni][r]);
+                        } else {
+                            out0.set(at, acc0[mi][ni][r]);
+                        }
+                        if MODE == SUMS {
+                            out1.set(at, acc1[mi][ni][r]);
+                        }
+                    }
+                });
+            });
+        });
+    }
+
+    /// [`gemm`]'s pipeline and tensor-core loop over this block's tile and split: the accumulators
+    /// (`acc1` only for SUMS), for an epilogue to write.
+    ///
+    /// # Safety
+    /// As [`gemm`].
+    #[inline(always)]
+    pub(super) unsafe fn mainloop<const MODE: u32, const FAST: bool>(
+        a: Slice<f32>,
+        b: Slice<f32>,
+        p: &LrpGemm,
+    ) -> (Acc, Acc) {
         const { assert!(STAGES == 4) }; // the wait counts below
+        let p = *p;
         let tid = thread_idx_x() as usize;
         let (lane, warp) = (tid & 31, tid >> 5);
         let copies = Copies::new::<MODE>(&a, &b, &p, tid);
@@ -911,30 +958,7 @@ mod v3 {
         }
         // Only empty groups can be pending; no copy may outlive the block.
         cp_async_wait::<0>();
-        let split = block_idx_z() as u64;
-        let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
-        let base = split * p.rows * p.cols;
-        crate::unroll_lt!(mi < M_TILES, {
-            crate::unroll_lt!(ni < N_TILES, {
-                crate::unroll!(r in [0, 1, 2, 3] {
-                    let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
-                    let (m, n) = (m0 + dm, n0 + dn);
-                    if m < p.rows && n < p.cols {
-                        let at = base + m * p.cols + n;
-                        if FINISH {
-                            // One split (the launcher's contract): base is 0 and `at` indexes
-                            // `scale` (x, `[rows, cols]`) too.
-                            out0.set(at, scale.get_ro(at).abs() * acc0[mi][ni][r]);
-                        } else {
-                            out0.set(at, acc0[mi][ni][r]);
-                        }
-                        if MODE == SUMS {
-                            out1.set(at, acc1[mi][ni][r]);
-                        }
-                    }
-                });
-            });
-        });
+        (acc0, acc1)
     }
 }
 
@@ -1061,4 +1085,42 @@ pub unsafe extern "ptx-kernel" fn dense_v5_f32(
     p: LrpGemm,
 ) {
     unsafe { v3::gemm::<DENSE, false, true>(x, w, ws, ws, x, p) }
+}
+
+/// Variant 6: variant 5's sums pass with `lrp_coeffs_f32` fused into its epilogue, for a pass of one
+/// split (`p.k_per_split >= p.depth`, the launcher checks): each thread turns its own `(A, S)` of
+/// row `m`, output `n` into `coef[m][n] = coefficient(A, S, b[n], R[m][n])` (the same f64 function
+/// as `lrp_coeffs_f32`, on the same f32 sums: with one split that kernel's split sum is `0 + A`,
+/// which differs from `A` only in the sign of a zero, and the coefficient takes `max(.., 0)` of
+/// both sums first), so the coefficients are those of variant 5 bit for bit. The A and S workspaces
+/// (2 x 4 bytes an output written and read back) and the elementwise launch are saved.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_sums_v6_coef_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    rel: Slice<f32>,
+    bias: Slice<f32>,
+    coef: SliceMut<f32>,
+    p: LrpGemm,
+    c: LrpCoeff,
+) {
+    // SAFETY: the launcher's contract of the sums pass (variant 3's, one split).
+    let (acc_a, acc_s) = unsafe { v3::mainloop::<SUMS, true>(x, w, &p) };
+    let tid = thread_idx_x() as usize;
+    let (lane, warp) = (tid & 31, tid >> 5);
+    let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
+    crate::unroll_lt!(mi < M_TILES, {
+        crate::unroll_lt!(ni < N_TILES, {
+            crate::unroll!(r in [0, 1, 2, 3] {
+                let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
+                let (m, n) = (m0 + dm, n0 + dn);
+                if m < p.rows && n < p.cols {
+                    let at = m * p.cols + n;
+                    let b = if c.has_bias != 0 { bias.get_ro(n) } else { 0.0 };
+                    let v = coefficient(acc_a[mi][ni][r], acc_s[mi][ni][r], b, rel.get_ro(at), &c);
+                    coef.set(at, v);
+                }
+            });
+        });
+    });
 }

@@ -651,7 +651,10 @@ fn v3_runs_only_on_16_byte_rows() {
     assert_eq!(Pass::Sums.kernel(Staged), "lrp_sums_f32");
     assert_eq!(Pass::Spread.kernel(Staged), "lrp_spread_f32");
     assert_eq!(Pass::Dense.kernel(Staged), "dense_f32");
-    use GemmVariant::V5;
+    use GemmVariant::{V5, V6};
+    assert_eq!(Pass::Sums.kernel(V6), "lrp_sums_v5_f32");
+    assert_eq!(Pass::Spread.kernel(V6), "lrp_spread_v5_f32");
+    assert_eq!(Pass::Dense.kernel(V6), "dense_v5_f32");
     assert_eq!(Pass::Sums.kernel(V5), "lrp_sums_v5_f32");
     assert_eq!(Pass::Spread.kernel(V5), "lrp_spread_v5_f32");
     assert_eq!(Pass::Dense.kernel(V5), "dense_v5_f32");
