@@ -73,6 +73,15 @@
 //! of 8 warps per SM (up to 255 registers); the spread and dense passes (32 + 32) are bounded to 128
 //! registers for two blocks per SM. Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`, with variant 3's
 //! sums kernel) is the same code at one block per SM, to measure that choice.
+//!
+//! # Variants 5 and 6 (`lrp_*_v5_f32`, `dense_v5_f32`, `lrp_sums_v6_coef_f32`)
+//! Variant 3's code with the 3xTF32 split done by integer operations (`params::lrp::v5`: `hi`
+//! rounded as `cvt.rna` rounds it, `lo` truncated): sm_90 has no tf32 conversion instruction and
+//! ptxas expands each `cvt.rna.tf32.f32` into about four, which made half of variant 3's issue slots
+//! (SASS per warp and stage: sums 995 instructions for 192 HMMA, spread 745 for 96; variant 5: 738
+//! and 488). Error per product `5 2^-22 |a b|` instead of `3 2^-22` (bound in `params::lrp::v5`).
+//! Variant 6 is variant 5 with `lrp_coeffs_f32` fused into the sums pass's epilogue when that pass
+//! has one split ([`lrp_sums_v6_coef_f32`]).
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragC, mma_tf32, split_abs, split_tf32};
 use crate::dev::shared::SharedScalar;
