@@ -415,14 +415,18 @@ fn relevance(b: &mut Bencher) {
                 lrp::relevance(&layer, &x[0], &rel[0], &Activation::tanh()).expect("lrp");
             },
         );
-        // GEMM-pass variants: the register-staged kernels (the default until run r5) and 4 (the
-        // default's cp.async pipeline with spread at one block per SM), same inputs, next to the
-        // default, on request only (`RGK_BENCH_VARIANTS=1`).
+        // GEMM-pass variants: the register-staged kernels (the default until run r5), 4 (the
+        // default's cp.async pipeline with spread at one block per SM), V3Split, 5 (the default
+        // with the integer 3xTF32 split) and 6 (5 with the coefficients in the sums epilogue where
+        // that pass has one split: R1024), same inputs, next to the default, on request only
+        // (`RGK_BENCH_VARIANTS=1`).
         let variants: &[(&str, lrp::GemmVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
             &[
                 ("staged", lrp::GemmVariant::Staged),
                 ("v4", lrp::GemmVariant::V4),
                 ("v3split", lrp::GemmVariant::V3Split),
+                ("v5", lrp::GemmVariant::V5),
+                ("v6", lrp::GemmVariant::V6),
             ]
         } else {
             &[]

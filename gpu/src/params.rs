@@ -111,6 +111,16 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         lrp::v3::V4_SPREAD_BLOCKS_PER_SM,
     ),
     ("dense_v4_", lrp::THREADS, lrp::v3::V4_SPREAD_BLOCKS_PER_SM),
+    // Variant 5: variant 3's kernels with the integer 3xTF32 split, at variant 3's occupancy.
+    ("lrp_sums_v5_", lrp::THREADS, lrp::v3::SUMS_BLOCKS_PER_SM),
+    (
+        "lrp_spread_v5_",
+        lrp::THREADS,
+        lrp::v3::SPREAD_BLOCKS_PER_SM,
+    ),
+    ("dense_v5_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
+    // Variant 6: variant 5's sums pass with the coefficients in its epilogue (one block per SM).
+    ("lrp_sums_v6_", lrp::THREADS, lrp::v3::SUMS_BLOCKS_PER_SM),
     ("lrp_sums_", lrp::THREADS, 1),
     ("lrp_spread_", lrp::THREADS, 1),
     ("dense_f32", lrp::THREADS, 1),
@@ -839,6 +849,164 @@ pub mod lrp {
                     assert!(
                         (splits - 1) * kps < k && splits * kps >= k,
                         "({m}, {n}, {k})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// GEMM-pass variant 5 (`lrp_sums_v5_f32`, `lrp_spread_v5_f32`, `lrp_spread_v5_finish_f32`,
+    /// `dense_v5_f32`): variant 3's kernels (tiles, pipeline, chains, occupancy) with the 3xTF32 split
+    /// done by integer operations ([`split_tf32_fast`]) instead of `cvt.rna.tf32.f32`.
+    ///
+    /// Why: sm_90 has no tf32 conversion instruction; ptxas expands each `cvt.rna.tf32.f32` into about
+    /// four (FSETP for the finite check, an add of half an ulp, the mask, a SEL), and every split
+    /// converts twice. In variant 3's SASS (sm_90) that is about half the issue slots of a stage: the
+    /// sums pass issues 995 instructions a warp and stage for 192 HMMA, the spread pass 745 for 96.
+    /// The fast split is four instructions a value (IADD, LOP3, FADD, LOP3) where variant 3 spends
+    /// about nine.
+    ///
+    /// The split: `hi` = `v` rounded to tf32 to nearest, ties away from zero (what `cvt.rna` gives for
+    /// every finite `v`: adding half a tf32 ulp to the bit pattern rounds the magnitude, a carry into
+    /// the exponent is the correct rounding), `lo` = `v - hi` (exact) truncated to tf32 (its low 13
+    /// bits cleared) instead of rounded. Error per product: `|v - hi| <= 2^-11 |v|`, the truncation
+    /// of `lo` costs `< 2^-10 |lo| <= 2^-21 |v|`, so `a b` is taken within `(2^-21 + 2^-21 + 2^-22)
+    /// |a b| = 5 2^-22 |a b|` (~1.2e-6; variant 3: `3 2^-22`), still far below the stage chain's
+    /// truncation bound (module doc of kernels/lrp.rs), so the pass bound grows from `2.2e-6` to
+    /// about `2.7e-6` (plus the f32 sum's `(K/32) 2^-24`). The split is odd (`split(-v)` is
+    /// `split(v)` with both signs flipped), so `split_abs` of it is the split of `|v|` and the
+    /// one-sign identity `A = |S|` still holds bit for bit.
+    ///
+    /// Non-finite `v`: `lo` is truncated rather than rounded so that a NaN never vanishes (a rounding
+    /// add would carry the canonical NaN `0x7fffffff` into the sign bit and give -0); an infinite `v`
+    /// gives `hi = inf`, `lo = NaN`, as `cvt.rna` does. The products, and so the row's relevance, are
+    /// NaN as in variant 3.
+    pub mod v5 {
+        /// Half a tf32 ulp, and the mask that keeps a tf32's 19 bits (sign, exponent, 10 mantissa).
+        pub const TF32_HALF_ULP: u32 = 0x1000;
+        pub const TF32_MASK: u32 = 0xffff_e000;
+
+        /// The bit pattern of `v` rounded to tf32, to nearest, ties away from zero (`cvt.rna.tf32.f32`
+        /// for finite values; the NaNs `0x7ffff000..=0x7fffffff` and their negatives wrap, which
+        /// [`split_tf32_fast`] makes harmless).
+        #[inline(always)]
+        pub const fn tf32_rna_bits(bits: u32) -> u32 {
+            bits.wrapping_add(TF32_HALF_ULP) & TF32_MASK
+        }
+
+        /// `(hi, lo)` as tf32 bit patterns: `hi` = [`tf32_rna_bits`] of `v`, `lo` = `v - hi` with its
+        /// low 13 bits cleared (see the module doc for the error and the non-finite cases).
+        #[inline(always)]
+        pub fn split_tf32_fast(v: f32) -> (u32, u32) {
+            let hi = tf32_rna_bits(v.to_bits());
+            let lo = (v - f32::from_bits(hi)).to_bits() & TF32_MASK;
+            (hi, lo)
+        }
+
+        #[cfg(test)]
+        mod tests {
+            use super::*;
+            extern crate std;
+
+            /// `v` rounded to 11 significant bits, to nearest, ties away from zero, by f64 arithmetic
+            /// (normal range; f64 holds every f32 and the half-ulp sums exactly).
+            fn rna_model(v: f32) -> f32 {
+                if v == 0.0 || !v.is_finite() {
+                    return v;
+                }
+                let a = (v as f64).abs();
+                let e = a.log2().floor() as i32;
+                // Guard the log2 rounding at powers of two.
+                let e = if 2f64.powi(e) > a {
+                    e - 1
+                } else if 2f64.powi(e + 1) <= a {
+                    e + 1
+                } else {
+                    e
+                };
+                let ulp = 2f64.powi(e.max(-126) - 10);
+                let q = (a / ulp).floor();
+                let r = a - q * ulp;
+                let m = if 2.0 * r >= ulp { q + 1.0 } else { q };
+                (v.signum() as f64 * m * ulp) as f32
+            }
+
+            #[test]
+            fn hi_is_round_to_nearest_ties_away_and_lo_the_truncated_rest() {
+                let mut s = 0x9e37_79b9u32;
+                let check = |v: f32| {
+                    let (hi, lo) = split_tf32_fast(v);
+                    assert_eq!(
+                        f32::from_bits(hi),
+                        rna_model(v),
+                        "hi of {v:e} ({:#x})",
+                        v.to_bits()
+                    );
+                    assert_eq!(hi & !TF32_MASK, 0);
+                    assert_eq!(lo & !TF32_MASK, 0);
+                    let rest = v - f32::from_bits(hi);
+                    // Truncation: the same sign, not larger, within a tf32 ulp of the rest.
+                    let l = f32::from_bits(lo);
+                    // (A subnormal rest keeps tf32's absolute grid, 2^-136, as with `cvt.rna`.)
+                    let grid = (rest.abs() * 2f32.powi(-10)).max(f32::from_bits(0x2000)); // 2^-136
+                    assert!(
+                        l.abs() <= rest.abs() && (rest - l).abs() <= grid,
+                        "{v:e} {:#x} rest {rest:e} lo {l:e}",
+                        v.to_bits()
+                    );
+                    assert!(rest == 0.0 || l == 0.0 || l.signum() == rest.signum());
+                    assert!(
+                        !v.is_normal() || rest.abs() as f64 <= (v.abs() as f64) * 2f64.powi(-11)
+                    );
+                    // Odd: split(-v) flips both signs.
+                    let (nh, nl) = split_tf32_fast(-v);
+                    assert_eq!(nh, hi ^ 0x8000_0000);
+                    if lo & 0x7fff_ffff == 0 {
+                        assert_eq!(nl & 0x7fff_ffff, 0);
+                    } else {
+                        assert_eq!(nl, lo ^ 0x8000_0000);
+                    }
+                };
+                for bits in [
+                    0x3f80_0000u32,
+                    0x3f80_1000,
+                    0x3f80_0fff,
+                    0x3fff_f000,
+                    0x3fff_ffff,
+                    0x7f7f_efff,
+                    0x0000_1000,
+                    0x0080_0000,
+                    0x4049_0fdb,
+                ] {
+                    check(f32::from_bits(bits));
+                }
+                for _ in 0..200_000 {
+                    s ^= s << 13;
+                    s ^= s >> 17;
+                    s ^= s << 5;
+                    let v = f32::from_bits(s);
+                    if v.is_finite() && v.abs() < 3.0e38 && v.abs() > 1e-37 {
+                        check(v);
+                    }
+                }
+            }
+
+            #[test]
+            fn non_finite_values_stay_non_finite() {
+                for bits in [
+                    0x7fff_ffffu32,
+                    0xffff_ffff,
+                    0x7fc0_0000,
+                    0x7fff_f000,
+                    0x7f80_0000,
+                    0xff80_0000,
+                    0x7f80_0001,
+                ] {
+                    let v = f32::from_bits(bits);
+                    let (hi, lo) = split_tf32_fast(v);
+                    assert!(
+                        !f32::from_bits(hi).is_finite() || f32::from_bits(lo).is_nan(),
+                        "{bits:#x}: ({hi:#x}, {lo:#x})"
                     );
                 }
             }

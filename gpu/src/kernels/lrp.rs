@@ -73,6 +73,15 @@
 //! of 8 warps per SM (up to 255 registers); the spread and dense passes (32 + 32) are bounded to 128
 //! registers for two blocks per SM. Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`, with variant 3's
 //! sums kernel) is the same code at one block per SM, to measure that choice.
+//!
+//! # Variants 5 and 6 (`lrp_*_v5_f32`, `dense_v5_f32`, `lrp_sums_v6_coef_f32`)
+//! Variant 3's code with the 3xTF32 split done by integer operations (`params::lrp::v5`: `hi`
+//! rounded as `cvt.rna` rounds it, `lo` truncated): sm_90 has no tf32 conversion instruction and
+//! ptxas expands each `cvt.rna.tf32.f32` into about four, which made half of variant 3's issue slots
+//! (SASS per warp and stage: sums 995 instructions for 192 HMMA, spread 745 for 96; variant 5: 738
+//! and 488). Error per product `5 2^-22 |a b|` instead of `3 2^-22` (bound in `params::lrp::v5`).
+//! Variant 6 is variant 5 with `lrp_coeffs_f32` fused into the sums pass's epilogue when that pass
+//! has one split ([`lrp_sums_v6_coef_f32`]).
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragC, mma_tf32, split_abs, split_tf32};
 use crate::dev::shared::SharedScalar;
@@ -198,6 +207,26 @@ impl<const N: usize> Split<N> {
             (s.hi[r], s.lo[r]) = split_tf32(v[r]);
         });
         s
+    }
+
+    /// [`Split::of`] by integer operations (variant 5, `params::lrp::v5`): `hi` the same, `lo`
+    /// truncated instead of rounded; about four instructions a value instead of nine.
+    #[inline(always)]
+    fn of_fast(v: [f32; N]) -> Self {
+        let mut s = Split {
+            hi: [0; N],
+            lo: [0; N],
+        };
+        crate::unroll_lt!(r < N, {
+            (s.hi[r], s.lo[r]) = crate::params::lrp::v5::split_tf32_fast(v[r]);
+        });
+        s
+    }
+
+    /// [`Split::of`], or [`Split::of_fast`] when `FAST`.
+    #[inline(always)]
+    fn of_in<const FAST: bool>(v: [f32; N]) -> Self {
+        if FAST { Self::of_fast(v) } else { Self::of(v) }
     }
 
     /// The split of the absolute values.
@@ -395,13 +424,18 @@ fn coefficient(a: f32, s: f32, bias: f32, rel: f32, p: &LrpCoeff) -> f32 {
     let (pb, nb) = (b.max(0.0), (-b).max(0.0));
     if p.kind != KIND_NULL {
         let t = pos + pb - neg - nb;
-        let f = (p.kind == KIND_NON_MONO).then(|| {
-            (
+        // An `if`, not `bool::then` with a closure: the closure is not `inline(always)`, and with two
+        // kernels calling `coefficient` (lrp_coeffs_f32, lrp_sums_v6_coef_f32) LLVM made it a
+        // called function with a 160-byte stack frame.
+        let f = if p.kind == KIND_NON_MONO {
+            Some((
                 act_fn(p.func, t),
                 act_fn(p.func, pos + pb),
                 act_fn(p.func, -(neg + nb)),
-            )
-        });
+            ))
+        } else {
+            None
+        };
         if t < p.lower as f64 {
             pos = 0.0;
         }
@@ -757,7 +791,12 @@ mod v3 {
     /// `a_addr` / `b_addr` are this thread's fragment bases in the stage (shared addresses); every load
     /// is base + a constant.
     #[inline(always)]
-    fn compute<const MODE: u32>(a_addr: u32, b_addr: u32, acc0: &mut Acc, acc1: &mut Acc) {
+    fn compute<const MODE: u32, const FAST: bool>(
+        a_addr: u32,
+        b_addr: u32,
+        acc0: &mut Acc,
+        acc1: &mut Acc,
+    ) {
         // SAFETY (loads below): base + delta is a `v3::frag_*_offset` (< the stage's floats, even for
         // the pairs: unit-tested in params) of the stage the caller's address points at, inside the
         // launch's dynamic shared memory, written by copies that were waited for before the barrier
@@ -772,7 +811,7 @@ mod v3 {
                 // (a0, a2) of row g, (a1, a3) of row g + 8: slots t and t + 4 are adjacent depths.
                 let [a0, a2] = ld2(a_addr, frag_a_delta(mi, s, 0));
                 let [a1, a3] = ld2(a_addr, frag_a_delta(mi, s, 1));
-                a[mi] = Split::of([a0, a1, a2, a3]);
+                a[mi] = Split::of_in::<FAST>([a0, a1, a2, a3]);
             });
             let mut b = [Split::<2> { hi: [0; 2], lo: [0; 2] }; N_TILES];
             crate::unroll_lt!(ni < N_TILES, {
@@ -785,7 +824,7 @@ mod v3 {
                 } else {
                     ld2(b_addr, frag_b_nk_delta(ni, s))
                 };
-                b[ni] = Split::of(v);
+                b[ni] = Split::of_in::<FAST>(v);
             });
             crate::unroll_lt!(mi < M_TILES, {
                 crate::unroll_lt!(ni < N_TILES, {
@@ -821,10 +860,12 @@ mod v3 {
     /// The launcher's contract of the default pass, plus: A's and B's bases are 16-byte aligned and
     /// their rows (`depth` floats; B of the spread pass: `cols` floats) a multiple of 4 floats.
     ///
+    /// `FAST`: the 3xTF32 split by integer operations (variant 5, `params::lrp::v5`).
+    ///
     /// `FINISH` (SPREAD with one split only): the epilogue writes `|scale| * G` (the relevance,
     /// `lrp_finish`'s product) to `out0` instead of the partial `G`, saving the finishing pass.
     #[inline(always)]
-    pub(super) unsafe fn gemm<const MODE: u32, const FINISH: bool>(
+    pub(super) unsafe fn gemm<const MODE: u32, const FINISH: bool, const FAST: bool>(
         a: Slice<f32>,
         b: Slice<f32>,
         out0: SliceMut<f32>,
@@ -833,7 +874,49 @@ mod v3 {
         p: LrpGemm,
     ) {
         const { assert!(!FINISH || MODE == SPREAD) };
+        // SAFETY: the caller's contract is the main loop's.
+        let (acc0, acc1) = unsafe { mainloop::<MODE, FAST>(a, b, &p) };
+        let tid = thread_idx_x() as usize;
+        let (lane, warp) = (tid & 31, tid >> 5);
+        let split = block_idx_z() as u64;
+        let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
+        let base = split * p.rows * p.cols;
+        crate::unroll_lt!(mi < M_TILES, {
+            crate::unroll_lt!(ni < N_TILES, {
+                crate::unroll!(r in [0, 1, 2, 3] {
+                    let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
+                    let (m, n) = (m0 + dm, n0 + dn);
+                    if m < p.rows && n < p.cols {
+                        let at = base + m * p.cols + n;
+                        if FINISH {
+                            // One split (the launcher's contract): base is 0 and `at` indexes
+                            // `scale` (x, `[rows, cols]`) too.
+                            out0.set(at, scale.get_ro(at).abs() * acc0[mi][ni][r]);
+                        } else {
+                            out0.set(at, acc0[mi][ni][r]);
+                        }
+                        if MODE == SUMS {
+                            out1.set(at, acc1[mi][ni][r]);
+                        }
+                    }
+                });
+            });
+        });
+    }
+
+    /// [`gemm`]'s pipeline and tensor-core loop over this block's tile and split: the accumulators
+    /// (`acc1` only for SUMS), for an epilogue to write.
+    ///
+    /// # Safety
+    /// As [`gemm`].
+    #[inline(always)]
+    pub(super) unsafe fn mainloop<const MODE: u32, const FAST: bool>(
+        a: Slice<f32>,
+        b: Slice<f32>,
+        p: &LrpGemm,
+    ) -> (Acc, Acc) {
         const { assert!(STAGES == 4) }; // the wait counts below
+        let p = *p;
         let tid = thread_idx_x() as usize;
         let (lane, warp) = (tid & 31, tid >> 5);
         let copies = Copies::new::<MODE>(&a, &b, &p, tid);
@@ -872,7 +955,7 @@ mod v3 {
                 unsafe { copies.issue::<MODE>(kt + STAGES - 1, smem + write * stage_bytes) };
             }
             cp_async_commit();
-            compute::<MODE>(
+            compute::<MODE, FAST>(
                 a_frag + read * stage_bytes,
                 b_frag + read * stage_bytes,
                 &mut acc0,
@@ -884,30 +967,7 @@ mod v3 {
         }
         // Only empty groups can be pending; no copy may outlive the block.
         cp_async_wait::<0>();
-        let split = block_idx_z() as u64;
-        let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
-        let base = split * p.rows * p.cols;
-        crate::unroll_lt!(mi < M_TILES, {
-            crate::unroll_lt!(ni < N_TILES, {
-                crate::unroll!(r in [0, 1, 2, 3] {
-                    let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
-                    let (m, n) = (m0 + dm, n0 + dn);
-                    if m < p.rows && n < p.cols {
-                        let at = base + m * p.cols + n;
-                        if FINISH {
-                            // One split (the launcher's contract): base is 0 and `at` indexes
-                            // `scale` (x, `[rows, cols]`) too.
-                            out0.set(at, scale.get_ro(at).abs() * acc0[mi][ni][r]);
-                        } else {
-                            out0.set(at, acc0[mi][ni][r]);
-                        }
-                        if MODE == SUMS {
-                            out1.set(at, acc1[mi][ni][r]);
-                        }
-                    }
-                });
-            });
-        });
+        (acc0, acc1)
     }
 }
 
@@ -919,7 +979,7 @@ pub unsafe extern "ptx-kernel" fn lrp_sums_v3_f32(
     ws_s: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SUMS, false>(x, w, ws_a, ws_s, x, p) }
+    unsafe { v3::gemm::<SUMS, false, false>(x, w, ws_a, ws_s, x, p) }
 }
 
 /// The sums pass as two kernels (`GemmVariant::V3Split`): `A = sum |x||W|` here, `S = x W^T` by
@@ -932,7 +992,7 @@ pub unsafe extern "ptx-kernel" fn lrp_abs_v3_f32(
     ws_a: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<ABS, false>(x, w, ws_a, ws_a, x, p) }
+    unsafe { v3::gemm::<ABS, false, false>(x, w, ws_a, ws_a, x, p) }
 }
 
 #[unsafe(no_mangle)]
@@ -942,7 +1002,7 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v3_f32(
     ws_g: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, false>(coef, w, ws_g, ws_g, coef, p) }
+    unsafe { v3::gemm::<SPREAD, false, false>(coef, w, ws_g, ws_g, coef, p) }
 }
 
 #[unsafe(no_mangle)]
@@ -952,7 +1012,7 @@ pub unsafe extern "ptx-kernel" fn dense_v3_f32(
     ws: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<DENSE, false>(x, w, ws, ws, x, p) }
+    unsafe { v3::gemm::<DENSE, false, false>(x, w, ws, ws, x, p) }
 }
 
 /// [`lrp_spread_v3_f32`] with `lrp_finish_f32` fused into its epilogue: `relevance_in = |x| G`
@@ -965,7 +1025,7 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v3_finish_f32(
     relevance_in: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, true>(coef, w, relevance_in, relevance_in, x, p) }
+    unsafe { v3::gemm::<SPREAD, true, false>(coef, w, relevance_in, relevance_in, x, p) }
 }
 
 /// Variant 4: [`lrp_spread_v3_f32`]'s code at one block per SM (`params::lrp::v3::V4_SPREAD_BLOCKS_PER_SM`).
@@ -976,7 +1036,7 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v4_f32(
     ws_g: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, false>(coef, w, ws_g, ws_g, coef, p) }
+    unsafe { v3::gemm::<SPREAD, false, false>(coef, w, ws_g, ws_g, coef, p) }
 }
 
 /// Variant 4: [`dense_v3_f32`]'s code at one block per SM.
@@ -987,5 +1047,89 @@ pub unsafe extern "ptx-kernel" fn dense_v4_f32(
     ws: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<DENSE, false>(x, w, ws, ws, x, p) }
+    unsafe { v3::gemm::<DENSE, false, false>(x, w, ws, ws, x, p) }
+}
+
+/// Variant 5: [`lrp_sums_v3_f32`] with the 3xTF32 split by integer operations (`params::lrp::v5`).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_sums_v5_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws_a: SliceMut<f32>,
+    ws_s: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SUMS, false, true>(x, w, ws_a, ws_s, x, p) }
+}
+
+/// Variant 5: [`lrp_spread_v3_f32`] with the integer split.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v5_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    ws_g: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SPREAD, false, true>(coef, w, ws_g, ws_g, coef, p) }
+}
+
+/// Variant 5: [`lrp_spread_v3_finish_f32`] with the integer split (one split only).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_spread_v5_finish_f32(
+    coef: Slice<f32>,
+    w: Slice<f32>,
+    x: Slice<f32>,
+    relevance_in: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<SPREAD, true, true>(coef, w, relevance_in, relevance_in, x, p) }
+}
+
+/// Variant 5: [`dense_v3_f32`] with the integer split.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dense_v5_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    ws: SliceMut<f32>,
+    p: LrpGemm,
+) {
+    unsafe { v3::gemm::<DENSE, false, true>(x, w, ws, ws, x, p) }
+}
+
+/// Variant 6: variant 5's sums pass with `lrp_coeffs_f32` fused into its epilogue, for a pass of one
+/// split (`p.k_per_split >= p.depth`, the launcher checks): each thread turns its own `(A, S)` of
+/// row `m`, output `n` into `coef[m][n] = coefficient(A, S, b[n], R[m][n])` (the same f64 function
+/// as `lrp_coeffs_f32`, on the same f32 sums: with one split that kernel's split sum is `0 + A`,
+/// which differs from `A` only in the sign of a zero, and the coefficient takes `max(.., 0)` of
+/// both sums first), so the coefficients are those of variant 5 bit for bit. The A and S workspaces
+/// (2 x 4 bytes an output written and read back) and the elementwise launch are saved.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrp_sums_v6_coef_f32(
+    x: Slice<f32>,
+    w: Slice<f32>,
+    rel: Slice<f32>,
+    bias: Slice<f32>,
+    coef: SliceMut<f32>,
+    p: LrpGemm,
+    c: LrpCoeff,
+) {
+    // SAFETY: the launcher's contract of the sums pass (variant 3's, one split).
+    let (acc_a, acc_s) = unsafe { v3::mainloop::<SUMS, true>(x, w, &p) };
+    let tid = thread_idx_x() as usize;
+    let (lane, warp) = (tid & 31, tid >> 5);
+    let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
+    crate::unroll_lt!(mi < M_TILES, {
+        crate::unroll_lt!(ni < N_TILES, {
+            crate::unroll!(r in [0, 1, 2, 3] {
+                let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
+                let (m, n) = (m0 + dm, n0 + dn);
+                if m < p.rows && n < p.cols {
+                    let at = m * p.cols + n;
+                    let b = if c.has_bias != 0 { bias.get_ro(n) } else { 0.0 };
+                    let v = coefficient(acc_a[mi][ni][r], acc_s[mi][ni][r], b, rel.get_ro(at), &c);
+                    coef.set(at, v);
+                }
+            });
+        });
+    });
 }

@@ -400,14 +400,27 @@ pub enum GemmVariant {
     /// two blocks per SM each instead of the fused `lrp_sums_v3_f32` at one: the same products
     /// chained in the same order, twice the operand traffic. The same fallback.
     V3Split,
+    /// Variant 3's kernels with the 3xTF32 split done by integer operations instead of the
+    /// `cvt.rna.tf32.f32` that ptxas expands to about four instructions (`lrp_sums_v5_f32`,
+    /// `lrp_spread_v5_f32`, `lrp_spread_v5_finish_f32`, `dense_v5_f32`; `gpu::params::lrp::v5`):
+    /// `hi` identical, `lo` truncated instead of rounded (error per product `5 2^-22` instead of
+    /// `3 2^-22`), about a third fewer instructions per stage. The same tiles, pipeline, splits,
+    /// occupancy and fallback.
+    V5,
+    /// Variant 5 with the coefficients computed in the sums pass's epilogue where that pass runs
+    /// variant 5's kernel in one split (`lrp_sums_v6_coef_f32`: no A / S workspaces, no
+    /// `lrp_coeffs_f32` launch; the same coefficients bit for bit); otherwise exactly variant 5.
+    V6,
 }
 
 impl GemmVariant {
-    pub const ALL: [GemmVariant; 4] = [
+    pub const ALL: [GemmVariant; 6] = [
         GemmVariant::Staged,
         GemmVariant::V3,
         GemmVariant::V4,
         GemmVariant::V3Split,
+        GemmVariant::V5,
+        GemmVariant::V6,
     ];
 }
 
@@ -427,7 +440,7 @@ enum Pass {
 impl Pass {
     /// The pass's kernel in `variant` (variant 4 shares variant 3's sums kernel).
     fn kernel(self, variant: GemmVariant) -> &'static str {
-        use GemmVariant::{Staged, V3, V3Split, V4};
+        use GemmVariant::{Staged, V3, V3Split, V4, V5, V6};
         match (self, variant) {
             (Pass::Sums, Staged) => "lrp_sums_f32",
             (Pass::Spread, Staged) => "lrp_spread_f32",
@@ -437,6 +450,9 @@ impl Pass {
             (Pass::Dense, V3 | V3Split) => "dense_v3_f32",
             (Pass::Spread, V4) => "lrp_spread_v4_f32",
             (Pass::Dense, V4) => "dense_v4_f32",
+            (Pass::Sums, V5 | V6) => "lrp_sums_v5_f32",
+            (Pass::Spread, V5 | V6) => "lrp_spread_v5_f32",
+            (Pass::Dense, V5 | V6) => "dense_v5_f32",
             // No staged kernel: `relevance_variant` runs `Abs` only where variant 3 fits.
             (Pass::Abs, _) => "lrp_abs_v3_f32",
         }
@@ -495,11 +511,14 @@ pub fn relevance_kernels(
     let (i, o) = (layer.in_features() as u64, layer.out_features() as u64);
     let r = x.numel() as u64 / i.max(1);
     let (gpu, w) = (x.gpu(), layer.weight.raw().ptr);
-    let spread = match pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))? {
-        k if finishes_in_epilogue(k, (r, i, o)) => "lrp_spread_v3_finish_f32",
-        k => k,
+    let spread = pass_kernel(gpu, Pass::Spread, variant, (0, w), (i, o))?;
+    let spread = match finish_kernel(spread) {
+        Some(fused) if finishes_in_epilogue(spread, (r, i, o)) => fused,
+        _ => spread,
     };
-    let sums = if sums_split(gpu, variant, x, &layer.weight, (o, i))? {
+    let sums = if sums_fuse_coefficients(gpu, variant, x, &layer.weight, (r, o, i))? {
+        SUMS_COEF_KERNEL
+    } else if sums_split(gpu, variant, x, &layer.weight, (o, i))? {
         // A by `lrp_abs_v3_f32`, S by `dense_v3_f32`.
         Pass::Abs.kernel(variant)
     } else {
@@ -508,10 +527,38 @@ pub fn relevance_kernels(
     Ok([sums, spread])
 }
 
+/// The spread kernel with the finish fused into its epilogue, for the spread kernels that have one
+/// (variants 3 and 5).
+fn finish_kernel(spread_kernel: &str) -> Option<&'static str> {
+    match spread_kernel {
+        "lrp_spread_v3_f32" => Some("lrp_spread_v3_finish_f32"),
+        "lrp_spread_v5_f32" => Some("lrp_spread_v5_finish_f32"),
+        _ => None,
+    }
+}
+
 /// Whether the spread pass over `(m, n, k)` on `kernel` writes the finished relevance in its own
-/// epilogue (`lrp_spread_v3_finish_f32`): variant 3's spread kernel with a single split.
+/// epilogue ([`finish_kernel`]): a spread kernel that has a fused form, with a single split.
 fn finishes_in_epilogue(kernel: &str, (m, n, k): (u64, u64, u64)) -> bool {
-    kernel == "lrp_spread_v3_f32" && cfg::v3::split_k(m, n, k).0 == 1
+    finish_kernel(kernel).is_some() && cfg::v3::split_k(m, n, k).0 == 1
+}
+
+/// Variant 6's sums pass with the coefficients in its epilogue.
+const SUMS_COEF_KERNEL: &str = "lrp_sums_v6_coef_f32";
+
+/// Whether the sums pass over `(rows, outputs, depth)` writes the coefficients itself
+/// ([`SUMS_COEF_KERNEL`]): `V6` where variant 5's sums kernel fits and the pass has one split.
+fn sums_fuse_coefficients(
+    gpu: &Gpu,
+    variant: GemmVariant,
+    x: &Tensor,
+    w: &Tensor,
+    (m, n, k): (u64, u64, u64),
+) -> Result<bool> {
+    Ok(variant == GemmVariant::V6
+        && cfg::v3::split_k(m, n, k).0 == 1
+        && pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w.raw().ptr), (n, k))?
+            == "lrp_sums_v5_f32")
 }
 
 /// Whether the sums pass runs as two kernels (`Pass::Abs` and `Pass::Dense`): `V3Split` where
@@ -562,7 +609,7 @@ enum PassOutput {
 /// Launches one tiled GEMM pass over an `m x n` output of depth `k` (`variant`'s kernel where it fits,
 /// else the staged one), into fresh split workspaces; returns them with the split count. With
 /// `finish = Some((x, out))` (the spread pass), a pass that runs on variant 3's kernel with a single
-/// split writes `out = |x| G` directly (`lrp_spread_v3_finish_f32`) and returns `Finished`.
+/// split writes `out = |x| G` directly (`lrp_spread_v3_finish_f32`, or variant 5's) and returns `Finished`.
 fn gemm_pass(
     gpu: &Gpu,
     pass: Pass,
@@ -619,12 +666,11 @@ fn gemm_pass(
         k_per_split,
     };
     let (ar, br) = (ByValue(ar), ByValue(br));
-    let (kernel, wr): (_, Vec<ByValue<RawSlice>>) = match finish {
+    let (kernel, wr): (_, Vec<ByValue<RawSlice>>) = match (finish, finish_kernel(kernel)) {
         // Arguments (coef, W, x, out, p): x in the place of the first workspace, out in the second.
-        Some((x, out)) if fused => (
-            "lrp_spread_v3_finish_f32",
-            vec![ByValue(x.raw()), ByValue(out.raw())],
-        ),
+        (Some((x, out)), Some(fused_kernel)) if fused => {
+            (fused_kernel, vec![ByValue(x.raw()), ByValue(out.raw())])
+        }
         _ => (kernel, ws.iter().map(|t| ByValue(t.raw())).collect()),
     };
     let pv = ByValue(p);
@@ -709,22 +755,11 @@ pub fn relevance_variant(
         out.fill_bytes(0)?; // an empty sum over outputs
         return Ok(out);
     }
-    // Pass 1: A and S per (row, j) (V3Split, where variant 3 fits: A and S by two kernels).
     let w = &layer.weight;
-    let (ws, splits) = if sums_split(gpu, variant, x, w, (o as u64, i as u64))? {
-        let (mut ws_a, splits) = split_pass(gpu, Pass::Abs, variant, x, w, (r, o, i))?;
-        let (ws_s, splits_s) = split_pass(gpu, Pass::Dense, variant, x, w, (r, o, i))?;
-        debug_assert_eq!(splits, splits_s);
-        ws_a.extend(ws_s);
-        (ws_a, splits)
-    } else {
-        split_pass(gpu, Pass::Sums, variant, x, w, (r, o, i))?
-    };
-    // Coefficients per (row, j).
     let coef = Tensor::empty(gpu, &[r, o], DType::F32)?;
     let (lower, upper) = act.bounds();
     let bias_raw = layer.bias.as_ref().map(Tensor::raw).unwrap_or_default();
-    let p = LrpCoeff {
+    let coeff_params = |splits| LrpCoeff {
         rows: r as u64,
         cols: o as u64,
         splits,
@@ -735,21 +770,55 @@ pub fn relevance_variant(
         upper,
         _pad: 0,
     };
-    launch(
-        gpu,
-        "lrp_coeffs_f32",
-        grid_blocks((r * o) as u64, cfg::EW_BLOCK as u64),
-        cfg::EW_BLOCK,
-        &[
-            &ByValue(ws[0].raw()),
-            &ByValue(ws[1].raw()),
-            &ByValue(relevance_out.raw()),
-            &ByValue(bias_raw),
-            &ByValue(coef.raw()),
-            &ByValue(p),
-        ],
-    )?;
-    drop(ws);
+    if sums_fuse_coefficients(gpu, variant, x, w, (r as u64, o as u64, i as u64))? {
+        // Pass 1 with the coefficients in its epilogue (V6, one split).
+        let (m, n, k) = (r as u64, o as u64, i as u64);
+        let (splits, k_per_split) = cfg::v3::split_k(m, n, k);
+        debug_assert_eq!(splits, 1);
+        let row_tiles = m.div_ceil(cfg::BM);
+        if row_tiles > cfg::MAX_GRID_Y {
+            return Err(Error::TooLarge {
+                op: "lrp",
+                what: "rows",
+                given: m,
+                max: cfg::MAX_GRID_Y * cfg::BM,
+            });
+        }
+        let col_tiles = u32::try_from(n.div_ceil(cfg::BN)).map_err(|_| Error::TooLarge {
+            op: "lrp",
+            what: "columns",
+            given: n,
+            max: u32::MAX as u64 * cfg::BN,
+        })?;
+        let p = LrpGemm {
+            rows: m,
+            cols: n,
+            depth: k,
+            k_per_split,
+        };
+        launch_cfg_large_smem(
+            gpu,
+            SUMS_COEF_KERNEL,
+            LaunchConfig {
+                grid_dim: (col_tiles, row_tiles as u32, 1),
+                block_dim: (cfg::THREADS, 1, 1),
+                shared_mem_bytes: cfg::v3::smem_bytes(false),
+            },
+            &[
+                &ByValue(x.raw()),
+                &ByValue(w.raw()),
+                &ByValue(relevance_out.raw()),
+                &ByValue(bias_raw),
+                &ByValue(coef.raw()),
+                &ByValue(p),
+                &ByValue(coeff_params(1)),
+            ],
+        )?;
+    } else {
+        let shape = (r, o, i);
+        let coeffs = (coeff_params, bias_raw);
+        sums_then_coefficients(gpu, variant, (x, w, relevance_out), &coef, shape, coeffs)?;
+    }
     // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G (in the pass's epilogue when it
     // runs variant 3 in one split).
     let spread = (r, i, o);
@@ -786,6 +855,42 @@ pub fn relevance_variant(
         ],
     )?;
     Ok(out)
+}
+
+/// Pass 1 as split workspaces of A and S (V3Split, where variant 3 fits: A and S by two kernels),
+/// then `lrp_coeffs_f32` adds the splits and writes `coef` (`coeff_params(splits)` its parameters,
+/// `bias_raw` the bias as it takes it).
+fn sums_then_coefficients(
+    gpu: &Gpu,
+    variant: GemmVariant,
+    (x, w, relevance_out): (&Tensor, &Tensor, &Tensor),
+    coef: &Tensor,
+    (r, o, i): (usize, usize, usize),
+    (coeff_params, bias_raw): (impl Fn(u64) -> LrpCoeff, RawSlice),
+) -> Result<()> {
+    let (ws, splits) = if sums_split(gpu, variant, x, w, (o as u64, i as u64))? {
+        let (mut ws_a, splits) = split_pass(gpu, Pass::Abs, variant, x, w, (r, o, i))?;
+        let (ws_s, splits_s) = split_pass(gpu, Pass::Dense, variant, x, w, (r, o, i))?;
+        debug_assert_eq!(splits, splits_s);
+        ws_a.extend(ws_s);
+        (ws_a, splits)
+    } else {
+        split_pass(gpu, Pass::Sums, variant, x, w, (r, o, i))?
+    };
+    launch(
+        gpu,
+        "lrp_coeffs_f32",
+        grid_blocks((r * o) as u64, cfg::EW_BLOCK as u64),
+        cfg::EW_BLOCK,
+        &[
+            &ByValue(ws[0].raw()),
+            &ByValue(ws[1].raw()),
+            &ByValue(relevance_out.raw()),
+            &ByValue(bias_raw),
+            &ByValue(coef.raw()),
+            &ByValue(coeff_params(splits)),
+        ],
+    )
 }
 
 /// The nonlinearity after a dense layer, for the forward pass of [`mlp`]; each has the spec's preset

@@ -651,4 +651,31 @@ fn v3_runs_only_on_16_byte_rows() {
     assert_eq!(Pass::Sums.kernel(Staged), "lrp_sums_f32");
     assert_eq!(Pass::Spread.kernel(Staged), "lrp_spread_f32");
     assert_eq!(Pass::Dense.kernel(Staged), "dense_f32");
+    use GemmVariant::{V5, V6};
+    assert_eq!(Pass::Sums.kernel(V6), "lrp_sums_v5_f32");
+    assert_eq!(Pass::Spread.kernel(V6), "lrp_spread_v5_f32");
+    assert_eq!(Pass::Dense.kernel(V6), "dense_v5_f32");
+    assert_eq!(Pass::Sums.kernel(V5), "lrp_sums_v5_f32");
+    assert_eq!(Pass::Spread.kernel(V5), "lrp_spread_v5_f32");
+    assert_eq!(Pass::Dense.kernel(V5), "dense_v5_f32");
+    // The spread kernels with a fused finish, and when it runs: one split.
+    assert_eq!(
+        finish_kernel("lrp_spread_v3_f32"),
+        Some("lrp_spread_v3_finish_f32")
+    );
+    assert_eq!(
+        finish_kernel("lrp_spread_v5_f32"),
+        Some("lrp_spread_v5_finish_f32")
+    );
+    assert_eq!(finish_kernel("lrp_spread_v4_f32"), None);
+    assert_eq!(finish_kernel("lrp_spread_f32"), None);
+    assert!(finishes_in_epilogue(
+        "lrp_spread_v5_f32",
+        (1024, 4096, 4096)
+    ));
+    assert!(!finishes_in_epilogue("lrp_spread_v5_f32", (64, 4096, 4096)));
+    assert!(!finishes_in_epilogue(
+        "lrp_spread_v4_f32",
+        (1024, 4096, 4096)
+    ));
 }
