@@ -1252,7 +1252,7 @@ pub mod matmul_f32v {
             assert!(c.col_quads == 2 || c.col_quads == 4);
             assert!(c.bk == 8 || c.bk == 16);
             // Every thread moves whole 4-float groups of both tiles (BM * bk / 4 groups each).
-            assert!((BM * c.bk / 4) % c.threads() == 0);
+            assert!((BM * c.bk / 4).is_multiple_of(c.threads()));
             // No opt-in needed: under the 48 KiB every device gives a block.
             assert!(c.smem_bytes() <= 48 * 1024);
             i += 1;

@@ -948,7 +948,12 @@ mod tests {
         use super::{F32_VARIANTS, f32_kernel};
         let mut all = std::collections::HashSet::new();
         for v in 0..=F32_VARIANTS {
-            for (ta, tb, t) in [(No, No, "nn"), (No, Yes, "nt"), (Yes, No, "tn"), (Yes, Yes, "tt")] {
+            for (ta, tb, t) in [
+                (No, No, "nn"),
+                (No, Yes, "nt"),
+                (Yes, No, "tn"),
+                (Yes, Yes, "tt"),
+            ] {
                 let (name, threads, smem) = f32_kernel(v, ta, tb).unwrap();
                 if v == 0 {
                     assert_eq!((name, smem), ("matmul_f32", 0));
