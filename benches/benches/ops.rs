@@ -350,7 +350,7 @@ fn matmul_variants(b: &mut Bencher) {
 
 /// The f32 kernels side by side (`matmul_f32v{N}/f32/{4096x4096x4096,4095x4097x1000}`; N = 0 is the
 /// shipped `matmul_f32` through the same hook, N >= 1 the double-buffered candidates
-/// `matmul_f32v{N}_*`), on shared inputs per shape. Read against `sgemm/f32/4096x4096x4096` (cuBLAS
+/// `matmul_simtv{N}_*_f32`), on shared inputs per shape. Read against `sgemm/f32/4096x4096x4096` (cuBLAS
 /// without TF32, same run) and `matmul/f32/...`. The odd shape has unaligned B and C rows (N = 4097):
 /// scalar copies for B.
 fn matmul_f32_variants(b: &mut Bencher) {

@@ -90,22 +90,22 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ),
     // The f32 tuning variants (`matmul_f32v::VARIANTS`), before "matmul_".
     (
-        "matmul_f32v1",
+        "matmul_simtv1_",
         matmul_f32v::VARIANTS[0].threads(),
         matmul_f32v::VARIANTS[0].min_blocks,
     ),
     (
-        "matmul_f32v2",
+        "matmul_simtv2_",
         matmul_f32v::VARIANTS[1].threads(),
         matmul_f32v::VARIANTS[1].min_blocks,
     ),
     (
-        "matmul_f32v3",
+        "matmul_simtv3_",
         matmul_f32v::VARIANTS[2].threads(),
         matmul_f32v::VARIANTS[2].min_blocks,
     ),
     (
-        "matmul_f32v4",
+        "matmul_simtv4_",
         matmul_f32v::VARIANTS[3].threads(),
         matmul_f32v::VARIANTS[3].min_blocks,
     ),
@@ -1170,7 +1170,7 @@ pub mod matmul {
     const _: () = assert!(BM == BN && TM == 8 && TN == 8 && THREADS == 256 && BK == 8);
 }
 
-/// Double-buffered f32 matmul variants (`matmul_f32v{N}`, `kernels/matmul/simt_db.rs`), tuning
+/// Double-buffered f32 matmul variants (`matmul_simtv{N}_*_f32`, `kernels/matmul/simt_db.rs`), tuning
 /// candidates next to the shipped `matmul_f32` ([`matmul`]), reachable through the hidden
 /// `host::ops::matmul::matmul_variant` with f32 operands. Same parameters ([`Matmul`]), grid
 /// (`ceil(N / BN), ceil(M / BM), batch`) and results (k ascending, one fma per product: the default's
@@ -1209,7 +1209,7 @@ pub mod matmul_f32v {
         }
     }
 
-    /// `matmul_f32v{N}_{nn,nt,tn,tt}` is `VARIANTS[N - 1]`; variant 0 is the shipped `matmul_f32`.
+    /// `matmul_simtv{N}_{nn,nt,tn,tt}_f32` is `VARIANTS[N - 1]`; variant 0 is the shipped `matmul_f32`.
     /// Every one keeps two blocks per SM (4096^3: 1024 tiles over 264 block slots of an H100/H200,
     /// 3.9 waves, as the default).
     pub const VARIANTS: [Config; 4] = [

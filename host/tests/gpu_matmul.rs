@@ -1,4 +1,5 @@
-//! GPU matmul for f16/bf16 (the tensor-core kernels) against the CPU reference in f64.
+//! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels and their tuning variants)
+//! and f32 (`matmul_f32` and its tuning variants `matmul_simtv{N}_*_f32`, the `matmul_f32_*` tests).
 //!
 //! Tolerance, per element: the kernel multiplies f16/bf16 values exactly (a product of two 11- or
 //! 8-bit significands fits fp32's 24), sums them in fp32 and rounds the sum once to the output dtype.
@@ -499,7 +500,7 @@ fn matmul_variants_give_the_default_kernels_bits() {
 }
 
 /// The f32 kernels side by side (`matmul::matmul_variant` with f32 operands): 0 is the shipped
-/// `matmul_f32`, 1..=N the double-buffered `matmul_f32v{N}_*` candidates.
+/// `matmul_f32`, 1..=N the double-buffered `matmul_simtv{N}_*_f32` candidates.
 fn f32_variants() -> Vec<u32> {
     (0..=matmul::F32_VARIANTS).collect()
 }

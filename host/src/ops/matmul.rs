@@ -81,7 +81,7 @@ pub(crate) fn gemm(
     gemm_on(gpu, shape, a, b, c, bias, acc, 0)
 }
 
-/// The f32 kernel of variant `variant` (0: the shipped `matmul_f32`; N: `matmul_f32vN_{nn,nt,tn,tt}`
+/// The f32 kernel of variant `variant` (0: the shipped `matmul_f32`; N: `matmul_simtvN_{nn,nt,tn,tt}_f32`
 /// of `gpu::params::matmul_f32v::VARIANTS[N - 1]`) for a storage combination: entry name, threads
 /// a block and dynamic shared memory. `None` for an unknown variant.
 fn f32_kernel(variant: u32, ta: Transpose, tb: Transpose) -> Option<(&'static str, u32, u32)> {
@@ -97,28 +97,28 @@ fn f32_kernel(variant: u32, ta: Transpose, tb: Transpose) -> Option<(&'static st
 /// Entry points of the f32 tuning variants (`F32_NAMES[N - 1]`), in `nn, nt, tn, tt` order.
 const F32_NAMES: [[&str; 4]; f32v::VARIANTS.len()] = [
     [
-        "matmul_f32v1_nn",
-        "matmul_f32v1_nt",
-        "matmul_f32v1_tn",
-        "matmul_f32v1_tt",
+        "matmul_simtv1_nn_f32",
+        "matmul_simtv1_nt_f32",
+        "matmul_simtv1_tn_f32",
+        "matmul_simtv1_tt_f32",
     ],
     [
-        "matmul_f32v2_nn",
-        "matmul_f32v2_nt",
-        "matmul_f32v2_tn",
-        "matmul_f32v2_tt",
+        "matmul_simtv2_nn_f32",
+        "matmul_simtv2_nt_f32",
+        "matmul_simtv2_tn_f32",
+        "matmul_simtv2_tt_f32",
     ],
     [
-        "matmul_f32v3_nn",
-        "matmul_f32v3_nt",
-        "matmul_f32v3_tn",
-        "matmul_f32v3_tt",
+        "matmul_simtv3_nn_f32",
+        "matmul_simtv3_nt_f32",
+        "matmul_simtv3_tn_f32",
+        "matmul_simtv3_tt_f32",
     ],
     [
-        "matmul_f32v4_nn",
-        "matmul_f32v4_nt",
-        "matmul_f32v4_tn",
-        "matmul_f32v4_tt",
+        "matmul_simtv4_nn_f32",
+        "matmul_simtv4_nt_f32",
+        "matmul_simtv4_tn_f32",
+        "matmul_simtv4_tt_f32",
     ],
 ];
 
@@ -469,7 +469,7 @@ fn name_of(dtype: DType, ta: Transpose, tb: Transpose, variant: u32) -> &'static
     }
 }
 
-/// Number of f32 tuning variants besides the default (`matmul_f32v1..=N`,
+/// Number of f32 tuning variants besides the default (`matmul_simtv1..=N`,
 /// `gpu::params::matmul_f32v::VARIANTS`); see [`matmul_variant`]. Every device that runs the
 /// default runs them (at most 34 KiB of shared memory a block, no opt-in).
 #[doc(hidden)]
@@ -586,7 +586,7 @@ pub fn matmul_variant_supported(gpu: &crate::Gpu, variant: u32) -> Result<bool> 
 ///   1..=[`TC_VARIANTS`]: `gpu::params::matmul_tc::VARIANTS[variant - 1]`); refuses variants whose
 ///   shared memory the device cannot give a block ([`matmul_variant_supported`]).
 /// - f32 operands: f32 variant `variant` (0: `matmul_f32`; 1..=[`F32_VARIANTS`]:
-///   `matmul_f32v{N}_*`, `gpu::params::matmul_f32v::VARIANTS[variant - 1]`); every shape and
+///   `matmul_simtv{N}_*_f32`, `gpu::params::matmul_f32v::VARIANTS[variant - 1]`); every shape and
 ///   transpose [`matmul`] takes.
 ///
 /// Refuses unknown variants.
@@ -958,7 +958,7 @@ mod tests {
                 if v == 0 {
                     assert_eq!((name, smem), ("matmul_f32", 0));
                 } else {
-                    assert_eq!(name, format!("matmul_f32v{v}_{t}"));
+                    assert_eq!(name, format!("matmul_simtv{v}_{t}_f32"));
                     assert!(all.insert(name), "{name} twice");
                     let cfg = gpu::params::matmul_f32v::VARIANTS[v as usize - 1];
                     assert_eq!((threads, smem), (cfg.threads(), cfg.smem_bytes()));

@@ -1,4 +1,4 @@
-//! Double-buffered f32 matmul variants (`matmul_f32v{N}`, configured by `gpu::params::matmul_f32v`):
+//! Double-buffered f32 matmul variants (`matmul_simtv{N}_{nn,nt,tn,tt}_f32`, configured by `gpu::params::matmul_f32v`):
 //! candidates to replace the shipped `matmul_f32` (`simt.rs`), with its parameters, grid, results and
 //! bits. `C (+)= op(A) op(B) (+ bias)`, batched over grid z, any M, N, K, either operand transposed.
 //!
@@ -378,7 +378,7 @@ const fn is(v: usize, cq: u32, bk: u32, async_copy: bool) -> bool {
 const _: () = assert!(is(1, 2, 8, true) && is(2, 4, 8, false));
 const _: () = assert!(is(3, 4, 16, true) && is(4, 4, 8, true));
 
-/// The four storage combinations of one variant: `matmul_f32v{N}_{nn,nt,tn,tt}` (first letter A,
+/// The four storage combinations of one variant: `matmul_simtv{N}_{nn,nt,tn,tt}_f32` (first letter A,
 /// second B; `t`: stored transposed). Grid (ceil(N / 128), ceil(M / 128), batch),
 /// `VARIANTS[N - 1].threads()` threads, `VARIANTS[N - 1].smem_bytes()` of dynamic shared memory;
 /// arguments as `matmul_f32`, whose `trans_a` / `trans_b` fields these entries ignore.
@@ -408,38 +408,38 @@ f32_variant!(
     2,
     8,
     true,
-    matmul_f32v1_nn,
-    matmul_f32v1_nt,
-    matmul_f32v1_tn,
-    matmul_f32v1_tt
+    matmul_simtv1_nn_f32,
+    matmul_simtv1_nt_f32,
+    matmul_simtv1_tn_f32,
+    matmul_simtv1_tt_f32
 );
 // 2: 8 x 16 micro-tiles, 128 threads, 8-deep k-tiles, register prefetch.
 f32_variant!(
     4,
     8,
     false,
-    matmul_f32v2_nn,
-    matmul_f32v2_nt,
-    matmul_f32v2_tn,
-    matmul_f32v2_tt
+    matmul_simtv2_nn_f32,
+    matmul_simtv2_nt_f32,
+    matmul_simtv2_tn_f32,
+    matmul_simtv2_tt_f32
 );
 // 3: 8 x 16 micro-tiles, 128 threads, 16-deep k-tiles, cp.async.
 f32_variant!(
     4,
     16,
     true,
-    matmul_f32v3_nn,
-    matmul_f32v3_nt,
-    matmul_f32v3_tn,
-    matmul_f32v3_tt
+    matmul_simtv3_nn_f32,
+    matmul_simtv3_nt_f32,
+    matmul_simtv3_tn_f32,
+    matmul_simtv3_tt_f32
 );
 // 4: 8 x 16 micro-tiles, 128 threads, 8-deep k-tiles, cp.async.
 f32_variant!(
     4,
     8,
     true,
-    matmul_f32v4_nn,
-    matmul_f32v4_nt,
-    matmul_f32v4_tn,
-    matmul_f32v4_tt
+    matmul_simtv4_nn_f32,
+    matmul_simtv4_nt_f32,
+    matmul_simtv4_tn_f32,
+    matmul_simtv4_tt_f32
 );
