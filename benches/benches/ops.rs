@@ -348,6 +348,31 @@ fn matmul_variants(b: &mut Bencher) {
     }
 }
 
+/// The f32 kernels side by side (`matmul_f32v{N}/f32/{4096x4096x4096,4095x4097x1000}`; N = 0 is the
+/// shipped `matmul_f32` through the same hook, N >= 1 the double-buffered candidates
+/// `matmul_simtv{N}_*_f32`), on shared inputs per shape. Read against `sgemm/f32/4096x4096x4096` (cuBLAS
+/// without TF32, same run) and `matmul/f32/...`. The odd shape has unaligned B and C rows (N = 4097):
+/// scalar copies for B.
+fn matmul_f32_variants(b: &mut Bencher) {
+    use host::ops::matmul::{F32_VARIANTS, Transpose::No, matmul_variant};
+    for (m, n, k) in [(4096usize, 4096usize, 4096usize), (4095, 4097, 1000)] {
+        let copies = rotation_copies((m * k + k * n) * 4, b.l2_bytes);
+        let (x, w) = (
+            b.inputs(&[m, k], DType::F32, copies),
+            b.inputs(&[k, n], DType::F32, copies),
+        );
+        for v in 0..=F32_VARIANTS {
+            b.bench(
+                matmul_spec(&format!("matmul_f32v{v}"), DType::F32, (m, n, k)),
+                copies,
+                |i| {
+                    matmul_variant(&x[i], &w[i], No, No, v).expect("f32 matmul variant");
+                },
+            );
+        }
+    }
+}
+
 /// fp32 SGEMM 4096^3 through cuBLAS (no TF32: plain `cublasSgemm`), the ceiling the relevance kernels'
 /// FLOP/s are read against.
 fn sgemm_ceiling(b: &mut Bencher) {
@@ -1011,6 +1036,7 @@ fn main() {
     // choice of the default and cost a minute of device time per run.
     if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
         matmul_variants(&mut b);
+        matmul_f32_variants(&mut b);
     }
     elementwise(&mut b);
     reductions(&mut b);

@@ -90,6 +90,27 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         matmul_tc::VARIANTS[3].threads(),
         matmul_tc::VARIANTS[3].min_blocks,
     ),
+    // The f32 tuning variants (`matmul_f32v::VARIANTS`), before "matmul_".
+    (
+        "matmul_simtv1_",
+        matmul_f32v::VARIANTS[0].threads(),
+        matmul_f32v::VARIANTS[0].min_blocks,
+    ),
+    (
+        "matmul_simtv2_",
+        matmul_f32v::VARIANTS[1].threads(),
+        matmul_f32v::VARIANTS[1].min_blocks,
+    ),
+    (
+        "matmul_simtv3_",
+        matmul_f32v::VARIANTS[2].threads(),
+        matmul_f32v::VARIANTS[2].min_blocks,
+    ),
+    (
+        "matmul_simtv4_",
+        matmul_f32v::VARIANTS[3].threads(),
+        matmul_f32v::VARIANTS[3].min_blocks,
+    ),
     ("matmul_", matmul::THREADS, 2),
     // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
     // of a depth step. One 256-thread block per SM lets ptxas use up to 255 registers.
@@ -1344,6 +1365,96 @@ pub mod matmul {
     /// Most blocks along grid y (M tiles) and z (batch) the driver accepts.
     pub const MAX_GRID_YZ: u64 = 65_535;
     const _: () = assert!(BM == BN && TM == 8 && TN == 8 && THREADS == 256 && BK == 8);
+}
+
+/// Double-buffered f32 matmul variants (`matmul_simtv{N}_*_f32`, `kernels/matmul/simt_db.rs`), tuning
+/// candidates next to the shipped `matmul_f32` ([`matmul`]), reachable through the hidden
+/// `host::ops::matmul::matmul_variant` with f32 operands. Same parameters ([`Matmul`]), grid
+/// (`ceil(N / BN), ceil(M / BM), batch`) and results (k ascending, one fma per product: the default's
+/// bits) as the default; they differ in threads a block, k-tile depth and shared memory (dynamic, so
+/// one kernel body serves every depth).
+pub mod matmul_f32v {
+    pub const BM: u32 = 128;
+    pub const BN: u32 = 128;
+    /// Shared tile row pitch in floats (as the default's): 16-byte aligned rows, and the scalar
+    /// transposing stores of a k-contiguous operand land on distinct banks.
+    pub const LDS: u32 = BM + 4;
+
+    /// One variant. A thread owns rows `{ty * 4 + 0..4, 64 + ty * 4 + 0..4}` and `col_quads` groups
+    /// of 4 columns `q * (BN / col_quads) + tx * 4 + 0..4`: `col_quads = 2` is the default's 8 x 8
+    /// micro-tile with 256 threads, `4` an 8 x 16 micro-tile with 128 threads (twice the fma per
+    /// shared load). `bk` is the depth of one k-tile (8 or 16). `async_copy`: the next k-tile goes
+    /// global -> shared through `cp.async` (no registers held across the math) instead of through
+    /// registers loaded before the math and stored after it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Config {
+        pub col_quads: u32,
+        pub bk: u32,
+        pub async_copy: bool,
+        /// Blocks that should fit an SM at once (launch bounds: caps registers at
+        /// `65536 / (threads * min_blocks)`).
+        pub min_blocks: u32,
+    }
+
+    impl Config {
+        pub const fn threads(&self) -> u32 {
+            16 * (32 / self.col_quads)
+        }
+        /// Two stages of the A and B tiles, `bk x LDS` floats each.
+        pub const fn smem_bytes(&self) -> u32 {
+            2 * 2 * self.bk * LDS * 4
+        }
+    }
+
+    /// `matmul_simtv{N}_{nn,nt,tn,tt}_f32` is `VARIANTS[N - 1]`; variant 0 is the shipped `matmul_f32`.
+    /// Every one keeps two blocks per SM (4096^3: 1024 tiles over 264 block slots of an H100/H200,
+    /// 3.9 waves, as the default).
+    pub const VARIANTS: [Config; 4] = [
+        // 1: the default's tiling (256 threads, 8 x 8) with two shared stages filled by cp.async
+        //    (one barrier a k-tile); at most 128 registers (the register-prefetch form spilled).
+        Config {
+            col_quads: 2,
+            bk: 8,
+            async_copy: true,
+            min_blocks: 2,
+        },
+        // 2: 128 threads with 8 x 16 micro-tiles (128 accumulators), register prefetch, at most
+        //    255 registers: 8 warps an SM, twice the independent fma per warp.
+        Config {
+            col_quads: 4,
+            bk: 8,
+            async_copy: false,
+            min_blocks: 2,
+        },
+        // 3: 8 x 16 with 16-deep k-tiles through cp.async: half the barriers and stage switches
+        //    (the register-prefetch form spilled: 32 more live registers).
+        Config {
+            col_quads: 4,
+            bk: 16,
+            async_copy: true,
+            min_blocks: 2,
+        },
+        // 4: variant 2 with cp.async instead of register prefetch.
+        Config {
+            col_quads: 4,
+            bk: 8,
+            async_copy: true,
+            min_blocks: 2,
+        },
+    ];
+    const _: () = {
+        let mut i = 0;
+        while i < VARIANTS.len() {
+            let c = VARIANTS[i];
+            assert!(c.col_quads == 2 || c.col_quads == 4);
+            assert!(c.bk == 8 || c.bk == 16);
+            // Every thread moves whole 4-float groups of both tiles (BM * bk / 4 groups each).
+            assert!((BM * c.bk / 4).is_multiple_of(c.threads()));
+            // No opt-in needed: under the 48 KiB every device gives a block.
+            assert!(c.smem_bytes() <= 48 * 1024);
+            i += 1;
+        }
+    };
 }
 
 /// Parameters of one `matmul_f32` launch. Element (r, c) of a non-transposed operand is at

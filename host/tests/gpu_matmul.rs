@@ -1,4 +1,5 @@
-//! GPU matmul for f16/bf16 (the tensor-core kernels) against the CPU reference in f64.
+//! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels and their tuning variants)
+//! and f32 (`matmul_f32` and its tuning variants `matmul_simtv{N}_*_f32`, the `matmul_f32_*` tests).
 //!
 //! Tolerance, per element: the kernel multiplies f16/bf16 values exactly (a product of two 11- or
 //! 8-bit significands fits fp32's 24), sums them in fp32 and rounds the sum once to the output dtype.
@@ -496,4 +497,202 @@ fn matmul_variants_give_the_default_kernels_bits() {
             }
         }
     }
+}
+
+/// The f32 kernels side by side (`matmul::matmul_variant` with f32 operands): 0 is the shipped
+/// `matmul_f32`, 1..=N the double-buffered `matmul_simtv{N}_*_f32` candidates.
+fn f32_variants() -> Vec<u32> {
+    (0..=matmul::F32_VARIANTS).collect()
+}
+
+/// Every f32 variant against the f64 reference on every element (fp32 bound of the module doc,
+/// u = 2^-24, and the spec's 1e-5 relative 2-norm): odd shapes (1, primes, one past a 128 tile,
+/// K not a multiple of the 8- or 16-deep k-tile, N and K odd so rows are not 16-byte aligned and
+/// the scalar copy path runs), aligned shapes (16-byte path) with tails, K = 0, every transpose,
+/// batched with either operand broadcast; outputs poisoned.
+#[test]
+fn matmul_f32_variants_match_f64_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_variants_match_f64_reference") else {
+        return;
+    };
+    let mut rng = rng("matmul_f32_variants_match_f64_reference");
+    let shapes = [
+        (1, 1, 1),
+        (17, 33, 9),
+        (129, 257, 65),
+        (257, 129, 17),
+        (128, 128, 8),
+        (128, 128, 16),
+        (136, 264, 72),
+        (300, 520, 200),
+        (64, 1, 128),
+        (1, 300, 17),
+        (3, 5, 0),
+        (255, 131, 1000),
+        (392, 264, 1032),
+    ];
+    let n = fuzz_cases(shapes.len()).min(shapes.len());
+    for v in f32_variants() {
+        for &(m, nn, k) in &shapes[..n] {
+            for (ta, tb) in TRANSPOSES {
+                let c = case(m, nn, k, ta, tb, DType::F32);
+                let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                check_rows(&c, &a, &b, &out, &all_rows(&c));
+            }
+        }
+        for (m, nn, k, bt) in [(136, 264, 72, 2), (65, 47, 33, 3)] {
+            for (batch_a, batch_b) in [(Some(bt), Some(bt)), (Some(bt), None), (None, Some(bt))] {
+                for (ta, tb) in TRANSPOSES {
+                    let c = Case {
+                        batch_a,
+                        batch_b,
+                        ..case(m, nn, k, ta, tb, DType::F32)
+                    };
+                    let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                    check_rows(&c, &a, &b, &out, &all_rows(&c));
+                }
+            }
+        }
+    }
+}
+
+/// Large f32 products on every variant, sampled rows: the benchmark's odd shape 4095 x 4097 x 1000
+/// (B and C rows unaligned: scalar copies for B, scalar stores for C) and an aligned shape with
+/// tails and a long K (many trips through both stages).
+#[test]
+fn matmul_f32_variants_large_products_match_on_sampled_rows() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_variants_large_products_match_on_sampled_rows") else {
+        return;
+    };
+    let mut rng = rng("matmul_f32_variants_large_products_match_on_sampled_rows");
+    let big = scaled(4095, 300);
+    let long_k = scaled(4104, 520);
+    for v in f32_variants() {
+        let cases = [
+            case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F32),
+            case(
+                big,
+                big + 2,
+                1000,
+                Transpose::Yes,
+                Transpose::Yes,
+                DType::F32,
+            ),
+            case(
+                1032,
+                1160,
+                long_k,
+                Transpose::No,
+                Transpose::Yes,
+                DType::F32,
+            ),
+            case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F32),
+        ];
+        for c in cases {
+            let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+            let rows = sampled_rows(&mut rng, c.m, 5);
+            check_rows(&c, &a, &b, &out, &rows);
+        }
+    }
+}
+
+/// Every f32 variant sums each element's products in the default's order (k ascending, one fma
+/// each), adds the bias, then the old C: the default kernel's bits exactly, through the
+/// overwrite, bias-row and accumulate paths the Clifford layers use (`matmul_f32_variant_into`),
+/// on an aligned and an odd shape, every transpose, batched. The result is also checked against
+/// the f64 reference, so a variant and the default cannot agree on a wrong answer.
+#[test]
+fn matmul_f32_variants_give_the_default_kernels_bits() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_variants_give_the_default_kernels_bits") else {
+        return;
+    };
+    let mut rng = rng("matmul_f32_variants_give_the_default_kernels_bits");
+    for (m, n, k, batch) in [(scaled(520, 136), 392, 1040, None), (131, 257, 67, Some(2))] {
+        for (ta, tb) in TRANSPOSES {
+            for (with_bias, accumulate) in [(false, false), (true, false), (true, true)] {
+                let a = uniform(&mut rng, &stored(batch, m, k, ta), -1.0, 1.0, DType::F32);
+                let b = uniform(&mut rng, &stored(batch, k, n, tb), -1.0, 1.0, DType::F32);
+                let bias = uniform(&mut rng, &[n], -1.0, 1.0, DType::F32);
+                let out_shape = batch.map_or(vec![m, n], |bt| vec![bt, m, n]);
+                let c0 = uniform(&mut rng, &out_shape, -1.0, 1.0, DType::F32);
+                let (da, db, dbias) = (
+                    Tensor::from_host(&gpu, &a).unwrap(),
+                    Tensor::from_host(&gpu, &b).unwrap(),
+                    Tensor::from_host(&gpu, &bias).unwrap(),
+                );
+                let what = format!(
+                    "{m}x{n}x{k} batch {batch:?} {ta:?} {tb:?} bias {with_bias} accumulate \
+                     {accumulate}"
+                );
+                let bits = |v: u32| -> Vec<u32> {
+                    // Accumulating reads the old C; otherwise the output starts poisoned (NaN).
+                    let out = if accumulate {
+                        Tensor::from_host(&gpu, &c0).unwrap()
+                    } else {
+                        Tensor::empty(&gpu, &out_shape, DType::F32).unwrap()
+                    };
+                    matmul::matmul_f32_variant_into(
+                        &da,
+                        &db,
+                        ta,
+                        tb,
+                        with_bias.then_some(&dbias),
+                        &out,
+                        accumulate,
+                        v,
+                    )
+                    .unwrap_or_else(|e| panic!("{what} variant {v}: {e}"));
+                    out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
+                };
+                let want = bits(0);
+                // The default against the f64 reference (+ bias + old C).
+                let product = reference::matmul(&a, &b, ta, tb).unwrap();
+                let reference: Vec<f32> = product
+                    .data
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &p)| {
+                        let mut r = p as f64;
+                        if with_bias {
+                            r += bias.data[i % n] as f64;
+                        }
+                        if accumulate {
+                            r += c0.data[i] as f64;
+                        }
+                        r as f32
+                    })
+                    .collect();
+                let got: Vec<f32> = want.iter().map(|&w| f32::from_bits(w)).collect();
+                assert_close(&what, &got, &reference, tol(DType::F32));
+                for v in 1..=matmul::F32_VARIANTS {
+                    let got = bits(v);
+                    let diff = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+                    assert!(
+                        diff == 0,
+                        "variant {v} {what}: {diff} elements differ from the default kernel"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Unknown f32 variants are refused with an error, not launched.
+#[test]
+fn matmul_f32_unknown_variant_is_refused() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_unknown_variant_is_refused") else {
+        return;
+    };
+    let a = Tensor::from_host(
+        &gpu,
+        &HostTensor::new(vec![0.0; 64], &[8, 8], DType::F32).unwrap(),
+    )
+    .unwrap();
+    let v = matmul::F32_VARIANTS + 1;
+    assert!(matmul::matmul_variant(&a, &a, Transpose::No, Transpose::No, v).is_err());
+    let out = Tensor::empty(&gpu, &[8, 8], DType::F32).unwrap();
+    assert!(
+        matmul::matmul_f32_variant_into(&a, &a, Transpose::No, Transpose::No, None, &out, false, v)
+            .is_err()
+    );
 }

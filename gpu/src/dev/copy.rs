@@ -45,6 +45,29 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, fill: bool) {
     }
 }
 
+/// Starts a 4-byte asynchronous copy (`cp.async.ca`, through L1) from global `src` to shared `dst`;
+/// when `fill` is false nothing is read and the destination is zero-filled. The 4-byte form can
+/// scatter: f32 matmul tiles use it to store a k-contiguous operand k-major (a transpose) and to copy
+/// rows that are not 16-byte aligned.
+///
+/// # Safety
+/// As for [`cp_async_16`], with 4-byte alignment and 4 bytes.
+#[inline(always)]
+pub unsafe fn cp_async_4(dst: u32, src: *const u8, fill: bool) {
+    let src_size: u32 = if fill { 4 } else { 0 };
+    unsafe {
+        core::arch::asm!(
+            "{{",
+            ".reg .u64 g;",
+            "cvta.to.global.u64 g, {src};",
+            "cp.async.ca.shared.global [{dst}], [g], 4, {n};",
+            "}}",
+            dst = in(reg32) dst, src = in(reg64) src, n = in(reg32) src_size,
+            options(nostack)
+        )
+    }
+}
+
 /// Closes the group of `cp.async` copies this thread issued since the previous commit.
 #[inline(always)]
 pub fn cp_async_commit() {

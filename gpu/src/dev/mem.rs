@@ -147,6 +147,40 @@ impl Slice<f32> {
         // SAFETY: `i < len` (launcher validation, checked builds verify); inputs are never outputs.
         unsafe { load_f32_ro(self.ptr, i) }
     }
+
+    /// Elements `i .. i + 4` through the read-only cache with one `ld.global.nc.v4.b32`. The caller
+    /// guarantees `i + 4 <= len`, a 16-byte aligned `ptr` and `i % 4 == 0` (checked builds verify all
+    /// three). The buffer must not be written during the kernel.
+    #[inline(always)]
+    pub fn get4_ro(&self, i: u64) -> [f32; 4] {
+        check_index(i as usize + 3, self.len as usize);
+        if cfg!(feature = "checked") && (i % 4 != 0 || self.ptr as u64 % 16 != 0) {
+            panic!();
+        }
+        // SAFETY: in range and 16-byte aligned (above); inputs are never outputs.
+        let c = unsafe { load_chunk_ro(self.ptr.add(i as usize) as *const Chunk16, 0) };
+        c.0.map(f32::from_bits)
+    }
+}
+
+impl SliceMut<f32> {
+    /// Stores elements `i .. i + 4` with one `st.global.v4.b32`. Same conditions as
+    /// [`Slice::get4_ro`] (in range, 16-byte aligned), and each element has one writer.
+    #[inline(always)]
+    pub fn set4(&self, i: u64, v: [f32; 4]) {
+        check_index(i as usize + 3, self.len as usize);
+        if cfg!(feature = "checked") && (i % 4 != 0 || self.ptr as u64 % 16 != 0) {
+            panic!();
+        }
+        // SAFETY: in range and 16-byte aligned (above).
+        unsafe {
+            store_chunk(
+                self.ptr.add(i as usize) as *mut Chunk16,
+                0,
+                Chunk16(v.map(f32::to_bits)),
+            )
+        }
+    }
 }
 
 impl<T: Elem> SliceMut<T> {

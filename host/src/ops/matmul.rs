@@ -11,6 +11,7 @@
 //! The crate-internal [`gemm`] is the same kernel on raw operands (offsets into larger buffers, leading
 //! dims, `C += ...`, a bias row): the Clifford layers build their feature mixing on it.
 use gpu::params::matmul::{BM, BN, MAX_GRID_YZ, THREADS};
+use gpu::params::matmul_f32v as f32v;
 use gpu::params::matmul_tc as tc;
 use gpu::params::{Matmul, MatmulTc, RawSlice, RowAccess};
 
@@ -19,6 +20,9 @@ use crate::error::{Error, Result};
 use crate::launch::{ByValue, launch_cfg, launch_cfg_large_smem};
 use crate::ops::{aligned16, same_device_and_dtype};
 use crate::tensor::Tensor;
+
+// The f32 variants use the default's output tiles: one grid serves all.
+const _: () = assert!(f32v::BM == BM && f32v::BN == BN);
 
 /// Whether an operand enters the product as stored or transposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +78,70 @@ pub(crate) fn gemm(
     bias: Option<RawSlice>,
     acc: Accumulate,
 ) -> Result<()> {
+    gemm_on(gpu, shape, a, b, c, bias, acc, 0)
+}
+
+/// The f32 kernel of variant `variant` (0: the shipped `matmul_f32`; N: `matmul_simtvN_{nn,nt,tn,tt}_f32`
+/// of `gpu::params::matmul_f32v::VARIANTS[N - 1]`) for a storage combination: entry name, threads
+/// a block and dynamic shared memory. `None` for an unknown variant.
+fn f32_kernel(variant: u32, ta: Transpose, tb: Transpose) -> Option<(&'static str, u32, u32)> {
+    if variant == 0 {
+        return Some(("matmul_f32", THREADS, 0));
+    }
+    let cfg = f32v::VARIANTS.get(variant as usize - 1)?;
+    let names = F32_NAMES[variant as usize - 1];
+    let name = names[2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize];
+    Some((name, cfg.threads(), cfg.smem_bytes()))
+}
+
+/// Entry points of the f32 tuning variants (`F32_NAMES[N - 1]`), in `nn, nt, tn, tt` order.
+const F32_NAMES: [[&str; 4]; f32v::VARIANTS.len()] = [
+    [
+        "matmul_simtv1_nn_f32",
+        "matmul_simtv1_nt_f32",
+        "matmul_simtv1_tn_f32",
+        "matmul_simtv1_tt_f32",
+    ],
+    [
+        "matmul_simtv2_nn_f32",
+        "matmul_simtv2_nt_f32",
+        "matmul_simtv2_tn_f32",
+        "matmul_simtv2_tt_f32",
+    ],
+    [
+        "matmul_simtv3_nn_f32",
+        "matmul_simtv3_nt_f32",
+        "matmul_simtv3_tn_f32",
+        "matmul_simtv3_tt_f32",
+    ],
+    [
+        "matmul_simtv4_nn_f32",
+        "matmul_simtv4_nt_f32",
+        "matmul_simtv4_tn_f32",
+        "matmul_simtv4_tt_f32",
+    ],
+];
+
+/// [`gemm`] on f32 kernel variant `variant` (see [`f32_kernel`]; 0 is [`gemm`] itself). Every
+/// variant takes the same parameters and grid and gives the same bits.
+#[allow(clippy::too_many_arguments)]
+fn gemm_on(
+    gpu: &crate::Gpu,
+    shape: GemmShape,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    bias: Option<RawSlice>,
+    acc: Accumulate,
+    variant: u32,
+) -> Result<()> {
     const OP: &str = "matmul";
+    let Some((kernel, threads, smem)) = f32_kernel(variant, a.trans, b.trans) else {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("no f32 matmul variant {variant} (0..={F32_VARIANTS})"),
+        });
+    };
     let GemmShape { m, n, k, batch } = shape;
     if m == 0 || n == 0 || batch == 0 {
         return Ok(());
@@ -117,13 +184,13 @@ pub(crate) fn gemm(
             grid_y as u32,
             batch as u32,
         ),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
     };
     let no_bias = RawSlice { ptr: 0, len: 0 };
     launch_cfg(
         gpu,
-        "matmul_f32",
+        kernel,
         cfg,
         &[
             &ByValue(a.raw),
@@ -342,6 +409,28 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
         tc_limits(OP, &d, &tc::DEFAULT)?;
     }
     let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
+    if a.dtype() == DType::F32 {
+        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite, 0)?;
+        return Ok(out);
+    }
+    tc_launch(a, b, &d, &out, name_of(a.dtype(), ta, tb, 0), &tc::DEFAULT)?;
+    Ok(out)
+}
+
+/// `out (+)= op(a) op(b) (+ bias)` for f32 operands of shape `d` on f32 variant `variant`; `out`
+/// has `d.out_shape()`, `bias` (if any) `d.n` elements.
+#[allow(clippy::too_many_arguments)]
+fn f32_launch(
+    a: &Tensor,
+    b: &Tensor,
+    ta: Transpose,
+    tb: Transpose,
+    d: &MatmulDims,
+    out: &Tensor,
+    bias: Option<RawSlice>,
+    acc: Accumulate,
+    variant: u32,
+) -> Result<()> {
     let stride = |batched: bool, (r, c): (usize, usize)| if batched { (r * c) as u64 } else { 0 };
     let (sa, sb) = (stride(d.a_batched, d.a), stride(d.b_batched, d.b));
     let shape = GemmShape {
@@ -350,31 +439,27 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
         k: d.k,
         batch: d.batch.unwrap_or(1),
     };
-    if a.dtype() == DType::F32 {
-        let operand = |t: &Tensor, ld: usize, tr: Transpose, stride: u64| Operand {
-            raw: t.raw(),
-            ld: ld as u64,
-            trans: tr,
-            stride,
-        };
-        gemm(
-            a.gpu(),
-            shape,
-            operand(a, d.a.1, ta, sa),
-            operand(b, d.b.1, tb, sb),
-            Operand {
-                raw: out.raw(),
-                ld: d.n as u64,
-                trans: Transpose::No,
-                stride: (d.m * d.n) as u64,
-            },
-            None,
-            Accumulate::Overwrite,
-        )?;
-        return Ok(out);
-    }
-    tc_launch(a, b, &d, &out, name_of(a.dtype(), ta, tb, 0), &tc::DEFAULT)?;
-    Ok(out)
+    let operand = |t: &Tensor, ld: usize, tr: Transpose, stride: u64| Operand {
+        raw: t.raw(),
+        ld: ld as u64,
+        trans: tr,
+        stride,
+    };
+    gemm_on(
+        a.gpu(),
+        shape,
+        operand(a, d.a.1, ta, sa),
+        operand(b, d.b.1, tb, sb),
+        Operand {
+            raw: out.raw(),
+            ld: d.n as u64,
+            trans: Transpose::No,
+            stride: (d.m * d.n) as u64,
+        },
+        bias,
+        acc,
+        variant,
+    )
 }
 
 fn name_of(dtype: DType, ta: Transpose, tb: Transpose, variant: u32) -> &'static str {
@@ -382,6 +467,99 @@ fn name_of(dtype: DType, ta: Transpose, tb: Transpose, variant: u32) -> &'static
         Some(name) => name,
         None => unreachable!("f32 is dispatched before; every variant has every 16-bit kernel"),
     }
+}
+
+/// Number of f32 tuning variants besides the default (`matmul_simtv1..=N`,
+/// `gpu::params::matmul_f32v::VARIANTS`); see [`matmul_variant`]. Every device that runs the
+/// default runs them (at most 34 KiB of shared memory a block, no opt-in).
+#[doc(hidden)]
+pub const F32_VARIANTS: u32 = f32v::VARIANTS.len() as u32;
+
+/// Validates f32 operands for f32 variant `variant` and allocates the product.
+fn f32_variant_output(
+    op: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+    ta: Transpose,
+    tb: Transpose,
+    variant: u32,
+) -> Result<Tensor> {
+    if variant > F32_VARIANTS {
+        return Err(Error::Invalid {
+            op,
+            msg: format!("no f32 matmul variant {variant} (0..={F32_VARIANTS})"),
+        });
+    }
+    let d = matmul_dims(op, a.shape(), b.shape(), ta, tb)?;
+    a.require_contiguous(op, "a")?;
+    b.require_contiguous(op, "b")?;
+    Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())
+}
+
+/// `out (+)= op(a) op(b) (+ bias)` for f32 on f32 variant `variant` (0: the shipped kernel): the
+/// bias-row and accumulate paths that [`gemm`] gives the Clifford layers, reachable for side-by-side
+/// tests. `out` is contiguous with the product's shape, `bias` (if any) has `n` elements; all f32.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_f32_variant_into(
+    a: &Tensor,
+    b: &Tensor,
+    ta: Transpose,
+    tb: Transpose,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    accumulate: bool,
+    variant: u32,
+) -> Result<()> {
+    const OP: &str = "matmul_f32_variant_into";
+    same_device_and_dtype(OP, a, b)?;
+    same_device_and_dtype(OP, a, out)?;
+    if a.dtype() != DType::F32 {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("f32 operands only, got {}", a.dtype()),
+        });
+    }
+    if variant > F32_VARIANTS {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("no f32 matmul variant {variant} (0..={F32_VARIANTS})"),
+        });
+    }
+    let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
+    a.require_contiguous(OP, "a")?;
+    b.require_contiguous(OP, "b")?;
+    out.require_contiguous(OP, "out")?;
+    if out.shape() != d.out_shape().as_slice() {
+        return Err(Error::Shape {
+            op: OP,
+            what: "out must have the product's shape".into(),
+            expected: format!("{:?}", d.out_shape()),
+            got: out.shape().to_vec(),
+        });
+    }
+    let bias = match bias {
+        None => None,
+        Some(t) => {
+            same_device_and_dtype(OP, a, t)?;
+            t.require_contiguous(OP, "bias")?;
+            if t.shape() != [d.n] {
+                return Err(Error::Shape {
+                    op: OP,
+                    what: "bias must be one row of n elements".into(),
+                    expected: format!("[{}]", d.n),
+                    got: t.shape().to_vec(),
+                });
+            }
+            Some(t.raw())
+        }
+    };
+    let acc = if accumulate {
+        Accumulate::Add
+    } else {
+        Accumulate::Overwrite
+    };
+    f32_launch(a, b, ta, tb, &d, out, bias, acc, variant)
 }
 
 /// Number of tensor-core tuning variants besides the default (`matmul_tcv1..=N`); see
@@ -402,10 +580,16 @@ pub fn matmul_variant_supported(gpu: &crate::Gpu, variant: u32) -> Result<bool> 
     Ok(cfg.smem_bytes() <= optin)
 }
 
-/// [`matmul`] for 16-bit operands on tensor-core tuning variant `variant` (0: the default kernel,
-/// exactly [`matmul`]; 1..=[`TC_VARIANTS`]: `gpu::params::matmul_tc::VARIANTS[variant - 1]`), for
-/// side-by-side benchmarks and tests. Same shape rules, results and bits as [`matmul`]; refuses f32,
-/// unknown variants and variants whose shared memory the device cannot give a block.
+/// [`matmul`] on tuning variant `variant`, for side-by-side benchmarks and tests. Same shape rules,
+/// results and bits as [`matmul`].
+/// - 16-bit operands: tensor-core variant `variant` (0: the default kernel, exactly [`matmul`];
+///   1..=[`TC_VARIANTS`]: `gpu::params::matmul_tc::VARIANTS[variant - 1]`); refuses variants whose
+///   shared memory the device cannot give a block ([`matmul_variant_supported`]).
+/// - f32 operands: f32 variant `variant` (0: `matmul_f32`; 1..=[`F32_VARIANTS`]:
+///   `matmul_simtv{N}_*_f32`, `gpu::params::matmul_f32v::VARIANTS[variant - 1]`); every shape and
+///   transpose [`matmul`] takes.
+///
+/// Refuses unknown variants.
 #[doc(hidden)]
 pub fn matmul_variant(
     a: &Tensor,
@@ -417,10 +601,10 @@ pub fn matmul_variant(
     const OP: &str = "matmul_variant";
     same_device_and_dtype(OP, a, b)?;
     if a.dtype() == DType::F32 {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: "tensor-core variants take f16 or bf16 operands".into(),
-        });
+        let out = f32_variant_output(OP, a, b, ta, tb, variant)?;
+        let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
+        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite, variant)?;
+        return Ok(out);
     }
     let Some(cfg) = tc::variant(variant) else {
         return Err(Error::Invalid {
@@ -757,6 +941,40 @@ mod tests {
             assert!(super::tc_variant_kernel(v, DType::F32, No, No).is_none());
         }
         assert!(super::tc_variant_kernel(super::TC_VARIANTS + 1, DType::F16, No, No).is_none());
+    }
+
+    #[test]
+    fn f32_variants_have_every_entry_point() {
+        use super::{F32_VARIANTS, f32_kernel};
+        let mut all = std::collections::HashSet::new();
+        for v in 0..=F32_VARIANTS {
+            for (ta, tb, t) in [
+                (No, No, "nn"),
+                (No, Yes, "nt"),
+                (Yes, No, "tn"),
+                (Yes, Yes, "tt"),
+            ] {
+                let (name, threads, smem) = f32_kernel(v, ta, tb).unwrap();
+                if v == 0 {
+                    assert_eq!((name, smem), ("matmul_f32", 0));
+                } else {
+                    assert_eq!(name, format!("matmul_simtv{v}_{t}_f32"));
+                    assert!(all.insert(name), "{name} twice");
+                    let cfg = gpu::params::matmul_f32v::VARIANTS[v as usize - 1];
+                    assert_eq!((threads, smem), (cfg.threads(), cfg.smem_bytes()));
+                }
+                // Launch bounds in the PTX must allow the block size the host launches with.
+                let bound = gpu::params::LAUNCH_BOUNDS
+                    .iter()
+                    .find(|(p, _, _)| name.starts_with(p))
+                    .map(|&(_, t, _)| t);
+                assert_eq!(bound, Some(threads), "{name}");
+                for ptx in [crate::ptx::SM80, crate::ptx::SM90] {
+                    assert!(crate::ptx::entry_points(ptx).contains(&name), "{name}");
+                }
+            }
+        }
+        assert!(f32_kernel(F32_VARIANTS + 1, No, No).is_none());
     }
 
     #[test]
