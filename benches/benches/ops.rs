@@ -667,7 +667,7 @@ fn embeddings(b: &mut Bencher) {
 /// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
 /// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md). With
 /// `RGK_BENCH_VARIANTS=1` on an sm_90 device, the wgmma variant runs each shape too
-/// (`attn_fwd_wgmma/...`, same names otherwise).
+/// (`attn_fwd_wgmma/...` and the overlapped `attn_fwd_wgmma2/...`, same names otherwise).
 fn attention(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
@@ -721,16 +721,20 @@ fn attention(b: &mut Bencher) {
                 );
                 // The Hopper wgmma variant next to the default, on request only
                 // (`RGK_BENCH_VARIANTS=1`) and on devices that run it (sm_90).
-                if variants_on && attn::flash_variant_supported(&b.gpu, 1) {
+                // Variant 1: `attn_fwd_wgmma/...`, variant 2 (overlapped): `attn_fwd_wgmma2/...`.
+                for (variant, tag) in [(1u32, "wgmma"), (2, "wgmma2")] {
+                    if !(variants_on && attn::flash_variant_supported(&b.gpu, variant)) {
+                        continue;
+                    }
                     b.bench(
                         spec(
-                            format!("attn_fwd_wgmma/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                            format!("attn_fwd_{tag}/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
                             Some((4 * bb * h * s * d * dtype.size_bytes()) as u64),
                             Some(flops),
                         ),
                         copies,
                         |i| {
-                            attn::flash_forward_variant(&q[i], &k[i], &v[i], &params, 1)
+                            attn::flash_forward_variant(&q[i], &k[i], &v[i], &params, variant)
                                 .expect("flash_forward_variant");
                         },
                     );

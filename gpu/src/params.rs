@@ -101,6 +101,16 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         attention::FLASH_WG_D128.threads() as u32,
         attention::FLASH_WG_D128.min_blocks,
     ),
+    (
+        "flash_wg2_fwd_d64_",
+        attention::FLASH_WG_D64.threads() as u32,
+        attention::FLASH_WG_D64.min_blocks,
+    ),
+    (
+        "flash_wg2_fwd_d128_",
+        attention::FLASH_WG_D128.threads() as u32,
+        attention::FLASH_WG_D128.min_blocks,
+    ),
     // The wgmma layer probes (one warpgroup).
     ("wgmma_probe_", 128, 1),
     // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments

@@ -29,9 +29,12 @@ struct Case {
 enum Path {
     Flash,
     Naive,
-    /// `flash_forward_variant(.., 1)`: the wgmma kernel.
-    FlashWgmma,
+    /// `flash_forward_variant(.., 1)` or `(.., 2)`: the wgmma kernels.
+    FlashWgmma(u32),
 }
+
+/// The wgmma variants of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax).
+const WGMMA_VARIANTS: [u32; 2] = [1, 2];
 
 const SMALL: [usize; 5] = [1, 17, 97, 128, 200];
 const KINDS: [(usize, DType); 4] = [
@@ -182,7 +185,7 @@ fn run(path: Path, gpu: &Gpu, inputs: &[HostTensor; 3], p: &AttentionParams) -> 
     match path {
         Path::Flash => attention::flash_forward(&q, &k, &v, p),
         Path::Naive => attention::naive_forward(&q, &k, &v, p),
-        Path::FlashWgmma => attention::flash_forward_variant(&q, &k, &v, p, 1),
+        Path::FlashWgmma(variant) => attention::flash_forward_variant(&q, &k, &v, p, variant),
     }
     .unwrap()
 }
@@ -487,10 +490,13 @@ fn wgmma_layer3_flash_forward_matches_reference_over_the_grid() {
     else {
         return;
     };
-    let mut rng = rng("wgmma_flash_grid");
     let cases = flash_cases();
-    for c in cases.iter().take(fuzz_cases(cases.len())) {
-        check(Path::FlashWgmma, &gpu, &mut rng, c);
+    for variant in WGMMA_VARIANTS {
+        let mut rng = rng(&format!("wgmma{variant}_flash_grid"));
+        for c in cases.iter().take(fuzz_cases(cases.len())) {
+            check(Path::FlashWgmma(variant), &gpu, &mut rng, c);
+        }
+        println!("layer 3 (flash forward) variant {variant}: grid ok");
     }
 }
 
@@ -501,24 +507,29 @@ fn wgmma_layer3_flash_forward_is_bit_identical_over_100_runs() {
         return;
     };
     let mut rng = rng("wgmma_flash_repeat");
-    for c in [
-        case(2, 3, 1025, 1025, 128, Causal::Yes, DType::BF16),
-        case(2, 3, 1025, 1025, 64, Causal::No, DType::F16),
-    ] {
+    for (variant, c) in WGMMA_VARIANTS.into_iter().flat_map(|variant| {
+        [
+            (
+                variant,
+                case(2, 3, 1025, 1025, 128, Causal::Yes, DType::BF16),
+            ),
+            (variant, case(2, 3, 1025, 1025, 64, Causal::No, DType::F16)),
+        ]
+    }) {
         let x = inputs(&mut rng, &c);
         let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(&gpu, t).unwrap());
         let p = params(&c);
         let bits =
             |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect() };
-        let (o0, l0) = attention::flash_forward_variant(&q, &k, &v, &p, 1).unwrap();
+        let (o0, l0) = attention::flash_forward_variant(&q, &k, &v, &p, variant).unwrap();
         let (first_o, first_l) = (bits(&o0), bits(&l0));
         for run in 1..fuzz_cases(100) {
-            let (o, l) = attention::flash_forward_variant(&q, &k, &v, &p, 1).unwrap();
+            let (o, l) = attention::flash_forward_variant(&q, &k, &v, &p, variant).unwrap();
             let (o, l) = (bits(&o), bits(&l));
             let at = o.iter().zip(&first_o).position(|(a, b)| a != b);
             assert!(
                 at.is_none() && l == first_l,
-                "wgmma {c:?}: run {run} differs from run 0 (first differing O index {at:?})"
+                "wgmma variant {variant} {c:?}: run {run} differs from run 0 (first differing O index {at:?})"
             );
         }
     }
@@ -530,10 +541,13 @@ fn wgmma_layer3_fully_masked_rows_and_empty_keys() {
         return;
     };
     let mut rng = rng("wgmma_fully_masked");
-    for (d, dtype) in KINDS {
+    for (variant, (d, dtype)) in WGMMA_VARIANTS
+        .into_iter()
+        .flat_map(|v| KINDS.map(|k| (v, k)))
+    {
         let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
         let x = inputs(&mut rng, &c);
-        let (o, lse) = run(Path::FlashWgmma, &gpu, &x, &params(&c));
+        let (o, lse) = run(Path::FlashWgmma(variant), &gpu, &x, &params(&c));
         let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
         for head in 0..c.batch * c.heads {
             for i in 0..c.seq_q {
@@ -554,7 +568,8 @@ fn wgmma_layer3_fully_masked_rows_and_empty_keys() {
         let q = Tensor::from_f32(&gpu, &vec![0.5; 2 * 3 * d], &[1, 2, 3, d], dtype).unwrap();
         let kv = Tensor::from_f32(&gpu, &[], &[1, 2, 0, d], dtype).unwrap();
         let (o, lse) =
-            attention::flash_forward_variant(&q, &kv, &kv, &AttentionParams::default(), 1).unwrap();
+            attention::flash_forward_variant(&q, &kv, &kv, &AttentionParams::default(), variant)
+                .unwrap();
         assert!(o.to_vec().unwrap().iter().all(|&v| v == 0.0));
         assert!(
             lse.to_vec()
@@ -571,7 +586,10 @@ fn wgmma_layer3_custom_scale_is_applied() {
         return;
     };
     let mut rng = rng("wgmma_custom_scale");
-    for (d, dtype) in KINDS {
+    for (variant, (d, dtype)) in WGMMA_VARIANTS
+        .into_iter()
+        .flat_map(|v| KINDS.map(|k| (v, k)))
+    {
         for scale in [0.5f32, -0.3, 0.0] {
             let c = case(1, 3, 130, 70, d, Causal::No, dtype);
             let x = inputs(&mut rng, &c);
@@ -579,7 +597,7 @@ fn wgmma_layer3_custom_scale_is_applied() {
                 causal: c.causal,
                 scale: Some(scale),
             };
-            let (o, lse) = run(Path::FlashWgmma, &gpu, &x, &p);
+            let (o, lse) = run(Path::FlashWgmma(variant), &gpu, &x, &p);
             let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
             for (out, exact, naive) in [
                 (o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
@@ -608,6 +626,7 @@ fn wgmma_variant_refuses_what_it_cannot_run() {
     let r = attention::flash_forward_variant(&q, &q, &q, &p, 1);
     if attention::flash_variant_supported(&gpu, 1) {
         r.unwrap();
+        attention::flash_forward_variant(&q, &q, &q, &p, 2).unwrap();
         // Same validation as the default path: f32 is refused.
         let q32 =
             Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * 64], &[1, 2, 8, 64], DType::F32).unwrap();

@@ -385,36 +385,42 @@ pub fn flash_forward(
     Ok((o, lse))
 }
 
-/// The wgmma (Hopper) entry point for a head dim and dtype.
-fn flash_wgmma_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
-    Some(match (head_dim, dtype) {
-        (64, DType::F16) => "flash_wg_fwd_d64_f16",
-        (64, DType::BF16) => "flash_wg_fwd_d64_bf16",
-        (128, DType::F16) => "flash_wg_fwd_d128_f16",
-        (128, DType::BF16) => "flash_wg_fwd_d128_bf16",
+/// The wgmma (Hopper) entry point of variant 1 (plain schedule) or 2 (overlapped) for a head dim and
+/// dtype.
+fn flash_wgmma_kernel(variant: u32, head_dim: usize, dtype: DType) -> Option<&'static str> {
+    Some(match (variant, head_dim, dtype) {
+        (1, 64, DType::F16) => "flash_wg_fwd_d64_f16",
+        (1, 64, DType::BF16) => "flash_wg_fwd_d64_bf16",
+        (1, 128, DType::F16) => "flash_wg_fwd_d128_f16",
+        (1, 128, DType::BF16) => "flash_wg_fwd_d128_bf16",
+        (2, 64, DType::F16) => "flash_wg2_fwd_d64_f16",
+        (2, 64, DType::BF16) => "flash_wg2_fwd_d64_bf16",
+        (2, 128, DType::F16) => "flash_wg2_fwd_d128_f16",
+        (2, 128, DType::BF16) => "flash_wg2_fwd_d128_bf16",
         _ => return None,
     })
 }
 
 /// Number of FlashAttention forward variants besides the default (see [`flash_forward_variant`]).
 #[doc(hidden)]
-pub const FLASH_VARIANTS: u32 = 1;
+pub const FLASH_VARIANTS: u32 = 2;
 
 /// Whether `gpu` can run FlashAttention forward variant `variant`: 0 (the default) everywhere,
-/// 1 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability 9.0.
+/// 1 and 2 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability 9.0.
 #[doc(hidden)]
 pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
     match variant {
         0 => true,
-        1 => gpu.ptx_arch() == "sm_90",
+        1 | 2 => gpu.ptx_arch() == "sm_90",
         _ => false,
     }
 }
 
 /// [`flash_forward`] on FlashAttention variant `variant`, for side-by-side tests and benchmarks:
 /// 0 is the default kernel (exactly [`flash_forward`]); 1 is the Hopper `wgmma` kernel
-/// (`flash_wg_fwd_*`, sm_90a: H100/H200 only). Same validation, outputs and masking contract; an
-/// error (never a fallback) for unknown variants or a variant the device cannot run.
+/// (`flash_wg_fwd_*`, sm_90a: H100/H200 only); 2 the same with P V(j-1) overlapping softmax(j)
+/// (`flash_wg2_fwd_*`). Same validation, outputs and masking contract; an error (never a fallback)
+/// for unknown variants or a variant the device cannot run.
 #[doc(hidden)]
 pub fn flash_forward_variant(
     q: &Tensor,
@@ -426,7 +432,7 @@ pub fn flash_forward_variant(
     const OP: &str = "attention::flash_forward_variant";
     match variant {
         0 => return flash_forward(q, k, v, params),
-        1 => {}
+        1 | 2 => {}
         _ => {
             return Err(Error::Invalid {
                 op: OP,
@@ -448,7 +454,7 @@ pub fn flash_forward_variant(
     }
     let (cfg, name) = match (
         flash_wgmma_config(d.head_dim),
-        flash_wgmma_kernel(d.head_dim, q.dtype()),
+        flash_wgmma_kernel(variant, d.head_dim, q.dtype()),
     ) {
         (Some(cfg), Some(name)) => (cfg, name),
         _ => unreachable!("validate accepts only head dims and dtypes with a kernel"),
@@ -1560,8 +1566,11 @@ mod tests {
         }
         for d in FLASH_HEAD_DIMS {
             assert!(flash_wgmma_config(d).is_some());
-            for dt in [DType::F16, DType::BF16] {
-                let name = flash_wgmma_kernel(d, dt).unwrap();
+            for (dt, variant) in [DType::F16, DType::BF16]
+                .into_iter()
+                .flat_map(|dt| [(dt, 1), (dt, 2)])
+            {
+                let name = flash_wgmma_kernel(variant, d, dt).unwrap();
                 assert!(
                     crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
                     "{name}"

@@ -1,5 +1,6 @@
 //! FlashAttention forward on Hopper warpgroup MMA (`wgmma`, sm_90a): a variant of [`super::flash`]
-//! with the same semantics, outputs and masking contract (entry points `flash_wg_fwd_d{64,128}_{dtype}`).
+//! with the same semantics, outputs and masking contract (entry points `flash_wg_fwd_d{64,128}_{dtype}`
+//! and, with the overlapped schedule below, `flash_wg2_fwd_d{64,128}_{dtype}`).
 //! Compiled only into the sm_90 PTX (`#[cfg(target_feature = "sm_90a")]` on the module).
 //!
 //! One CTA per (block of `BQ` query rows, head, batch) with `BQ / 64` warpgroups; warpgroup `w` owns
@@ -27,6 +28,18 @@
 //! wait 1, proxy fence, barrier   V(j) has landed; every warpgroup retired P V(j-1)
 //! load V(j+1), commit            into the stage P V(j-1) read
 //! O += P V(j): issue, commit     (in flight into the next iteration)
+//! ```
+//!
+//! The overlapped schedule (`flash_wg2_fwd_*`, `OVERLAP = true`; FlashAttention-3's intra-warpgroup
+//! overlap) issues `P V(j-1)` right after `S(j)` and waits only for `S(j)` (`wait_group 1`), so the
+//! tensor cores run `P V(j-1)` while the warpgroup computes softmax(j); only then does it wait for
+//! `P V(j-1)`, rescale O and pack P(j). One barrier a tile:
+//! ```text
+//! wait 0, proxy fence, barrier   K(j), V(j-1) landed; every warpgroup retired S(j-1), P V(j-2)
+//! load K(j+1), V(j), commit      into the stages S(j-1) and P V(j-2) read
+//! issue S(j), commit; issue P V(j-1), commit; wait 1 (S(j) retired)
+//! mask, softmax(j); wait 0 (P V(j-1) retired); rescale O; P(j) = pack(S(j))
+//! ... after the loop: wait 0, fence, barrier; issue P V(n-1); wait 0
 //! ```
 //!
 //! The layer probes `wgmma_probe_*` (one warpgroup, f16) check the two operand forms on their own:
@@ -58,6 +71,7 @@ unsafe fn flash_wg_fwd<
     const TH: usize,
     const SN: usize,
     const ON: usize,
+    const OVERLAP: bool,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -116,7 +130,8 @@ unsafe fn flash_wg_fwd<
             load_rows::<BK, D, TH, T>(k_tiles, k_src, 0, sk);
         }
         cp_async_commit();
-        if n_tiles > 0 {
+        // The overlapped loop loads V(j) in iteration j (see `overlapped_loop`).
+        if n_tiles > 0 && !OVERLAP {
             load_rows::<BK, D, TH, T>(v_tiles, v_src, 0, sk);
         }
         cp_async_commit();
@@ -141,78 +156,143 @@ unsafe fn flash_wg_fwd<
     let mut acc = [0.0f32; ON];
     let mut s = [0.0f32; SN];
 
-    for j in 0..n_tiles {
-        let (stage, next) = (j % 2, (j + 1) % 2);
-        let n0 = j * BK as u32;
-        let more = j + 1 < n_tiles;
-        if j > 0 {
+    if OVERLAP {
+        // The overlapped schedule (see the module doc): P V(j-1) runs during softmax(j).
+        let mut pf = [[0u32; 4]; 16];
+        for j in 0..n_tiles {
+            let stage = j % 2;
+            let n0 = j * BK as u32;
+            if j > 0 {
+                // K(j) and V(j-1) (this thread's newest group) have landed; every warpgroup retired
+                // S(j-1) and P V(j-2).
+                cp_async_wait::<0>();
+                fence_proxy_async();
+                sync_threads();
+            }
+            // SAFETY: see above; K(j+1) goes into the stage S(j-1) read, V(j) into the stage
+            // P V(j-2) read, both retired before the barrier above.
+            unsafe {
+                if j + 1 < n_tiles {
+                    load_rows::<BK, D, TH, T>(k_tiles.stage(1 - stage), k_src, n0 + BK as u32, sk);
+                }
+                load_rows::<BK, D, TH, T>(v_tiles.stage(stage), v_src, n0, sk);
+            }
+            cp_async_commit();
+
+            let kt = k_tiles.stage(stage);
+            fence();
+            unroll_lt!(kd < D / 16, {
+                // SAFETY: as in the plain loop.
+                unsafe {
+                    T::mma_ss(
+                        &mut s,
+                        q_tile.desc_k_major(wg_row, kd as u32),
+                        kt.desc_k_major(0, kd as u32),
+                        (kd > 0) as u32,
+                    )
+                };
+            });
+            commit();
+            if j > 0 {
+                // P V(j-1): V(j-1) landed before the barrier above; P(j-1) and the rescaled O were
+                // written before the fence above.
+                let vt = v_tiles.stage(1 - stage);
+                unroll_lt!(ks < BK / 16, {
+                    // SAFETY: the whole warpgroup; see above.
+                    unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
+                });
+                commit();
+                // S(j) retired (groups retire in order); P V(j-1) may still run.
+                s.wait::<1>();
+            } else {
+                s.wait::<0>();
+            }
+            let last_key = (n0 + BK as u32 - 1) as i32;
+            if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+                mask(&mut s, n0, key_limit);
+            }
+            let alpha = softmax.update(&mut s);
+            acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
+            rescale(&mut acc, alpha);
+            pf = pack_p::<T, SN>(&s);
+        }
+        if n_tiles > 0 {
+            // The last P V: V(n-1) has landed (this thread's newest group); every warpgroup retired
+            // its S(n-1) before the barrier, so the epilogue may reuse the Q tile.
+            cp_async_wait::<0>();
+            fence_proxy_async();
+            sync_threads();
+            let vt = v_tiles.stage((n_tiles - 1) % 2);
+            fence();
+            unroll_lt!(ks < BK / 16, {
+                // SAFETY: the whole warpgroup; see above.
+                unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
+            });
+            commit();
+        }
+    } else {
+        for j in 0..n_tiles {
+            let (stage, next) = (j % 2, (j + 1) % 2);
+            let n0 = j * BK as u32;
+            let more = j + 1 < n_tiles;
+            if j > 0 {
+                cp_async_wait::<1>();
+                fence_proxy_async();
+                sync_threads();
+            }
+            if more {
+                // SAFETY: see above.
+                unsafe {
+                    load_rows::<BK, D, TH, T>(k_tiles.stage(next), k_src, n0 + BK as u32, sk)
+                };
+            }
+            cp_async_commit();
+
+            let kt = k_tiles.stage(stage);
+            fence();
+            unroll_lt!(kd < D / 16, {
+                // SAFETY: the whole warpgroup issues it (no divergence above); Q and K(j) landed and were
+                // fenced before the barrier; `s` is untouched until the wait below.
+                unsafe {
+                    T::mma_ss(
+                        &mut s,
+                        q_tile.desc_k_major(wg_row, kd as u32),
+                        kt.desc_k_major(0, kd as u32),
+                        (kd > 0) as u32,
+                    )
+                };
+            });
+            commit();
+            s.wait::<0>();
+            acc.hold();
+
+            let last_key = (n0 + BK as u32 - 1) as i32;
+            if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+                mask(&mut s, n0, key_limit);
+            }
+            let alpha = softmax.update(&mut s);
+            rescale(&mut acc, alpha);
+            let pf = pack_p::<T, SN>(&s);
+
             cp_async_wait::<1>();
             fence_proxy_async();
             sync_threads();
-        }
-        if more {
-            // SAFETY: see above.
-            unsafe { load_rows::<BK, D, TH, T>(k_tiles.stage(next), k_src, n0 + BK as u32, sk) };
-        }
-        cp_async_commit();
+            if more {
+                // SAFETY: see above.
+                unsafe {
+                    load_rows::<BK, D, TH, T>(v_tiles.stage(next), v_src, n0 + BK as u32, sk)
+                };
+            }
+            cp_async_commit();
 
-        let kt = k_tiles.stage(stage);
-        fence();
-        unroll_lt!(kd < D / 16, {
-            // SAFETY: the whole warpgroup issues it (no divergence above); Q and K(j) landed and were
-            // fenced before the barrier; `s` is untouched until the wait below.
-            unsafe {
-                T::mma_ss(
-                    &mut s,
-                    q_tile.desc_k_major(wg_row, kd as u32),
-                    kt.desc_k_major(0, kd as u32),
-                    (kd > 0) as u32,
-                )
-            };
-        });
-        commit();
-        s.wait::<0>();
-        acc.hold();
-
-        let last_key = (n0 + BK as u32 - 1) as i32;
-        if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
-            mask(&mut s, n0, key_limit);
+            let vt = v_tiles.stage(stage);
+            fence();
+            unroll_lt!(ks < BK / 16, {
+                // SAFETY: as for the S wgmma; V(j) landed and was fenced before the barrier above.
+                unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
+            });
+            commit();
         }
-        let alpha = softmax.update(&mut s);
-        unroll_lt!(n < ON / 4, {
-            acc[4 * n] *= alpha[0];
-            acc[4 * n + 1] *= alpha[0];
-            acc[4 * n + 2] *= alpha[1];
-            acc[4 * n + 3] *= alpha[1];
-        });
-        // P as the A fragments of the BK / 16 k-steps of P V: blocks 2ks and 2ks + 1 of S.
-        let mut pf = [[0u32; 4]; 16];
-        unroll_lt!(ks < BK / 16, {
-            let b = 8 * ks;
-            pf[ks] = [
-                T::pack2(s[b], s[b + 1]),
-                T::pack2(s[b + 2], s[b + 3]),
-                T::pack2(s[b + 4], s[b + 5]),
-                T::pack2(s[b + 6], s[b + 7]),
-            ];
-        });
-
-        cp_async_wait::<1>();
-        fence_proxy_async();
-        sync_threads();
-        if more {
-            // SAFETY: see above.
-            unsafe { load_rows::<BK, D, TH, T>(v_tiles.stage(next), v_src, n0 + BK as u32, sk) };
-        }
-        cp_async_commit();
-
-        let vt = v_tiles.stage(stage);
-        fence();
-        unroll_lt!(ks < BK / 16, {
-            // SAFETY: as for the S wgmma; V(j) landed and was fenced before the barrier above.
-            unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
-        });
-        commit();
     }
     acc.wait::<0>();
 
@@ -288,6 +368,34 @@ fn negate_tile<const ROWS: usize, const D: usize, const TH: usize>(tile: Swizzle
             st_shared_v4(addr, w.map(|x| x ^ 0x8000_8000));
         }
     });
+}
+
+/// `O *= alpha` per row (`acc[4n], acc[4n + 1]`: row g; `acc[4n + 2], acc[4n + 3]`: row g + 8).
+#[inline(always)]
+fn rescale<const ON: usize>(acc: &mut [f32; ON], alpha: [f32; 2]) {
+    unroll_lt!(n < ON / 4, {
+        acc[4 * n] *= alpha[0];
+        acc[4 * n + 1] *= alpha[0];
+        acc[4 * n + 2] *= alpha[1];
+        acc[4 * n + 3] *= alpha[1];
+    });
+}
+
+/// P (the probabilities in `s`) rounded to `T` as the A fragments of the `SN / 8` k-steps of
+/// `P V`: step `ks` is S's 8-column blocks `2 ks` and `2 ks + 1` (entries `8 ks..8 ks + 8`).
+#[inline(always)]
+fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 16] {
+    let mut pf = [[0u32; 4]; 16];
+    unroll_lt!(ks < SN / 8, {
+        let b = 8 * ks;
+        pf[ks] = [
+            T::pack2(s[b], s[b + 1]),
+            T::pack2(s[b + 2], s[b + 3]),
+            T::pack2(s[b + 4], s[b + 5]),
+            T::pack2(s[b + 6], s[b + 7]),
+        ];
+    });
+    pf
 }
 
 /// For this thread's two rows (`row`, `row + 8`): the first key index that row may not see.
@@ -442,7 +550,7 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON: usize>(
 }
 
 macro_rules! flash_wg_entry_points {
-    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
+    ($($name:ident: $t:ty, $cfg:path, $overlap:literal;)*) => {$(
         /// FlashAttention forward on wgmma (sm_90a); launch with the grid, block and shared memory of
         /// its config.
         #[unsafe(no_mangle)]
@@ -451,7 +559,7 @@ macro_rules! flash_wg_entry_points {
         ) {
             const C: FlashWgmmaConfig = $cfg;
             unsafe {
-                flash_wg_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.threads() }, { C.block_k / 2 }, { C.head_dim / 2 }>(
+                flash_wg_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.threads() }, { C.block_k / 2 }, { C.head_dim / 2 }, $overlap>(
                     q, k, v, o, lse, shape,
                 )
             }
@@ -460,10 +568,14 @@ macro_rules! flash_wg_entry_points {
 }
 
 flash_wg_entry_points! {
-    flash_wg_fwd_d64_f16: F16, FLASH_WG_D64;
-    flash_wg_fwd_d64_bf16: BF16, FLASH_WG_D64;
-    flash_wg_fwd_d128_f16: F16, FLASH_WG_D128;
-    flash_wg_fwd_d128_bf16: BF16, FLASH_WG_D128;
+    flash_wg_fwd_d64_f16: F16, FLASH_WG_D64, false;
+    flash_wg_fwd_d64_bf16: BF16, FLASH_WG_D64, false;
+    flash_wg_fwd_d128_f16: F16, FLASH_WG_D128, false;
+    flash_wg_fwd_d128_bf16: BF16, FLASH_WG_D128, false;
+    flash_wg2_fwd_d64_f16: F16, FLASH_WG_D64, true;
+    flash_wg2_fwd_d64_bf16: BF16, FLASH_WG_D64, true;
+    flash_wg2_fwd_d128_f16: F16, FLASH_WG_D128, true;
+    flash_wg2_fwd_d128_bf16: BF16, FLASH_WG_D128, true;
 }
 
 /// The probes' depth: 8 k-steps of 16 (two 64-column panels for K-major operands).
