@@ -445,9 +445,26 @@ fn check_probe(layer: &str, gpu: &Gpu, rng: &mut rand::rngs::StdRng, probe: atte
                             .sum::<f32>()
                     })
                     .count();
+                // Where to look first (gpu/src/dev/wgmma.rs): the N = 64 probes use one 64-column
+                // panel, the N = 128 ones two; only the MN-major form (rs) uses the leading byte
+                // offset (the panel stride).
+                let hint = match probe {
+                    attention::WgmmaProbe::SsN64 => {
+                        "K-major descriptor: start-address k step (+32 B), SBO 1024, swizzle mode, or the cp.async swizzle"
+                    }
+                    attention::WgmmaProbe::SsN128 => {
+                        "K-major B of 128 rows (N = 128) if SsN64 passed"
+                    }
+                    attention::WgmmaProbe::RsN64 => {
+                        "A register fragment order, or the MN-major SBO / k step (+2048 B)"
+                    }
+                    attention::WgmmaProbe::RsN128 => {
+                        "MN-major LBO (panel stride) if RsN64 passed: try swapping LBO and SBO"
+                    }
+                };
                 panic!(
                     "{layer} {probe:?} FAILED: first mismatch at C[{i}][{j}] (flat {}): got {got}, want \
-                     {want}; {wrong} of {} elements wrong",
+                     {want}; {wrong} of {} elements wrong. Suspect: {hint}",
                     i * n + j,
                     64 * n
                 );
