@@ -192,29 +192,36 @@ fn run(path: Path, gpu: &Gpu, inputs: &[HostTensor; 3], p: &AttentionParams) -> 
 
 /// Runs one case on `path` and applies the correctness rule to O and LSE.
 fn check(path: Path, gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) {
+    check_paths(&[path], gpu, rng, c);
+}
+
+/// [`check`] for several paths on the same inputs (one CPU reference for all).
+fn check_paths(paths: &[Path], gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) {
     let x = inputs(rng, c);
     let p = params(c);
-    let (o, lse) = run(path, gpu, &x, &p);
-    assert_eq!(o.shape(), &[c.batch, c.heads, c.seq_q, c.head_dim]);
-    assert_eq!(lse.shape(), &[c.batch, c.heads, c.seq_q]);
-    assert_eq!((o.dtype(), lse.dtype()), (c.dtype, DType::F32));
     let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
-    for (what, out, exact, naive) in [
-        ("O", o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
-        (
-            "LSE",
-            lse.to_vec().unwrap(),
-            &want.exact_lse,
-            &want.naive_lse,
-        ),
-    ] {
-        let err = max_abs_err(&out, &exact.data);
-        let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
-        assert!(
-            err <= bound,
-            "{path:?} {c:?}: {what} max|out - ref| = {err:.3e} > 2 max|naive - ref| + 1e-5 = {bound:.3e}; {}",
-            first_bad(&out, &exact.data, bound, c.head_dim, what == "O")
-        );
+    for &path in paths {
+        let (o, lse) = run(path, gpu, &x, &p);
+        assert_eq!(o.shape(), &[c.batch, c.heads, c.seq_q, c.head_dim]);
+        assert_eq!(lse.shape(), &[c.batch, c.heads, c.seq_q]);
+        assert_eq!((o.dtype(), lse.dtype()), (c.dtype, DType::F32));
+        for (what, out, exact, naive) in [
+            ("O", o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
+            (
+                "LSE",
+                lse.to_vec().unwrap(),
+                &want.exact_lse,
+                &want.naive_lse,
+            ),
+        ] {
+            let err = max_abs_err(&out, &exact.data);
+            let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+            assert!(
+                err <= bound,
+                "{path:?} {c:?}: {what} max|out - ref| = {err:.3e} > 2 max|naive - ref| + 1e-5 = {bound:.3e}; {}",
+                first_bad(&out, &exact.data, bound, c.head_dim, what == "O")
+            );
+        }
     }
 }
 
@@ -507,14 +514,13 @@ fn wgmma_layer3_flash_forward_matches_reference_over_the_grid() {
     else {
         return;
     };
+    let mut rng = rng("wgmma_flash_grid");
     let cases = flash_cases();
-    for variant in WGMMA_VARIANTS {
-        let mut rng = rng(&format!("wgmma{variant}_flash_grid"));
-        for c in cases.iter().take(fuzz_cases(cases.len())) {
-            check(Path::FlashWgmma(variant), &gpu, &mut rng, c);
-        }
-        println!("layer 3 (flash forward) variant {variant}: grid ok");
+    let paths = WGMMA_VARIANTS.map(Path::FlashWgmma);
+    for c in cases.iter().take(fuzz_cases(cases.len())) {
+        check_paths(&paths, &gpu, &mut rng, c);
     }
+    println!("layer 3 (flash forward): grid ok for variants {WGMMA_VARIANTS:?}");
 }
 
 #[test]
