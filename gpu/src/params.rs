@@ -111,6 +111,11 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         attention::FLASH_WG_D128.threads() as u32,
         attention::FLASH_WG_D128.min_blocks,
     ),
+    (
+        "flash_wg3_fwd_d64_",
+        attention::FLASH_WG_D64_K128.threads() as u32,
+        attention::FLASH_WG_D64_K128.min_blocks,
+    ),
     // The wgmma layer probes (one warpgroup).
     ("wgmma_probe_", 128, 1),
     // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
@@ -1192,7 +1197,22 @@ pub mod attention {
         min_blocks: 1,
     };
 
-    /// The wgmma variant's config for a head dimension.
+    /// D = 64 with 128-key tiles (variant 3, entry points `flash_wg3_fwd_d64_*`): half the tile
+    /// steps (and barriers) of [`FLASH_WG_D64`] at one CTA per SM (S 64, O 32, P 32 f32 a thread);
+    /// aimed at short sequences such as the B4 H8 S512 seed shape (128 CTAs: one per SM anyway).
+    pub const FLASH_WG_D64_K128: FlashWgmmaConfig = FlashWgmmaConfig {
+        head_dim: 64,
+        block_q: 128,
+        block_k: 128,
+        stages: 2,
+        min_blocks: 1,
+    };
+
+    /// Every wgmma config a kernel is instantiated with.
+    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] =
+        [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_K128];
+
+    /// The wgmma variants' default config for a head dimension (variants 1 and 2).
     pub const fn flash_wgmma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
         match head_dim {
             64 => Some(FLASH_WG_D64),
@@ -1201,10 +1221,28 @@ pub mod attention {
         }
     }
 
+    /// The config of [`FLASH_WG_CONFIGS`] with these tile sizes (what a kernel checks its const
+    /// parameters against).
+    pub const fn flash_wgmma_config_of(
+        head_dim: usize,
+        block_q: usize,
+        block_k: usize,
+    ) -> Option<FlashWgmmaConfig> {
+        let mut i = 0;
+        while i < FLASH_WG_CONFIGS.len() {
+            let c = FLASH_WG_CONFIGS[i];
+            if c.head_dim == head_dim && c.block_q == block_q && c.block_k == block_k {
+                return Some(c);
+            }
+            i += 1;
+        }
+        None
+    }
+
     // Every tile a whole number of 1024-byte swizzle atoms (so consecutive tiles stay 1024-aligned),
     // and the shared memory within sm_90's 227 KiB a block.
     const _: () = {
-        let cfgs = [FLASH_WG_D64, FLASH_WG_D128];
+        let cfgs = FLASH_WG_CONFIGS;
         let mut i = 0;
         while i < cfgs.len() {
             let c = cfgs[i];

@@ -33,8 +33,9 @@ enum Path {
     FlashWgmma(u32),
 }
 
-/// The wgmma variants of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax).
-const WGMMA_VARIANTS: [u32; 2] = [1, 2];
+/// The wgmma variants of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax),
+/// 3 (as 2 with 128-key tiles at D = 64).
+const WGMMA_VARIANTS: [u32; 3] = [1, 2, 3];
 
 const SMALL: [usize; 5] = [1, 17, 97, 128, 200];
 const KINDS: [(usize, DType); 4] = [
@@ -650,6 +651,7 @@ fn wgmma_variant_refuses_what_it_cannot_run() {
     if attention::flash_variant_supported(&gpu, 1) {
         r.unwrap();
         attention::flash_forward_variant(&q, &q, &q, &p, 2).unwrap();
+        attention::flash_forward_variant(&q, &q, &q, &p, 3).unwrap();
         // Same validation as the default path: f32 is refused.
         let q32 =
             Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * 64], &[1, 2, 8, 64], DType::F32).unwrap();

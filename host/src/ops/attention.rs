@@ -34,7 +34,8 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, MAX_SEQ, MaskKind, flash_config, flash_wgmma_config, naive,
+    AttentionShape, FLASH_WG_D64_K128, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_config,
+    flash_wgmma_config, naive,
 };
 
 use crate::DType;
@@ -385,33 +386,46 @@ pub fn flash_forward(
     Ok((o, lse))
 }
 
-/// The wgmma (Hopper) entry point of variant 1 (plain schedule) or 2 (overlapped) for a head dim and
-/// dtype.
-fn flash_wgmma_kernel(variant: u32, head_dim: usize, dtype: DType) -> Option<&'static str> {
-    Some(match (variant, head_dim, dtype) {
+/// The wgmma (Hopper) kernel of variant 1 (plain schedule), 2 (overlapped) or 3 (overlapped, 128-key
+/// tiles at D = 64; D = 128 runs variant 2's kernel) for a head dim and dtype, with its config.
+fn flash_wgmma_kernel(
+    variant: u32,
+    head_dim: usize,
+    dtype: DType,
+) -> Option<(FlashWgmmaConfig, &'static str)> {
+    let name = match (variant, head_dim, dtype) {
         (1, 64, DType::F16) => "flash_wg_fwd_d64_f16",
         (1, 64, DType::BF16) => "flash_wg_fwd_d64_bf16",
         (1, 128, DType::F16) => "flash_wg_fwd_d128_f16",
         (1, 128, DType::BF16) => "flash_wg_fwd_d128_bf16",
         (2, 64, DType::F16) => "flash_wg2_fwd_d64_f16",
         (2, 64, DType::BF16) => "flash_wg2_fwd_d64_bf16",
-        (2, 128, DType::F16) => "flash_wg2_fwd_d128_f16",
-        (2, 128, DType::BF16) => "flash_wg2_fwd_d128_bf16",
+        (2 | 3, 128, DType::F16) => "flash_wg2_fwd_d128_f16",
+        (2 | 3, 128, DType::BF16) => "flash_wg2_fwd_d128_bf16",
+        (3, 64, DType::F16) => "flash_wg3_fwd_d64_f16",
+        (3, 64, DType::BF16) => "flash_wg3_fwd_d64_bf16",
         _ => return None,
-    })
+    };
+    let cfg = if variant == 3 && head_dim == 64 {
+        FLASH_WG_D64_K128
+    } else {
+        flash_wgmma_config(head_dim)?
+    };
+    Some((cfg, name))
 }
 
 /// Number of FlashAttention forward variants besides the default (see [`flash_forward_variant`]).
 #[doc(hidden)]
-pub const FLASH_VARIANTS: u32 = 2;
+pub const FLASH_VARIANTS: u32 = 3;
 
 /// Whether `gpu` can run FlashAttention forward variant `variant`: 0 (the default) everywhere,
-/// 1 and 2 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability 9.0.
+/// 1, 2 and 3 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability
+/// 9.0.
 #[doc(hidden)]
 pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
     match variant {
         0 => true,
-        1 | 2 => gpu.ptx_arch() == "sm_90",
+        1..=3 => gpu.ptx_arch() == "sm_90",
         _ => false,
     }
 }
@@ -419,7 +433,8 @@ pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
 /// [`flash_forward`] on FlashAttention variant `variant`, for side-by-side tests and benchmarks:
 /// 0 is the default kernel (exactly [`flash_forward`]); 1 is the Hopper `wgmma` kernel
 /// (`flash_wg_fwd_*`, sm_90a: H100/H200 only); 2 the same with P V(j-1) overlapping softmax(j)
-/// (`flash_wg2_fwd_*`). Same validation, outputs and masking contract; an error (never a fallback)
+/// (`flash_wg2_fwd_*`); 3 the overlapped kernel with 128-key tiles at D = 64 (`flash_wg3_fwd_d64_*`;
+/// D = 128 as variant 2). Same validation, outputs and masking contract; an error (never a fallback)
 /// for unknown variants or a variant the device cannot run.
 #[doc(hidden)]
 pub fn flash_forward_variant(
@@ -432,7 +447,7 @@ pub fn flash_forward_variant(
     const OP: &str = "attention::flash_forward_variant";
     match variant {
         0 => return flash_forward(q, k, v, params),
-        1 | 2 => {}
+        1..=3 => {}
         _ => {
             return Err(Error::Invalid {
                 op: OP,
@@ -452,12 +467,8 @@ pub fn flash_forward_variant(
             ),
         });
     }
-    let (cfg, name) = match (
-        flash_wgmma_config(d.head_dim),
-        flash_wgmma_kernel(variant, d.head_dim, q.dtype()),
-    ) {
-        (Some(cfg), Some(name)) => (cfg, name),
-        _ => unreachable!("validate accepts only head dims and dtypes with a kernel"),
+    let Some((cfg, name)) = flash_wgmma_kernel(variant, d.head_dim, q.dtype()) else {
+        unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
     let (o, lse) = outputs(q, &d)?;
     if d.batch * d.heads * d.seq_q == 0 {
@@ -1568,9 +1579,10 @@ mod tests {
             assert!(flash_wgmma_config(d).is_some());
             for (dt, variant) in [DType::F16, DType::BF16]
                 .into_iter()
-                .flat_map(|dt| [(dt, 1), (dt, 2)])
+                .flat_map(|dt| [(dt, 1), (dt, 2), (dt, 3)])
             {
-                let name = flash_wgmma_kernel(variant, d, dt).unwrap();
+                let (cfg, name) = flash_wgmma_kernel(variant, d, dt).unwrap();
+                assert_eq!(cfg.head_dim, d);
                 assert!(
                     crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
                     "{name}"
