@@ -6,9 +6,24 @@
 // RUSTFLAGS, not `cargo rustc -- -C...`; `--emit=asm` on a cdylib writes `gpu.ptx`. The nested cargo uses
 // its own target dir so it never waits on the outer build's lock.
 
-/// GPU architectures we ship PTX for: sm_80 runs on Ampere, Ada and Hopper (driver JIT); sm_90 is for
-/// Hopper-only paths. The host picks by compute capability.
+/// GPU architectures we ship PTX for: sm_80 runs on Ampere, Ada, Hopper and later (driver JIT); sm_90 is
+/// for Hopper-only paths. The host picks by compute capability.
 pub const PTX_ARCHES: [&str; 2] = ["sm_80", "sm_90"];
+
+/// The `-Ctarget-cpu` (and `ptxas -arch`) an entry of [`PTX_ARCHES`] is built for. The "sm_90" PTX is
+/// built for `sm_90a`, the arch-specific Hopper target: `wgmma`, `setmaxnreg` and friends exist only
+/// there. sm_90a PTX (`.target sm_90a`) JIT-compiles on compute capability 9.0 devices only (H100,
+/// H200), which is the only capability the host loads it on (`host::ptx::for_compute_capability`).
+/// In the gpu crate, `#[cfg(target_feature = "sm_90a")]` is true only in this build (rustc's nvptx
+/// target derives the `sm_*` target features from the target cpu: sm_90a implies sm_90 and below,
+/// sm_80 none of sm_86 and up), so wgmma kernels are compiled into the sm_90 PTX and never into the
+/// sm_80 one.
+pub fn target_cpu(arch: &str) -> &str {
+    match arch {
+        "sm_90" => "sm_90a",
+        other => other,
+    }
+}
 
 /// Builds `gpu` for `arch` and returns the PTX text. `checked` keeps bounds checks (device asserts).
 pub fn build_gpu_ptx(
@@ -32,7 +47,7 @@ pub fn build_gpu_ptx(
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_TARGET_DIR"] {
         cmd.env_remove(var);
     }
-    cmd.env("RUSTFLAGS", format!("-Ctarget-cpu={arch}"));
+    cmd.env("RUSTFLAGS", format!("-Ctarget-cpu={}", target_cpu(arch)));
     let out = cmd.output().map_err(|e| format!("could not run cargo for the nvptx build: {e}"))?;
     if !out.status.success() {
         return Err(format!(
@@ -104,16 +119,21 @@ pub struct KernelResources {
     pub stack_bytes: u32,
     pub spill_stores: u32,
     pub spill_loads: u32,
+    /// ptxas said "Potential Performance Loss: wgmma.mma_async instructions are serialized ..." for
+    /// this kernel: an accumulator register was touched while a wgmma was in flight, so ptxas waits
+    /// after every wgmma (correct, but the asynchrony is gone).
+    pub wgmma_serialized: bool,
 }
 
-/// Runs `ptxas -arch=ARCH -v` on `ptx` and parses the per-kernel report.
+/// Runs `ptxas -arch=ARCH -v` on `ptx` and parses the per-kernel report (ARCH: `target_cpu(arch)`,
+/// the arch the PTX was built for).
 pub fn ptxas_resources(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<KernelResources>, String> {
     let dir = std::env::temp_dir().join(format!("rgk-ptxas-{}-{arch}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let input = dir.join("kernels.ptx");
     std::fs::write(&input, ptx).map_err(|e| e.to_string())?;
     let out = std::process::Command::new(ptxas)
-        .arg(format!("-arch={arch}"))
+        .arg(format!("-arch={}", target_cpu(arch)))
         .arg("-v")
         .arg(&input)
         .arg("-o")
@@ -138,6 +158,16 @@ pub fn parse_ptxas_report(text: &str) -> Vec<KernelResources> {
     let mut out: Vec<KernelResources> = Vec::new();
     let mut current: Option<usize> = None;
     for line in text.lines() {
+        if line.contains("Potential Performance Loss") && line.contains("wgmma") {
+            // "... wgmma.mma_async instructions are serialized due to ... in the function 'NAME'"
+            let name = line.rsplit("function '").next().and_then(|r| r.split('\'').next()).unwrap_or("");
+            if let Some(k) = out.iter_mut().find(|k| k.name == name) {
+                k.wgmma_serialized = true;
+            } else {
+                out.push(KernelResources { name: name.to_string(), wgmma_serialized: true, ..Default::default() });
+            }
+            continue;
+        }
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or("").to_string();
             out.push(KernelResources { name, ..Default::default() });

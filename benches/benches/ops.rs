@@ -734,9 +734,13 @@ fn embeddings(b: &mut Bencher) {
 }
 
 /// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
-/// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md).
+/// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md). With
+/// `RGK_BENCH_VARIANTS=1` on an sm_90 device, the wgmma variant runs each shape too
+/// (`attn_fwd_wgmma/...`, the overlapped `attn_fwd_wgmma2/...` and, at D = 64, `attn_fwd_wgmma3/...`
+/// with 128-key tiles; same names otherwise).
 fn attention(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
     let shapes: &[(usize, usize, usize, usize)] = if quick {
         &[(4, 8, 512, 64)]
     } else {
@@ -785,6 +789,30 @@ fn attention(b: &mut Bencher) {
                         attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
                     },
                 );
+                // The Hopper wgmma variant next to the default, on request only
+                // (`RGK_BENCH_VARIANTS=1`) and on devices that run it (sm_90).
+                // Variant 1: `attn_fwd_wgmma/...`, variant 2 (overlapped): `attn_fwd_wgmma2/...`,
+                // variant 3 (overlapped, 128-key tiles at D = 64; D = 128 is variant 2 again).
+                for (variant, tag) in [(1u32, "wgmma"), (2, "wgmma2"), (3, "wgmma3")] {
+                    if variant == 3 && d != 64 {
+                        continue;
+                    }
+                    if !(variants_on && attn::flash_variant_supported(&b.gpu, variant)) {
+                        continue;
+                    }
+                    b.bench(
+                        spec(
+                            format!("attn_fwd_{tag}/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                            Some((4 * bb * h * s * d * dtype.size_bytes()) as u64),
+                            Some(flops),
+                        ),
+                        copies,
+                        |i| {
+                            attn::flash_forward_variant(&q[i], &k[i], &v[i], &params, variant)
+                                .expect("flash_forward_variant");
+                        },
+                    );
+                }
             }
         }
     }

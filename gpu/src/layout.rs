@@ -228,6 +228,26 @@ pub mod ldmatrix {
     }
 }
 
+/// The 128-byte-swizzle layout that Hopper's `wgmma` reads from shared memory (and TMA writes), for
+/// 16-bit tiles of `rows x cols` (`cols` a multiple of 64): the tile is `cols / 64` *panels* of
+/// `rows x 64` elements one after another (`rows * 128` bytes each); in a panel, row `r` starts at
+/// `128 r`, and its 16-byte chunk `c` (elements `8c..8c+8`) is stored at chunk position `c ^ (r % 8)`.
+/// With the panel 1024-byte aligned, that is the hardware's XOR of address bits [4, 7) with bits
+/// [7, 10). `crate::dev::wgmma` builds its descriptors on this layout.
+pub mod sw128 {
+    /// Bytes of one 64-column panel of `rows` rows.
+    pub const fn panel_bytes(rows: usize) -> usize {
+        rows * 128
+    }
+
+    /// Byte offset of logical 16-byte chunk `chunk` (`0..cols / 8`) of row `row` in a tile of `rows`
+    /// rows.
+    #[inline(always)]
+    pub const fn chunk_offset(rows: u32, row: u32, chunk: u32) -> u32 {
+        (chunk / 8) * rows * 128 + row * 128 + ((chunk % 8) ^ (row % 8)) * 16
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! A CPU emulation of `ldmatrix` and `mma.m16n8k16` as the PTX ISA defines their fragments, used to
@@ -238,6 +258,33 @@ mod tests {
     extern crate std;
     use std::vec;
     use std::vec::Vec;
+
+    #[test]
+    fn sw128_is_a_bijection_with_the_hardware_xor() {
+        for (rows, cols) in [(64u32, 64u32), (128, 128), (64, 128), (8, 64)] {
+            let chunks = cols / 8;
+            let mut seen = vec![false; (rows * cols * 2 / 16) as usize];
+            for r in 0..rows {
+                for c in 0..chunks {
+                    let off = sw128::chunk_offset(rows, r, c);
+                    assert_eq!(off % 16, 0);
+                    // The unswizzled address of (r, c) in its panel, then the hardware XOR of
+                    // bits [4, 7) with bits [7, 10) (panel bases are multiples of 1024).
+                    let plain = (c / 8) * rows * 128 + r * 128 + (c % 8) * 16;
+                    assert_eq!(
+                        off,
+                        plain ^ (((plain >> 7) & 7) << 4),
+                        "rows {rows} r {r} c {c}"
+                    );
+                    let slot = &mut seen[(off / 16) as usize];
+                    assert!(!*slot, "two chunks at {off}");
+                    *slot = true;
+                }
+            }
+            assert!(seen.iter().all(|&s| s));
+            assert_eq!(sw128::panel_bytes(rows as usize) % 1024, 0);
+        }
+    }
 
     /// Shared memory as bytes; tiles store element values as u16 "ids" we can trace.
     struct Smem(Vec<u8>);

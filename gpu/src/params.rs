@@ -112,6 +112,35 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         matmul_f32v::VARIANTS[3].min_blocks,
     ),
     ("matmul_", matmul::THREADS, 2),
+    // The wgmma FlashAttention variant (sm_90 PTX only): 2 warpgroups; D = 128 at one CTA per SM
+    // (up to 255 registers: S, O and P are 160 of them), D = 64 at two (128 registers).
+    (
+        "flash_wg_fwd_d64_",
+        attention::FLASH_WG_D64.threads() as u32,
+        attention::FLASH_WG_D64.min_blocks,
+    ),
+    (
+        "flash_wg_fwd_d128_",
+        attention::FLASH_WG_D128.threads() as u32,
+        attention::FLASH_WG_D128.min_blocks,
+    ),
+    (
+        "flash_wg2_fwd_d64_",
+        attention::FLASH_WG_D64.threads() as u32,
+        attention::FLASH_WG_D64.min_blocks,
+    ),
+    (
+        "flash_wg2_fwd_d128_",
+        attention::FLASH_WG_D128.threads() as u32,
+        attention::FLASH_WG_D128.min_blocks,
+    ),
+    (
+        "flash_wg3_fwd_d64_",
+        attention::FLASH_WG_D64_K128.threads() as u32,
+        attention::FLASH_WG_D64_K128.min_blocks,
+    ),
+    // The wgmma layer probes (one warpgroup).
+    ("wgmma_probe_", 128, 1),
     // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
     // of a depth step. One 256-thread block per SM lets ptxas use up to 255 registers.
     // Variant 3 (cp.async stages, `lrp::v3`): listed before "lrp_sums_" / "lrp_spread_", which their
@@ -1333,6 +1362,114 @@ pub mod attention {
         type D128K = TileLayout<u16, { FLASH_D128.block_k }, { FLASH_D128.head_dim }, Xor8>;
         assert!(FLASH_D64.smem_bytes() == D64Q::BYTES + 2 * FLASH_D64.stages * D64K::BYTES);
         assert!(FLASH_D128.smem_bytes() == D128Q::BYTES + 2 * FLASH_D128.stages * D128K::BYTES);
+    };
+
+    /// The Hopper (`wgmma`, sm_90a) FlashAttention forward variant: one config per head dim. Each
+    /// consumer warpgroup (128 threads) owns 64 query rows (wgmma M = 64); `block_q / 64` of them
+    /// share each K/V tile. Q, K and V tiles use the 128-byte-swizzle layout of
+    /// [`crate::layout::sw128`] (what wgmma descriptors read), so every tile is a multiple of 1024
+    /// bytes and the carve keeps them 1024-aligned.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct FlashWgmmaConfig {
+        pub head_dim: usize,
+        /// Query rows per CTA (64 per warpgroup).
+        pub block_q: usize,
+        /// Keys per K/V tile (the N of `S = Q K^T`, the K of `O += P V`).
+        pub block_k: usize,
+        /// K/V pipeline depth (the kernel is written for 2).
+        pub stages: usize,
+        /// The launch bound's CTAs per SM (`LAUNCH_BOUNDS`): 2 caps registers at 128 a thread.
+        pub min_blocks: u32,
+    }
+
+    impl FlashWgmmaConfig {
+        pub const fn warpgroups(&self) -> usize {
+            self.block_q / 64
+        }
+        pub const fn threads(&self) -> usize {
+            self.warpgroups() * 128
+        }
+        /// Dynamic shared memory: the Q tile, then `stages` K tiles, then `stages` V tiles.
+        pub const fn smem_bytes(&self) -> usize {
+            (self.block_q + 2 * self.stages * self.block_k) * self.head_dim * 2
+        }
+    }
+
+    /// Tuning notes (design rationale, not measured yet):
+    /// - D = 64: 64-key tiles keep S at 32 f32 a thread (O 32, P 16), so two CTAs of 256 threads fit
+    ///   an SM at 128 registers, and one CTA's softmax overlaps the other's wgmma; 48 KiB a CTA.
+    /// - D = 128: 128-key tiles (S 64 f32, O 64, P 32 a thread, up to 255 registers at one CTA per
+    ///   SM): each K/V tile feeds two 64 x 128 x 128 products per warpgroup; 160 KiB a CTA.
+    pub const FLASH_WG_D64: FlashWgmmaConfig = FlashWgmmaConfig {
+        head_dim: 64,
+        block_q: 128,
+        block_k: 64,
+        stages: 2,
+        min_blocks: 2,
+    };
+    pub const FLASH_WG_D128: FlashWgmmaConfig = FlashWgmmaConfig {
+        head_dim: 128,
+        block_q: 128,
+        block_k: 128,
+        stages: 2,
+        min_blocks: 1,
+    };
+
+    /// D = 64 with 128-key tiles (variant 3, entry points `flash_wg3_fwd_d64_*`): half the tile
+    /// steps (and barriers) of [`FLASH_WG_D64`] at one CTA per SM (S 64, O 32, P 32 f32 a thread);
+    /// aimed at short sequences such as the B4 H8 S512 seed shape (128 CTAs: one per SM anyway).
+    pub const FLASH_WG_D64_K128: FlashWgmmaConfig = FlashWgmmaConfig {
+        head_dim: 64,
+        block_q: 128,
+        block_k: 128,
+        stages: 2,
+        min_blocks: 1,
+    };
+
+    /// Every wgmma config a kernel is instantiated with.
+    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] =
+        [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_K128];
+
+    /// The wgmma variants' default config for a head dimension (variants 1 and 2).
+    pub const fn flash_wgmma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
+        match head_dim {
+            64 => Some(FLASH_WG_D64),
+            128 => Some(FLASH_WG_D128),
+            _ => None,
+        }
+    }
+
+    /// The config of [`FLASH_WG_CONFIGS`] with these tile sizes (what a kernel checks its const
+    /// parameters against).
+    pub const fn flash_wgmma_config_of(
+        head_dim: usize,
+        block_q: usize,
+        block_k: usize,
+    ) -> Option<FlashWgmmaConfig> {
+        let mut i = 0;
+        while i < FLASH_WG_CONFIGS.len() {
+            let c = FLASH_WG_CONFIGS[i];
+            if c.head_dim == head_dim && c.block_q == block_q && c.block_k == block_k {
+                return Some(c);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    // Every tile a whole number of 1024-byte swizzle atoms (so consecutive tiles stay 1024-aligned),
+    // and the shared memory within sm_90's 227 KiB a block.
+    const _: () = {
+        let cfgs = FLASH_WG_CONFIGS;
+        let mut i = 0;
+        while i < cfgs.len() {
+            let c = cfgs[i];
+            assert!(c.block_q % 64 == 0 && c.block_k % 16 == 0 && c.head_dim % 64 == 0);
+            assert!((c.block_q * c.head_dim * 2) % 1024 == 0);
+            assert!((c.block_k * c.head_dim * 2) % 1024 == 0);
+            assert!(c.stages == 2 && c.smem_bytes() <= 227 * 1024);
+            i += 1;
+        }
     };
 
     /// Naive attention: one block per query row.

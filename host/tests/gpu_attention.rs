@@ -3,6 +3,12 @@
 //! `reference::naive_same_precision` in the input dtype; NaN never passes and infinities (LSE of fully
 //! masked rows) must match exactly. Outputs are poisoned (NaN) before every launch; seeds are printed.
 //! `RGK_FUZZ_CASES=n` runs only the first n cases of each grid (the first six are the sanitizer set).
+//!
+//! The Hopper wgmma variant (`flash_forward_variant(.., 1)`, sm_90 only; SKIP elsewhere) is tested in
+//! layers, so one run tells which layer is wrong: `wgmma_layer1_*` (one warpgroup product, both
+//! operands K-major from swizzled shared memory: the `Q K^T` form), `wgmma_layer2_*` (A from
+//! registers, B MN-major: the `P V` form), `wgmma_layer3_*` (the full forward through this file's
+//! grid and checks).
 mod common;
 use common::*;
 use host::ops::attention::{self, AttentionParams, Causal, reference};
@@ -23,7 +29,13 @@ struct Case {
 enum Path {
     Flash,
     Naive,
+    /// `flash_forward_variant(.., 1)` or `(.., 2)`: the wgmma kernels.
+    FlashWgmma(u32),
 }
+
+/// The wgmma variants of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax),
+/// 3 (as 2 with 128-key tiles at D = 64).
+const WGMMA_VARIANTS: [u32; 3] = [1, 2, 3];
 
 const SMALL: [usize; 5] = [1, 17, 97, 128, 200];
 const KINDS: [(usize, DType); 4] = [
@@ -135,6 +147,31 @@ fn max_abs_err(out: &[f32], reference: &[f32]) -> f64 {
     worst
 }
 
+/// Where the first element off by more than `bound` (or NaN / a wrong infinity) is, as
+/// (flat index, head, row, column) for O (`per_row` = head_dim) or (index, head-row) for LSE.
+fn first_bad(out: &[f32], reference: &[f32], bound: f64, head_dim: usize, is_o: bool) -> String {
+    let bad = out.iter().zip(reference).position(|(&o, &r)| {
+        o.is_nan()
+            || r.is_nan()
+            || ((o.is_infinite() || r.is_infinite()) && o != r)
+            || (o as f64 - r as f64).abs() > bound
+    });
+    match bad {
+        None => "no single element over the bound".into(),
+        Some(i) if is_o => format!(
+            "first bad element: index {i} (row {} of all heads, column {}): out {} ref {}",
+            i / head_dim,
+            i % head_dim,
+            out[i],
+            reference[i]
+        ),
+        Some(i) => format!(
+            "first bad element: row {i} of all heads: out {} ref {}",
+            out[i], reference[i]
+        ),
+    }
+}
+
 fn params(c: &Case) -> AttentionParams {
     AttentionParams {
         causal: c.causal,
@@ -149,34 +186,43 @@ fn run(path: Path, gpu: &Gpu, inputs: &[HostTensor; 3], p: &AttentionParams) -> 
     match path {
         Path::Flash => attention::flash_forward(&q, &k, &v, p),
         Path::Naive => attention::naive_forward(&q, &k, &v, p),
+        Path::FlashWgmma(variant) => attention::flash_forward_variant(&q, &k, &v, p, variant),
     }
     .unwrap()
 }
 
 /// Runs one case on `path` and applies the correctness rule to O and LSE.
 fn check(path: Path, gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) {
+    check_paths(&[path], gpu, rng, c);
+}
+
+/// [`check`] for several paths on the same inputs (one CPU reference for all).
+fn check_paths(paths: &[Path], gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) {
     let x = inputs(rng, c);
     let p = params(c);
-    let (o, lse) = run(path, gpu, &x, &p);
-    assert_eq!(o.shape(), &[c.batch, c.heads, c.seq_q, c.head_dim]);
-    assert_eq!(lse.shape(), &[c.batch, c.heads, c.seq_q]);
-    assert_eq!((o.dtype(), lse.dtype()), (c.dtype, DType::F32));
     let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
-    for (what, out, exact, naive) in [
-        ("O", o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
-        (
-            "LSE",
-            lse.to_vec().unwrap(),
-            &want.exact_lse,
-            &want.naive_lse,
-        ),
-    ] {
-        let err = max_abs_err(&out, &exact.data);
-        let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
-        assert!(
-            err <= bound,
-            "{path:?} {c:?}: {what} max|out - ref| = {err:.3e} > 2 max|naive - ref| + 1e-5 = {bound:.3e}"
-        );
+    for &path in paths {
+        let (o, lse) = run(path, gpu, &x, &p);
+        assert_eq!(o.shape(), &[c.batch, c.heads, c.seq_q, c.head_dim]);
+        assert_eq!(lse.shape(), &[c.batch, c.heads, c.seq_q]);
+        assert_eq!((o.dtype(), lse.dtype()), (c.dtype, DType::F32));
+        for (what, out, exact, naive) in [
+            ("O", o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
+            (
+                "LSE",
+                lse.to_vec().unwrap(),
+                &want.exact_lse,
+                &want.naive_lse,
+            ),
+        ] {
+            let err = max_abs_err(&out, &exact.data);
+            let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+            assert!(
+                err <= bound,
+                "{path:?} {c:?}: {what} max|out - ref| = {err:.3e} > 2 max|naive - ref| + 1e-5 = {bound:.3e}; {}",
+                first_bad(&out, &exact.data, bound, c.head_dim, what == "O")
+            );
+        }
     }
 }
 
@@ -351,4 +397,268 @@ fn gpu_validation_errors_before_launch() {
     // Mismatched heads.
     let k3 = t(&[1, 3, 8, 64], DType::F16);
     assert!(attention::flash_forward(&q, &k3, &k3, &p).is_err());
+}
+
+/// The GPU when it can run the wgmma variant (an sm_90 device); otherwise prints SKIP.
+fn wgmma_gpu_or_skip(test: &str) -> Option<Gpu> {
+    let gpu = gpu_or_skip(test)?;
+    if !attention::flash_variant_supported(&gpu, 1) {
+        println!(
+            "SKIP {test}: the wgmma variant needs an sm_90 device (this one loads the {} PTX)",
+            gpu.ptx_arch()
+        );
+        return None;
+    }
+    Some(gpu)
+}
+
+/// Runs one wgmma layer probe on random small integers (every product and sum exact in f32, so the
+/// result must equal the CPU product bit for bit) and reports the first mismatch.
+fn check_probe(layer: &str, gpu: &Gpu, rng: &mut rand::rngs::StdRng, probe: attention::WgmmaProbe) {
+    use rand::Rng;
+    let n = probe.n();
+    let a: Vec<f32> = (0..64 * 128)
+        .map(|_| rng.random_range(-4i32..=4) as f32)
+        .collect();
+    let b: Vec<f32> = (0..n * 128)
+        .map(|_| rng.random_range(-4i32..=4) as f32)
+        .collect();
+    let b_shape = if probe.b_is_nk() { [n, 128] } else { [128, n] };
+    let at = Tensor::from_f32(gpu, &a, &[64, 128], DType::F16).unwrap();
+    let bt = Tensor::from_f32(gpu, &b, &b_shape, DType::F16).unwrap();
+    let c = attention::wgmma_probe(&at, &bt, probe)
+        .unwrap_or_else(|e| panic!("{layer} {probe:?}: launch failed: {e}"))
+        .to_vec()
+        .unwrap();
+    let b_at = |kk: usize, j: usize| {
+        if probe.b_is_nk() {
+            b[j * 128 + kk]
+        } else {
+            b[kk * n + j]
+        }
+    };
+    for i in 0..64 {
+        for j in 0..n {
+            let want: f32 = (0..128).map(|kk| a[i * 128 + kk] * b_at(kk, j)).sum();
+            let got = c[i * n + j];
+            if got != want {
+                // A second mismatch in the same row/column helps tell a permutation from a scale.
+                let wrong = c
+                    .iter()
+                    .enumerate()
+                    .filter(|&(x, &v)| {
+                        let (r, col) = (x / n, x % n);
+                        v != (0..128)
+                            .map(|kk| a[r * 128 + kk] * b_at(kk, col))
+                            .sum::<f32>()
+                    })
+                    .count();
+                // Where to look first (gpu/src/dev/wgmma.rs): the N = 64 probes use one 64-column
+                // panel, the N = 128 ones two; only the MN-major form (rs) uses the leading byte
+                // offset (the panel stride).
+                let hint = match probe {
+                    attention::WgmmaProbe::SsN64 => {
+                        "K-major descriptor: start-address k step (+32 B), SBO 1024, swizzle mode, or the cp.async swizzle"
+                    }
+                    attention::WgmmaProbe::SsN128 => {
+                        "K-major B of 128 rows (N = 128) if SsN64 passed"
+                    }
+                    attention::WgmmaProbe::RsN64 => {
+                        "A register fragment order, or the MN-major SBO / k step (+2048 B)"
+                    }
+                    attention::WgmmaProbe::RsN128 => {
+                        "MN-major LBO (panel stride) if RsN64 passed: try swapping LBO and SBO"
+                    }
+                };
+                panic!(
+                    "{layer} {probe:?} FAILED: first mismatch at C[{i}][{j}] (flat {}): got {got}, want \
+                     {want}; {wrong} of {} elements wrong. Suspect: {hint}",
+                    i * n + j,
+                    64 * n
+                );
+            }
+        }
+    }
+    println!("{layer} {probe:?}: ok");
+}
+
+#[test]
+fn wgmma_layer1_smem_operands_k_major() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer1_smem_operands_k_major") else {
+        return;
+    };
+    let mut rng = rng("wgmma_layer1");
+    for probe in [attention::WgmmaProbe::SsN64, attention::WgmmaProbe::SsN128] {
+        check_probe(
+            "layer 1 (A, B K-major from swizzled smem)",
+            &gpu,
+            &mut rng,
+            probe,
+        );
+    }
+}
+
+#[test]
+fn wgmma_layer2_register_a_mn_major_b() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer2_register_a_mn_major_b") else {
+        return;
+    };
+    let mut rng = rng("wgmma_layer2");
+    for probe in [attention::WgmmaProbe::RsN64, attention::WgmmaProbe::RsN128] {
+        check_probe("layer 2 (A registers, B MN-major)", &gpu, &mut rng, probe);
+    }
+}
+
+#[test]
+fn wgmma_layer3_flash_forward_matches_reference_over_the_grid() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_flash_forward_matches_reference_over_the_grid")
+    else {
+        return;
+    };
+    let mut rng = rng("wgmma_flash_grid");
+    let cases = flash_cases();
+    let paths = WGMMA_VARIANTS.map(Path::FlashWgmma);
+    for c in cases.iter().take(fuzz_cases(cases.len())) {
+        check_paths(&paths, &gpu, &mut rng, c);
+    }
+    println!("layer 3 (flash forward): grid ok for variants {WGMMA_VARIANTS:?}");
+}
+
+#[test]
+fn wgmma_layer3_flash_forward_is_bit_identical_over_100_runs() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_flash_forward_is_bit_identical_over_100_runs")
+    else {
+        return;
+    };
+    let mut rng = rng("wgmma_flash_repeat");
+    for (variant, c) in WGMMA_VARIANTS.into_iter().flat_map(|variant| {
+        [
+            (
+                variant,
+                case(2, 3, 1025, 1025, 128, Causal::Yes, DType::BF16),
+            ),
+            (variant, case(2, 3, 1025, 1025, 64, Causal::No, DType::F16)),
+        ]
+    }) {
+        let x = inputs(&mut rng, &c);
+        let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(&gpu, t).unwrap());
+        let p = params(&c);
+        let bits =
+            |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect() };
+        let (o0, l0) = attention::flash_forward_variant(&q, &k, &v, &p, variant).unwrap();
+        let (first_o, first_l) = (bits(&o0), bits(&l0));
+        for run in 1..fuzz_cases(100) {
+            let (o, l) = attention::flash_forward_variant(&q, &k, &v, &p, variant).unwrap();
+            let (o, l) = (bits(&o), bits(&l));
+            let at = o.iter().zip(&first_o).position(|(a, b)| a != b);
+            assert!(
+                at.is_none() && l == first_l,
+                "wgmma variant {variant} {c:?}: run {run} differs from run 0 (first differing O index {at:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn wgmma_layer3_fully_masked_rows_and_empty_keys() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_fully_masked_rows_and_empty_keys") else {
+        return;
+    };
+    let mut rng = rng("wgmma_fully_masked");
+    for (variant, (d, dtype)) in WGMMA_VARIANTS
+        .into_iter()
+        .flat_map(|v| KINDS.map(|k| (v, k)))
+    {
+        let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
+        let x = inputs(&mut rng, &c);
+        let (o, lse) = run(Path::FlashWgmma(variant), &gpu, &x, &params(&c));
+        let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
+        for head in 0..c.batch * c.heads {
+            for i in 0..c.seq_q {
+                let row = head * c.seq_q + i;
+                let out = &o[row * d..(row + 1) * d];
+                assert!(
+                    out.iter().all(|v| !v.is_nan()),
+                    "wgmma {c:?}: NaN in row {i}"
+                );
+                if i < 183 {
+                    assert!(out.iter().all(|&v| v == 0.0), "wgmma {c:?}: row {i} not 0");
+                    assert_eq!(lse[row], f32::NEG_INFINITY, "wgmma {c:?}: LSE of row {i}");
+                } else {
+                    assert!(lse[row].is_finite(), "wgmma {c:?}: LSE of row {i}");
+                }
+            }
+        }
+        let q = Tensor::from_f32(&gpu, &vec![0.5; 2 * 3 * d], &[1, 2, 3, d], dtype).unwrap();
+        let kv = Tensor::from_f32(&gpu, &[], &[1, 2, 0, d], dtype).unwrap();
+        let (o, lse) =
+            attention::flash_forward_variant(&q, &kv, &kv, &AttentionParams::default(), variant)
+                .unwrap();
+        assert!(o.to_vec().unwrap().iter().all(|&v| v == 0.0));
+        assert!(
+            lse.to_vec()
+                .unwrap()
+                .iter()
+                .all(|&v| v == f32::NEG_INFINITY)
+        );
+    }
+}
+
+#[test]
+fn wgmma_layer3_custom_scale_is_applied() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_custom_scale_is_applied") else {
+        return;
+    };
+    let mut rng = rng("wgmma_custom_scale");
+    for (variant, (d, dtype)) in WGMMA_VARIANTS
+        .into_iter()
+        .flat_map(|v| KINDS.map(|k| (v, k)))
+    {
+        for scale in [0.5f32, -0.3, 0.0] {
+            let c = case(1, 3, 130, 70, d, Causal::No, dtype);
+            let x = inputs(&mut rng, &c);
+            let p = AttentionParams {
+                causal: c.causal,
+                scale: Some(scale),
+            };
+            let (o, lse) = run(Path::FlashWgmma(variant), &gpu, &x, &p);
+            let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
+            for (out, exact, naive) in [
+                (o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
+                (lse.to_vec().unwrap(), &want.exact_lse, &want.naive_lse),
+            ] {
+                let err = max_abs_err(&out, &exact.data);
+                let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+                assert!(
+                    err <= bound,
+                    "wgmma D{d} {dtype:?} scale {scale}: {err:.3e} > {bound:.3e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn wgmma_variant_refuses_what_it_cannot_run() {
+    let Some(gpu) = gpu_or_skip("wgmma_variant_refuses_what_it_cannot_run") else {
+        return;
+    };
+    let q = Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * 64], &[1, 2, 8, 64], DType::F16).unwrap();
+    let p = AttentionParams::default();
+    let e = attention::flash_forward_variant(&q, &q, &q, &p, 7).unwrap_err();
+    assert!(e.to_string().contains("variant 7"), "{e}");
+    let r = attention::flash_forward_variant(&q, &q, &q, &p, 1);
+    if attention::flash_variant_supported(&gpu, 1) {
+        r.unwrap();
+        attention::flash_forward_variant(&q, &q, &q, &p, 2).unwrap();
+        attention::flash_forward_variant(&q, &q, &q, &p, 3).unwrap();
+        // Same validation as the default path: f32 is refused.
+        let q32 =
+            Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * 64], &[1, 2, 8, 64], DType::F32).unwrap();
+        let e = attention::flash_forward_variant(&q32, &q32, &q32, &p, 1).unwrap_err();
+        assert!(matches!(e, host::Error::DType { .. }), "{e}");
+    } else {
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("sm_90"), "{e}");
+    }
 }

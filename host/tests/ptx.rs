@@ -99,6 +99,11 @@ fn ptxas_accepts_the_ptx_without_spills_or_stack() {
                 "{arch}: {} uses local memory: {k:?}",
                 k.name
             );
+            assert!(
+                !k.wgmma_serialized,
+                "{arch}: ptxas serialized the wgmma of {} (an accumulator is touched while in flight)",
+                k.name
+            );
         }
     }
 }
@@ -113,6 +118,15 @@ ptxas info    : Function properties for _ZN4core9panicking\n\
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
     let t = parse_ptxas_report(text);
     assert_eq!(t.len(), 1);
+    let warned = parse_ptxas_report(
+        "ptxas info    : Compiling entry function 'flash_wg_x' for 'sm_90a'\n\
+ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to \
+the presence of Extern calls in the function 'flash_wg_x'.\n",
+    );
+    assert!(
+        warned.len() == 1 && warned[0].wgmma_serialized,
+        "{warned:?}"
+    );
     assert_eq!(
         t[0],
         KernelResources {
@@ -121,7 +135,8 @@ ptxas info    : Function properties for _ZN4core9panicking\n\
             shared_bytes: 128,
             stack_bytes: 8,
             spill_stores: 4,
-            spill_loads: 4
+            spill_loads: 4,
+            wgmma_serialized: false,
         }
     );
 }

@@ -38,6 +38,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .iter()
             .filter(|k| !NOT_HOT.iter().any(|p| k.name.starts_with(p)))
         {
+            if k.wgmma_serialized {
+                failures.push(format!(
+                    "{arch} {}: ptxas serialized its wgmma (Potential Performance Loss)",
+                    k.name
+                ));
+            }
             if k.stack_bytes > 0 || k.spill_stores > 0 || k.spill_loads > 0 {
                 failures.push(format!(
                     "{arch} {}: {} B stack, {} B spill stores, {} B spill loads",

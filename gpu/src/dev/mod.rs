@@ -15,6 +15,9 @@ pub mod sync;
 pub mod thread;
 pub mod tile;
 pub mod warp;
+// Hopper wgmma: only in the sm_90 (sm_90a) PTX build; see gpu/ptx_builder.rs `target_cpu`.
+#[cfg(target_feature = "sm_90a")]
+pub mod wgmma;
 
 /// Repeats `$body` once per listed index with `$k` bound to that constant: a guaranteed unroll, so
 /// register arrays indexed by `$k` stay in registers (a run-time index would move them to local memory).

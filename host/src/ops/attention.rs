@@ -33,7 +33,10 @@
 //! ```
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
-use gpu::params::attention::{AttentionShape, MAX_SEQ, MaskKind, flash_config, naive};
+use gpu::params::attention::{
+    AttentionShape, FLASH_WG_D64_K128, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_config,
+    flash_wgmma_config, naive,
+};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -381,6 +384,205 @@ pub fn flash_forward(
         ],
     )?;
     Ok((o, lse))
+}
+
+/// The wgmma (Hopper) kernel of variant 1 (plain schedule), 2 (overlapped) or 3 (overlapped, 128-key
+/// tiles at D = 64; D = 128 runs variant 2's kernel) for a head dim and dtype, with its config.
+fn flash_wgmma_kernel(
+    variant: u32,
+    head_dim: usize,
+    dtype: DType,
+) -> Option<(FlashWgmmaConfig, &'static str)> {
+    let name = match (variant, head_dim, dtype) {
+        (1, 64, DType::F16) => "flash_wg_fwd_d64_f16",
+        (1, 64, DType::BF16) => "flash_wg_fwd_d64_bf16",
+        (1, 128, DType::F16) => "flash_wg_fwd_d128_f16",
+        (1, 128, DType::BF16) => "flash_wg_fwd_d128_bf16",
+        (2, 64, DType::F16) => "flash_wg2_fwd_d64_f16",
+        (2, 64, DType::BF16) => "flash_wg2_fwd_d64_bf16",
+        (2 | 3, 128, DType::F16) => "flash_wg2_fwd_d128_f16",
+        (2 | 3, 128, DType::BF16) => "flash_wg2_fwd_d128_bf16",
+        (3, 64, DType::F16) => "flash_wg3_fwd_d64_f16",
+        (3, 64, DType::BF16) => "flash_wg3_fwd_d64_bf16",
+        _ => return None,
+    };
+    let cfg = if variant == 3 && head_dim == 64 {
+        FLASH_WG_D64_K128
+    } else {
+        flash_wgmma_config(head_dim)?
+    };
+    Some((cfg, name))
+}
+
+/// Number of FlashAttention forward variants besides the default (see [`flash_forward_variant`]).
+#[doc(hidden)]
+pub const FLASH_VARIANTS: u32 = 3;
+
+/// Whether `gpu` can run FlashAttention forward variant `variant`: 0 (the default) everywhere,
+/// 1, 2 and 3 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability
+/// 9.0.
+#[doc(hidden)]
+pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
+    match variant {
+        0 => true,
+        1..=3 => gpu.ptx_arch() == "sm_90",
+        _ => false,
+    }
+}
+
+/// [`flash_forward`] on FlashAttention variant `variant`, for side-by-side tests and benchmarks:
+/// 0 is the default kernel (exactly [`flash_forward`]); 1 is the Hopper `wgmma` kernel
+/// (`flash_wg_fwd_*`, sm_90a: H100/H200 only); 2 the same with P V(j-1) overlapping softmax(j)
+/// (`flash_wg2_fwd_*`); 3 the overlapped kernel with 128-key tiles at D = 64 (`flash_wg3_fwd_d64_*`;
+/// D = 128 as variant 2). Same validation, outputs and masking contract; an error (never a fallback)
+/// for unknown variants or a variant the device cannot run.
+#[doc(hidden)]
+pub fn flash_forward_variant(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+    variant: u32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::flash_forward_variant";
+    match variant {
+        0 => return flash_forward(q, k, v, params),
+        1..=3 => {}
+        _ => {
+            return Err(Error::Invalid {
+                op: OP,
+                msg: format!("no FlashAttention variant {variant} (0..={FLASH_VARIANTS})"),
+            });
+        }
+    }
+    let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    if !flash_variant_supported(q.gpu(), variant) {
+        let (major, minor) = q.gpu().compute_capability();
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "variant {variant} (wgmma) needs an sm_90 device (H100/H200); this one is \
+                 {major}.{minor} with the {} PTX",
+                q.gpu().ptx_arch()
+            ),
+        });
+    }
+    let Some((cfg, name)) = flash_wgmma_kernel(variant, d.head_dim, q.dtype()) else {
+        unreachable!("validate accepts only head dims and dtypes with a kernel")
+    };
+    let (o, lse) = outputs(q, &d)?;
+    if d.batch * d.heads * d.seq_q == 0 {
+        return Ok((o, lse));
+    }
+    let q_blocks = u32::try_from(d.seq_q.div_ceil(cfg.block_q)).map_err(|_| Error::TooLarge {
+        op: OP,
+        what: "query blocks",
+        given: d.seq_q.div_ceil(cfg.block_q) as u64,
+        max: u32::MAX as u64,
+    })?;
+    let launch = LaunchConfig {
+        grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
+        block_dim: (cfg.threads() as u32, 1, 1),
+        shared_mem_bytes: cfg.smem_bytes() as u32,
+    };
+    launch_cfg_large_smem(
+        q.gpu(),
+        name,
+        launch,
+        &[
+            &ByValue(q.raw()),
+            &ByValue(k.raw()),
+            &ByValue(v.raw()),
+            &ByValue(o.raw()),
+            &ByValue(lse.raw()),
+            &ByValue(shape_param(&d, params, scale, 0)),
+        ],
+    )?;
+    Ok((o, lse))
+}
+
+/// The wgmma layer probes (`wgmma_probe_*`, sm_90 PTX), for the layered GPU tests of the wgmma
+/// variant. All f16, depth 128:
+/// - `SsN64` / `SsN128`: `C [64, N] = A B^T`, A `[64, 128]`, B `[N, 128]`, both operands K-major
+///   from 128-byte-swizzled shared memory (the `Q K^T` form);
+/// - `RsN64` / `RsN128`: `C [64, N] = A B`, A `[64, 128]` from registers, B `[128, N]` MN-major
+///   (transposed descriptor; the `P V` form).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaProbe {
+    SsN64,
+    SsN128,
+    RsN64,
+    RsN128,
+}
+
+impl WgmmaProbe {
+    pub const ALL: [WgmmaProbe; 4] = [Self::SsN64, Self::SsN128, Self::RsN64, Self::RsN128];
+    /// N of the probe.
+    pub fn n(self) -> usize {
+        match self {
+            Self::SsN64 | Self::RsN64 => 64,
+            Self::SsN128 | Self::RsN128 => 128,
+        }
+    }
+    /// Whether B is given `[N, 128]` (K-major, `A B^T`) rather than `[128, N]`.
+    pub fn b_is_nk(self) -> bool {
+        matches!(self, Self::SsN64 | Self::SsN128)
+    }
+    fn kernel(self) -> &'static str {
+        match self {
+            Self::SsN64 => "wgmma_probe_ss_n64_f16",
+            Self::SsN128 => "wgmma_probe_ss_n128_f16",
+            Self::RsN64 => "wgmma_probe_rs_n64_f16",
+            Self::RsN128 => "wgmma_probe_rs_n128_f16",
+        }
+    }
+}
+
+/// Runs one wgmma layer probe; `a` is `[64, 128]` f16, `b` `[N, 128]` or `[128, N]` f16 (see
+/// [`WgmmaProbe`]); returns C `[64, N]` f32.
+#[doc(hidden)]
+pub fn wgmma_probe(a: &Tensor, b: &Tensor, probe: WgmmaProbe) -> Result<Tensor> {
+    const OP: &str = "attention::wgmma_probe";
+    same_device_and_dtype(OP, a, b)?;
+    let n = probe.n();
+    let b_shape = if probe.b_is_nk() { [n, 128] } else { [128, n] };
+    if a.dtype() != DType::F16 || a.shape() != [64, 128] || b.shape() != b_shape {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "{probe:?} takes f16 a [64, 128] and b {b_shape:?}; got {:?} {:?} and {:?}",
+                a.dtype(),
+                a.shape(),
+                b.shape()
+            ),
+        });
+    }
+    a.require_contiguous(OP, "a")?;
+    b.require_contiguous(OP, "b")?;
+    if a.gpu().ptx_arch() != "sm_90" {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: "the wgmma probes need an sm_90 device (H100/H200)".into(),
+        });
+    }
+    let c = Tensor::empty(a.gpu(), &[64, n], DType::F32)?;
+    let smem = if probe.b_is_nk() {
+        (64 + n) * 128 * 2
+    } else {
+        128 * n * 2
+    };
+    launch_cfg_large_smem(
+        a.gpu(),
+        probe.kernel(),
+        LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        },
+        &[&ByValue(a.raw()), &ByValue(b.raw()), &ByValue(c.raw())],
+    )?;
+    Ok(c)
 }
 
 /// Naive attention forward (scores materialised, f32 math): returns `(O, LSE)`. f32/f16/bf16,
@@ -1373,6 +1575,30 @@ mod tests {
                 );
             }
         }
+        for d in FLASH_HEAD_DIMS {
+            assert!(flash_wgmma_config(d).is_some());
+            for (dt, variant) in [DType::F16, DType::BF16]
+                .into_iter()
+                .flat_map(|dt| [(dt, 1), (dt, 2), (dt, 3)])
+            {
+                let (cfg, name) = flash_wgmma_kernel(variant, d, dt).unwrap();
+                assert_eq!(cfg.head_dim, d);
+                assert!(
+                    crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
+                    "{name}"
+                );
+                assert!(
+                    !crate::ptx::entry_points(crate::ptx::SM80).contains(&name),
+                    "{name} must not be in the sm_80 PTX"
+                );
+            }
+        }
+        for probe in WgmmaProbe::ALL {
+            assert!(crate::ptx::entry_points(crate::ptx::SM90).contains(&probe.kernel()));
+        }
+        // wgmma exists only in the sm_90a PTX.
+        assert!(!crate::ptx::SM80.contains("wgmma"));
+        assert!(crate::ptx::SM90.contains(".target sm_90a"));
         for dt in DType::ALL {
             let name = kernel_name!("attention_naive", dt);
             assert!(

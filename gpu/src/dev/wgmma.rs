@@ -1,0 +1,488 @@
+//! Hopper warpgroup tensor-core MMA (`wgmma`, sm_90a only): the raw layer under the wgmma
+//! FlashAttention variant. Compiled only into the sm_90 PTX (`#[cfg(target_feature = "sm_90a")]` on the
+//! module; see `target_cpu` in gpu/ptx_builder.rs).
+//!
+//! # The hardware model (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate")
+//! A *warpgroup* is 4 consecutive warps (128 threads, the first warp's id a multiple of 4).
+//! `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}` computes `D (64 x N, f32) = A (64 x 16) B
+//! (16 x N) + D`, issued by all 128 threads together and run asynchronously:
+//! - A comes from a shared-memory *matrix descriptor* or from registers; B always from a descriptor.
+//! - D lives in registers, `N / 2` f32 per thread. Thread `t` of the warpgroup (warp `w = t / 32`,
+//!   lane `l`, `g = l / 4`, `q = l % 4`) holds, for each 8-column block `j`, `d[4j]`, `d[4j+1]` = row
+//!   `16w + g`, columns `8j + 2q`, `+1`; `d[4j+2]`, `d[4j+3]` = row `16w + g + 8`, same columns: the
+//!   `mma.m16n8` accumulator fragments of the warp's 16 rows, block after block.
+//! - A in registers (four b32 of two 16-bit elements per thread) uses the `mma.m16n8k16` A fragment
+//!   of the warp's 16 rows: `a[0]` = (row g, cols 2q, 2q+1), `a[1]` = (g + 8, same), `a[2]` = (g,
+//!   2q+8, 2q+9), `a[3]` = (g + 8, 2q+8, 2q+9). So two 8-column blocks of an accumulator, rounded to
+//!   16 bits, are the A operand of the next product (FlashAttention's P V), as with `mma.sync`.
+//!
+//! Ordering rules this module's callers follow:
+//! - [`fence`] (`wgmma.fence`) before the first wgmma of a batch whenever the registers it reads (the
+//!   accumulator, or A fragments) were written by ordinary instructions since the last wgmma;
+//! - [`commit`] closes the batch into a *wgmma group*; `wait_group N` blocks until at most N groups are
+//!   pending. Until then the accumulator registers belong to the tensor core: no instruction may read
+//!   or write them. The wait functions here take the accumulators as in-out register operands (they
+//!   appear in a PTX comment) so the compiler sees them defined by the wait and never moves a read
+//!   above it; ptxas checks the same (it serializes the wgmmas, with a "Potential Performance Loss"
+//!   note, when a register is touched in flight; `cargo xtask build-ptx` fails on that note).
+//! - shared memory written through the generic proxy (`st.shared`, `cp.async`) must be fenced with
+//!   [`fence_proxy_async`] by the writing threads before a barrier after which wgmma reads it.
+//!
+//! # Shared-memory operands: 128-byte swizzle ([`SwizzledTile`])
+//! Both operands here use the 128B-swizzle canonical layout of 16-bit elements: *panels* of 64
+//! columns (128 bytes a row), rows at a 128-byte stride, and the 16-byte chunk `c` of row `r` stored
+//! at chunk position `c ^ (r % 8)`. The hardware applies that XOR to address bits [4, 7) from bits
+//! [7, 10), so a panel base must be 1024-byte aligned (8 rows = one 1024-byte swizzle atom).
+//! - K-major (A = Q `[m][k]`, B = K `[n][k]`: k contiguous): the 16 k of one step are 32 bytes of a
+//!   row, so step `s` of a panel starts at `panel + 32 (s % 4)`; the 8-row groups (core matrices
+//!   along M/N) are 1024 bytes apart: stride byte offset (SBO) 1024; the leading byte offset is
+//!   unused for swizzled K-major layouts (set to 1, as the ISA says it is assumed).
+//! - MN-major (B = V `[k][n]`: n contiguous, `imm-trans-b = 1`): a k step is 16 rows = 2048 bytes
+//!   (`panel + 2048 s`); the 8-row (k) groups are 1024 bytes apart (SBO = 1024), and the leading byte
+//!   offset (LBO) is the distance between 64-column panels along N ("swizzled layouts: stride from the
+//!   first (swizzle-byte-size/16) rows to the next" in the 128-bit-normalized view, i.e. 8 x 16 bytes
+//!   = 64 elements of N).
+//!
+//! Descriptor bits (64-bit): [0, 14) start address >> 4; [16, 30) LBO >> 4; [32, 46) SBO >> 4;
+//! [49, 52) base offset (0: panels are 1024-aligned); [62, 64) swizzle mode (1 = 128B).
+use crate::dev::mma::MmaElem;
+use crate::dev::shared::check_index;
+
+/// `wgmma.fence.sync.aligned`: orders this warpgroup's register (and prior shared-memory) accesses
+/// before the wgmma that follow. All 128 threads call it together.
+#[inline(always)]
+pub fn fence() {
+    // SAFETY: a fence; not `nomem`, so the compiler keeps memory accesses on their side of it.
+    unsafe { core::arch::asm!("wgmma.fence.sync.aligned;", options(nostack)) }
+}
+
+/// `wgmma.commit_group.sync.aligned`: closes the wgmma issued since the last commit into a group.
+#[inline(always)]
+pub fn commit() {
+    // SAFETY: bookkeeping of this warpgroup's outstanding wgmma.
+    unsafe { core::arch::asm!("wgmma.commit_group.sync.aligned;", options(nostack)) }
+}
+
+/// `fence.proxy.async.shared::cta`: makes this thread's earlier generic-proxy writes to shared memory
+/// (`st.shared`, completed `cp.async`) visible to the async proxy (wgmma operand reads) of threads that
+/// synchronize with it afterwards (a barrier).
+#[inline(always)]
+pub fn fence_proxy_async() {
+    // SAFETY: a fence.
+    unsafe { core::arch::asm!("fence.proxy.async.shared::cta;", options(nostack)) }
+}
+
+/// A shared-memory matrix descriptor (see the module doc). `addr` is a shared-window address.
+#[inline(always)]
+pub fn descriptor(addr: u32, lbo_bytes: u32, sbo_bytes: u32) -> u64 {
+    ((addr as u64 >> 4) & 0x3FFF)
+        | (((lbo_bytes as u64 >> 4) & 0x3FFF) << 16)
+        | (((sbo_bytes as u64 >> 4) & 0x3FFF) << 32)
+        | (1u64 << 62)
+}
+
+/// Accumulator arrays of the shapes used here (`N / 2` f32 per thread for m64nN): [`Accumulator::wait`]
+/// and [`Accumulator::hold`] pass every register through an asm statement as an in-out operand.
+pub trait Accumulator {
+    /// `wgmma.wait_group.sync.aligned N` with these registers as in-out operands: the compiler sees
+    /// them produced by the wait, so no read of them moves above it.
+    fn wait<const N: u32>(&mut self);
+    /// An empty asm with these registers as in-out operands, right after a [`Accumulator::wait`] of
+    /// another accumulator: the same guarantee for a second register set.
+    fn hold(&mut self);
+}
+
+/// `D (64 x N) = A B + (scale_d != 0 ? D : 0)` for one k16 step, A and B from descriptors (both
+/// K-major), and `D += A B` with A from registers and B MN-major (`imm-trans-b = 1`). Issued by the
+/// whole warpgroup; the caller brackets it with [`fence`], [`commit`] and a wait.
+pub trait Wgmma<Acc>: MmaElem {
+    /// # Safety
+    /// All 128 threads of the warpgroup call it together (same descriptors); the descriptors describe
+    /// shared memory this CTA owns, written and fenced ([`fence_proxy_async`] + barrier) before, and
+    /// not written until a wait covering this wgmma; `d` is not touched until that wait.
+    unsafe fn mma_ss(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32);
+    /// # Safety
+    /// As for [`Wgmma::mma_ss`]; `a` holds this thread's A fragment.
+    unsafe fn mma_rs_tb(d: &mut Acc, a: &[u32; 4], b_desc: u64);
+}
+
+macro_rules! accumulator {
+    ($n:literal, $first:literal $(, $i:literal)*) => {
+        impl Accumulator for [f32; $n] {
+            #[inline(always)]
+            fn wait<const N: u32>(&mut self) {
+                let d = self;
+                // SAFETY: waits on this warpgroup's wgmma groups; the operands are only named in a
+                // PTX comment. Not `nomem`: shared-memory accesses stay after it.
+                unsafe {
+                    core::arch::asm!(
+                        "wgmma.wait_group.sync.aligned {n};",
+                        concat!("// {", $first, "}" $(, " {", $i, "}")*),
+                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                        n = const N,
+                        options(nostack)
+                    )
+                }
+            }
+            #[inline(always)]
+            fn hold(&mut self) {
+                let d = self;
+                // SAFETY: an empty asm (a PTX comment).
+                unsafe {
+                    core::arch::asm!(
+                        concat!("// {", $first, "}" $(, " {", $i, "}")*),
+                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                        options(nostack)
+                    )
+                }
+            }
+        }
+    };
+}
+
+macro_rules! wgmma_impl {
+    ($t:ty, $ptx:literal, $n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
+        impl Wgmma<[f32; $n]> for $t {
+            #[inline(always)]
+            unsafe fn mma_ss(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
+                unsafe {
+                    core::arch::asm!(
+                        "{{",
+                        ".reg .pred p;",
+                        "setp.ne.b32 p, {sd}, 0;",
+                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
+                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, 0, 0;"),
+                        "}}",
+                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                        a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
+                        options(nostack)
+                    )
+                }
+            }
+            #[inline(always)]
+            unsafe fn mma_rs_tb(d: &mut [f32; $n], a: &[u32; 4], b_desc: u64) {
+                unsafe {
+                    core::arch::asm!(
+                        "{{",
+                        ".reg .pred p;",
+                        "setp.ne.b32 p, {sd}, 0;",
+                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
+                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 1;"),
+                        "}}",
+                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                        a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                        b = in(reg64) b_desc, sd = in(reg32) 1u32,
+                        options(nostack)
+                    )
+                }
+            }
+        }
+    };
+}
+accumulator!(
+    32, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+    25, 26, 27, 28, 29, 30, 31
+);
+accumulator!(
+    64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+    25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48,
+    49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
+);
+wgmma_impl!(
+    crate::dev::elem::F16,
+    "f16",
+    32,
+    "64",
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31
+);
+wgmma_impl!(
+    crate::dev::elem::F16,
+    "f16",
+    64,
+    "128",
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31,
+    32,
+    33,
+    34,
+    35,
+    36,
+    37,
+    38,
+    39,
+    40,
+    41,
+    42,
+    43,
+    44,
+    45,
+    46,
+    47,
+    48,
+    49,
+    50,
+    51,
+    52,
+    53,
+    54,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63
+);
+wgmma_impl!(
+    crate::dev::elem::BF16,
+    "bf16",
+    32,
+    "64",
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31
+);
+wgmma_impl!(
+    crate::dev::elem::BF16,
+    "bf16",
+    64,
+    "128",
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31,
+    32,
+    33,
+    34,
+    35,
+    36,
+    37,
+    38,
+    39,
+    40,
+    41,
+    42,
+    43,
+    44,
+    45,
+    46,
+    47,
+    48,
+    49,
+    50,
+    51,
+    52,
+    53,
+    54,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63
+);
+
+/// A `ROWS x COLS` tile of 16-bit elements in shared memory in the 128-byte-swizzle layout
+/// ([`crate::layout::sw128`]): the layout wgmma descriptors describe. Its base is 1024-byte aligned
+/// (checked in checked builds; the kernels carve tiles of whole 1024-byte atoms from the 1024-aligned
+/// dynamic window), so every chunk address is 16-byte aligned by construction.
+#[derive(Clone, Copy)]
+pub struct SwizzledTile<const ROWS: usize, const COLS: usize> {
+    base: u32,
+}
+
+impl<const ROWS: usize, const COLS: usize> SwizzledTile<ROWS, COLS> {
+    const VALID: () = assert!(ROWS % 8 == 0 && ROWS > 0 && COLS % 64 == 0 && COLS > 0);
+    /// Bytes of one tile: a multiple of 1024 (8-row swizzle atoms).
+    pub const BYTES: usize = ROWS * COLS * 2;
+    /// Bytes of one 64-column panel.
+    pub const PANEL_BYTES: usize = crate::layout::sw128::panel_bytes(ROWS);
+    /// 16-byte chunks per row.
+    pub const CHUNKS_PER_ROW: usize = COLS / 8;
+
+    /// The tile at shared-window address `base`, which must be a multiple of 1024 (checked in checked
+    /// builds) with `BYTES` bytes this kernel reserved behind it.
+    #[inline(always)]
+    pub fn at(base: u32) -> Self {
+        let () = Self::VALID;
+        check_index((base % 1024) as usize, 1);
+        Self { base }
+    }
+
+    /// Stage `i` of consecutive tiles starting at this one.
+    #[inline(always)]
+    pub fn stage(self, i: u32) -> Self {
+        Self::at(self.base + i * Self::BYTES as u32)
+    }
+
+    /// Address of logical chunk `chunk` (elements `8 chunk..8 chunk + 8`) of row `row`.
+    #[inline(always)]
+    pub fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
+        check_index(row as usize, ROWS);
+        check_index(chunk as usize, Self::CHUNKS_PER_ROW);
+        self.base + crate::layout::sw128::chunk_offset(ROWS as u32, row, chunk)
+    }
+
+    /// Address of element (row, col) (2-byte aligned; 4-byte aligned for even `col`).
+    #[inline(always)]
+    pub fn elem_addr(&self, row: u32, col: u32) -> u32 {
+        self.chunk_addr(row, col / 8) + (col % 8) * 2
+    }
+
+    /// Starts a 16-byte `cp.async` of `src` into chunk (row, chunk), zero-filling it when `fill` is
+    /// false.
+    ///
+    /// # Safety
+    /// As [`crate::dev::copy::cp_async_16`]: when `fill`, `src` is 16-byte aligned and readable; no
+    /// thread touches the chunk until the copy is waited for and a barrier (plus
+    /// [`fence_proxy_async`] before wgmma reads) orders it.
+    #[inline(always)]
+    pub unsafe fn copy_chunk_async(&self, row: u32, chunk: u32, src: *const u8, fill: bool) {
+        // SAFETY: the chunk address is 16-byte aligned and inside the tile; `src` is the caller's.
+        unsafe { crate::dev::copy::cp_async_16(self.chunk_addr(row, chunk), src, fill) }
+    }
+
+    /// Descriptor of the K-major operand block of rows `row0..row0 + 8 m` (`row0` a multiple of 8;
+    /// A: 64 rows, B: N rows) at k step `k_step` (elements `16 k_step..16 k_step + 16` of each row):
+    /// `imm-trans = 0`. LBO is unused for swizzled K-major layouts (16 bytes); SBO = 1024 (8 rows).
+    #[inline(always)]
+    pub fn desc_k_major(&self, row0: u32, k_step: u32) -> u64 {
+        check_index((row0 % 8) as usize, 1);
+        check_index((16 * k_step) as usize, COLS);
+        let addr =
+            self.base + (k_step / 4) * Self::PANEL_BYTES as u32 + row0 * 128 + (k_step % 4) * 32;
+        descriptor(addr, 16, 1024)
+    }
+
+    /// Descriptor of the MN-major B operand (`imm-trans-b = 1`) at k step `k_step`: rows (k)
+    /// `16 k_step..16 k_step + 16`, all `COLS` columns (n). SBO = 1024 (8 k rows), LBO = the panel
+    /// size (the next 64 columns of n).
+    #[inline(always)]
+    pub fn desc_mn_major(&self, k_step: u32) -> u64 {
+        check_index((16 * k_step) as usize, ROWS);
+        descriptor(self.base + k_step * 2048, Self::PANEL_BYTES as u32, 1024)
+    }
+}

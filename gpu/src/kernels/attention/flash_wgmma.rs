@@ -1,0 +1,710 @@
+//! FlashAttention forward on Hopper warpgroup MMA (`wgmma`, sm_90a): a variant of [`super::flash`]
+//! with the same semantics, outputs and masking contract (entry points `flash_wg_fwd_d{64,128}_{dtype}`
+//! and, with the overlapped schedule below, `flash_wg2_fwd_d{64,128}_{dtype}`; `flash_wg3_fwd_d64_*` is
+//! the overlapped schedule with 128-key tiles at D = 64).
+//! Compiled only into the sm_90 PTX (`#[cfg(target_feature = "sm_90a")]` on the module).
+//!
+//! One CTA per (block of `BQ` query rows, head, batch) with `BQ / 64` warpgroups; warpgroup `w` owns
+//! query rows `64 w..64 w + 64` (the M = 64 of wgmma).
+//! - Q's block is copied to shared memory once (`cp.async`) in the 128-byte-swizzle layout
+//!   ([`SwizzledTile`]) and read by every `S = Q K^T` wgmma through a descriptor (K-major A).
+//! - K and V stream through two stages each, by `cp.async` 16-byte copies in commit groups, in the same
+//!   layout; rows past the end are zero-filled. K `[keys][D]` is the K-major B of `Q K^T`; V
+//!   `[keys][D]` is the MN-major B (`imm-trans-b = 1`) of `P V`.
+//! - `S` (64 x `BK` per warpgroup, `BK / 2` f32 a thread) = `D / 16` wgmma k-steps in one group, then
+//!   a wait. Its register layout is the `mma.m16n8` accumulator layout per warp, so the masking and the
+//!   online softmax (running max of raw scores, `exp2(s c - m c)` with `c = |scale| log2 e`) are those
+//!   of [`super::flash`]; a negative scale negates Q's tile once in shared memory (sign bits, exact).
+//! - P rounded to the input type in registers is the A operand (registers) of `O += P V`: `BK / 16`
+//!   wgmma in one group, left in flight while the next tile's copies are issued and `S(j+1)` is issued;
+//!   the wait after `S(j+1)` covers both (groups retire in order), before `O` is rescaled.
+//! - Epilogue: `O / l` rounded to the input type, staged through the warp's own rows of the Q tile for
+//!   16-byte stores; `LSE = (m c + log2 l) ln 2`; a row with no visible key gets O = 0, LSE = -inf.
+//!
+//! The pipeline per K/V tile `j` (cp.async groups are per thread; `wait 1` leaves the newest pending):
+//! ```text
+//! wait 1, proxy fence, barrier   K(j) has landed; every warpgroup waited for S(j-1)
+//! load K(j+1), commit            into the stage S(j-1) read
+//! S = Q K(j)^T: issue, commit, wait 0 (also retires P V(j-1)); rescale O, softmax, P
+//! wait 1, proxy fence, barrier   V(j) has landed; every warpgroup retired P V(j-1)
+//! load V(j+1), commit            into the stage P V(j-1) read
+//! O += P V(j): issue, commit     (in flight into the next iteration)
+//! ```
+//!
+//! The overlapped schedule (`flash_wg2_fwd_*`, `OVERLAP = true`; FlashAttention-3's intra-warpgroup
+//! overlap) issues `P V(j-1)` right after `S(j)` and waits only for `S(j)` (`wait_group 1`), so the
+//! tensor cores run `P V(j-1)` while the warpgroup computes softmax(j); only then does it wait for
+//! `P V(j-1)`, rescale O and pack P(j). One barrier a tile:
+//! ```text
+//! wait 0, proxy fence, barrier   K(j), V(j-1) landed; every warpgroup retired S(j-1), P V(j-2)
+//! load K(j+1), V(j), commit      into the stages S(j-1) and P V(j-2) read
+//! issue S(j), commit; issue P V(j-1), commit; wait 1 (S(j) retired)
+//! mask, softmax(j); wait 0 (P V(j-1) retired); rescale O; P(j) = pack(S(j))
+//! ... after the loop: wait 0, fence, barrier; issue P V(n-1); wait 0
+//! ```
+//!
+//! The layer probes `wgmma_probe_*` (one warpgroup, f16) check the two operand forms on their own:
+//! `ss` = A and B K-major from shared memory (the `Q K^T` form), `rs` = A from registers, B MN-major
+//! (the `P V` form), each over a 128-deep k loop.
+use crate::dev::copy::{cp_async_commit, cp_async_wait};
+use crate::dev::elem::{BF16, F16};
+use crate::dev::math::{LN_2, LOG2_E, exp2, fma, log2, max};
+use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
+use crate::dev::mma::MmaElem;
+use crate::dev::shared::{SharedScalar, check_index, dynamic_base, ld_shared_v4, st_shared_v4};
+use crate::dev::sync::{sync_threads, sync_warp};
+use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
+use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
+use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
+use crate::params::attention::{
+    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_K128, FLASH_WG_D128, FlashWgmmaConfig, MaskKind,
+    flash_wgmma_config_of,
+};
+use crate::{unroll, unroll_lt};
+
+/// The forward kernel. `SN = BK / 2` and `ON = D / 2` are the f32 accumulators a thread holds for S
+/// and O; both are checked against the config.
+#[inline(always)]
+unsafe fn flash_wg_fwd<
+    T,
+    const D: usize,
+    const BQ: usize,
+    const BK: usize,
+    const TH: usize,
+    const SN: usize,
+    const ON: usize,
+    const OVERLAP: bool,
+>(
+    q: Slice<T>,
+    k: Slice<T>,
+    v: Slice<T>,
+    o: SliceMut<T>,
+    lse: SliceMut<f32>,
+    p: AttentionShape,
+) where
+    T: Wgmma<[f32; SN]> + Wgmma<[f32; ON]>,
+    [f32; SN]: Accumulator,
+    [f32; ON]: Accumulator,
+{
+    let cfg: FlashWgmmaConfig = const { checked_config::<D, BQ, BK, TH, SN, ON>() };
+    let (sq, sk) = (p.seq_q, p.seq_k);
+    let causal = p.mask == MaskKind::Causal;
+    // Query block, heaviest first: under a causal mask later blocks see more keys.
+    let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
+    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
+    let rows_here = (sq - m0).min(BQ as u32);
+    let key_end = if causal {
+        (m0 as i32 + rows_here as i32 + diag).clamp(0, sk as i32) as u32
+    } else {
+        sk
+    };
+    let n_tiles = key_end.div_ceil(BK as u32);
+    check_index(
+        ((bh + 1) * sq as u64 * D as u64) as usize,
+        q.len as usize + 1,
+    );
+    check_index(
+        ((bh + 1) * sk as u64 * D as u64) as usize,
+        k.len.min(v.len) as usize + 1,
+    );
+    // SAFETY: the launcher validated that q/o hold batch*heads*seq_q rows and k/v batch*heads*seq_k
+    // rows of D elements (checked builds re-check above), so these are the starts of this head's rows.
+    let (q_src, k_src, v_src) = unsafe {
+        (
+            q.ptr.add((bh * sq as u64 * D as u64) as usize),
+            k.ptr.add((bh * sk as u64 * D as u64) as usize),
+            v.ptr.add((bh * sk as u64 * D as u64) as usize),
+        )
+    };
+
+    // Q, then the K stages, then the V stages; every tile is whole 1024-byte atoms (config asserts),
+    // so all stay 1024-aligned in the 1024-aligned dynamic window.
+    let q_tile = SwizzledTile::<BQ, D>::at(dynamic_base());
+    let k_tiles = SwizzledTile::<BK, D>::at(dynamic_base() + SwizzledTile::<BQ, D>::BYTES as u32);
+    let v_tiles = k_tiles.stage(cfg.stages as u32);
+
+    // SAFETY (all `load_rows` calls): rows inside this head's rows (the rest zero-filled without
+    // reading); every copied-into stage is idle per the pipeline above.
+    unsafe {
+        load_rows::<BQ, D, TH, T>(q_tile, q_src, m0, sq);
+        if n_tiles > 0 {
+            load_rows::<BK, D, TH, T>(k_tiles, k_src, 0, sk);
+        }
+        cp_async_commit();
+        // The overlapped loop loads V(j) in iteration j (see `overlapped_loop`).
+        if n_tiles > 0 && !OVERLAP {
+            load_rows::<BK, D, TH, T>(v_tiles, v_src, 0, sk);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait::<1>();
+    fence_proxy_async();
+    sync_threads();
+    if p.scale < 0.0 {
+        // s * scale == (-s) * |scale|: negate Q (sign bits of f16 and bf16 alike), once.
+        negate_tile::<BQ, D, TH>(q_tile);
+        fence_proxy_async();
+        sync_threads();
+    }
+
+    let tid = thread_idx_x();
+    let wg_row = (tid / 128) * 64; // this warpgroup's first row in the block
+    let warp_row = wg_row + ((tid / 32) % 4) * 16; // this warp's first row in the block
+    let first_row = m0 + warp_row + lane_id() / 4; // this thread's rows: first_row and first_row + 8
+    let key_limit = key_limits(first_row, sk, diag, causal);
+    // Clamped away from 0 so that masked scores stay -inf (not NaN) under scale = 0.
+    let mut softmax = OnlineSoftmax::new(max(p.scale.abs() * LOG2_E, 1e-30));
+    let mut acc = [0.0f32; ON];
+    let mut s = [0.0f32; SN];
+
+    if OVERLAP {
+        // The overlapped schedule (see the module doc): P V(j-1) runs during softmax(j).
+        let mut pf = [[0u32; 4]; 16];
+        for j in 0..n_tiles {
+            let stage = j % 2;
+            let n0 = j * BK as u32;
+            if j > 0 {
+                // K(j) and V(j-1) (this thread's newest group) have landed; every warpgroup retired
+                // S(j-1) and P V(j-2).
+                cp_async_wait::<0>();
+                fence_proxy_async();
+                sync_threads();
+            }
+            // SAFETY: see above; K(j+1) goes into the stage S(j-1) read, V(j) into the stage
+            // P V(j-2) read, both retired before the barrier above.
+            unsafe {
+                if j + 1 < n_tiles {
+                    load_rows::<BK, D, TH, T>(k_tiles.stage(1 - stage), k_src, n0 + BK as u32, sk);
+                }
+                load_rows::<BK, D, TH, T>(v_tiles.stage(stage), v_src, n0, sk);
+            }
+            cp_async_commit();
+
+            let kt = k_tiles.stage(stage);
+            fence();
+            unroll_lt!(kd < D / 16, {
+                // SAFETY: as in the plain loop.
+                unsafe {
+                    T::mma_ss(
+                        &mut s,
+                        q_tile.desc_k_major(wg_row, kd as u32),
+                        kt.desc_k_major(0, kd as u32),
+                        (kd > 0) as u32,
+                    )
+                };
+            });
+            commit();
+            if j > 0 {
+                // P V(j-1): V(j-1) landed before the barrier above; P(j-1) and the rescaled O were
+                // written before the fence above.
+                let vt = v_tiles.stage(1 - stage);
+                unroll_lt!(ks < BK / 16, {
+                    // SAFETY: the whole warpgroup; see above.
+                    unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
+                });
+                commit();
+                // S(j) retired (groups retire in order); P V(j-1) may still run.
+                s.wait::<1>();
+            } else {
+                s.wait::<0>();
+            }
+            let last_key = (n0 + BK as u32 - 1) as i32;
+            if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+                mask(&mut s, n0, key_limit);
+            }
+            let alpha = softmax.update(&mut s);
+            acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
+            rescale(&mut acc, alpha);
+            pf = pack_p::<T, SN>(&s);
+        }
+        if n_tiles > 0 {
+            // The last P V: V(n-1) has landed (this thread's newest group); every warpgroup retired
+            // its S(n-1) before the barrier, so the epilogue may reuse the Q tile.
+            cp_async_wait::<0>();
+            fence_proxy_async();
+            sync_threads();
+            let vt = v_tiles.stage((n_tiles - 1) % 2);
+            fence();
+            unroll_lt!(ks < BK / 16, {
+                // SAFETY: the whole warpgroup; see above.
+                unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
+            });
+            commit();
+        }
+    } else {
+        for j in 0..n_tiles {
+            let (stage, next) = (j % 2, (j + 1) % 2);
+            let n0 = j * BK as u32;
+            let more = j + 1 < n_tiles;
+            if j > 0 {
+                cp_async_wait::<1>();
+                fence_proxy_async();
+                sync_threads();
+            }
+            if more {
+                // SAFETY: see above.
+                unsafe {
+                    load_rows::<BK, D, TH, T>(k_tiles.stage(next), k_src, n0 + BK as u32, sk)
+                };
+            }
+            cp_async_commit();
+
+            let kt = k_tiles.stage(stage);
+            fence();
+            unroll_lt!(kd < D / 16, {
+                // SAFETY: the whole warpgroup issues it (no divergence above); Q and K(j) landed and were
+                // fenced before the barrier; `s` is untouched until the wait below.
+                unsafe {
+                    T::mma_ss(
+                        &mut s,
+                        q_tile.desc_k_major(wg_row, kd as u32),
+                        kt.desc_k_major(0, kd as u32),
+                        (kd > 0) as u32,
+                    )
+                };
+            });
+            commit();
+            s.wait::<0>();
+            acc.hold();
+
+            let last_key = (n0 + BK as u32 - 1) as i32;
+            if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+                mask(&mut s, n0, key_limit);
+            }
+            let alpha = softmax.update(&mut s);
+            rescale(&mut acc, alpha);
+            let pf = pack_p::<T, SN>(&s);
+
+            cp_async_wait::<1>();
+            fence_proxy_async();
+            sync_threads();
+            if more {
+                // SAFETY: see above.
+                unsafe {
+                    load_rows::<BK, D, TH, T>(v_tiles.stage(next), v_src, n0 + BK as u32, sk)
+                };
+            }
+            cp_async_commit();
+
+            let vt = v_tiles.stage(stage);
+            fence();
+            unroll_lt!(ks < BK / 16, {
+                // SAFETY: as for the S wgmma; V(j) landed and was fenced before the barrier above.
+                unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
+            });
+            commit();
+        }
+    }
+    acc.wait::<0>();
+
+    let out_row0 = bh * sq as u64 + m0 as u64 + warp_row as u64;
+    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, sq - m0, o, lse, out_row0);
+}
+
+/// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).
+const fn checked_config<
+    const D: usize,
+    const BQ: usize,
+    const BK: usize,
+    const TH: usize,
+    const SN: usize,
+    const ON: usize,
+>() -> FlashWgmmaConfig {
+    let Some(cfg) = flash_wgmma_config_of(D, BQ, BK) else {
+        panic!("no wgmma FlashAttention config with these tile sizes")
+    };
+    assert!(cfg.stages == 2);
+    assert!(SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 128 && TH == cfg.threads());
+    assert!(SwizzledTile::<BQ, D>::BYTES % 1024 == 0 && SwizzledTile::<BK, D>::BYTES % 1024 == 0);
+    let planned = SwizzledTile::<BQ, D>::BYTES + 2 * cfg.stages * SwizzledTile::<BK, D>::BYTES;
+    assert!(planned == cfg.smem_bytes());
+    cfg
+}
+
+/// Issues this thread's share of the 16-byte copies of rows `row0..row0 + ROWS` of a `[rows, D]`
+/// matrix at `src` into `tile`; rows at or past `rows` are zero-filled. `TH` threads share the work.
+///
+/// # Safety
+/// `src` points at `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
+#[inline(always)]
+unsafe fn load_rows<const ROWS: usize, const D: usize, const TH: usize, T>(
+    tile: SwizzledTile<ROWS, D>,
+    src: *const T,
+    row0: u32,
+    rows: u32,
+) {
+    let chunks_per_row = (D / 8) as u32;
+    const {
+        assert!(
+            (ROWS * D / 8) % TH == 0,
+            "copies must divide evenly among threads"
+        )
+    };
+    unroll_lt!(i < ROWS * D / 8 / TH, {
+        let c = thread_idx_x() + (i * TH) as u32;
+        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+        let fill = row0 + r < rows;
+        let at = if fill {
+            (row0 + r) as usize * D + chunk as usize * 8
+        } else {
+            0
+        };
+        // SAFETY: `at` is inside the `rows` rows when `fill` (else not read); 8 elements = 16 bytes.
+        unsafe { tile.copy_chunk_async(r, chunk, src.add(at) as *const u8, fill) };
+    });
+}
+
+/// Flips the sign bit of every element of `tile` (after its copies landed and a barrier).
+#[inline(always)]
+fn negate_tile<const ROWS: usize, const D: usize, const TH: usize>(tile: SwizzledTile<ROWS, D>) {
+    let chunks_per_row = (D / 8) as u32;
+    const { assert!((ROWS * D / 8) % TH == 0) };
+    unroll_lt!(i < ROWS * D / 8 / TH, {
+        let c = thread_idx_x() + (i * TH) as u32;
+        let addr = tile.chunk_addr(c / chunks_per_row, c % chunks_per_row);
+        // SAFETY: an aligned chunk of the tile; each chunk has one thread, and the barrier after this
+        // orders the writes before any reader.
+        unsafe {
+            let w = ld_shared_v4(addr);
+            st_shared_v4(addr, w.map(|x| x ^ 0x8000_8000));
+        }
+    });
+}
+
+/// `O *= alpha` per row (`acc[4n], acc[4n + 1]`: row g; `acc[4n + 2], acc[4n + 3]`: row g + 8).
+#[inline(always)]
+fn rescale<const ON: usize>(acc: &mut [f32; ON], alpha: [f32; 2]) {
+    unroll_lt!(n < ON / 4, {
+        acc[4 * n] *= alpha[0];
+        acc[4 * n + 1] *= alpha[0];
+        acc[4 * n + 2] *= alpha[1];
+        acc[4 * n + 3] *= alpha[1];
+    });
+}
+
+/// P (the probabilities in `s`) rounded to `T` as the A fragments of the `SN / 8` k-steps of
+/// `P V`: step `ks` is S's 8-column blocks `2 ks` and `2 ks + 1` (entries `8 ks..8 ks + 8`).
+#[inline(always)]
+fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 16] {
+    let mut pf = [[0u32; 4]; 16];
+    unroll_lt!(ks < SN / 8, {
+        let b = 8 * ks;
+        pf[ks] = [
+            T::pack2(s[b], s[b + 1]),
+            T::pack2(s[b + 2], s[b + 3]),
+            T::pack2(s[b + 4], s[b + 5]),
+            T::pack2(s[b + 6], s[b + 7]),
+        ];
+    });
+    pf
+}
+
+/// For this thread's two rows (`row`, `row + 8`): the first key index that row may not see.
+#[inline(always)]
+fn key_limits(row: u32, sk: u32, diag: i32, causal: bool) -> [i32; 2] {
+    let limit = |r: u32| {
+        if causal {
+            (r as i32 + diag + 1).min(sk as i32)
+        } else {
+            sk as i32
+        }
+    };
+    [limit(row), limit(row + 8)]
+}
+
+/// Sets scores of keys at or past each row's limit to -inf (tile keys start at `n0`). `s[4n + e]` is
+/// row `g`, key `n0 + 8n + 2q + e`; `s[4n + 2 + e]` row `g + 8`, same key.
+#[inline(always)]
+fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: [i32; 2]) {
+    let first = (n0 + 2 * (lane_id() % 4)) as i32;
+    unroll_lt!(n < SN / 4, {
+        unroll!(e in [0, 1] {
+            let key = first + (8 * n + e) as i32;
+            if key >= limit[0] {
+                s[4 * n + e] = f32::NEG_INFINITY;
+            }
+            if key >= limit[1] {
+                s[4 * n + 2 + e] = f32::NEG_INFINITY;
+            }
+        });
+    });
+}
+
+/// Running max (`m`, of raw scores) and this thread's partial row sums (`l`) of its two rows, as in
+/// [`super::flash`]; `c = |scale| log2(e) > 0`.
+struct OnlineSoftmax {
+    m: [f32; 2],
+    l: [f32; 2],
+    c: f32,
+}
+
+impl OnlineSoftmax {
+    #[inline(always)]
+    fn new(c: f32) -> Self {
+        Self {
+            m: [f32::NEG_INFINITY; 2],
+            l: [0.0; 2],
+            c,
+        }
+    }
+
+    /// Replaces the raw scores by `exp2(s c - m_new c)` and returns each row's rescale factor
+    /// `exp2(m_old c - m_new c)` for the output accumulator.
+    #[inline(always)]
+    fn update<const SN: usize>(&mut self, s: &mut [f32; SN]) -> [f32; 2] {
+        let mut alpha = [0.0f32; 2];
+        unroll!(r in [0, 1] {
+            let mut m = self.m[r];
+            unroll_lt!(n < SN / 4, {
+                m = max(m, max(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+            });
+            m = max(m, shfl_xor_f32(m, 1));
+            m = max(m, shfl_xor_f32(m, 2));
+            // A row that has seen only masked keys keeps m = -inf; subtracting 0 instead makes its
+            // exponentials 0 (not NaN from -inf - -inf).
+            let base = if m == f32::NEG_INFINITY { 0.0 } else { m * self.c };
+            alpha[r] = exp2(fma(self.m[r], self.c, -base));
+            let mut sum = 0.0f32;
+            unroll_lt!(n < SN / 4, {
+                unroll!(e in [0, 1] {
+                    let x = exp2(fma(s[4 * n + 2 * r + e], self.c, -base));
+                    s[4 * n + 2 * r + e] = x;
+                    sum += x;
+                });
+            });
+            self.l[r] = self.l[r] * alpha[r] + sum;
+            self.m[r] = m;
+        });
+        alpha
+    }
+}
+
+/// Writes this warp's 16 rows of `O = acc / l` and their LSE, staged through the warp's own rows of
+/// the Q tile (free: the warpgroup's last S wgmma has retired). `rows_left` = valid rows from the
+/// CTA's first row; `out_row0` = global row index (over batch*heads*seq_q) of the warp's first row.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON: usize>(
+    acc: &[f32; ON],
+    softmax: &OnlineSoftmax,
+    staging: SwizzledTile<BQ, D>,
+    warp_row: u32,
+    rows_left: u32,
+    o: SliceMut<T>,
+    lse: SliceMut<f32>,
+    out_row0: u64,
+) {
+    let (g, t) = (lane_id() / 4, lane_id() % 4);
+    let mut inv = [0.0f32; 2];
+    let mut row_lse = [f32::NEG_INFINITY; 2];
+    unroll!(r in [0, 1] {
+        let mut l = softmax.l[r];
+        l += shfl_xor_f32(l, 1);
+        l += shfl_xor_f32(l, 2);
+        if l > 0.0 {
+            inv[r] = 1.0 / l;
+            row_lse[r] = fma(softmax.m[r], softmax.c, log2(l)) * LN_2;
+        }
+    });
+    // Only this warp touches its rows of the Q tile from here on; the warp barriers order every
+    // lane's writes before the reads (and racecheck sees lanes, not instruction order).
+    sync_warp(FULL_MASK);
+    unroll_lt!(n < ON / 4, {
+        let col = (8 * n) as u32 + 2 * t;
+        let c = &acc[4 * n..4 * n + 4];
+        // SAFETY: 4-byte aligned addresses (even column) inside the tile.
+        unsafe {
+            u32::st_shared(
+                staging.elem_addr(warp_row + g, col),
+                T::pack2(c[0] * inv[0], c[1] * inv[0]),
+            );
+            u32::st_shared(
+                staging.elem_addr(warp_row + g + 8, col),
+                T::pack2(c[2] * inv[1], c[3] * inv[1]),
+            );
+        }
+    });
+    sync_warp(FULL_MASK);
+    let chunks_per_row = (D / 8) as u32;
+    unroll_lt!(i < 16 * D / 8 / 32, {
+        let c = lane_id() + 32 * i as u32;
+        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+        if warp_row + r < rows_left {
+            let at = (out_row0 + r as u64) * (D / 8) as u64 + chunk as u64;
+            check_index(at as usize, o.len as usize / 8);
+            // SAFETY: the row is < seq_q of this head (checked just above), so the chunk lies in `o`
+            // (launcher-validated size, 16-byte aligned base); each chunk has one writer.
+            unsafe {
+                let words = ld_shared_v4(staging.chunk_addr(warp_row + r, chunk));
+                store_chunk(o.ptr as *mut Chunk16, at, Chunk16(words))
+            };
+        }
+    });
+    if t == 0 {
+        unroll!(r in [0, 1] {
+            let row = warp_row + g + 8 * r as u32;
+            if row < rows_left {
+                lse.set(out_row0 + (g + 8 * r as u32) as u64, row_lse[r]);
+            }
+        });
+    }
+}
+
+macro_rules! flash_wg_entry_points {
+    ($($name:ident: $t:ty, $cfg:path, $overlap:literal;)*) => {$(
+        /// FlashAttention forward on wgmma (sm_90a); launch with the grid, block and shared memory of
+        /// its config.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
+        ) {
+            const C: FlashWgmmaConfig = $cfg;
+            unsafe {
+                flash_wg_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.threads() }, { C.block_k / 2 }, { C.head_dim / 2 }, $overlap>(
+                    q, k, v, o, lse, shape,
+                )
+            }
+        }
+    )*};
+}
+
+flash_wg_entry_points! {
+    flash_wg_fwd_d64_f16: F16, FLASH_WG_D64, false;
+    flash_wg_fwd_d64_bf16: BF16, FLASH_WG_D64, false;
+    flash_wg_fwd_d128_f16: F16, FLASH_WG_D128, false;
+    flash_wg_fwd_d128_bf16: BF16, FLASH_WG_D128, false;
+    flash_wg2_fwd_d64_f16: F16, FLASH_WG_D64, true;
+    flash_wg2_fwd_d64_bf16: BF16, FLASH_WG_D64, true;
+    flash_wg2_fwd_d128_f16: F16, FLASH_WG_D128, true;
+    flash_wg2_fwd_d128_bf16: BF16, FLASH_WG_D128, true;
+    flash_wg3_fwd_d64_f16: F16, FLASH_WG_D64_K128, true;
+    flash_wg3_fwd_d64_bf16: BF16, FLASH_WG_D64_K128, true;
+}
+
+/// The probes' depth: 8 k-steps of 16 (two 64-column panels for K-major operands).
+const PROBE_K: usize = 128;
+
+/// Writes a 64 x N f32 accumulator (wgmma D layout) row-major to `c`.
+#[inline(always)]
+fn probe_store<const AN: usize>(acc: &[f32; AN], c: SliceMut<f32>) {
+    let n_cols = (2 * AN) as u64;
+    let tid = thread_idx_x();
+    let row = ((tid / 32) * 16 + lane_id() / 4) as u64;
+    let col0 = (2 * (lane_id() % 4)) as u64;
+    unroll_lt!(j < AN / 4, {
+        let col = col0 + 8 * j as u64;
+        c.set(row * n_cols + col, acc[4 * j]);
+        c.set(row * n_cols + col + 1, acc[4 * j + 1]);
+        c.set((row + 8) * n_cols + col, acc[4 * j + 2]);
+        c.set((row + 8) * n_cols + col + 1, acc[4 * j + 3]);
+    });
+}
+
+/// Layer-1 probe: `C (64 x N) = A B^T`, A `[64][128]` and B `[N][128]` row-major (both K-major),
+/// both from swizzled shared memory by descriptors; `AN = N / 2`. One warpgroup.
+#[inline(always)]
+unsafe fn probe_ss<const N: usize, const AN: usize>(a: Slice<F16>, b: Slice<F16>, c: SliceMut<f32>)
+where
+    F16: Wgmma<[f32; AN]>,
+    [f32; AN]: Accumulator,
+{
+    const { assert!(AN * 2 == N) };
+    check_index(64 * PROBE_K, a.len as usize + 1);
+    check_index(N * PROBE_K, b.len as usize + 1);
+    let a_tile = SwizzledTile::<64, PROBE_K>::at(dynamic_base());
+    let b_tile =
+        SwizzledTile::<N, PROBE_K>::at(dynamic_base() + SwizzledTile::<64, PROBE_K>::BYTES as u32);
+    // SAFETY: the launcher passes 64 and N rows of 128 elements.
+    unsafe {
+        load_rows::<64, PROBE_K, 128, F16>(a_tile, a.ptr, 0, 64);
+        load_rows::<N, PROBE_K, 128, F16>(b_tile, b.ptr, 0, N as u32);
+    }
+    cp_async_commit();
+    cp_async_wait::<0>();
+    fence_proxy_async();
+    sync_threads();
+    let mut acc = [0.0f32; AN];
+    fence();
+    unroll_lt!(kd < PROBE_K / 16, {
+        // SAFETY: the whole warpgroup; tiles landed and fenced.
+        unsafe {
+            F16::mma_ss(
+                &mut acc,
+                a_tile.desc_k_major(0, kd as u32),
+                b_tile.desc_k_major(0, kd as u32),
+                (kd > 0) as u32,
+            )
+        };
+    });
+    commit();
+    acc.wait::<0>();
+    probe_store(&acc, c);
+}
+
+/// Layer-2 probe: `C (64 x N) = A B`, A `[64][128]` row-major read into registers (the wgmma A
+/// fragment, as P is), B `[128][N]` row-major (MN-major, the V form) from swizzled shared memory.
+#[inline(always)]
+unsafe fn probe_rs<const N: usize, const AN: usize>(a: Slice<F16>, b: Slice<F16>, c: SliceMut<f32>)
+where
+    F16: Wgmma<[f32; AN]>,
+    [f32; AN]: Accumulator,
+{
+    const { assert!(AN * 2 == N) };
+    check_index(64 * PROBE_K, a.len as usize + 1);
+    check_index(N * PROBE_K, b.len as usize + 1);
+    let b_tile = SwizzledTile::<PROBE_K, N>::at(dynamic_base());
+    // SAFETY: the launcher passes 128 rows of N elements.
+    unsafe { load_rows::<PROBE_K, N, 128, F16>(b_tile, b.ptr, 0, PROBE_K as u32) };
+    cp_async_commit();
+    let tid = thread_idx_x();
+    let row = (tid / 32) * 16 + lane_id() / 4;
+    let col = 2 * (lane_id() % 4);
+    // Two 16-bit elements (row r, columns k, k + 1) as one word, low half first.
+    let word = |r: u32, k: u32| -> u32 {
+        let i = (r as usize * PROBE_K + k as usize) / 2;
+        check_index(2 * i + 1, a.len as usize);
+        // SAFETY: inside A (64 x 128, checked above in checked builds); 4-byte aligned (k even).
+        unsafe { *(a.ptr as *const u32).add(i) }
+    };
+    let mut af = [[0u32; 4]; PROBE_K / 16];
+    unroll_lt!(kd < PROBE_K / 16, {
+        let k0 = 16 * kd as u32 + col;
+        af[kd] = [
+            word(row, k0),
+            word(row + 8, k0),
+            word(row, k0 + 8),
+            word(row + 8, k0 + 8),
+        ];
+    });
+    cp_async_wait::<0>();
+    fence_proxy_async();
+    sync_threads();
+    let mut acc = [0.0f32; AN];
+    fence();
+    unroll_lt!(kd < PROBE_K / 16, {
+        // SAFETY: the whole warpgroup; the tile landed and was fenced.
+        unsafe { F16::mma_rs_tb(&mut acc, &af[kd], b_tile.desc_mn_major(kd as u32)) };
+    });
+    commit();
+    acc.wait::<0>();
+    probe_store(&acc, c);
+}
+
+macro_rules! probe_entry_points {
+    ($($name:ident: $f:ident, $n:literal;)*) => {$(
+        /// A wgmma layer probe (see the module doc); one block of 128 threads, shared memory
+        /// `(64 + 128) * 128 * 2` bytes at most.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(a: Slice<F16>, b: Slice<F16>, c: SliceMut<f32>) {
+            unsafe { $f::<$n, { $n / 2 }>(a, b, c) }
+        }
+    )*};
+}
+
+probe_entry_points! {
+    wgmma_probe_ss_n64_f16: probe_ss, 64;
+    wgmma_probe_ss_n128_f16: probe_ss, 128;
+    wgmma_probe_rs_n64_f16: probe_rs, 64;
+    wgmma_probe_rs_n128_f16: probe_rs, 128;
+}
