@@ -440,14 +440,16 @@ fn relevance(b: &mut Bencher) {
                 lrp::relevance(&layer, &x[0], &rel[0], &Activation::tanh()).expect("lrp");
             },
         );
-        // GEMM-pass variants: the register-staged kernels (the default until run r5), 4 (the
-        // default's cp.async pipeline with spread at one block per SM), V3Split, 5 (the default
-        // with the integer 3xTF32 split) and 6 (5 with the coefficients in the sums epilogue where
-        // that pass has one split: R1024), same inputs, next to the default, on request only
+        // GEMM-pass variants: the register-staged kernels (the default until run r5), 3 (the
+        // default until session 4: the cp.async pipeline with cvt.rna splits), 4 (3 with spread at
+        // one block per SM), V3Split, 5 (the default: the integer 3xTF32 split, so `lrp_v5` repeats
+        // `lrp` as a same-run check) and 6 (5 with the coefficients in the sums epilogue where that
+        // pass has one split: R1024), same inputs, next to the default, on request only
         // (`RGK_BENCH_VARIANTS=1`).
         let variants: &[(&str, lrp::GemmVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
             &[
                 ("staged", lrp::GemmVariant::Staged),
+                ("v3", lrp::GemmVariant::V3),
                 ("v4", lrp::GemmVariant::V4),
                 ("v3split", lrp::GemmVariant::V3Split),
                 ("v5", lrp::GemmVariant::V5),
@@ -668,11 +670,15 @@ fn layer_norms(b: &mut Bencher) {
             ln::layer_norm_backward(&x[0], &g, &mean, &rstd, &dy).expect("layer_norm_backward");
         },
     );
-    // Warp-per-row backward variants (`layernorm_bwd_warp_s{stages}w{warps}/...`), same inputs, next
-    // to the default, on request only (`RGK_BENCH_VARIANTS=1`); bf16 at the same shape with the
-    // shipped kernels as `layernorm_bwd_block/bf16/...` (no default bf16 bench to sit beside).
+    // The block-per-row kernels (`layernorm_bwd_block/...`, the default until session 4) and the
+    // warp-per-row configurations (`layernorm_bwd_warp_s{stages}w{warps}/...`; the default is one of
+    // them), same inputs, next to the default, on request only (`RGK_BENCH_VARIANTS=1`); the same for
+    // bf16 at the same shape (no default bf16 bench to sit beside).
     if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        for variant in ln::BwdVariant::WARP {
+        for variant in [ln::BwdVariant::Block]
+            .into_iter()
+            .chain(ln::BwdVariant::WARP)
+        {
             b.bench(
                 spec(
                     format!("layernorm_bwd_{}/f32/{rows}x{cols}", variant.tag()),

@@ -190,7 +190,11 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // Warp-per-row backward variants: dgamma, dbeta and gamma take 96 registers a lane, and ptxas keeps
     // the row's x and dy across the shuffles. At a cap of 128 they spilled (f32 ~80 B, f16/bf16
     // ~600 B); at 170 (3 blocks of 4 warps) still 20-48 B; unbounded they take ~205 (8 warps an SM).
-    ("layer_norm_backward_warp", layer_norm::WARP_MAX_WARPS * 32, 1),
+    (
+        "layer_norm_backward_warp",
+        layer_norm::WARP_MAX_WARPS * 32,
+        1,
+    ),
     // f32 fits 64 registers (two blocks of 512); the halves hold 8 elements a chunk and spilled at
     // 64, so they get up to 128.
     (
@@ -295,8 +299,9 @@ pub mod layer_norm {
     const _: () = assert!(PIPE_STAGES >= 2 && PIPE_STAGES <= 4);
     /// Default epsilon added to the variance.
     pub const DEFAULT_EPS: f32 = 1e-5;
-    /// Most dgamma/dbeta partial rows (blocks of the backward). A constant, not the SM count, so the
-    /// summation order depends on the shape only.
+    /// Most dgamma/dbeta partial rows (blocks of the block-per-row backward). A constant, not the SM
+    /// count, so that kernel's summation order depends on the shape only (the warp-per-row backward,
+    /// the default where it applies, has one partial row per resident block instead).
     pub const MAX_CHUNKS: u64 = 2048;
     /// Fewest rows one backward block folds into its partial row.
     pub const MIN_ROWS_PER_CHUNK: u64 = 16;

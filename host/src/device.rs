@@ -26,6 +26,8 @@ struct Inner {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     poison_outputs: AtomicBool,
     memory: Arc<MemoryCounter>,
+    /// Theoretical DRAM peak in bytes a second (see [`Gpu::peak_dram_bytes_per_s`]).
+    peak_dram_bytes_per_s: f64,
 }
 
 /// Device bytes held by the tensors of one [`Gpu`] handle: every [`crate::Tensor`] allocation adds its
@@ -118,6 +120,20 @@ impl Gpu {
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(|e| Error::driver(e, format!("loading the {arch} PTX module")))?;
         let stream = ctx.default_stream();
+        // Read once here: the driver answers the memory-clock attribute slowly (about 0.4 ms a call
+        // measured on an H100), far too slow for a launcher to ask per call.
+        let peak_dram_bytes_per_s = {
+            use cudarc::driver::sys::CUdevice_attribute as A;
+            let khz = ctx
+                .attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)
+                .unwrap_or(0)
+                .max(0) as f64;
+            let bits = ctx
+                .attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
+                .unwrap_or(0)
+                .max(0) as f64;
+            2.0 * khz * 1e3 * bits / 8.0
+        };
         Ok(Gpu {
             inner: Arc::new(Inner {
                 ctx,
@@ -129,6 +145,7 @@ impl Gpu {
                 functions: Mutex::new(HashMap::new()),
                 poison_outputs: AtomicBool::new(false),
                 memory: Arc::new(MemoryCounter::default()),
+                peak_dram_bytes_per_s,
             }),
         })
     }
@@ -161,11 +178,9 @@ impl Gpu {
     /// The DRAM's theoretical peak in bytes per second: 2 transfers a clock (DDR/HBM) x memory clock x
     /// bus width, from the driver's attributes (H100 SXM: 3.35e12, H200: 4.8e12). Kernels whose best
     /// form depends on how many bytes must be in flight choose by it.
-    pub fn peak_dram_bytes_per_s(&self) -> Result<f64> {
-        use cudarc::driver::sys::CUdevice_attribute as A;
-        let khz = self.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as f64;
-        let bits = self.attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as f64;
-        Ok(2.0 * khz * 1e3 * bits / 8.0)
+    /// Read once when the handle is made (0 if the driver did not say).
+    pub fn peak_dram_bytes_per_s(&self) -> f64 {
+        self.inner.peak_dram_bytes_per_s
     }
 
     pub fn attribute(&self, a: cudarc::driver::sys::CUdevice_attribute) -> Result<u32> {

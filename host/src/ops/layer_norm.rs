@@ -2,7 +2,10 @@
 //! variance (as PyTorch), gamma and beta of shape `[D]` and x's dtype, f32 math for every dtype. The
 //! forward returns `mean` and `rstd = 1 / sqrt(var + eps)` per row (f32, shape `x.shape[..rank-1]`) for
 //! the backward, which returns `dx`, `dgamma` and `dbeta`; dgamma/dbeta are reduced over rows in a fixed
-//! order (per-block partial rows, then a fixed-order sum): the same bits on every run.
+//! order (per-block partial rows, then a fixed-order sum): the same bits on every run. The backward's
+//! warp-per-row kernel (the default where it applies) has one partial row per resident block, so its
+//! summation order follows the device's SM count and occupancy: the same bits on every run on one
+//! device model, possibly different last bits on another.
 //!
 //! Rows up to `MAX_CACHED_COLS` (8192) are held in registers (one read of x, one write of y); longer
 //! rows read x twice. Empty rows (`D = 0`) have no mean: an [`Error::Invalid`]. No rows: empty outputs
@@ -143,14 +146,15 @@ pub fn layer_norm_backward(
     rstd: &Tensor,
     dy: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    layer_norm_backward_variant(x, gamma, mean, rstd, dy, BwdVariant::Block)
+    layer_norm_backward_variant(x, gamma, mean, rstd, dy, BwdVariant::DEFAULT)
 }
 
 /// Which kernels [`layer_norm_backward_variant`] runs (for side-by-side measurement; not a stable API).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BwdVariant {
-    /// The shipped kernels: one block a row, rows of whole 16-byte chunks through the `cp.async`
+    /// The shipped kernels until session 4, and the fallback of [`BwdVariant::Warp`]: one block a
+    /// row, rows of whole 16-byte chunks through the `cp.async`
     /// block pipeline (`layer_norm_backward_pipe`), the register kernels otherwise; 2048 partial rows
     /// at most.
     Block,
@@ -163,6 +167,14 @@ pub enum BwdVariant {
 }
 
 impl BwdVariant {
+    /// What [`layer_norm_backward`] runs: one warp a row, 2 stages, 4 warps a block. Measured on an
+    /// H100 (session 4, run b2, 65536 x 1024): f32 0.2924 ms (0.91 of copy) vs the block kernels'
+    /// 0.3132 and torch.compile's 0.3123; bf16 0.1470 vs 0.2164 (the fastest bf16 configuration; f32's
+    /// best, 2 stages x 8 warps, was 0.2909).
+    pub const DEFAULT: BwdVariant = BwdVariant::Warp {
+        stages: 2,
+        warps: 4,
+    };
     /// The warp-per-row configurations measured side by side (benches, tests).
     pub const WARP: [BwdVariant; 4] = [
         BwdVariant::Warp {

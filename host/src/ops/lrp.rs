@@ -387,7 +387,7 @@ pub enum GemmVariant {
     /// The shipped kernels until run r5 (2026-11-26), now the fallback of [`GemmVariant::V3`] for
     /// operands that are not 16-byte granular.
     Staged,
-    /// The shipped kernels ([`relevance`], [`dense`], [`mlp`]): `lrp_*_v3_f32`, `dense_v3_f32`:
+    /// The shipped kernels until session 4: `lrp_*_v3_f32`, `dense_v3_f32`:
     /// 32-deep stages through a 4-buffer `cp.async` pipeline in dynamic shared memory, one fresh 3xTF32 partial per stage (gpu/src/kernels/lrp.rs). A pass whose
     /// operand rows are not 16-byte granular (`I` or `O` not a multiple of 4, or an unaligned base)
     /// runs the default kernel instead.
@@ -405,7 +405,7 @@ pub enum GemmVariant {
     /// `lrp_spread_v5_f32`, `lrp_spread_v5_finish_f32`, `dense_v5_f32`; `gpu::params::lrp::v5`):
     /// `hi` identical, `lo` truncated instead of rounded (error per product `5 2^-22` instead of
     /// `3 2^-22`), about a third fewer instructions per stage. The same tiles, pipeline, splits,
-    /// occupancy and fallback.
+    /// occupancy and fallback. The shipped kernels ([`GemmVariant::DEFAULT`]).
     V5,
     /// Variant 5 with the coefficients computed in the sums pass's epilogue where that pass runs
     /// variant 5's kernel in one split (`lrp_sums_v6_coef_f32`: no A / S workspaces, no
@@ -414,6 +414,10 @@ pub enum GemmVariant {
 }
 
 impl GemmVariant {
+    /// What [`relevance`], [`dense`] and [`mlp`] run: variant 5, measured on an H100 (session 4, run
+    /// b2, same run as the PyTorch peer): R1024 I=O=4096 1.930 ms vs variant 3's 2.281 (vectorised
+    /// PyTorch 6.127: 3.17x vs 2.69x); R64 0.152 vs 0.168.
+    pub const DEFAULT: GemmVariant = GemmVariant::V5;
     pub const ALL: [GemmVariant; 6] = [
         GemmVariant::Staged,
         GemmVariant::V3,
@@ -722,10 +726,10 @@ pub fn relevance(
     relevance_out: &Tensor,
     act: &Activation,
 ) -> Result<Tensor> {
-    relevance_variant(layer, x, relevance_out, act, GemmVariant::V3)
+    relevance_variant(layer, x, relevance_out, act, GemmVariant::DEFAULT)
 }
 
-/// [`relevance`] with its GEMM passes on `variant`'s kernels (`GemmVariant::V3` is exactly
+/// [`relevance`] with its GEMM passes on `variant`'s kernels (`GemmVariant::DEFAULT` is exactly
 /// [`relevance`]): same contract, results within the same error bound, bit-identical across runs.
 #[doc(hidden)]
 pub fn relevance_variant(
@@ -931,10 +935,10 @@ impl Nonlinearity {
 /// Forward pass of a dense layer: `f(x W^T + b)` for `x: [.., I]`, result `[.., O]` (the same tiled
 /// kernel as the relevance sums, then an epilogue; softmax runs as its own op).
 pub fn dense(layer: &Linear, x: &Tensor, f: Nonlinearity) -> Result<Tensor> {
-    dense_variant(layer, x, f, GemmVariant::V3)
+    dense_variant(layer, x, f, GemmVariant::DEFAULT)
 }
 
-/// [`dense`] with its GEMM pass on `variant`'s kernel (`GemmVariant::V3` is exactly [`dense`]).
+/// [`dense`] with its GEMM pass on `variant`'s kernel (`GemmVariant::DEFAULT` is exactly [`dense`]).
 #[doc(hidden)]
 pub fn dense_variant(
     layer: &Linear,

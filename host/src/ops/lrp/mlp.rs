@@ -60,7 +60,7 @@ impl Explanation {
 
 /// Forward pass of `layers` on `x: [.., I0]`, keeping each layer's input.
 pub fn forward(layers: &[MlpLayer], x: &Tensor) -> Result<Vec<Tensor>> {
-    forward_variant(layers, x, GemmVariant::V3)
+    forward_variant(layers, x, GemmVariant::DEFAULT)
 }
 
 fn forward_variant(layers: &[MlpLayer], x: &Tensor, variant: GemmVariant) -> Result<Vec<Tensor>> {
@@ -80,7 +80,7 @@ fn forward_variant(layers: &[MlpLayer], x: &Tensor, variant: GemmVariant) -> Res
 /// Runs the forward pass and propagates relevance from the output back to the input. `start` is the
 /// relevance of the last layer's outputs (same shape); `None` starts from the outputs themselves.
 pub fn explain(layers: &[MlpLayer], x: &Tensor, start: Option<&Tensor>) -> Result<Explanation> {
-    explain_variant(layers, x, start, GemmVariant::V3)
+    explain_variant(layers, x, start, GemmVariant::DEFAULT)
 }
 
 /// [`explain`] with every GEMM pass on `variant`'s kernels (see `super::relevance_variant`).
