@@ -377,7 +377,7 @@ fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
     })
 }
 
-/// Peak DRAM bandwidth above which the 2D forward runs V3Prefetch rather than V2 (between the
+/// Peak DRAM bandwidth above which the forward runs V3Prefetch (2D) and V2 (3D) rather than V2 and Cached (between the
 /// H100's 3.35 and the H200's 4.8 TB/s, the two cards measured).
 const FWD_V3_MIN_DRAM_BYTES_PER_S: f64 = 4.0e12;
 
@@ -416,17 +416,19 @@ pub fn sgp_forward(
     weight: &Tensor,
     normalize: Normalize,
 ) -> Result<Forward> {
-    // V2 measured faster on an H200 (same run): 3D B4096 N512 0.0589 vs 0.0730 ms (0.81 vs 0.65 of
-    // copy bandwidth), 2D 0.0379 vs 0.0432 ms; 3D runs V2. For 2D the better kernel depends on the
-    // card's bandwidth, B4096 N512: on an H200 (4.8 TB/s peak) V3Prefetch 0.0314 ms (0.75 of copy)
-    // vs V2 0.0378 (run r5); on an H100 (3.35 TB/s) V2 0.0399 (0.84) vs V3Prefetch 0.0416 (0.80)
-    // (session 4, run b). V2 keeps fewer bytes in flight a SM (one row, 4-byte accesses) but less
-    // work a row, so it wins until the memory outruns it.
+    // The best kernel depends on the card's bandwidth (B4096 N512, each pair measured in one run):
+    // - H200 (4.8 TB/s peak): 2D V3Prefetch 0.0314 ms (0.75 of copy) vs V2 0.0378 (run r5); 3D V2
+    //   0.0589 (0.81) vs Cached 0.0730.
+    // - H100 (3.35 TB/s): 2D V2 0.0399 (0.84) vs V3Prefetch 0.0416 (0.80); 3D Cached 0.0831 (0.80)
+    //   vs V2 0.0847 (0.79) (session 4, runs b and b2).
+    // The kernel that keeps more bytes in flight a SM wins once the memory outruns the lighter one.
+    // V3Prefetch is 2D only: for 3D it runs V2.
     let fast_dram = x.gpu().peak_dram_bytes_per_s() > FWD_V3_MIN_DRAM_BYTES_PER_S;
-    let variant = if fast_dram {
-        FwdVariant::V3Prefetch
-    } else {
-        FwdVariant::V2
+    let three_d = x.shape().first() == Some(&Algebra::Cl3.components());
+    let variant = match (fast_dram, three_d) {
+        (true, _) => FwdVariant::V3Prefetch,
+        (false, false) => FwdVariant::V2,
+        (false, true) => FwdVariant::Cached,
     };
     sgp_forward_variant(x, y, weight, normalize, variant)
 }
