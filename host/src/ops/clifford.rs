@@ -377,8 +377,8 @@ fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
     })
 }
 
-/// Peak DRAM bandwidth above which the forward runs V3Prefetch (2D) and V2 (3D) rather than V2 and Cached (between the
-/// H100's 3.35 and the H200's 4.8 TB/s, the two cards measured).
+/// Peak DRAM bandwidth above which the forward runs V3Prefetch (2D) and V2 (3D) rather than V2 and
+/// Cached (between the H100's 3.35 and the H200's 4.8 TB/s, the two cards measured).
 const FWD_V3_MIN_DRAM_BYTES_PER_S: f64 = 4.0e12;
 
 /// Which kernel [`sgp_forward_variant`] runs (for side-by-side measurement; not a stable API).
