@@ -18,8 +18,10 @@ done
 nvidia-smi -L | tee "$out/gpu.txt"
 sum="$out/summary.txt"
 for t in ${TESTS:-}; do
-  timeout "${T_TEST:-300}" "$b/tests/$t" --test-threads=1 > "$out/test_$t.log" 2>&1
-  echo "test $t rc=$? $(grep -h 'test result' "$out/test_$t.log" | tr '\n' ' ')" | tee -a "$sum"
+  # --nocapture: the seeds and any SKIP line reach the log (a skipped GPU test must be visible).
+  timeout "${T_TEST:-300}" "$b/tests/$t" --test-threads=1 --nocapture > "$out/test_$t.log" 2>&1
+  rc=$?
+  echo "test $t rc=$rc skips=$(grep -c SKIP "$out/test_$t.log") $(grep -h 'test result' "$out/test_$t.log" | tr '\n' ' ')" | tee -a "$sum"
 done
 if [ -n "${SAN:-}" ]; then
   timeout "${T_SAN:-300}" "$b/xtask" sanitize --bins "$b" --log-dir /tmp/san ${SAN_TOOLS:+--tools $SAN_TOOLS} --only "$SAN" > "$out/sanitize.log" 2>&1
