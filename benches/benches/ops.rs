@@ -743,7 +743,7 @@ fn embeddings(b: &mut Bencher) {
 /// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md). With
 /// `RGK_BENCH_VARIANTS=1` on an sm_90 device, the wgmma variant runs each shape too
 /// (`attn_fwd_wgmma/...`, the overlapped `attn_fwd_wgmma2/...` and, at D = 64, `attn_fwd_wgmma3/...`
-/// with 128-key tiles; same names otherwise).
+/// with 128-key tiles and `attn_fwd_wgmma4/...` with one warpgroup a CTA; same names otherwise).
 fn attention(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
@@ -798,9 +798,11 @@ fn attention(b: &mut Bencher) {
                 // The Hopper wgmma variant next to the default, on request only
                 // (`RGK_BENCH_VARIANTS=1`) and on devices that run it (sm_90).
                 // Variant 1: `attn_fwd_wgmma/...`, variant 2 (overlapped): `attn_fwd_wgmma2/...`,
-                // variant 3 (overlapped, 128-key tiles at D = 64; D = 128 is variant 2 again).
-                for (variant, tag) in [(1u32, "wgmma"), (2, "wgmma2"), (3, "wgmma3")] {
-                    if variant == 3 && d != 64 {
+                // variant 3 (overlapped, 128-key tiles at D = 64; D = 128 is variant 2 again),
+                // variant 4 (as 3 with one warpgroup, 64 query rows, a CTA; D = 64 only too).
+                let tags = [(1u32, "wgmma"), (2, "wgmma2"), (3, "wgmma3"), (4, "wgmma4")];
+                for (variant, tag) in tags {
+                    if variant >= 3 && d != 64 {
                         continue;
                     }
                     if !(variants_on && attn::flash_variant_supported(&b.gpu, variant)) {

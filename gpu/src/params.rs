@@ -139,6 +139,12 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         attention::FLASH_WG_D64_K128.threads() as u32,
         attention::FLASH_WG_D64_K128.min_blocks,
     ),
+    // One warpgroup a CTA (variant 4): 3 CTAs of 128 threads per SM (shared memory allows 3).
+    (
+        "flash_wg4_fwd_d64_",
+        attention::FLASH_WG_D64_Q64.threads() as u32,
+        attention::FLASH_WG_D64_Q64.min_blocks,
+    ),
     // The wgmma layer probes (one warpgroup).
     ("wgmma_probe_", 128, 1),
     // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
@@ -1431,9 +1437,23 @@ pub mod attention {
         min_blocks: 1,
     };
 
+    /// D = 64 with one consumer warpgroup (64 query rows, 128 threads) and 128-key tiles (variant
+    /// 4, entry points `flash_wg4_fwd_d64_*`): variant 3's overlapped schedule and per-thread state
+    /// (S 64, O 32, P 32 f32), in half the CTA, so short sequences launch twice the CTAs (B4 H8
+    /// S512: 256 on 132 SMs) and several share an SM, overlapping one CTA's load latency with
+    /// another's math. 72 KiB a CTA: 3 fit sm_90's 228 KiB, so the launch bound asks for 3 (up to
+    /// 168 registers a thread).
+    pub const FLASH_WG_D64_Q64: FlashWgmmaConfig = FlashWgmmaConfig {
+        head_dim: 64,
+        block_q: 64,
+        block_k: 128,
+        stages: 2,
+        min_blocks: 3,
+    };
+
     /// Every wgmma config a kernel is instantiated with.
-    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] =
-        [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_K128];
+    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 4] =
+        [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_K128, FLASH_WG_D64_Q64];
 
     /// The wgmma variants' default config for a head dimension (variants 1 and 2).
     pub const fn flash_wgmma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {

@@ -29,13 +29,13 @@ struct Case {
 enum Path {
     Flash,
     Naive,
-    /// `flash_forward_variant(.., 1)` or `(.., 2)`: the wgmma kernels.
+    /// `flash_forward_variant(.., v)`, `v` in [`WGMMA_VARIANTS`]: the wgmma kernels.
     FlashWgmma(u32),
 }
 
 /// The wgmma variants of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax),
-/// 3 (as 2 with 128-key tiles at D = 64).
-const WGMMA_VARIANTS: [u32; 3] = [1, 2, 3];
+/// 3 (as 2 with 128-key tiles at D = 64), 4 (as 3 with one warpgroup, 64 query rows, a CTA).
+const WGMMA_VARIANTS: [u32; 4] = [1, 2, 3, 4];
 
 const SMALL: [usize; 5] = [1, 17, 97, 128, 200];
 const KINDS: [(usize, DType); 4] = [
@@ -71,6 +71,10 @@ fn flash_cases() -> Vec<Case> {
         case(1, 3, 17, 1025, 64, No, BF16),
         case(3, 1, 1, 17, 128, Yes, BF16),
         case(1, 2, 1025, 1025, 64, Yes, F16),
+        // 64-row query blocks (wgmma variant 4) just past a block edge; with Sq > Sk under the
+        // causal mask the first two 64-row blocks (rows 0..128) see no key at all.
+        case(2, 3, 65, 193, 64, Yes, F16),
+        case(2, 3, 193, 65, 64, Yes, BF16),
     ];
     let mut n = 0;
     for &sq in &SMALL {
@@ -652,6 +656,7 @@ fn wgmma_variant_refuses_what_it_cannot_run() {
         r.unwrap();
         attention::flash_forward_variant(&q, &q, &q, &p, 2).unwrap();
         attention::flash_forward_variant(&q, &q, &q, &p, 3).unwrap();
+        attention::flash_forward_variant(&q, &q, &q, &p, 4).unwrap();
         // Same validation as the default path: f32 is refused.
         let q32 =
             Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * 64], &[1, 2, 8, 64], DType::F32).unwrap();

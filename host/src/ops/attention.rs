@@ -34,7 +34,7 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_WG_D64_K128, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_config,
+    AttentionShape, FLASH_WG_D64_K128, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_config,
     flash_wgmma_config, naive,
 };
 
@@ -386,8 +386,9 @@ pub fn flash_forward(
     Ok((o, lse))
 }
 
-/// The wgmma (Hopper) kernel of variant 1 (plain schedule), 2 (overlapped) or 3 (overlapped, 128-key
-/// tiles at D = 64; D = 128 runs variant 2's kernel) for a head dim and dtype, with its config.
+/// The wgmma (Hopper) kernel of variant 1 (plain schedule), 2 (overlapped), 3 (overlapped, 128-key
+/// tiles at D = 64) or 4 (as 3 with one warpgroup, 64 query rows, a CTA) for a head dim and dtype,
+/// with its config; at D = 128 variants 3 and 4 run variant 2's kernel.
 fn flash_wgmma_kernel(
     variant: u32,
     head_dim: usize,
@@ -400,32 +401,34 @@ fn flash_wgmma_kernel(
         (1, 128, DType::BF16) => "flash_wg_fwd_d128_bf16",
         (2, 64, DType::F16) => "flash_wg2_fwd_d64_f16",
         (2, 64, DType::BF16) => "flash_wg2_fwd_d64_bf16",
-        (2 | 3, 128, DType::F16) => "flash_wg2_fwd_d128_f16",
-        (2 | 3, 128, DType::BF16) => "flash_wg2_fwd_d128_bf16",
+        (2..=4, 128, DType::F16) => "flash_wg2_fwd_d128_f16",
+        (2..=4, 128, DType::BF16) => "flash_wg2_fwd_d128_bf16",
         (3, 64, DType::F16) => "flash_wg3_fwd_d64_f16",
         (3, 64, DType::BF16) => "flash_wg3_fwd_d64_bf16",
+        (4, 64, DType::F16) => "flash_wg4_fwd_d64_f16",
+        (4, 64, DType::BF16) => "flash_wg4_fwd_d64_bf16",
         _ => return None,
     };
-    let cfg = if variant == 3 && head_dim == 64 {
-        FLASH_WG_D64_K128
-    } else {
-        flash_wgmma_config(head_dim)?
+    let cfg = match (variant, head_dim) {
+        (3, 64) => FLASH_WG_D64_K128,
+        (4, 64) => FLASH_WG_D64_Q64,
+        _ => flash_wgmma_config(head_dim)?,
     };
     Some((cfg, name))
 }
 
 /// Number of FlashAttention forward variants besides the default (see [`flash_forward_variant`]).
 #[doc(hidden)]
-pub const FLASH_VARIANTS: u32 = 3;
+pub const FLASH_VARIANTS: u32 = 4;
 
 /// Whether `gpu` can run FlashAttention forward variant `variant`: 0 (the default) everywhere,
-/// 1, 2 and 3 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability
+/// 1 to 4 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability
 /// 9.0.
 #[doc(hidden)]
 pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
     match variant {
         0 => true,
-        1..=3 => gpu.ptx_arch() == "sm_90",
+        1..=4 => gpu.ptx_arch() == "sm_90",
         _ => false,
     }
 }
@@ -434,7 +437,8 @@ pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
 /// 0 is the default kernel (exactly [`flash_forward`]); 1 is the Hopper `wgmma` kernel
 /// (`flash_wg_fwd_*`, sm_90a: H100/H200 only); 2 the same with P V(j-1) overlapping softmax(j)
 /// (`flash_wg2_fwd_*`); 3 the overlapped kernel with 128-key tiles at D = 64 (`flash_wg3_fwd_d64_*`;
-/// D = 128 as variant 2). Same validation, outputs and masking contract; an error (never a fallback)
+/// D = 128 as variant 2); 4 variant 3 with one warpgroup (64 query rows) a CTA (`flash_wg4_fwd_d64_*`,
+/// for short sequences: twice the CTAs, several an SM; D = 128 as variant 2). Same validation, outputs and masking contract; an error (never a fallback)
 /// for unknown variants or a variant the device cannot run.
 #[doc(hidden)]
 pub fn flash_forward_variant(
@@ -447,7 +451,7 @@ pub fn flash_forward_variant(
     const OP: &str = "attention::flash_forward_variant";
     match variant {
         0 => return flash_forward(q, k, v, params),
-        1..=3 => {}
+        1..=4 => {}
         _ => {
             return Err(Error::Invalid {
                 op: OP,
@@ -1579,7 +1583,7 @@ mod tests {
             assert!(flash_wgmma_config(d).is_some());
             for (dt, variant) in [DType::F16, DType::BF16]
                 .into_iter()
-                .flat_map(|dt| [(dt, 1), (dt, 2), (dt, 3)])
+                .flat_map(|dt| [(dt, 1), (dt, 2), (dt, 3), (dt, 4)])
             {
                 let (cfg, name) = flash_wgmma_kernel(variant, d, dt).unwrap();
                 assert_eq!(cfg.head_dim, d);

@@ -1,7 +1,8 @@
 //! FlashAttention forward on Hopper warpgroup MMA (`wgmma`, sm_90a): a variant of [`super::flash`]
 //! with the same semantics, outputs and masking contract (entry points `flash_wg_fwd_d{64,128}_{dtype}`
 //! and, with the overlapped schedule below, `flash_wg2_fwd_d{64,128}_{dtype}`; `flash_wg3_fwd_d64_*` is
-//! the overlapped schedule with 128-key tiles at D = 64).
+//! the overlapped schedule with 128-key tiles at D = 64; `flash_wg4_fwd_d64_*` the same with one
+//! warpgroup, 64 query rows, a CTA, so that short sequences fill the SMs with several CTAs each).
 //! Compiled only into the sm_90 PTX (`#[cfg(target_feature = "sm_90a")]` on the module).
 //!
 //! One CTA per (block of `BQ` query rows, head, batch) with `BQ / 64` warpgroups; warpgroup `w` owns
@@ -57,7 +58,8 @@ use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_K128, FLASH_WG_D128, FlashWgmmaConfig, MaskKind,
+    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_K128, FLASH_WG_D64_Q64, FLASH_WG_D128,
+    FlashWgmmaConfig, MaskKind,
     flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
@@ -580,6 +582,8 @@ flash_wg_entry_points! {
     flash_wg2_fwd_d128_bf16: BF16, FLASH_WG_D128, true;
     flash_wg3_fwd_d64_f16: F16, FLASH_WG_D64_K128, true;
     flash_wg3_fwd_d64_bf16: BF16, FLASH_WG_D64_K128, true;
+    flash_wg4_fwd_d64_f16: F16, FLASH_WG_D64_Q64, true;
+    flash_wg4_fwd_d64_bf16: BF16, FLASH_WG_D64_Q64, true;
 }
 
 /// The probes' depth: 8 k-steps of 16 (two 64-column panels for K-major operands).
