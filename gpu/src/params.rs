@@ -1452,8 +1452,12 @@ pub mod attention {
     };
 
     /// Every wgmma config a kernel is instantiated with.
-    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 4] =
-        [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_K128, FLASH_WG_D64_Q64];
+    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 4] = [
+        FLASH_WG_D64,
+        FLASH_WG_D128,
+        FLASH_WG_D64_K128,
+        FLASH_WG_D64_Q64,
+    ];
 
     /// The wgmma variants' default config for a head dimension (variants 1 and 2).
     pub const fn flash_wgmma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {

@@ -34,8 +34,8 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_WG_D64_K128, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_config,
-    flash_wgmma_config, naive,
+    AttentionShape, FLASH_WG_D64_K128, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
+    flash_config, flash_wgmma_config, naive,
 };
 
 use crate::DType;
@@ -339,7 +339,9 @@ fn flash_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
     })
 }
 
-/// FlashAttention-2 forward: returns `(O, LSE)`. f16/bf16, head dims [`FLASH_HEAD_DIMS`].
+/// FlashAttention forward: returns `(O, LSE)`. f16/bf16, head dims [`FLASH_HEAD_DIMS`]. On
+/// compute capability 9.0 (H100/H200) it runs the Hopper `wgmma` kernels (see [`flash_wgmma_variant`]
+/// for which), elsewhere the `mma.sync` FlashAttention-2 kernel; both keep the same contract.
 pub fn flash_forward(
     q: &Tensor,
     k: &Tensor,
@@ -348,6 +350,49 @@ pub fn flash_forward(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    let variant = flash_wgmma_variant(q.gpu(), &d, params);
+    if variant == 0 {
+        flash_mma_forward(OP, q, k, v, params, &d, scale)
+    } else {
+        flash_wgmma_forward(OP, q, k, v, params, &d, scale, variant)
+    }
+}
+
+/// Key lengths up to which [`flash_forward`] takes [`SHORT_D64_VARIANT`] at D = 64.
+const SHORT_KEYS: usize = 1024;
+/// The wgmma variant for D = 64 and at most [`SHORT_KEYS`] keys, where one CTA's pipeline latency
+/// is the kernel time (the seed shape B4 H8 S512 launches 128 CTAs of 128 rows on 132 SMs).
+const SHORT_D64_VARIANT: u32 = 3;
+
+/// The FlashAttention variant [`flash_forward`] runs (0: the `mma.sync` kernel), chosen from the
+/// H100 measurements of session 4 (run b2, f16 and bf16 alike, every one faster than SDPA's flash
+/// backend in the same run): D = 128, variant 1 at S 2048 / 8192, causal or not (1.480 ms vs
+/// variant 2's 1.537 at S2048); D = 64, variant 1 without a mask at S >= 2048 (0.843 vs 0.860),
+/// variant 2 causal (0.487 vs 0.493), and for short sequences [`SHORT_D64_VARIANT`] (seed shape:
+/// variant 3 12.3 us, 2 12.6, 1 13.1).
+fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> u32 {
+    if !flash_variant_supported(gpu, 1) {
+        return 0;
+    }
+    match (d.head_dim, params.causal) {
+        (128, _) => 1,
+        (64, _) if d.seq_k <= SHORT_KEYS => SHORT_D64_VARIANT,
+        (64, Causal::Yes) => 2,
+        (64, Causal::No) => 1,
+        _ => 0,
+    }
+}
+
+/// The `mma.sync` FlashAttention-2 forward (variant 0) on validated inputs.
+fn flash_mma_forward(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+    d: &Dims,
+    scale: f32,
+) -> Result<(Tensor, Tensor)> {
     let (cfg, name) = match (
         flash_config(d.head_dim),
         flash_kernel(d.head_dim, q.dtype()),
@@ -360,7 +405,7 @@ pub fn flash_forward(
         return Ok((o, lse));
     }
     let q_blocks = u32::try_from(d.seq_q.div_ceil(cfg.block_q)).map_err(|_| Error::TooLarge {
-        op: OP,
+        op,
         what: "query blocks",
         given: d.seq_q.div_ceil(cfg.block_q) as u64,
         max: u32::MAX as u64,
@@ -434,7 +479,7 @@ pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
 }
 
 /// [`flash_forward`] on FlashAttention variant `variant`, for side-by-side tests and benchmarks:
-/// 0 is the default kernel (exactly [`flash_forward`]); 1 is the Hopper `wgmma` kernel
+/// 0 is the `mma.sync` FlashAttention-2 kernel (what [`flash_forward`] runs off sm_90); 1 is the Hopper `wgmma` kernel
 /// (`flash_wg_fwd_*`, sm_90a: H100/H200 only); 2 the same with P V(j-1) overlapping softmax(j)
 /// (`flash_wg2_fwd_*`); 3 the overlapped kernel with 128-key tiles at D = 64 (`flash_wg3_fwd_d64_*`;
 /// D = 128 as variant 2); 4 variant 3 with one warpgroup (64 query rows) a CTA (`flash_wg4_fwd_d64_*`,
@@ -449,17 +494,16 @@ pub fn flash_forward_variant(
     variant: u32,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward_variant";
-    match variant {
-        0 => return flash_forward(q, k, v, params),
-        1..=4 => {}
-        _ => {
-            return Err(Error::Invalid {
-                op: OP,
-                msg: format!("no FlashAttention variant {variant} (0..={FLASH_VARIANTS})"),
-            });
-        }
+    if variant > FLASH_VARIANTS {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("no FlashAttention variant {variant} (0..={FLASH_VARIANTS})"),
+        });
     }
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    if variant == 0 {
+        return flash_mma_forward(OP, q, k, v, params, &d, scale);
+    }
     if !flash_variant_supported(q.gpu(), variant) {
         let (major, minor) = q.gpu().compute_capability();
         return Err(Error::Invalid {
@@ -471,6 +515,22 @@ pub fn flash_forward_variant(
             ),
         });
     }
+    flash_wgmma_forward(OP, q, k, v, params, &d, scale, variant)
+}
+
+/// The wgmma forward of `variant` (1..=[`FLASH_VARIANTS`], on a device that runs it) on validated
+/// inputs.
+#[allow(clippy::too_many_arguments)]
+fn flash_wgmma_forward(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+    d: &Dims,
+    scale: f32,
+    variant: u32,
+) -> Result<(Tensor, Tensor)> {
     let Some((cfg, name)) = flash_wgmma_kernel(variant, d.head_dim, q.dtype()) else {
         unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
@@ -479,7 +539,7 @@ pub fn flash_forward_variant(
         return Ok((o, lse));
     }
     let q_blocks = u32::try_from(d.seq_q.div_ceil(cfg.block_q)).map_err(|_| Error::TooLarge {
-        op: OP,
+        op,
         what: "query blocks",
         given: d.seq_q.div_ceil(cfg.block_q) as u64,
         max: u32::MAX as u64,

@@ -59,8 +59,7 @@ use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionShape, FLASH_WG_D64, FLASH_WG_D64_K128, FLASH_WG_D64_Q64, FLASH_WG_D128,
-    FlashWgmmaConfig, MaskKind,
-    flash_wgmma_config_of,
+    FlashWgmmaConfig, MaskKind, flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
 
