@@ -358,25 +358,24 @@ pub fn flash_forward(
     }
 }
 
-/// Key lengths up to which [`flash_forward`] takes [`SHORT_D64_VARIANT`] at D = 64.
-const SHORT_KEYS: usize = 1024;
-/// The wgmma variant for D = 64 and at most [`SHORT_KEYS`] keys, where one CTA's pipeline latency
-/// is the kernel time (the seed shape B4 H8 S512 launches 128 CTAs of 128 rows on 132 SMs).
-const SHORT_D64_VARIANT: u32 = 3;
-
-/// The FlashAttention variant [`flash_forward`] runs (0: the `mma.sync` kernel), chosen from the
-/// H100 measurements of session 4 (run b2, f16 and bf16 alike, every one faster than SDPA's flash
-/// backend in the same run): D = 128, variant 1 at S 2048 / 8192, causal or not (1.480 ms vs
-/// variant 2's 1.537 at S2048); D = 64, variant 1 without a mask at S >= 2048 (0.843 vs 0.860),
-/// variant 2 causal (0.487 vs 0.493), and for short sequences [`SHORT_D64_VARIANT`] (seed shape:
-/// variant 3 12.3 us, 2 12.6, 1 13.1).
+/// The FlashAttention variant [`flash_forward`] runs (0: the `mma.sync` kernel), chosen from H100
+/// measurements (session 4, runs b2 and d, f16 and bf16 alike; in run d every default row is faster
+/// than SDPA's flash backend, 1.15x to 1.26x):
+/// - D = 128: variant 1 (run b2, S2048: 1.480 ms vs variant 2's 1.537; S8192 5.712 vs 5.790).
+/// - D = 64 when 128-row CTAs would not fill the chip twice over (fewer than two per SM): variant 4,
+///   one warpgroup (64 rows) a CTA, so twice the CTAs share the SMs. Seed shape B4 H8 S512 (128
+///   CTAs of 128 rows on 132 SMs), run d: 11.3 us vs variant 3's 12.2 and cuDNN's 11.8.
+/// - D = 64 otherwise: variant 2 causal (run b2, S2048: 0.487 vs variant 1's 0.493), variant 1
+///   unmasked (0.843 vs 0.860); variant 4 was 5-6% slower there (run d).
 fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> u32 {
     if !flash_variant_supported(gpu, 1) {
         return 0;
     }
+    let ctas_of_128_rows = d.seq_q.div_ceil(128) as u64 * d.heads as u64 * d.batch as u64;
+    let sms = gpu.sm_count().unwrap_or(0) as u64;
     match (d.head_dim, params.causal) {
         (128, _) => 1,
-        (64, _) if d.seq_k <= SHORT_KEYS => SHORT_D64_VARIANT,
+        (64, _) if ctas_of_128_rows < 2 * sms => 4,
         (64, Causal::Yes) => 2,
         (64, Causal::No) => 1,
         _ => 0,

@@ -419,7 +419,17 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
     }
     let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
     if a.dtype() == DType::F32 {
-        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite, 0)?;
+        f32_launch(
+            a,
+            b,
+            ta,
+            tb,
+            &d,
+            &out,
+            None,
+            Accumulate::Overwrite,
+            F32_DEFAULT_VARIANT,
+        )?;
         return Ok(out);
     }
     tc_launch(a, b, &d, &out, name_of(a.dtype(), ta, tb, 0), &tc::DEFAULT)?;
