@@ -28,6 +28,8 @@ struct Inner {
     memory: Arc<MemoryCounter>,
     /// Theoretical DRAM peak in bytes a second (see [`Gpu::peak_dram_bytes_per_s`]).
     peak_dram_bytes_per_s: f64,
+    /// Streaming multiprocessors (0 if the driver did not say: [`Gpu::sm_count`] asks again).
+    sm_count: u32,
 }
 
 /// Device bytes held by the tensors of one [`Gpu`] handle: every [`crate::Tensor`] allocation adds its
@@ -134,6 +136,12 @@ impl Gpu {
                 .max(0) as f64;
             2.0 * khz * 1e3 * bits / 8.0
         };
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .unwrap_or(0)
+            .max(0) as u32;
         Ok(Gpu {
             inner: Arc::new(Inner {
                 ctx,
@@ -146,6 +154,7 @@ impl Gpu {
                 poison_outputs: AtomicBool::new(false),
                 memory: Arc::new(MemoryCounter::default()),
                 peak_dram_bytes_per_s,
+                sm_count,
             }),
         })
     }
@@ -169,7 +178,11 @@ impl Gpu {
     }
 
     /// Number of streaming multiprocessors.
+    /// Read once when the handle is made: launchers that size grids by it ask on every call.
     pub fn sm_count(&self) -> Result<u32> {
+        if self.inner.sm_count > 0 {
+            return Ok(self.inner.sm_count);
+        }
         self.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )
