@@ -399,7 +399,7 @@ fn flash_mma_forward(
         (Some(cfg), Some(name)) => (cfg, name),
         _ => unreachable!("validate accepts only head dims and dtypes with a kernel"),
     };
-    let (o, lse) = outputs(q, &d)?;
+    let (o, lse) = outputs(q, d)?;
     if d.batch * d.heads * d.seq_q == 0 {
         return Ok((o, lse));
     }
@@ -424,7 +424,7 @@ fn flash_mma_forward(
             &ByValue(v.raw()),
             &ByValue(o.raw()),
             &ByValue(lse.raw()),
-            &ByValue(shape_param(&d, params, scale, 0)),
+            &ByValue(shape_param(d, params, scale, 0)),
         ],
     )?;
     Ok((o, lse))
@@ -533,7 +533,7 @@ fn flash_wgmma_forward(
     let Some((cfg, name)) = flash_wgmma_kernel(variant, d.head_dim, q.dtype()) else {
         unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
-    let (o, lse) = outputs(q, &d)?;
+    let (o, lse) = outputs(q, d)?;
     if d.batch * d.heads * d.seq_q == 0 {
         return Ok((o, lse));
     }
@@ -558,7 +558,7 @@ fn flash_wgmma_forward(
             &ByValue(v.raw()),
             &ByValue(o.raw()),
             &ByValue(lse.raw()),
-            &ByValue(shape_param(&d, params, scale, 0)),
+            &ByValue(shape_param(d, params, scale, 0)),
         ],
     )?;
     Ok((o, lse))
