@@ -351,11 +351,7 @@ pub fn flash_forward(
     const OP: &str = "attention::flash_forward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
     let variant = flash_wgmma_variant(q.gpu(), &d, params);
-    if variant == 0 {
-        flash_mma_forward(OP, q, k, v, params, &d, scale)
-    } else {
-        flash_wgmma_forward(OP, q, k, v, params, &d, scale, variant)
-    }
+    flash_launch(OP, q, k, v, params, &d, scale, variant)
 }
 
 /// The FlashAttention variant [`flash_forward`] runs (0: the `mma.sync` kernel), chosen from H100
@@ -382,8 +378,10 @@ fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> 
     }
 }
 
-/// The `mma.sync` FlashAttention-2 forward (variant 0) on validated inputs.
-fn flash_mma_forward(
+/// FlashAttention variant `variant` (0: the `mma.sync` FlashAttention-2 kernel; 1..=[`FLASH_VARIANTS`]:
+/// wgmma, on a device that runs it) on validated inputs: one CTA per (query block, head, batch).
+#[allow(clippy::too_many_arguments)]
+fn flash_launch(
     op: &'static str,
     q: &Tensor,
     k: &Tensor,
@@ -391,28 +389,34 @@ fn flash_mma_forward(
     params: &AttentionParams,
     d: &Dims,
     scale: f32,
+    variant: u32,
 ) -> Result<(Tensor, Tensor)> {
-    let (cfg, name) = match (
-        flash_config(d.head_dim),
-        flash_kernel(d.head_dim, q.dtype()),
-    ) {
-        (Some(cfg), Some(name)) => (cfg, name),
-        _ => unreachable!("validate accepts only head dims and dtypes with a kernel"),
+    // (kernel, query rows a CTA, threads, dynamic shared memory bytes)
+    let kernel = if variant == 0 {
+        flash_config(d.head_dim)
+            .zip(flash_kernel(d.head_dim, q.dtype()))
+            .map(|(c, name)| (name, c.block_q, c.threads(), c.smem_bytes()))
+    } else {
+        flash_wgmma_kernel(variant, d.head_dim, q.dtype())
+            .map(|(c, name)| (name, c.block_q, c.threads(), c.smem_bytes()))
+    };
+    let Some((name, block_q, threads, smem)) = kernel else {
+        unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
     let (o, lse) = outputs(q, d)?;
     if d.batch * d.heads * d.seq_q == 0 {
         return Ok((o, lse));
     }
-    let q_blocks = u32::try_from(d.seq_q.div_ceil(cfg.block_q)).map_err(|_| Error::TooLarge {
+    let q_blocks = u32::try_from(d.seq_q.div_ceil(block_q)).map_err(|_| Error::TooLarge {
         op,
         what: "query blocks",
-        given: d.seq_q.div_ceil(cfg.block_q) as u64,
+        given: d.seq_q.div_ceil(block_q) as u64,
         max: u32::MAX as u64,
     })?;
     let launch = LaunchConfig {
         grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
-        block_dim: (cfg.threads() as u32, 1, 1),
-        shared_mem_bytes: cfg.smem_bytes() as u32,
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
     };
     launch_cfg_large_smem(
         q.gpu(),
@@ -500,9 +504,6 @@ pub fn flash_forward_variant(
         });
     }
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    if variant == 0 {
-        return flash_mma_forward(OP, q, k, v, params, &d, scale);
-    }
     if !flash_variant_supported(q.gpu(), variant) {
         let (major, minor) = q.gpu().compute_capability();
         return Err(Error::Invalid {
@@ -514,54 +515,7 @@ pub fn flash_forward_variant(
             ),
         });
     }
-    flash_wgmma_forward(OP, q, k, v, params, &d, scale, variant)
-}
-
-/// The wgmma forward of `variant` (1..=[`FLASH_VARIANTS`], on a device that runs it) on validated
-/// inputs.
-#[allow(clippy::too_many_arguments)]
-fn flash_wgmma_forward(
-    op: &'static str,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    params: &AttentionParams,
-    d: &Dims,
-    scale: f32,
-    variant: u32,
-) -> Result<(Tensor, Tensor)> {
-    let Some((cfg, name)) = flash_wgmma_kernel(variant, d.head_dim, q.dtype()) else {
-        unreachable!("validate accepts only head dims and dtypes with a kernel")
-    };
-    let (o, lse) = outputs(q, d)?;
-    if d.batch * d.heads * d.seq_q == 0 {
-        return Ok((o, lse));
-    }
-    let q_blocks = u32::try_from(d.seq_q.div_ceil(cfg.block_q)).map_err(|_| Error::TooLarge {
-        op,
-        what: "query blocks",
-        given: d.seq_q.div_ceil(cfg.block_q) as u64,
-        max: u32::MAX as u64,
-    })?;
-    let launch = LaunchConfig {
-        grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
-        block_dim: (cfg.threads() as u32, 1, 1),
-        shared_mem_bytes: cfg.smem_bytes() as u32,
-    };
-    launch_cfg_large_smem(
-        q.gpu(),
-        name,
-        launch,
-        &[
-            &ByValue(q.raw()),
-            &ByValue(k.raw()),
-            &ByValue(v.raw()),
-            &ByValue(o.raw()),
-            &ByValue(lse.raw()),
-            &ByValue(shape_param(d, params, scale, 0)),
-        ],
-    )?;
-    Ok((o, lse))
+    flash_launch(OP, q, k, v, params, &d, scale, variant)
 }
 
 /// The wgmma layer probes (`wgmma_probe_*`, sm_90 PTX), for the layered GPU tests of the wgmma
