@@ -564,6 +564,65 @@ fn v3_chunk(c: u32, row: u32, q: u32, z: Rows32) -> u32 {
     opaque_u32(c) * (z.bn / 4) + row * (z.n / 4) + q
 }
 
+/// The weights of quad `q`'s 4 features (`[feature][path]`, zeros for a thread without a quad),
+/// loaded once and kept in registers across rows.
+#[inline(always)]
+fn v3_weights(s: &Sgp, q: u32, active: bool) -> [[f32; 20]; 4] {
+    type A = Cl2;
+    let mut w = [[0.0f32; 20]; 4];
+    if active {
+        crate::unroll!(k in [0, 1, 2, 3] {
+            each_path!(A, p {
+                w[k][p] = s.w.get_ro(((4 * q + k as u32) * A::P as u32 + p as u32) as u64);
+            });
+        });
+    }
+    w
+}
+
+/// The products of quad `q`'s 4 features in one row: the un-normalised outputs
+/// `[feature][component]` and their grade sums of squares.
+#[inline(always)]
+fn v3_products(
+    xv: &[[f32; 4]; 4],
+    yv: &[[f32; 4]; 4],
+    w: &[[f32; 20]; 4],
+) -> ([[f32; 8]; 4], [f32; 4]) {
+    type A = Cl2;
+    let mut out = [[0.0f32; 8]; 4];
+    let mut sq = [0.0f32; 4];
+    crate::unroll!(k in [0, 1, 2, 3] {
+        let (mut xm, mut ym) = ([0.0f32; 8], [0.0f32; 8]);
+        each_comp!(A, c {
+            xm[c] = xv[c][k];
+            ym[c] = yv[c][k];
+        });
+        let (xt, _) = gate::<A>(&xm);
+        let (yt, _) = gate::<A>(&ym);
+        out[k] = product_slots::<A>(&xt, &yt, &w[k]);
+        add_grade_squares::<A>(&mut sq, &out[k]);
+    });
+    (out, sq)
+}
+
+/// Stores quad `q` of a valid `row`: each component's 4 features scaled by `1 / r_G`, one 16-byte
+/// store a component.
+#[inline(always)]
+fn v3_store(out: &[[f32; 8]; 4], inv: &[f32; 4], row: u32, q: u32, z: Rows32, o: &SliceMut<f32>) {
+    type A = Cl2;
+    crate::unroll!(c in [0, 1, 2, 3] {
+        let mut v = [0u32; 4];
+        crate::unroll!(k in [0, 1, 2, 3] {
+            v[k] = (out[k][c] * inv[A::GRADE[c]]).to_bits();
+        });
+        let i = v3_chunk(c as u32, row, q, z) as u64;
+        check_index(i as usize * 4 + 3, o.len as usize);
+        // SAFETY: as for the loads in `v3_load` (o has x's shape, `row < rows`, `4 q + 3 < n`); each
+        // chunk is written by exactly one thread.
+        unsafe { store_chunk(o.chunks(), i, Chunk16(v)) };
+    });
+}
+
 /// x and y of the 4 features of quad `q` of `row`, `[component][feature]`, one 16-byte load a
 /// component; zeros when `!valid` (zero inputs give zero outputs and add nothing to the grade sums).
 #[inline(always)]
@@ -668,14 +727,7 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool, const L2: bool>(
     let tid = thread_idx_x();
     let (slot, q) = (tid / row_threads, tid % row_threads);
     let active = q < z.n / 4;
-    let mut w = [[0.0f32; 20]; 4];
-    if active {
-        crate::unroll!(k in [0, 1, 2, 3] {
-            each_path!(A, p {
-                w[k][p] = s.w.get_ro(((4 * q + k as u32) * A::P as u32 + p as u32) as u64);
-            });
-        });
-    }
+    let w = v3_weights(&s, q, active);
     let groups = z.rows.div_ceil(rows_per_block);
     let step = grid_dim_x();
     let mut group = block_idx_x();
@@ -692,19 +744,7 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool, const L2: bool>(
         if !PREFETCH {
             (xv, yv) = v3_load(&s, z, row, q, valid);
         }
-        let mut out = [[0.0f32; 8]; 4];
-        let mut sq = [0.0f32; 4];
-        crate::unroll!(k in [0, 1, 2, 3] {
-            let (mut xm, mut ym) = ([0.0f32; 8], [0.0f32; 8]);
-            each_comp!(A, c {
-                xm[c] = xv[c][k];
-                ym[c] = yv[c][k];
-            });
-            let (xt, _) = gate::<A>(&xm);
-            let (yt, _) = gate::<A>(&ym);
-            out[k] = product_slots::<A>(&xt, &yt, &w[k]);
-            add_grade_squares::<A>(&mut sq, &out[k]);
-        });
+        let (out, sq) = v3_products(&xv, &yv, &w);
         let next = group + step;
         if PREFETCH {
             let next_row = row_of(next);
@@ -723,17 +763,7 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool, const L2: bool>(
             [1.0; 4]
         };
         if valid {
-            crate::unroll!(c in [0, 1, 2, 3] {
-                let mut v = [0u32; 4];
-                crate::unroll!(k in [0, 1, 2, 3] {
-                    v[k] = (out[k][c] * inv[A::GRADE[c]]).to_bits();
-                });
-                let i = v3_chunk(c as u32, row, q, z) as u64;
-                check_index(i as usize * 4 + 3, o.len as usize);
-                // SAFETY: as for the loads in `v3_load` (o has x's shape); each chunk is written by
-                // exactly one thread.
-                unsafe { store_chunk(o.chunks(), i, Chunk16(v)) };
-            });
+            v3_store(&out, &inv, row, q, z, &o);
         }
         group = next;
         parity ^= 1;
@@ -777,14 +807,7 @@ unsafe fn sgp2d_fwd_v3r(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u
     let tid = thread_idx_x();
     let (slot, q) = (tid / row_threads, tid % row_threads);
     let active = q < z.n / 4;
-    let mut w = [[0.0f32; 20]; 4];
-    if active {
-        crate::unroll!(k in [0, 1, 2, 3] {
-            each_path!(A, p {
-                w[k][p] = s.w.get_ro(((4 * q + k as u32) * A::P as u32 + p as u32) as u64);
-            });
-        });
-    }
+    let w = v3_weights(&s, q, active);
     let groups = z.rows.div_ceil(rows_per_block);
     let step = grid_dim_x();
     let row_of = |g: u32| g * rows_per_block + slot;
@@ -836,19 +859,7 @@ unsafe fn sgp2d_fwd_v3r(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u
                 yv[c] = ld_shared_v4(ring(stage, 4 + c as u32)).map(f32::from_bits);
             }
         });
-        let mut out = [[0.0f32; 8]; 4];
-        let mut sq = [0.0f32; 4];
-        crate::unroll!(k in [0, 1, 2, 3] {
-            let (mut xm, mut ym) = ([0.0f32; 8], [0.0f32; 8]);
-            each_comp!(A, c {
-                xm[c] = xv[c][k];
-                ym[c] = yv[c][k];
-            });
-            let (xt, _) = gate::<A>(&xm);
-            let (yt, _) = gate::<A>(&ym);
-            out[k] = product_slots::<A>(&xt, &yt, &w[k]);
-            add_grade_squares::<A>(&mut sq, &out[k]);
-        });
+        let (out, sq) = v3_products(&xv, &yv, &w);
         let inv = if normalize != 0 {
             let store = if valid && q == 0 { Some(row) } else { None };
             v3_row_norms(sq, warps_per_row, slot, parity, store, z, &r)
@@ -856,16 +867,7 @@ unsafe fn sgp2d_fwd_v3r(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u
             [1.0; 4]
         };
         if valid {
-            crate::unroll!(c in [0, 1, 2, 3] {
-                let mut v = [0u32; 4];
-                crate::unroll!(k in [0, 1, 2, 3] {
-                    v[k] = (out[k][c] * inv[A::GRADE[c]]).to_bits();
-                });
-                let i = v3_chunk(c as u32, row, q, z) as u64;
-                check_index(i as usize * 4 + 3, o.len as usize);
-                // SAFETY: as for the stores of `sgp2d_fwd_v3`.
-                unsafe { store_chunk(o.chunks(), i, Chunk16(v)) };
-            });
+            v3_store(&out, &inv, row, q, z, &o);
         }
         group += step;
         stage = if stage + 1 == FWD_V3R_STAGES {
