@@ -315,6 +315,20 @@ def embedding_case(vocab, cols, n):
                        compiled(lambda i, w: F.embedding(i, w), 2)])
 
 
+def embedding_bwd_case(vocab, cols, n):
+    """dW of an embedding lookup from dy ([n, cols]): aten's dense backward (what autograd runs for
+    F.embedding; sort-based and deterministic on CUDA). Bytes: dy read + dW written."""
+    def make():
+        return (rand((n, cols), "f32"), torch.randint(0, vocab, (n,), device="cuda"))
+
+    def bwd(dy, ids):
+        return torch.ops.aten.embedding_dense_backward(dy, ids, vocab, -1, False)
+
+    return Case(f"embedding_bwd/f32/V{vocab}_D{cols}_N{n}", bytes=(n + vocab) * cols * 4,
+                flops=None, in_bytes=n * cols * 4 + n * 8, make_set=make,
+                peers=[eager(lambda s: bwd(s[0], s[1])), compiled(bwd, 2)])
+
+
 @contextlib.contextmanager
 def no_tf32():
     """fp32 matmuls in fp32 (no TF32 tensor-core rounding), restoring the previous setting."""
@@ -622,7 +636,7 @@ def build_cases(quick):
     cases += [softmax_case(tag, 8192, 8192) for tag in ("f32", "f16", "bf16")]
     cases += [softmax_case("f32", 65536, 1024), softmax_backward_case(8192, 8192)]
     cases += [layernorm_case(65536, 1024), layernorm_bwd_case(65536, 1024),
-              embedding_case(50257, 1024, 65536)]
+              embedding_case(50257, 1024, 65536), embedding_bwd_case(50257, 1024, 65536)]
     cases += [sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096), lrp_case(1024, 4096, 4096)]
     cases += [attn_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_SHAPES

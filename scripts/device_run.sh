@@ -3,7 +3,8 @@
 # named by the environment, each under its own time limit, copying every log and report flat into
 # OUT_DIR as soon as its stage ends (so a call cut short still returns what finished).
 #   TESTS="gpu_clifford gpu_lrp"        test binaries to run (names under bundle/tests)
-#   SAN="gpu_lrp" SAN_TOOLS=memcheck,...  compute-sanitizer over those binaries
+#   SAN="gpu_lrp" SAN_TOOLS=memcheck,...  compute-sanitizer over those binaries (SAN_JOBS=N: one process
+#                                        a test, N at a time)
 #   BENCH="regex" PEERS="prefix,prefix"  criterion filter for ours, peers.py --only prefixes
 #   VARIANTS=1                           bench the hidden variants too
 #   T_TEST / T_SAN / T_BENCH / T_PEERS    per-stage limits in seconds
@@ -24,9 +25,9 @@ for t in ${TESTS:-}; do
   echo "test $t rc=$rc skips=$(grep -c SKIP "$out/test_$t.log") $(grep -h 'test result' "$out/test_$t.log" | tr '\n' ' ')" | tee -a "$sum"
 done
 if [ -n "${SAN:-}" ]; then
-  timeout "${T_SAN:-300}" "$b/xtask" sanitize --bins "$b" --log-dir /tmp/san ${SAN_TOOLS:+--tools $SAN_TOOLS} --only "$SAN" > "$out/sanitize.log" 2>&1
+  timeout "${T_SAN:-300}" "$b/xtask" sanitize --bins "$b" --log-dir /tmp/san ${SAN_TOOLS:+--tools $SAN_TOOLS} ${SAN_JOBS:+--jobs $SAN_JOBS} --only "$SAN" > "$out/sanitize.log" 2>&1
   echo "sanitize rc=$?" | tee -a "$sum"; tail -15 "$out/sanitize.log" | tee -a "$sum"
-  mkdir -p "$out/san"; cp /tmp/san/* "$out/san/" 2>/dev/null
+  mkdir -p "$out/san"; cp -r /tmp/san/* "$out/san/" 2>/dev/null
 fi
 if [ -n "${BENCH:-}" ]; then
   flags=(--bins "$b" --out /tmp/bench --filter "$BENCH" --peers-timeout "${T_PEERS:-300}")

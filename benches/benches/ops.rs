@@ -348,9 +348,9 @@ fn matmul_variants(b: &mut Bencher) {
     }
 }
 
-/// The f32 kernels side by side (`matmul_f32v{N}/f32/{4096x4096x4096,4095x4097x1000}`; N = 0 is the
-/// shipped `matmul_f32` through the same hook, N >= 1 the double-buffered candidates
-/// `matmul_simtv{N}_*_f32`), on shared inputs per shape. Read against `sgemm/f32/4096x4096x4096` (cuBLAS
+/// The f32 kernels side by side (`matmul_f32v{N}/f32/{4096x4096x4096,4095x4097x1000}`; N = 0 is
+/// `matmul_f32` through the same hook, N >= 1 the double-buffered `matmul_simtv{N}_*_f32` (2 is the
+/// default)), on shared inputs per shape. Read against `sgemm/f32/4096x4096x4096` (cuBLAS
 /// without TF32, same run) and `matmul/f32/...`. The odd shape has unaligned B and C rows (N = 4097):
 /// scalar copies for B.
 fn matmul_f32_variants(b: &mut Bencher) {
@@ -735,6 +735,23 @@ fn embeddings(b: &mut Bencher) {
         1,
         |_| {
             emb::embedding(&table, &ids).expect("embedding");
+        },
+    );
+    // The backward from host ids, the whole call timed: the host check and stable counting sort, the
+    // two uploads of the grouping, the kernel. Bytes: dy read + dW written.
+    let dy = b.inputs(&[n, cols], DType::F32, 1).remove(0);
+    let host_ids: Vec<u32> = (0..n)
+        .map(|_| b.rng.random_range(0..vocab as u32))
+        .collect();
+    b.bench(
+        spec(
+            format!("embedding_bwd/f32/V{vocab}_D{cols}_N{n}"),
+            Some(((n + vocab) * cols * 4) as u64),
+            None,
+        ),
+        1,
+        |_| {
+            emb::embedding_backward(&host_ids, &dy, vocab).expect("embedding_backward");
         },
     );
 }

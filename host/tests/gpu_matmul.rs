@@ -1,5 +1,5 @@
 //! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels and their tuning variants)
-//! and f32 (`matmul_f32` and its tuning variants `matmul_simtv{N}_*_f32`, the `matmul_f32_*` tests).
+//! and f32 (the default `matmul_simtv2_*_f32`, `matmul_f32` and the other variants, the `matmul_f32_*` tests).
 //!
 //! Tolerance, per element: the kernel multiplies f16/bf16 values exactly (a product of two 11- or
 //! 8-bit significands fits fp32's 24), sums them in fp32 and rounds the sum once to the output dtype.
@@ -429,8 +429,8 @@ fn matmul_variants_large_products_match_on_sampled_rows() {
         let cases = [
             case(1032, 1160, long_k, Transpose::No, Transpose::No, DType::F16),
             case(
-                1032,
-                1160,
+                scaled(1032, 136),
+                scaled(1160, 264),
                 long_k,
                 Transpose::Yes,
                 Transpose::Yes,
@@ -499,8 +499,8 @@ fn matmul_variants_give_the_default_kernels_bits() {
     }
 }
 
-/// The f32 kernels side by side (`matmul::matmul_variant` with f32 operands): 0 is the shipped
-/// `matmul_f32`, 1..=N the double-buffered `matmul_simtv{N}_*_f32` candidates.
+/// The f32 kernels side by side (`matmul::matmul_variant` with f32 operands): 0 is
+/// `matmul_f32`, 1..=N the double-buffered `matmul_simtv{N}_*_f32` (2 is the default f32 kernel).
 fn f32_variants() -> Vec<u32> {
     (0..=matmul::F32_VARIANTS).collect()
 }
@@ -579,8 +579,8 @@ fn matmul_f32_variants_large_products_match_on_sampled_rows() {
                 DType::F32,
             ),
             case(
-                1032,
-                1160,
+                scaled(1032, 136),
+                scaled(1160, 264),
                 long_k,
                 Transpose::No,
                 Transpose::Yes,
@@ -596,8 +596,9 @@ fn matmul_f32_variants_large_products_match_on_sampled_rows() {
     }
 }
 
-/// Every f32 variant sums each element's products in the default's order (k ascending, one fma
-/// each), adds the bias, then the old C: the default kernel's bits exactly, through the
+/// Every f32 variant sums each element's products in `matmul_f32`'s order (k ascending, one fma
+/// each), adds the bias, then the old C: variant 0's bits exactly (so the default, variant 2, changes
+/// no result), through the
 /// overwrite, bias-row and accumulate paths the Clifford layers use (`matmul_f32_variant_into`),
 /// on an aligned and an odd shape, every transpose, batched. The result is also checked against
 /// the f64 reference, so a variant and the default cannot agree on a wrong answer.
@@ -645,7 +646,7 @@ fn matmul_f32_variants_give_the_default_kernels_bits() {
                     out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
                 };
                 let want = bits(0);
-                // The default against the f64 reference (+ bias + old C).
+                // Variant 0 against the f64 reference (+ bias + old C).
                 let product = reference::matmul(&a, &b, ta, tb).unwrap();
                 let reference: Vec<f32> = product
                     .data
@@ -669,7 +670,7 @@ fn matmul_f32_variants_give_the_default_kernels_bits() {
                     let diff = got.iter().zip(&want).filter(|(g, w)| g != w).count();
                     assert!(
                         diff == 0,
-                        "variant {v} {what}: {diff} elements differ from the default kernel"
+                        "variant {v} {what}: {diff} elements differ from variant 0 (matmul_f32)"
                     );
                 }
             }

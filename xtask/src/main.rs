@@ -17,7 +17,7 @@ const USAGE: &str = "usage: cargo xtask <task> [options]
 
 tasks:
   build-ptx [--checked]            build PTX per arch, print the ptxas resource table, fail on spills/stack
-  sanitize [--bins DIR] [--tools memcheck,racecheck,initcheck,synccheck] [--only PREFIX,..] [--log-dir DIR]
+  sanitize [--bins DIR] [--tools memcheck,racecheck,initcheck,synccheck] [--only PREFIX,..] [--log-dir DIR] [--jobs N]
                                    run the GPU tests under compute-sanitizer; summary table; exit 1 on findings
   bundle [--out DIR]               build test + bench binaries, PTX, scripts and run.sh into DIR (default bundle/)
   bench [--bins DIR] [--out DIR] [--quick] [--no-peers] [--filter REGEX] [--peers-only PREFIX,..] [--peers-timeout S]

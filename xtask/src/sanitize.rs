@@ -5,6 +5,11 @@
 //! machine without Rust (`--bins DIR` with the binaries in DIR/tests). The tests run with
 //! `RGK_SANITIZE=1`, which shrinks their fuzz loops and largest sizes: the sanitizer slows kernels by
 //! 10-100x, and coverage comes from the shapes (odd, prime, ragged tails), not from their count.
+//!
+//! `--jobs N` (N > 1) runs each test of a binary in its own compute-sanitizer process, N at a time.
+//! The processes share the GPU but overlap the tool's host-side work and the tests' CPU references, and
+//! each test's log (`LOG_DIR/TOOL-BINARY/TEST.log`) is written as soon as it ends, so a run cut short
+//! still says which tests were clean. The binary's row sums the findings of its tests.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -89,6 +94,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     std::fs::create_dir_all(&log_dir)
         .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
 
+    let jobs: usize = match flag_value(args, "--jobs") {
+        None => 1,
+        Some(j) => j
+            .parse()
+            .ok()
+            .filter(|&j| j >= 1)
+            .ok_or_else(|| format!("--jobs takes a count of at least 1, got `{j}`"))?,
+    };
+
     let total = tools.len() * bins.len();
     let progress = Progress::new(total as u64, "sanitize");
     let mut rows = Vec::new();
@@ -107,36 +121,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 rows.len() + 1
             ));
             let start = Instant::now();
-            let out = Command::new(&cs)
-                .args([
-                    "--tool",
-                    tool,
-                    "--print-limit",
-                    "50",
-                    "--error-exitcode",
-                    "99",
-                    "--target-processes",
-                    "all",
-                ])
-                .arg(bin)
-                .args(["--test-threads=1"])
-                .env("RGK_SANITIZE", "1")
-                .env("RGK_SANITIZE_TOOL", tool)
-                .env("RGK_FUZZ_CASES", "3")
-                .output()
-                .map_err(|e| format!("could not run {}: {e}", cs.display()))?;
-            let log = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let (log, findings, tests_ok) = if jobs > 1 {
+                run_split(&cs, bin, tool, jobs, &log_dir.join(format!("{tool}-{name}")))?
+            } else {
+                let log = sanitize_once(&cs, bin, tool, None)?;
+                let (findings, ok) = (error_count(&log), tests_passed(&log));
+                (log, findings, ok)
+            };
             std::fs::write(log_dir.join(format!("{tool}-{name}.log")), &log)
                 .map_err(|e| e.to_string())?;
             let row = Row {
                 binary: name,
                 tool: tool.clone(),
-                findings: error_count(&log),
-                tests_ok: log.contains("test result: ok") && !log.contains("FAILED"),
+                findings,
+                tests_ok,
                 seconds: start.elapsed().as_secs_f64(),
             };
             progress.done(&format!(
@@ -165,6 +163,121 @@ pub fn run(args: &[String]) -> Result<(), String> {
             log_dir.display()
         ))
     }
+}
+
+/// One compute-sanitizer run of `bin` (all its tests, or the one named `test`); its stdout and
+/// stderr.
+fn sanitize_once(cs: &Path, bin: &Path, tool: &str, test: Option<&str>) -> Result<String, String> {
+    let mut cmd = Command::new(cs);
+    cmd.args([
+        "--tool",
+        tool,
+        "--print-limit",
+        "50",
+        "--error-exitcode",
+        "99",
+        "--target-processes",
+        "all",
+    ])
+    .arg(bin)
+    .args(["--test-threads=1"])
+    .env("RGK_SANITIZE", "1")
+    .env("RGK_SANITIZE_TOOL", tool)
+    .env("RGK_FUZZ_CASES", "3");
+    if let Some(t) = test {
+        cmd.args(["--exact", t]);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", cs.display()))?;
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// Whether a test binary's output reports success (a run that broke before its summary did not).
+fn tests_passed(log: &str) -> bool {
+    log.contains("test result: ok") && !log.contains("FAILED")
+}
+
+/// The tests of a libtest binary (`--list --format terse`: one `name: test` line each).
+fn list_tests(bin: &Path) -> Result<Vec<String>, String> {
+    let out = Command::new(bin)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .map_err(|e| format!("could not list the tests of {}: {e}", bin.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} --list failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(parse_test_list(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn parse_test_list(listing: &str) -> Vec<String> {
+    listing
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every test of `bin` in its own sanitizer process, `jobs` at a time. Returns the binary's log (the
+/// tests' logs in listing order, each under a header), the summed findings (`None` if any run lost
+/// its summary line) and whether every test passed. Each test's log is also written to `dir`.
+fn run_split(
+    cs: &Path,
+    bin: &Path,
+    tool: &str,
+    jobs: usize,
+    dir: &Path,
+) -> Result<(String, Option<u64>, bool), String> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let tests = list_tests(bin)?;
+    if tests.is_empty() {
+        return Err(format!("{} lists no tests", bin.display()));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<String, String>>>> =
+        Mutex::new(vec![None; tests.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(tests.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(test) = tests.get(i) else { break };
+                    let t0 = Instant::now();
+                    let res = sanitize_once(cs, bin, tool, Some(test));
+                    if let Ok(log) = &res {
+                        let file = dir.join(format!("{}.log", test.replace("::", "__")));
+                        let _ = std::fs::write(file, log);
+                        println!(
+                            "        {tool} {test}: {} findings, {}, {:.1} s",
+                            error_count(log).map_or("?".into(), |n| n.to_string()),
+                            if tests_passed(log) { "ok" } else { "FAILED" },
+                            t0.elapsed().as_secs_f64()
+                        );
+                    }
+                    results.lock().expect("no panics while held")[i] = Some(res);
+                }
+            });
+        }
+    });
+    let mut log = String::new();
+    let (mut findings, mut ok) = (Some(0u64), true);
+    for (test, res) in tests.iter().zip(results.into_inner().expect("no panics while held")) {
+        let one = res.expect("every test was run")?;
+        log.push_str(&format!("===== {test}\n{one}\n"));
+        findings = findings.zip(error_count(&one)).map(|(a, b)| a + b);
+        ok &= tests_passed(&one);
+    }
+    Ok((log, findings, ok))
 }
 
 /// The count in compute-sanitizer's `ERROR SUMMARY: N error(s)` line (`None` if absent: the run broke).
@@ -226,6 +339,12 @@ mod tests {
             ),
             Some(28)
         );
+    }
+
+    #[test]
+    fn test_listing_is_parsed() {
+        let listing = "a_test: test\nmod::b: test\nsome_bench: benchmark\n\n";
+        assert_eq!(parse_test_list(listing), ["a_test", "mod::b"]);
     }
 
     #[test]
