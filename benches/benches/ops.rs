@@ -657,6 +657,24 @@ fn layer_norms(b: &mut Bencher) {
             ln::layer_norm(&x[i], &g, &beta, None).expect("layer_norm");
         },
     );
+    // The 16-byte forward with more threads a row (the default, 64 at D = 1024, keeps 32 rows in
+    // flight a SM): fewer rows in flight shorten the last wave (`RGK_BENCH_VARIANTS=1`).
+    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
+        for threads in [128u32, 256, 512] {
+            b.bench(
+                spec(
+                    format!("layernorm_t{threads}/f32/{rows}x{cols}"),
+                    Some(2 * bytes),
+                    None,
+                ),
+                copies,
+                |i| {
+                    ln::layer_norm_threads(&x[i], &g, &beta, None, threads)
+                        .expect("layer_norm_threads");
+                },
+            );
+        }
+    }
     let (_, mean, rstd) = ln::layer_norm(&x[0], &g, &beta, None).expect("layer_norm");
     let dy = b.inputs(&[rows, cols], DType::F32, 1).remove(0);
     b.bench(

@@ -73,6 +73,65 @@ fn layer_norm_matches_reference() {
     }
 }
 
+/// The forward's 16-byte kernel at every thread count `layer_norm_threads` takes (the benches compare
+/// them): the same math against the f64 reference at rows of whole chunks, poisoned outputs; and a
+/// thread count outside the allowed set, or a row the kernel cannot take, is an error, not a launch.
+#[test]
+fn layer_norm_thread_counts_match_reference() {
+    let Some(gpu) = gpu_or_skip("layer_norm_thread_counts_match_reference") else {
+        return;
+    };
+    let mut rng = rng("layer_norm_thread_counts");
+    for cols in [8usize, 1000, 1024, 4096, 8192] {
+        for dtype in DType::ALL {
+            let rows = rows_for(&mut rng, cols);
+            let x = uniform(&mut rng, &[rows, cols], 1.0, 5.0, dtype);
+            let g = uniform(&mut rng, &[cols], 0.5, 1.5, dtype);
+            let b = uniform(&mut rng, &[cols], -1.0, 1.0, dtype);
+            let up = |h: &HostTensor| Tensor::from_host(&gpu, h).unwrap();
+            let (xt, gt, bt) = (up(&x), up(&g), up(&b));
+            let (wy, wm, wr) = lr::layer_norm(&x, &g, &b, None).unwrap();
+            let fewest = gpu::params::layer_norm::block_for(cols as u64);
+            let mut threads = fewest;
+            while threads <= gpu::params::layer_norm::MAX_BLOCK {
+                let case = format!("layer_norm_threads {threads} {dtype} [{rows}, {cols}]");
+                let (y, mean, rstd) = ln::layer_norm_threads(&xt, &gt, &bt, None, threads)
+                    .unwrap_or_else(|e| panic!("{case}: {e}"));
+                assert_close(&case, &y.to_vec().unwrap(), &wy.data, tol(dtype));
+                assert_close(
+                    &format!("{case} mean"),
+                    &mean.to_vec().unwrap(),
+                    &wm.data,
+                    1e-5,
+                );
+                assert_close(
+                    &format!("{case} rstd"),
+                    &rstd.to_vec().unwrap(),
+                    &wr.data,
+                    1e-4,
+                );
+                threads *= 2;
+            }
+            for bad in [
+                fewest / 2,
+                fewest + 1,
+                2 * gpu::params::layer_norm::MAX_BLOCK,
+            ] {
+                let err = ln::layer_norm_threads(&xt, &gt, &bt, None, bad);
+                assert!(
+                    matches!(err, Err(Error::Invalid { .. })),
+                    "{bad} threads for [{rows}, {cols}] {dtype}: {err:?}"
+                );
+            }
+        }
+    }
+    // 1001 f32 elements are not whole 16-byte chunks: the 16-byte kernel does not apply.
+    let x = Tensor::from_host(&gpu, &uniform(&mut rng, &[3, 1001], -1.0, 1.0, DType::F32)).unwrap();
+    let g = Tensor::from_host(&gpu, &uniform(&mut rng, &[1001], -1.0, 1.0, DType::F32)).unwrap();
+    let err = ln::layer_norm_threads(&x, &g, &g, None, 128);
+    assert!(matches!(err, Err(Error::Invalid { .. })), "{err:?}");
+}
+
 /// The backward's `(dx, dgamma, dbeta)` against the f64 reference from the reference statistics
 /// `(mean, rstd)`; the panic message names `case` (the seed is printed above it).
 fn check_backward(

@@ -122,7 +122,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ));
             let start = Instant::now();
             let (log, findings, tests_ok) = if jobs > 1 {
-                run_split(&cs, bin, tool, jobs, &log_dir.join(format!("{tool}-{name}")))?
+                run_split(
+                    &cs,
+                    bin,
+                    tool,
+                    jobs,
+                    &log_dir.join(format!("{tool}-{name}")),
+                )?
             } else {
                 let log = sanitize_once(&cs, bin, tool, None)?;
                 let (findings, ok) = (error_count(&log), tests_passed(&log));
@@ -244,8 +250,7 @@ fn run_split(
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<String, String>>>> =
-        Mutex::new(vec![None; tests.len()]);
+    let results: Mutex<Vec<Option<Result<String, String>>>> = Mutex::new(vec![None; tests.len()]);
     std::thread::scope(|scope| {
         for _ in 0..jobs.min(tests.len()) {
             scope.spawn(|| {
@@ -271,7 +276,10 @@ fn run_split(
     });
     let mut log = String::new();
     let (mut findings, mut ok) = (Some(0u64), true);
-    for (test, res) in tests.iter().zip(results.into_inner().expect("no panics while held")) {
+    for (test, res) in tests
+        .iter()
+        .zip(results.into_inner().expect("no panics while held"))
+    {
         let one = res.expect("every test was run")?;
         log.push_str(&format!("===== {test}\n{one}\n"));
         findings = findings.zip(error_count(&one)).map(|(a, b)| a + b);

@@ -88,6 +88,32 @@ pub fn layer_norm(
     beta: &Tensor,
     eps: Option<f32>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    layer_norm_on(x, gamma, beta, eps, None)
+}
+
+/// [`layer_norm`] through the 16-byte kernel with `threads` threads a row block (a power of two from
+/// the fewest that hold the row, `block_for(cols)`, to the kernel's launch bound): fewer rows in
+/// flight a SM than the default's, for side-by-side measurement of the last wave's cost. An error
+/// where that kernel does not apply (rows not whole 16-byte chunks, unaligned buffers) or for another
+/// thread count. Not a stable API.
+#[doc(hidden)]
+pub fn layer_norm_threads(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: Option<f32>,
+    threads: u32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    layer_norm_on(x, gamma, beta, eps, Some(threads))
+}
+
+fn layer_norm_on(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: Option<f32>,
+    vec_threads: Option<u32>,
+) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "layer_norm";
     let eps = eps.unwrap_or(DEFAULT_EPS);
     if !(eps.is_finite() && eps >= 0.0) {
@@ -107,12 +133,26 @@ pub fn layer_norm(
         // The 16-byte kernel for rows of whole chunks with aligned buffers that one block holds;
         // the scalar kernel (same math) otherwise.
         let vec_name = kernel_name!("layer_norm_vec", x.dtype());
-        let vec_threads = block_for(cols).min(gpu.max_block_pow2(vec_name)?);
-        let (name, threads) = if cols % x.dtype().chunk_elems() as u64 == 0
-            && cols <= vec_threads as u64 * CACHE_PER_THREAD as u64
-            && aligned16(&[x, gamma, beta, &y])
-        {
-            (vec_name, vec_threads)
+        let max_threads = gpu.max_block_pow2(vec_name)?;
+        let fewest = block_for(cols).min(max_threads);
+        let vec_applies = cols % x.dtype().chunk_elems() as u64 == 0
+            && cols <= fewest as u64 * CACHE_PER_THREAD as u64
+            && aligned16(&[x, gamma, beta, &y]);
+        if let Some(t) = vec_threads {
+            if !vec_applies || !t.is_power_of_two() || t < fewest || t > max_threads {
+                return Err(Error::Invalid {
+                    op: OP,
+                    msg: format!(
+                        "layer_norm_threads: {t} threads for rows of {cols} {} (the 16-byte kernel \
+                         {}applies; expected a power of two in {fewest}..={max_threads})",
+                        x.dtype(),
+                        if vec_applies { "" } else { "not " }
+                    ),
+                });
+            }
+        }
+        let (name, threads) = if vec_applies {
+            (vec_name, vec_threads.unwrap_or(fewest))
         } else {
             let name = kernel_name!("layer_norm", x.dtype());
             (name, block_for(cols).min(gpu.max_block_pow2(name)?))
