@@ -634,8 +634,11 @@ def build_cases(quick):
     cases += [reduce_lastdim_case("sum", 8192, 8192), sum_all_case(67108864),
               reduce_lastdim_case("max", 8192, 8192)]
     cases += [softmax_case(tag, 8192, 8192) for tag in ("f32", "f16", "bf16")]
-    cases += [softmax_case("f32", 65536, 1024), softmax_backward_case(8192, 8192)]
-    cases += [layernorm_case(65536, 1024), layernorm_bwd_case(65536, 1024),
+    cases += [softmax_case("f32", 65536, 1024), softmax_case("f32", 16384, 4096),
+              softmax_backward_case(8192, 8192)]
+    cases += [layernorm_case(87381, 768), layernorm_case(16384, 4096),
+              layernorm_case(65536, 1024), layernorm_bwd_case(65536, 1024),
+              embedding_case(50257, 768, 87381), embedding_case(50257, 4096, 16384),
               embedding_case(50257, 1024, 65536), embedding_bwd_case(50257, 1024, 65536)]
     cases += [sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096), lrp_case(1024, 4096, 4096)]
     cases += [attn_case(tag, b, h, s, d, causal)

@@ -605,6 +605,7 @@ fn softmaxes(b: &mut Bencher) {
         (DType::F16, [8192, 8192]),
         (DType::BF16, [8192, 8192]),
         (DType::F32, [65536, 1024]),
+        (DType::F32, [16384, 4096]),
     ] {
         let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
         let copies = rotation_copies(bytes as usize, b.l2_bytes);
@@ -640,6 +641,25 @@ fn softmaxes(b: &mut Bencher) {
 /// Layer norm forward (bytes: read x + write y; gamma/beta and the 2 x rows f32 statistics are
 /// negligible and not counted, as in bench/peers.py) and backward (read x and dy, write dx: 3 tensors).
 fn layer_norms(b: &mut Bencher) {
+    // 256 MiB at the hidden sizes of BERT/GPT-2 base (768), the default (1024) and LLMs (4096).
+    for (rows, cols) in [(87381usize, 768usize), (16384, 4096)] {
+        let bytes = (rows * cols * 4) as u64;
+        let copies = rotation_copies(bytes as usize, b.l2_bytes);
+        let x = b.inputs(&[rows, cols], DType::F32, copies);
+        let g = b.inputs(&[cols], DType::F32, 1).remove(0);
+        let beta = b.inputs(&[cols], DType::F32, 1).remove(0);
+        b.bench(
+            spec(
+                format!("layernorm/f32/{rows}x{cols}"),
+                Some(2 * bytes),
+                None,
+            ),
+            copies,
+            |i| {
+                ln::layer_norm(&x[i], &g, &beta, None).expect("layer_norm");
+            },
+        );
+    }
     let (rows, cols) = (65536usize, 1024usize);
     let bytes = (rows * cols * 4) as u64;
     let copies = rotation_copies(bytes as usize, b.l2_bytes);
@@ -738,6 +758,26 @@ fn layer_norms(b: &mut Bencher) {
 /// is known, so the id check is one host comparison). Bytes: N rows of D read from the table + N x D
 /// written.
 fn embeddings(b: &mut Bencher) {
+    // 256 MiB of output at D = 768 and 4096 too (GPT-2's vocabulary throughout).
+    for (cols, n) in [(768usize, 87381usize), (4096, 16384)] {
+        let vocab = 50257usize;
+        let table = b.inputs(&[vocab, cols], DType::F32, 1).remove(0);
+        let ids: Vec<u32> = (0..n)
+            .map(|_| b.rng.random_range(0..vocab as u32))
+            .collect();
+        let ids = DeviceIds::from_slice(&b.gpu, &ids).expect("ids");
+        b.bench(
+            spec(
+                format!("embedding/f32/V{vocab}_D{cols}_N{n}"),
+                Some(2 * (n * cols * 4) as u64),
+                None,
+            ),
+            1,
+            |_| {
+                emb::embedding(&table, &ids).expect("embedding");
+            },
+        );
+    }
     let (vocab, cols, n) = (50257usize, 1024usize, 65536usize);
     let table = b.inputs(&[vocab, cols], DType::F32, 1).remove(0);
     let ids: Vec<u32> = (0..n)
