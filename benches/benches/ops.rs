@@ -641,42 +641,13 @@ fn softmaxes(b: &mut Bencher) {
 /// Layer norm forward (bytes: read x + write y; gamma/beta and the 2 x rows f32 statistics are
 /// negligible and not counted, as in bench/peers.py) and backward (read x and dy, write dx: 3 tensors).
 fn layer_norms(b: &mut Bencher) {
-    // 256 MiB at the hidden sizes of BERT/GPT-2 base (768), the default (1024) and LLMs (4096).
-    for (rows, cols) in [(87381usize, 768usize), (16384, 4096)] {
-        let bytes = (rows * cols * 4) as u64;
-        let copies = rotation_copies(bytes as usize, b.l2_bytes);
-        let x = b.inputs(&[rows, cols], DType::F32, copies);
-        let g = b.inputs(&[cols], DType::F32, 1).remove(0);
-        let beta = b.inputs(&[cols], DType::F32, 1).remove(0);
-        b.bench(
-            spec(
-                format!("layernorm/f32/{rows}x{cols}"),
-                Some(2 * bytes),
-                None,
-            ),
-            copies,
-            |i| {
-                ln::layer_norm(&x[i], &g, &beta, None).expect("layer_norm");
-            },
-        );
-    }
+    // 256 MiB at the hidden sizes of BERT/GPT-2 base (768) and LLMs (4096), then the default shape
+    // (1024), whose inputs the variants and the backward reuse.
     let (rows, cols) = (65536usize, 1024usize);
+    layer_norm_forward(b, 87381, 768);
+    layer_norm_forward(b, 16384, 4096);
+    let (x, g, beta, copies) = layer_norm_forward(b, rows, cols);
     let bytes = (rows * cols * 4) as u64;
-    let copies = rotation_copies(bytes as usize, b.l2_bytes);
-    let x = b.inputs(&[rows, cols], DType::F32, copies);
-    let g = b.inputs(&[cols], DType::F32, 1).remove(0);
-    let beta = b.inputs(&[cols], DType::F32, 1).remove(0);
-    b.bench(
-        spec(
-            format!("layernorm/f32/{rows}x{cols}"),
-            Some(2 * bytes),
-            None,
-        ),
-        copies,
-        |i| {
-            ln::layer_norm(&x[i], &g, &beta, None).expect("layer_norm");
-        },
-    );
     // The 16-byte forward with more threads a row (the default, 64 at D = 1024, keeps 32 rows in
     // flight a SM): fewer rows in flight shorten the last wave (`RGK_BENCH_VARIANTS=1`).
     if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
@@ -754,13 +725,38 @@ fn layer_norms(b: &mut Bencher) {
     }
 }
 
+/// `layernorm/f32/{rows}x{cols}` on rotated inputs; returns them (x copies, gamma, beta, copy count).
+fn layer_norm_forward(
+    b: &mut Bencher,
+    rows: usize,
+    cols: usize,
+) -> (Vec<Tensor>, Tensor, Tensor, usize) {
+    let bytes = (rows * cols * 4) as u64;
+    let copies = rotation_copies(bytes as usize, b.l2_bytes);
+    let x = b.inputs(&[rows, cols], DType::F32, copies);
+    let g = b.inputs(&[cols], DType::F32, 1).remove(0);
+    let beta = b.inputs(&[cols], DType::F32, 1).remove(0);
+    b.bench(
+        spec(
+            format!("layernorm/f32/{rows}x{cols}"),
+            Some(2 * bytes),
+            None,
+        ),
+        copies,
+        |i| {
+            ln::layer_norm(&x[i], &g, &beta, None).expect("layer_norm");
+        },
+    );
+    (x, g, beta, copies)
+}
+
 /// Embedding gather with device-resident ids uploaded from the host (the path a model uses; their bound
 /// is known, so the id check is one host comparison). Bytes: N rows of D read from the table + N x D
 /// written.
 fn embeddings(b: &mut Bencher) {
-    // 256 MiB of output at D = 768 and 4096 too (GPT-2's vocabulary throughout).
-    for (cols, n) in [(768usize, 87381usize), (4096, 16384)] {
-        let vocab = 50257usize;
+    // 256 MiB of output at D = 768, 1024 and 4096 (GPT-2's vocabulary throughout).
+    let vocab = 50257usize;
+    for (cols, n) in [(768usize, 87381usize), (4096, 16384), (1024, 65536)] {
         let table = b.inputs(&[vocab, cols], DType::F32, 1).remove(0);
         let ids: Vec<u32> = (0..n)
             .map(|_| b.rng.random_range(0..vocab as u32))
@@ -778,23 +774,7 @@ fn embeddings(b: &mut Bencher) {
             },
         );
     }
-    let (vocab, cols, n) = (50257usize, 1024usize, 65536usize);
-    let table = b.inputs(&[vocab, cols], DType::F32, 1).remove(0);
-    let ids: Vec<u32> = (0..n)
-        .map(|_| b.rng.random_range(0..vocab as u32))
-        .collect();
-    let ids = DeviceIds::from_slice(&b.gpu, &ids).expect("ids");
-    b.bench(
-        spec(
-            format!("embedding/f32/V{vocab}_D{cols}_N{n}"),
-            Some(2 * (n * cols * 4) as u64),
-            None,
-        ),
-        1,
-        |_| {
-            emb::embedding(&table, &ids).expect("embedding");
-        },
-    );
+    let (cols, n) = (1024usize, 65536usize);
     // The backward from host ids, the whole call timed: the host check and stable counting sort, the
     // two uploads of the grouping, the kernel. Bytes: dy read + dW written.
     let dy = b.inputs(&[n, cols], DType::F32, 1).remove(0);

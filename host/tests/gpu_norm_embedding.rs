@@ -31,6 +31,44 @@ fn grad_tol(dtype: DType) -> f64 {
     10.0 * tol(dtype)
 }
 
+/// Layer norm inputs of `[rows, cols]`: x offset from 0 (a row mean away from 0, as real activations
+/// have), gamma around 1, beta around 0.
+fn ln_inputs(
+    rng: &mut StdRng,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+) -> (HostTensor, HostTensor, HostTensor) {
+    (
+        uniform(rng, &[rows, cols], 1.0, 5.0, dtype),
+        uniform(rng, &[cols], 0.5, 1.5, dtype),
+        uniform(rng, &[cols], -1.0, 1.0, dtype),
+    )
+}
+
+/// A forward's `(y, mean, rstd)` against the reference's: y at the dtype's tolerance, the f32
+/// statistics at 1e-5 / 1e-4 (cols = 1: var = 0 and rstd = 1/sqrt(eps), exact up to rounding).
+fn check_forward(
+    case: &str,
+    got: &(Tensor, Tensor, Tensor),
+    want: &(HostTensor, HostTensor, HostTensor),
+    dtype: DType,
+) {
+    assert_close(case, &got.0.to_vec().unwrap(), &want.0.data, tol(dtype));
+    assert_close(
+        &format!("{case} mean"),
+        &got.1.to_vec().unwrap(),
+        &want.1.data,
+        1e-5,
+    );
+    assert_close(
+        &format!("{case} rstd"),
+        &got.2.to_vec().unwrap(),
+        &want.2.data,
+        1e-4,
+    );
+}
+
 #[test]
 fn layer_norm_matches_reference() {
     let Some(gpu) = gpu_or_skip("layer_norm_matches_reference") else {
@@ -40,35 +78,18 @@ fn layer_norm_matches_reference() {
     for (i, &cols) in COLS.iter().enumerate() {
         for dtype in DType::ALL {
             let rows = rows_for(&mut rng, cols);
-            // A row offset keeps the mean away from 0, as real activations are.
-            let x = uniform(&mut rng, &[rows, cols], 1.0, 5.0, dtype);
-            let g = uniform(&mut rng, &[cols], 0.5, 1.5, dtype);
-            let b = uniform(&mut rng, &[cols], -1.0, 1.0, dtype);
+            let (x, g, b) = ln_inputs(&mut rng, rows, cols, dtype);
             let dy = uniform(&mut rng, &[rows, cols], -1.0, 1.0, dtype);
             let up = |h: &HostTensor| Tensor::from_host(&gpu, h).unwrap();
             let (xt, gt, bt) = (up(&x), up(&g), up(&b));
             let case = format!("layer_norm #{i} {dtype} [{rows}, {cols}]");
-            let (y, mean, rstd) = ln::layer_norm(&xt, &gt, &bt, None).unwrap();
-            let (wy, wm, wr) = lr::layer_norm(&x, &g, &b, None).unwrap();
-            assert_eq!(y.shape(), &[rows, cols]);
-            assert_eq!(mean.shape(), &[rows]);
-            assert_close(&case, &y.to_vec().unwrap(), &wy.data, tol(dtype));
-            assert_close(
-                &format!("{case} mean"),
-                &mean.to_vec().unwrap(),
-                &wm.data,
-                1e-5,
-            );
-            // cols = 1: var = 0 and rstd = 1/sqrt(eps), exact up to rounding.
-            assert_close(
-                &format!("{case} rstd"),
-                &rstd.to_vec().unwrap(),
-                &wr.data,
-                1e-4,
-            );
-
-            let grads = ln::layer_norm_backward(&xt, &gt, &mean, &rstd, &up(&dy)).unwrap();
-            check_backward(&case, &x, &g, (&wm, &wr), &dy, grads);
+            let got = ln::layer_norm(&xt, &gt, &bt, None).unwrap();
+            let want = lr::layer_norm(&x, &g, &b, None).unwrap();
+            assert_eq!(got.0.shape(), &[rows, cols]);
+            assert_eq!(got.1.shape(), &[rows]);
+            check_forward(&case, &got, &want, dtype);
+            let grads = ln::layer_norm_backward(&xt, &gt, &got.1, &got.2, &up(&dy)).unwrap();
+            check_backward(&case, &x, &g, (&want.1, &want.2), &dy, grads);
         }
     }
 }
@@ -85,31 +106,17 @@ fn layer_norm_thread_counts_match_reference() {
     for cols in [8usize, 1000, 1024, 4096, 8192] {
         for dtype in DType::ALL {
             let rows = rows_for(&mut rng, cols);
-            let x = uniform(&mut rng, &[rows, cols], 1.0, 5.0, dtype);
-            let g = uniform(&mut rng, &[cols], 0.5, 1.5, dtype);
-            let b = uniform(&mut rng, &[cols], -1.0, 1.0, dtype);
+            let (x, g, b) = ln_inputs(&mut rng, rows, cols, dtype);
             let up = |h: &HostTensor| Tensor::from_host(&gpu, h).unwrap();
             let (xt, gt, bt) = (up(&x), up(&g), up(&b));
-            let (wy, wm, wr) = lr::layer_norm(&x, &g, &b, None).unwrap();
+            let want = lr::layer_norm(&x, &g, &b, None).unwrap();
             let fewest = gpu::params::layer_norm::block_for(cols as u64);
             let mut threads = fewest;
             while threads <= gpu::params::layer_norm::MAX_BLOCK {
                 let case = format!("layer_norm_threads {threads} {dtype} [{rows}, {cols}]");
-                let (y, mean, rstd) = ln::layer_norm_threads(&xt, &gt, &bt, None, threads)
+                let got = ln::layer_norm_threads(&xt, &gt, &bt, None, threads)
                     .unwrap_or_else(|e| panic!("{case}: {e}"));
-                assert_close(&case, &y.to_vec().unwrap(), &wy.data, tol(dtype));
-                assert_close(
-                    &format!("{case} mean"),
-                    &mean.to_vec().unwrap(),
-                    &wm.data,
-                    1e-5,
-                );
-                assert_close(
-                    &format!("{case} rstd"),
-                    &rstd.to_vec().unwrap(),
-                    &wr.data,
-                    1e-4,
-                );
+                check_forward(&case, &got, &want, dtype);
                 threads *= 2;
             }
             for bad in [
