@@ -491,6 +491,28 @@ impl Pass {
     }
 }
 
+/// The GEMM grid's `(column tiles, row tiles)` for an `m x n` output, or the error naming the
+/// dimension past the grid's limits (rows: `MAX_GRID_Y` tiles; columns: `u32::MAX` tiles).
+fn tile_grid(m: u64, n: u64) -> Result<(u32, u32)> {
+    let row_tiles = m.div_ceil(cfg::BM);
+    if row_tiles > cfg::MAX_GRID_Y {
+        return Err(Error::TooLarge {
+            op: "lrp",
+            what: "rows",
+            given: m,
+            max: cfg::MAX_GRID_Y * cfg::BM,
+        });
+    }
+    let col_tiles = u32::try_from(n.div_ceil(cfg::BN)).map_err(|_| Error::TooLarge {
+        op: "lrp",
+        what: "columns",
+        given: n,
+        max: u32::MAX as u64 * cfg::BN,
+    })?;
+    // row_tiles <= MAX_GRID_Y (65,535): no cast loss.
+    Ok((col_tiles, row_tiles as u32))
+}
+
 /// The kernel `pass` runs on for `variant` (variants 3 and 4: where [`Pass::v3_fits`]).
 fn pass_kernel(
     gpu: &Gpu,
@@ -635,21 +657,7 @@ fn gemm_pass(
         cfg::split_k(m, n, k)
     };
     let fused = finish.is_some() && pass == Pass::Spread && finishes_in_epilogue(kernel, (m, n, k));
-    let row_tiles = m.div_ceil(cfg::BM);
-    if row_tiles > cfg::MAX_GRID_Y {
-        return Err(Error::TooLarge {
-            op: "lrp",
-            what: "rows",
-            given: m,
-            max: cfg::MAX_GRID_Y * cfg::BM,
-        });
-    }
-    let col_tiles = u32::try_from(n.div_ceil(cfg::BN)).map_err(|_| Error::TooLarge {
-        op: "lrp",
-        what: "columns",
-        given: n,
-        max: u32::MAX as u64 * cfg::BN,
-    })?;
+    let (col_tiles, row_tiles) = tile_grid(m, n)?;
     let ws_len = usize::try_from(splits * m * n).map_err(|_| Error::TooLarge {
         op: "lrp",
         what: "workspace elements",
@@ -690,7 +698,7 @@ fn gemm_pass(
         gpu,
         kernel,
         LaunchConfig {
-            grid_dim: (col_tiles, row_tiles as u32, splits as u32),
+            grid_dim: (col_tiles, row_tiles, splits as u32),
             block_dim: (cfg::THREADS, 1, 1),
             shared_mem_bytes,
         },
@@ -779,21 +787,7 @@ pub fn relevance_variant(
         let (m, n, k) = (r as u64, o as u64, i as u64);
         let (splits, k_per_split) = cfg::v3::split_k(m, n, k);
         debug_assert_eq!(splits, 1);
-        let row_tiles = m.div_ceil(cfg::BM);
-        if row_tiles > cfg::MAX_GRID_Y {
-            return Err(Error::TooLarge {
-                op: "lrp",
-                what: "rows",
-                given: m,
-                max: cfg::MAX_GRID_Y * cfg::BM,
-            });
-        }
-        let col_tiles = u32::try_from(n.div_ceil(cfg::BN)).map_err(|_| Error::TooLarge {
-            op: "lrp",
-            what: "columns",
-            given: n,
-            max: u32::MAX as u64 * cfg::BN,
-        })?;
+        let (col_tiles, row_tiles) = tile_grid(m, n)?;
         let p = LrpGemm {
             rows: m,
             cols: n,
@@ -804,7 +798,7 @@ pub fn relevance_variant(
             gpu,
             SUMS_COEF_KERNEL,
             LaunchConfig {
-                grid_dim: (col_tiles, row_tiles as u32, 1),
+                grid_dim: (col_tiles, row_tiles, 1),
                 block_dim: (cfg::THREADS, 1, 1),
                 shared_mem_bytes: cfg::v3::smem_bytes(false),
             },

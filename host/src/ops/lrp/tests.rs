@@ -679,3 +679,26 @@ fn v3_runs_only_on_16_byte_rows() {
         (1024, 4096, 4096)
     ));
 }
+
+/// The GEMM grid covers the output with whole tiles and refuses rows past the grid's y limit by name.
+#[test]
+fn tile_grid_covers_the_output_and_names_the_dimension_too_large() {
+    assert_eq!(tile_grid(1, 1).unwrap(), (1, 1));
+    assert_eq!(tile_grid(cfg::BM + 1, cfg::BN * 3).unwrap(), (3, 2));
+    let most_rows = cfg::MAX_GRID_Y * cfg::BM;
+    assert_eq!(
+        tile_grid(most_rows, 1).unwrap(),
+        (1, cfg::MAX_GRID_Y as u32)
+    );
+    match tile_grid(most_rows + 1, 1) {
+        Err(Error::TooLarge {
+            what: "rows",
+            given,
+            max,
+            ..
+        }) => {
+            assert_eq!((given, max), (most_rows + 1, most_rows))
+        }
+        other => panic!("{other:?}"),
+    }
+}
