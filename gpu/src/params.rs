@@ -1533,21 +1533,21 @@ pub mod matmul {
     const _: () = assert!(BM == BN && TM == 8 && TN == 8 && THREADS == 256 && BK == 8);
 }
 
-/// Double-buffered f32 matmul variants (`matmul_simtv{N}_*_f32`, `kernels/matmul/simt_db.rs`), tuning
-/// candidates next to the shipped `matmul_f32` ([`matmul`]), reachable through the hidden
-/// `host::ops::matmul::matmul_variant` with f32 operands. Same parameters ([`Matmul`]), grid
-/// (`ceil(N / BN), ceil(M / BM), batch`) and results (k ascending, one fma per product: the default's
-/// bits) as the default; they differ in threads a block, k-tile depth and shared memory (dynamic, so
-/// one kernel body serves every depth).
+/// Double-buffered f32 matmul variants (`matmul_simtv{N}_*_f32`, `kernels/matmul/simt_db.rs`) next
+/// to the single-stage `matmul_f32` ([`matmul`]): variant 2 is the host's default f32 kernel, every
+/// one is reachable through the hidden `host::ops::matmul::matmul_variant` with f32 operands. Same
+/// parameters ([`Matmul`]), grid (`ceil(N / BN), ceil(M / BM), batch`) and results (k ascending,
+/// one fma per product: `matmul_f32`'s bits) as `matmul_f32`; they differ in threads a block,
+/// k-tile depth and shared memory (dynamic, so one kernel body serves every depth).
 pub mod matmul_f32v {
     pub const BM: u32 = 128;
     pub const BN: u32 = 128;
-    /// Shared tile row pitch in floats (as the default's): 16-byte aligned rows, and the scalar
+    /// Shared tile row pitch in floats (as `matmul_f32`'s): 16-byte aligned rows, and the scalar
     /// transposing stores of a k-contiguous operand land on distinct banks.
     pub const LDS: u32 = BM + 4;
 
     /// One variant. A thread owns rows `{ty * 4 + 0..4, 64 + ty * 4 + 0..4}` and `col_quads` groups
-    /// of 4 columns `q * (BN / col_quads) + tx * 4 + 0..4`: `col_quads = 2` is the default's 8 x 8
+    /// of 4 columns `q * (BN / col_quads) + tx * 4 + 0..4`: `col_quads = 2` is `matmul_f32`'s 8 x 8
     /// micro-tile with 256 threads, `4` an 8 x 16 micro-tile with 128 threads (twice the fma per
     /// shared load). `bk` is the depth of one k-tile (8 or 16). `async_copy`: the next k-tile goes
     /// global -> shared through `cp.async` (no registers held across the math) instead of through
@@ -1572,11 +1572,11 @@ pub mod matmul_f32v {
         }
     }
 
-    /// `matmul_simtv{N}_{nn,nt,tn,tt}_f32` is `VARIANTS[N - 1]`; variant 0 is the shipped `matmul_f32`.
+    /// `matmul_simtv{N}_{nn,nt,tn,tt}_f32` is `VARIANTS[N - 1]`; variant 0 is `matmul_f32`.
     /// Every one keeps two blocks per SM (4096^3: 1024 tiles over 264 block slots of an H100/H200,
-    /// 3.9 waves, as the default).
+    /// 3.9 waves, as `matmul_f32`).
     pub const VARIANTS: [Config; 4] = [
-        // 1: the default's tiling (256 threads, 8 x 8) with two shared stages filled by cp.async
+        // 1: `matmul_f32`'s tiling (256 threads, 8 x 8) with two shared stages filled by cp.async
         //    (one barrier a k-tile); at most 128 registers (the register-prefetch form spilled).
         Config {
             col_quads: 2,

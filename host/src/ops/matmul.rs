@@ -91,7 +91,7 @@ pub(crate) fn gemm(
 /// changes no result. Every f32 entry point follows this constant.
 const F32_DEFAULT_VARIANT: u32 = 2;
 
-/// The f32 kernel of variant `variant` (0: the shipped `matmul_f32`; N: `matmul_simtvN_{nn,nt,tn,tt}_f32`
+/// The f32 kernel of variant `variant` (0: `matmul_f32`; N: `matmul_simtvN_{nn,nt,tn,tt}_f32`
 /// of `gpu::params::matmul_f32v::VARIANTS[N - 1]`) for a storage combination: entry name, threads
 /// a block and dynamic shared memory. `None` for an unknown variant.
 fn f32_kernel(variant: u32, ta: Transpose, tb: Transpose) -> Option<(&'static str, u32, u32)> {
@@ -132,8 +132,8 @@ const F32_NAMES: [[&str; 4]; f32v::VARIANTS.len()] = [
     ],
 ];
 
-/// [`gemm`] on f32 kernel variant `variant` (see [`f32_kernel`]; 0 is [`gemm`] itself). Every
-/// variant takes the same parameters and grid and gives the same bits.
+/// [`gemm`] on f32 kernel variant `variant` (see [`f32_kernel`]; `F32_DEFAULT_VARIANT` is [`gemm`]
+/// itself). Every variant takes the same parameters and grid and gives the same bits.
 #[allow(clippy::too_many_arguments)]
 fn gemm_on(
     gpu: &crate::Gpu,

@@ -1,14 +1,16 @@
-//! Double-buffered f32 matmul variants (`matmul_simtv{N}_{nn,nt,tn,tt}_f32`, configured by `gpu::params::matmul_f32v`):
-//! candidates to replace the shipped `matmul_f32` (`simt.rs`), with its parameters, grid, results and
-//! bits. `C (+)= op(A) op(B) (+ bias)`, batched over grid z, any M, N, K, either operand transposed.
+//! Double-buffered f32 matmul variants (`matmul_simtv{N}_{nn,nt,tn,tt}_f32`, configured by
+//! `gpu::params::matmul_f32v`) with `matmul_f32`'s (`simt.rs`) parameters, grid, results and bits;
+//! variant 2 is the f32 kernel every host call runs (`F32_DEFAULT_VARIANT` in `host::ops::matmul`),
+//! the others are tuning candidates. `C (+)= op(A) op(B) (+ bias)`, batched over grid z, any M, N,
+//! K, either operand transposed.
 //!
-//! What differs from the default, and why:
+//! What differs from `matmul_f32`, and why:
 //! - Two shared stages. The next k-tile, loaded into registers before the current tile's math, is
-//!   stored into the other stage, so one barrier per k-tile suffices (the default has one stage and
+//!   stored into the other stage, so one barrier per k-tile suffices (`matmul_f32` has one stage and
 //!   must wait for every warp to finish reading it before overwriting it: two barriers a tile).
 //! - 16-byte global loads (`ld.global.nc.v4`) for each 4-float group that lies inside the operand
 //!   when its rows are 16-byte aligned (aligned base, leading dim and batch stride multiples of 4
-//!   floats, decided per block); the default issues 4 bounds-checked scalar loads per group. Groups
+//!   floats, decided per block); `matmul_f32` issues 4 bounds-checked scalar loads per group. Groups
 //!   at the edges and unaligned operands take a scalar, per-element checked path.
 //! - The micro-tile and the k-tile depth are parameters (`CQ` groups of 4 columns a thread: 8 x 8
 //!   with 256 threads or 8 x 16 with 128; `BK` 8 or 16).
@@ -20,7 +22,7 @@
 //! consecutive groups: no bank conflicts. Every shared read of the math is `[register + constant]`.
 //!
 //! Each C element sums its products k = 0, 1, 2, ... with one fma each (zeros past K add nothing), as
-//! the default does: the same bits, on every run.
+//! `matmul_f32` does: the same bits, on every run.
 use crate::dev::copy::{cp_async_4, cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::math;
 use crate::dev::mem::{Slice, SliceMut};
