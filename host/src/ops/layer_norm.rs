@@ -138,18 +138,18 @@ fn layer_norm_on(
         let vec_applies = cols % x.dtype().chunk_elems() as u64 == 0
             && cols <= fewest as u64 * CACHE_PER_THREAD as u64
             && aligned16(&[x, gamma, beta, &y]);
-        if let Some(t) = vec_threads {
-            if !vec_applies || !t.is_power_of_two() || t < fewest || t > max_threads {
-                return Err(Error::Invalid {
-                    op: OP,
-                    msg: format!(
-                        "layer_norm_threads: {t} threads for rows of {cols} {} (the 16-byte kernel \
-                         {}applies; expected a power of two in {fewest}..={max_threads})",
-                        x.dtype(),
-                        if vec_applies { "" } else { "not " }
-                    ),
-                });
-            }
+        if let Some(t) = vec_threads
+            && (!vec_applies || !t.is_power_of_two() || !(fewest..=max_threads).contains(&t))
+        {
+            return Err(Error::Invalid {
+                op: OP,
+                msg: format!(
+                    "layer_norm_threads: {t} threads for rows of {cols} {} (the 16-byte kernel \
+                     {}applies; expected a power of two in {fewest}..={max_threads})",
+                    x.dtype(),
+                    if vec_applies { "" } else { "not " }
+                ),
+            });
         }
         let (name, threads) = if vec_applies {
             (vec_name, vec_threads.unwrap_or(fewest))
