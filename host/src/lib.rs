@@ -33,6 +33,8 @@ pub mod ptx;
 pub mod replace;
 pub mod shape;
 pub mod tensor;
+#[doc(hidden)]
+pub mod testing;
 
 pub use device::{Gpu, MemoryStats, driver_present};
 pub use dtype::DType;

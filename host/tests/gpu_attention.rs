@@ -274,8 +274,6 @@ fn flash_forward_is_bit_identical_over_100_runs() {
     let x = inputs(&mut rng, &c);
     let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(&gpu, t).unwrap());
     let p = params(&c);
-    let bits =
-        |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect() };
     let (o0, l0) = attention::flash_forward(&q, &k, &v, &p).unwrap();
     let (first_o, first_l) = (bits(&o0), bits(&l0));
     for run in 1..fuzz_cases(100) {
@@ -328,6 +326,17 @@ fn fully_masked_rows_are_zero_not_nan() {
     }
 }
 
+/// With no keys, every output element is 0 and every LSE is minus infinity.
+fn assert_no_keys_output(o: &Tensor, lse: &Tensor) {
+    assert!(o.to_vec().unwrap().iter().all(|&v| v == 0.0));
+    assert!(
+        lse.to_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| v == f32::NEG_INFINITY)
+    );
+}
+
 #[test]
 fn empty_key_sequence_gives_zero_and_minus_infinity() {
     let Some(gpu) = gpu_or_skip("empty_key_sequence_gives_zero_and_minus_infinity") else {
@@ -337,13 +346,37 @@ fn empty_key_sequence_gives_zero_and_minus_infinity() {
     let kv = Tensor::from_f32(&gpu, &[], &[1, 2, 0, 64], DType::F16).unwrap();
     for f in [attention::flash_forward, attention::naive_forward] {
         let (o, lse) = f(&q, &kv, &kv, &AttentionParams::default()).unwrap();
-        assert!(o.to_vec().unwrap().iter().all(|&v| v == 0.0));
-        assert!(
-            lse.to_vec()
-                .unwrap()
-                .iter()
-                .all(|&v| v == f32::NEG_INFINITY)
-        );
+        assert_no_keys_output(&o, &lse);
+    }
+}
+
+/// `path` with scales 0.5, -0.3 and 0 (all keys equal) against the f64 reference at D = `d`: O and the
+/// LSE within twice the naive kernel's error (+1e-5).
+fn check_custom_scales(
+    path: Path,
+    gpu: &Gpu,
+    rng: &mut rand::rngs::StdRng,
+    d: usize,
+    dtype: DType,
+    what: &str,
+) {
+    for scale in [0.5f32, -0.3, 0.0] {
+        let c = case(1, 3, 130, 70, d, Causal::No, dtype);
+        let x = inputs(rng, &c);
+        let p = AttentionParams {
+            causal: c.causal,
+            scale: Some(scale),
+        };
+        let (o, lse) = run(path, gpu, &x, &p);
+        let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
+        for (out, exact, naive) in [
+            (o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
+            (lse.to_vec().unwrap(), &want.exact_lse, &want.naive_lse),
+        ] {
+            let err = max_abs_err(&out, &exact.data);
+            let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+            assert!(err <= bound, "{what}scale {scale}: {err:.3e} > {bound:.3e}");
+        }
     }
 }
 
@@ -353,24 +386,7 @@ fn custom_scale_is_applied() {
         return;
     };
     let mut rng = rng("custom_scale");
-    for scale in [0.5f32, -0.3, 0.0] {
-        let c = case(1, 3, 130, 70, 64, Causal::No, DType::F16);
-        let x = inputs(&mut rng, &c);
-        let p = AttentionParams {
-            causal: c.causal,
-            scale: Some(scale),
-        };
-        let (o, lse) = run(Path::Flash, &gpu, &x, &p);
-        let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
-        for (out, exact, naive) in [
-            (o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
-            (lse.to_vec().unwrap(), &want.exact_lse, &want.naive_lse),
-        ] {
-            let err = max_abs_err(&out, &exact.data);
-            let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
-            assert!(err <= bound, "scale {scale}: {err:.3e} > {bound:.3e}");
-        }
-    }
+    check_custom_scales(Path::Flash, &gpu, &mut rng, 64, DType::F16, "");
 }
 
 #[test]
@@ -547,8 +563,6 @@ fn wgmma_layer3_flash_forward_is_bit_identical_over_100_runs() {
         let x = inputs(&mut rng, &c);
         let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(&gpu, t).unwrap());
         let p = params(&c);
-        let bits =
-            |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect() };
         let (o0, l0) = attention::flash_forward_variant(&q, &k, &v, &p, variant).unwrap();
         let (first_o, first_l) = (bits(&o0), bits(&l0));
         for run in 1..fuzz_cases(100) {
@@ -598,13 +612,7 @@ fn wgmma_layer3_fully_masked_rows_and_empty_keys() {
         let (o, lse) =
             attention::flash_forward_variant(&q, &kv, &kv, &AttentionParams::default(), variant)
                 .unwrap();
-        assert!(o.to_vec().unwrap().iter().all(|&v| v == 0.0));
-        assert!(
-            lse.to_vec()
-                .unwrap()
-                .iter()
-                .all(|&v| v == f32::NEG_INFINITY)
-        );
+        assert_no_keys_output(&o, &lse);
     }
 }
 
@@ -618,27 +626,8 @@ fn wgmma_layer3_custom_scale_is_applied() {
         .into_iter()
         .flat_map(|v| KINDS.map(|k| (v, k)))
     {
-        for scale in [0.5f32, -0.3, 0.0] {
-            let c = case(1, 3, 130, 70, d, Causal::No, dtype);
-            let x = inputs(&mut rng, &c);
-            let p = AttentionParams {
-                causal: c.causal,
-                scale: Some(scale),
-            };
-            let (o, lse) = run(Path::FlashWgmma(variant), &gpu, &x, &p);
-            let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
-            for (out, exact, naive) in [
-                (o.to_vec().unwrap(), &want.exact_o, &want.naive_o),
-                (lse.to_vec().unwrap(), &want.exact_lse, &want.naive_lse),
-            ] {
-                let err = max_abs_err(&out, &exact.data);
-                let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
-                assert!(
-                    err <= bound,
-                    "wgmma D{d} {dtype:?} scale {scale}: {err:.3e} > {bound:.3e}"
-                );
-            }
-        }
+        let what = format!("wgmma variant {variant} D{d} {dtype:?} ");
+        check_custom_scales(Path::FlashWgmma(variant), &gpu, &mut rng, d, dtype, &what);
     }
 }
 

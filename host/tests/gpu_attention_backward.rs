@@ -193,10 +193,6 @@ fn naive_backward_matches_reference_over_the_grid() {
     }
 }
 
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_vec().unwrap().iter().map(|f| f.to_bits()).collect()
-}
-
 #[test]
 fn naive_backward_is_bit_identical_over_repeated_runs() {
     let Some(gpu) = gpu_or_skip("naive_backward_is_bit_identical_over_repeated_runs") else {

@@ -441,10 +441,6 @@ fn layer_forward_and_backward_match_reference() {
     }
 }
 
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
-}
-
 /// The allocation counter (`Gpu::memory_stats`, what the benches report as our peak memory) against
 /// the sizes the sgp forward + backward must allocate, worked out by hand: forward out `(C, B, N)` and
 /// norms `(G, B)`; backward grad_x, grad_y `(C, B, N)`, grad_weight `(N, P)`, the grade dots `(G, B)`

@@ -140,6 +140,15 @@ fn check_rows(c: &Case, a: &HostTensor, b: &HostTensor, out: &HostTensor, rows: 
     assert_close(&format!("{c:?}"), &got_all, &want_all, tol(c.dtype));
 }
 
+/// Each case on `variant` (see [`run_on`]), checked on five sampled rows plus the edges.
+fn check_on_sampled_rows(gpu: &Gpu, rng: &mut StdRng, cases: &[Case], variant: Option<u32>) {
+    for c in cases {
+        let (a, b, out) = run_on(gpu, rng, c, variant);
+        let rows = sampled_rows(rng, c.m, 5);
+        check_rows(c, &a, &b, &out, &rows);
+    }
+}
+
 fn all_rows(c: &Case) -> Vec<(usize, usize)> {
     let nb = c.batch_a.or(c.batch_b).unwrap_or(1);
     (0..nb)
@@ -226,11 +235,7 @@ fn matmul_large_products_match_on_sampled_rows() {
         case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::BF16),
         case(520, 776, long_k, Transpose::No, Transpose::Yes, DType::F16),
     ];
-    for c in cases {
-        let (a, b, out) = run(&gpu, &mut rng, &c);
-        let rows = sampled_rows(&mut rng, c.m, 5);
-        check_rows(&c, &a, &b, &out, &rows);
-    }
+    check_on_sampled_rows(&gpu, &mut rng, &cases, None);
 }
 
 /// Batched products: both operands batched, or one 2-D operand broadcast over the other's batch;
@@ -440,11 +445,7 @@ fn matmul_variants_large_products_match_on_sampled_rows() {
             case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F16),
             case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F16),
         ];
-        for c in cases {
-            let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
-            let rows = sampled_rows(&mut rng, c.m, 5);
-            check_rows(&c, &a, &b, &out, &rows);
-        }
+        check_on_sampled_rows(&gpu, &mut rng, &cases, Some(v));
     }
 }
 
@@ -588,11 +589,7 @@ fn matmul_f32_variants_large_products_match_on_sampled_rows() {
             ),
             case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F32),
         ];
-        for c in cases {
-            let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
-            let rows = sampled_rows(&mut rng, c.m, 5);
-            check_rows(&c, &a, &b, &out, &rows);
-        }
+        check_on_sampled_rows(&gpu, &mut rng, &cases, Some(v));
     }
 }
 

@@ -281,13 +281,6 @@ fn layer_norm_backward_variants_are_bit_identical_over_runs() {
         return;
     };
     let mut rng = rng("layer_norm_backward_variants_determinism");
-    let bits = |t: &Tensor| {
-        t.to_vec()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>()
-    };
     for variant in ln::BwdVariant::WARP {
         for (rows, cols, dtype) in [
             (scaled(20_000, 300), 1024, DType::F32),
@@ -361,13 +354,6 @@ fn layer_norm_param_grads_are_bit_identical_over_runs() {
         let b = up(&uniform(&mut rng, &[cols], -1.0, 1.0, DType::F32));
         let dy = up(&uniform(&mut rng, &[rows, cols], -1.0, 1.0, DType::F32));
         let (_, mean, rstd) = ln::layer_norm(&x, &g, &b, None).unwrap();
-        let bits = |t: &Tensor| {
-            t.to_vec()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
         let (dx0, dg0, db0) = ln::layer_norm_backward(&x, &g, &mean, &rstd, &dy).unwrap();
         let (dx0, dg0, db0) = (bits(&dx0), bits(&dg0), bits(&db0));
         for run in 0..scaled(20, 3) {
@@ -466,21 +452,14 @@ fn embedding_backward_is_bit_identical_over_runs() {
         let dy =
             Tensor::from_host(&gpu, &uniform(&mut rng, &[n, cols], -1.0, 1.0, DType::F32)).unwrap();
         let dev = DeviceIds::from_slice(&gpu, &ids).unwrap();
-        let bits = |t: Tensor| {
-            t.to_vec()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
-        let first = bits(emb::embedding_backward(&ids, &dy, vocab).unwrap());
+        let first = bits(&emb::embedding_backward(&ids, &dy, vocab).unwrap());
         for run in 0..scaled(20, 3) {
             let again = if run % 2 == 0 {
                 emb::embedding_backward(&ids, &dy, vocab).unwrap()
             } else {
                 emb::embedding_backward(&dev, &dy, vocab).unwrap()
             };
-            assert!(bits(again) == first, "hot={hot} run {run}: dW changed");
+            assert!(bits(&again) == first, "hot={hot} run {run}: dW changed");
         }
     }
 }

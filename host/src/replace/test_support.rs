@@ -1,24 +1,10 @@
 //! Support shared by the models' unit tests: the all-reference executor and a printed, replayable
-//! seed.
+//! seed (`crate::testing::seed`, which the integration tests use too).
 use crate::replace::{Device, Exec, Plan};
+pub(crate) use crate::testing::seed;
 
 /// Every op on its CPU reference (no GPU).
 pub(crate) fn reference() -> Exec<'static> {
     static NONE: Device = Device::None;
     Exec::new(Plan::all_reference(), &NONE)
-}
-
-/// A seed from `RGK_SEED` if set (to replay a failure), else from the clock; printed with `test`'s name
-/// so every run can be replayed.
-pub(crate) fn seed(test: &str) -> u64 {
-    let seed = std::env::var("RGK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("{test}: seed {seed} (replay with RGK_SEED={seed})");
-    seed
 }

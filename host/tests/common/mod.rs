@@ -1,7 +1,7 @@
 //! Shared test support: the GPU (or a visible SKIP), seeded random inputs, error norms.
 #![allow(dead_code)]
 use host::replace::{TrainStep, divergence};
-use host::{DType, Gpu, HostTensor};
+use host::{DType, Gpu, HostTensor, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -26,19 +26,9 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
 }
 
 /// A random generator seeded from `RGK_SEED` if set (to replay a failure), else from the clock; the seed
-/// is printed so every failure can be replayed.
+/// is printed so every failure can be replayed (`host::testing::seed`).
 pub fn rng(test: &str) -> StdRng {
-    let seed = std::env::var("RGK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    println!("{test}: seed {seed} (replay with RGK_SEED={seed})");
-    StdRng::seed_from_u64(seed)
+    StdRng::seed_from_u64(host::testing::seed(test))
 }
 
 /// Fuzz cases per op: `RGK_FUZZ_CASES` (the sanitizer runs use fewer), default `default`.
@@ -191,4 +181,9 @@ pub fn assert_runs_match<S: TrainStep>(
         "all-GPU divergence: loss {:.2e}, grad {:.2e} ({})",
         d.loss, d.grad, d.worst_param
     );
+}
+
+/// The bit patterns of a tensor's values (as f32), for run-to-run and variant-to-variant identity.
+pub fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
 }
