@@ -16,6 +16,7 @@ mod doctor;
 mod profile;
 mod sanitize;
 mod stats;
+mod tidy;
 mod util;
 
 use util::{Args, Spec};
@@ -27,7 +28,7 @@ struct Task {
 }
 
 /// Every task, in the order `cargo xtask help` lists them.
-const TASKS: [Task; 8] = [
+const TASKS: [Task; 9] = [
     Task {
         spec: &build_ptx::SPEC,
         run: build_ptx::run,
@@ -59,6 +60,10 @@ const TASKS: [Task; 8] = [
     Task {
         spec: &bisect::SPEC,
         run: bisect::run,
+    },
+    Task {
+        spec: &tidy::SPEC,
+        run: tidy::run,
     },
 ];
 
@@ -153,6 +158,7 @@ mod tests {
             ("profile", include_str!("profile.rs")),
             ("doctor", include_str!("doctor.rs")),
             ("bisect", include_str!("bisect.rs")),
+            ("tidy", include_str!("tidy.rs")),
         ];
         for (task, text) in sources {
             let spec = TASKS
