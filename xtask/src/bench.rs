@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{flag_value, has_flag, run_checked, which, workspace_root};
+use crate::util::{Args, Flag, Spec, run_checked, which, workspace_root};
 
 /// Bench executables of `cargo bench --no-run --message-format=json` output.
 fn bench_executable(json_lines: &str) -> Option<PathBuf> {
@@ -41,16 +41,58 @@ pub fn build_bench_binary(root: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| "cargo built no bench executable".into())
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let out =
-        PathBuf::from(flag_value(args, "--out").unwrap_or_else(|| "target/bench-report".into()));
+pub const SPEC: Spec = Spec {
+    task: "bench",
+    summary: "GPU-timed benches, PyTorch peers, merged report (JSON, Markdown, SVG)",
+    positionals: &[],
+    flags: &[
+        Flag {
+            name: "--bins",
+            value: Some("DIR"),
+            help: "the bench binary and scripts of a bundle instead of building them",
+        },
+        Flag {
+            name: "--out",
+            value: Some("DIR"),
+            help: "report folder (default target/bench-report)",
+        },
+        Flag {
+            name: "--quick",
+            value: None,
+            help: "fewer samples (RGK_BENCH_QUICK=1, peers --quick)",
+        },
+        Flag {
+            name: "--no-peers",
+            value: None,
+            help: "skip the PyTorch peers",
+        },
+        Flag {
+            name: "--filter",
+            value: Some("REGEX"),
+            help: "only our benches matching REGEX (criterion's filter)",
+        },
+        Flag {
+            name: "--peers-only",
+            value: Some("PREFIX,.."),
+            help: "only the peers whose bench names start with one of these",
+        },
+        Flag {
+            name: "--peers-timeout",
+            value: Some("S"),
+            help: "stop the peers after S seconds, keeping what finished",
+        },
+    ],
+};
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let out = PathBuf::from(args.value("--out").unwrap_or("target/bench-report"));
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let out = out.canonicalize().map_err(|e| e.to_string())?;
-    let quick = has_flag(args, "--quick");
-    let (bench_bin, scripts) = match flag_value(args, "--bins") {
+    let quick = args.has("--quick");
+    let (bench_bin, scripts) = match args.value("--bins") {
         Some(dir) => (
-            Path::new(&dir).join("bench").join("ops"),
-            Path::new(&dir).join("bench"),
+            Path::new(dir).join("bench").join("ops"),
+            Path::new(dir).join("bench"),
         ),
         None => {
             let root = workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?;
@@ -66,7 +108,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if quick {
         cmd.env("RGK_BENCH_QUICK", "1");
     }
-    if let Some(filter) = flag_value(args, "--filter") {
+    if let Some(filter) = args.value("--filter") {
         cmd.arg(filter);
     }
     run_checked(&mut cmd)?;
@@ -85,11 +127,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         return Ok(());
     };
     let peers = out.join("peers.json");
-    if !has_flag(args, "--no-peers") {
+    if !args.has("--no-peers") {
         println!("bench: PyTorch peers ...");
         // `--peers-timeout SECS` bounds the peers (they rewrite their JSON after every result, so what
         // finished is kept): a device call has a hard time limit and the report must still be made.
-        let mut cmd = match flag_value(args, "--peers-timeout") {
+        let mut cmd = match args.value("--peers-timeout") {
             Some(secs) if which("timeout").is_some() => {
                 let mut c = Command::new("timeout");
                 c.arg(secs).arg(&python);
@@ -107,7 +149,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
         // `--peers-only a,b`: bench-name prefixes for the peers (criterion's `--filter` is a regex the
         // peers script does not read).
-        if let Some(only) = flag_value(args, "--peers-only") {
+        if let Some(only) = args.value("--peers-only") {
             cmd.arg("--only").arg(only);
         }
         if let Err(e) = run_checked(&mut cmd) {

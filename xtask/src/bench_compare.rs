@@ -12,6 +12,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::stats::{self, Comparison, Thresholds, Verdict};
+use crate::util::{Args, Spec};
 
 /// The only schema this reader understands.
 pub const SCHEMA: &str = "rgk-bench-v1";
@@ -31,8 +32,27 @@ pub struct Report {
     pub only_new: Vec<String>,
 }
 
+pub const SPEC: Spec = Spec {
+    task: "bench-compare",
+    summary: "statistical comparison of two bench runs (exit 1 on a regression)",
+    positionals: &["BASE.json", "NEW.json"],
+    flags: &[],
+};
+
+/// The task: the table, and an error (exit 1) when a bench regressed.
+pub fn run(args: &Args) -> Result<(), String> {
+    let [base, new] = args.positionals() else {
+        return Err("bench-compare takes BASE.json and NEW.json".into());
+    };
+    if compare_files(base.as_ref(), new.as_ref())? {
+        Err("regression found".into())
+    } else {
+        Ok(())
+    }
+}
+
 /// Compare two bench files, print the table; Ok(true) if any regression.
-pub fn run(base: &Path, new: &Path) -> Result<bool, String> {
+pub fn compare_files(base: &Path, new: &Path) -> Result<bool, String> {
     let base_doc = load(base)?;
     let new_doc = load(new)?;
     // Parse errors carry the offending path so the user knows which file.
@@ -305,7 +325,7 @@ mod tests {
     fn run_reports_invalid_json_with_path() {
         let path = std::env::temp_dir().join(format!("rgk-bench-bad-{}.json", std::process::id()));
         std::fs::write(&path, "{not json").unwrap();
-        let err = run(&path, &path).unwrap_err();
+        let err = compare_files(&path, &path).unwrap_err();
         std::fs::remove_file(&path).unwrap();
         assert!(
             err.contains(&path.display().to_string()) && err.contains("invalid JSON"),

@@ -9,45 +9,59 @@
 //! op named with one) and on a machine without a GPU ("no GPU: nothing to bisect"); 1 otherwise.
 use host::replace::{BisectSettings, Device, Model, Planted, Report, bisect_on};
 
-use crate::util::flag_value;
+use crate::util::{Args, Flag, Spec};
+
+pub const SPEC: Spec = Spec {
+    task: "bisect",
+    summary: "switch a model's ops to the GPU one at a time: per-op divergence table, first divergent op \
+              (exit 0, nothing done, without a GPU)",
+    positionals: &[],
+    flags: &[
+        Flag {
+            name: "--model",
+            value: Some("transformer|clifford"),
+            help: "the model to train (default transformer)",
+        },
+        Flag {
+            name: "--planted",
+            value: Some("gelu|layernorm"),
+            help: "wrap one GPU op of the transformer in a deliberate defect",
+        },
+        Flag {
+            name: "--steps",
+            value: Some("N"),
+            help: "training steps (default: the model's)",
+        },
+        Flag {
+            name: "--seed",
+            value: Some("S"),
+            help: "the run's seed (default: the model's)",
+        },
+    ],
+};
 
 /// The parsed flags.
 #[derive(Debug, PartialEq)]
-pub struct Args {
+pub struct Options {
     pub model: Model,
     pub planted: Option<Planted>,
     pub steps: usize,
     pub seed: u64,
 }
 
-pub fn parse(args: &[String]) -> Result<Args, String> {
-    let known = ["--model", "--planted", "--steps", "--seed"];
-    for (i, a) in args.iter().enumerate() {
-        let is_value = i > 0 && known.contains(&args[i - 1].as_str());
-        if !is_value && !known.contains(&a.as_str()) {
-            return Err(format!(
-                "unknown argument `{a}`; usage: cargo xtask bisect [--model transformer|clifford] \
-                 [--planted gelu|layernorm] [--steps N] [--seed S]"
-            ));
-        }
-    }
-    let model = match flag_value(args, "--model") {
-        None if args.iter().any(|a| a == "--model") => {
-            return Err("--model needs a value: transformer or clifford".into());
-        }
+/// The flags' values, checked (the command line itself was parsed against [`SPEC`]).
+pub fn parse(args: &Args) -> Result<Options, String> {
+    let model = match args.value("--model") {
         None => Model::default(),
-        Some(name) => Model::parse(&name).ok_or(format!(
+        Some(name) => Model::parse(name).ok_or(format!(
             "unknown model `{name}`: use {}",
             Model::NAMES.join(" or ")
         ))?,
     };
     let defaults = BisectSettings::for_model(model);
-    let planted = match flag_value(args, "--planted") {
-        None if args.iter().any(|a| a == "--planted") => {
-            return Err("--planted needs a value: gelu or layernorm".into());
-        }
+    let planted = match args.value("--planted") {
         None => None,
-        Some(name) => Some(Planted::parse(&name).ok_or(format!(
+        Some(name) => Some(Planted::parse(name).ok_or(format!(
             "unknown planted bug `{name}`: use gelu or layernorm"
         ))?),
     };
@@ -57,14 +71,13 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
         return Err(format!(
             "the planted bug `{}` lives in {}, which the {} model does not use (planted bugs \
              exist for the transformer)",
-            flag_value(args, "--planted").unwrap_or_default(),
+            args.value("--planted").unwrap_or_default(),
             p.kind(),
             model.name()
         ));
     }
     let number = |flag: &str, default: u64| -> Result<u64, String> {
-        match flag_value(args, flag) {
-            None if args.iter().any(|a| a == flag) => Err(format!("{flag} needs a value")),
+        match args.value(flag) {
             None => Ok(default),
             Some(v) => v
                 .parse()
@@ -75,7 +88,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
     if steps == 0 {
         return Err("--steps must be at least 1".into());
     }
-    Ok(Args {
+    Ok(Options {
         model,
         planted,
         steps,
@@ -88,7 +101,7 @@ pub fn expected(report: &Report, planted: Option<Planted>) -> bool {
     report.culprit == planted.map(Planted::kind)
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
+pub fn run(args: &Args) -> Result<(), String> {
     let a = parse(args)?;
     let gpu = match host::Gpu::new(0) {
         Ok(gpu) => gpu,
@@ -125,37 +138,44 @@ pub fn run(args: &[String]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn s(v: &[&str]) -> Vec<String> {
-        v.iter().map(|x| x.to_string()).collect()
+    /// A command line as `cargo xtask bisect` reads it: the shared parser, then the values' checks.
+    fn parse_line(v: &[&str]) -> Result<Options, String> {
+        let args: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+        parse(&crate::util::parse_args(&SPEC, &args)?)
+    }
+
+    fn run_line(v: &[&str]) -> Result<(), String> {
+        let args: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+        run(&crate::util::parse_args(&SPEC, &args)?)
     }
 
     #[test]
     fn parses_flags_and_rejects_bad_ones() {
-        let a = parse(&s(&["--planted", "gelu", "--steps", "4"])).unwrap();
+        let a = parse_line(&["--planted", "gelu", "--steps", "4"]).unwrap();
         assert_eq!(a.planted, Some(Planted::GeluOffByOne));
         assert_eq!(a.steps, 4);
-        assert_eq!(parse(&[]).unwrap().planted, None);
+        assert_eq!(parse_line(&[]).unwrap().planted, None);
         assert_eq!(
-            parse(&s(&["--planted", "layernorm"])).unwrap().planted,
+            parse_line(&["--planted", "layernorm"]).unwrap().planted,
             Some(Planted::LayerNormEps)
         );
-        assert!(parse(&s(&["--planted", "nope"])).is_err());
-        assert!(parse(&s(&["--planted"])).is_err());
-        assert!(parse(&s(&["--steps", "0"])).is_err());
-        assert!(parse(&s(&["--frobnicate"])).is_err());
+        assert!(parse_line(&["--planted", "nope"]).is_err());
+        assert!(parse_line(&["--planted"]).is_err());
+        assert!(parse_line(&["--steps", "0"]).is_err());
+        assert!(parse_line(&["--frobnicate"]).is_err());
         // Models: transformer by default, clifford by name; planted bugs only where they live.
-        assert_eq!(parse(&[]).unwrap().model.name(), "transformer");
-        let a = parse(&s(&["--model", "clifford", "--steps", "2"])).unwrap();
+        assert_eq!(parse_line(&[]).unwrap().model.name(), "transformer");
+        let a = parse_line(&["--model", "clifford", "--steps", "2"]).unwrap();
         assert_eq!((a.model.name(), a.steps, a.planted), ("clifford", 2, None));
         assert_eq!(
-            parse(&s(&["--model", "transformer", "--planted", "gelu"]))
+            parse_line(&["--model", "transformer", "--planted", "gelu"])
                 .unwrap()
                 .planted,
             Some(Planted::GeluOffByOne)
         );
-        assert!(parse(&s(&["--model", "resnet"])).is_err());
-        assert!(parse(&s(&["--model"])).is_err());
-        let e = parse(&s(&["--model", "clifford", "--planted", "layernorm"])).unwrap_err();
+        assert!(parse_line(&["--model", "resnet"]).is_err());
+        assert!(parse_line(&["--model"]).is_err());
+        let e = parse_line(&["--model", "clifford", "--planted", "layernorm"]).unwrap_err();
         assert!(e.contains("transformer"), "{e}");
     }
 
@@ -209,8 +229,8 @@ mod tests {
     #[test]
     fn without_a_gpu_bisect_is_a_clean_no_op() {
         if host::Gpu::new(0).is_err() {
-            assert_eq!(run(&s(&["--planted", "gelu"])), Ok(()));
-            assert_eq!(run(&s(&["--model", "clifford"])), Ok(()));
+            assert_eq!(run_line(&["--planted", "gelu"]), Ok(()));
+            assert_eq!(run_line(&["--model", "clifford"]), Ok(()));
         }
     }
 }

@@ -1,16 +1,27 @@
 //! `cargo xtask build-ptx`: builds the PTX for every shipped arch into target/ptx/, runs ptxas on each
 //! when found and prints the per-kernel resource table; fails on spills or local-memory stack in any
 //! hot kernel (every kernel except the readable reference paths listed in `NOT_HOT`).
-use crate::util::{has_flag, workspace_root};
+use crate::util::{Args, Flag, Spec, workspace_root};
 
 include!("../../gpu/ptx_builder.rs");
 
 /// Kernels exempt from the no-spill/no-stack gate: reference paths that are not tuned.
 const NOT_HOT: [&str; 1] = ["naive_"];
 
-pub fn run(args: &[String]) -> Result<(), String> {
+pub const SPEC: Spec = Spec {
+    task: "build-ptx",
+    summary: "build PTX per arch, print the ptxas resource table, fail on spills/stack",
+    positionals: &[],
+    flags: &[Flag {
+        name: "--checked",
+        value: None,
+        help: "keep bounds checks (the sanitizer and fuzz build)",
+    }],
+};
+
+pub fn run(args: &Args) -> Result<(), String> {
     let root = workspace_root().ok_or("build-ptx needs the source tree")?;
-    let checked = has_flag(args, "--checked");
+    let checked = args.has("--checked");
     let out_dir = root.join("target").join("ptx");
     std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
     let ptxas = find_ptxas();

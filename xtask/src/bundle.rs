@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{build_test_binaries, flag_value, run_checked, workspace_root};
+use crate::util::{Args, Flag, Spec, build_test_binaries, run_checked, workspace_root};
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare] [profile] [bisect]
@@ -73,11 +73,22 @@ fn copy(from: &Path, to: &Path) -> Result<(), String> {
         .map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
+pub const SPEC: Spec = Spec {
+    task: "bundle",
+    summary: "build test + bench binaries, PTX, scripts and run.sh into one folder for a GPU machine",
+    positionals: &[],
+    flags: &[Flag {
+        name: "--out",
+        value: Some("DIR"),
+        help: "the bundle folder (default bundle/)",
+    }],
+};
+
+pub fn run(args: &Args) -> Result<(), String> {
     let root = workspace_root().ok_or("bundle needs the source tree")?;
-    let out = PathBuf::from(
-        flag_value(args, "--out").unwrap_or_else(|| root.join("bundle").display().to_string()),
-    );
+    let out = args
+        .value("--out")
+        .map_or_else(|| root.join("bundle"), PathBuf::from);
     for sub in ["tests", "bench", "ptx"] {
         std::fs::create_dir_all(out.join(sub))
             .map_err(|e| format!("cannot create {}: {e}", out.display()))?;

@@ -1,6 +1,6 @@
 //! `cargo xtask doctor`: what this machine has for building, testing, sanitizing, profiling and
 //! benchmarking, each missing piece with what to do.
-use crate::util::which;
+use crate::util::{Args, Spec, which};
 
 fn line(ok: bool, what: &str, detail: &str) {
     println!(
@@ -9,7 +9,14 @@ fn line(ok: bool, what: &str, detail: &str) {
     );
 }
 
-pub fn run(_args: &[String]) -> Result<(), String> {
+pub const SPEC: Spec = Spec {
+    task: "doctor",
+    summary: "GPU, driver, toolchain and tool check, each with what to do",
+    positionals: &[],
+    flags: &[],
+};
+
+pub fn run(_args: &Args) -> Result<(), String> {
     println!("GPU:");
     match host::Gpu::new(0) {
         Ok(gpu) => {

@@ -2,6 +2,11 @@
 //!
 //! Tasks that need a GPU (`sanitize`, `bench`, `profile`, `doctor`, `bisect`) also run from a bundle made by
 //! `bundle`, on a GPU machine without Rust: the bundle carries this binary, prebuilt.
+//!
+//! Each task declares its command line as a [`util::Spec`] table; `main` parses it with the one shared
+//! parser before the task starts. Exit status: 2 when the command line does not parse (unknown task or
+//! flag, missing value, flag given twice, wrong number of arguments), 1 when the task fails (including
+//! a flag value it rejects), 0 otherwise.
 mod bench;
 mod bench_compare;
 mod bisect;
@@ -11,59 +16,166 @@ mod doctor;
 mod profile;
 mod sanitize;
 mod stats;
+mod tidy;
 mod util;
 
-const USAGE: &str = "usage: cargo xtask <task> [options]
+use util::{Args, Spec};
 
-tasks:
-  build-ptx [--checked]            build PTX per arch, print the ptxas resource table, fail on spills/stack
-  sanitize [--bins DIR] [--tools memcheck,racecheck,initcheck,synccheck] [--only PREFIX,..] [--log-dir DIR] [--jobs N]
-                                   run the GPU tests under compute-sanitizer; summary table; exit 1 on findings
-  bundle [--out DIR]               build test + bench binaries, PTX, scripts and run.sh into DIR (default bundle/)
-  bench [--bins DIR] [--out DIR] [--quick] [--no-peers] [--filter REGEX] [--peers-only PREFIX,..] [--peers-timeout S]
-                                   GPU-timed benches, PyTorch peers, merged report (JSON, Markdown, SVG)
-  bench-compare BASE.json NEW.json statistical comparison of two bench runs (exit 1 on a regression)
-  profile KERNEL [--bins DIR]      ncu (--clock-control none) summary of one kernel
-  doctor                           GPU, driver, toolchain and tool check, each with what to do
-  bisect [--model transformer|clifford] [--planted gelu|layernorm] [--steps N] [--seed S]
-                                   switch the transformer block's ops to the GPU one at a time: per-op
-                                   divergence table, first divergent op (exit 0, nothing done, without a GPU)";
+/// A task: its command-line table and what runs it.
+struct Task {
+    spec: &'static Spec,
+    run: fn(&Args) -> Result<(), String>,
+}
+
+/// Every task, in the order `cargo xtask help` lists them.
+const TASKS: [Task; 9] = [
+    Task {
+        spec: &build_ptx::SPEC,
+        run: build_ptx::run,
+    },
+    Task {
+        spec: &sanitize::SPEC,
+        run: sanitize::run,
+    },
+    Task {
+        spec: &bundle::SPEC,
+        run: bundle::run,
+    },
+    Task {
+        spec: &bench::SPEC,
+        run: bench::run,
+    },
+    Task {
+        spec: &bench_compare::SPEC,
+        run: bench_compare::run,
+    },
+    Task {
+        spec: &profile::SPEC,
+        run: profile::run,
+    },
+    Task {
+        spec: &doctor::SPEC,
+        run: doctor::run,
+    },
+    Task {
+        spec: &bisect::SPEC,
+        run: bisect::run,
+    },
+    Task {
+        spec: &tidy::SPEC,
+        run: tidy::run,
+    },
+];
+
+/// The overview: every task's synopsis and summary, from the same tables the parser reads, so the
+/// usage cannot list a flag that a task does not take (`cargo xtask TASK --help` adds the flags' help).
+fn usage() -> String {
+    let mut s = String::from(
+        "usage: cargo xtask <task> [options]   (cargo xtask <task> --help: its flags)\n\ntasks:",
+    );
+    for t in &TASKS {
+        s.push_str(&format!(
+            "\n  {}\n      {}",
+            t.spec.synopsis(),
+            t.spec.summary
+        ));
+    }
+    s
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(task) = args.first() else {
-        eprintln!("{USAGE}");
+    let Some((task, rest)) = args.split_first() else {
+        eprintln!("{}", usage());
         std::process::exit(2);
     };
-    let rest = &args[1..];
-    let result = match task.as_str() {
-        "build-ptx" => build_ptx::run(rest),
-        "sanitize" => sanitize::run(rest),
-        "bundle" => bundle::run(rest),
-        "bench" => bench::run(rest),
-        "bench-compare" => match rest {
-            [base, new] => bench_compare::run(base.as_ref(), new.as_ref())
-                .map(|regressed| {
-                    if regressed {
-                        Err("regression found".to_string())
-                    } else {
-                        Ok(())
-                    }
-                })
-                .and_then(|r| r),
-            _ => Err("usage: cargo xtask bench-compare BASE.json NEW.json".to_string()),
-        },
-        "profile" => profile::run(rest),
-        "doctor" => doctor::run(rest),
-        "bisect" => bisect::run(rest),
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        other => Err(format!("unknown task `{other}`\n{USAGE}")),
+    if matches!(task.as_str(), "-h" | "--help" | "help") {
+        println!("{}", usage());
+        return;
+    }
+    let Some(t) = TASKS.iter().find(|t| t.spec.task == task) else {
+        eprintln!("xtask: unknown task `{task}`\n\n{}", usage());
+        std::process::exit(2);
     };
-    if let Err(e) = result {
+    if rest.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{}", t.spec.usage());
+        return;
+    }
+    let parsed = match util::parse_args(t.spec, rest) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("xtask {task}: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = (t.run)(&parsed) {
         eprintln!("xtask {task}: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Task names are unique and every table is well-formed: flags start with `--`, no flag twice.
+    #[test]
+    fn task_tables_are_consistent() {
+        for (i, t) in TASKS.iter().enumerate() {
+            assert!(
+                TASKS[..i].iter().all(|u| u.spec.task != t.spec.task),
+                "task {} twice",
+                t.spec.task
+            );
+            for (j, f) in t.spec.flags.iter().enumerate() {
+                assert!(
+                    f.name.starts_with("--") && f.name.len() > 2,
+                    "{}: {}",
+                    t.spec.task,
+                    f.name
+                );
+                assert!(
+                    t.spec.flags[..j].iter().all(|g| g.name != f.name),
+                    "{}: {} twice",
+                    t.spec.task,
+                    f.name
+                );
+            }
+            assert!(usage().contains(&t.spec.synopsis()));
+        }
+    }
+
+    /// Every flag a task's code reads by name is in its table (reading an undeclared one would be
+    /// "not given" forever; debug builds assert it too, but only on the paths a test runs).
+    #[test]
+    fn tasks_read_only_declared_flags() {
+        let sources = [
+            ("build-ptx", include_str!("build_ptx.rs")),
+            ("sanitize", include_str!("sanitize.rs")),
+            ("bundle", include_str!("bundle.rs")),
+            ("bench", include_str!("bench.rs")),
+            ("bench-compare", include_str!("bench_compare.rs")),
+            ("profile", include_str!("profile.rs")),
+            ("doctor", include_str!("doctor.rs")),
+            ("bisect", include_str!("bisect.rs")),
+            ("tidy", include_str!("tidy.rs")),
+        ];
+        for (task, text) in sources {
+            let spec = TASKS
+                .iter()
+                .find(|t| t.spec.task == task)
+                .map(|t| t.spec)
+                .expect("every source belongs to a task");
+            for reader in [".value(\"", ".has(\""] {
+                for (at, _) in text.match_indices(reader) {
+                    let rest = &text[at + reader.len()..];
+                    let name = &rest[..rest.find('"').unwrap_or(0)];
+                    assert!(
+                        spec.flags.iter().any(|f| f.name == name),
+                        "{task} reads undeclared flag {name}"
+                    );
+                }
+            }
+        }
     }
 }

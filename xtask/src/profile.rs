@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{flag_value, which, workspace_root};
+use crate::util::{Args, Flag, Spec, which, workspace_root};
 
 const METRICS: [(&str, &str); 4] = [
     (
@@ -34,16 +34,26 @@ pub fn find_ncu() -> Option<PathBuf> {
     })
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let kernel = args
-        .first()
-        .filter(|k| !k.starts_with("--"))
-        .ok_or("usage: cargo xtask profile KERNEL [--bins DIR]  (e.g. softmax_f32)")?;
+pub const SPEC: Spec = Spec {
+    task: "profile",
+    summary: "ncu (--clock-control none) summary of one kernel (an entry-point name, e.g. softmax_f32)",
+    positionals: &["KERNEL"],
+    flags: &[Flag {
+        name: "--bins",
+        value: Some("DIR"),
+        help: "the demo of a bundle instead of building it",
+    }],
+};
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let [kernel] = args.positionals() else {
+        return Err("profile takes one KERNEL".into());
+    };
     let ncu = find_ncu().ok_or(
         "ncu (Nsight Compute) not found: install it with the CUDA toolkit or put it on PATH",
     )?;
-    let demo = match flag_value(args, "--bins") {
-        Some(dir) => Path::new(&dir).join("demo"),
+    let demo = match args.value("--bins") {
+        Some(dir) => Path::new(dir).join("demo"),
         None => {
             let root = workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?;
             crate::util::run_checked(Command::new("cargo").current_dir(&root).args([

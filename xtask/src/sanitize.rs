@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::util::{
-    Progress, build_test_binaries, executables_in, flag_value, which, workspace_root,
+    Args, Flag, Progress, Spec, build_test_binaries, executables_in, which, workspace_root,
 };
 
 const ALL_TOOLS: [&str; 4] = ["memcheck", "racecheck", "initcheck", "synccheck"];
@@ -47,8 +47,42 @@ struct Row {
     seconds: f64,
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let tools: Vec<String> = flag_value(args, "--tools")
+pub const SPEC: Spec = Spec {
+    task: "sanitize",
+    summary: "run the GPU tests under compute-sanitizer; summary table; exit 1 on findings",
+    positionals: &[],
+    flags: &[
+        Flag {
+            name: "--bins",
+            value: Some("DIR"),
+            help: "test binaries in DIR/tests (a bundle) instead of building them",
+        },
+        Flag {
+            name: "--tools",
+            value: Some("LIST"),
+            help: "some of memcheck,racecheck,initcheck,synccheck (default: all)",
+        },
+        Flag {
+            name: "--only",
+            value: Some("PREFIX,.."),
+            help: "only the test binaries whose names start with one of these",
+        },
+        Flag {
+            name: "--log-dir",
+            value: Some("DIR"),
+            help: "per-test logs (default target/sanitize)",
+        },
+        Flag {
+            name: "--jobs",
+            value: Some("N"),
+            help: "N tests at a time, each in its own sanitizer process (default 1)",
+        },
+    ],
+};
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let tools: Vec<String> = args
+        .value("--tools")
         .map(|t| t.split(',').map(str::to_string).collect())
         .unwrap_or_else(|| ALL_TOOLS.map(String::from).to_vec());
     if let Some(bad) = tools.iter().find(|t| !ALL_TOOLS.contains(&t.as_str())) {
@@ -56,14 +90,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "unknown tool `{bad}`; expected some of {ALL_TOOLS:?}"
         ));
     }
-    let bins: Vec<PathBuf> = match flag_value(args, "--bins") {
-        Some(dir) => executables_in(&Path::new(&dir).join("tests"), "")?,
+    let bins: Vec<PathBuf> = match args.value("--bins") {
+        Some(dir) => executables_in(&Path::new(dir).join("tests"), "")?,
         None => build_test_binaries(
             &workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?,
         )?,
     };
     // `--only gpu_lrp,gpu_attention`: binaries whose file name starts with one of the prefixes.
-    let only: Vec<String> = flag_value(args, "--only")
+    let only: Vec<String> = args
+        .value("--only")
         .map(|o| {
             o.split(',')
                 .filter(|p| !p.is_empty())
@@ -89,12 +124,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         });
     }
     let cs = find_compute_sanitizer().ok_or("compute-sanitizer not found: install the CUDA toolkit (it ships in CUDA's bin/) or put it on PATH")?;
-    let log_dir =
-        PathBuf::from(flag_value(args, "--log-dir").unwrap_or_else(|| "target/sanitize".into()));
+    let log_dir = PathBuf::from(args.value("--log-dir").unwrap_or("target/sanitize"));
     std::fs::create_dir_all(&log_dir)
         .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
 
-    let jobs: usize = match flag_value(args, "--jobs") {
+    let jobs: usize = match args.value("--jobs") {
         None => 1,
         Some(j) => j
             .parse()

@@ -1,18 +1,158 @@
-//! Small helpers shared by tasks: flag parsing, the workspace root, running commands.
+//! Small helpers shared by tasks: the command-line table and its parser, the workspace root, running
+//! commands.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The value after `--name` in `args`, if present.
-pub fn flag_value(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
+/// One flag a task accepts: `--name`, followed by a value when `value` names its placeholder.
+#[derive(Debug)]
+pub struct Flag {
+    pub name: &'static str,
+    pub value: Option<&'static str>,
+    pub help: &'static str,
 }
 
-/// Whether `--name` is present.
-pub fn has_flag(args: &[String], name: &str) -> bool {
-    args.iter().any(|a| a == name)
+/// A task's whole command line: required positional arguments and flags, in any order. Each task
+/// declares one and [`parse_args`] is the only parser, so every task rejects the same mistakes the
+/// same way: a misspelt flag is an error, never an option silently dropped that leaves the task on
+/// its defaults.
+#[derive(Debug)]
+pub struct Spec {
+    pub task: &'static str,
+    pub summary: &'static str,
+    /// Placeholders of the required positional arguments, in order (`BASE.json`, `KERNEL`).
+    pub positionals: &'static [&'static str],
+    pub flags: &'static [Flag],
+}
+
+impl Spec {
+    /// `TASK POSITIONALS [--flag VALUE] ..`, the line `cargo xtask help` lists.
+    pub fn synopsis(&self) -> String {
+        let mut s = self.task.to_string();
+        for p in self.positionals {
+            s.push(' ');
+            s.push_str(p);
+        }
+        for f in self.flags {
+            s.push_str(&match f.value {
+                Some(v) => format!(" [{} {v}]", f.name),
+                None => format!(" [{}]", f.name),
+            });
+        }
+        s
+    }
+
+    /// The synopsis, the summary and one line per flag: what a usage error prints.
+    pub fn usage(&self) -> String {
+        let mut s = format!("usage: cargo xtask {}\n{}", self.synopsis(), self.summary);
+        if !self.flags.is_empty() {
+            s.push_str("\n\nflags:");
+        }
+        let names: Vec<String> = self
+            .flags
+            .iter()
+            .map(|f| match f.value {
+                Some(v) => format!("{} {v}", f.name),
+                None => f.name.to_string(),
+            })
+            .collect();
+        let width = names.iter().map(String::len).max().unwrap_or(0);
+        for (name, f) in names.iter().zip(self.flags) {
+            s.push_str(&format!("\n  {name:<width$}  {}", f.help));
+        }
+        s
+    }
+}
+
+/// A command line that [`parse_args`] accepted.
+#[derive(Debug)]
+pub struct Args {
+    spec: &'static Spec,
+    positionals: Vec<String>,
+    given: Vec<(&'static str, Option<String>)>,
+}
+
+impl Args {
+    /// The value of `--name`, if it was given.
+    pub fn value(&self, name: &str) -> Option<&str> {
+        self.declared(name);
+        self.given
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| v.as_deref())
+    }
+
+    /// Whether `--name` was given.
+    pub fn has(&self, name: &str) -> bool {
+        self.declared(name);
+        self.given.iter().any(|(n, _)| *n == name)
+    }
+
+    /// The positional arguments, as many as the table names (the parser checked the count).
+    pub fn positionals(&self) -> &[String] {
+        &self.positionals
+    }
+
+    /// Reading a flag the table does not declare is a typo in the task's code that would read as "not
+    /// given" forever; debug builds (and so the tests) stop on it.
+    fn declared(&self, name: &str) {
+        debug_assert!(
+            self.spec.flags.iter().any(|f| f.name == name),
+            "xtask {} reads `{name}`, which its flag table does not declare",
+            self.spec.task
+        );
+    }
+}
+
+/// Parses `args` against `spec`. Errors (the task's usage follows the message): a flag the table does
+/// not list, a flag given twice, a value flag at the end or followed by another `--flag` (a value
+/// never starts with `--`, so `--out --quick` is a missing value, not an output folder named
+/// `--quick`), `--flag=value` (values are separate arguments), and too few or too many positional
+/// arguments.
+pub fn parse_args(spec: &'static Spec, args: &[String]) -> Result<Args, String> {
+    let fail = |msg: String| Err(format!("{msg}\n\n{}", spec.usage()));
+    let mut out = Args {
+        spec,
+        positionals: Vec::new(),
+        given: Vec::new(),
+    };
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if !arg.starts_with('-') || arg == "-" {
+            if out.positionals.len() == spec.positionals.len() {
+                return fail(format!("unexpected argument `{arg}`"));
+            }
+            out.positionals.push(arg.clone());
+            continue;
+        }
+        let Some(flag) = spec.flags.iter().find(|f| f.name == arg) else {
+            let (name, _) = arg.split_once('=').unwrap_or((arg, ""));
+            return fail(match spec.flags.iter().find(|f| f.name == name) {
+                Some(Flag {
+                    value: Some(placeholder),
+                    ..
+                }) => {
+                    format!("`{arg}`: give the value as the next argument (`{name} {placeholder}`)")
+                }
+                _ => format!("unknown flag `{arg}`"),
+            });
+        };
+        if out.given.iter().any(|(n, _)| *n == flag.name) {
+            return fail(format!("`{}` given twice", flag.name));
+        }
+        let value = match flag.value {
+            None => None,
+            Some(placeholder) => match rest.next() {
+                Some(v) if !v.starts_with("--") => Some(v.clone()),
+                _ => return fail(format!("`{}` needs a value ({placeholder})", flag.name)),
+            },
+        };
+        out.given.push((flag.name, value));
+    }
+    if out.positionals.len() < spec.positionals.len() {
+        let missing = &spec.positionals[out.positionals.len()..];
+        return fail(format!("missing {}", missing.join(" ")));
+    }
+    Ok(out)
 }
 
 /// Workspace root (the folder holding this repo's Cargo.toml); `None` in a bundle without sources.
@@ -100,30 +240,6 @@ pub fn executables_in(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, String> 
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_are_read_by_name() {
-        let args: Vec<String> = ["--bins", "b", "--quick"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(flag_value(&args, "--bins").as_deref(), Some("b"));
-        assert!(has_flag(&args, "--quick"));
-        assert_eq!(flag_value(&args, "--out"), None);
-    }
-
-    #[test]
-    fn test_executables_come_from_test_artifacts_only() {
-        let lines = r#"{"reason":"compiler-artifact","profile":{"test":true},"executable":"/t/a"}
-{"reason":"compiler-artifact","profile":{"test":false},"executable":"/t/lib"}
-{"reason":"build-finished","success":true}"#;
-        assert_eq!(test_executables(lines), vec![PathBuf::from("/t/a")]);
-    }
-}
-
 /// Progress for long tasks: a bar on a terminal (indicatif), plain lines otherwise (logs, CI).
 pub struct Progress {
     bar: indicatif::ProgressBar,
@@ -159,5 +275,108 @@ impl Progress {
     }
     pub fn finish(&self) {
         self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: Spec = Spec {
+        task: "demo",
+        summary: "a task for the parser's tests",
+        positionals: &["FILE"],
+        flags: &[
+            Flag {
+                name: "--out",
+                value: Some("DIR"),
+                help: "where to write",
+            },
+            Flag {
+                name: "--quick",
+                value: None,
+                help: "fewer samples",
+            },
+        ],
+    };
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        parse_args(&SPEC, &args)
+    }
+
+    /// The first line of a usage error: the problem, before the usage text.
+    fn problem(args: &[&str]) -> String {
+        let e = parse(args).expect_err("should be rejected");
+        assert!(
+            e.contains("usage: cargo xtask demo FILE [--out DIR] [--quick]"),
+            "{e}"
+        );
+        assert!(
+            e.contains("--out DIR") && e.contains("fewer samples"),
+            "{e}"
+        );
+        e.lines().next().unwrap_or_default().to_string()
+    }
+
+    #[test]
+    fn good_command_lines_parse_in_any_order() {
+        let a = parse(&["--quick", "f.json", "--out", "o"]).unwrap();
+        assert_eq!(a.positionals(), ["f.json"]);
+        assert_eq!(a.value("--out"), Some("o"));
+        assert!(a.has("--quick"));
+        let a = parse(&["f.json"]).unwrap();
+        assert_eq!((a.value("--out"), a.has("--quick")), (None, false));
+        // A value may start with one dash (a regex, a negative number); only `--` marks a flag.
+        assert_eq!(
+            parse(&["f", "--out", "-x"]).unwrap().value("--out"),
+            Some("-x")
+        );
+    }
+
+    #[test]
+    fn unknown_flags_are_named() {
+        assert_eq!(problem(&["f", "--qiuck"]), "unknown flag `--qiuck`");
+        assert_eq!(problem(&["f", "-q"]), "unknown flag `-q`");
+        assert_eq!(
+            problem(&["f", "--out=o"]),
+            "`--out=o`: give the value as the next argument (`--out DIR`)"
+        );
+    }
+
+    #[test]
+    fn missing_values_are_errors() {
+        assert_eq!(problem(&["f", "--out"]), "`--out` needs a value (DIR)");
+        assert_eq!(
+            problem(&["f", "--out", "--quick"]),
+            "`--out` needs a value (DIR)"
+        );
+    }
+
+    #[test]
+    fn duplicates_are_errors() {
+        assert_eq!(
+            problem(&["f", "--quick", "--quick"]),
+            "`--quick` given twice"
+        );
+        assert_eq!(
+            problem(&["f", "--out", "a", "--out", "b"]),
+            "`--out` given twice"
+        );
+    }
+
+    #[test]
+    fn positional_counts_are_exact() {
+        assert_eq!(problem(&[]), "missing FILE");
+        assert_eq!(problem(&["--quick"]), "missing FILE");
+        assert_eq!(problem(&["f", "g"]), "unexpected argument `g`");
+    }
+
+    #[test]
+    fn test_executables_come_from_test_artifacts_only() {
+        let lines = r#"{"reason":"compiler-artifact","profile":{"test":true},"executable":"/t/a"}
+{"reason":"compiler-artifact","profile":{"test":false},"executable":"/t/lib"}
+{"reason":"build-finished","success":true}"#;
+        assert_eq!(test_executables(lines), vec![PathBuf::from("/t/a")]);
     }
 }
