@@ -1,19 +1,33 @@
-// The one definition of how the `gpu` crate becomes PTX. Included (`include!`) by `host/build.rs`, which
-// embeds the PTX, and by `xtask` (`cargo xtask build-ptx`), which also runs ptxas on it.
+// The one definition of how the `gpu` crate becomes kernel modules: PTX per op family and arch, and
+// (when ptxas is found) the machine code (cubin) of each. Included (`include!`) by `host/build.rs`, which
+// embeds them, and by `xtask` (`cargo xtask build-ptx`, `tidy`), which also prints ptxas's report.
 //
-// Facts this relies on (../shared/ARCHITECTURE.md): no rust-std ships for nvptx64, so `core` is built
+// Facts this relies on (docs/ARCHITECTURE.md): no rust-std ships for nvptx64, so `core` is built
 // from `rust-src` (`-Zbuild-std=core`); `-Ctarget-cpu` must reach `core` too, so it goes through
 // RUSTFLAGS, not `cargo rustc -- -C...`; `--emit=asm` on a cdylib writes `gpu.ptx`. The nested cargo uses
 // its own target dir so it never waits on the outer build's lock.
 
-/// GPU architectures we ship PTX for: sm_80 runs on Ampere, Ada, Hopper and later (driver JIT); sm_90 is
-/// for Hopper-only paths. The host picks by compute capability.
+/// GPU architectures we ship: sm_80 runs on Ampere, Ada, Hopper and later (its PTX through the driver's
+/// JIT on anything but 8.x); sm_90 is for Hopper-only paths. The host picks by compute capability.
 pub const PTX_ARCHES: [&str; 2] = ["sm_80", "sm_90"];
+
+/// The op families, one kernel module each (a cargo feature of the `gpu` crate each, same names). A
+/// program loads a family's module the first time it launches one of its kernels, so a program that
+/// only calls softmax never waits for attention's code.
+pub const FAMILIES: [&str; 7] = [
+    "elementwise",
+    "reduce_softmax",
+    "norm_embedding",
+    "matmul",
+    "attention",
+    "clifford",
+    "lrp",
+];
 
 /// The `-Ctarget-cpu` (and `ptxas -arch`) an entry of [`PTX_ARCHES`] is built for. The "sm_90" PTX is
 /// built for `sm_90a`, the arch-specific Hopper target: `wgmma`, `setmaxnreg` and friends exist only
-/// there. sm_90a PTX (`.target sm_90a`) JIT-compiles on compute capability 9.0 devices only (H100,
-/// H200), which is the only capability the host loads it on (`host::ptx::for_compute_capability`).
+/// there. sm_90a code (PTX `.target sm_90a`, or its cubin) runs on compute capability 9.0 devices only
+/// (H100, H200), which is the only capability the host loads it on (`host::modules`).
 /// In the gpu crate, `#[cfg(target_feature = "sm_90a")]` is true only in this build (rustc's nvptx
 /// target derives the `sm_*` target features from the target cpu: sm_90a implies sm_90 and below,
 /// sm_80 none of sm_86 and up), so wgmma kernels are compiled into the sm_90 PTX and never into the
@@ -25,23 +39,25 @@ pub fn target_cpu(arch: &str) -> &str {
     }
 }
 
-/// Builds `gpu` for `arch` and returns the PTX text. `checked` keeps bounds checks (device asserts).
-pub fn build_gpu_ptx(
+/// Builds family `family` of `gpu` for `arch` and returns the PTX text, launch bounds applied.
+/// `checked` keeps bounds checks (device asserts).
+pub fn build_family_ptx(
     workspace: &std::path::Path,
     target_dir: &std::path::Path,
     arch: &str,
+    family: &str,
     checked: bool,
 ) -> Result<String, String> {
+    let dir = target_dir.join(if checked { format!("{arch}-checked") } else { arch.to_string() });
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut cmd = std::process::Command::new(cargo);
     cmd.current_dir(workspace)
         .args(["rustc", "--package", "gpu", "--release", "--lib", "--crate-type", "cdylib"])
         .args(["--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
         .arg("--target-dir")
-        .arg(target_dir.join(if checked { format!("{arch}-checked") } else { arch.to_string() }));
-    if checked {
-        cmd.args(["--features", "checked"]);
-    }
+        .arg(&dir)
+        .arg("--features")
+        .arg(if checked { format!("checked,{family}") } else { family.to_string() });
     cmd.args(["--", "--emit=asm"]);
     // The outer build's flags are for the host target; the nested build gets only the GPU ones.
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_TARGET_DIR"] {
@@ -51,28 +67,44 @@ pub fn build_gpu_ptx(
     let out = cmd.output().map_err(|e| format!("could not run cargo for the nvptx build: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "building gpu for nvptx64 ({arch}) failed. It needs the pinned nightly with rust-src \
-             (`rustup toolchain install` in the repo).\n{}",
+            "building gpu family `{family}` for nvptx64 ({arch}) failed. It needs the pinned nightly \
+             with rust-src (`rustup toolchain install` in the repo).\n{}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let ptx = target_dir
-        .join(if checked { format!("{arch}-checked") } else { arch.to_string() })
-        .join("nvptx64-nvidia-cuda/release/gpu.ptx");
+    let ptx = dir.join("nvptx64-nvidia-cuda/release/gpu.ptx");
     let text = std::fs::read_to_string(&ptx).map_err(|e| format!("nvptx build ran but {} is unreadable: {e}", ptx.display()))?;
-    Ok(apply_launch_bounds(&text, gpu::params::LAUNCH_BOUNDS))
+    apply_launch_bounds(&text).map_err(|e| format!("{family} ({arch}): {e}"))
 }
 
+/// The marker `gpu::launch_bounds!` leaves in the PTX (a comment line at file scope).
+pub const LAUNCH_BOUNDS_MARKER: &str = "// rgk:launch_bounds ";
+
 /// Writes `.maxntid T, 1, 1` and `.minnctapersm M` between the parameter list and the body of every
-/// entry whose name starts with a prefix in `bounds` (`gpu::params::LAUNCH_BOUNDS`): the PTX form of
-/// CUDA's `__launch_bounds__`, which rustc cannot emit.
-pub fn apply_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> String {
-    let mut out = String::with_capacity(ptx.len() + 4096);
+/// entry that a `gpu::launch_bounds!(entry, T, M)` beside its kernel names: the PTX form of CUDA's
+/// `__launch_bounds__`, which rustc cannot emit. A marker naming no entry of the module is an error
+/// (a renamed kernel would otherwise silently lose its bound).
+pub fn apply_launch_bounds(ptx: &str) -> Result<String, String> {
+    let mut bounds: Vec<(&str, u32, u32, bool)> = Vec::new();
+    for line in ptx.lines() {
+        let Some(rest) = line.trim_start().strip_prefix(LAUNCH_BOUNDS_MARKER) else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let parsed = match f.as_slice() {
+            [name, t, m] => t.parse().ok().zip(m.parse().ok()).map(|(t, m)| (*name, t, m)),
+            _ => None,
+        };
+        let (name, t, m) = parsed.ok_or_else(|| format!("malformed launch-bounds marker `{line}`"))?;
+        bounds.push((name, t, m, false));
+    }
+    let mut out = String::with_capacity(ptx.len() + 64 * bounds.len());
     let mut pending: Option<(u32, u32)> = None;
     for line in ptx.lines() {
         if let Some(rest) = line.strip_prefix(".visible .entry ") {
             let name = rest.split('(').next().unwrap_or("");
-            pending = bounds.iter().find(|(p, _, _)| name.starts_with(p)).map(|&(_, t, m)| (t, m));
+            pending = bounds.iter_mut().find(|b| b.0 == name).map(|b| {
+                b.3 = true;
+                (b.1, b.2)
+            });
         }
         if line.starts_with('{') {
             if let Some((threads, min_blocks)) = pending.take() {
@@ -82,11 +114,16 @@ pub fn apply_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    out
+    let unused: Vec<&str> = bounds.iter().filter(|b| !b.3).map(|b| b.0).collect();
+    if unused.is_empty() {
+        Ok(out)
+    } else {
+        Err(format!("launch bounds name entries the module does not have: {}", unused.join(", ")))
+    }
 }
 
 /// Finds `ptxas`: `$PTXAS`, then `PATH`, then the pip package `nvidia-cuda-nvcc-cu12` (which ships
-/// ptxas for machines without a GPU) in the site-packages of `python3`.
+/// ptxas for machines without a GPU) in the site-packages of `$RGK_PYTHON` or `python3`.
 pub fn find_ptxas() -> Option<std::path::PathBuf> {
     if let Ok(p) = std::env::var("PTXAS") {
         let p = std::path::PathBuf::from(p);
@@ -102,12 +139,100 @@ pub fn find_ptxas() -> Option<std::path::PathBuf> {
             }
         }
     }
-    let out = std::process::Command::new("python3")
+    let python = std::env::var("RGK_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let out = std::process::Command::new(python)
         .args(["-c", "import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], 'bin', 'ptxas'))"])
         .output()
         .ok()?;
     let p = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     if out.status.success() && p.is_file() { Some(p) } else { None }
+}
+
+/// One family's module for one arch: the PTX, and with ptxas its machine code and resource report.
+pub struct BuiltModule {
+    pub family: &'static str,
+    pub arch: &'static str,
+    pub ptx: String,
+    /// `ptxas -arch=target_cpu(arch)` output (a cubin), when ptxas was given.
+    pub cubin: Option<Vec<u8>>,
+    /// ptxas's `-v` report for this module (parse with [`parse_ptxas_report`]).
+    pub ptxas_report: Option<String>,
+}
+
+/// Builds every family for every arch (`checked`: bounds checks kept), and with `ptxas` assembles each
+/// module to a cubin. One thread per arch runs the nvptx builds (each arch has its own target dir, so
+/// the two never wait on each other's lock), and each module's ptxas runs in a thread of its own as
+/// soon as its PTX exists. `progress` gets a line as each step ends (build scripts print it as a
+/// cargo warning only on failure; xtask prints it).
+pub fn build_all_modules(
+    workspace: &std::path::Path,
+    target_dir: &std::path::Path,
+    checked: bool,
+    ptxas: Option<&std::path::Path>,
+    progress: &(dyn Fn(String) + Sync),
+) -> Result<Vec<BuiltModule>, String> {
+    std::thread::scope(|s| {
+        let per_arch: Vec<_> = PTX_ARCHES
+            .iter()
+            .map(|&arch| {
+                s.spawn(move || {
+                    std::thread::scope(|s2| {
+                        let mut jobs = Vec::new();
+                        for &family in FAMILIES.iter() {
+                            let started = std::time::Instant::now();
+                            let ptx = build_family_ptx(workspace, target_dir, arch, family, checked)?;
+                            progress(format!("{family} {arch}: PTX {} KiB in {:.1} s", ptx.len() / 1024, started.elapsed().as_secs_f64()));
+                            jobs.push(s2.spawn(move || -> Result<BuiltModule, String> {
+                                let (cubin, ptxas_report) = match ptxas {
+                                    Some(p) => {
+                                        let started = std::time::Instant::now();
+                                        let (c, r) = assemble(p, &ptx, arch, &format!("{family}-{arch}"))?;
+                                        progress(format!("{family} {arch}: cubin {} KiB in {:.1} s", c.len() / 1024, started.elapsed().as_secs_f64()));
+                                        (Some(c), Some(r))
+                                    }
+                                    None => (None, None),
+                                };
+                                Ok(BuiltModule { family, arch, ptx, cubin, ptxas_report })
+                            }));
+                        }
+                        jobs.into_iter()
+                            .map(|j| j.join().map_err(|_| "a ptxas thread panicked".to_string())?)
+                            .collect::<Result<Vec<_>, String>>()
+                    })
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in per_arch {
+            all.extend(h.join().map_err(|_| "an nvptx build thread panicked".to_string())??);
+        }
+        Ok(all)
+    })
+}
+
+/// Runs `ptxas -arch=ARCH -v` on `ptx` (ARCH: `target_cpu(arch)`) and returns the cubin and the
+/// report. `tag` names the scratch folder (unique per module and process).
+pub fn assemble(ptxas: &std::path::Path, ptx: &str, arch: &str, tag: &str) -> Result<(Vec<u8>, String), String> {
+    let dir = std::env::temp_dir().join(format!("rgk-ptxas-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let input = dir.join("kernels.ptx");
+    let output = dir.join("kernels.cubin");
+    std::fs::write(&input, ptx).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(ptxas)
+        .arg(format!("-arch={}", target_cpu(arch)))
+        .arg("-v")
+        .arg(&input)
+        .arg("-o")
+        .arg(&output)
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", ptxas.display()))?;
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(format!("ptxas rejected the {tag} PTX:\n{report}"));
+    }
+    let cubin = std::fs::read(&output).map_err(|e| format!("ptxas ran but {} is unreadable: {e}", output.display()))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((cubin, report))
 }
 
 /// One kernel's resource use as ptxas reports it (`ptxas -v`).
@@ -123,28 +248,6 @@ pub struct KernelResources {
     /// this kernel: an accumulator register was touched while a wgmma was in flight, so ptxas waits
     /// after every wgmma (correct, but the asynchrony is gone).
     pub wgmma_serialized: bool,
-}
-
-/// Runs `ptxas -arch=ARCH -v` on `ptx` and parses the per-kernel report (ARCH: `target_cpu(arch)`,
-/// the arch the PTX was built for).
-pub fn ptxas_resources(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<KernelResources>, String> {
-    let dir = std::env::temp_dir().join(format!("rgk-ptxas-{}-{arch}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let input = dir.join("kernels.ptx");
-    std::fs::write(&input, ptx).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new(ptxas)
-        .arg(format!("-arch={}", target_cpu(arch)))
-        .arg("-v")
-        .arg(&input)
-        .arg("-o")
-        .arg(dir.join("kernels.cubin"))
-        .output()
-        .map_err(|e| format!("could not run {}: {e}", ptxas.display()))?;
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    if !out.status.success() {
-        return Err(format!("ptxas rejected the {arch} PTX:\n{text}"));
-    }
-    Ok(parse_ptxas_report(&text))
 }
 
 /// Parses `ptxas -v` output. Only entry functions (`Compiling entry function 'NAME'`) are reported.
@@ -189,4 +292,12 @@ pub fn parse_ptxas_report(text: &str) -> Vec<KernelResources> {
         }
     }
     out
+}
+
+/// Names of the kernel entry points in a PTX text (`.visible .entry NAME(`).
+pub fn ptx_entry_points(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+        .filter_map(|rest| rest.split('(').next())
+        .collect()
 }

@@ -307,72 +307,6 @@ fn matmuls(b: &mut Bencher) {
     }
 }
 
-/// The tensor-core tuning variants side by side (`matmul_tcv{N}/{f16,bf16}/{4096,8192}^3`; N = 0 is
-/// the default kernel through the same hook, measured next to the others), on shared inputs per
-/// dtype and shape. Read against `gemm/...` (cuBLAS) and `matmul/...`. Variants the device cannot
-/// launch (shared memory) are skipped with a note. `RGK_BENCH_QUICK=1` drops 8192^3.
-fn matmul_variants(b: &mut Bencher) {
-    use host::ops::matmul::{TC_VARIANTS, Transpose::No, matmul_variant, matmul_variant_supported};
-    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
-    let variants: Vec<u32> = (0..=TC_VARIANTS)
-        .filter(|&v| {
-            let ok = matmul_variant_supported(&b.gpu, v).unwrap_or(false);
-            if !ok {
-                println!("matmul_tcv{v}: not launchable on this device, skipped");
-            }
-            ok
-        })
-        .collect();
-    for n in [4096usize, 8192] {
-        if quick && n == 8192 {
-            continue;
-        }
-        let (m, k) = (n, n);
-        for dtype in [DType::F16, DType::BF16] {
-            let es = dtype.size_bytes();
-            let copies = rotation_copies((m * k + k * n) * es, b.l2_bytes);
-            let (x, w) = (
-                b.inputs(&[m, k], dtype, copies),
-                b.inputs(&[k, n], dtype, copies),
-            );
-            for &v in &variants {
-                b.bench(
-                    matmul_spec(&format!("matmul_tcv{v}"), dtype, (m, n, k)),
-                    copies,
-                    |i| {
-                        matmul_variant(&x[i], &w[i], No, No, v).expect("matmul variant");
-                    },
-                );
-            }
-        }
-    }
-}
-
-/// The f32 kernels side by side (`matmul_f32v{N}/f32/{4096x4096x4096,4095x4097x1000}`; N = 0 is
-/// `matmul_f32` through the same hook, N >= 1 the double-buffered `matmul_simtv{N}_*_f32` (2 is the
-/// default)), on shared inputs per shape. Read against `sgemm/f32/4096x4096x4096` (cuBLAS
-/// without TF32, same run) and `matmul/f32/...`. The odd shape has unaligned B and C rows (N = 4097):
-/// scalar copies for B.
-fn matmul_f32_variants(b: &mut Bencher) {
-    use host::ops::matmul::{F32_VARIANTS, Transpose::No, matmul_variant};
-    for (m, n, k) in [(4096usize, 4096usize, 4096usize), (4095, 4097, 1000)] {
-        let copies = rotation_copies((m * k + k * n) * 4, b.l2_bytes);
-        let (x, w) = (
-            b.inputs(&[m, k], DType::F32, copies),
-            b.inputs(&[k, n], DType::F32, copies),
-        );
-        for v in 0..=F32_VARIANTS {
-            b.bench(
-                matmul_spec(&format!("matmul_f32v{v}"), DType::F32, (m, n, k)),
-                copies,
-                |i| {
-                    matmul_variant(&x[i], &w[i], No, No, v).expect("f32 matmul variant");
-                },
-            );
-        }
-    }
-}
-
 /// fp32 SGEMM 4096^3 through cuBLAS (no TF32: plain `cublasSgemm`), the ceiling the relevance kernels'
 /// FLOP/s are read against.
 fn sgemm_ceiling(b: &mut Bencher) {
@@ -440,38 +374,6 @@ fn relevance(b: &mut Bencher) {
                 lrp::relevance(&layer, &x[0], &rel[0], &Activation::tanh()).expect("lrp");
             },
         );
-        // GEMM-pass variants: the register-staged kernels (the default until run r5), 3 (the
-        // default until session 4: the cp.async pipeline with cvt.rna splits), 4 (3 with spread at
-        // one block per SM), V3Split, 5 (the default: the integer 3xTF32 split, so `lrp_v5` repeats
-        // `lrp` as a same-run check) and 6 (5 with the coefficients in the sums epilogue where that
-        // pass has one split: R1024), same inputs, next to the default, on request only
-        // (`RGK_BENCH_VARIANTS=1`).
-        let variants: &[(&str, lrp::GemmVariant)] = if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-            &[
-                ("staged", lrp::GemmVariant::Staged),
-                ("v3", lrp::GemmVariant::V3),
-                ("v4", lrp::GemmVariant::V4),
-                ("v3split", lrp::GemmVariant::V3Split),
-                ("v5", lrp::GemmVariant::V5),
-                ("v6", lrp::GemmVariant::V6),
-            ]
-        } else {
-            &[]
-        };
-        for &(tag, variant) in variants {
-            b.bench(
-                spec(
-                    format!("lrp_{tag}/f32/R{rows}_I{ni}_O{no}"),
-                    None,
-                    Some(flops),
-                ),
-                1,
-                |_| {
-                    lrp::relevance_variant(&layer, &x[0], &rel[0], &Activation::tanh(), variant)
-                        .expect("lrp variant");
-                },
-            );
-        }
     }
 }
 
@@ -517,29 +419,6 @@ fn elementwise(b: &mut Bencher) {
                 ew::binary_on(BinaryOp::Add, &x[0], &y[0], path).expect("add");
             },
         );
-    }
-    // Launch-geometry tuning of the contiguous add (`KernelPath::Tuned`), on request only.
-    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        for (dtype, shape) in ADD_SHAPES {
-            let bytes = (shape[0] * shape[1] * dtype.size_bytes()) as u64;
-            let (x, y) = (b.inputs(&shape, dtype, 1), b.inputs(&shape, dtype, 1));
-            let mut out = Tensor::empty(&b.gpu, &shape, dtype).expect("alloc");
-            for (block, chunks) in [(128u32, 1u32), (512, 1), (256, 2), (512, 2)] {
-                b.bench(
-                    spec(
-                        format!("add_b{block}c{chunks}/{dtype}/{}x{}", shape[0], shape[1]),
-                        Some(3 * bytes),
-                        None,
-                    ),
-                    1,
-                    |_| {
-                        let path = KernelPath::Tuned { block, chunks };
-                        ew::binary_into_on(BinaryOp::Add, &x[0], &y[0], &mut out, path)
-                            .expect("add");
-                    },
-                );
-            }
-        }
     }
     let x = b.inputs(&[8192, 8192], DType::F32, 1);
     let row = b.inputs(&[8192], DType::F32, 1);
@@ -646,26 +525,8 @@ fn layer_norms(b: &mut Bencher) {
     let (rows, cols) = (65536usize, 1024usize);
     layer_norm_forward(b, 87381, 768);
     layer_norm_forward(b, 16384, 4096);
-    let (x, g, beta, copies) = layer_norm_forward(b, rows, cols);
+    let (x, g, beta, _) = layer_norm_forward(b, rows, cols);
     let bytes = (rows * cols * 4) as u64;
-    // The 16-byte forward with more threads a row (the default, 64 at D = 1024, keeps 32 rows in
-    // flight a SM): fewer rows in flight shorten the last wave (`RGK_BENCH_VARIANTS=1`).
-    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        for threads in [128u32, 256, 512] {
-            b.bench(
-                spec(
-                    format!("layernorm_t{threads}/f32/{rows}x{cols}"),
-                    Some(2 * bytes),
-                    None,
-                ),
-                copies,
-                |i| {
-                    ln::layer_norm_threads(&x[i], &g, &beta, None, threads)
-                        .expect("layer_norm_threads");
-                },
-            );
-        }
-    }
     let (_, mean, rstd) = ln::layer_norm(&x[0], &g, &beta, None).expect("layer_norm");
     let dy = b.inputs(&[rows, cols], DType::F32, 1).remove(0);
     b.bench(
@@ -679,50 +540,20 @@ fn layer_norms(b: &mut Bencher) {
             ln::layer_norm_backward(&x[0], &g, &mean, &rstd, &dy).expect("layer_norm_backward");
         },
     );
-    // The block-per-row kernels (`layernorm_bwd_block/...`, the default until session 4) and the
-    // warp-per-row configurations (`layernorm_bwd_warp_s{stages}w{warps}/...`; the default is one of
-    // them), same inputs, next to the default, on request only (`RGK_BENCH_VARIANTS=1`); the same for
-    // bf16 at the same shape (no default bf16 bench to sit beside).
-    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        for variant in [ln::BwdVariant::Block]
-            .into_iter()
-            .chain(ln::BwdVariant::WARP)
-        {
-            b.bench(
-                spec(
-                    format!("layernorm_bwd_{}/f32/{rows}x{cols}", variant.tag()),
-                    Some(3 * bytes),
-                    None,
-                ),
-                1,
-                |_| {
-                    ln::layer_norm_backward_variant(&x[0], &g, &mean, &rstd, &dy, variant)
-                        .expect("layer_norm_backward variant");
-                },
-            );
-        }
-        let half_bytes = bytes / 2;
-        let xh = b.inputs(&[rows, cols], DType::BF16, 1).remove(0);
-        let gh = b.inputs(&[cols], DType::BF16, 1).remove(0);
-        let bh = b.inputs(&[cols], DType::BF16, 1).remove(0);
-        let dyh = b.inputs(&[rows, cols], DType::BF16, 1).remove(0);
-        let (_, mean_h, rstd_h) = ln::layer_norm(&xh, &gh, &bh, None).expect("layer_norm");
-        let block = [ln::BwdVariant::Block];
-        for variant in block.into_iter().chain(ln::BwdVariant::WARP) {
-            b.bench(
-                spec(
-                    format!("layernorm_bwd_{}/bf16/{rows}x{cols}", variant.tag()),
-                    Some(3 * half_bytes),
-                    None,
-                ),
-                1,
-                |_| {
-                    ln::layer_norm_backward_variant(&xh, &gh, &mean_h, &rstd_h, &dyh, variant)
-                        .expect("layer_norm_backward variant");
-                },
-            );
-        }
-    }
+    // bf16 at the same shape: half the bytes, the same kernels.
+    let half_bytes = bytes / 2;
+    let xh = b.inputs(&[rows, cols], DType::BF16, 1).remove(0);
+    let gh = b.inputs(&[cols], DType::BF16, 1).remove(0);
+    let bh = b.inputs(&[cols], DType::BF16, 1).remove(0);
+    let dyh = b.inputs(&[rows, cols], DType::BF16, 1).remove(0);
+    let (_, mean_h, rstd_h) = ln::layer_norm(&xh, &gh, &bh, None).expect("layer_norm");
+    b.bench(
+        spec(format!("layernorm_bwd/bf16/{rows}x{cols}"), Some(3 * half_bytes), None),
+        1,
+        |_| {
+            ln::layer_norm_backward(&xh, &gh, &mean_h, &rstd_h, &dyh).expect("layer_norm_backward");
+        },
+    );
 }
 
 /// `layernorm/f32/{rows}x{cols}` on rotated inputs; returns them (x copies, gamma, beta, copy count).
@@ -795,13 +626,9 @@ fn embeddings(b: &mut Bencher) {
 }
 
 /// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
-/// FLOPs `4 B H S^2 D`, halved when causal (../shared/specs/attention.md). With
-/// `RGK_BENCH_VARIANTS=1` on an sm_90 device, the wgmma variant runs each shape too
-/// (`attn_fwd_wgmma/...`, the overlapped `attn_fwd_wgmma2/...` and, at D = 64, `attn_fwd_wgmma3/...`
-/// with 128-key tiles and `attn_fwd_wgmma4/...` with one warpgroup a CTA; same names otherwise).
+/// FLOPs `4 B H S^2 D`, halved when causal (docs/math/attention.md).
 fn attention(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
-    let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
     let shapes: &[(usize, usize, usize, usize)] = if quick {
         &[(4, 8, 512, 64)]
     } else {
@@ -850,32 +677,6 @@ fn attention(b: &mut Bencher) {
                         attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
                     },
                 );
-                // The Hopper wgmma variant next to the default, on request only
-                // (`RGK_BENCH_VARIANTS=1`) and on devices that run it (sm_90).
-                // Variant 1: `attn_fwd_wgmma/...`, variant 2 (overlapped): `attn_fwd_wgmma2/...`,
-                // variant 3 (overlapped, 128-key tiles at D = 64; D = 128 is variant 2 again),
-                // variant 4 (as 3 with one warpgroup, 64 query rows, a CTA; D = 64 only too).
-                let tags = [(1u32, "wgmma"), (2, "wgmma2"), (3, "wgmma3"), (4, "wgmma4")];
-                for (variant, tag) in tags {
-                    if variant >= 3 && d != 64 {
-                        continue;
-                    }
-                    if !(variants_on && attn::flash_variant_supported(&b.gpu, variant)) {
-                        continue;
-                    }
-                    b.bench(
-                        spec(
-                            format!("attn_fwd_{tag}/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
-                            Some((4 * bb * h * s * d * dtype.size_bytes()) as u64),
-                            Some(flops),
-                        ),
-                        copies,
-                        |i| {
-                            attn::flash_forward_variant(&q[i], &k[i], &v[i], &params, variant)
-                                .expect("flash_forward_variant");
-                        },
-                    );
-                }
             }
         }
     }
@@ -891,7 +692,6 @@ fn attention(b: &mut Bencher) {
 /// Clifford bench also records the peak device memory of one call ([`peak_memory`]).
 fn clifford(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
-    let variants_on = std::env::var("RGK_BENCH_VARIANTS").is_ok();
     let shapes: Vec<(usize, usize)> = if quick {
         vec![(4096, 512)]
     } else {
@@ -930,39 +730,6 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_forward(&x[i], &y[i], &w[0], Normalize::Yes).expect("sgp_forward");
                 },
             );
-            // The earlier forwards (`v1`, one block per row; `v2`, one thread a feature) and, in 2D,
-            // `v3` (16-byte accesses without the prefetch), same inputs and byte count, next to the
-            // default (2D: V3Prefetch on fast DRAM, else V2; 3D: V2), on request only (`RGK_BENCH_VARIANTS=1`).
-            let variants: &[(&str, cl::FwdVariant)] = match (variants_on, alg) {
-                (false, _) => &[],
-                (true, Algebra::Cl2) => &[
-                    ("v1", cl::FwdVariant::Cached),
-                    ("v2", cl::FwdVariant::V2),
-                    ("v2b", cl::FwdVariant::V2OneBarrier),
-                    ("v3", cl::FwdVariant::V3),
-                    ("v3p", cl::FwdVariant::V3Prefetch),
-                    ("v3l2", cl::FwdVariant::V3L2),
-                    ("v3r", cl::FwdVariant::V3Ring),
-                ],
-                (true, Algebra::Cl3) => &[
-                    ("v1", cl::FwdVariant::Cached),
-                    ("v2b", cl::FwdVariant::V2OneBarrier),
-                ],
-            };
-            for &(tag, variant) in variants {
-                b.bench(
-                    spec(
-                        format!("sgp_fwd_{tag}/f32/{d}d_B{bb}_N{n}"),
-                        Some(3 * size),
-                        None,
-                    ),
-                    copies,
-                    |i| {
-                        cl::sgp_forward_variant(&x[i], &y[i], &w[0], Normalize::Yes, variant)
-                            .expect("sgp_forward_variant");
-                    },
-                );
-            }
         }
         for &(bb, n) in &shapes {
             let size = (c * bb * n * 4) as u64;
@@ -995,36 +762,6 @@ fn clifford(b: &mut Bencher) {
                     cl::sgp_backward(&x[i], &y[i], &w[0], &f, &go[i]).expect("sgp_backward");
                 },
             );
-            // The earlier forward + backward (`v1`), same bytes, next to the default, on request only.
-            if variants_on {
-                b.bench(
-                    spec(
-                        format!("sgp_fwdbwd_v1/f32/{d}d_B{bb}_N{n}"),
-                        Some(9 * size),
-                        None,
-                    ),
-                    copies,
-                    |i| {
-                        let f = cl::sgp_forward_variant(
-                            &x[i],
-                            &y[i],
-                            &w[0],
-                            Normalize::Yes,
-                            cl::FwdVariant::Cached,
-                        )
-                        .expect("sgp_forward_variant");
-                        cl::sgp_backward_variant(
-                            &x[i],
-                            &y[i],
-                            &w[0],
-                            &f,
-                            &go[i],
-                            cl::BwdVariant::Chunked,
-                        )
-                        .expect("sgp_backward_variant");
-                    },
-                );
-            }
         }
     }
     // fcgp and Layer after every sgp bench (a run cut short keeps the sgp sweep), fewer samples each.
@@ -1123,12 +860,6 @@ fn main() {
     };
     ceilings(&mut b);
     matmuls(&mut b);
-    // The tensor-core tuning variants only on request (`RGK_BENCH_VARIANTS=1`): they served the
-    // choice of the default and cost a minute of device time per run.
-    if std::env::var("RGK_BENCH_VARIANTS").is_ok() {
-        matmul_variants(&mut b);
-        matmul_f32_variants(&mut b);
-    }
     elementwise(&mut b);
     reductions(&mut b);
     softmaxes(&mut b);

@@ -575,7 +575,7 @@ mod tests {
 
     #[test]
     fn matmul_tile_copies_and_epilogue_stores_are_conflict_free() {
-        use crate::params::matmul_tc::{Config, DEFAULT, VARIANTS};
+        use crate::params::matmul_tc::{Config, DEFAULT};
         // cp.async: thread t copies chunk (t / cpr, t % cpr) (+ whole rows per further copy); a
         // warp's 32 chunks must spread over 8 bank groups per 8-lane phase, for every tile shape.
         fn copies<const R: usize, const C: usize>(threads: u32) {
@@ -614,11 +614,6 @@ mod tests {
             epilogue::<BM, BN>();
         }
         config::<256, 128>(DEFAULT);
-        config::<128, 256>(VARIANTS[0]);
-        config::<256, 128>(VARIANTS[1]);
-        config::<128, 128>(VARIANTS[2]);
-        config::<128, 256>(VARIANTS[3]);
-        assert_eq!(VARIANTS.len(), 4, "add the new variant's tile shapes here");
     }
 
     #[test]

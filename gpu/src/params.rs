@@ -41,177 +41,6 @@ pub struct ReduceTo {
 }
 unsafe impl KernelParam for ReduceTo {}
 
-/// Launch bounds (Rust has no `__launch_bounds__`): `(entry-name prefix, most threads a block is
-/// launched with, blocks that should fit an SM at once)`. The PTX builder writes them into each matching
-/// entry as `.maxntid T, 1, 1` / `.minnctapersm M`, so ptxas caps registers at `65536 / (T * M)`
-/// instead of using up to 255 (a 512-thread block of a 255-register kernel cannot launch at all).
-/// Launchers must never exceed `T` (ptxas-compiled code traps otherwise: CUDA_ERROR_INVALID_VALUE).
-pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
-    // Forward variants: one thread a feature, up to 1024 a block, so at most 64 registers (two blocks of
-    // 512 per SM). Before "sgp2d_fwd_": the first matching prefix wins.
-    ("sgp2d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
-    ("sgp2d_fwd_v2b_", clifford::FWD_V2_MAX_BLOCK, 1),
-    // Forward v3 (2D, v3 and v3p): 256-thread blocks holding 4 features x 10 weights, 4 x 8 inputs and 16
-    // outputs a thread: two blocks a SM, up to 128 registers (three, at 85, spilled 68 bytes). Before
-    // "sgp2d_fwd_": the first matching prefix wins.
-    ("sgp2d_fwd_v3", clifford::FWD_V3_BLOCK, 2),
-    ("sgp3d_fwd_v2_", clifford::FWD_V2_MAX_BLOCK, 1),
-    ("sgp3d_fwd_v2b_", clifford::FWD_V2_MAX_BLOCK, 1),
-    ("sgp2d_fwd_", clifford::FWD_MAX_BLOCK, 1),
-    ("sgp3d_fwd_", clifford::FWD_MAX_BLOCK, 1),
-    ("chunk_sum_tree_", clifford::CHUNK_SUM_WARPS * 32, 2),
-    ("sgp2d_bwd_", clifford::BWD_BLOCK, 4),
-    ("sgp3d_bwd_", clifford::BWD_BLOCK, 3),
-    ("grade_dot", clifford::ROW_BLOCK, 2),
-    ("grade_norm", clifford::ROW_BLOCK, 2),
-    ("fc_pairs_bwd", clifford::FC_BWD_BLOCK, 3),
-    ("fc_pairs", clifford::ELEM_BLOCK, 2),
-    // Before "matmul_" (the first matching prefix wins): one 256-thread block per SM, so ptxas may use
-    // up to 255 registers for the 128 accumulators and the fragments of a 64 x 64 warp tile.
-    ("matmul_tc_", matmul_tc::THREADS, 1),
-    // The tuning variants (`matmul_tc::VARIANTS`): each its own threads and blocks per SM.
-    (
-        "matmul_tcv1_",
-        matmul_tc::VARIANTS[0].threads(),
-        matmul_tc::VARIANTS[0].min_blocks,
-    ),
-    (
-        "matmul_tcv2_",
-        matmul_tc::VARIANTS[1].threads(),
-        matmul_tc::VARIANTS[1].min_blocks,
-    ),
-    (
-        "matmul_tcv3_",
-        matmul_tc::VARIANTS[2].threads(),
-        matmul_tc::VARIANTS[2].min_blocks,
-    ),
-    (
-        "matmul_tcv4_",
-        matmul_tc::VARIANTS[3].threads(),
-        matmul_tc::VARIANTS[3].min_blocks,
-    ),
-    // The f32 tuning variants (`matmul_f32v::VARIANTS`), before "matmul_".
-    (
-        "matmul_simtv1_",
-        matmul_f32v::VARIANTS[0].threads(),
-        matmul_f32v::VARIANTS[0].min_blocks,
-    ),
-    (
-        "matmul_simtv2_",
-        matmul_f32v::VARIANTS[1].threads(),
-        matmul_f32v::VARIANTS[1].min_blocks,
-    ),
-    (
-        "matmul_simtv3_",
-        matmul_f32v::VARIANTS[2].threads(),
-        matmul_f32v::VARIANTS[2].min_blocks,
-    ),
-    (
-        "matmul_simtv4_",
-        matmul_f32v::VARIANTS[3].threads(),
-        matmul_f32v::VARIANTS[3].min_blocks,
-    ),
-    ("matmul_", matmul::THREADS, 2),
-    // The wgmma FlashAttention variant (sm_90 PTX only): 2 warpgroups; D = 128 at one CTA per SM
-    // (up to 255 registers: S, O and P are 160 of them), D = 64 at two (128 registers).
-    (
-        "flash_wg_fwd_d64_",
-        attention::FLASH_WG_D64.threads() as u32,
-        attention::FLASH_WG_D64.min_blocks,
-    ),
-    (
-        "flash_wg_fwd_d128_",
-        attention::FLASH_WG_D128.threads() as u32,
-        attention::FLASH_WG_D128.min_blocks,
-    ),
-    (
-        "flash_wg2_fwd_d64_",
-        attention::FLASH_WG_D64.threads() as u32,
-        attention::FLASH_WG_D64.min_blocks,
-    ),
-    (
-        "flash_wg2_fwd_d128_",
-        attention::FLASH_WG_D128.threads() as u32,
-        attention::FLASH_WG_D128.min_blocks,
-    ),
-    (
-        "flash_wg3_fwd_d64_",
-        attention::FLASH_WG_D64_K128.threads() as u32,
-        attention::FLASH_WG_D64_K128.min_blocks,
-    ),
-    // One warpgroup a CTA (variant 4): 3 CTAs of 128 threads per SM (shared memory allows 3).
-    (
-        "flash_wg4_fwd_d64_",
-        attention::FLASH_WG_D64_Q64.threads() as u32,
-        attention::FLASH_WG_D64_Q64.min_blocks,
-    ),
-    // The wgmma layer probes (one warpgroup).
-    ("wgmma_probe_", 128, 1),
-    // The LRP GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments
-    // of a depth step. One 256-thread block per SM lets ptxas use up to 255 registers.
-    // Variant 3 (cp.async stages, `lrp::v3`): listed before "lrp_sums_" / "lrp_spread_", which their
-    // names also match. The sums pass keeps one block per SM (two accumulator sets and two stage
-    // partials: 128 registers before any operand); spread and dense ask for two (at most 128).
-    ("lrp_sums_v3_", lrp::THREADS, lrp::v3::SUMS_BLOCKS_PER_SM),
-    (
-        "lrp_spread_v3_",
-        lrp::THREADS,
-        lrp::v3::SPREAD_BLOCKS_PER_SM,
-    ),
-    ("dense_v3_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
-    ("lrp_abs_v3_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
-    // Variant 4: variant 3's spread and dense code at one block per SM (no 128-register cap).
-    (
-        "lrp_spread_v4_",
-        lrp::THREADS,
-        lrp::v3::V4_SPREAD_BLOCKS_PER_SM,
-    ),
-    ("dense_v4_", lrp::THREADS, lrp::v3::V4_SPREAD_BLOCKS_PER_SM),
-    // Variant 5: variant 3's kernels with the integer 3xTF32 split, at variant 3's occupancy.
-    ("lrp_sums_v5_", lrp::THREADS, lrp::v3::SUMS_BLOCKS_PER_SM),
-    (
-        "lrp_spread_v5_",
-        lrp::THREADS,
-        lrp::v3::SPREAD_BLOCKS_PER_SM,
-    ),
-    ("dense_v5_", lrp::THREADS, lrp::v3::SPREAD_BLOCKS_PER_SM),
-    // Variant 6: variant 5's sums pass with the coefficients in its epilogue (one block per SM).
-    ("lrp_sums_v6_", lrp::THREADS, lrp::v3::SUMS_BLOCKS_PER_SM),
-    ("lrp_sums_", lrp::THREADS, 1),
-    ("lrp_spread_", lrp::THREADS, 1),
-    ("dense_f32", lrp::THREADS, 1),
-    // Without a bound the JIT may use more registers than a 512-thread block allows (launch fails
-    // with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); with it, ptxas fits the row caches into 128.
-    // The vector forward holds 16 values a thread in 64 registers: two 512-thread blocks per SM overlap
-    // one block's loads with the other's reductions. Listed before "softmax_": the first match counts.
-    ("softmax_vec_", softmax::MAX_BLOCK, 2),
-    ("softmax_", softmax::MAX_BLOCK, 1),
-    // Same reason: the row caches (x, and in the backward dy plus the dgamma/dbeta accumulators) must
-    // fit the 128 registers a 512-thread block allows.
-    // The vector forward (16 values a thread) and the narrow backward (4 elements a thread: x, dy,
-    // xhat, g, gamma, dgamma, dbeta and the next row's x and dy) fit two blocks of 512 per SM. Listed
-    // before "layer_norm_": the first match counts.
-    ("layer_norm_vec_", layer_norm::MAX_BLOCK, 2),
-    ("layer_norm_backward_narrow_", layer_norm::MAX_BLOCK, 2),
-    // Warp-per-row backward variants: dgamma, dbeta and gamma take 96 registers a lane, and ptxas keeps
-    // the row's x and dy across the shuffles. At a cap of 128 they spilled (f32 ~80 B, f16/bf16
-    // ~600 B); at 170 (3 blocks of 4 warps) still 20-48 B; unbounded they take ~205 (8 warps an SM).
-    (
-        "layer_norm_backward_warp",
-        layer_norm::WARP_MAX_WARPS * 32,
-        1,
-    ),
-    // f32 fits 64 registers (two blocks of 512); the halves hold 8 elements a chunk and spilled at
-    // 64, so they get up to 128.
-    (
-        "layer_norm_backward_pipe_f32",
-        layer_norm::PIPE_MAX_BLOCK,
-        2,
-    ),
-    ("layer_norm_backward_pipe_", layer_norm::PIPE_MAX_BLOCK, 1),
-    ("layer_norm_", layer_norm::MAX_BLOCK, 1),
-];
-
 /// Threads for a block that covers a row of `cols` elements at `per_thread` elements a thread: a power
 /// of two from one warp (32) up to `max_block`. Shared by the row kernels (softmax, layer norm, the
 /// embedding backward), which hold the row in registers when it fits and loop otherwise.
@@ -591,10 +420,6 @@ pub mod lrp {
         /// SM, whose barriers and pipeline bubbles overlap (2 x 106 KiB of stages fit an sm_90 SM).
         pub const SUMS_BLOCKS_PER_SM: u32 = 1;
         pub const SPREAD_BLOCKS_PER_SM: u32 = 2;
-        /// Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`; its sums pass is variant 3's): the same
-        /// code at one block per SM, so ptxas is not held to 128 registers. Measured beside variant
-        /// 3, it says whether the second resident block or the freer register allocation is worth more.
-        pub const V4_SPREAD_BLOCKS_PER_SM: u32 = 1;
 
         const _: () = assert!(BK.is_multiple_of(MMA_K) && K_STEPS == 4);
         const _: () = assert!(NK_STRIDE % 32 == 8 && KN_STRIDE % 16 == 4);
@@ -1389,7 +1214,7 @@ pub mod attention {
         pub block_k: usize,
         /// K/V pipeline depth (the kernel is written for 2).
         pub stages: usize,
-        /// The launch bound's CTAs per SM (`LAUNCH_BOUNDS`): 2 caps registers at 128 a thread.
+        /// The launch bound's CTAs per SM (its `launch_bounds!`): 2 caps registers at 128 a thread.
         pub min_blocks: u32,
     }
 
@@ -1426,20 +1251,9 @@ pub mod attention {
         min_blocks: 1,
     };
 
-    /// D = 64 with 128-key tiles (variant 3, entry points `flash_wg3_fwd_d64_*`): half the tile
-    /// steps (and barriers) of [`FLASH_WG_D64`] at one CTA per SM (S 64, O 32, P 32 f32 a thread);
-    /// aimed at short sequences such as the B4 H8 S512 seed shape (128 CTAs: one per SM anyway).
-    pub const FLASH_WG_D64_K128: FlashWgmmaConfig = FlashWgmmaConfig {
-        head_dim: 64,
-        block_q: 128,
-        block_k: 128,
-        stages: 2,
-        min_blocks: 1,
-    };
-
-    /// D = 64 with one consumer warpgroup (64 query rows, 128 threads) and 128-key tiles (variant
-    /// 4, entry points `flash_wg4_fwd_d64_*`): variant 3's overlapped schedule and per-thread state
-    /// (S 64, O 32, P 32 f32), in half the CTA, so short sequences launch twice the CTAs (B4 H8
+    /// D = 64 with one consumer warpgroup (64 query rows, 128 threads) and 128-key tiles (entry points
+    /// `flash_wg4_fwd_d64_*`): the overlapped schedule, per-thread state S 64, O 32, P 32 f32, in half
+    /// the CTA of [`FLASH_WG_D64`], so short sequences launch twice the CTAs (B4 H8
     /// S512: 256 on 132 SMs) and several share an SM, overlapping one CTA's load latency with
     /// another's math. 72 KiB a CTA: 3 fit sm_90's 228 KiB, so the launch bound asks for 3 (up to
     /// 168 registers a thread).
@@ -1452,12 +1266,7 @@ pub mod attention {
     };
 
     /// Every wgmma config a kernel is instantiated with.
-    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 4] = [
-        FLASH_WG_D64,
-        FLASH_WG_D128,
-        FLASH_WG_D64_K128,
-        FLASH_WG_D64_Q64,
-    ];
+    pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] = [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_Q64];
 
     /// The wgmma variants' default config for a head dimension (variants 1 and 2).
     pub const fn flash_wgmma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
@@ -1513,50 +1322,28 @@ pub mod attention {
     }
 }
 
-/// Tiled f32 matrix multiply `C (+)= op(A) op(B) (+ bias)`, batched over `grid.z`.
-///
-/// Each block computes a `BM x BN` tile of C from `BK`-deep slices of A and B staged in shared memory;
-/// each of its `THREADS` threads keeps a `TM x TN` register micro-tile (two 4x4 quadrants per direction,
-/// so its shared reads are 16-byte vectors without bank conflicts).
+/// Matrix-multiply limits shared by the f32 and tensor-core kernels.
 pub mod matmul {
-    pub const BM: u32 = 128;
-    pub const BN: u32 = 128;
-    pub const BK: u32 = 8;
-    pub const TM: u32 = 8;
-    pub const TN: u32 = 8;
-    pub const THREADS: u32 = (BM / TM) * (BN / TN);
-    /// Shared tile row pitch in floats: BM + 4 keeps 16-byte alignment and moves the two k-halves of a
-    /// transposed-layout store onto different banks.
-    pub const LDS: u32 = BM + 4;
     /// Most blocks along grid y (M tiles) and z (batch) the driver accepts.
     pub const MAX_GRID_YZ: u64 = 65_535;
-    const _: () = assert!(BM == BN && TM == 8 && TN == 8 && THREADS == 256 && BK == 8);
 }
 
-/// Double-buffered f32 matmul variants (`matmul_simtv{N}_*_f32`, `kernels/matmul/simt_db.rs`) next
-/// to the single-stage `matmul_f32` ([`matmul`]): variant 2 is the host's default f32 kernel, every
-/// one is reachable through the hidden `host::ops::matmul::matmul_variant` with f32 operands. Same
-/// parameters ([`Matmul`]), grid (`ceil(N / BN), ceil(M / BM), batch`) and results (k ascending,
-/// one fma per product: `matmul_f32`'s bits) as `matmul_f32`; they differ in threads a block,
-/// k-tile depth and shared memory (dynamic, so one kernel body serves every depth).
+/// The f32 matmul on CUDA cores (`matmul_simt_*_f32`, `kernels/matmul/simt.rs`): 128 x 128 tiles of
+/// C a block, two shared stages, k ascending with one fma per product (the same bits on every run).
 pub mod matmul_f32v {
     pub const BM: u32 = 128;
     pub const BN: u32 = 128;
-    /// Shared tile row pitch in floats (as `matmul_f32`'s): 16-byte aligned rows, and the scalar
-    /// transposing stores of a k-contiguous operand land on distinct banks.
+    /// Shared tile row pitch in floats: 16-byte aligned rows, and the scalar transposing stores of a
+    /// k-contiguous operand land on distinct banks.
     pub const LDS: u32 = BM + 4;
 
-    /// One variant. A thread owns rows `{ty * 4 + 0..4, 64 + ty * 4 + 0..4}` and `col_quads` groups
-    /// of 4 columns `q * (BN / col_quads) + tx * 4 + 0..4`: `col_quads = 2` is `matmul_f32`'s 8 x 8
-    /// micro-tile with 256 threads, `4` an 8 x 16 micro-tile with 128 threads (twice the fma per
-    /// shared load). `bk` is the depth of one k-tile (8 or 16). `async_copy`: the next k-tile goes
-    /// global -> shared through `cp.async` (no registers held across the math) instead of through
-    /// registers loaded before the math and stored after it.
+    /// The kernel's shape. A thread owns rows `{ty * 4 + 0..4, 64 + ty * 4 + 0..4}` and `col_quads`
+    /// groups of 4 columns `q * (BN / col_quads) + tx * 4 + 0..4` (4: an 8 x 16 micro-tile with 128
+    /// threads; 2: 8 x 8 with 256). `bk` is the depth of one k-tile (8 or 16).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Config {
         pub col_quads: u32,
         pub bk: u32,
-        pub async_copy: bool,
         /// Blocks that should fit an SM at once (launch bounds: caps registers at
         /// `65536 / (threads * min_blocks)`).
         pub min_blocks: u32,
@@ -1572,58 +1359,25 @@ pub mod matmul_f32v {
         }
     }
 
-    /// `matmul_simtv{N}_{nn,nt,tn,tt}_f32` is `VARIANTS[N - 1]`; variant 0 is `matmul_f32`.
-    /// Every one keeps two blocks per SM (4096^3: 1024 tiles over 264 block slots of an H100/H200,
-    /// 3.9 waves, as `matmul_f32`).
-    pub const VARIANTS: [Config; 4] = [
-        // 1: `matmul_f32`'s tiling (256 threads, 8 x 8) with two shared stages filled by cp.async
-        //    (one barrier a k-tile); at most 128 registers (the register-prefetch form spilled).
-        Config {
-            col_quads: 2,
-            bk: 8,
-            async_copy: true,
-            min_blocks: 2,
-        },
-        // 2: 128 threads with 8 x 16 micro-tiles (128 accumulators), register prefetch, at most
-        //    255 registers: 8 warps an SM, twice the independent fma per warp.
-        Config {
-            col_quads: 4,
-            bk: 8,
-            async_copy: false,
-            min_blocks: 2,
-        },
-        // 3: 8 x 16 with 16-deep k-tiles through cp.async: half the barriers and stage switches
-        //    (the register-prefetch form spilled: 32 more live registers).
-        Config {
-            col_quads: 4,
-            bk: 16,
-            async_copy: true,
-            min_blocks: 2,
-        },
-        // 4: variant 2 with cp.async instead of register prefetch.
-        Config {
-            col_quads: 4,
-            bk: 8,
-            async_copy: true,
-            min_blocks: 2,
-        },
-    ];
+    /// 128 threads with 8 x 16 micro-tiles (128 accumulators), 8-deep k-tiles filled through
+    /// registers, at most 255 registers: 8 warps an SM, twice the independent fma per warp of 8 x 8.
+    /// Two blocks per SM (4096^3: 1024 tiles over 264 block slots of an H100, 3.9 waves). Measured
+    /// on an H100 (2026-11-26, commit 440db9e): 4096^3 3.1331 ms = 0.849 of cuBLAS SGEMM; the other
+    /// shapes tried are in docs/PERF_NOTES.md ("Deleted kernels").
+    pub const CONFIG: Config = Config {
+        col_quads: 4,
+        bk: 8,
+        min_blocks: 2,
+    };
     const _: () = {
-        let mut i = 0;
-        while i < VARIANTS.len() {
-            let c = VARIANTS[i];
-            assert!(c.col_quads == 2 || c.col_quads == 4);
-            assert!(c.bk == 8 || c.bk == 16);
-            // Every thread moves whole 4-float groups of both tiles (BM * bk / 4 groups each).
-            assert!((BM * c.bk / 4).is_multiple_of(c.threads()));
-            // No opt-in needed: under the 48 KiB every device gives a block.
-            assert!(c.smem_bytes() <= 48 * 1024);
-            i += 1;
-        }
+        // Every thread moves whole 4-float groups of both tiles (BM * bk / 4 groups each).
+        assert!((BM * CONFIG.bk / 4).is_multiple_of(CONFIG.threads()));
+        // No opt-in needed: under the 48 KiB every device gives a block.
+        assert!(CONFIG.smem_bytes() <= 48 * 1024);
     };
 }
 
-/// Parameters of one `matmul_f32` launch. Element (r, c) of a non-transposed operand is at
+/// Parameters of one f32 matmul launch. Element (r, c) of a non-transposed operand is at
 /// `r * ld + c`; of a transposed one (stored as its transpose) at `c * ld + r`. Batch `z` adds
 /// `z * stride_*` (0 broadcasts an operand over the batch).
 #[repr(C)]
@@ -1652,19 +1406,16 @@ unsafe impl KernelParam for Matmul {}
 /// stages stream in by 16-byte `cp.async` (XOR-swizzled rows, so `ldmatrix` reads are conflict-free);
 /// its `WARPS_M x WARPS_N` warps each own a `WM x WN` tile of `mma.m16n8k16` accumulators.
 ///
-/// Design notes (no measurements yet; the owner's H100 benchmark is the judge, and these constants are
-/// all a re-tune needs to change):
-/// - 128 x 256 x 64 with 8 warps of 64 x 64: per k16 step a warp issues 8 `ldmatrix.x4` for 32
-///   `mma`, and every byte brought into shared memory feeds 2 (A) or 4 (B) warps. The accumulators
-///   take 128 registers a thread, so one block per SM (`LAUNCH_BOUNDS`: up to 255 registers).
+/// Design notes (these constants are all a re-tune needs to change):
+/// - 256 x 128 x 64 with 8 warps of 64 x 64: per k16 step a warp issues 8 `ldmatrix.x4` for 32
+///   `mma`, and every byte brought into shared memory feeds 2 (B) or 4 (A) warps. The accumulators
+///   take 128 registers a thread, so one block per SM (launch bounds: up to 255 registers).
 /// - BK = 64: rows of a k-contiguous tile are 128 bytes, exactly one `Xor8` swizzle period.
 /// - 3 stages of 48 KiB: 144 KiB, within the 163 KiB an sm_80 block may use (227 KiB on sm_90).
 /// - Tiles are visited in groups of `GROUP_M` tile rows, column by column inside a group, so blocks
 ///   resident at the same time share A rows and B columns in L2.
 ///
-/// The kernel is generic over a [`matmul_tc::Config`]; [`matmul_tc::DEFAULT`] is the shipped one and
-/// [`matmul_tc::VARIANTS`] are tuning candidates (entry points `matmul_tcv{N}_*`), benchmarked side
-/// by side (`matmul_tcv{N}/...`) before one becomes the default.
+/// The kernel is generic over a [`matmul_tc::Config`]; [`matmul_tc::DEFAULT`] is the shipped one.
 pub mod matmul_tc {
     /// One tuning of the tensor-core kernel: block tile `bm x bn`, `bk`-deep k-tiles, `stages`
     /// pipeline stages, `warps_m x warps_n` warps (each a `bm / warps_m x bn / warps_n` tile of C),
@@ -1745,82 +1496,22 @@ pub mod matmul_tc {
         }
     }
 
-    /// The first design: 128 x 256 tiles, 3 stages, 2 x 4 warps, no fragment pipelining. The tuning
-    /// variants are stated relative to it.
-    pub const BASE: Config = Config {
-        bm: 128,
-        bn: 256,
+    /// The shipped configuration (`matmul_tc_*`): 256 x 128 tiles, 3 stages, 4 x 2 warps of 64 x 64,
+    /// fragments pipelined. Measured side by side on an H200 against cuBLAS through cudarc in the
+    /// same run (f16/bf16 4096^3 and 8192^3): 0.60-0.63 of cuBLAS; the other tiles and depths tried
+    /// (0.55-0.63) are in docs/PERF_NOTES.md ("Deleted kernels").
+    pub const DEFAULT: Config = Config {
+        bm: 256,
+        bn: 128,
         bk: 64,
         stages: 3,
-        warps_m: 2,
-        warps_n: 4,
+        warps_m: 4,
+        warps_n: 2,
         min_blocks: 1,
-        frag_pipe: false,
+        frag_pipe: true,
     };
 
-    /// The shipped configuration (`matmul_tc_*`): variant 2, the 256 x 128 tile with fragments
-    /// pipelined. Measured side by side on an H200 against cuBLAS through cudarc in the same run
-    /// (f16/bf16 4096^3 and 8192^3): 0.60-0.63 of cuBLAS, against 0.58-0.61 for [`BASE`], 0.61-0.62
-    /// for variant 1, 0.55-0.59 for variant 3 (two 128 x 128 blocks per SM) and 0.62-0.63 for
-    /// variant 4 (4 stages, which needs sm_90's shared memory).
-    pub const DEFAULT: Config = VARIANTS[1];
-
-    /// Tuning variants (`matmul_tcv{N}_*`, `VARIANTS[N - 1]`), reachable through the hidden
-    /// `host::ops::matmul::matmul_variant` for side-by-side benchmarks; variant 0 is [`DEFAULT`].
-    pub const VARIANTS: [Config; 4] = [
-        // 1: the default tile with fragments double-buffered in registers across k16 steps and
-        //    across the k-tile barrier.
-        Config {
-            frag_pipe: true,
-            ..BASE
-        },
-        // 2: the transposed tile, 256 x 128 (4 x 2 warps of 64 x 64), fragments pipelined.
-        Config {
-            bm: 256,
-            bn: 128,
-            warps_m: 4,
-            warps_n: 2,
-            frag_pipe: true,
-            ..BASE
-        },
-        // 3: 128 x 128 with 4 warps of 64 x 64, 96 KiB: two blocks per SM on sm_90 (228 KiB of
-        //    shared memory an SM), one on sm_80; fragments pipelined.
-        Config {
-            bm: 128,
-            bn: 128,
-            warps_m: 2,
-            warps_n: 2,
-            min_blocks: 2,
-            frag_pipe: true,
-            ..BASE
-        },
-        // 4: the default tile with 4 stages (192 KiB: sm_90 only), fragments pipelined.
-        Config {
-            stages: 4,
-            frag_pipe: true,
-            ..BASE
-        },
-    ];
-
-    /// The configuration of variant `v` (0 = [`DEFAULT`]), if there is one.
-    pub const fn variant(v: u32) -> Option<Config> {
-        if v == 0 {
-            Some(DEFAULT)
-        } else if (v as usize) <= VARIANTS.len() {
-            Some(VARIANTS[v as usize - 1])
-        } else {
-            None
-        }
-    }
-
-    const _: () = {
-        assert!(DEFAULT.valid() && DEFAULT.fits_sm80());
-        let mut i = 0;
-        while i < VARIANTS.len() {
-            assert!(VARIANTS[i].valid());
-            i += 1;
-        }
-    };
+    const _: () = assert!(DEFAULT.valid() && DEFAULT.fits_sm80());
 
     pub const BM: u32 = DEFAULT.bm;
     pub const BN: u32 = DEFAULT.bn;
@@ -2103,14 +1794,6 @@ pub mod clifford {
         t
     }
     const _: () = assert!(fwd_v3_row_threads(FWD_V3_MAX_N) == FWD_V3_BLOCK);
-    /// Row groups in the shared-memory ring of forward v3r (the one being computed and
-    /// `FWD_V3R_STAGES - 1` in flight behind it).
-    pub const FWD_V3R_STAGES: u32 = 3;
-    /// 16-byte chunks a forward-v3 thread loads for one row group: 4 components of x, 4 of y.
-    pub const FWD_V3_CHUNKS: u32 = 8;
-    /// Dynamic shared memory of forward v3r: every thread's chunks of every stage (96 KiB; two blocks
-    /// fit an SM's 227 KiB on sm_90 and 163 KiB on sm_80).
-    pub const FWD_V3R_SMEM: u32 = FWD_V3R_STAGES * FWD_V3_CHUNKS * FWD_V3_BLOCK * 16;
     const _: () = assert!(fwd_v3_row_threads(4) == 32 && fwd_v3_row_threads(132) == 64);
 
     /// Threads of the per-feature backward (one feature a thread) and of the elementwise kernels.

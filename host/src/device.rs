@@ -1,15 +1,17 @@
-//! The GPU handle: driver context, the one stream all ops run on, the loaded PTX module and a cache of
-//! kernel handles. Cheap to clone (an `Arc`).
+//! The GPU handle: driver context, the one stream all ops run on, the kernel modules loaded so far (one
+//! per op family, each loaded on first use) and a cache of kernel handles. Cheap to clone (an `Arc`).
 //!
 //! The driver library is loaded at run time (cudarc `dynamic-loading`): without a driver the crate still
 //! builds and runs, and [`Gpu::new`] returns [`Error::NoDevice`].
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use crate::error::{Error, Result};
+use crate::modules::{Family, ModuleImage};
 
 #[derive(Clone)]
 pub struct Gpu {
@@ -19,7 +21,11 @@ pub struct Gpu {
 struct Inner {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
+    /// One slot per [`Family`] (index `Family::index`): filled the first time one of its kernels is
+    /// looked up. The lock is held while the module loads, so two threads never load it twice.
+    modules: [Mutex<Option<LoadedModule>>; Family::ALL.len()],
+    /// `RGK_MODULE_FORMAT=ptx`: load the PTX even where a cubin exists.
+    prefer_ptx: bool,
     arch: &'static str,
     name: String,
     compute_capability: (i32, i32),
@@ -30,6 +36,38 @@ struct Inner {
     peak_dram_bytes_per_s: f64,
     /// Streaming multiprocessors (0 if the driver did not say: [`Gpu::sm_count`] asks again).
     sm_count: u32,
+}
+
+/// Which of the library's builds a [`Gpu`] handle runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Build {
+    /// The device's own: the sm_90 build (sm_90a: wgmma kernels) on compute capability 9.0, the
+    /// sm_80 build elsewhere.
+    #[default]
+    Native,
+    /// The sm_80 build on any device of compute capability 8.0 or newer.
+    Portable,
+}
+
+/// A family's module as loaded on this device.
+#[derive(Clone)]
+struct LoadedModule {
+    module: Arc<CudaModule>,
+    info: ModuleLoad,
+}
+
+/// How a family's module was loaded: what form, and how long the driver took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModuleLoad {
+    pub family: Family,
+    /// "cubin sm_90a", "PTX sm_80 (JIT)", ...
+    pub image: String,
+    /// Bytes handed to the driver.
+    pub bytes: usize,
+    /// Wall time of the driver's load call (a PTX load includes its JIT compilation).
+    pub load_time: Duration,
+    /// Why the cubin was not used, where one existed but the driver refused it (the PTX was loaded).
+    pub cubin_refused: Option<String>,
 }
 
 /// Device bytes held by the tensors of one [`Gpu`] handle: every [`crate::Tensor`] allocation adds its
@@ -74,13 +112,19 @@ pub struct MemoryStats {
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let loaded: Vec<String> = self
+            .loaded_modules()
+            .iter()
+            .map(|m| format!("{} {} in {:.3} s", m.family.name(), m.image, m.load_time.as_secs_f64()))
+            .collect();
         write!(
             f,
-            "Gpu({}, sm_{}{}, ptx {})",
+            "Gpu({}, sm_{}{}, {} build, modules loaded: [{}])",
             self.inner.name,
             self.inner.compute_capability.0,
             self.inner.compute_capability.1,
-            self.inner.arch
+            self.inner.arch,
+            loaded.join(", ")
         )
     }
 }
@@ -92,9 +136,32 @@ pub fn driver_present() -> bool {
 }
 
 impl Gpu {
-    /// Opens device `ordinal`: creates (or retains) its primary context and loads the PTX that matches
-    /// its compute capability.
+    /// Opens device `ordinal`: creates (or retains) its primary context. Loads no kernel code: each op
+    /// family's module is loaded the first time one of its kernels runs (see [`Gpu::load_family`]), as
+    /// machine code where the library carries it for this device, else as PTX that the driver
+    /// JIT-compiles (and caches in `~/.nv/ComputeCache` unless `CUDA_CACHE_DISABLE=1`).
+    ///
+    /// `RGK_MODULE_FORMAT=ptx` in the environment loads the PTX even where machine code exists (to
+    /// compare the two, or to work around a driver that refuses the cubin); `auto` or unset is the
+    /// default.
     pub fn new(ordinal: usize) -> Result<Gpu> {
+        Gpu::with_build(ordinal, Build::Native)
+    }
+
+    /// [`Gpu::new`] running the build of your choice: [`Build::Portable`] runs the sm_80 kernels on
+    /// any device of compute capability 8.0 or newer, e.g. to test on an H100 the kernels an A100
+    /// runs (on a 9.0 device their PTX is JIT-compiled on first use of each family).
+    pub fn with_build(ordinal: usize, build: Build) -> Result<Gpu> {
+        let prefer_ptx = match std::env::var("RGK_MODULE_FORMAT").as_deref() {
+            Err(_) | Ok("auto") | Ok("") => false,
+            Ok("ptx") => true,
+            Ok(other) => {
+                return Err(Error::Invalid {
+                    op: "Gpu::new",
+                    msg: format!("RGK_MODULE_FORMAT must be `auto` or `ptx`, got `{other}`"),
+                });
+            }
+        };
         if !driver_present() {
             return Err(Error::NoDevice {
                 reason: "the CUDA driver library (libcuda.so) is not present on this machine"
@@ -114,13 +181,14 @@ impl Gpu {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| Error::driver(e, "reading the compute capability"))?;
-        let (arch, ptx) = crate::ptx::for_compute_capability(major, minor).ok_or_else(|| Error::NoDevice {
-            reason: format!("device has compute capability {major}.{minor}; the shipped PTX needs 8.0 or newer"),
+        let native = crate::modules::arch_for(major, minor).ok_or_else(|| Error::NoDevice {
+            reason: format!("device has compute capability {major}.{minor}; the shipped kernels need 8.0 or newer"),
         })?;
+        let arch = match build {
+            Build::Native => native,
+            Build::Portable => "sm_80",
+        };
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(|e| Error::driver(e, format!("loading the {arch} PTX module")))?;
         let stream = ctx.default_stream();
         // Read once here: the driver answers the memory-clock attribute slowly (about 0.4 ms a call
         // measured on an H100), far too slow for a launcher to ask per call.
@@ -146,7 +214,8 @@ impl Gpu {
             inner: Arc::new(Inner {
                 ctx,
                 stream,
-                module,
+                modules: Default::default(),
+                prefer_ptx,
                 arch,
                 name,
                 compute_capability: (major, minor),
@@ -165,7 +234,7 @@ impl Gpu {
     pub fn compute_capability(&self) -> (i32, i32) {
         self.inner.compute_capability
     }
-    /// The PTX arch loaded (`sm_80` or `sm_90`).
+    /// The build this device runs (`sm_80` or `sm_90`; the sm_90 build targets sm_90a).
     pub fn ptx_arch(&self) -> &'static str {
         self.inner.arch
     }
@@ -239,23 +308,86 @@ impl Gpu {
         &self.inner.memory
     }
 
-    /// The kernel `name` from the loaded module (cached).
+    /// The kernel `name` (cached): loads its family's module first if no kernel of that family has run
+    /// on this handle yet.
     pub fn function(&self, name: &'static str) -> Result<CudaFunction> {
-        let mut cache = self
-            .inner
+        if let Some(f) = self.cached_function(name) {
+            return Ok(f);
+        }
+        let family = Family::of(name).ok_or_else(|| Error::Invalid {
+            op: "Gpu::function",
+            msg: format!("no kernel named `{name}` in any embedded module"),
+        })?;
+        let module = self.module(family)?;
+        let f = module
+            .load_function(name)
+            .map_err(|e| Error::driver(e, format!("looking up kernel `{name}` in the {} module", family.name())))?;
+        self.inner
             .functions
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = cache.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self
-            .inner
-            .module
-            .load_function(name)
-            .map_err(|e| Error::driver(e, format!("looking up kernel `{name}`")))?;
-        cache.insert(name, f.clone());
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, f.clone());
         Ok(f)
+    }
+
+    fn cached_function(&self, name: &str) -> Option<CudaFunction> {
+        let cache = self.inner.functions.lock().unwrap_or_else(|p| p.into_inner());
+        cache.get(name).cloned()
+    }
+
+    /// Loads `family`'s module now if it is not loaded yet (ops load theirs on first use; call this to
+    /// move that cost to a moment of your choosing) and says how it was loaded.
+    pub fn load_family(&self, family: Family) -> Result<ModuleLoad> {
+        self.module(family)?;
+        let slot = self.inner.modules[family.index()].lock().unwrap_or_else(|p| p.into_inner());
+        Ok(slot.as_ref().expect("module() filled the slot").info.clone())
+    }
+
+    /// The families loaded so far on this handle, and how.
+    pub fn loaded_modules(&self) -> Vec<ModuleLoad> {
+        self.inner
+            .modules
+            .iter()
+            .filter_map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.info.clone()))
+            .collect()
+    }
+
+    fn module(&self, family: Family) -> Result<Arc<CudaModule>> {
+        let mut slot = self.inner.modules[family.index()]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = slot.as_ref() {
+            return Ok(m.module.clone());
+        }
+        let (major, arch) = (self.inner.compute_capability.0, self.inner.arch);
+        let image = crate::modules::image_for(family, arch, major, self.inner.prefer_ptx);
+        let load = |image: &ModuleImage| {
+            let started = Instant::now();
+            let src = match *image {
+                ModuleImage::Cubin { bytes, .. } => cudarc::nvrtc::Ptx::from_binary(bytes.to_vec()),
+                ModuleImage::Ptx { text, .. } => cudarc::nvrtc::Ptx::from_src(text),
+            };
+            self.inner.ctx.load_module(src).map(|m| (m, started.elapsed()))
+        };
+        let mut cubin_refused = None;
+        let (module, load_time, used) = match load(&image) {
+            Ok((m, t)) => (m, t, image),
+            Err(e) => {
+                let ModuleImage::Cubin { arch, .. } = image else {
+                    return Err(Error::driver(e, format!("loading the {} module ({})", family.name(), image.describe())));
+                };
+                // A driver older than the ptxas that built the cubin refuses it; its PTX may still JIT.
+                cubin_refused = Some(format!("{e:?}"));
+                let ptx = crate::modules::image_for(family, arch, major, true);
+                let (m, t) = load(&ptx).map_err(|e2| {
+                    Error::driver(e2, format!("loading the {} module as PTX {arch} after the driver refused its cubin ({e:?})", family.name()))
+                })?;
+                (m, t, ptx)
+            }
+        };
+        let info = ModuleLoad { family, image: used.describe(), bytes: used.bytes(), load_time, cubin_refused };
+        *slot = Some(LoadedModule { module: module.clone(), info });
+        Ok(module)
     }
 
     /// A kernel attribute (registers per thread, largest block it can launch with, ...).

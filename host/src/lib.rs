@@ -28,15 +28,16 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod launch;
+pub mod modules;
 pub mod ops;
-pub mod ptx;
 pub mod replace;
 pub mod shape;
 pub mod tensor;
 #[doc(hidden)]
 pub mod testing;
 
-pub use device::{Gpu, MemoryStats, driver_present};
+pub use device::{Build, Gpu, MemoryStats, ModuleLoad, driver_present};
+pub use modules::Family;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use tensor::{HostTensor, Tensor};

@@ -4,11 +4,10 @@
 //! masked rows) must match exactly. Outputs are poisoned (NaN) before every launch; seeds are printed.
 //! `RGK_FUZZ_CASES=n` runs only the first n cases of each grid (the first six are the sanitizer set).
 //!
-//! The Hopper wgmma variant (`flash_forward_variant(.., 1)`, sm_90 only; SKIP elsewhere) is tested in
-//! layers, so one run tells which layer is wrong: `wgmma_layer1_*` (one warpgroup product, both
-//! operands K-major from swizzled shared memory: the `Q K^T` form), `wgmma_layer2_*` (A from
-//! registers, B MN-major: the `P V` form), `wgmma_layer3_*` (the full forward through this file's
-//! grid and checks).
+//! Every shipped FlashAttention kernel runs the whole grid, not only the shapes the default dispatch
+//! sends it: the Hopper wgmma kernels (`flash_forward_variant(.., 1 | 2 | 4)`, the sm_90 build; SKIP
+//! elsewhere) in the `wgmma_*` tests, and the `mma.sync` kernel of the sm_80 build (variant 0) in the
+//! `mma_sync_*` tests, on a 9.0 device through a `Build::Portable` handle.
 mod common;
 use common::*;
 use host::ops::attention::{self, AttentionParams, Causal, reference};
@@ -29,13 +28,13 @@ struct Case {
 enum Path {
     Flash,
     Naive,
-    /// `flash_forward_variant(.., v)`, `v` in [`WGMMA_VARIANTS`]: the wgmma kernels.
-    FlashWgmma(u32),
+    /// `flash_forward_variant(.., v)`: kernel `v` (see `attention::FLASH_VARIANTS`).
+    Kernel(u32),
 }
 
-/// The wgmma variants of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax),
-/// 3 (as 2 with 128-key tiles at D = 64), 4 (as 3 with one warpgroup, 64 query rows, a CTA).
-const WGMMA_VARIANTS: [u32; 4] = [1, 2, 3, 4];
+/// The wgmma kernels of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax,
+/// D = 64), 4 (overlapped, one warpgroup of 64 query rows a CTA, 128-key tiles, D = 64).
+const WGMMA_VARIANTS: [u32; 3] = [1, 2, 4];
 
 const SMALL: [usize; 5] = [1, 17, 97, 128, 200];
 const KINDS: [(usize, DType); 4] = [
@@ -190,7 +189,7 @@ fn run(path: Path, gpu: &Gpu, inputs: &[HostTensor; 3], p: &AttentionParams) -> 
     match path {
         Path::Flash => attention::flash_forward(&q, &k, &v, p),
         Path::Naive => attention::naive_forward(&q, &k, &v, p),
-        Path::FlashWgmma(variant) => attention::flash_forward_variant(&q, &k, &v, p, variant),
+        Path::Kernel(variant) => attention::flash_forward_variant(&q, &k, &v, p, variant),
     }
     .unwrap()
 }
@@ -206,6 +205,11 @@ fn check_paths(paths: &[Path], gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case
     let p = params(c);
     let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();
     for &path in paths {
+        if let Path::Kernel(v) = path
+            && !attention::flash_variant_supported(gpu, v, c.head_dim)
+        {
+            continue;
+        }
         let (o, lse) = run(path, gpu, &x, &p);
         assert_eq!(o.shape(), &[c.batch, c.heads, c.seq_q, c.head_dim]);
         assert_eq!(lse.shape(), &[c.batch, c.heads, c.seq_q]);
@@ -419,12 +423,12 @@ fn gpu_validation_errors_before_launch() {
     assert!(attention::flash_forward(&q, &k3, &k3, &p).is_err());
 }
 
-/// The GPU when it can run the wgmma variant (an sm_90 device); otherwise prints SKIP.
+/// The GPU when it can run the wgmma kernels (an sm_90 device); otherwise prints SKIP.
 fn wgmma_gpu_or_skip(test: &str) -> Option<Gpu> {
     let gpu = gpu_or_skip(test)?;
-    if !attention::flash_variant_supported(&gpu, 1) {
+    if !attention::flash_variant_supported(&gpu, 1, 64) {
         println!(
-            "SKIP {test}: the wgmma variant needs an sm_90 device (this one loads the {} PTX)",
+            "SKIP {test}: the wgmma kernels need an sm_90 device (this one runs the {} build)",
             gpu.ptx_arch()
         );
         return None;
@@ -432,121 +436,46 @@ fn wgmma_gpu_or_skip(test: &str) -> Option<Gpu> {
     Some(gpu)
 }
 
-/// Runs one wgmma layer probe on random small integers (every product and sum exact in f32, so the
-/// result must equal the CPU product bit for bit) and reports the first mismatch.
-fn check_probe(layer: &str, gpu: &Gpu, rng: &mut rand::rngs::StdRng, probe: attention::WgmmaProbe) {
-    use rand::Rng;
-    let n = probe.n();
-    let a: Vec<f32> = (0..64 * 128)
-        .map(|_| rng.random_range(-4i32..=4) as f32)
-        .collect();
-    let b: Vec<f32> = (0..n * 128)
-        .map(|_| rng.random_range(-4i32..=4) as f32)
-        .collect();
-    let b_shape = if probe.b_is_nk() { [n, 128] } else { [128, n] };
-    let at = Tensor::from_f32(gpu, &a, &[64, 128], DType::F16).unwrap();
-    let bt = Tensor::from_f32(gpu, &b, &b_shape, DType::F16).unwrap();
-    let c = attention::wgmma_probe(&at, &bt, probe)
-        .unwrap_or_else(|e| panic!("{layer} {probe:?}: launch failed: {e}"))
-        .to_vec()
-        .unwrap();
-    let b_at = |kk: usize, j: usize| {
-        if probe.b_is_nk() {
-            b[j * 128 + kk]
-        } else {
-            b[kk * n + j]
-        }
-    };
-    for i in 0..64 {
-        for j in 0..n {
-            let want: f32 = (0..128).map(|kk| a[i * 128 + kk] * b_at(kk, j)).sum();
-            let got = c[i * n + j];
-            if got != want {
-                // A second mismatch in the same row/column helps tell a permutation from a scale.
-                let wrong = c
-                    .iter()
-                    .enumerate()
-                    .filter(|&(x, &v)| {
-                        let (r, col) = (x / n, x % n);
-                        v != (0..128)
-                            .map(|kk| a[r * 128 + kk] * b_at(kk, col))
-                            .sum::<f32>()
-                    })
-                    .count();
-                // Where to look first (gpu/src/dev/wgmma.rs): the N = 64 probes use one 64-column
-                // panel, the N = 128 ones two; only the MN-major form (rs) uses the leading byte
-                // offset (the panel stride).
-                let hint = match probe {
-                    attention::WgmmaProbe::SsN64 => {
-                        "K-major descriptor: start-address k step (+32 B), SBO 1024, swizzle mode, or the cp.async swizzle"
-                    }
-                    attention::WgmmaProbe::SsN128 => {
-                        "K-major B of 128 rows (N = 128) if SsN64 passed"
-                    }
-                    attention::WgmmaProbe::RsN64 => {
-                        "A register fragment order, or the MN-major SBO / k step (+2048 B)"
-                    }
-                    attention::WgmmaProbe::RsN128 => {
-                        "MN-major LBO (panel stride) if RsN64 passed: try swapping LBO and SBO"
-                    }
-                };
-                panic!(
-                    "{layer} {probe:?} FAILED: first mismatch at C[{i}][{j}] (flat {}): got {got}, want \
-                     {want}; {wrong} of {} elements wrong. Suspect: {hint}",
-                    i * n + j,
-                    64 * n
-                );
-            }
-        }
-    }
-    println!("{layer} {probe:?}: ok");
+/// A handle on the sm_80 build, whose FlashAttention is the `mma.sync` kernel (on an sm_90 device its
+/// PTX is JIT-compiled once).
+fn portable_gpu_or_skip(test: &str) -> Option<Gpu> {
+    gpu_or_skip(test)?;
+    let gpu = Gpu::with_build(0, host::Build::Portable).unwrap();
+    gpu.set_poison_outputs(true);
+    Some(gpu)
 }
 
 #[test]
-fn wgmma_layer1_smem_operands_k_major() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer1_smem_operands_k_major") else {
+fn mma_sync_flash_forward_matches_reference_over_the_grid() {
+    let Some(gpu) = portable_gpu_or_skip("mma_sync_flash_forward_matches_reference_over_the_grid")
+    else {
         return;
     };
-    let mut rng = rng("wgmma_layer1");
-    for probe in [attention::WgmmaProbe::SsN64, attention::WgmmaProbe::SsN128] {
-        check_probe(
-            "layer 1 (A, B K-major from swizzled smem)",
-            &gpu,
-            &mut rng,
-            probe,
-        );
+    let mut rng = rng("mma_sync_flash_grid");
+    let cases = flash_cases();
+    for c in cases.iter().take(fuzz_cases(cases.len())) {
+        check(Path::Kernel(0), &gpu, &mut rng, c);
     }
 }
 
 #[test]
-fn wgmma_layer2_register_a_mn_major_b() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer2_register_a_mn_major_b") else {
-        return;
-    };
-    let mut rng = rng("wgmma_layer2");
-    for probe in [attention::WgmmaProbe::RsN64, attention::WgmmaProbe::RsN128] {
-        check_probe("layer 2 (A registers, B MN-major)", &gpu, &mut rng, probe);
-    }
-}
-
-#[test]
-fn wgmma_layer3_flash_forward_matches_reference_over_the_grid() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_flash_forward_matches_reference_over_the_grid")
+fn wgmma_flash_forward_matches_reference_over_the_grid() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_flash_forward_matches_reference_over_the_grid")
     else {
         return;
     };
     let mut rng = rng("wgmma_flash_grid");
     let cases = flash_cases();
-    let paths = WGMMA_VARIANTS.map(Path::FlashWgmma);
+    let paths = WGMMA_VARIANTS.map(Path::Kernel);
     for c in cases.iter().take(fuzz_cases(cases.len())) {
         check_paths(&paths, &gpu, &mut rng, c);
     }
-    println!("layer 3 (flash forward): grid ok for variants {WGMMA_VARIANTS:?}");
+    println!("wgmma flash forward: grid ok for kernels {WGMMA_VARIANTS:?}");
 }
 
 #[test]
-fn wgmma_layer3_flash_forward_is_bit_identical_over_100_runs() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_flash_forward_is_bit_identical_over_100_runs")
+fn wgmma_flash_forward_is_bit_identical_over_100_runs() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_flash_forward_is_bit_identical_over_100_runs")
     else {
         return;
     };
@@ -560,6 +489,9 @@ fn wgmma_layer3_flash_forward_is_bit_identical_over_100_runs() {
             (variant, case(2, 3, 1025, 1025, 64, Causal::No, DType::F16)),
         ]
     }) {
+        if !attention::flash_variant_supported(&gpu, variant, c.head_dim) {
+            continue;
+        }
         let x = inputs(&mut rng, &c);
         let [q, k, v] = x.each_ref().map(|t| Tensor::from_host(&gpu, t).unwrap());
         let p = params(&c);
@@ -578,8 +510,8 @@ fn wgmma_layer3_flash_forward_is_bit_identical_over_100_runs() {
 }
 
 #[test]
-fn wgmma_layer3_fully_masked_rows_and_empty_keys() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_fully_masked_rows_and_empty_keys") else {
+fn wgmma_fully_masked_rows_and_empty_keys() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_fully_masked_rows_and_empty_keys") else {
         return;
     };
     let mut rng = rng("wgmma_fully_masked");
@@ -587,9 +519,12 @@ fn wgmma_layer3_fully_masked_rows_and_empty_keys() {
         .into_iter()
         .flat_map(|v| KINDS.map(|k| (v, k)))
     {
+        if !attention::flash_variant_supported(&gpu, variant, d) {
+            continue;
+        }
         let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
         let x = inputs(&mut rng, &c);
-        let (o, lse) = run(Path::FlashWgmma(variant), &gpu, &x, &params(&c));
+        let (o, lse) = run(Path::Kernel(variant), &gpu, &x, &params(&c));
         let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
         for head in 0..c.batch * c.heads {
             for i in 0..c.seq_q {
@@ -617,8 +552,8 @@ fn wgmma_layer3_fully_masked_rows_and_empty_keys() {
 }
 
 #[test]
-fn wgmma_layer3_custom_scale_is_applied() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_layer3_custom_scale_is_applied") else {
+fn wgmma_custom_scale_is_applied() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_custom_scale_is_applied") else {
         return;
     };
     let mut rng = rng("wgmma_custom_scale");
@@ -626,33 +561,42 @@ fn wgmma_layer3_custom_scale_is_applied() {
         .into_iter()
         .flat_map(|v| KINDS.map(|k| (v, k)))
     {
-        let what = format!("wgmma variant {variant} D{d} {dtype:?} ");
-        check_custom_scales(Path::FlashWgmma(variant), &gpu, &mut rng, d, dtype, &what);
+        if !attention::flash_variant_supported(&gpu, variant, d) {
+            continue;
+        }
+        let what = format!("wgmma kernel {variant} D{d} {dtype:?} ");
+        check_custom_scales(Path::Kernel(variant), &gpu, &mut rng, d, dtype, &what);
     }
 }
 
 #[test]
-fn wgmma_variant_refuses_what_it_cannot_run() {
-    let Some(gpu) = gpu_or_skip("wgmma_variant_refuses_what_it_cannot_run") else {
+fn flash_kernel_selector_refuses_what_the_build_does_not_have() {
+    let Some(gpu) = gpu_or_skip("flash_kernel_selector_refuses_what_the_build_does_not_have") else {
         return;
     };
-    let q = Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * 64], &[1, 2, 8, 64], DType::F16).unwrap();
+    let t = |d: usize, dtype: DType| {
+        Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * d], &[1, 2, 8, d], dtype).unwrap()
+    };
+    let (q, q128) = (t(64, DType::F16), t(128, DType::F16));
     let p = AttentionParams::default();
     let e = attention::flash_forward_variant(&q, &q, &q, &p, 7).unwrap_err();
-    assert!(e.to_string().contains("variant 7"), "{e}");
-    let r = attention::flash_forward_variant(&q, &q, &q, &p, 1);
-    if attention::flash_variant_supported(&gpu, 1) {
-        r.unwrap();
-        attention::flash_forward_variant(&q, &q, &q, &p, 2).unwrap();
-        attention::flash_forward_variant(&q, &q, &q, &p, 3).unwrap();
-        attention::flash_forward_variant(&q, &q, &q, &p, 4).unwrap();
+    assert!(e.to_string().contains("kernel 7"), "{e}");
+    if gpu.ptx_arch() == "sm_90" {
+        for v in WGMMA_VARIANTS {
+            attention::flash_forward_variant(&q, &q, &q, &p, v).unwrap();
+        }
+        attention::flash_forward_variant(&q128, &q128, &q128, &p, 1).unwrap();
+        for v in [0, 2, 4] {
+            let e = attention::flash_forward_variant(&q128, &q128, &q128, &p, v).unwrap_err();
+            assert!(e.to_string().contains("head dim 128"), "{e}");
+        }
         // Same validation as the default path: f32 is refused.
-        let q32 =
-            Tensor::from_f32(&gpu, &vec![0.1; 2 * 8 * 64], &[1, 2, 8, 64], DType::F32).unwrap();
+        let q32 = t(64, DType::F32);
         let e = attention::flash_forward_variant(&q32, &q32, &q32, &p, 1).unwrap_err();
         assert!(matches!(e, host::Error::DType { .. }), "{e}");
     } else {
-        let e = r.unwrap_err();
-        assert!(e.to_string().contains("sm_90"), "{e}");
+        attention::flash_forward_variant(&q, &q, &q, &p, 0).unwrap();
+        let e = attention::flash_forward_variant(&q, &q, &q, &p, 1).unwrap_err();
+        assert!(e.to_string().contains("sm_80 build"), "{e}");
     }
 }

@@ -217,12 +217,9 @@ fn sgp_forward_variants_match_reference() {
         shapes.push((rng.random_range(1..700), 4 * rng.random_range(1..257)));
     }
     for variant in [
+        cl::FwdVariant::Cached,
         cl::FwdVariant::V2,
-        cl::FwdVariant::V2OneBarrier,
-        cl::FwdVariant::V3,
         cl::FwdVariant::V3Prefetch,
-        cl::FwdVariant::V3L2,
-        cl::FwdVariant::V3Ring,
     ] {
         for &(b, n) in &shapes {
             for alg in ALGS {
@@ -271,11 +268,11 @@ fn sgp_forward_variants_match_reference() {
     }
 }
 
-/// The backward variant (`sgp_backward_variant`) against the f64 reference from the GPU's saved state,
+/// The backward against the f64 reference from the GPU's saved state,
 /// at sizes that give 1, a few, and many row chunks (partial sums over up to 1000+ chunks).
 #[test]
-fn sgp_backward_variants_match_reference() {
-    let Some(gpu) = gpu_or_skip("sgp_backward_variants_match_reference") else {
+fn sgp_backward_matches_reference_and_is_deterministic() {
+    let Some(gpu) = gpu_or_skip("sgp_backward_matches_reference_and_is_deterministic") else {
         return;
     };
     let mut rng = rng("sgp_bwd_variants");
@@ -292,11 +289,11 @@ fn sgp_backward_variants_match_reference() {
     for _ in 0..fuzz_cases(4) {
         shapes.push((rng.random_range(1..600), rng.random_range(1..700)));
     }
-    for variant in [cl::BwdVariant::V2] {
+    {
         for &(b, n) in &shapes {
             for alg in ALGS {
                 for normalize in NORMS {
-                    let case = format!("sgp bwd {variant:?} {alg:?} B{b} N{n} {normalize:?}");
+                    let case = format!("sgp bwd {alg:?} B{b} N{n} {normalize:?}");
                     let (x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
                     let w = uniform(&mut rng, &[n, alg.paths()], -1.0, 1.0, DType::F32);
                     let go = mv(&mut rng, alg, b, n);
@@ -307,11 +304,10 @@ fn sgp_backward_variants_match_reference() {
                         out: fwd.out.to_host().unwrap(),
                         norms: fwd.norms.as_ref().map(|r| r.to_host().unwrap()),
                     };
-                    let g = cl::sgp_backward_variant(&xd, &yd, &wd, &fwd, &god, variant).unwrap();
+                    let g = cl::sgp_backward(&xd, &yd, &wd, &fwd, &god).unwrap();
                     let gw = cr::sgp_backward(&x, &y, &w, &saved, &go).unwrap();
                     check_sgp_grads(&case, &g, &gw, b, n, normalize);
-                    let again =
-                        cl::sgp_backward_variant(&xd, &yd, &wd, &fwd, &god, variant).unwrap();
+                    let again = cl::sgp_backward(&xd, &yd, &wd, &fwd, &god).unwrap();
                     assert!(
                         bits(&again.grad_weight) == bits(&g.grad_weight)
                             && bits(&again.grad_x) == bits(&g.grad_x),
@@ -590,52 +586,47 @@ fn clifford_rejects_bad_inputs_with_typed_errors() {
     ));
 }
 
-/// Runs without a GPU: every Clifford and matmul entry point the launchers name is in the PTX of both
-/// arches, with the launch bounds of `gpu::params::LAUNCH_BOUNDS` written in (so ptxas capped its
-/// registers for the block sizes the launchers use).
+/// Runs without a GPU: every Clifford entry point the launchers name is in the clifford module of
+/// both builds, with the launch bounds written beside its kernel (so ptxas capped its registers for
+/// the block sizes the launchers use), and the f32 matmul the fc variant mixes features with is in
+/// the matmul module.
 #[test]
-fn clifford_kernels_are_in_the_ptx_with_launch_bounds() {
-    let names = [
-        "sgp2d_fwd_f32",
-        "sgp3d_fwd_f32",
-        "sgp2d_fwd_v2_f32",
-        "sgp3d_fwd_v2_f32",
-        "sgp2d_fwd_v3_f32",
-        "sgp2d_fwd_v3p_f32",
-        "sgp2d_bwd_f32",
-        "sgp3d_bwd_f32",
-        "sgp2d_bwd_v2_f32",
-        "sgp3d_bwd_v2_f32",
-        "chunk_sum_tree_f32",
-        "grade_dot2d_f32",
-        "grade_dot3d_f32",
-        "grade_norm2d_f32",
-        "grade_norm3d_f32",
-        "fc_pairs2d_f32",
-        "fc_pairs3d_f32",
-        "fc_pairs_bwd2d_f32",
-        "fc_pairs_bwd3d_f32",
-        "chunk_sum_f32",
-        "col_sum_partials_f32",
-        "matmul_f32",
+fn clifford_kernels_are_in_their_module_with_launch_bounds() {
+    use gpu::params::clifford::{
+        BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_MAX_BLOCK, FWD_V2_MAX_BLOCK,
+        FWD_V3_BLOCK, ROW_BLOCK,
+    };
+    let bounded = [
+        ("sgp2d_fwd_f32", FWD_MAX_BLOCK, 1),
+        ("sgp3d_fwd_f32", FWD_MAX_BLOCK, 1),
+        ("sgp2d_fwd_v2_f32", FWD_V2_MAX_BLOCK, 1),
+        ("sgp3d_fwd_v2_f32", FWD_V2_MAX_BLOCK, 1),
+        ("sgp2d_fwd_v3p_f32", FWD_V3_BLOCK, 2),
+        ("sgp2d_bwd_v2_f32", BWD_BLOCK, 4),
+        ("sgp3d_bwd_v2_f32", BWD_BLOCK, 3),
+        ("chunk_sum_tree_f32", CHUNK_SUM_WARPS * 32, 2),
+        ("grade_dot2d_f32", ROW_BLOCK, 2),
+        ("grade_dot3d_f32", ROW_BLOCK, 2),
+        ("grade_norm2d_f32", ROW_BLOCK, 2),
+        ("grade_norm3d_f32", ROW_BLOCK, 2),
+        ("fc_pairs2d_f32", ELEM_BLOCK, 2),
+        ("fc_pairs3d_f32", ELEM_BLOCK, 2),
+        ("fc_pairs_bwd2d_f32", FC_BWD_BLOCK, 3),
+        ("fc_pairs_bwd3d_f32", FC_BWD_BLOCK, 3),
     ];
-    for ptx in [host::ptx::SM80, host::ptx::SM90] {
-        let entries = host::ptx::entry_points(ptx);
-        for name in names {
-            assert!(entries.contains(&name), "{name} missing from the PTX");
-            let body = &ptx[ptx.find(&format!(".visible .entry {name}(")).unwrap()..];
-            let head = &body[..body.find('{').unwrap()];
-            if let Some(&(_, threads, blocks)) = gpu::params::LAUNCH_BOUNDS
-                .iter()
-                .find(|(p, _, _)| name.starts_with(p))
-            {
-                assert!(
-                    head.contains(&format!(".maxntid {threads}, 1, 1"))
-                        && head.contains(&format!(".minnctapersm {blocks}")),
-                    "{name}: no launch bounds"
-                );
-            }
+    for arch in ["sm_80", "sm_90"] {
+        for (name, threads, blocks) in bounded {
+            assert_eq!(host::Family::of(name), Some(host::Family::Clifford), "{name}");
+            assert_eq!(
+                host::modules::launch_bounds(name, arch),
+                Some((threads, blocks)),
+                "{name} {arch}: launch bounds"
+            );
         }
+        for name in ["chunk_sum_f32", "col_sum_partials_f32"] {
+            assert_eq!(host::Family::of(name), Some(host::Family::Clifford), "{name}");
+        }
+        assert_eq!(host::Family::of("matmul_simt_nn_f32"), Some(host::Family::Matmul));
     }
     assert_eq!(
         gpu::params::clifford::fwd_block(1 << 20, 4),

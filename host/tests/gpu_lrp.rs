@@ -58,16 +58,9 @@ struct Run {
 }
 
 impl Run {
-    /// Whether both GEMM passes ran on the variant's own kernels (variants 3 to 6: `_v3_`, `_v4_`,
-    /// `_v5_`, `_v6_` names; variant 4 shares variant 3's sums kernel, variant 6 variant 5's kernels
-    /// where its fused sums kernel does not run), not the default's fallback.
+    /// Whether both GEMM passes ran on V5's kernels (`_v5_` names), not the staged fallback.
     fn variant_ran(&self) -> bool {
-        let own = |k: &str| match self.variant {
-            GemmVariant::V5 => k.contains("_v5_"),
-            GemmVariant::V6 => k.contains("_v5_") || k.contains("_v6_"),
-            _ => k.contains("_v3_") || k.contains("_v4_"),
-        };
-        self.kernels.iter().all(|k| own(k))
+        self.kernels.iter().all(|k| k.contains("_v5_"))
     }
 }
 
@@ -303,8 +296,8 @@ fn hand_computed_branches_on_the_gpu() {
     }
 }
 
-/// Variant 3's (and 5's) spread pass with one split finishes in its epilogue (`lrp_spread_v3_finish_f32`:
-/// `|x| G` written directly): shapes whose depth (O <= 256) gives one split, with ragged row and
+/// V5's spread pass with one split finishes in its epilogue (`lrp_spread_v5_finish_f32`: `|x| G`
+/// written directly): shapes whose depth (O <= 256) gives one split, with ragged row and
 /// column tiles, against the reference, the staged kernels and itself across runs.
 #[test]
 fn fused_spread_finish_matches_reference() {
@@ -320,22 +313,12 @@ fn fused_spread_finish_matches_reference() {
         let c = case(&mut rng, rows, ni, no, true, Activation::tanh());
         let name = format!("fused R{rows} I{ni} O{no}");
         let runs = check(&gpu, &name, &c);
-        let v3 = runs.iter().find(|r| r.variant == GemmVariant::V3).unwrap();
+        let run = runs.iter().find(|r| r.variant == GemmVariant::V5).unwrap();
         assert_eq!(
-            v3.kernels[1], "lrp_spread_v3_finish_f32",
-            "{name}: {:?}",
-            v3.kernels
+            run.kernels,
+            ["lrp_sums_v5_f32", "lrp_spread_v5_finish_f32"],
+            "{name}"
         );
-        // Variants 5 and 6 fuse the finish in the same cases (checked against the reference by
-        // `check`); these sums passes have several splits, so variant 6 runs variant 5's kernels.
-        for v in [GemmVariant::V5, GemmVariant::V6] {
-            let run = runs.iter().find(|r| r.variant == v).unwrap();
-            assert_eq!(
-                run.kernels,
-                ["lrp_sums_v5_f32", "lrp_spread_v5_finish_f32"],
-                "{name} {v:?}"
-            );
-        }
         let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
         let (x, rel) = (
             Tensor::from_host(&gpu, &c.x).unwrap(),
@@ -784,71 +767,3 @@ fn one_sign_products_give_exact_zero_sums() {
     }
 }
 
-/// Variant 6 computes the coefficients in the sums pass's epilogue when that pass has one split
-/// (`lrp_sums_v6_coef_f32`): shapes with one split (depth <= 256, or >= 256 output tiles) and ragged
-/// row and output tiles, with and without bias, mono and non-mono saturation, against the reference
-/// (by `check`) and bit for bit against variant 5, whose separate coefficient kernel evaluates the
-/// same function on the same sums.
-#[test]
-fn coefficients_in_sums_epilogue_match_v5_bit_for_bit() {
-    let Some(gpu) = gpu_or_skip("coefficients_in_sums_epilogue_match_v5_bit_for_bit") else {
-        return;
-    };
-    let mut rng = rng("lrp_sums_coef");
-    let cases = [
-        (300usize, 256usize, 1000usize, true, Activation::tanh()),
-        (129, 200, 516, false, non_mono(Func::Sigmoid)),
-        (70, 252, 132, true, Activation::relu()),
-        (65, 64, 8, true, non_mono(Func::Tanh)),
-    ];
-    for (rows, ni, no, bias, act) in cases {
-        let c = case(&mut rng, rows, ni, no, bias, act);
-        let name = format!("sums+coef R{rows} I{ni} O{no}");
-        let runs = check(&gpu, &name, &c);
-        assert_variants_ran(&name, &runs);
-        let (v5, v6) = (
-            runs.iter().find(|r| r.variant == GemmVariant::V5).unwrap(),
-            runs.iter().find(|r| r.variant == GemmVariant::V6).unwrap(),
-        );
-        assert_eq!(
-            v6.kernels[0], "lrp_sums_v6_coef_f32",
-            "{name}: {:?}",
-            v6.kernels
-        );
-        assert_eq!(v5.kernels[0], "lrp_sums_v5_f32", "{name}: {:?}", v5.kernels);
-        let same = v5
-            .out
-            .iter()
-            .zip(&v6.out)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{name}: V6 differs from V5");
-    }
-    // One split by tile count (>= 256 output tiles over a depth of 2048): V6 against V5 only (the
-    // f64 reference of this size is slow), bit for bit, with the saturation of tanh.
-    let (rows, ni, no) = (1000usize, 2048usize, 2100usize);
-    let c = case(&mut rng, rows, ni, no, true, Activation::tanh());
-    let layer = Linear::from_host(&gpu, &c.w, c.b.as_ref()).unwrap();
-    let x = Tensor::from_host(&gpu, &c.x).unwrap();
-    let rel = Tensor::from_host(&gpu, &c.rel).unwrap();
-    assert_eq!(
-        lrp::relevance_kernels(&layer, &x, GemmVariant::V6).unwrap(),
-        ["lrp_sums_v6_coef_f32", "lrp_spread_v5_finish_f32"]
-    );
-    let run = |v| {
-        lrp::relevance_variant(&layer, &x, &rel, &c.act, v)
-            .unwrap()
-            .to_vec()
-            .unwrap()
-    };
-    let (v5, v6) = (run(GemmVariant::V5), run(GemmVariant::V6));
-    let finite = v6.iter().filter(|v| v.is_finite()).count();
-    println!(
-        "sums+coef R{rows} I{ni} O{no}: {finite} of {} finite",
-        v6.len()
-    );
-    assert_eq!(finite, v6.len(), "non-finite relevance");
-    assert!(
-        v5.iter().zip(&v6).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "R{rows} I{ni} O{no}: V6 differs from V5"
-    );
-}

@@ -1,5 +1,5 @@
-//! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels and their tuning variants)
-//! and f32 (the default `matmul_simtv2_*_f32`, `matmul_f32` and the other variants, the `matmul_f32_*` tests).
+//! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels `matmul_tc_*`) and
+//! f32 (the CUDA-core kernels `matmul_simt_*_f32`, the `matmul_f32_*` tests).
 //!
 //! Tolerance, per element: the kernel multiplies f16/bf16 values exactly (a product of two 11- or
 //! 8-bit significands fits fp32's 24), sums them in fp32 and rounds the sum once to the output dtype.
@@ -78,27 +78,14 @@ fn abs_of(t: &HostTensor) -> HostTensor {
 
 /// The inputs of `c` (random, in the dtype), the GPU product, and the inputs kept for the reference.
 fn run(gpu: &Gpu, rng: &mut StdRng, c: &Case) -> (HostTensor, HostTensor, HostTensor) {
-    run_on(gpu, rng, c, None)
-}
-
-/// [`run`] on tensor-core variant `variant` (`matmul::matmul_variant`), or on `matmul` for `None`.
-fn run_on(
-    gpu: &Gpu,
-    rng: &mut StdRng,
-    c: &Case,
-    variant: Option<u32>,
-) -> (HostTensor, HostTensor, HostTensor) {
     let a = uniform(rng, &stored(c.batch_a, c.m, c.k, c.ta), -1.0, 1.0, c.dtype);
     let b = uniform(rng, &stored(c.batch_b, c.k, c.n, c.tb), -1.0, 1.0, c.dtype);
     let (da, db) = (
         Tensor::from_host(gpu, &a).unwrap(),
         Tensor::from_host(gpu, &b).unwrap(),
     );
-    let out = match variant {
-        None => matmul::matmul(&da, &db, c.ta, c.tb),
-        Some(v) => matmul::matmul_variant(&da, &db, c.ta, c.tb, v),
-    }
-    .unwrap_or_else(|e| panic!("{c:?} variant {variant:?}: {e}"))
+    let out = matmul::matmul(&da, &db, c.ta, c.tb)
+        .unwrap_or_else(|e| panic!("{c:?}: {e}"))
     .to_host()
     .unwrap();
     (a, b, out)
@@ -140,10 +127,10 @@ fn check_rows(c: &Case, a: &HostTensor, b: &HostTensor, out: &HostTensor, rows: 
     assert_close(&format!("{c:?}"), &got_all, &want_all, tol(c.dtype));
 }
 
-/// Each case on `variant` (see [`run_on`]), checked on five sampled rows plus the edges.
-fn check_on_sampled_rows(gpu: &Gpu, rng: &mut StdRng, cases: &[Case], variant: Option<u32>) {
+/// Each case, checked on five sampled rows plus the edges.
+fn check_on_sampled_rows(gpu: &Gpu, rng: &mut StdRng, cases: &[Case]) {
     for c in cases {
-        let (a, b, out) = run_on(gpu, rng, c, variant);
+        let (a, b, out) = run(gpu, rng, c);
         let rows = sampled_rows(rng, c.m, 5);
         check_rows(c, &a, &b, &out, &rows);
     }
@@ -235,7 +222,7 @@ fn matmul_large_products_match_on_sampled_rows() {
         case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::BF16),
         case(520, 776, long_k, Transpose::No, Transpose::Yes, DType::F16),
     ];
-    check_on_sampled_rows(&gpu, &mut rng, &cases, None);
+    check_on_sampled_rows(&gpu, &mut rng, &cases);
 }
 
 /// Batched products: both operands batched, or one 2-D operand broadcast over the other's batch;
@@ -348,35 +335,15 @@ fn matmul_f32_still_uses_full_precision() {
     }
 }
 
-/// The tensor-core tuning variants this device can launch (`matmul::matmul_variant`), 1..=N; the
-/// others (192 KiB of shared memory a block needs sm_90) must be refused with an error.
-fn launchable_variants(gpu: &Gpu) -> Vec<u32> {
-    let mut out = vec![];
-    for v in 1..=matmul::TC_VARIANTS {
-        if matmul::matmul_variant_supported(gpu, v).unwrap() {
-            out.push(v);
-        } else {
-            println!("variant {v}: not launchable on {} (skipped)", gpu.name());
-            let a = Tensor::from_host(
-                gpu,
-                &HostTensor::new(vec![0.0; 64], &[8, 8], DType::F16).unwrap(),
-            )
-            .unwrap();
-            assert!(matmul::matmul_variant(&a, &a, Transpose::No, Transpose::No, v).is_err());
-        }
-    }
-    out
-}
-
-/// Every tensor-core tuning variant against the f64 reference, every element: odd and aligned shapes
-/// (tails of every tile size: 128, 256 and 64-deep k), K = 0, a long K (many pipeline trips, the
+/// The tensor-core kernel against the f64 reference, every element: odd and aligned shapes (tails of
+/// every tile size: 128, 256 and 64-deep k), K = 0, a long K (many pipeline trips, the
 /// register-pipelined loop runs on 16-byte rows), every transpose, f16 and bf16; outputs poisoned.
 #[test]
-fn matmul_variants_match_f64_reference() {
-    let Some(gpu) = gpu_or_skip("matmul_variants_match_f64_reference") else {
+fn matmul_tensor_core_tiles_match_f64_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_tensor_core_tiles_match_f64_reference") else {
         return;
     };
-    let mut rng = rng("matmul_variants_match_f64_reference");
+    let mut rng = rng("matmul_tensor_core_tiles_match_f64_reference");
     let shapes = [
         (1, 1, 1),
         (17, 33, 9),
@@ -393,12 +360,12 @@ fn matmul_variants_match_f64_reference() {
         (392, 264, 1032),
     ];
     let n = fuzz_cases(shapes.len()).min(shapes.len());
-    for v in launchable_variants(&gpu) {
+    {
         for &(m, nn, k) in &shapes[..n] {
             for dtype in DTYPES {
                 for (ta, tb) in TRANSPOSES {
                     let c = case(m, nn, k, ta, tb, dtype);
-                    let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                    let (a, b, out) = run(&gpu, &mut rng, &c);
                     check_rows(&c, &a, &b, &out, &all_rows(&c));
                 }
             }
@@ -412,7 +379,7 @@ fn matmul_variants_match_f64_reference() {
                         batch_b,
                         ..case(m, nn, k, ta, tb, DTYPES[m % 2])
                     };
-                    let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                    let (a, b, out) = run(&gpu, &mut rng, &c);
                     check_rows(&c, &a, &b, &out, &all_rows(&c));
                 }
             }
@@ -420,17 +387,17 @@ fn matmul_variants_match_f64_reference() {
     }
 }
 
-/// Large products on every variant, checked on sampled rows: aligned with tails in every dim and a
-/// long K, and the benchmark's odd shape (N = 4097: element-wise B and C).
+/// Large tensor-core products, checked on sampled rows: aligned with tails in every dim and a long
+/// K, and the benchmark's odd shape (N = 4097: element-wise B and C).
 #[test]
-fn matmul_variants_large_products_match_on_sampled_rows() {
-    let Some(gpu) = gpu_or_skip("matmul_variants_large_products_match_on_sampled_rows") else {
+fn matmul_tensor_core_large_products_match_on_sampled_rows() {
+    let Some(gpu) = gpu_or_skip("matmul_tensor_core_large_products_match_on_sampled_rows") else {
         return;
     };
-    let mut rng = rng("matmul_variants_large_products_match_on_sampled_rows");
+    let mut rng = rng("matmul_tensor_core_large_products_match_on_sampled_rows");
     let big = scaled(4095, 300);
     let long_k = scaled(4104, 520);
-    for v in launchable_variants(&gpu) {
+    {
         let cases = [
             case(1032, 1160, long_k, Transpose::No, Transpose::No, DType::F16),
             case(
@@ -445,78 +412,21 @@ fn matmul_variants_large_products_match_on_sampled_rows() {
             case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F16),
             case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F16),
         ];
-        check_on_sampled_rows(&gpu, &mut rng, &cases, Some(v));
+        check_on_sampled_rows(&gpu, &mut rng, &cases);
     }
 }
 
-/// Every variant adds each C element's products in the same order (k ascending, one `mma` per 16),
-/// so it must give the default kernel's bits exactly: aligned (pipelined loop) and odd shapes, every
-/// transpose, both dtypes.
-#[test]
-fn matmul_variants_give_the_default_kernels_bits() {
-    let Some(gpu) = gpu_or_skip("matmul_variants_give_the_default_kernels_bits") else {
-        return;
-    };
-    let mut rng = rng("matmul_variants_give_the_default_kernels_bits");
-    let variants = launchable_variants(&gpu);
-    for (m, n, k) in [(scaled(1024, 256), 768, 1040), (777, 1029, 515)] {
-        for dtype in DTYPES {
-            for (ta, tb) in TRANSPOSES {
-                let a = uniform(&mut rng, &stored(None, m, k, ta), -1.0, 1.0, dtype);
-                let b = uniform(&mut rng, &stored(None, k, n, tb), -1.0, 1.0, dtype);
-                let (da, db) = (
-                    Tensor::from_host(&gpu, &a).unwrap(),
-                    Tensor::from_host(&gpu, &b).unwrap(),
-                );
-                let bits = |v: Option<u32>| -> Vec<u32> {
-                    match v {
-                        None => matmul::matmul(&da, &db, ta, tb),
-                        Some(v) => matmul::matmul_variant(&da, &db, ta, tb, v),
-                    }
-                    .unwrap()
-                    .to_vec()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect()
-                };
-                let want = bits(None);
-                assert!(
-                    want.iter().all(|&w| !f32::from_bits(w).is_nan()),
-                    "default kernel left NaN in {m}x{n}x{k}"
-                );
-                assert!(bits(Some(0)) == want, "variant 0 is not the default kernel");
-                for &v in &variants {
-                    let got = bits(Some(v));
-                    let diff = got.iter().zip(&want).filter(|(g, w)| g != w).count();
-                    assert!(
-                        diff == 0,
-                        "variant {v} {m}x{n}x{k} {dtype} {ta:?} {tb:?}: {diff} elements differ \
-                         from the default kernel"
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// The f32 kernels side by side (`matmul::matmul_variant` with f32 operands): 0 is
-/// `matmul_f32`, 1..=N the double-buffered `matmul_simtv{N}_*_f32` (2 is the default f32 kernel).
-fn f32_variants() -> Vec<u32> {
-    (0..=matmul::F32_VARIANTS).collect()
-}
-
-/// Every f32 variant against the f64 reference on every element (fp32 bound of the module doc,
+/// The f32 kernel against the f64 reference on every element (fp32 bound of the module doc,
 /// u = 2^-24, and the spec's 1e-5 relative 2-norm): odd shapes (1, primes, one past a 128 tile,
 /// K not a multiple of the 8- or 16-deep k-tile, N and K odd so rows are not 16-byte aligned and
 /// the scalar copy path runs), aligned shapes (16-byte path) with tails, K = 0, every transpose,
 /// batched with either operand broadcast; outputs poisoned.
 #[test]
-fn matmul_f32_variants_match_f64_reference() {
-    let Some(gpu) = gpu_or_skip("matmul_f32_variants_match_f64_reference") else {
+fn matmul_f32_tiles_match_f64_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_tiles_match_f64_reference") else {
         return;
     };
-    let mut rng = rng("matmul_f32_variants_match_f64_reference");
+    let mut rng = rng("matmul_f32_tiles_match_f64_reference");
     let shapes = [
         (1, 1, 1),
         (17, 33, 9),
@@ -533,11 +443,11 @@ fn matmul_f32_variants_match_f64_reference() {
         (392, 264, 1032),
     ];
     let n = fuzz_cases(shapes.len()).min(shapes.len());
-    for v in f32_variants() {
+    {
         for &(m, nn, k) in &shapes[..n] {
             for (ta, tb) in TRANSPOSES {
                 let c = case(m, nn, k, ta, tb, DType::F32);
-                let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                let (a, b, out) = run(&gpu, &mut rng, &c);
                 check_rows(&c, &a, &b, &out, &all_rows(&c));
             }
         }
@@ -549,7 +459,7 @@ fn matmul_f32_variants_match_f64_reference() {
                         batch_b,
                         ..case(m, nn, k, ta, tb, DType::F32)
                     };
-                    let (a, b, out) = run_on(&gpu, &mut rng, &c, Some(v));
+                    let (a, b, out) = run(&gpu, &mut rng, &c);
                     check_rows(&c, &a, &b, &out, &all_rows(&c));
                 }
             }
@@ -557,18 +467,18 @@ fn matmul_f32_variants_match_f64_reference() {
     }
 }
 
-/// Large f32 products on every variant, sampled rows: the benchmark's odd shape 4095 x 4097 x 1000
+/// Large f32 products, sampled rows: the benchmark's odd shape 4095 x 4097 x 1000
 /// (B and C rows unaligned: scalar copies for B, scalar stores for C) and an aligned shape with
 /// tails and a long K (many trips through both stages).
 #[test]
-fn matmul_f32_variants_large_products_match_on_sampled_rows() {
-    let Some(gpu) = gpu_or_skip("matmul_f32_variants_large_products_match_on_sampled_rows") else {
+fn matmul_f32_large_products_match_on_sampled_rows() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_large_products_match_on_sampled_rows") else {
         return;
     };
-    let mut rng = rng("matmul_f32_variants_large_products_match_on_sampled_rows");
+    let mut rng = rng("matmul_f32_large_products_match_on_sampled_rows");
     let big = scaled(4095, 300);
     let long_k = scaled(4104, 520);
-    for v in f32_variants() {
+    {
         let cases = [
             case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F32),
             case(
@@ -589,22 +499,19 @@ fn matmul_f32_variants_large_products_match_on_sampled_rows() {
             ),
             case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F32),
         ];
-        check_on_sampled_rows(&gpu, &mut rng, &cases, Some(v));
+        check_on_sampled_rows(&gpu, &mut rng, &cases);
     }
 }
 
-/// Every f32 variant sums each element's products in `matmul_f32`'s order (k ascending, one fma
-/// each), adds the bias, then the old C: variant 0's bits exactly (so the default, variant 2, changes
-/// no result), through the
-/// overwrite, bias-row and accumulate paths the Clifford layers use (`matmul_f32_variant_into`),
-/// on an aligned and an odd shape, every transpose, batched. The result is also checked against
-/// the f64 reference, so a variant and the default cannot agree on a wrong answer.
+/// The overwrite, bias-row and accumulate paths the Clifford layers use (`matmul_f32_into`) against
+/// the f64 reference (product + bias + old C), on an aligned and an odd shape, every transpose,
+/// batched; and the same bits on a second run.
 #[test]
-fn matmul_f32_variants_give_the_default_kernels_bits() {
-    let Some(gpu) = gpu_or_skip("matmul_f32_variants_give_the_default_kernels_bits") else {
+fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_into_bias_and_accumulate_match_f64_reference") else {
         return;
     };
-    let mut rng = rng("matmul_f32_variants_give_the_default_kernels_bits");
+    let mut rng = rng("matmul_f32_into_bias_and_accumulate_match_f64_reference");
     for (m, n, k, batch) in [(scaled(520, 136), 392, 1040, None), (131, 257, 67, Some(2))] {
         for (ta, tb) in TRANSPOSES {
             for (with_bias, accumulate) in [(false, false), (true, false), (true, true)] {
@@ -622,14 +529,14 @@ fn matmul_f32_variants_give_the_default_kernels_bits() {
                     "{m}x{n}x{k} batch {batch:?} {ta:?} {tb:?} bias {with_bias} accumulate \
                      {accumulate}"
                 );
-                let bits = |v: u32| -> Vec<u32> {
+                let bits = || -> Vec<u32> {
                     // Accumulating reads the old C; otherwise the output starts poisoned (NaN).
                     let out = if accumulate {
                         Tensor::from_host(&gpu, &c0).unwrap()
                     } else {
                         Tensor::empty(&gpu, &out_shape, DType::F32).unwrap()
                     };
-                    matmul::matmul_f32_variant_into(
+                    matmul::matmul_f32_into(
                         &da,
                         &db,
                         ta,
@@ -637,13 +544,11 @@ fn matmul_f32_variants_give_the_default_kernels_bits() {
                         with_bias.then_some(&dbias),
                         &out,
                         accumulate,
-                        v,
                     )
-                    .unwrap_or_else(|e| panic!("{what} variant {v}: {e}"));
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
                     out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
                 };
-                let want = bits(0);
-                // Variant 0 against the f64 reference (+ bias + old C).
+                let want = bits();
                 let product = reference::matmul(&a, &b, ta, tb).unwrap();
                 let reference: Vec<f32> = product
                     .data
@@ -662,35 +567,8 @@ fn matmul_f32_variants_give_the_default_kernels_bits() {
                     .collect();
                 let got: Vec<f32> = want.iter().map(|&w| f32::from_bits(w)).collect();
                 assert_close(&what, &got, &reference, tol(DType::F32));
-                for v in 1..=matmul::F32_VARIANTS {
-                    let got = bits(v);
-                    let diff = got.iter().zip(&want).filter(|(g, w)| g != w).count();
-                    assert!(
-                        diff == 0,
-                        "variant {v} {what}: {diff} elements differ from variant 0 (matmul_f32)"
-                    );
-                }
+                assert!(bits() == want, "{what}: a second run changed bits");
             }
         }
     }
-}
-
-/// Unknown f32 variants are refused with an error, not launched.
-#[test]
-fn matmul_f32_unknown_variant_is_refused() {
-    let Some(gpu) = gpu_or_skip("matmul_f32_unknown_variant_is_refused") else {
-        return;
-    };
-    let a = Tensor::from_host(
-        &gpu,
-        &HostTensor::new(vec![0.0; 64], &[8, 8], DType::F32).unwrap(),
-    )
-    .unwrap();
-    let v = matmul::F32_VARIANTS + 1;
-    assert!(matmul::matmul_variant(&a, &a, Transpose::No, Transpose::No, v).is_err());
-    let out = Tensor::empty(&gpu, &[8, 8], DType::F32).unwrap();
-    assert!(
-        matmul::matmul_f32_variant_into(&a, &a, Transpose::No, Transpose::No, None, &out, false, v)
-            .is_err()
-    );
 }

@@ -94,51 +94,6 @@ fn layer_norm_matches_reference() {
     }
 }
 
-/// The forward's 16-byte kernel at every thread count `layer_norm_threads` takes (the benches compare
-/// them): the same math against the f64 reference at rows of whole chunks, poisoned outputs; and a
-/// thread count outside the allowed set, or a row the kernel cannot take, is an error, not a launch.
-#[test]
-fn layer_norm_thread_counts_match_reference() {
-    let Some(gpu) = gpu_or_skip("layer_norm_thread_counts_match_reference") else {
-        return;
-    };
-    let mut rng = rng("layer_norm_thread_counts");
-    for cols in [8usize, 1000, 1024, 4096, 8192] {
-        for dtype in DType::ALL {
-            let rows = rows_for(&mut rng, cols);
-            let (x, g, b) = ln_inputs(&mut rng, rows, cols, dtype);
-            let up = |h: &HostTensor| Tensor::from_host(&gpu, h).unwrap();
-            let (xt, gt, bt) = (up(&x), up(&g), up(&b));
-            let want = lr::layer_norm(&x, &g, &b, None).unwrap();
-            let fewest = gpu::params::layer_norm::block_for(cols as u64);
-            let mut threads = fewest;
-            while threads <= gpu::params::layer_norm::MAX_BLOCK {
-                let case = format!("layer_norm_threads {threads} {dtype} [{rows}, {cols}]");
-                let got = ln::layer_norm_threads(&xt, &gt, &bt, None, threads)
-                    .unwrap_or_else(|e| panic!("{case}: {e}"));
-                check_forward(&case, &got, &want, dtype);
-                threads *= 2;
-            }
-            for bad in [
-                fewest / 2,
-                fewest + 1,
-                2 * gpu::params::layer_norm::MAX_BLOCK,
-            ] {
-                let err = ln::layer_norm_threads(&xt, &gt, &bt, None, bad);
-                assert!(
-                    matches!(err, Err(Error::Invalid { .. })),
-                    "{bad} threads for [{rows}, {cols}] {dtype}: {err:?}"
-                );
-            }
-        }
-    }
-    // 1001 f32 elements are not whole 16-byte chunks: the 16-byte kernel does not apply.
-    let x = Tensor::from_host(&gpu, &uniform(&mut rng, &[3, 1001], -1.0, 1.0, DType::F32)).unwrap();
-    let g = Tensor::from_host(&gpu, &uniform(&mut rng, &[1001], -1.0, 1.0, DType::F32)).unwrap();
-    let err = ln::layer_norm_threads(&x, &g, &g, None, 128);
-    assert!(matches!(err, Err(Error::Invalid { .. })), "{err:?}");
-}
-
 /// The backward's `(dx, dgamma, dbeta)` against the f64 reference from the reference statistics
 /// `(mean, rstd)`; the panic message names `case` (the seed is printed above it).
 fn check_backward(
@@ -189,20 +144,20 @@ fn check_backward(
     );
 }
 
-/// Row lengths for the warp-per-row backward variants: whole 16-byte chunks from one chunk to the
-/// 1024-element limit (lanes with no chunk, partial last slots), and rows that fall back to the shipped
-/// kernels (not whole chunks, longer than 1024).
+/// Row lengths for the warp-per-row backward: whole 16-byte chunks from one chunk to the 1024-element
+/// limit (lanes with no chunk, partial last slots), and rows that fall back to the block-a-row kernels
+/// (not whole chunks, longer than 1024).
 const WARP_COLS: [usize; 16] = [
     1, 3, 4, 8, 12, 64, 100, 128, 136, 504, 768, 1000, 1016, 1024, 1032, 2048,
 ];
 
 #[test]
-fn layer_norm_backward_variants_match_reference() {
-    let Some(gpu) = gpu_or_skip("layer_norm_backward_variants_match_reference") else {
+fn layer_norm_backward_warp_kernel_matches_reference() {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_warp_kernel_matches_reference") else {
         return;
     };
-    let mut rng = rng("layer_norm_backward_variants");
-    for variant in ln::BwdVariant::WARP {
+    let mut rng = rng("layer_norm_backward_warp");
+    {
         for (i, &cols) in WARP_COLS.iter().enumerate() {
             for dtype in DType::ALL {
                 // Rows past the grid's warps (several rows a warp) on some cases: the grid holds
@@ -217,32 +172,26 @@ fn layer_norm_backward_variants_match_reference() {
                 let dy = uniform(&mut rng, &[rows, cols], -1.0, 1.0, dtype);
                 let up = |h: &HostTensor| Tensor::from_host(&gpu, h).unwrap();
                 let (xt, gt, bt) = (up(&x), up(&g), up(&b));
-                let launch =
-                    ln::warp_launch(&gpu, dtype, variant, (rows as u64, cols as u64)).unwrap();
-                let case = format!(
-                    "{} #{i} {dtype} [{rows}, {cols}] (launch {launch:?})",
-                    variant.tag()
-                );
+                let launch = ln::warp_launch(&gpu, dtype, (rows as u64, cols as u64)).unwrap();
+                let case = format!("#{i} {dtype} [{rows}, {cols}] (warp launch {launch:?})");
                 println!("{case}");
                 let (_, mean, rstd) = ln::layer_norm(&xt, &gt, &bt, None).unwrap();
                 let (_, wm, wr) = lr::layer_norm(&x, &g, &b, None).unwrap();
-                let grads =
-                    ln::layer_norm_backward_variant(&xt, &gt, &mean, &rstd, &up(&dy), variant)
-                        .unwrap();
+                let grads = ln::layer_norm_backward(&xt, &gt, &mean, &rstd, &up(&dy)).unwrap();
                 check_backward(&case, &x, &g, (&wm, &wr), &dy, grads);
             }
         }
     }
 }
 
-/// The variants take their own kernel where they apply (so the test above checks them, not the
-/// fallback): rows of whole chunks up to 1024 elements, every dtype.
+/// The warp-per-row kernel runs where it applies (so the test above checks it, not only the
+/// block-a-row fallback): rows of whole chunks up to 1024 elements, every dtype.
 #[test]
-fn layer_norm_backward_variants_launch_the_warp_kernel() {
-    let Some(gpu) = gpu_or_skip("layer_norm_backward_variants_launch_the_warp_kernel") else {
+fn layer_norm_backward_takes_the_warp_kernel_where_it_applies() {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_takes_the_warp_kernel_where_it_applies") else {
         return;
     };
-    for variant in ln::BwdVariant::WARP {
+    {
         for dtype in DType::ALL {
             for (rows, cols, applies) in [
                 (65536u64, 1024u64, true),
@@ -251,16 +200,11 @@ fn layer_norm_backward_variants_launch_the_warp_kernel() {
                 (100, 1026, false),
                 (100, 2048, false),
             ] {
-                let launch = ln::warp_launch(&gpu, dtype, variant, (rows, cols)).unwrap();
-                println!("{} {dtype} [{rows}, {cols}]: {launch:?}", variant.tag());
+                let launch = ln::warp_launch(&gpu, dtype, (rows, cols)).unwrap();
+                println!("{dtype} [{rows}, {cols}]: {launch:?}");
                 // Halves need whole chunks of 8: 1026 is not one for any dtype.
                 let applies = applies && cols % dtype.chunk_elems() as u64 == 0;
-                assert_eq!(
-                    launch.is_some(),
-                    applies,
-                    "{} {dtype} [{rows}, {cols}]",
-                    variant.tag()
-                );
+                assert_eq!(launch.is_some(), applies, "{dtype} [{rows}, {cols}]");
                 if let Some((_, threads, grid, _)) = launch {
                     // No more warps than rows, rounded up to a block.
                     assert!(grid as u64 * (threads as u64 / 32) < rows + threads as u64 / 32);
@@ -268,20 +212,15 @@ fn layer_norm_backward_variants_launch_the_warp_kernel() {
             }
         }
     }
-    // Not the variants: the shipped kernels.
-    assert_eq!(
-        ln::warp_launch(&gpu, DType::F32, ln::BwdVariant::Block, (100, 1024)).unwrap(),
-        None
-    );
 }
 
 #[test]
-fn layer_norm_backward_variants_are_bit_identical_over_runs() {
-    let Some(gpu) = gpu_or_skip("layer_norm_backward_variants_are_bit_identical_over_runs") else {
+fn layer_norm_backward_warp_kernel_is_bit_identical_over_runs() {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_warp_kernel_is_bit_identical_over_runs") else {
         return;
     };
-    let mut rng = rng("layer_norm_backward_variants_determinism");
-    for variant in ln::BwdVariant::WARP {
+    let mut rng = rng("layer_norm_backward_warp_determinism");
+    {
         for (rows, cols, dtype) in [
             (scaled(20_000, 300), 1024, DType::F32),
             (scaled(9_000, 200), 1016, DType::BF16),
@@ -294,14 +233,13 @@ fn layer_norm_backward_variants_are_bit_identical_over_runs() {
             let dy = up(&uniform(&mut rng, &[rows, cols], -1.0, 1.0, dtype));
             let (_, mean, rstd) = ln::layer_norm(&x, &g, &b, None).unwrap();
             let run = || {
-                let (dx, dg, db) =
-                    ln::layer_norm_backward_variant(&x, &g, &mean, &rstd, &dy, variant).unwrap();
+                let (dx, dg, db) = ln::layer_norm_backward(&x, &g, &mean, &rstd, &dy).unwrap();
                 (bits(&dx), bits(&dg), bits(&db))
             };
             let first = run();
             for r in 0..scaled(5, 2) {
                 let again = run();
-                let case = format!("{} {dtype} [{rows}, {cols}] run {r}", variant.tag());
+                let case = format!("{dtype} [{rows}, {cols}] run {r}");
                 assert!(again.1 == first.1, "{case}: dgamma changed");
                 assert!(again.2 == first.2, "{case}: dbeta changed");
                 assert!(again.0 == first.0, "{case}: dx changed");

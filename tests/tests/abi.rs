@@ -18,49 +18,13 @@ fn parameter_structs_have_the_kernel_layout() {
 
 #[test]
 fn tensor_core_matmul_entry_points_exist_for_every_dtype_and_transpose() {
-    for ptx in [host::ptx::SM80, host::ptx::SM90] {
-        let entries = host::ptx::entry_points(ptx);
-        for dtype in ["f16", "bf16"] {
-            for t in ["nn", "nt", "tn", "tt"] {
-                let name = format!("matmul_tc_{t}_{dtype}");
-                assert!(
-                    entries.contains(&name.as_str()),
-                    "missing entry point {name}"
-                );
-                // The launch bound reached the entry: 256 threads, one block per SM.
-                let at = ptx.find(&format!(".entry {name}(")).unwrap();
-                let header = &ptx[at..at + ptx[at..].find("\n{").unwrap()];
-                assert!(
-                    header.contains(".maxntid 256, 1, 1") && header.contains(".minnctapersm 1"),
-                    "{name}: launch bounds missing from\n{header}"
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn tensor_core_matmul_variants_exist_with_their_launch_bounds() {
-    use gpu::params::matmul_tc::VARIANTS;
-    for ptx in [host::ptx::SM80, host::ptx::SM90] {
-        let entries = host::ptx::entry_points(ptx);
-        for (i, cfg) in VARIANTS.iter().enumerate() {
-            for dtype in ["f16", "bf16"] {
-                for t in ["nn", "nt", "tn", "tt"] {
-                    let name = format!("matmul_tcv{}_{t}_{dtype}", i + 1);
-                    assert!(
-                        entries.contains(&name.as_str()),
-                        "missing entry point {name}"
-                    );
-                    let at = ptx.find(&format!(".entry {name}(")).unwrap();
-                    let header = &ptx[at..at + ptx[at..].find("\n{").unwrap()];
-                    let (threads, blocks) = (cfg.threads(), cfg.min_blocks);
-                    assert!(
-                        header.contains(&format!(".maxntid {threads}, 1, 1"))
-                            && header.contains(&format!(".minnctapersm {blocks}")),
-                        "{name}: launch bounds ({threads}, {blocks}) missing from\n{header}"
-                    );
-                }
+    for dtype in ["f16", "bf16"] {
+        for t in ["nn", "nt", "tn", "tt"] {
+            let name = format!("matmul_tc_{t}_{dtype}");
+            assert_eq!(host::Family::of(&name), Some(host::Family::Matmul), "{name}");
+            // The launch bound reached the entry in both builds: 256 threads, one block per SM.
+            for arch in ["sm_80", "sm_90"] {
+                assert_eq!(host::modules::launch_bounds(&name, arch), Some((256, 1)), "{name} {arch}");
             }
         }
     }
@@ -68,8 +32,8 @@ fn tensor_core_matmul_variants_exist_with_their_launch_bounds() {
 
 #[test]
 fn every_ptx_entry_point_is_named_op_dtype() {
-    for ptx in [host::ptx::SM80, host::ptx::SM90] {
-        let entries = host::ptx::entry_points(ptx);
+    for family in host::Family::ALL {
+        let entries = host::modules::images(family).entries;
         assert!(!entries.is_empty());
         for e in entries {
             assert!(

@@ -1,6 +1,8 @@
-//! `cargo xtask bench`: our GPU-timed criterion benches (CUDA events on the ops' stream), the PyTorch
-//! peers measured on the same card in the same invocation (bench/peers.py), and the merged report
-//! (bench/report.py: report.md, report.json, ratio.svg, roofline.svg).
+//! `cargo xtask bench`: the cold-start rows (`cargo xtask coldstart`: `Gpu::new` + the first call of
+//! each op family in fresh processes, unless `--filter` narrows the run), our GPU-timed criterion
+//! benches (CUDA events on the ops' stream), the PyTorch peers measured on the same card in the same
+//! invocation (bench/peers.py), and the merged report (bench/report.py: report.md, report.json,
+//! ratio.svg, roofline.svg; coldstart.md beside them).
 //!
 //! Peers are timed with `--hide-launch` (a short spin kernel queued first), so their samples are GPU
 //! time like ours: criterion runs many launches between two events, which hides our launch cost too.
@@ -99,6 +101,9 @@ pub fn run(args: &Args) -> Result<(), String> {
             (build_bench_binary(&root)?, root.join("bench"))
         }
     };
+    if args.value("--filter").is_none() {
+        crate::coldstart::measure(args.value("--bins").map(Path::new), &out, 3)?;
+    }
     let ours = out.join("ours.json");
     println!("bench: our kernels ({}) ...", bench_bin.display());
     let mut cmd = Command::new(&bench_bin);

@@ -1,12 +1,10 @@
-//! `cargo xtask build-ptx`: builds the PTX for every shipped arch into target/ptx/, runs ptxas on each
-//! when found and prints the per-kernel resource table; fails on spills or local-memory stack in any
-//! hot kernel (every kernel except the readable reference paths listed in `NOT_HOT`).
+//! `cargo xtask build-ptx`: builds every op family's kernel module for every shipped arch into
+//! target/ptx/ (`FAMILY_ARCH.ptx`, and with ptxas `FAMILY_ARCH.cubin`), prints ptxas's per-kernel
+//! resource table, the module sizes and entry-point counts, and fails on spills, local-memory stack or
+//! serialized wgmma in any kernel.
 use crate::util::{Args, Flag, Spec, workspace_root};
 
 include!("../../gpu/ptx_builder.rs");
-
-/// Kernels exempt from the no-spill/no-stack gate: reference paths that are not tuned.
-const NOT_HOT: [&str; 1] = ["naive_"];
 
 pub const SPEC: Spec = Spec {
     task: "build-ptx",
@@ -25,61 +23,70 @@ pub fn run(args: &Args) -> Result<(), String> {
     let out_dir = root.join("target").join("ptx");
     std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
     let ptxas = find_ptxas();
+    println!(
+        "building {} families x {} arches{} ({}) ...",
+        FAMILIES.len(),
+        PTX_ARCHES.len(),
+        if checked { ", checked" } else { "" },
+        ptxas.as_ref().map_or("no ptxas: PTX only".to_string(), |p| format!("ptxas {}", p.display()))
+    );
+    let modules = build_all_modules(
+        &root,
+        &root.join("target").join("ptx-build"),
+        checked,
+        ptxas.as_deref(),
+        &|line| println!("  {line}"),
+    )?;
+    let suffix = if checked { "_checked" } else { "" };
     let mut failures = Vec::new();
-    for arch in PTX_ARCHES {
-        println!(
-            "building gpu -> PTX for {arch}{} ...",
-            if checked { " (checked)" } else { "" }
-        );
-        let ptx = build_gpu_ptx(&root, &root.join("target").join("ptx-build"), arch, checked)?;
-        let file = out_dir.join(format!(
-            "gpu_{arch}{}.ptx",
-            if checked { "_checked" } else { "" }
-        ));
-        std::fs::write(&file, &ptx).map_err(|e| e.to_string())?;
-        println!(
-            "  wrote {} ({} kernels)",
-            file.display(),
-            host::ptx::entry_points(&ptx).len()
-        );
-        let Some(ptxas) = &ptxas else { continue };
-        let table = ptxas_resources(ptxas, &ptx, arch)?;
-        print_table(arch, &table);
-        for k in table
-            .iter()
-            .filter(|k| !NOT_HOT.iter().any(|p| k.name.starts_with(p)))
-        {
+    let (mut ptx_bytes, mut cubin_bytes, mut entries) = (0, 0, 0);
+    println!("\n  {:<16} {:<6} {:>8} {:>10} {:>10}", "family", "arch", "kernels", "PTX B", "cubin B");
+    for m in &modules {
+        let stem = format!("{}_{}{suffix}", m.family, m.arch);
+        std::fs::write(out_dir.join(format!("{stem}.ptx")), &m.ptx).map_err(|e| e.to_string())?;
+        if let Some(c) = &m.cubin {
+            std::fs::write(out_dir.join(format!("{stem}.cubin")), c).map_err(|e| e.to_string())?;
+        }
+        let n = ptx_entry_points(&m.ptx).len();
+        let cubin_len = m.cubin.as_ref().map_or(0, Vec::len);
+        println!("  {:<16} {:<6} {n:>8} {:>10} {cubin_len:>10}", m.family, m.arch, m.ptx.len());
+        (ptx_bytes, cubin_bytes, entries) = (ptx_bytes + m.ptx.len(), cubin_bytes + cubin_len, entries + n);
+    }
+    println!("  {:<16} {:<6} {entries:>8} {ptx_bytes:>10} {cubin_bytes:>10}", "total", "");
+    println!("  wrote {}", out_dir.display());
+    for m in &modules {
+        let Some(report) = &m.ptxas_report else { continue };
+        let table = parse_ptxas_report(report);
+        print_table(&format!("{} {}", m.family, target_cpu(m.arch)), &table);
+        for k in &table {
             if k.wgmma_serialized {
                 failures.push(format!(
-                    "{arch} {}: ptxas serialized its wgmma (Potential Performance Loss)",
-                    k.name
+                    "{} {}: ptxas serialized its wgmma (Potential Performance Loss)",
+                    m.arch, k.name
                 ));
             }
             if k.stack_bytes > 0 || k.spill_stores > 0 || k.spill_loads > 0 {
                 failures.push(format!(
-                    "{arch} {}: {} B stack, {} B spill stores, {} B spill loads",
-                    k.name, k.stack_bytes, k.spill_stores, k.spill_loads
+                    "{} {}: {} B stack, {} B spill stores, {} B spill loads",
+                    m.arch, k.name, k.stack_bytes, k.spill_stores, k.spill_loads
                 ));
             }
         }
     }
     if ptxas.is_none() {
         println!(
-            "ptxas not found: no resource table (pip install nvidia-cuda-nvcc-cu12, or set PTXAS=/path/to/ptxas)"
+            "ptxas not found: no machine code and no resource table (pip install nvidia-cuda-nvcc-cu12, or set PTXAS=/path/to/ptxas)"
         );
     }
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "hot kernels use local memory:\n  {}",
-            failures.join("\n  ")
-        ))
+        Err(format!("kernels use local memory or serialize wgmma:\n  {}", failures.join("\n  ")))
     }
 }
 
-fn print_table(arch: &str, table: &[KernelResources]) {
-    println!("\n  ptxas -arch={arch}: {} kernels", table.len());
+fn print_table(what: &str, table: &[KernelResources]) {
+    println!("\n  ptxas {what}: {} kernels", table.len());
     println!(
         "  {:<32} {:>5} {:>9} {:>7} {:>7}",
         "kernel", "regs", "smem B", "stack B", "spill B"

@@ -4,10 +4,11 @@
 //! bundle/
 //!   run.sh            ./run.sh OUT_DIR [stages]   (stages: doctor tests sanitize bench; default all)
 //!   xtask             this tool (sanitize, bench, profile, doctor run from the bundle)
-//!   tests/<name>      release test binaries (PTX embedded)
+//!   tests/<name>      release test binaries (kernel modules embedded)
 //!   bench/ops         the criterion bench binary; bench/peers.py, bench/report.py
 //!   demo              the README's demo
-//!   ptx/              the PTX per arch, for inspection
+//!   cold_start        the cold-start probe (`xtask coldstart` runs it in fresh processes)
+//!   ptx/              each op family's module per arch (PTX, and cubin where ptxas ran), for inspection
 //! ```
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +16,7 @@ use std::process::Command;
 use crate::util::{Args, Flag, Spec, build_test_binaries, run_checked, workspace_root};
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [tests] [sanitize] [bench] [bench-quick] [compare] [profile] [bisect]
+# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [coldstart] [demo] [tests] [sanitize] [bench] [bench-quick] [compare] [profile] [bisect]
 # Logs go to OUT_DIR. Exit status: non-zero if any stage failed.
 # SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools, SANITIZE_ONLY=gpu_lrp,gpu_matmul the test binaries; BENCH_FLAGS="--quick --no-peers" etc.
 set -u
@@ -32,6 +33,8 @@ stage() { echo; echo "=== $1 ($(date +%T))"; }
 for s in $stages; do
   case "$s" in
     doctor) stage doctor; "$here/xtask" doctor 2>&1 | tee "$out/doctor.log" ;;
+    coldstart) stage coldstart; "$here/xtask" coldstart --bins "$here" --out "$out/coldstart" 2>&1 | tee "$out/coldstart.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    demo) stage demo; "$here/demo" 2>&1 | tee "$out/demo.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     tests)
       stage tests
       for t in "$here"/tests/*; do
@@ -108,12 +111,16 @@ pub fn run(args: &Args) -> Result<(), String> {
         "host",
         "--example",
         "demo",
+        "--example",
+        "cold_start",
     ]))?;
     copy(&root.join("target/release/xtask"), &out.join("xtask"))?;
-    copy(
-        &root.join("target/release/examples/demo"),
-        &out.join("demo"),
-    )?;
+    for example in ["demo", "cold_start"] {
+        copy(
+            &root.join("target/release/examples").join(example),
+            &out.join(example),
+        )?;
+    }
     for bin in build_test_binaries(&root)? {
         let name = bin
             .file_name()
@@ -135,14 +142,15 @@ pub fn run(args: &Args) -> Result<(), String> {
             &out.join("bench").join(script),
         )?;
     }
-    for arch in ["sm_80", "sm_90"] {
-        let ptx = if arch == "sm_80" {
-            host::ptx::SM80
-        } else {
-            host::ptx::SM90
-        };
-        std::fs::write(out.join("ptx").join(format!("gpu_{arch}.ptx")), ptx)
-            .map_err(|e| e.to_string())?;
+    for family in host::Family::ALL {
+        let img = host::modules::images(family);
+        for (arch, build) in [("sm_80", img.sm80), ("sm_90", img.sm90)] {
+            let stem = out.join("ptx").join(format!("{}_{arch}", family.name()));
+            std::fs::write(stem.with_extension("ptx"), build.ptx).map_err(|e| e.to_string())?;
+            if let Some(cubin) = build.cubin {
+                std::fs::write(stem.with_extension("cubin"), cubin).map_err(|e| e.to_string())?;
+            }
+        }
     }
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;

@@ -31,11 +31,32 @@ pub fn run(_args: &Args) -> Result<(), String> {
                 true,
                 "device",
                 &format!(
-                    "{} (compute capability {ma}.{mi}, PTX {} loaded)",
+                    "{} (compute capability {ma}.{mi}, runs the {} build)",
                     gpu.name(),
                     gpu.ptx_arch()
                 ),
             );
+            // Each family's module as this device loads it (a family loads on its first call;
+            // here all of them, to show what each costs).
+            for family in host::Family::ALL {
+                match gpu.load_family(family) {
+                    Ok(m) => line(
+                        m.cubin_refused.is_none(),
+                        &format!("module {}", family.name()),
+                        &format!(
+                            "{}, {} KiB, loaded in {:.3} s{}",
+                            m.image,
+                            m.bytes / 1024,
+                            m.load_time.as_secs_f64(),
+                            m.cubin_refused
+                                .as_ref()
+                                .map(|e| format!(" (the driver refused the cubin: {e})"))
+                                .unwrap_or_default()
+                        ),
+                    ),
+                    Err(e) => line(false, &format!("module {}", family.name()), &e.to_string()),
+                }
+            }
             line(
                 true,
                 "SMs",

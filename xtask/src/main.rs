@@ -12,6 +12,7 @@ mod bench_compare;
 mod bisect;
 mod build_ptx;
 mod bundle;
+mod coldstart;
 mod doctor;
 mod profile;
 mod sanitize;
@@ -28,7 +29,7 @@ struct Task {
 }
 
 /// Every task, in the order `cargo xtask help` lists them.
-const TASKS: [Task; 9] = [
+const TASKS: [Task; 10] = [
     Task {
         spec: &build_ptx::SPEC,
         run: build_ptx::run,
@@ -48,6 +49,10 @@ const TASKS: [Task; 9] = [
     Task {
         spec: &bench_compare::SPEC,
         run: bench_compare::run,
+    },
+    Task {
+        spec: &coldstart::SPEC,
+        run: coldstart::run,
     },
     Task {
         spec: &profile::SPEC,

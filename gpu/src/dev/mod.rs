@@ -19,6 +19,25 @@ pub mod warp;
 #[cfg(target_feature = "sm_90a")]
 pub mod wgmma;
 
+/// Launch bounds of kernel `$entry` (Rust has no `__launch_bounds__`): it is launched with at most
+/// `$threads` threads a block, and `$min_blocks` blocks should fit an SM at once. Write it beside the
+/// kernel. It leaves a comment line in the PTX that the PTX builder (gpu/ptx_builder.rs
+/// `apply_launch_bounds`) turns into `.maxntid $threads, 1, 1` / `.minnctapersm $min_blocks` on that
+/// entry, so ptxas caps registers at `65536 / (threads * min_blocks)` instead of using up to 255 (a
+/// 512-thread block of a 255-register kernel cannot launch at all). Launchers must never exceed
+/// `$threads` (the launch fails with CUDA_ERROR_INVALID_VALUE). A bound naming no entry of the module
+/// fails the build.
+#[macro_export]
+macro_rules! launch_bounds {
+    ($entry:ident, $threads:expr, $min_blocks:expr) => {
+        core::arch::global_asm!(
+            concat!("// rgk:launch_bounds ", stringify!($entry), " {threads} {min_blocks}"),
+            threads = const $threads,
+            min_blocks = const $min_blocks,
+        );
+    };
+}
+
 /// Repeats `$body` once per listed index with `$k` bound to that constant: a guaranteed unroll, so
 /// register arrays indexed by `$k` stay in registers (a run-time index would move them to local memory).
 #[macro_export]

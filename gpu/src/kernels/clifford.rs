@@ -1,4 +1,4 @@
-//! Clifford-algebra layers on Cl(2,0) and Cl(3,0) (../shared/specs/clifford.md).
+//! Clifford-algebra layers on Cl(2,0) and Cl(3,0) (docs/math/clifford.md).
 //!
 //! Tensors are `(C, B, N)` contiguous f32: component c, batch row b, feature n at `c*B*N + b*N + n`, so
 //! consecutive threads take consecutive features and every component load is coalesced. All C
@@ -11,25 +11,28 @@
 //!   block reduces the grade sums of squares with `block::reduce_sum4`, then scales and writes: one read
 //!   of x and y, one write of o. Requires `n <= block * cache` (`fwd_max_cached`); for longer rows the
 //!   host runs it un-normalised and then `grade_norm` (one more read and write of o).
+//! - `sgp{2,3}d_fwd_v2` (one thread a feature, persistent grid) and `sgp2d_fwd_v3p` (4 features a
+//!   thread, 16-byte accesses): the same forward for cards whose bandwidth needs more bytes in flight
+//!   (the host picks by the card's DRAM peak).
 //! - `grade_dot{2,3}d`: per row and grade, `S = sum_n sum_{c in G} go_c * o_c` (norm backward).
-//! - `sgp{2,3}d_bwd`: one thread per feature over a chunk of batch rows (grid y = chunk): norm backward,
-//!   gated inputs recomputed from raw x, y, product and gate backward; the weight gradient of the
-//!   chunk is summed in registers and written as partial `[chunk][n][p]`; `chunk_sum` then adds the
-//!   partials in chunk order. No float atomics anywhere: the same bits on every run.
+//! - `sgp{2,3}d_bwd_v2`: one thread per feature over a chunk of batch rows (grid y = chunk): norm
+//!   backward, gated inputs recomputed from raw x, y, product and gate backward; the weight gradient
+//!   of the chunk is summed in registers and written as partial `[chunk][n][p]`; `chunk_sum_tree`
+//!   then adds the partials in a fixed order. No float atomics anywhere: the same bits on every run.
 //! - `grade_norm{2,3}d`, `grade_norm_bwd{2,3}d`: the norm alone (fully connected variant).
 //! - `fc_pairs{2,3}d`, `fc_pairs_bwd{2,3}d`: the per-feature pair terms of the fully connected variant
-//!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is `matmul_f32`.
+//!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is the f32 matmul.
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
-use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
-use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, prefetch_l2, store_chunk};
-use crate::dev::shared::{check_index, dynamic_base, ld_shared_v4};
+use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
+use crate::dev::shared::check_index;
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_dim_x, block_idx_x, block_idx_y, grid_dim_x, lane_id, thread_idx_x, warp_id,
 };
 use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::clifford::{
-    CHUNK_SUM_WARPS, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V3_BLOCK, FWD_V3_CHUNKS, FWD_V3R_STAGES,
+    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D, FWD_MAX_BLOCK,
+    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, ROW_BLOCK,
     GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D,
     SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads,
 };
@@ -505,7 +508,7 @@ fn load_pair32<A: Algebra>(s: &Sgp, z: Rows32, row: u32, f: u32) -> (Mv, Mv) {
 /// block reduction so those loads are in flight during the barriers and the stores. Offsets are 32-bit
 /// (`C * B * N < 2^31`, checked by the launcher).
 #[inline(always)]
-unsafe fn sgp_fwd_v2<A: Algebra, const ONE_BARRIER: bool>(
+unsafe fn sgp_fwd_v2<A: Algebra>(
     s: Sgp,
     o: SliceMut<f32>,
     r: SliceMut<f32>,
@@ -526,7 +529,6 @@ unsafe fn sgp_fwd_v2<A: Algebra, const ONE_BARRIER: bool>(
     let step = grid_dim_x();
     let mut row = block_idx_x();
     let (mut xv, mut yv) = load_pair32::<A>(&s, z, row, f);
-    let mut parity = 0u32;
     while row < z.rows {
         let (xt, _) = gate::<A>(&xv);
         let (yt, _) = gate::<A>(&yv);
@@ -536,16 +538,10 @@ unsafe fn sgp_fwd_v2<A: Algebra, const ONE_BARRIER: bool>(
         let inv = if normalize != 0 {
             let mut sq = [0.0f32; 4];
             add_grade_squares::<A>(&mut sq, &out);
-            if ONE_BARRIER {
-                let sums = block::reduce_sum4_parity(sq, parity);
-                grade_norms_of::<A>(sums, s.n, &r, row as u64, s.rows)
-            } else {
-                grade_norms::<A>(sq, s.n, &r, row as u64, s.rows)
-            }
+            grade_norms::<A>(sq, s.n, &r, row as u64, s.rows)
         } else {
             [1.0; 4]
         };
-        parity ^= 1;
         if f < z.n {
             let idx = opaque_u32(row) * z.n + f;
             store_mv32::<A>(&o, idx, z.bn, &scale_grades::<A>(&out, &inv));
@@ -705,17 +701,16 @@ fn v3_row_norms(
 /// reaches 0.81: too few bytes in flight a SM for the per-row latency (load, 2 barriers, store). Here a
 /// thread has 128 bytes of loads in flight a row, the norm costs one barrier an iteration (none when a
 /// row is one warp: N <= 128), and weights stay in registers (4 x 10, loaded once; a thread keeps its
-/// features across rows). With `PREFETCH` the next row group's x and y are loaded before the norm's
-/// barrier and the stores (in flight during them; 32 more registers). Persistent grid over row groups.
+/// features across rows). The next row group's x and y are loaded before the norm's barrier and the
+/// stores (in flight during them; 32 more registers). Persistent grid over row groups.
 /// Requires `n % 4 == 0`, `n <= FWD_V3_MAX_N`, `C * B * N < 2^31`, 16-byte aligned bases (launcher).
 #[inline(always)]
-unsafe fn sgp2d_fwd_v3<const PREFETCH: bool, const L2: bool>(
+unsafe fn sgp2d_fwd_v3(
     s: Sgp,
     o: SliceMut<f32>,
     r: SliceMut<f32>,
     normalize: u32,
 ) {
-    type A = Cl2;
     let z = Rows32 {
         rows: s.rows as u32,
         n: s.n as u32,
@@ -733,29 +728,14 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool, const L2: bool>(
     let mut group = block_idx_x();
     let mut parity = 0u32;
     let row_of = |g: u32| g * rows_per_block + slot;
-    let (mut xv, mut yv) = if PREFETCH {
-        v3_load(&s, z, row_of(group), q, active && row_of(group) < z.rows)
-    } else {
-        ([[0.0f32; 4]; 4], [[0.0f32; 4]; 4])
-    };
+    let (mut xv, mut yv) = v3_load(&s, z, row_of(group), q, active && row_of(group) < z.rows);
     while group < groups {
         let row = row_of(opaque_u32(group));
         let valid = active && row < z.rows;
-        if !PREFETCH {
-            (xv, yv) = v3_load(&s, z, row, q, valid);
-        }
         let (out, sq) = v3_products(&xv, &yv, &w);
         let next = group + step;
-        if PREFETCH {
-            let next_row = row_of(next);
-            (xv, yv) = v3_load(&s, z, next_row, q, active && next_row < z.rows);
-        }
-        if L2 {
-            let far_row = row_of(next + step);
-            if active && next + step < groups && far_row < z.rows {
-                v3_prefetch_l2(&s, z, far_row, q);
-            }
-        }
+        let next_row = row_of(next);
+        (xv, yv) = v3_load(&s, z, next_row, q, active && next_row < z.rows);
         let inv = if normalize != 0 {
             let store = if valid && q == 0 { Some(row) } else { None };
             v3_row_norms(sq, warps_per_row, slot, parity, store, z, &r)
@@ -768,117 +748,6 @@ unsafe fn sgp2d_fwd_v3<const PREFETCH: bool, const L2: bool>(
         group = next;
         parity ^= 1;
     }
-}
-
-/// Asks L2 for the x and y chunks of quad `q` of `row` (a valid row and quad).
-#[inline(always)]
-fn v3_prefetch_l2(s: &Sgp, z: Rows32, row: u32, q: u32) {
-    crate::unroll!(c in [0, 1, 2, 3] {
-        let i = v3_chunk(c as u32, row, q, z) as u64;
-        check_index(i as usize * 4 + 3, s.x.len as usize);
-        check_index(i as usize * 4 + 3, s.y.len as usize);
-        // SAFETY: the chunk is inside x and y, as for the loads in `v3_load`.
-        unsafe {
-            prefetch_l2(s.x.chunks(), i);
-            prefetch_l2(s.y.chunks(), i);
-        }
-    });
-}
-
-/// Forward v3r, 2D: [`sgp2d_fwd_v3`]'s work split and math, with x and y arriving through a ring of
-/// `FWD_V3R_STAGES` row groups in dynamic shared memory filled by `cp.async`: while a group is
-/// computed, the next `FWD_V3R_STAGES - 1` are in flight, without holding registers for them (v3p holds
-/// one group in registers: 119 registers). Every thread copies only the chunks it later reads itself,
-/// so its own `cp.async.wait_group` orders copy and read: the ring needs no barrier. Slot
-/// `(stage * 8 + chunk) * FWD_V3_BLOCK + thread` of 16 bytes: a warp's 16-byte reads of one chunk are
-/// 512 consecutive bytes (no bank conflicts). Groups past the end and threads without a quad copy
-/// zeros (`cp.async` with source size 0), as `v3_load` gives for them.
-#[inline(always)]
-unsafe fn sgp2d_fwd_v3r(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
-    type A = Cl2;
-    let z = Rows32 {
-        rows: s.rows as u32,
-        n: s.n as u32,
-        bn: (s.rows * s.n) as u32,
-    };
-    let row_threads = fwd_v3_row_threads(s.n);
-    let rows_per_block = block_dim_x() / row_threads;
-    let warps_per_row = row_threads / 32;
-    let tid = thread_idx_x();
-    let (slot, q) = (tid / row_threads, tid % row_threads);
-    let active = q < z.n / 4;
-    let w = v3_weights(&s, q, active);
-    let groups = z.rows.div_ceil(rows_per_block);
-    let step = grid_dim_x();
-    let row_of = |g: u32| g * rows_per_block + slot;
-    let base = dynamic_base();
-    let ring =
-        |stage: u32, chunk: u32| base + ((stage * FWD_V3_CHUNKS + chunk) * FWD_V3_BLOCK + tid) * 16;
-    // Copies group `g`'s chunks of this thread into `stage` and closes the copy group (an empty group
-    // when `g` is past the end, so every iteration waits on the same count).
-    let issue = |g: u32, stage: u32| {
-        let row = row_of(g);
-        let valid = active && g < groups && row < z.rows;
-        crate::unroll!(c in [0, 1, 2, 3] {
-            let i = if valid { v3_chunk(c as u32, row, q, z) as usize } else { 0 };
-            check_index(i * 4 + 3, s.x.len as usize);
-            check_index(i * 4 + 3, s.y.len as usize);
-            // SAFETY: for a valid row and quad the chunk is inside x and y (as in `v3_load`), 16-byte
-            // aligned (launcher), and x and y are never written; otherwise nothing is read (size 0).
-            // The ring slot is this thread's own, 16-byte aligned (dynamic base 1024-aligned), inside
-            // `FWD_V3R_SMEM`, and read only after this thread waits for the group (below).
-            unsafe {
-                cp_async_16(ring(stage, c as u32), s.x.chunks().add(i) as *const u8, valid);
-                cp_async_16(ring(stage, 4 + c as u32), s.y.chunks().add(i) as *const u8, valid);
-            }
-        });
-        cp_async_commit();
-    };
-    let mut group = block_idx_x();
-    crate::unroll_lt!(k < (FWD_V3R_STAGES - 1) as usize, {
-        issue(group + k as u32 * step, k as u32);
-    });
-    let mut stage = 0u32;
-    let mut parity = 0u32;
-    while group < groups {
-        let row = row_of(opaque_u32(group));
-        let valid = active && row < z.rows;
-        // The group `FWD_V3R_STAGES - 1` ahead goes into the stage this thread finished last iteration.
-        let ahead = if stage == 0 {
-            FWD_V3R_STAGES - 1
-        } else {
-            stage - 1
-        };
-        issue(group + (FWD_V3R_STAGES - 1) * step, ahead);
-        cp_async_wait::<{ FWD_V3R_STAGES - 1 }>();
-        let (mut xv, mut yv) = ([[0.0f32; 4]; 4], [[0.0f32; 4]; 4]);
-        crate::unroll!(c in [0, 1, 2, 3] {
-            // SAFETY: this thread's own slots, whose copies its wait above completed.
-            unsafe {
-                xv[c] = ld_shared_v4(ring(stage, c as u32)).map(f32::from_bits);
-                yv[c] = ld_shared_v4(ring(stage, 4 + c as u32)).map(f32::from_bits);
-            }
-        });
-        let (out, sq) = v3_products(&xv, &yv, &w);
-        let inv = if normalize != 0 {
-            let store = if valid && q == 0 { Some(row) } else { None };
-            v3_row_norms(sq, warps_per_row, slot, parity, store, z, &r)
-        } else {
-            [1.0; 4]
-        };
-        if valid {
-            v3_store(&out, &inv, row, q, z, &o);
-        }
-        group += step;
-        stage = if stage + 1 == FWD_V3R_STAGES {
-            0
-        } else {
-            stage + 1
-        };
-        parity ^= 1;
-    }
-    // Copies of groups past the end (zero-size) are still this thread's pending groups: drain them.
-    cp_async_wait::<0>();
 }
 
 /// Per row and grade: `s[G * rows + b] = sum_n sum_{c in G} go_c o_c` (`o` the normalised output).
@@ -955,50 +824,7 @@ struct SgpGrads {
     partials: SliceMut<f32>,
 }
 
-/// Thread = feature, grid y = chunk of `rows_per_chunk` batch rows.
-#[inline(always)]
-unsafe fn sgp_bwd<A: Algebra>(s: Sgp, g: SgpGrads, rows_per_chunk: u64, normalize: u32) {
-    let f = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
-    if f >= s.n {
-        return;
-    }
-    let chunk = block_idx_y() as u64;
-    let (b0, bn) = (chunk * rows_per_chunk, s.rows * s.n);
-    let b1 = (b0 + rows_per_chunk).min(s.rows);
-    let w = load_weights::<A>(&s.w, f);
-    let mut dw = [0.0f32; 20];
-    let mut b = b0;
-    while b < b1 {
-        let idx = opaque_u64(b) * s.n + f;
-        let mut gu = load_mv::<A>(&g.go, idx, bn);
-        if normalize != 0 {
-            let (mut inv_r, mut coef) = ([0.0f32; 4], [0.0f32; 4]);
-            each_grade!(A, gr {
-                let rg = g.r.get(gr as u64 * s.rows + b);
-                inv_r[gr] = 1.0 / rg;
-                coef[gr] = g.s.get(gr as u64 * s.rows + b) / (s.n as f32 * rg);
-            });
-            gu = norm_bwd::<A>(&gu, &load_mv::<A>(&g.o, idx, bn), &inv_r, &coef);
-        }
-        let (xv, yv) = (load_mv::<A>(&s.x, idx, bn), load_mv::<A>(&s.y, idx, bn));
-        let ((xt, cx), (yt, cy)) = (gate::<A>(&xv), gate::<A>(&yv));
-        let (mut gxt, mut gyt) = ([0.0f32; 8], [0.0f32; 8]);
-        each_term!(A, t, _slot {
-            let (i, j, k, p) = (t.i as usize, t.j as usize, t.k as usize, t.p as usize);
-            gxt[i] = signed_add(gxt[i], t.neg, w[p] * (yt[k] * gu[j]));
-            gyt[k] = signed_add(gyt[k], t.neg, w[p] * (xt[i] * gu[j]));
-            dw[p] = signed_add(dw[p], t.neg, gu[j] * (xt[i] * yt[k]));
-        });
-        store_mv::<A>(&g.gx, idx, bn, &gate_bwd::<A>(&xv, cx, &gxt));
-        store_mv::<A>(&g.gy, idx, bn, &gate_bwd::<A>(&yv, cy, &gyt));
-        b += 1;
-    }
-    each_path!(A, p {
-        g.partials.set((chunk * s.n + f) * A::P as u64 + p as u64, dw[p]);
-    });
-}
-
-/// Backward v2: [`sgp_bwd`]'s schedule (thread = feature, grid y = chunk of rows), inputs through the
+/// Backward: thread = feature, grid y = chunk of `rows_per_chunk` batch rows; inputs through the
 /// read-only cache and the product backward with FMAs: per term `gx~_i += ±(w_p go_j) y~_k` and
 /// `gy~_k += ±(w_p go_j) x~_i` (the product `w_p go_j` shared by the terms of a pair slot), and the
 /// weight gradient per slot, `dw_p += go_j S_s` with `S_s = sum ±x~_i y~_k` (flushed at the slot's last
@@ -1143,8 +969,10 @@ unsafe fn fc_pairs_bwd<A: Algebra>(
     }
 }
 
-macro_rules! clifford_fwd_variants {
-    ($($A:ty: $v2:ident, $v2b:ident;)*) => {$(
+macro_rules! clifford_fwd_v2_entry_points {
+    ($($A:ty: $v2:ident;)*) => {$(
+        // One thread a feature, up to 1024 a block, so at most 64 registers (two blocks of 512 per SM).
+        crate::launch_bounds!($v2, FWD_V2_MAX_BLOCK, 1);
         /// Forward v2 ([`sgp_fwd_v2`]): block = `fwd_v2_block(n)` (one thread a feature), grid = the
         /// blocks resident at once (or fewer, one per row). Same arguments as the fused forward.
         #[unsafe(no_mangle)]
@@ -1152,44 +980,22 @@ macro_rules! clifford_fwd_variants {
             x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>,
             rows: u64, n: u64, normalize: u32,
         ) {
-            unsafe { sgp_fwd_v2::<$A, false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
-        }
-
-        /// Forward v2 with the row norm's block reduction at one barrier a row instead of two
-        /// ([`block::reduce_sum4_parity`]). Same grid, block and arguments as v2.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $v2b(
-            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, o: SliceMut<f32>, r: SliceMut<f32>,
-            rows: u64, n: u64, normalize: u32,
-        ) {
-            unsafe { sgp_fwd_v2::<$A, true>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+            unsafe { sgp_fwd_v2::<$A>(Sgp { x, y, w, rows, n }, o, r, normalize) }
         }
     )*};
 }
 
-clifford_fwd_variants! {
-    Cl2: sgp2d_fwd_v2_f32, sgp2d_fwd_v2b_f32;
-    Cl3: sgp3d_fwd_v2_f32, sgp3d_fwd_v2b_f32;
+clifford_fwd_v2_entry_points! {
+    Cl2: sgp2d_fwd_v2_f32;
+    Cl3: sgp3d_fwd_v2_f32;
 }
 
+// 256-thread blocks holding 4 features x 10 weights, 4 x 8 inputs and 16 outputs a thread, with the
+// next row group prefetched: two blocks a SM, up to 128 registers (three, at 85, spilled 68 bytes).
+crate::launch_bounds!(sgp2d_fwd_v3p_f32, FWD_V3_BLOCK, 2);
 /// Forward v3, 2D ([`sgp2d_fwd_v3`]): block `FWD_V3_BLOCK`, grid = the blocks resident at once (or
 /// fewer, one per row group of `FWD_V3_BLOCK / fwd_v3_row_threads(n)` rows). Same arguments as the
 /// fused forward.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3_f32(
-    x: Slice<f32>,
-    y: Slice<f32>,
-    w: Slice<f32>,
-    o: SliceMut<f32>,
-    r: SliceMut<f32>,
-    rows: u64,
-    n: u64,
-    normalize: u32,
-) {
-    unsafe { sgp2d_fwd_v3::<false, false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
-}
-
-/// [`sgp2d_fwd_v3_f32`] with the next row group's x and y loaded before the norm's barrier.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3p_f32(
     x: Slice<f32>,
@@ -1201,44 +1007,14 @@ pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3p_f32(
     n: u64,
     normalize: u32,
 ) {
-    unsafe { sgp2d_fwd_v3::<true, false>(Sgp { x, y, w, rows, n }, o, r, normalize) }
+    unsafe { sgp2d_fwd_v3(Sgp { x, y, w, rows, n }, o, r, normalize) }
 }
 
-/// [`sgp2d_fwd_v3p_f32`] that also asks L2 for the row group after the next (`prefetch.global.L2`), so
-/// the prefetch load finds it there: two groups in flight for the registers of one.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3l2_f32(
-    x: Slice<f32>,
-    y: Slice<f32>,
-    w: Slice<f32>,
-    o: SliceMut<f32>,
-    r: SliceMut<f32>,
-    rows: u64,
-    n: u64,
-    normalize: u32,
-) {
-    unsafe { sgp2d_fwd_v3::<true, true>(Sgp { x, y, w, rows, n }, o, r, normalize) }
-}
-
-/// Forward v3r ([`sgp2d_fwd_v3r`]): [`sgp2d_fwd_v3_f32`]'s grid and arguments, plus
-/// `FWD_V3R_SMEM` bytes of dynamic shared memory.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn sgp2d_fwd_v3r_f32(
-    x: Slice<f32>,
-    y: Slice<f32>,
-    w: Slice<f32>,
-    o: SliceMut<f32>,
-    r: SliceMut<f32>,
-    rows: u64,
-    n: u64,
-    normalize: u32,
-) {
-    unsafe { sgp2d_fwd_v3r(Sgp { x, y, w, rows, n }, o, r, normalize) }
-}
-
-macro_rules! clifford_bwd_variants {
-    ($($A:ty: $v2:ident;)*) => {$(
-        /// Backward v2 ([`sgp_bwd_v2`]): same grid, block and arguments as the backward.
+macro_rules! clifford_bwd_entry_points {
+    ($($A:ty: $v2:ident, $blocks:expr;)*) => {$(
+        crate::launch_bounds!($v2, BWD_BLOCK, $blocks);
+        /// Backward ([`sgp_bwd_v2`]): grid (ceil(n / BWD_BLOCK), chunks), block `BWD_BLOCK`.
+        /// `partials` is `(chunks, n, P)`.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $v2(
             x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, go: Slice<f32>, o: Slice<f32>, r: Slice<f32>,
@@ -1251,14 +1027,15 @@ macro_rules! clifford_bwd_variants {
     )*};
 }
 
-clifford_bwd_variants! {
-    Cl2: sgp2d_bwd_v2_f32;
-    Cl3: sgp3d_bwd_v2_f32;
+clifford_bwd_entry_points! {
+    Cl2: sgp2d_bwd_v2_f32, 4;
+    Cl3: sgp3d_bwd_v2_f32, 3;
 }
 
 crate::static_shared!(fn chunk_scratch() -> [f32; 256] as CLIFFORD_CHUNK_SUM_SCRATCH);
 const _: () = assert!(CHUNK_SUM_WARPS * 32 == 256);
 
+crate::launch_bounds!(chunk_sum_tree_f32, CHUNK_SUM_WARPS * 32, 2);
 /// `out[i] = sum_{c < chunks} partials[c * len + i]` as a fixed tree, for many chunks: a block of
 /// `CHUNK_SUM_WARPS` warps takes 32 consecutive outputs (grid-stride over such groups); warp `v` sums
 /// chunks `v, v + W, v + 2W, ...` in order (coalesced 128-byte rows, W loads in flight per output
@@ -1300,7 +1077,12 @@ pub unsafe extern "ptx-kernel" fn chunk_sum_tree_f32(
 }
 
 macro_rules! clifford_entry_points {
-    ($($A:ty: $fwd:ident, $bwd:ident, $dot:ident, $norm:ident, $pairs:ident, $pairs_bwd:ident;)*) => {$(
+    ($($A:ty: $fwd:ident, $dot:ident, $norm:ident, $pairs:ident, $pairs_bwd:ident;)*) => {$(
+        crate::launch_bounds!($fwd, FWD_MAX_BLOCK, 1);
+        crate::launch_bounds!($dot, ROW_BLOCK, 2);
+        crate::launch_bounds!($norm, ROW_BLOCK, 2);
+        crate::launch_bounds!($pairs, ELEM_BLOCK, 2);
+        crate::launch_bounds!($pairs_bwd, FC_BWD_BLOCK, 3);
         /// Fused forward: grid = rows (grid-stride), block = `fwd_block(n)`. `r` is `(G, B)` when
         /// `normalize != 0` (else unused, may be empty).
         #[unsafe(no_mangle)]
@@ -1309,17 +1091,6 @@ macro_rules! clifford_entry_points {
             rows: u64, n: u64, normalize: u32,
         ) {
             unsafe { sgp_fwd::<$A>(Sgp { x, y, w, rows, n }, o, r, normalize) }
-        }
-        /// Backward: grid (ceil(n / BWD_BLOCK), chunks(rows)), block `BWD_BLOCK`. `partials` is
-        /// `(chunks, n, P)`.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $bwd(
-            x: Slice<f32>, y: Slice<f32>, w: Slice<f32>, go: Slice<f32>, o: Slice<f32>, r: Slice<f32>,
-            s: Slice<f32>, gx: SliceMut<f32>, gy: SliceMut<f32>, partials: SliceMut<f32>,
-            rows: u64, n: u64, rows_per_chunk: u64, normalize: u32,
-        ) {
-            let g = SgpGrads { go, o, r, s, gx, gy, partials };
-            unsafe { sgp_bwd::<$A>(Sgp { x, y, w, rows, n }, g, rows_per_chunk, normalize) }
         }
         /// Grade dot products `s (G, B)` (with `r` empty), or with `r` the norm backward into `gu`.
         #[unsafe(no_mangle)]
@@ -1347,8 +1118,8 @@ macro_rules! clifford_entry_points {
 }
 
 clifford_entry_points! {
-    Cl2: sgp2d_fwd_f32, sgp2d_bwd_f32, grade_dot2d_f32, grade_norm2d_f32, fc_pairs2d_f32, fc_pairs_bwd2d_f32;
-    Cl3: sgp3d_fwd_f32, sgp3d_bwd_f32, grade_dot3d_f32, grade_norm3d_f32, fc_pairs3d_f32, fc_pairs_bwd3d_f32;
+    Cl2: sgp2d_fwd_f32, grade_dot2d_f32, grade_norm2d_f32, fc_pairs2d_f32, fc_pairs_bwd2d_f32;
+    Cl3: sgp3d_fwd_f32, grade_dot3d_f32, grade_norm3d_f32, fc_pairs3d_f32, fc_pairs_bwd3d_f32;
 }
 
 /// `out[i] = sum_{c < chunks} partials[c * len + i]`, in chunk order. 1-D grid-stride.

@@ -336,23 +336,6 @@ binary_entry_points! {
     div_bf16, div_rows_bf16, div_bcast_bf16, BF16, DIV;
 }
 
-macro_rules! add_tuning_entry_points {
-    ($($name:ident, $t:ty;)*) => {$(
-        /// Tuning variant of the contiguous add: two 16-byte chunks of each operand a thread
-        /// (`KernelPath::Tuned`, the default until run r3), benchmarked next to the default.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(a: Slice<$t>, b: Slice<$t>, out: SliceMut<$t>) {
-            unsafe { zip_contiguous::<_, 2>(a, b, out, apply::<ADD>) }
-        }
-    )*};
-}
-
-add_tuning_entry_points! {
-    add_c2_f32, f32;
-    add_c2_f16, F16;
-    add_c2_bf16, BF16;
-}
-
 macro_rules! unary_entry_points {
     ($($gelu:ident, $gelu_bwd:ident, $reduce_to:ident, $expand:ident, $affine:ident, $t:ty;)*) => {$(
         #[unsafe(no_mangle)]

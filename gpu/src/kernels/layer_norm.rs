@@ -21,7 +21,8 @@ use crate::dev::sync::sync_threads;
 use crate::dev::thread::{block_dim_x, block_idx_x, grid_dim_x, lane_id, thread_idx_x, warp_id};
 use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::layer_norm::{
-    CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS, NARROW_PER_THREAD, PIPE_STAGES, WARP_LANE_ELEMS,
+    CACHE_PER_THREAD, FINISH_COLS, FINISH_WARPS, MAX_BLOCK, NARROW_PER_THREAD, PIPE_MAX_BLOCK,
+    PIPE_STAGES, WARP_LANE_ELEMS, WARP_MAX_WARPS,
 };
 
 const CACHE: usize = CACHE_PER_THREAD as usize;
@@ -785,7 +786,24 @@ unsafe fn param_grads<T: Elem>(
 }
 
 macro_rules! layer_norm_entry_points {
-    ($($fwd:ident, $fwd_vec:ident, $bwd:ident, $bwd_pipe:ident, $bwd_narrow:ident, $bwd_warp2:ident, $bwd_warp3:ident, $fin:ident, $t:ty;)*) => {$(
+    ($($fwd:ident, $fwd_vec:ident, $bwd:ident, $bwd_pipe:ident, $bwd_narrow:ident, $bwd_warp:ident, $fin:ident, $t:ty, $pipe_blocks:expr;)*) => {$(
+        // Without a bound the JIT may use more registers than a 512-thread block allows (the launch
+        // fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): the row caches (x, and in the backward dy
+        // plus the dgamma/dbeta accumulators) must fit the 128 registers a 512-thread block allows.
+        crate::launch_bounds!($fwd, MAX_BLOCK, 1);
+        crate::launch_bounds!($bwd, MAX_BLOCK, 1);
+        crate::launch_bounds!($fin, MAX_BLOCK, 1);
+        // The vector forward (16 values a thread) and the narrow backward (4 elements a thread: x,
+        // dy, xhat, g, gamma, dgamma, dbeta and the next row's x and dy) fit two blocks of 512 per SM.
+        crate::launch_bounds!($fwd_vec, MAX_BLOCK, 2);
+        crate::launch_bounds!($bwd_narrow, MAX_BLOCK, 2);
+        // The pipelined backward: f32 fits 64 registers (two blocks a SM); the halves hold 8 elements
+        // a chunk and spilled at 64, so they get up to 128 (one block).
+        crate::launch_bounds!($bwd_pipe, PIPE_MAX_BLOCK, $pipe_blocks);
+        // Warp per row: dgamma, dbeta and gamma take 96 registers a lane, and ptxas keeps the row's x
+        // and dy across the shuffles. At a cap of 128 they spilled (f32 ~80 B, f16/bf16 ~600 B); at 170
+        // (3 blocks of 4 warps) still 20-48 B; unbounded they take ~205 (8 warps an SM).
+        crate::launch_bounds!($bwd_warp, WARP_MAX_WARPS * 32, 1);
         /// `CACHE_PER_THREAD` (16) elements a thread: rows up to `MAX_CACHED_COLS` in registers.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(
@@ -830,21 +848,13 @@ macro_rules! layer_norm_entry_points {
                 backward::<$t, NARROW>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }, rows_per_chunk)
             }
         }
-        /// Warp-per-row backward, 2 `cp.async` stages a warp (see `backward_warp`; a variant).
+        /// Warp-per-row backward, 2 `cp.async` stages a warp (see `backward_warp`).
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $bwd_warp2(
+        pub unsafe extern "ptx-kernel" fn $bwd_warp(
             x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
             dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64,
         ) {
             unsafe { backward_warp::<$t, 2>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }) }
-        }
-        /// Warp-per-row backward, 3 `cp.async` stages a warp (see `backward_warp`; a variant).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $bwd_warp3(
-            x: Slice<$t>, gamma: Slice<$t>, mean: Slice<f32>, rstd: Slice<f32>, dy: Slice<$t>,
-            dx: SliceMut<$t>, partials: SliceMut<f32>, rows: u64, cols: u64,
-        ) {
-            unsafe { backward_warp::<$t, 3>(Bwd { x, gamma, mean, rstd, dy, dx, partials, rows, cols }) }
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fin(
@@ -856,7 +866,7 @@ macro_rules! layer_norm_entry_points {
 }
 
 layer_norm_entry_points! {
-    layer_norm_f32, layer_norm_vec_f32, layer_norm_backward_f32, layer_norm_backward_pipe_f32, layer_norm_backward_narrow_f32, layer_norm_backward_warp2_f32, layer_norm_backward_warp3_f32, layer_norm_param_grads_f32, f32;
-    layer_norm_f16, layer_norm_vec_f16, layer_norm_backward_f16, layer_norm_backward_pipe_f16, layer_norm_backward_narrow_f16, layer_norm_backward_warp2_f16, layer_norm_backward_warp3_f16, layer_norm_param_grads_f16, F16;
-    layer_norm_bf16, layer_norm_vec_bf16, layer_norm_backward_bf16, layer_norm_backward_pipe_bf16, layer_norm_backward_narrow_bf16, layer_norm_backward_warp2_bf16, layer_norm_backward_warp3_bf16, layer_norm_param_grads_bf16, BF16;
+    layer_norm_f32, layer_norm_vec_f32, layer_norm_backward_f32, layer_norm_backward_pipe_f32, layer_norm_backward_narrow_f32, layer_norm_backward_warp2_f32, layer_norm_param_grads_f32, f32, 2;
+    layer_norm_f16, layer_norm_vec_f16, layer_norm_backward_f16, layer_norm_backward_pipe_f16, layer_norm_backward_narrow_f16, layer_norm_backward_warp2_f16, layer_norm_param_grads_f16, F16, 1;
+    layer_norm_bf16, layer_norm_vec_bf16, layer_norm_backward_bf16, layer_norm_backward_pipe_bf16, layer_norm_backward_narrow_bf16, layer_norm_backward_warp2_bf16, layer_norm_param_grads_bf16, BF16, 1;
 }

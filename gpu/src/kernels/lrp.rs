@@ -1,4 +1,4 @@
-//! Relevance propagation through a linear layer `y = W x + b` (spec: shared/specs/lrp.md), for all rows
+//! Relevance propagation through a linear layer `y = W x + b` (docs/math/lrp.md), for all rows
 //! in one launch sequence, as two matrix-shaped passes:
 //!
 //! 1. `lrp_sums`: per (row r, output j) `A = sum_i |x_ri| |W_ji|` and `S = sum_i x_ri W_ji` — two FMAs per
@@ -33,9 +33,10 @@
 //! tests/gpu_lrp.rs. The abs sum uses the split of `|v|`, which is `(|hi|, sign(v) lo)`
 //! (`dev::mma::split_abs`), not `|lo|`.
 //!
-//! # Variant 3 (`lrp_sums_v3_f32`, `lrp_spread_v3_f32`, `dense_v3_f32`)
-//! The same block tile, warps, 3xTF32 products and split-K; what changes is how stages arrive and how
-//! long a fresh fragment runs (layouts, bank analysis and CPU-emulated checks: `params::lrp::v3`):
+//! # The pipelined passes (`lrp_sums_v5_f32`, `lrp_spread_v5_f32`, `dense_v5_f32`; module `v3`)
+//! What runs wherever the operands allow (the register-staged kernels above are the fallback). The same
+//! block tile, warps, 3xTF32 products and split-K; what changes is how stages arrive and how long a
+//! fresh fragment runs (layouts, bank analysis and CPU-emulated checks: `params::lrp::v3`):
 //! - Stages are `v3::BK = 32` deep (four k-steps) and arrive by 16-byte `cp.async.cg` copies in a
 //!   pipeline of `v3::STAGES = 4` buffers of dynamic shared memory, so three stages of loads are in
 //!   flight while one is computed and no register holds a load. Per stage `kt`, one barrier: wait until
@@ -46,16 +47,21 @@
 //! - Chunks outside the matrix (rows, columns, depth past the split's end) are zero-filled by the copy
 //!   itself (`src_size = 0`); zeros add nothing to either sum. Copies need 16-byte rows: `I` and `O`
 //!   multiples of 4 and 16-byte aligned bases. The host checks that per pass and otherwise runs the
-//!   default kernel (with its own split), so a pass's kernel and summation order follow from the shape
+//!   register-staged kernel (with its own split), so a pass's kernel and summation order follow from the shape
 //!   and the buffers' alignment, never from timing.
 //! - The depths of a k-step are dealt to the fragment slots so that a lane's two values of a row (A) or
 //!   a column (B `[n][k]`) are adjacent depths (`v3::slot_depth`): one `ld.shared.v2` each. The mma
 //!   adds its 8 products in a fixed circuit whatever depth feeds which slot; A and B agree on the deal.
 //! - A fresh fragment covers a whole stage: per tile and product, a chain of 4 k-steps x 3 mma (the
 //!   small terms first within each k-step) from zero, then one round-to-nearest `add` into the f32
-//!   accumulator: a quarter of the default's adds.
+//!   accumulator: a quarter of the register-staged kernels' adds.
+//! - The 3xTF32 split is done by integer operations (`params::lrp::v5`: `hi` rounded as
+//!   `cvt.rna.tf32.f32` rounds it, `lo` truncated): sm_90 has no tf32 conversion instruction and ptxas
+//!   expands each `cvt.rna` into about four, which made half of the issue slots (SASS per warp and
+//!   stage: sums 995 instructions for 192 HMMA, spread 745 for 96; with the integer split 738 and 488).
 //!
-//! Error of variant 3: the split costs the same `3 * 2^-22 |a b|` per product. A chain of `3 s` mma
+//! Error: a product's split costs `5 2^-22 |a b|` (with `cvt.rna`'s split it would be `3 2^-22`; bound
+//! in `params::lrp::v5`); the analysis below is written for `3 2^-22` and holds with that substitution. A chain of `3 s` mma
 //! (`s <= 4` k-steps of the stage) truncates once per mma, each time by up to about an ulp of the
 //! running partial (the model above), which never exceeds `Σ`, the stage's sum of `|a b|` over its 32
 //! depths: at most `12 * 2^-23 Σ ~ 1.4e-6 Σ` per stage partial (the default: about 2 ulp of an 8-term
@@ -71,17 +77,8 @@
 //!
 //! Occupancy: the sums pass holds 64 accumulators and 64 stage partials a thread, so it runs one block
 //! of 8 warps per SM (up to 255 registers); the spread and dense passes (32 + 32) are bounded to 128
-//! registers for two blocks per SM. Variant 4 (`lrp_spread_v4_f32`, `dense_v4_f32`, with variant 3's
-//! sums kernel) is the same code at one block per SM, to measure that choice.
-//!
-//! # Variants 5 and 6 (`lrp_*_v5_f32`, `dense_v5_f32`, `lrp_sums_v6_coef_f32`)
-//! Variant 3's code with the 3xTF32 split done by integer operations (`params::lrp::v5`: `hi`
-//! rounded as `cvt.rna` rounds it, `lo` truncated): sm_90 has no tf32 conversion instruction and
-//! ptxas expands each `cvt.rna.tf32.f32` into about four, which made half of variant 3's issue slots
-//! (SASS per warp and stage: sums 995 instructions for 192 HMMA, spread 745 for 96; variant 5: 738
-//! and 488). Error per product `5 2^-22 |a b|` instead of `3 2^-22` (bound in `params::lrp::v5`).
-//! Variant 6 is variant 5 with `lrp_coeffs_f32` fused into the sums pass's epilogue when that pass
-//! has one split ([`lrp_sums_v6_coef_f32`]).
+//! registers for two blocks per SM. (Other pipelines measured and deleted: docs/PERF_NOTES.md,
+//! "Deleted kernels".)
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragC, mma_tf32, split_abs, split_tf32};
 use crate::dev::shared::SharedScalar;
@@ -101,7 +98,6 @@ crate::static_shared!(fn tile_b() -> [f32; 2 * STAGE_B] as LRP_TILE_B);
 const SUMS: u32 = 0; // acc0 += |a||b|, acc1 += a b; B is [N, K] (K contiguous)
 const DENSE: u32 = 1; // acc0 += a b; B is [N, K]
 const SPREAD: u32 = 2; // acc0 += a |b|; B is [K, N] (N contiguous)
-const ABS: u32 = 3; // acc0 += |a||b|; B is [N, K] (variant 3 only: SUMS's first product alone)
 
 const A_LOADS: usize = (BM * BK / THREADS as u64) as usize;
 const B_LOADS: usize = (BN * BK / THREADS as u64) as usize;
@@ -221,12 +217,6 @@ impl<const N: usize> Split<N> {
             (s.hi[r], s.lo[r]) = crate::params::lrp::v5::split_tf32_fast(v[r]);
         });
         s
-    }
-
-    /// [`Split::of`], or [`Split::of_fast`] when `FAST`.
-    #[inline(always)]
-    fn of_in<const FAST: bool>(v: [f32; N]) -> Self {
-        if FAST { Self::of_fast(v) } else { Self::of(v) }
     }
 
     /// The split of the absolute values.
@@ -554,6 +544,11 @@ unsafe fn nonfinite_partials(x: Slice<f32>, partials: SliceMut<f32>) {
     }
 }
 
+// The register-staged passes: one 256-thread block per SM lets ptxas use up to 255 registers.
+crate::launch_bounds!(lrp_sums_f32, THREADS, 1);
+crate::launch_bounds!(lrp_spread_f32, THREADS, 1);
+crate::launch_bounds!(dense_f32, THREADS, 1);
+
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn lrp_sums_f32(
     x: Slice<f32>,
@@ -625,7 +620,7 @@ pub unsafe extern "ptx-kernel" fn nonfinite_partials_f32(x: Slice<f32>, partials
 /// GEMM-pass variant 3 (module doc, "Variant 3"; layouts in `params::lrp::v3`): 32-deep stages through
 /// a 4-buffer `cp.async` pipeline in dynamic shared memory, a fresh 3xTF32 partial per tile and stage.
 mod v3 {
-    use super::{ABS, Acc, SPREAD, SUMS, Split};
+    use super::{Acc, SPREAD, SUMS, Split};
     use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
     use crate::dev::mem::{Slice, SliceMut};
     use crate::dev::mma::{FragC, mma_tf32};
@@ -791,7 +786,7 @@ mod v3 {
     /// `a_addr` / `b_addr` are this thread's fragment bases in the stage (shared addresses); every load
     /// is base + a constant.
     #[inline(always)]
-    fn compute<const MODE: u32, const FAST: bool>(
+    fn compute<const MODE: u32>(
         a_addr: u32,
         b_addr: u32,
         acc0: &mut Acc,
@@ -811,7 +806,7 @@ mod v3 {
                 // (a0, a2) of row g, (a1, a3) of row g + 8: slots t and t + 4 are adjacent depths.
                 let [a0, a2] = ld2(a_addr, frag_a_delta(mi, s, 0));
                 let [a1, a3] = ld2(a_addr, frag_a_delta(mi, s, 1));
-                a[mi] = Split::of_in::<FAST>([a0, a1, a2, a3]);
+                a[mi] = Split::of_fast([a0, a1, a2, a3]);
             });
             let mut b = [Split::<2> { hi: [0; 2], lo: [0; 2] }; N_TILES];
             crate::unroll_lt!(ni < N_TILES, {
@@ -824,16 +819,13 @@ mod v3 {
                 } else {
                     ld2(b_addr, frag_b_nk_delta(ni, s))
                 };
-                b[ni] = Split::of_in::<FAST>(v);
+                b[ni] = Split::of_fast(v);
             });
             crate::unroll_lt!(mi < M_TILES, {
                 crate::unroll_lt!(ni < N_TILES, {
                     if MODE == SUMS {
                         mma3_chain(&mut t0[mi][ni], &a[mi].abs(), &b[ni].abs());
                         mma3_chain(&mut t1[mi][ni], &a[mi], &b[ni]);
-                    } else if MODE == ABS {
-                        // The same chain as SUMS's first product.
-                        mma3_chain(&mut t0[mi][ni], &a[mi].abs(), &b[ni].abs());
                     } else {
                         mma3_chain(&mut t0[mi][ni], &a[mi], &b[ni]);
                     }
@@ -860,12 +852,11 @@ mod v3 {
     /// The launcher's contract of the default pass, plus: A's and B's bases are 16-byte aligned and
     /// their rows (`depth` floats; B of the spread pass: `cols` floats) a multiple of 4 floats.
     ///
-    /// `FAST`: the 3xTF32 split by integer operations (variant 5, `params::lrp::v5`).
     ///
     /// `FINISH` (SPREAD with one split only): the epilogue writes `|scale| * G` (the relevance,
     /// `lrp_finish`'s product) to `out0` instead of the partial `G`, saving the finishing pass.
     #[inline(always)]
-    pub(super) unsafe fn gemm<const MODE: u32, const FINISH: bool, const FAST: bool>(
+    pub(super) unsafe fn gemm<const MODE: u32, const FINISH: bool>(
         a: Slice<f32>,
         b: Slice<f32>,
         out0: SliceMut<f32>,
@@ -875,7 +866,7 @@ mod v3 {
     ) {
         const { assert!(!FINISH || MODE == SPREAD) };
         // SAFETY: the caller's contract is the main loop's.
-        let (acc0, acc1) = unsafe { mainloop::<MODE, FAST>(a, b, &p) };
+        let (acc0, acc1) = unsafe { mainloop::<MODE>(a, b, &p) };
         let tid = thread_idx_x() as usize;
         let (lane, warp) = (tid & 31, tid >> 5);
         let split = block_idx_z() as u64;
@@ -910,7 +901,7 @@ mod v3 {
     /// # Safety
     /// As [`gemm`].
     #[inline(always)]
-    pub(super) unsafe fn mainloop<const MODE: u32, const FAST: bool>(
+    pub(super) unsafe fn mainloop<const MODE: u32>(
         a: Slice<f32>,
         b: Slice<f32>,
         p: &LrpGemm,
@@ -955,7 +946,7 @@ mod v3 {
                 unsafe { copies.issue::<MODE>(kt + STAGES - 1, smem + write * stage_bytes) };
             }
             cp_async_commit();
-            compute::<MODE, FAST>(
+            compute::<MODE>(
                 a_frag + read * stage_bytes,
                 b_frag + read * stage_bytes,
                 &mut acc0,
@@ -971,86 +962,16 @@ mod v3 {
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn lrp_sums_v3_f32(
-    x: Slice<f32>,
-    w: Slice<f32>,
-    ws_a: SliceMut<f32>,
-    ws_s: SliceMut<f32>,
-    p: LrpGemm,
-) {
-    unsafe { v3::gemm::<SUMS, false, false>(x, w, ws_a, ws_s, x, p) }
-}
+// The GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments of a
+// depth step. The sums pass keeps one block per SM (two accumulator sets and two stage partials: 128
+// registers before any operand); spread and dense ask for two (at most 128 registers).
+crate::launch_bounds!(lrp_sums_v5_f32, THREADS, crate::params::lrp::v3::SUMS_BLOCKS_PER_SM);
+crate::launch_bounds!(lrp_spread_v5_f32, THREADS, crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM);
+crate::launch_bounds!(lrp_spread_v5_finish_f32, THREADS, crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM);
+crate::launch_bounds!(dense_v5_f32, THREADS, crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM);
 
-/// The sums pass as two kernels (`GemmVariant::V3Split`): `A = sum |x||W|` here, `S = x W^T` by
-/// [`dense_v3_f32`]. Each holds one accumulator set, so two blocks fit an SM (the fused sums kernel:
-/// one); each product is chained as in the fused kernel.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn lrp_abs_v3_f32(
-    x: Slice<f32>,
-    w: Slice<f32>,
-    ws_a: SliceMut<f32>,
-    p: LrpGemm,
-) {
-    unsafe { v3::gemm::<ABS, false, false>(x, w, ws_a, ws_a, x, p) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn lrp_spread_v3_f32(
-    coef: Slice<f32>,
-    w: Slice<f32>,
-    ws_g: SliceMut<f32>,
-    p: LrpGemm,
-) {
-    unsafe { v3::gemm::<SPREAD, false, false>(coef, w, ws_g, ws_g, coef, p) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn dense_v3_f32(
-    x: Slice<f32>,
-    w: Slice<f32>,
-    ws: SliceMut<f32>,
-    p: LrpGemm,
-) {
-    unsafe { v3::gemm::<DENSE, false, false>(x, w, ws, ws, x, p) }
-}
-
-/// [`lrp_spread_v3_f32`] with `lrp_finish_f32` fused into its epilogue: `relevance_in = |x| G`
-/// written directly. Only for a pass of one split (`p.k_per_split >= p.depth`, the launcher checks).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn lrp_spread_v3_finish_f32(
-    coef: Slice<f32>,
-    w: Slice<f32>,
-    x: Slice<f32>,
-    relevance_in: SliceMut<f32>,
-    p: LrpGemm,
-) {
-    unsafe { v3::gemm::<SPREAD, true, false>(coef, w, relevance_in, relevance_in, x, p) }
-}
-
-/// Variant 4: [`lrp_spread_v3_f32`]'s code at one block per SM (`params::lrp::v3::V4_SPREAD_BLOCKS_PER_SM`).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn lrp_spread_v4_f32(
-    coef: Slice<f32>,
-    w: Slice<f32>,
-    ws_g: SliceMut<f32>,
-    p: LrpGemm,
-) {
-    unsafe { v3::gemm::<SPREAD, false, false>(coef, w, ws_g, ws_g, coef, p) }
-}
-
-/// Variant 4: [`dense_v3_f32`]'s code at one block per SM.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn dense_v4_f32(
-    x: Slice<f32>,
-    w: Slice<f32>,
-    ws: SliceMut<f32>,
-    p: LrpGemm,
-) {
-    unsafe { v3::gemm::<DENSE, false, false>(x, w, ws, ws, x, p) }
-}
-
-/// Variant 5: [`lrp_sums_v3_f32`] with the 3xTF32 split by integer operations (`params::lrp::v5`).
+/// The sums pass on the `cp.async` pipeline (`v3`) with the 3xTF32 split by integer operations
+/// (`params::lrp::v5`).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn lrp_sums_v5_f32(
     x: Slice<f32>,
@@ -1059,10 +980,10 @@ pub unsafe extern "ptx-kernel" fn lrp_sums_v5_f32(
     ws_s: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SUMS, false, true>(x, w, ws_a, ws_s, x, p) }
+    unsafe { v3::gemm::<SUMS, false>(x, w, ws_a, ws_s, x, p) }
 }
 
-/// Variant 5: [`lrp_spread_v3_f32`] with the integer split.
+/// The spread pass on the `cp.async` pipeline with the integer split.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn lrp_spread_v5_f32(
     coef: Slice<f32>,
@@ -1070,10 +991,11 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v5_f32(
     ws_g: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, false, true>(coef, w, ws_g, ws_g, coef, p) }
+    unsafe { v3::gemm::<SPREAD, false>(coef, w, ws_g, ws_g, coef, p) }
 }
 
-/// Variant 5: [`lrp_spread_v3_finish_f32`] with the integer split (one split only).
+/// [`lrp_spread_v5_f32`] with `lrp_finish_f32` fused into its epilogue: `relevance_in = |x| G`
+/// written directly. Only for a pass of one split (`p.k_per_split >= p.depth`, the launcher checks).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn lrp_spread_v5_finish_f32(
     coef: Slice<f32>,
@@ -1082,10 +1004,10 @@ pub unsafe extern "ptx-kernel" fn lrp_spread_v5_finish_f32(
     relevance_in: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<SPREAD, true, true>(coef, w, relevance_in, relevance_in, x, p) }
+    unsafe { v3::gemm::<SPREAD, true>(coef, w, relevance_in, relevance_in, x, p) }
 }
 
-/// Variant 5: [`dense_v3_f32`] with the integer split.
+/// The dense pass on the `cp.async` pipeline with the integer split.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dense_v5_f32(
     x: Slice<f32>,
@@ -1093,43 +1015,5 @@ pub unsafe extern "ptx-kernel" fn dense_v5_f32(
     ws: SliceMut<f32>,
     p: LrpGemm,
 ) {
-    unsafe { v3::gemm::<DENSE, false, true>(x, w, ws, ws, x, p) }
-}
-
-/// Variant 6: variant 5's sums pass with `lrp_coeffs_f32` fused into its epilogue, for a pass of one
-/// split (`p.k_per_split >= p.depth`, the launcher checks): each thread turns its own `(A, S)` of
-/// row `m`, output `n` into `coef[m][n] = coefficient(A, S, b[n], R[m][n])` (the same f64 function
-/// as `lrp_coeffs_f32`, on the same f32 sums: with one split that kernel's split sum is `0 + A`,
-/// which differs from `A` only in the sign of a zero, and the coefficient takes `max(.., 0)` of
-/// both sums first), so the coefficients are those of variant 5 bit for bit. The A and S workspaces
-/// (2 x 4 bytes an output written and read back) and the elementwise launch are saved.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn lrp_sums_v6_coef_f32(
-    x: Slice<f32>,
-    w: Slice<f32>,
-    rel: Slice<f32>,
-    bias: Slice<f32>,
-    coef: SliceMut<f32>,
-    p: LrpGemm,
-    c: LrpCoeff,
-) {
-    // SAFETY: the launcher's contract of the sums pass (variant 3's, one split).
-    let (acc_a, acc_s) = unsafe { v3::mainloop::<SUMS, true>(x, w, &p) };
-    let tid = thread_idx_x() as usize;
-    let (lane, warp) = (tid & 31, tid >> 5);
-    let (m0, n0) = (block_idx_y() as u64 * BM, block_idx_x() as u64 * BN);
-    crate::unroll_lt!(mi < M_TILES, {
-        crate::unroll_lt!(ni < N_TILES, {
-            crate::unroll!(r in [0, 1, 2, 3] {
-                let (dm, dn) = acc_coords(warp, lane, mi, ni, r);
-                let (m, n) = (m0 + dm, n0 + dn);
-                if m < p.rows && n < p.cols {
-                    let at = m * p.cols + n;
-                    let b = if c.has_bias != 0 { bias.get_ro(n) } else { 0.0 };
-                    let v = coefficient(acc_a[mi][ni][r], acc_s[mi][ni][r], b, rel.get_ro(at), &c);
-                    coef.set(at, v);
-                }
-            });
-        });
-    });
+    unsafe { v3::gemm::<DENSE, false>(x, w, ws, ws, x, p) }
 }

@@ -7,7 +7,7 @@ use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
 use crate::dev::thread::{block_dim_x, block_idx_x, grid_dim_x, thread_idx_x};
 use crate::dev::{block, math};
-use crate::params::softmax::CACHE_PER_THREAD;
+use crate::params::softmax::{CACHE_PER_THREAD, MAX_BLOCK};
 
 const CACHE: usize = CACHE_PER_THREAD as usize;
 // The unrolled loops below list the indices 0..16 literally.
@@ -62,7 +62,7 @@ fn forward_cached<T: Elem>(x: &Slice<T>, y: &SliceMut<T>, base: u64, cols: u64) 
 /// multiple of a chunk's elements (4 f32, 8 f16/bf16) and buffers with 16-byte aligned bases (the host
 /// checks both). Chunk `tid + k * nt` of the row is this thread's k-th; `CACHE` elements a thread, so
 /// `CACHE / per_chunk` chunks. Fewer, wider loads and the 64-register bound of two 512-thread blocks per
-/// SM (`LAUNCH_BOUNDS`) keep one block's loads in flight while the other reduces (rows of 8192 f32 reached
+/// SM (its launch bounds) keep one block's loads in flight while the other reduces (rows of 8192 f32 reached
 /// 0.60 of copy bandwidth with one scalar block per SM).
 #[inline(always)]
 fn forward_vec<T: Elem>(x: &Slice<T>, y: &SliceMut<T>, row: u64, cols: u64) {
@@ -252,6 +252,13 @@ unsafe fn backward<T: Elem>(y: Slice<T>, dy: Slice<T>, dx: SliceMut<T>, rows: u6
 
 macro_rules! softmax_entry_points {
     ($($fwd:ident, $vec:ident, $bwd:ident, $t:ty;)*) => {$(
+        // Without a bound the JIT may use more registers than a 512-thread block allows (the launch
+        // fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); with it, ptxas fits the row caches into 128.
+        // The vector forward holds 16 values a thread in 64 registers: two 512-thread blocks per SM
+        // overlap one block's loads with the other's reductions.
+        crate::launch_bounds!($fwd, MAX_BLOCK, 1);
+        crate::launch_bounds!($vec, MAX_BLOCK, 2);
+        crate::launch_bounds!($bwd, MAX_BLOCK, 1);
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(x: Slice<$t>, y: SliceMut<$t>, rows: u64, cols: u64) {
             unsafe { forward(x, y, rows, cols) }

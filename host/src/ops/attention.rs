@@ -34,7 +34,7 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_WG_D64_K128, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
+    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
     flash_config, flash_wgmma_config, naive,
 };
 
@@ -339,9 +339,10 @@ fn flash_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
     })
 }
 
-/// FlashAttention forward: returns `(O, LSE)`. f16/bf16, head dims [`FLASH_HEAD_DIMS`]. On
-/// compute capability 9.0 (H100/H200) it runs the Hopper `wgmma` kernels (see [`flash_wgmma_variant`]
-/// for which), elsewhere the `mma.sync` FlashAttention-2 kernel; both keep the same contract.
+/// FlashAttention forward: returns `(O, LSE)`. f16/bf16, head dims [`FLASH_HEAD_DIMS`]. With the
+/// sm_90 build (compute capability 9.0: H100/H200) it runs the Hopper `wgmma` kernels (see
+/// [`flash_wgmma_variant`] for which), with the sm_80 build the `mma.sync` FlashAttention-2 kernel;
+/// both keep the same contract.
 pub fn flash_forward(
     q: &Tensor,
     k: &Tensor,
@@ -354,17 +355,17 @@ pub fn flash_forward(
     flash_launch(OP, q, k, v, params, &d, scale, variant)
 }
 
-/// The FlashAttention variant [`flash_forward`] runs (0: the `mma.sync` kernel), chosen from H100
-/// measurements (session 4, runs b2 and d, f16 and bf16 alike; in run d every default row is faster
-/// than SDPA's flash backend, 1.15x to 1.26x):
-/// - D = 128: variant 1 (run b2, S2048: 1.480 ms vs variant 2's 1.537; S8192 5.712 vs 5.790).
+/// The FlashAttention kernel [`flash_forward`] runs (0: the `mma.sync` kernel of the sm_80 build),
+/// chosen from H100 measurements (2026-11-26, commits 00fbcc5 and eb3702d, f16 and bf16 alike; every
+/// default row was faster than SDPA's flash backend, 1.15x to 1.26x):
+/// - D = 128: variant 1 (S2048: 1.480 ms vs the overlapped schedule's 1.537; S8192 5.712 vs 5.790).
 /// - D = 64 when 128-row CTAs would not fill the chip twice over (fewer than two per SM): variant 4,
 ///   one warpgroup (64 rows) a CTA, so twice the CTAs share the SMs. Seed shape B4 H8 S512 (128
-///   CTAs of 128 rows on 132 SMs), run d: 11.3 us vs variant 3's 12.2 and cuDNN's 11.8.
-/// - D = 64 otherwise: variant 2 causal (run b2, S2048: 0.487 vs variant 1's 0.493), variant 1
-///   unmasked (0.843 vs 0.860); variant 4 was 5-6% slower there (run d).
+///   CTAs of 128 rows on 132 SMs): 11.3 us vs 12.2 for 128-row CTAs with 128-key tiles, cuDNN 11.8.
+/// - D = 64 otherwise: variant 2 causal (S2048: 0.487 vs variant 1's 0.493), variant 1 unmasked
+///   (0.843 vs 0.860); variant 4 was 5-6% slower there.
 fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> u32 {
-    if !flash_variant_supported(gpu, 1) {
+    if gpu.ptx_arch() != "sm_90" {
         return 0;
     }
     let ctas_of_128_rows = d.seq_q.div_ceil(128) as u64 * d.heads as u64 * d.batch as u64;
@@ -434,9 +435,9 @@ fn flash_launch(
     Ok((o, lse))
 }
 
-/// The wgmma (Hopper) kernel of variant 1 (plain schedule), 2 (overlapped), 3 (overlapped, 128-key
-/// tiles at D = 64) or 4 (as 3 with one warpgroup, 64 query rows, a CTA) for a head dim and dtype,
-/// with its config; at D = 128 variants 3 and 4 run variant 2's kernel.
+/// The wgmma (Hopper) kernel of variant 1 (plain schedule, D 64 and 128), 2 (overlapped, D = 64) or
+/// 4 (overlapped, one warpgroup of 64 query rows a CTA, 128-key tiles, D = 64) for a head dim and
+/// dtype, with its config.
 fn flash_wgmma_kernel(
     variant: u32,
     head_dim: usize,
@@ -449,45 +450,39 @@ fn flash_wgmma_kernel(
         (1, 128, DType::BF16) => "flash_wg_fwd_d128_bf16",
         (2, 64, DType::F16) => "flash_wg2_fwd_d64_f16",
         (2, 64, DType::BF16) => "flash_wg2_fwd_d64_bf16",
-        (2..=4, 128, DType::F16) => "flash_wg2_fwd_d128_f16",
-        (2..=4, 128, DType::BF16) => "flash_wg2_fwd_d128_bf16",
-        (3, 64, DType::F16) => "flash_wg3_fwd_d64_f16",
-        (3, 64, DType::BF16) => "flash_wg3_fwd_d64_bf16",
         (4, 64, DType::F16) => "flash_wg4_fwd_d64_f16",
         (4, 64, DType::BF16) => "flash_wg4_fwd_d64_bf16",
         _ => return None,
     };
     let cfg = match (variant, head_dim) {
-        (3, 64) => FLASH_WG_D64_K128,
         (4, 64) => FLASH_WG_D64_Q64,
         _ => flash_wgmma_config(head_dim)?,
     };
     Some((cfg, name))
 }
 
-/// Number of FlashAttention forward variants besides the default (see [`flash_forward_variant`]).
+/// The FlashAttention kernels [`flash_forward_variant`] can select: 0 the `mma.sync` kernel (sm_80
+/// build), 1, 2 and 4 the wgmma kernels (sm_90 build; 2 and 4 at D = 64 only). Each is what
+/// [`flash_forward`] runs for some shape; the selector lets the tests cover every kernel on every
+/// shape.
 #[doc(hidden)]
-pub const FLASH_VARIANTS: u32 = 4;
+pub const FLASH_VARIANTS: [u32; 4] = [0, 1, 2, 4];
 
-/// Whether `gpu` can run FlashAttention forward variant `variant`: 0 (the default) everywhere,
-/// 1 to 4 (wgmma) only where the sm_90 PTX (built for sm_90a) is loaded, i.e. compute capability
-/// 9.0.
+/// Whether `gpu` runs FlashAttention kernel `variant` at head dim `head_dim`: 0 with the sm_80 build
+/// (see `Build::Portable` to run it on a 9.0 device), the wgmma kernels with the sm_90 build.
 #[doc(hidden)]
-pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32) -> bool {
+pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32, head_dim: usize) -> bool {
     match variant {
-        0 => true,
-        1..=4 => gpu.ptx_arch() == "sm_90",
+        0 => gpu.ptx_arch() == "sm_80",
+        1 => gpu.ptx_arch() == "sm_90",
+        2 | 4 => gpu.ptx_arch() == "sm_90" && head_dim == 64,
         _ => false,
     }
 }
 
-/// [`flash_forward`] on FlashAttention variant `variant`, for side-by-side tests and benchmarks:
-/// 0 is the `mma.sync` FlashAttention-2 kernel (what [`flash_forward`] runs off sm_90); 1 is the Hopper `wgmma` kernel
-/// (`flash_wg_fwd_*`, sm_90a: H100/H200 only); 2 the same with P V(j-1) overlapping softmax(j)
-/// (`flash_wg2_fwd_*`); 3 the overlapped kernel with 128-key tiles at D = 64 (`flash_wg3_fwd_d64_*`;
-/// D = 128 as variant 2); 4 variant 3 with one warpgroup (64 query rows) a CTA (`flash_wg4_fwd_d64_*`,
-/// for short sequences: twice the CTAs, several an SM; D = 128 as variant 2). Same validation, outputs and masking contract; an error (never a fallback)
-/// for unknown variants or a variant the device cannot run.
+/// [`flash_forward`] on FlashAttention kernel `variant` (see [`FLASH_VARIANTS`]), for tests that cover
+/// every shipped kernel on every shape. Same validation, outputs and masking contract; an error
+/// (never a fallback) for a variant this handle's build or this head dim does not have.
 #[doc(hidden)]
 pub fn flash_forward_variant(
     q: &Tensor,
@@ -497,109 +492,19 @@ pub fn flash_forward_variant(
     variant: u32,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward_variant";
-    if variant > FLASH_VARIANTS {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: format!("no FlashAttention variant {variant} (0..={FLASH_VARIANTS})"),
-        });
-    }
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    if !flash_variant_supported(q.gpu(), variant) {
-        let (major, minor) = q.gpu().compute_capability();
+    if !flash_variant_supported(q.gpu(), variant, d.head_dim) {
         return Err(Error::Invalid {
             op: OP,
             msg: format!(
-                "variant {variant} (wgmma) needs an sm_90 device (H100/H200); this one is \
-                 {major}.{minor} with the {} PTX",
+                "no FlashAttention kernel {variant} at head dim {} in the {} build (kernels: 0 in \
+                 the sm_80 build; 1 in the sm_90 build; 2 and 4 there at head dim 64)",
+                d.head_dim,
                 q.gpu().ptx_arch()
             ),
         });
     }
     flash_launch(OP, q, k, v, params, &d, scale, variant)
-}
-
-/// The wgmma layer probes (`wgmma_probe_*`, sm_90 PTX), for the layered GPU tests of the wgmma
-/// variant. All f16, depth 128:
-/// - `SsN64` / `SsN128`: `C [64, N] = A B^T`, A `[64, 128]`, B `[N, 128]`, both operands K-major
-///   from 128-byte-swizzled shared memory (the `Q K^T` form);
-/// - `RsN64` / `RsN128`: `C [64, N] = A B`, A `[64, 128]` from registers, B `[128, N]` MN-major
-///   (transposed descriptor; the `P V` form).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WgmmaProbe {
-    SsN64,
-    SsN128,
-    RsN64,
-    RsN128,
-}
-
-impl WgmmaProbe {
-    pub const ALL: [WgmmaProbe; 4] = [Self::SsN64, Self::SsN128, Self::RsN64, Self::RsN128];
-    /// N of the probe.
-    pub fn n(self) -> usize {
-        match self {
-            Self::SsN64 | Self::RsN64 => 64,
-            Self::SsN128 | Self::RsN128 => 128,
-        }
-    }
-    /// Whether B is given `[N, 128]` (K-major, `A B^T`) rather than `[128, N]`.
-    pub fn b_is_nk(self) -> bool {
-        matches!(self, Self::SsN64 | Self::SsN128)
-    }
-    fn kernel(self) -> &'static str {
-        match self {
-            Self::SsN64 => "wgmma_probe_ss_n64_f16",
-            Self::SsN128 => "wgmma_probe_ss_n128_f16",
-            Self::RsN64 => "wgmma_probe_rs_n64_f16",
-            Self::RsN128 => "wgmma_probe_rs_n128_f16",
-        }
-    }
-}
-
-/// Runs one wgmma layer probe; `a` is `[64, 128]` f16, `b` `[N, 128]` or `[128, N]` f16 (see
-/// [`WgmmaProbe`]); returns C `[64, N]` f32.
-#[doc(hidden)]
-pub fn wgmma_probe(a: &Tensor, b: &Tensor, probe: WgmmaProbe) -> Result<Tensor> {
-    const OP: &str = "attention::wgmma_probe";
-    same_device_and_dtype(OP, a, b)?;
-    let n = probe.n();
-    let b_shape = if probe.b_is_nk() { [n, 128] } else { [128, n] };
-    if a.dtype() != DType::F16 || a.shape() != [64, 128] || b.shape() != b_shape {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: format!(
-                "{probe:?} takes f16 a [64, 128] and b {b_shape:?}; got {:?} {:?} and {:?}",
-                a.dtype(),
-                a.shape(),
-                b.shape()
-            ),
-        });
-    }
-    a.require_contiguous(OP, "a")?;
-    b.require_contiguous(OP, "b")?;
-    if a.gpu().ptx_arch() != "sm_90" {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: "the wgmma probes need an sm_90 device (H100/H200)".into(),
-        });
-    }
-    let c = Tensor::empty(a.gpu(), &[64, n], DType::F32)?;
-    let smem = if probe.b_is_nk() {
-        (64 + n) * 128 * 2
-    } else {
-        128 * n * 2
-    };
-    launch_cfg_large_smem(
-        a.gpu(),
-        probe.kernel(),
-        LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
-        },
-        &[&ByValue(a.raw()), &ByValue(b.raw()), &ByValue(c.raw())],
-    )?;
-    Ok(c)
 }
 
 /// Naive attention forward (scores materialised, f32 math): returns `(O, LSE)`. f32/f16/bf16,
@@ -1554,11 +1459,16 @@ mod tests {
                 kernel_name!("attention_naive_bwd_rows", dt),
                 kernel_name!("attention_naive_bwd_keys", dt),
             ] {
-                for ptx in [crate::ptx::SM80, crate::ptx::SM90] {
-                    assert!(crate::ptx::entry_points(ptx).contains(&name), "{name}");
-                }
+                assert!(in_build(&name, "sm_80") && in_build(&name, "sm_90"), "{name}");
             }
         }
+    }
+
+    /// Whether kernel `name` is in the attention module of build `arch`.
+    fn in_build(name: &str, arch: &str) -> bool {
+        let img = crate::modules::images(crate::Family::Attention);
+        let ptx = if arch == "sm_90" { img.sm90.ptx } else { img.sm80.ptx };
+        crate::modules::entry_points(ptx).contains(&name)
     }
 
     #[test]
@@ -1578,50 +1488,36 @@ mod tests {
 
     #[test]
     fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
+        // The mma.sync kernel in the sm_80 build only; the wgmma kernels in the sm_90 build only.
         for d in FLASH_HEAD_DIMS {
             assert!(flash_config(d).is_some());
             for dt in [DType::F16, DType::BF16] {
                 let name = flash_kernel(d, dt).unwrap();
-                assert!(
-                    crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
-                    "{name}"
-                );
-                assert!(
-                    crate::ptx::entry_points(crate::ptx::SM80).contains(&name),
-                    "{name}"
-                );
+                assert!(in_build(name, "sm_80") && !in_build(name, "sm_90"), "{name}");
             }
         }
         for d in FLASH_HEAD_DIMS {
             assert!(flash_wgmma_config(d).is_some());
-            for (dt, variant) in [DType::F16, DType::BF16]
-                .into_iter()
-                .flat_map(|dt| [(dt, 1), (dt, 2), (dt, 3), (dt, 4)])
-            {
-                let (cfg, name) = flash_wgmma_kernel(variant, d, dt).unwrap();
-                assert_eq!(cfg.head_dim, d);
-                assert!(
-                    crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
-                    "{name}"
-                );
-                assert!(
-                    !crate::ptx::entry_points(crate::ptx::SM80).contains(&name),
-                    "{name} must not be in the sm_80 PTX"
-                );
+            for dt in [DType::F16, DType::BF16] {
+                for variant in [1, 2, 4] {
+                    let Some((cfg, name)) = flash_wgmma_kernel(variant, d, dt) else {
+                        assert!(variant != 1 && d != 64, "variant {variant} D {d} has no kernel");
+                        continue;
+                    };
+                    assert_eq!(cfg.head_dim, d);
+                    assert!(in_build(name, "sm_90") && !in_build(name, "sm_80"), "{name}");
+                    let bound = crate::modules::launch_bounds(name, "sm_90");
+                    assert_eq!(bound, Some((cfg.threads() as u32, cfg.min_blocks)), "{name}");
+                }
             }
         }
-        for probe in WgmmaProbe::ALL {
-            assert!(crate::ptx::entry_points(crate::ptx::SM90).contains(&probe.kernel()));
-        }
         // wgmma exists only in the sm_90a PTX.
-        assert!(!crate::ptx::SM80.contains("wgmma"));
-        assert!(crate::ptx::SM90.contains(".target sm_90a"));
+        let img = crate::modules::images(crate::Family::Attention);
+        assert!(!img.sm80.ptx.contains("wgmma"));
+        assert!(img.sm90.ptx.contains(".target sm_90a"));
         for dt in DType::ALL {
             let name = kernel_name!("attention_naive", dt);
-            assert!(
-                crate::ptx::entry_points(crate::ptx::SM90).contains(&name),
-                "{name}"
-            );
+            assert!(in_build(name, "sm_80") && in_build(name, "sm_90"), "{name}");
         }
     }
 }

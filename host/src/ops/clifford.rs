@@ -20,14 +20,14 @@
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
-    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, FWD_V3R_SMEM, GRADES_2D, GRADES_3D, NUM_SLOTS_2D,
+    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, NUM_SLOTS_2D,
     NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block,
     fwd_max_cached, fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
 use crate::launch::{
-    ByValue, DEFAULT_MAX_DYNAMIC_SMEM, grid_blocks, launch, launch_cfg, set_max_dynamic_smem,
+    ByValue, grid_blocks, launch, launch_cfg,
 };
 use crate::ops::matmul::{Accumulate, GemmShape, Operand, Transpose, gemm, offset};
 use crate::ops::same_device_and_dtype;
@@ -132,10 +132,6 @@ impl Algebra {
             (Cl3, Fwd) => "sgp3d_fwd_f32",
             (Cl2, FwdV2) => "sgp2d_fwd_v2_f32",
             (Cl3, FwdV2) => "sgp3d_fwd_v2_f32",
-            (Cl2, FwdV2b) => "sgp2d_fwd_v2b_f32",
-            (Cl3, FwdV2b) => "sgp3d_fwd_v2b_f32",
-            (Cl2, Bwd) => "sgp2d_bwd_f32",
-            (Cl3, Bwd) => "sgp3d_bwd_f32",
             (Cl2, BwdV2) => "sgp2d_bwd_v2_f32",
             (Cl3, BwdV2) => "sgp3d_bwd_v2_f32",
             (Cl2, Dot) => "grade_dot2d_f32",
@@ -154,8 +150,6 @@ impl Algebra {
 enum Kernel {
     Fwd,
     FwdV2,
-    FwdV2b,
-    Bwd,
     BwdV2,
     Dot,
     Norm,
@@ -381,32 +375,21 @@ fn grid_x(op: &'static str, work: u64, per_block: u64) -> Result<u32> {
 /// Cached (between the H100's 3.35 and the H200's 4.8 TB/s, the two cards measured).
 const FWD_V3_MIN_DRAM_BYTES_PER_S: f64 = 4.0e12;
 
-/// Which kernel [`sgp_forward_variant`] runs (for side-by-side measurement; not a stable API).
+/// The forward kernels: each is what [`sgp_forward`] runs on some card (see there); the selector
+/// [`sgp_forward_variant`] lets the tests run every one of them on every shape.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FwdVariant {
-    /// One block per row, `FWD_CACHE` features a thread in registers (the default before V2).
+    /// One block per row, `FWD_CACHE` features a thread in registers.
     Cached,
     /// `sgp{2,3}d_fwd_v2`: one thread a feature, weights in registers across rows, persistent grid,
     /// FMA product over pair slots, next row prefetched. Rows of more than `FWD_V2_MAX_BLOCK`
     /// features, and tensors of 2^31 elements or more, fall back to `Cached`.
     V2,
-    /// `sgp2d_fwd_v3`, 2D only: 4 features a thread (16-byte accesses), several rows a 256-thread
-    /// block, one barrier a row group. Cl(3,0), `N % 4 != 0`, `N > FWD_V3_MAX_N` or bases not 16-byte
-    /// aligned fall back to `V2`.
-    V3,
-    /// `sgp2d_fwd_v3p`: [`FwdVariant::V3`] with the next row group prefetched before the barrier.
-    /// Same fallbacks.
+    /// `sgp2d_fwd_v3p`, 2D only: 4 features a thread (16-byte accesses), several rows a 256-thread
+    /// block, one barrier a row group, the next row group prefetched before the barrier. Cl(3,0),
+    /// `N % 4 != 0`, `N > FWD_V3_MAX_N` or bases not 16-byte aligned fall back to `V2`.
     V3Prefetch,
-    /// `sgp{2,3}d_fwd_v2b`: [`FwdVariant::V2`] with the row norm at one barrier a row (two
-    /// alternating sets of shared slots) instead of two. Same fallbacks.
-    V2OneBarrier,
-    /// `sgp2d_fwd_v3l2`: [`FwdVariant::V3Prefetch`] that also prefetches the group after next into L2.
-    /// Same fallbacks.
-    V3L2,
-    /// `sgp2d_fwd_v3r`: [`FwdVariant::V3`] fed by a 3-group `cp.async` ring in shared memory (two
-    /// groups in flight behind the one computed). Same fallbacks.
-    V3Ring,
 }
 
 /// Fused forward `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights `(N, P)`.
@@ -466,58 +449,35 @@ pub fn sgp_forward_variant(
     // 2^31 - 1 so `row + grid` cannot wrap.
     let small = (out.numel() as u64) < (1u64 << 31);
     let aligned = [x, y, &out].iter().all(|t| t.raw().ptr.is_multiple_of(16));
-    let v3 = match variant {
-        FwdVariant::V3 => Some("sgp2d_fwd_v3_f32"),
-        FwdVariant::V3Prefetch => Some("sgp2d_fwd_v3p_f32"),
-        FwdVariant::V3L2 => Some("sgp2d_fwd_v3l2_f32"),
-        FwdVariant::V3Ring => Some("sgp2d_fwd_v3r_f32"),
-        _ => None,
-    };
+    let v3 = variant == FwdVariant::V3Prefetch;
     let v2 = variant != FwdVariant::Cached;
-    // Dynamic shared memory of the chosen persistent kernel (only v3r's ring uses any).
-    let smem = if variant == FwdVariant::V3Ring {
-        FWD_V3R_SMEM
-    } else {
-        0
-    };
     // The persistent-grid forwards (v3, else v2) where they apply: kernel, block, and the units of
     // work the grid shares out (v3: row groups of `FWD_V3_BLOCK / fwd_v3_row_threads(n)` rows; v2:
-    // rows). Both take the same arguments.
+    // rows). Both take the same arguments and no dynamic shared memory.
     let persistent = match v3 {
-        Some(name)
-            if alg == Algebra::Cl2
+        true if alg == Algebra::Cl2
                 && n.is_multiple_of(4)
                 && n <= FWD_V3_MAX_N
                 && small
                 && aligned =>
         {
             let rows_per_block = (FWD_V3_BLOCK / fwd_v3_row_threads(n)) as u64;
-            Some((name, FWD_V3_BLOCK, rows.div_ceil(rows_per_block), smem))
+            Some(("sgp2d_fwd_v3p_f32", FWD_V3_BLOCK, rows.div_ceil(rows_per_block)))
         }
         _ if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small => {
-            let kernel = if variant == FwdVariant::V2OneBarrier {
-                Kernel::FwdV2b
-            } else {
-                Kernel::FwdV2
-            };
-            Some((alg.kernel(kernel), fwd_v2_block(n), rows, 0))
+            Some((alg.kernel(Kernel::FwdV2), fwd_v2_block(n), rows))
         }
         _ => None,
     };
-    if let Some((name, block, units, smem)) = persistent {
+    if let Some((name, block, units)) = persistent {
         let r_raw = norms.as_ref().map_or(NONE, |r| r.raw());
-        if smem > DEFAULT_MAX_DYNAMIC_SMEM {
-            // Before the occupancy query: the driver counts blocks for this much shared memory only
-            // once the kernel may use it.
-            set_max_dynamic_smem(gpu, name, smem)?;
-        }
         launch_cfg(
             gpu,
             name,
             cudarc::driver::LaunchConfig {
-                grid_dim: (persistent_grid(gpu, name, block, units, smem)?, 1, 1),
+                grid_dim: (persistent_grid(gpu, name, block, units, 0)?, 1, 1),
                 block_dim: (block, 1, 1),
-                shared_mem_bytes: smem,
+                shared_mem_bytes: 0,
             },
             &[
                 &ByValue(x.raw()),
@@ -611,18 +571,6 @@ fn grade_dots(
     Ok(s)
 }
 
-/// Which kernels [`sgp_backward_variant`] runs (for side-by-side measurement; not a stable API).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BwdVariant {
-    /// `sgp{2,3}d_bwd` over chunks of `rows_per_chunk(B)` rows, then `chunk_sum` (the default before V2).
-    Chunked,
-    /// `sgp{2,3}d_bwd_v2` (FMA product backward over pair slots, read-only loads) over chunks of
-    /// `rows_per_chunk_v2(B, N)` rows (more blocks at small shapes), then `chunk_sum_tree` (the
-    /// partials summed by 8 warps per 32 outputs).
-    V2,
-}
-
 /// Backward of [`sgp_forward`]: grad_x, grad_y `(C, B, N)` and grad_weight `(N, P)`.
 pub fn sgp_backward(
     x: &Tensor,
@@ -630,21 +578,6 @@ pub fn sgp_backward(
     weight: &Tensor,
     fwd: &Forward,
     grad_out: &Tensor,
-) -> Result<Grads> {
-    // V2 measured faster at every swept shape on an H200 (fwd+bwd, same run): 3D B1024 N128 0.0355
-    // vs 0.0712 ms, B4096 N512 0.2574 vs 0.3189, B8192 N1024 0.9426 vs 1.0598; 2D likewise.
-    sgp_backward_variant(x, y, weight, fwd, grad_out, BwdVariant::V2)
-}
-
-/// [`sgp_backward`] through chosen kernels: same contract and results to f32 rounding.
-#[doc(hidden)]
-pub fn sgp_backward_variant(
-    x: &Tensor,
-    y: &Tensor,
-    weight: &Tensor,
-    fwd: &Forward,
-    grad_out: &Tensor,
-    variant: BwdVariant,
 ) -> Result<Grads> {
     const OP: &str = "clifford sgp_backward";
     let d = check_pair(OP, x, y)?;
@@ -674,17 +607,14 @@ pub fn sgp_backward_variant(
         Some(_) => Some(grade_dots(gpu, alg, grad_out, &fwd.out, rows, n)?),
         None => None,
     };
-    let (rpc, nchunks) = match variant {
-        BwdVariant::Chunked => (rows_per_chunk(rows), chunks(rows)),
-        BwdVariant::V2 => {
-            let rpc = rows_per_chunk_v2(rows, n);
-            (rpc, rows.div_ceil(rpc).max(1))
-        }
-    };
-    let (bwd_kernel, sum_kernel) = match variant {
-        BwdVariant::Chunked => (alg.kernel(Kernel::Bwd), "chunk_sum_f32"),
-        BwdVariant::V2 => (alg.kernel(Kernel::BwdV2), "chunk_sum_tree_f32"),
-    };
+    // The weight gradient in partial rows of `rpc` batch rows each (more chunks at small shapes, to
+    // fill the chip), then summed by `chunk_sum_tree` (8 warps per 32 outputs). Measured against one
+    // thread a feature over `rows_per_chunk(B)` rows summed by `chunk_sum` on an H200 (fwd+bwd, same
+    // run): 3D B1024 N128 0.0355 vs 0.0712 ms, B4096 N512 0.2574 vs 0.3189, B8192 N1024 0.9426 vs
+    // 1.0598; 2D likewise.
+    let rpc = rows_per_chunk_v2(rows, n);
+    let nchunks = rows.div_ceil(rpc).max(1);
+    let bwd_kernel = alg.kernel(Kernel::BwdV2);
     let p = alg.paths() as u64;
     let partials = Tensor::empty(
         gpu,
@@ -719,23 +649,19 @@ pub fn sgp_backward_variant(
             &normalize,
         ],
     )?;
-    if sum_kernel == "chunk_sum_f32" {
-        chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
-    } else {
-        let len = n * p;
-        launch(
-            gpu,
-            sum_kernel,
-            grid_blocks(len, 32),
-            CHUNK_SUM_WARPS * 32,
-            &[
-                &ByValue(partials.raw()),
-                &ByValue(grad_weight.raw()),
-                &nchunks,
-                &len,
-            ],
-        )?;
-    }
+    let len = n * p;
+    launch(
+        gpu,
+        "chunk_sum_tree_f32",
+        grid_blocks(len, 32),
+        CHUNK_SUM_WARPS * 32,
+        &[
+            &ByValue(partials.raw()),
+            &ByValue(grad_weight.raw()),
+            &nchunks,
+            &len,
+        ],
+    )?;
     Ok(Grads {
         grad_x,
         grad_y,

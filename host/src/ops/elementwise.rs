@@ -41,12 +41,6 @@ pub enum KernelPath {
     /// Always the strided (broadcasting) kernel: for tests that cover it on same-shape inputs, and as
     /// the deliberately slower variant that proves `xtask bench-compare` flags a regression.
     Strided,
-    /// Tuning only (benches and tests): the contiguous kernel with `block` threads and `chunks`
-    /// 16-byte chunks a thread (`chunks` 2 runs the `add_c2_*` entry points for add; anything else
-    /// runs the default `BINARY_CHUNKS_PER_THREAD` kernel). Falls back like `Auto` when the operands
-    /// don't allow it.
-    #[doc(hidden)]
-    Tuned { block: u32, chunks: u32 },
 }
 
 /// `a (op) b` with broadcasting. Operands may be strided views.
@@ -120,7 +114,7 @@ pub fn binary_into_on(
         return Ok(());
     }
     let out = &*out;
-    let auto = matches!(path, KernelPath::Auto | KernelPath::Tuned { .. });
+    let auto = path == KernelPath::Auto;
     let fast = auto
         && a.shape() == b.shape()
         && a.is_contiguous()
@@ -131,19 +125,12 @@ pub fn binary_into_on(
     }
     let name = binary_kernel(op, a.dtype(), !fast);
     if fast {
-        let (name, block, chunks) = match path {
-            KernelPath::Tuned { block, chunks: 2 } if op == BinaryOp::Add => {
-                (kernel_name!("add_c2", a.dtype()), block, 2)
-            }
-            KernelPath::Tuned { block, .. } => (name, block, BINARY_CHUNKS_PER_THREAD),
-            _ => (name, BLOCK, BINARY_CHUNKS_PER_THREAD),
-        };
         let chunk_count = (out.numel() * out.dtype().size_bytes() / VECTOR_BYTES).max(1) as u64;
         launch(
             a.gpu(),
             name,
-            grid_blocks(chunk_count, (block * chunks) as u64),
-            block,
+            grid_blocks(chunk_count, (BLOCK * BINARY_CHUNKS_PER_THREAD) as u64),
+            BLOCK,
             &[&ByValue(a.raw()), &ByValue(b.raw()), &ByValue(out.raw())],
         )?;
     } else {

@@ -13,7 +13,7 @@
 use cudarc::driver::LaunchConfig;
 use gpu::params::layer_norm::{
     CACHE_PER_THREAD, DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, WARP_MAX_COLS,
-    WARP_MAX_WARPS, block_for, chunks, narrow_block_for, pipe_smem_bytes, rows_per_chunk,
+    block_for, chunks, narrow_block_for, pipe_smem_bytes, rows_per_chunk,
     warp_smem_bytes,
 };
 
@@ -88,32 +88,6 @@ pub fn layer_norm(
     beta: &Tensor,
     eps: Option<f32>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    layer_norm_on(x, gamma, beta, eps, None)
-}
-
-/// [`layer_norm`] through the 16-byte kernel with `threads` threads a row block (a power of two from
-/// the fewest that hold the row, `block_for(cols)`, to the kernel's launch bound): fewer rows in
-/// flight a SM than the default's, for side-by-side measurement of the last wave's cost. An error
-/// where that kernel does not apply (rows not whole 16-byte chunks, unaligned buffers) or for another
-/// thread count. Not a stable API.
-#[doc(hidden)]
-pub fn layer_norm_threads(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: Option<f32>,
-    threads: u32,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    layer_norm_on(x, gamma, beta, eps, Some(threads))
-}
-
-fn layer_norm_on(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: Option<f32>,
-    vec_threads: Option<u32>,
-) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "layer_norm";
     let eps = eps.unwrap_or(DEFAULT_EPS);
     if !(eps.is_finite() && eps >= 0.0) {
@@ -138,21 +112,8 @@ fn layer_norm_on(
         let vec_applies = cols % x.dtype().chunk_elems() as u64 == 0
             && cols <= fewest as u64 * CACHE_PER_THREAD as u64
             && aligned16(&[x, gamma, beta, &y]);
-        if let Some(t) = vec_threads
-            && (!vec_applies || !t.is_power_of_two() || !(fewest..=max_threads).contains(&t))
-        {
-            return Err(Error::Invalid {
-                op: OP,
-                msg: format!(
-                    "layer_norm_threads: {t} threads for rows of {cols} {} (the 16-byte kernel \
-                     {}applies; expected a power of two in {fewest}..={max_threads})",
-                    x.dtype(),
-                    if vec_applies { "" } else { "not " }
-                ),
-            });
-        }
         let (name, threads) = if vec_applies {
-            (vec_name, vec_threads.unwrap_or(fewest))
+            (vec_name, fewest)
         } else {
             let name = kernel_name!("layer_norm", x.dtype());
             (name, block_for(cols).min(gpu.max_block_pow2(name)?))
@@ -178,104 +139,31 @@ fn layer_norm_on(
     Ok((y, mean, rstd))
 }
 
-/// `(dx, dgamma, dbeta)` from the forward's inputs, its saved `mean` and `rstd` (f32), and `dy`.
-pub fn layer_norm_backward(
-    x: &Tensor,
-    gamma: &Tensor,
-    mean: &Tensor,
-    rstd: &Tensor,
-    dy: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    layer_norm_backward_variant(x, gamma, mean, rstd, dy, BwdVariant::DEFAULT)
-}
-
-/// Which kernels [`layer_norm_backward_variant`] runs (for side-by-side measurement; not a stable API).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BwdVariant {
-    /// The shipped kernels until session 4, and the fallback of [`BwdVariant::Warp`]: one block a
-    /// row, rows of whole 16-byte chunks through the `cp.async`
-    /// block pipeline (`layer_norm_backward_pipe`), the register kernels otherwise; 2048 partial rows
-    /// at most.
-    Block,
-    /// `layer_norm_backward_warp{stages}`: one warp a row, `stages` (2 or 3) rows of x and dy per warp
-    /// in the `cp.async` stages (`stages - 1` in flight), `warps` (1 ..= 8) warps a block, a persistent
-    /// grid of the blocks resident at once (one dgamma/dbeta partial row each). Rows of more than
-    /// `WARP_MAX_COLS` elements, or not whole 16-byte chunks, unaligned buffers, other
-    /// configurations, and devices where a block does not fit take [`BwdVariant::Block`].
-    Warp { stages: u32, warps: u32 },
-}
-
-impl BwdVariant {
-    /// What [`layer_norm_backward`] runs: one warp a row, 2 stages, 4 warps a block. Measured on an
-    /// H100 (session 4, run b2, 65536 x 1024): f32 0.2924 ms (0.91 of copy) vs the block kernels'
-    /// 0.3132 and torch.compile's 0.3123; bf16 0.1470 vs 0.2164 (the fastest bf16 configuration; f32's
-    /// best, 2 stages x 8 warps, was 0.2909).
-    pub const DEFAULT: BwdVariant = BwdVariant::Warp {
-        stages: 2,
-        warps: 4,
-    };
-    /// The warp-per-row configurations measured side by side (benches, tests).
-    pub const WARP: [BwdVariant; 4] = [
-        BwdVariant::Warp {
-            stages: 2,
-            warps: 4,
-        },
-        BwdVariant::Warp {
-            stages: 3,
-            warps: 4,
-        },
-        BwdVariant::Warp {
-            stages: 3,
-            warps: 2,
-        },
-        BwdVariant::Warp {
-            stages: 2,
-            warps: 8,
-        },
-    ];
-
-    /// A short name for bench ids: `block`, `warp_s2w4`, ...
-    pub fn tag(self) -> String {
-        match self {
-            BwdVariant::Block => "block".into(),
-            BwdVariant::Warp { stages, warps } => format!("warp_s{stages}w{warps}"),
-        }
-    }
-}
+/// The warp-per-row backward: one warp a row, 2 rows of x and dy per warp in `cp.async` stages (one in
+/// flight), `WARP_WARPS` warps a block, a persistent grid of the blocks resident at once (one
+/// dgamma/dbeta partial row each). Measured on an H100 (2026-11-26, commit 893d8af; 65536 x 1024): f32
+/// 0.2924 ms (0.91 of copy) against the block-a-row kernels' 0.3132 and torch.compile's 0.3123; bf16
+/// 0.1470 against 0.2164. Three stages, and 2 or 8 warps a block, measured no faster
+/// (docs/PERF_NOTES.md, "Deleted kernels").
+const WARP_WARPS: u32 = 4;
 
 /// The warp-per-row backward's launch: `(kernel, threads, grid, dynamic shared memory bytes)` for
-/// `rows` rows of `cols` in 16-byte aligned buffers of `dtype`, or `None` where `variant` takes the
-/// shipped kernels (see [`BwdVariant::Warp`]). Public for the tests, which check that the variants run.
+/// `rows` rows of `cols` in 16-byte aligned buffers of `dtype`, or `None` where the block-a-row kernels
+/// run instead: rows of more than `WARP_MAX_COLS` elements or not whole 16-byte chunks, and devices
+/// where a block does not fit. Public for the tests, which check which path a shape takes.
 #[doc(hidden)]
 pub fn warp_launch(
     gpu: &crate::Gpu,
     dtype: DType,
-    variant: BwdVariant,
     (rows, cols): (u64, u64),
 ) -> Result<Option<(&'static str, u32, u32, u32)>> {
-    let BwdVariant::Warp { stages, warps } = variant else {
-        return Ok(None);
-    };
     let elems_per_chunk = dtype.chunk_elems() as u64;
-    if !(rows > 0
-        && cols % elems_per_chunk == 0
-        && cols <= WARP_MAX_COLS
-        && (1..=WARP_MAX_WARPS).contains(&warps))
-    {
+    if !(rows > 0 && cols % elems_per_chunk == 0 && cols <= WARP_MAX_COLS) {
         return Ok(None);
     }
-    let name = match stages {
-        2 => kernel_name!("layer_norm_backward_warp2", dtype),
-        3 => kernel_name!("layer_norm_backward_warp3", dtype),
-        _ => return Ok(None),
-    };
-    let threads = warps * 32;
-    // Never past the kernel's launch bound (the launch would fail).
-    if threads > gpu.max_block_pow2(name)? {
-        return Ok(None);
-    }
-    let smem = warp_smem_bytes(warps, stages, cols / elems_per_chunk, cols) as u32;
+    let name = kernel_name!("layer_norm_backward_warp2", dtype);
+    let threads = WARP_WARPS * 32;
+    let smem = warp_smem_bytes(WARP_WARPS, 2, cols / elems_per_chunk, cols) as u32;
     if smem > DEFAULT_MAX_DYNAMIC_SMEM {
         // The opt-in may fail where the device has less shared memory (sm_80: 163 KiB a block).
         if set_max_dynamic_smem(gpu, name, smem).is_err() {
@@ -292,21 +180,18 @@ pub fn warp_launch(
     let resident = per_sm as u64 * gpu.sm_count()?.max(1) as u64;
     // No block without a row: every warp of the grid but the last block's has rows.
     let grid = resident
-        .min(rows.div_ceil(warps as u64))
+        .min(rows.div_ceil(WARP_WARPS as u64))
         .min(i32::MAX as u64) as u32;
     Ok(Some((name, threads, grid, smem)))
 }
 
-/// [`layer_norm_backward`] through a chosen kernel: same contract; results to f32 rounding (dgamma and
-/// dbeta summed in another order), the same bits on every run of one variant on one device.
-#[doc(hidden)]
-pub fn layer_norm_backward_variant(
+/// `(dx, dgamma, dbeta)` from the forward's inputs, its saved `mean` and `rstd` (f32), and `dy`.
+pub fn layer_norm_backward(
     x: &Tensor,
     gamma: &Tensor,
     mean: &Tensor,
     rstd: &Tensor,
     dy: &Tensor,
-    variant: BwdVariant,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "layer_norm_backward";
     let (rows, cols) = rows_cols(OP, x)?;
@@ -346,7 +231,7 @@ pub fn layer_norm_backward_variant(
     let dgamma = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
     let dbeta = Tensor::empty(gpu, gamma.shape(), x.dtype())?;
     let warp = if aligned16(&[x, gamma, dy, &dx]) {
-        warp_launch(gpu, x.dtype(), variant, (rows, cols))?
+        warp_launch(gpu, x.dtype(), (rows, cols))?
     } else {
         None
     };

@@ -378,54 +378,31 @@ pub fn count_nonfinite(t: &Tensor) -> Result<u64> {
     Ok(partials.to_vec()?.iter().map(|&c| c as u64).sum())
 }
 
-/// The kernels that run relevance propagation's GEMM passes: the shipped ones, or a variant measured
-/// side by side ([`relevance_variant`], [`dense_variant`]; not a stable API).
+/// The kernels that run relevance propagation's GEMM passes. Both ship: [`GemmVariant::V5`] where
+/// its operands allow, [`GemmVariant::Staged`] otherwise; the selector ([`relevance_variant`],
+/// [`dense_variant`]) lets the tests run either on every shape.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmVariant {
-    /// `lrp_sums_f32`, `lrp_spread_f32`, `dense_f32`: 16-deep stages double buffered from registers.
-    /// The shipped kernels until run r5 (2026-11-26), now the fallback of [`GemmVariant::V3`] for
-    /// operands that are not 16-byte granular.
+    /// `lrp_sums_f32`, `lrp_spread_f32`, `dense_f32`: 16-deep stages double buffered from registers,
+    /// for operands that are not 16-byte granular (`I` or `O` not a multiple of 4, or an unaligned
+    /// base).
     Staged,
-    /// The shipped kernels until session 4: `lrp_*_v3_f32`, `dense_v3_f32`:
-    /// 32-deep stages through a 4-buffer `cp.async` pipeline in dynamic shared memory, one fresh 3xTF32 partial per stage (gpu/src/kernels/lrp.rs). A pass whose
-    /// operand rows are not 16-byte granular (`I` or `O` not a multiple of 4, or an unaligned base)
-    /// runs the default kernel instead.
-    V3,
-    /// Variant 3's kernels, with the spread and dense passes (`lrp_spread_v4_f32`, `dense_v4_f32`) at
-    /// one block per SM instead of two (no 128-register cap); the same fallback. Measured slower
-    /// than V3 (run r5, H200: R1024 2.159 ms vs 2.091; R64 0.174 vs 0.167).
-    V4,
-    /// Variant 3 with the sums pass as two kernels, `lrp_abs_v3_f32` (A) and `dense_v3_f32` (S), at
-    /// two blocks per SM each instead of the fused `lrp_sums_v3_f32` at one: the same products
-    /// chained in the same order, twice the operand traffic. The same fallback.
-    V3Split,
-    /// Variant 3's kernels with the 3xTF32 split done by integer operations instead of the
-    /// `cvt.rna.tf32.f32` that ptxas expands to about four instructions (`lrp_sums_v5_f32`,
-    /// `lrp_spread_v5_f32`, `lrp_spread_v5_finish_f32`, `dense_v5_f32`; `gpu::params::lrp::v5`):
-    /// `hi` identical, `lo` truncated instead of rounded (error per product `5 2^-22` instead of
-    /// `3 2^-22`), about a third fewer instructions per stage. The same tiles, pipeline, splits,
-    /// occupancy and fallback. The shipped kernels ([`GemmVariant::DEFAULT`]).
+    /// `lrp_sums_v5_f32`, `lrp_spread_v5_f32` (and `lrp_spread_v5_finish_f32`, the finish in its
+    /// epilogue where the pass has one split), `dense_v5_f32` (`gpu::params::lrp::v3` tiles): 32-deep
+    /// stages through a 4-buffer `cp.async` pipeline in dynamic shared memory, one fresh 3xTF32
+    /// partial per stage, the split done by integer operations (`hi` as `cvt.rna.tf32.f32` would give
+    /// it, `lo` truncated: error per product `5 2^-22` instead of `3 2^-22`). A pass whose operands do
+    /// not allow it runs [`GemmVariant::Staged`]. Measured on an H100 (2026-11-26, commit 893d8af, the
+    /// PyTorch peer in the same run): R1024 I=O=4096 1.930 ms (vectorised PyTorch 6.127: 3.17x); the
+    /// other pipelines tried are in docs/PERF_NOTES.md ("Deleted kernels").
     V5,
-    /// Variant 5 with the coefficients computed in the sums pass's epilogue where that pass runs
-    /// variant 5's kernel in one split (`lrp_sums_v6_coef_f32`: no A / S workspaces, no
-    /// `lrp_coeffs_f32` launch; the same coefficients bit for bit); otherwise exactly variant 5.
-    V6,
 }
 
 impl GemmVariant {
-    /// What [`relevance`], [`dense`] and [`mlp`] run: variant 5, measured on an H100 (session 4, run
-    /// b2, same run as the PyTorch peer): R1024 I=O=4096 1.930 ms vs variant 3's 2.281 (vectorised
-    /// PyTorch 6.127: 3.17x vs 2.69x); R64 0.152 vs 0.168.
+    /// What [`relevance`], [`dense`] and [`mlp`] run where their operands allow it.
     pub const DEFAULT: GemmVariant = GemmVariant::V5;
-    pub const ALL: [GemmVariant; 6] = [
-        GemmVariant::Staged,
-        GemmVariant::V3,
-        GemmVariant::V4,
-        GemmVariant::V3Split,
-        GemmVariant::V5,
-        GemmVariant::V6,
-    ];
+    pub const ALL: [GemmVariant; 2] = [GemmVariant::Staged, GemmVariant::V5];
 }
 
 /// One of the tiled GEMM passes.
@@ -437,28 +414,19 @@ enum Pass {
     Spread,
     /// `x W^T` per (row, output): B is `W` as `[N][K]`.
     Dense,
-    /// `A = sum |x||W|` alone (the first half of `Sums` for [`GemmVariant::V3Split`]).
-    Abs,
 }
 
 impl Pass {
-    /// The pass's kernel in `variant` (variant 4 shares variant 3's sums kernel).
+    /// The pass's kernel in `variant`.
     fn kernel(self, variant: GemmVariant) -> &'static str {
-        use GemmVariant::{Staged, V3, V3Split, V4, V5, V6};
+        use GemmVariant::{Staged, V5};
         match (self, variant) {
             (Pass::Sums, Staged) => "lrp_sums_f32",
             (Pass::Spread, Staged) => "lrp_spread_f32",
             (Pass::Dense, Staged) => "dense_f32",
-            (Pass::Sums, V3 | V4 | V3Split) => "lrp_sums_v3_f32",
-            (Pass::Spread, V3 | V3Split) => "lrp_spread_v3_f32",
-            (Pass::Dense, V3 | V3Split) => "dense_v3_f32",
-            (Pass::Spread, V4) => "lrp_spread_v4_f32",
-            (Pass::Dense, V4) => "dense_v4_f32",
-            (Pass::Sums, V5 | V6) => "lrp_sums_v5_f32",
-            (Pass::Spread, V5 | V6) => "lrp_spread_v5_f32",
-            (Pass::Dense, V5 | V6) => "dense_v5_f32",
-            // No staged kernel: `relevance_variant` runs `Abs` only where variant 3 fits.
-            (Pass::Abs, _) => "lrp_abs_v3_f32",
+            (Pass::Sums, V5) => "lrp_sums_v5_f32",
+            (Pass::Spread, V5) => "lrp_spread_v5_f32",
+            (Pass::Dense, V5) => "dense_v5_f32",
         }
     }
 
@@ -476,7 +444,7 @@ impl Pass {
             && b_ptr.is_multiple_of(16)
     }
 
-    /// Whether variant 3 can run this pass over an `m x n` output of depth `k` from `a`'s and `b`'s
+    /// Whether the V5 pipeline can run this pass over an `m x n` output of depth `k` from `a`'s and `b`'s
     /// buffers (`a_ptr`, `b_ptr`): its `cp.async` copies need 16-byte rows (A's rows are `k` floats,
     /// B's `k`, or `n` in the spread pass, where `W` is `[K][N]`), 16-byte aligned bases, and a device
     /// that gives a block its shared memory.
@@ -513,7 +481,7 @@ fn tile_grid(m: u64, n: u64) -> Result<(u32, u32)> {
     Ok((col_tiles, row_tiles as u32))
 }
 
-/// The kernel `pass` runs on for `variant` (variants 3 and 4: where [`Pass::v3_fits`]).
+/// The kernel `pass` runs on for `variant` (V5: where [`Pass::v3_fits`]).
 fn pass_kernel(
     gpu: &Gpu,
     pass: Pass,
@@ -542,22 +510,13 @@ pub fn relevance_kernels(
         Some(fused) if finishes_in_epilogue(spread, (r, i, o)) => fused,
         _ => spread,
     };
-    let sums = if sums_fuse_coefficients(gpu, variant, x, &layer.weight, (r, o, i))? {
-        SUMS_COEF_KERNEL
-    } else if sums_split(gpu, variant, x, &layer.weight, (o, i))? {
-        // A by `lrp_abs_v3_f32`, S by `dense_v3_f32`.
-        Pass::Abs.kernel(variant)
-    } else {
-        pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))?
-    };
+    let sums = pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w), (o, i))?;
     Ok([sums, spread])
 }
 
-/// The spread kernel with the finish fused into its epilogue, for the spread kernels that have one
-/// (variants 3 and 5).
+/// The spread kernel with the finish fused into its epilogue, for the spread kernel that has one (V5).
 fn finish_kernel(spread_kernel: &str) -> Option<&'static str> {
     match spread_kernel {
-        "lrp_spread_v3_f32" => Some("lrp_spread_v3_finish_f32"),
         "lrp_spread_v5_f32" => Some("lrp_spread_v5_finish_f32"),
         _ => None,
     }
@@ -567,38 +526,6 @@ fn finish_kernel(spread_kernel: &str) -> Option<&'static str> {
 /// epilogue ([`finish_kernel`]): a spread kernel that has a fused form, with a single split.
 fn finishes_in_epilogue(kernel: &str, (m, n, k): (u64, u64, u64)) -> bool {
     finish_kernel(kernel).is_some() && cfg::v3::split_k(m, n, k).0 == 1
-}
-
-/// Variant 6's sums pass with the coefficients in its epilogue.
-const SUMS_COEF_KERNEL: &str = "lrp_sums_v6_coef_f32";
-
-/// Whether the sums pass over `(rows, outputs, depth)` writes the coefficients itself
-/// ([`SUMS_COEF_KERNEL`]): `V6` where variant 5's sums kernel fits and the pass has one split.
-fn sums_fuse_coefficients(
-    gpu: &Gpu,
-    variant: GemmVariant,
-    x: &Tensor,
-    w: &Tensor,
-    (m, n, k): (u64, u64, u64),
-) -> Result<bool> {
-    Ok(variant == GemmVariant::V6
-        && cfg::v3::split_k(m, n, k).0 == 1
-        && pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w.raw().ptr), (n, k))?
-            == "lrp_sums_v5_f32")
-}
-
-/// Whether the sums pass runs as two kernels (`Pass::Abs` and `Pass::Dense`): `V3Split` where
-/// variant 3 fits the sums pass over `n` outputs of depth `k`.
-fn sums_split(
-    gpu: &Gpu,
-    variant: GemmVariant,
-    x: &Tensor,
-    w: &Tensor,
-    nk: (u64, u64),
-) -> Result<bool> {
-    Ok(variant == GemmVariant::V3Split
-        && pass_kernel(gpu, Pass::Sums, variant, (x.raw().ptr, w.raw().ptr), nk)?
-            == "lrp_sums_v3_f32")
 }
 
 /// The kernel of the GEMM pass [`dense_variant`] launches for `x`.
@@ -634,8 +561,8 @@ enum PassOutput {
 
 /// Launches one tiled GEMM pass over an `m x n` output of depth `k` (`variant`'s kernel where it fits,
 /// else the staged one), into fresh split workspaces; returns them with the split count. With
-/// `finish = Some((x, out))` (the spread pass), a pass that runs on variant 3's kernel with a single
-/// split writes `out = |x| G` directly (`lrp_spread_v3_finish_f32`, or variant 5's) and returns `Finished`.
+/// `finish = Some((x, out))` (the spread pass), a pass that runs on V5's kernel with a single split
+/// writes `out = |x| G` directly (`lrp_spread_v5_finish_f32`) and returns `Finished`.
 fn gemm_pass(
     gpu: &Gpu,
     pass: Pass,
@@ -648,9 +575,8 @@ fn gemm_pass(
     let (m, n, k) = (m as u64, n as u64, k as u64);
     let (ar, br) = (a.raw(), b.raw());
     let kernel = pass_kernel(gpu, pass, variant, (ar.ptr, br.ptr), (n, k))?;
-    // Variants 3, 4 and V3Split share the pipeline, split and shared memory (`Pass::Abs` has no
-    // staged kernel: it always runs the pipeline).
-    let v3 = pass == Pass::Abs || kernel != pass.kernel(GemmVariant::Staged);
+    // V5 runs the `cp.async` pipeline (`gpu::params::lrp::v3` tiles, split and shared memory).
+    let v3 = kernel != pass.kernel(GemmVariant::Staged);
     let (splits, k_per_split) = if v3 {
         cfg::v3::split_k(m, n, k)
     } else {
@@ -782,43 +708,10 @@ pub fn relevance_variant(
         upper,
         _pad: 0,
     };
-    if sums_fuse_coefficients(gpu, variant, x, w, (r as u64, o as u64, i as u64))? {
-        // Pass 1 with the coefficients in its epilogue (V6, one split).
-        let (m, n, k) = (r as u64, o as u64, i as u64);
-        let (splits, k_per_split) = cfg::v3::split_k(m, n, k);
-        debug_assert_eq!(splits, 1);
-        let (col_tiles, row_tiles) = tile_grid(m, n)?;
-        let p = LrpGemm {
-            rows: m,
-            cols: n,
-            depth: k,
-            k_per_split,
-        };
-        launch_cfg_large_smem(
-            gpu,
-            SUMS_COEF_KERNEL,
-            LaunchConfig {
-                grid_dim: (col_tiles, row_tiles, 1),
-                block_dim: (cfg::THREADS, 1, 1),
-                shared_mem_bytes: cfg::v3::smem_bytes(false),
-            },
-            &[
-                &ByValue(x.raw()),
-                &ByValue(w.raw()),
-                &ByValue(relevance_out.raw()),
-                &ByValue(bias_raw),
-                &ByValue(coef.raw()),
-                &ByValue(p),
-                &ByValue(coeff_params(1)),
-            ],
-        )?;
-    } else {
-        let shape = (r, o, i);
-        let coeffs = (coeff_params, bias_raw);
-        sums_then_coefficients(gpu, variant, (x, w, relevance_out), &coef, shape, coeffs)?;
-    }
+    let coeffs = (coeff_params, bias_raw);
+    sums_then_coefficients(gpu, variant, (x, w, relevance_out), &coef, (r, o, i), coeffs)?;
     // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G (in the pass's epilogue when it
-    // runs variant 3 in one split).
+    // runs V5 in one split).
     let spread = (r, i, o);
     let finish = Some((x, &out));
     let PassOutput::Splits(ws, splits) = gemm_pass(
@@ -855,8 +748,7 @@ pub fn relevance_variant(
     Ok(out)
 }
 
-/// Pass 1 as split workspaces of A and S (V3Split, where variant 3 fits: A and S by two kernels),
-/// then `lrp_coeffs_f32` adds the splits and writes `coef` (`coeff_params(splits)` its parameters,
+/// Pass 1 as split workspaces of A and S, then `lrp_coeffs_f32` adds the splits and writes `coef` (`coeff_params(splits)` its parameters,
 /// `bias_raw` the bias as it takes it).
 fn sums_then_coefficients(
     gpu: &Gpu,
@@ -866,15 +758,7 @@ fn sums_then_coefficients(
     (r, o, i): (usize, usize, usize),
     (coeff_params, bias_raw): (impl Fn(u64) -> LrpCoeff, RawSlice),
 ) -> Result<()> {
-    let (ws, splits) = if sums_split(gpu, variant, x, w, (o as u64, i as u64))? {
-        let (mut ws_a, splits) = split_pass(gpu, Pass::Abs, variant, x, w, (r, o, i))?;
-        let (ws_s, splits_s) = split_pass(gpu, Pass::Dense, variant, x, w, (r, o, i))?;
-        debug_assert_eq!(splits, splits_s);
-        ws_a.extend(ws_s);
-        (ws_a, splits)
-    } else {
-        split_pass(gpu, Pass::Sums, variant, x, w, (r, o, i))?
-    };
+    let (ws, splits) = split_pass(gpu, Pass::Sums, variant, x, w, (r, o, i))?;
     launch(
         gpu,
         "lrp_coeffs_f32",

@@ -1,19 +1,17 @@
 //! Matrix multiply `op(A) op(B)`, 2-D or batched 3-D, either operand transposed, any sizes, dispatched
 //! by dtype:
-//! - f32: `matmul_simtv2_{nn,nt,tn,tt}_f32` (`gpu/src/kernels/matmul/simt_db.rs`): double-buffered
-//!   shared-memory tiles, 8 x 16 register micro-tiles on CUDA cores, full fp32 math (no TF32). The
-//!   other variants (`matmul_f32` in `simt.rs`, `matmul_simtv{1,3,4}`) give the same bits (see
-//!   `F32_DEFAULT_VARIANT`);
+//! - f32: `matmul_simt_{nn,nt,tn,tt}_f32` (`gpu/src/kernels/matmul/simt.rs`): double-buffered
+//!   shared-memory tiles, 8 x 16 register micro-tiles on CUDA cores, full fp32 math (no TF32);
 //! - f16 / bf16: `matmul_tc_{nn,nt,tn,tt}_{f16,bf16}` (`gpu/src/kernels/matmul/tensor_core.rs`):
-//!   128 x 256 x 64 tiles through a 3-stage `cp.async` pipeline, `ldmatrix` + `mma.m16n8k16` with f32
+//!   256 x 128 x 64 tiles through a 3-stage `cp.async` pipeline, `ldmatrix` + `mma.m16n8k16` with f32
 //!   accumulation, the result rounded once to the input dtype.
 //!
 //! Both keep a fixed k order per element, so the same inputs give the same bits on every run.
 //!
 //! The crate-internal [`gemm`] is the same kernel on raw operands (offsets into larger buffers, leading
 //! dims, `C += ...`, a bias row): the Clifford layers build their feature mixing on it.
-use gpu::params::matmul::{BM, BN, MAX_GRID_YZ, THREADS};
-use gpu::params::matmul_f32v as f32v;
+use gpu::params::matmul::MAX_GRID_YZ;
+use gpu::params::matmul_f32v::{self as f32v, BM, BN};
 use gpu::params::matmul_tc as tc;
 use gpu::params::{Matmul, MatmulTc, RawSlice, RowAccess};
 
@@ -23,8 +21,6 @@ use crate::launch::{ByValue, launch_cfg, launch_cfg_large_smem};
 use crate::ops::{aligned16, same_device_and_dtype};
 use crate::tensor::Tensor;
 
-// The f32 variants use the default's output tiles: one grid serves all.
-const _: () = assert!(f32v::BM == BM && f32v::BN == BN);
 
 /// Whether an operand enters the product as stored or transposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +65,18 @@ pub(crate) struct GemmShape {
     pub batch: usize,
 }
 
+/// The f32 kernel for a storage combination: entry name, threads a block and dynamic shared memory.
+fn f32_kernel(ta: Transpose, tb: Transpose) -> (&'static str, u32, u32) {
+    const NAMES: [&str; 4] = [
+        "matmul_simt_nn_f32",
+        "matmul_simt_nt_f32",
+        "matmul_simt_tn_f32",
+        "matmul_simt_tt_f32",
+    ];
+    let name = NAMES[2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize];
+    (name, f32v::CONFIG.threads(), f32v::CONFIG.smem_bytes())
+}
+
 /// `C (+)= op(A) op(B) (+ bias)` on raw operands. Callers guarantee that every addressed element lies
 /// inside the given slices (the Clifford launchers derive all offsets from validated shapes).
 pub(crate) fn gemm(
@@ -80,78 +88,8 @@ pub(crate) fn gemm(
     bias: Option<RawSlice>,
     acc: Accumulate,
 ) -> Result<()> {
-    gemm_on(gpu, shape, a, b, c, bias, acc, F32_DEFAULT_VARIANT)
-}
-
-/// The f32 kernel every f32 matmul runs: variant 2 (`matmul_simtv2_*`: 8x16 outputs a thread, 128
-/// threads, two shared-memory stages filled from registers, one barrier a k-tile). It measured 3.108 ms
-/// at 4096^3 on an H100 = 0.855 of cuBLAS SGEMM's 2.659 in the same run, against 4.075 (0.65) for
-/// variant 0, `matmul_f32` (session 4, runs f3 and d), and gives variant 0's bits exactly (each output
-/// sums its products k-ascending with one fma each: `gpu_matmul`'s bit-identity tests), so switching
-/// changes no result. Every f32 entry point follows this constant.
-const F32_DEFAULT_VARIANT: u32 = 2;
-
-/// The f32 kernel of variant `variant` (0: `matmul_f32`; N: `matmul_simtvN_{nn,nt,tn,tt}_f32`
-/// of `gpu::params::matmul_f32v::VARIANTS[N - 1]`) for a storage combination: entry name, threads
-/// a block and dynamic shared memory. `None` for an unknown variant.
-fn f32_kernel(variant: u32, ta: Transpose, tb: Transpose) -> Option<(&'static str, u32, u32)> {
-    if variant == 0 {
-        return Some(("matmul_f32", THREADS, 0));
-    }
-    let cfg = f32v::VARIANTS.get(variant as usize - 1)?;
-    let names = F32_NAMES[variant as usize - 1];
-    let name = names[2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize];
-    Some((name, cfg.threads(), cfg.smem_bytes()))
-}
-
-/// Entry points of the f32 tuning variants (`F32_NAMES[N - 1]`), in `nn, nt, tn, tt` order.
-const F32_NAMES: [[&str; 4]; f32v::VARIANTS.len()] = [
-    [
-        "matmul_simtv1_nn_f32",
-        "matmul_simtv1_nt_f32",
-        "matmul_simtv1_tn_f32",
-        "matmul_simtv1_tt_f32",
-    ],
-    [
-        "matmul_simtv2_nn_f32",
-        "matmul_simtv2_nt_f32",
-        "matmul_simtv2_tn_f32",
-        "matmul_simtv2_tt_f32",
-    ],
-    [
-        "matmul_simtv3_nn_f32",
-        "matmul_simtv3_nt_f32",
-        "matmul_simtv3_tn_f32",
-        "matmul_simtv3_tt_f32",
-    ],
-    [
-        "matmul_simtv4_nn_f32",
-        "matmul_simtv4_nt_f32",
-        "matmul_simtv4_tn_f32",
-        "matmul_simtv4_tt_f32",
-    ],
-];
-
-/// [`gemm`] on f32 kernel variant `variant` (see [`f32_kernel`]; `F32_DEFAULT_VARIANT` is [`gemm`]
-/// itself). Every variant takes the same parameters and grid and gives the same bits.
-#[allow(clippy::too_many_arguments)]
-fn gemm_on(
-    gpu: &crate::Gpu,
-    shape: GemmShape,
-    a: Operand,
-    b: Operand,
-    c: Operand,
-    bias: Option<RawSlice>,
-    acc: Accumulate,
-    variant: u32,
-) -> Result<()> {
     const OP: &str = "matmul";
-    let Some((kernel, threads, smem)) = f32_kernel(variant, a.trans, b.trans) else {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: format!("no f32 matmul variant {variant} (0..={F32_VARIANTS})"),
-        });
-    };
+    let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
     let GemmShape { m, n, k, batch } = shape;
     if m == 0 || n == 0 || batch == 0 {
         return Ok(());
@@ -349,55 +287,24 @@ fn row_access(base_aligned16: bool, ld: u64, stride: u64) -> RowAccess {
     }
 }
 
-/// The entry points of one configuration, indexed by [`tc_index`].
-macro_rules! tc_names {
-    ($p:literal) => {
-        [
-            concat!($p, "_nn_f16"),
-            concat!($p, "_nt_f16"),
-            concat!($p, "_tn_f16"),
-            concat!($p, "_tt_f16"),
-            concat!($p, "_nn_bf16"),
-            concat!($p, "_nt_bf16"),
-            concat!($p, "_tn_bf16"),
-            concat!($p, "_tt_bf16"),
-        ]
-    };
-}
-
-/// Entry points of the default configuration (row 0) and of `tc::VARIANTS` (row N).
-const TC_NAMES: [[&str; 8]; 1 + tc::VARIANTS.len()] = [
-    tc_names!("matmul_tc"),
-    tc_names!("matmul_tcv1"),
-    tc_names!("matmul_tcv2"),
-    tc_names!("matmul_tcv3"),
-    tc_names!("matmul_tcv4"),
-];
-
-/// Column of [`TC_NAMES`] for a 16-bit dtype and storage combination.
-fn tc_index(dtype: DType, ta: Transpose, tb: Transpose) -> Option<usize> {
+/// The tensor-core entry point for a 16-bit dtype and storage combination (`None` for f32).
+fn tc_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str> {
+    const NAMES: [&str; 8] = [
+        "matmul_tc_nn_f16",
+        "matmul_tc_nt_f16",
+        "matmul_tc_tn_f16",
+        "matmul_tc_tt_f16",
+        "matmul_tc_nn_bf16",
+        "matmul_tc_nt_bf16",
+        "matmul_tc_tn_bf16",
+        "matmul_tc_tt_bf16",
+    ];
     let d = match dtype {
         DType::F16 => 0,
         DType::BF16 => 4,
         DType::F32 => return None,
     };
-    Some(d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize)
-}
-
-/// The tensor-core entry point for a dtype and storage combination (the default configuration).
-#[cfg(test)]
-fn tc_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str> {
-    tc_variant_kernel(0, dtype, ta, tb)
-}
-
-/// The entry point of variant `variant` (0: the default configuration).
-fn tc_variant_kernel(
-    variant: u32,
-    dtype: DType,
-    ta: Transpose,
-    tb: Transpose,
-) -> Option<&'static str> {
-    Some(TC_NAMES.get(variant as usize)?[tc_index(dtype, ta, tb)?])
+    Some(NAMES[d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize])
 }
 
 /// `op(a) op(b)`: a is `(M, K)` (or `(K, M)` with `ta = Yes`), b is `(K, N)` (or `(N, K)`), each
@@ -420,25 +327,16 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
     }
     let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
     if a.dtype() == DType::F32 {
-        f32_launch(
-            a,
-            b,
-            ta,
-            tb,
-            &d,
-            &out,
-            None,
-            Accumulate::Overwrite,
-            F32_DEFAULT_VARIANT,
-        )?;
+        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite)?;
         return Ok(out);
     }
-    tc_launch(a, b, &d, &out, name_of(a.dtype(), ta, tb, 0), &tc::DEFAULT)?;
+    let name = tc_kernel(a.dtype(), ta, tb).expect("16-bit dtype: f32 returned above");
+    tc_launch(a, b, &d, &out, name, &tc::DEFAULT)?;
     Ok(out)
 }
 
-/// `out (+)= op(a) op(b) (+ bias)` for f32 operands of shape `d` on f32 variant `variant`; `out`
-/// has `d.out_shape()`, `bias` (if any) `d.n` elements.
+/// `out (+)= op(a) op(b) (+ bias)` for f32 operands of shape `d`; `out` has `d.out_shape()`, `bias`
+/// (if any) `d.n` elements.
 #[allow(clippy::too_many_arguments)]
 fn f32_launch(
     a: &Tensor,
@@ -449,7 +347,6 @@ fn f32_launch(
     out: &Tensor,
     bias: Option<RawSlice>,
     acc: Accumulate,
-    variant: u32,
 ) -> Result<()> {
     let stride = |batched: bool, (r, c): (usize, usize)| if batched { (r * c) as u64 } else { 0 };
     let (sa, sb) = (stride(d.a_batched, d.a), stride(d.b_batched, d.b));
@@ -465,7 +362,7 @@ fn f32_launch(
         trans: tr,
         stride,
     };
-    gemm_on(
+    gemm(
         a.gpu(),
         shape,
         operand(a, d.a.1, ta, sa),
@@ -478,50 +375,15 @@ fn f32_launch(
         },
         bias,
         acc,
-        variant,
     )
 }
 
-fn name_of(dtype: DType, ta: Transpose, tb: Transpose, variant: u32) -> &'static str {
-    match tc_variant_kernel(variant, dtype, ta, tb) {
-        Some(name) => name,
-        None => unreachable!("f32 is dispatched before; every variant has every 16-bit kernel"),
-    }
-}
-
-/// Number of f32 tuning variants besides the default (`matmul_simtv1..=N`,
-/// `gpu::params::matmul_f32v::VARIANTS`); see [`matmul_variant`]. Every device that runs the
-/// default runs them (at most 34 KiB of shared memory a block, no opt-in).
-#[doc(hidden)]
-pub const F32_VARIANTS: u32 = f32v::VARIANTS.len() as u32;
-
-/// Validates f32 operands for f32 variant `variant` and allocates the product.
-fn f32_variant_output(
-    op: &'static str,
-    a: &Tensor,
-    b: &Tensor,
-    ta: Transpose,
-    tb: Transpose,
-    variant: u32,
-) -> Result<Tensor> {
-    if variant > F32_VARIANTS {
-        return Err(Error::Invalid {
-            op,
-            msg: format!("no f32 matmul variant {variant} (0..={F32_VARIANTS})"),
-        });
-    }
-    let d = matmul_dims(op, a.shape(), b.shape(), ta, tb)?;
-    a.require_contiguous(op, "a")?;
-    b.require_contiguous(op, "b")?;
-    Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())
-}
-
-/// `out (+)= op(a) op(b) (+ bias)` for f32 on f32 variant `variant` (0: the shipped kernel): the
-/// bias-row and accumulate paths that [`gemm`] gives the Clifford layers, reachable for side-by-side
-/// tests. `out` is contiguous with the product's shape, `bias` (if any) has `n` elements; all f32.
-#[doc(hidden)]
+/// `out (+)= op(a) op(b) (+ bias)` for f32 operands into an existing output (as `torch.addmm`, with
+/// `accumulate` adding to `out` instead of overwriting it): the bias-row and accumulate paths the
+/// Clifford layers build on. `out` is contiguous with the product's shape, `bias` (if any) has `n`
+/// elements; all f32.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_f32_variant_into(
+pub fn matmul_f32_into(
     a: &Tensor,
     b: &Tensor,
     ta: Transpose,
@@ -529,21 +391,14 @@ pub fn matmul_f32_variant_into(
     bias: Option<&Tensor>,
     out: &Tensor,
     accumulate: bool,
-    variant: u32,
 ) -> Result<()> {
-    const OP: &str = "matmul_f32_variant_into";
+    const OP: &str = "matmul_f32_into";
     same_device_and_dtype(OP, a, b)?;
     same_device_and_dtype(OP, a, out)?;
     if a.dtype() != DType::F32 {
         return Err(Error::Invalid {
             op: OP,
             msg: format!("f32 operands only, got {}", a.dtype()),
-        });
-    }
-    if variant > F32_VARIANTS {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: format!("no f32 matmul variant {variant} (0..={F32_VARIANTS})"),
         });
     }
     let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
@@ -579,76 +434,7 @@ pub fn matmul_f32_variant_into(
     } else {
         Accumulate::Overwrite
     };
-    f32_launch(a, b, ta, tb, &d, out, bias, acc, variant)
-}
-
-/// Number of tensor-core tuning variants besides the default (`matmul_tcv1..=N`); see
-/// [`matmul_variant`].
-#[doc(hidden)]
-pub const TC_VARIANTS: u32 = tc::VARIANTS.len() as u32;
-
-/// Whether `gpu` can launch tensor-core variant `variant` (its shared memory fits the device's
-/// per-block opt-in limit: the 192 KiB variants need sm_90).
-#[doc(hidden)]
-pub fn matmul_variant_supported(gpu: &crate::Gpu, variant: u32) -> Result<bool> {
-    let Some(cfg) = tc::variant(variant) else {
-        return Ok(false);
-    };
-    let optin = gpu.attribute(
-        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-    )?;
-    Ok(cfg.smem_bytes() <= optin)
-}
-
-/// [`matmul`] on tuning variant `variant`, for side-by-side benchmarks and tests. Same shape rules,
-/// results and bits as [`matmul`].
-/// - 16-bit operands: tensor-core variant `variant` (0: the default kernel, exactly [`matmul`];
-///   1..=[`TC_VARIANTS`]: `gpu::params::matmul_tc::VARIANTS[variant - 1]`); refuses variants whose
-///   shared memory the device cannot give a block ([`matmul_variant_supported`]).
-/// - f32 operands: f32 variant `variant` (0: `matmul_f32`; 1..=[`F32_VARIANTS`]:
-///   `matmul_simtv{N}_*_f32`, `gpu::params::matmul_f32v::VARIANTS[variant - 1]`); every shape and
-///   transpose [`matmul`] takes.
-///
-/// Refuses unknown variants.
-#[doc(hidden)]
-pub fn matmul_variant(
-    a: &Tensor,
-    b: &Tensor,
-    ta: Transpose,
-    tb: Transpose,
-    variant: u32,
-) -> Result<Tensor> {
-    const OP: &str = "matmul_variant";
-    same_device_and_dtype(OP, a, b)?;
-    if a.dtype() == DType::F32 {
-        let out = f32_variant_output(OP, a, b, ta, tb, variant)?;
-        let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
-        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite, variant)?;
-        return Ok(out);
-    }
-    let Some(cfg) = tc::variant(variant) else {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: format!("no tensor-core variant {variant} (0..={TC_VARIANTS})"),
-        });
-    };
-    if !matmul_variant_supported(a.gpu(), variant)? {
-        return Err(Error::Invalid {
-            op: OP,
-            msg: format!(
-                "variant {variant} needs {} bytes of shared memory a block, more than this device \
-                 allows",
-                cfg.smem_bytes()
-            ),
-        });
-    }
-    let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
-    a.require_contiguous(OP, "a")?;
-    b.require_contiguous(OP, "b")?;
-    tc_limits(OP, &d, &cfg)?;
-    let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
-    tc_launch(a, b, &d, &out, name_of(a.dtype(), ta, tb, variant), &cfg)?;
-    Ok(out)
+    f32_launch(a, b, ta, tb, &d, out, bias, acc)
 }
 
 /// Launches tensor-core entry `name` (of configuration `cfg`) for `out = op(a) op(b)`; `d` passed
@@ -921,80 +707,37 @@ mod tests {
         assert_eq!(row_access(true, 4097, 0), Elements);
         assert_eq!(row_access(false, 64, 0), Elements);
         assert_eq!(row_access(true, 8, 8 * 3 + 4), Elements);
-        // Every 16-bit dtype and transpose combination has a kernel in the shipped PTX; f32 has none.
+        // Every 16-bit dtype and transpose combination has its own kernel in the matmul module, whose
+        // launch bound allows the block the host launches; f32 has none.
+        let mut all = std::collections::HashSet::new();
         for dt in [DType::F16, DType::BF16] {
             for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
                 let name = tc_kernel(dt, ta, tb).unwrap();
-                for ptx in [crate::ptx::SM80, crate::ptx::SM90] {
-                    assert!(crate::ptx::entry_points(ptx).contains(&name), "{name}");
+                assert!(all.insert(name), "{name} twice");
+                assert_eq!(crate::Family::of(name), Some(crate::Family::Matmul), "{name}");
+                for arch in ["sm_80", "sm_90"] {
+                    let bound = crate::modules::launch_bounds(name, arch).map(|b| b.0);
+                    assert_eq!(bound, Some(gpu::params::matmul_tc::DEFAULT.threads()), "{name} {arch}");
                 }
             }
         }
         assert!(tc_kernel(DType::F32, No, No).is_none());
-        // Every tuning variant too, each name once, the default row being `tc_kernel`'s.
-        let mut all = std::collections::HashSet::new();
-        for v in 0..=super::TC_VARIANTS {
-            for dt in [DType::F16, DType::BF16] {
-                for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
-                    let name = super::tc_variant_kernel(v, dt, ta, tb).unwrap();
-                    if v == 0 {
-                        assert_eq!(Some(name), tc_kernel(dt, ta, tb));
-                    }
-                    let t = match (ta, tb) {
-                        (No, No) => "nn",
-                        (No, Yes) => "nt",
-                        (Yes, No) => "tn",
-                        (Yes, Yes) => "tt",
-                    };
-                    let prefix = if v == 0 {
-                        "matmul_tc".to_string()
-                    } else {
-                        format!("matmul_tcv{v}")
-                    };
-                    assert_eq!(name, format!("{prefix}_{t}_{dt}"));
-                    assert!(all.insert(name));
-                    for ptx in [crate::ptx::SM80, crate::ptx::SM90] {
-                        assert!(crate::ptx::entry_points(ptx).contains(&name), "{name}");
-                    }
-                }
-            }
-            assert!(super::tc_variant_kernel(v, DType::F32, No, No).is_none());
-        }
-        assert!(super::tc_variant_kernel(super::TC_VARIANTS + 1, DType::F16, No, No).is_none());
     }
 
     #[test]
-    fn f32_variants_have_every_entry_point() {
-        use super::{F32_VARIANTS, f32_kernel};
+    fn f32_kernels_exist_with_the_launch_bound_the_host_launches_with() {
         let mut all = std::collections::HashSet::new();
-        for v in 0..=F32_VARIANTS {
-            for (ta, tb, t) in [
-                (No, No, "nn"),
-                (No, Yes, "nt"),
-                (Yes, No, "tn"),
-                (Yes, Yes, "tt"),
-            ] {
-                let (name, threads, smem) = f32_kernel(v, ta, tb).unwrap();
-                if v == 0 {
-                    assert_eq!((name, smem), ("matmul_f32", 0));
-                } else {
-                    assert_eq!(name, format!("matmul_simtv{v}_{t}_f32"));
-                    assert!(all.insert(name), "{name} twice");
-                    let cfg = gpu::params::matmul_f32v::VARIANTS[v as usize - 1];
-                    assert_eq!((threads, smem), (cfg.threads(), cfg.smem_bytes()));
-                }
-                // Launch bounds in the PTX must allow the block size the host launches with.
-                let bound = gpu::params::LAUNCH_BOUNDS
-                    .iter()
-                    .find(|(p, _, _)| name.starts_with(p))
-                    .map(|&(_, t, _)| t);
-                assert_eq!(bound, Some(threads), "{name}");
-                for ptx in [crate::ptx::SM80, crate::ptx::SM90] {
-                    assert!(crate::ptx::entry_points(ptx).contains(&name), "{name}");
-                }
+        for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
+            let (name, threads, smem) = super::f32_kernel(ta, tb);
+            assert!(all.insert(name), "{name} twice");
+            let cfg = gpu::params::matmul_f32v::CONFIG;
+            assert_eq!((threads, smem), (cfg.threads(), cfg.smem_bytes()));
+            assert_eq!(crate::Family::of(name), Some(crate::Family::Matmul), "{name}");
+            for arch in ["sm_80", "sm_90"] {
+                let bound = crate::modules::launch_bounds(name, arch).map(|b| b.0);
+                assert_eq!(bound, Some(threads), "{name} {arch}");
             }
         }
-        assert!(f32_kernel(F32_VARIANTS + 1, No, No).is_none());
     }
 
     #[test]

@@ -1,9 +1,9 @@
-//! FlashAttention forward on Hopper warpgroup MMA (`wgmma`, sm_90a): a variant of [`super::flash`]
-//! with the same semantics, outputs and masking contract (entry points `flash_wg_fwd_d{64,128}_{dtype}`
-//! and, with the overlapped schedule below, `flash_wg2_fwd_d{64,128}_{dtype}`; `flash_wg3_fwd_d64_*` is
-//! the overlapped schedule with 128-key tiles at D = 64; `flash_wg4_fwd_d64_*` the same with one
-//! warpgroup, 64 query rows, a CTA, so that short sequences fill the SMs with several CTAs each).
-//! Compiled only into the sm_90 PTX (`#[cfg(target_feature = "sm_90a")]` on the module).
+//! FlashAttention forward on Hopper warpgroup MMA (`wgmma`, sm_90a): the sm_90 build's FlashAttention,
+//! with the semantics, outputs and masking contract of the sm_80 build's `mma.sync` kernel
+//! (`flash.rs`). Entry points `flash_wg_fwd_d{64,128}_{dtype}`, and with the overlapped schedule
+//! below `flash_wg2_fwd_d64_{dtype}` and `flash_wg4_fwd_d64_{dtype}` (one warpgroup, 64 query rows, a
+//! CTA, so that short sequences fill the SMs with several CTAs each). Compiled only into the sm_90
+//! PTX (`#[cfg(target_feature = "sm_90a")]` on the module).
 //!
 //! One CTA per (block of `BQ` query rows, head, batch) with `BQ / 64` warpgroups; warpgroup `w` owns
 //! query rows `64 w..64 w + 64` (the M = 64 of wgmma).
@@ -15,7 +15,7 @@
 //! - `S` (64 x `BK` per warpgroup, `BK / 2` f32 a thread) = `D / 16` wgmma k-steps in one group, then
 //!   a wait. Its register layout is the `mma.m16n8` accumulator layout per warp, so the masking and the
 //!   online softmax (running max of raw scores, `exp2(s c - m c)` with `c = |scale| log2 e`) are those
-//!   of [`super::flash`]; a negative scale negates Q's tile once in shared memory (sign bits, exact).
+//!   of the `mma.sync` kernel; a negative scale negates Q's tile once in shared memory (sign bits, exact).
 //! - P rounded to the input type in registers is the A operand (registers) of `O += P V`: `BK / 16`
 //!   wgmma in one group, left in flight while the next tile's copies are issued and `S(j+1)` is issued;
 //!   the wait after `S(j+1)` covers both (groups retire in order), before `O` is rescaled.
@@ -43,10 +43,7 @@
 //! mask, softmax(j); wait 0 (P V(j-1) retired); rescale O; P(j) = pack(S(j))
 //! ... after the loop: wait 0, fence, barrier; issue P V(n-1); wait 0
 //! ```
-//!
-//! The layer probes `wgmma_probe_*` (one warpgroup, f16) check the two operand forms on their own:
-//! `ss` = A and B K-major from shared memory (the `Q K^T` form), `rs` = A from registers, B MN-major
-//! (the `P V` form), each over a 128-deep k loop.
+
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LN_2, LOG2_E, exp2, fma, log2, max};
@@ -58,7 +55,7 @@ use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_K128, FLASH_WG_D64_Q64, FLASH_WG_D128,
+    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_Q64, FLASH_WG_D128,
     FlashWgmmaConfig, MaskKind, flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
@@ -433,7 +430,7 @@ fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: [i32; 2]) {
 }
 
 /// Running max (`m`, of raw scores) and this thread's partial row sums (`l`) of its two rows, as in
-/// [`super::flash`]; `c = |scale| log2(e) > 0`.
+/// the `mma.sync` kernel; `c = |scale| log2(e) > 0`.
 struct OnlineSoftmax {
     m: [f32; 2],
     l: [f32; 2],
@@ -554,6 +551,10 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON: usize>(
 
 macro_rules! flash_wg_entry_points {
     ($($name:ident: $t:ty, $cfg:path, $overlap:literal;)*) => {$(
+        // Warpgroups a CTA and CTAs an SM from the config: D = 128 at one CTA per SM (up to 255
+        // registers: S, O and P are 160 of them), D = 64 at two (128 registers), the one-warpgroup
+        // D = 64 kernel at three (shared memory allows 3).
+        crate::launch_bounds!($name, $cfg.threads(), $cfg.min_blocks);
         /// FlashAttention forward on wgmma (sm_90a); launch with the grid, block and shared memory of
         /// its config.
         #[unsafe(no_mangle)]
@@ -577,137 +578,6 @@ flash_wg_entry_points! {
     flash_wg_fwd_d128_bf16: BF16, FLASH_WG_D128, false;
     flash_wg2_fwd_d64_f16: F16, FLASH_WG_D64, true;
     flash_wg2_fwd_d64_bf16: BF16, FLASH_WG_D64, true;
-    flash_wg2_fwd_d128_f16: F16, FLASH_WG_D128, true;
-    flash_wg2_fwd_d128_bf16: BF16, FLASH_WG_D128, true;
-    flash_wg3_fwd_d64_f16: F16, FLASH_WG_D64_K128, true;
-    flash_wg3_fwd_d64_bf16: BF16, FLASH_WG_D64_K128, true;
     flash_wg4_fwd_d64_f16: F16, FLASH_WG_D64_Q64, true;
     flash_wg4_fwd_d64_bf16: BF16, FLASH_WG_D64_Q64, true;
-}
-
-/// The probes' depth: 8 k-steps of 16 (two 64-column panels for K-major operands).
-const PROBE_K: usize = 128;
-
-/// Writes a 64 x N f32 accumulator (wgmma D layout) row-major to `c`.
-#[inline(always)]
-fn probe_store<const AN: usize>(acc: &[f32; AN], c: SliceMut<f32>) {
-    let n_cols = (2 * AN) as u64;
-    let tid = thread_idx_x();
-    let row = ((tid / 32) * 16 + lane_id() / 4) as u64;
-    let col0 = (2 * (lane_id() % 4)) as u64;
-    unroll_lt!(j < AN / 4, {
-        let col = col0 + 8 * j as u64;
-        c.set(row * n_cols + col, acc[4 * j]);
-        c.set(row * n_cols + col + 1, acc[4 * j + 1]);
-        c.set((row + 8) * n_cols + col, acc[4 * j + 2]);
-        c.set((row + 8) * n_cols + col + 1, acc[4 * j + 3]);
-    });
-}
-
-/// Layer-1 probe: `C (64 x N) = A B^T`, A `[64][128]` and B `[N][128]` row-major (both K-major),
-/// both from swizzled shared memory by descriptors; `AN = N / 2`. One warpgroup.
-#[inline(always)]
-unsafe fn probe_ss<const N: usize, const AN: usize>(a: Slice<F16>, b: Slice<F16>, c: SliceMut<f32>)
-where
-    F16: Wgmma<[f32; AN]>,
-    [f32; AN]: Accumulator,
-{
-    const { assert!(AN * 2 == N) };
-    check_index(64 * PROBE_K, a.len as usize + 1);
-    check_index(N * PROBE_K, b.len as usize + 1);
-    let a_tile = SwizzledTile::<64, PROBE_K>::at(dynamic_base());
-    let b_tile =
-        SwizzledTile::<N, PROBE_K>::at(dynamic_base() + SwizzledTile::<64, PROBE_K>::BYTES as u32);
-    // SAFETY: the launcher passes 64 and N rows of 128 elements.
-    unsafe {
-        load_rows::<64, PROBE_K, 128, F16>(a_tile, a.ptr, 0, 64);
-        load_rows::<N, PROBE_K, 128, F16>(b_tile, b.ptr, 0, N as u32);
-    }
-    cp_async_commit();
-    cp_async_wait::<0>();
-    fence_proxy_async();
-    sync_threads();
-    let mut acc = [0.0f32; AN];
-    fence();
-    unroll_lt!(kd < PROBE_K / 16, {
-        // SAFETY: the whole warpgroup; tiles landed and fenced.
-        unsafe {
-            F16::mma_ss(
-                &mut acc,
-                a_tile.desc_k_major(0, kd as u32),
-                b_tile.desc_k_major(0, kd as u32),
-                (kd > 0) as u32,
-            )
-        };
-    });
-    commit();
-    acc.wait::<0>();
-    probe_store(&acc, c);
-}
-
-/// Layer-2 probe: `C (64 x N) = A B`, A `[64][128]` row-major read into registers (the wgmma A
-/// fragment, as P is), B `[128][N]` row-major (MN-major, the V form) from swizzled shared memory.
-#[inline(always)]
-unsafe fn probe_rs<const N: usize, const AN: usize>(a: Slice<F16>, b: Slice<F16>, c: SliceMut<f32>)
-where
-    F16: Wgmma<[f32; AN]>,
-    [f32; AN]: Accumulator,
-{
-    const { assert!(AN * 2 == N) };
-    check_index(64 * PROBE_K, a.len as usize + 1);
-    check_index(N * PROBE_K, b.len as usize + 1);
-    let b_tile = SwizzledTile::<PROBE_K, N>::at(dynamic_base());
-    // SAFETY: the launcher passes 128 rows of N elements.
-    unsafe { load_rows::<PROBE_K, N, 128, F16>(b_tile, b.ptr, 0, PROBE_K as u32) };
-    cp_async_commit();
-    let tid = thread_idx_x();
-    let row = (tid / 32) * 16 + lane_id() / 4;
-    let col = 2 * (lane_id() % 4);
-    // Two 16-bit elements (row r, columns k, k + 1) as one word, low half first.
-    let word = |r: u32, k: u32| -> u32 {
-        let i = (r as usize * PROBE_K + k as usize) / 2;
-        check_index(2 * i + 1, a.len as usize);
-        // SAFETY: inside A (64 x 128, checked above in checked builds); 4-byte aligned (k even).
-        unsafe { *(a.ptr as *const u32).add(i) }
-    };
-    let mut af = [[0u32; 4]; PROBE_K / 16];
-    unroll_lt!(kd < PROBE_K / 16, {
-        let k0 = 16 * kd as u32 + col;
-        af[kd] = [
-            word(row, k0),
-            word(row + 8, k0),
-            word(row, k0 + 8),
-            word(row + 8, k0 + 8),
-        ];
-    });
-    cp_async_wait::<0>();
-    fence_proxy_async();
-    sync_threads();
-    let mut acc = [0.0f32; AN];
-    fence();
-    unroll_lt!(kd < PROBE_K / 16, {
-        // SAFETY: the whole warpgroup; the tile landed and was fenced.
-        unsafe { F16::mma_rs_tb(&mut acc, &af[kd], b_tile.desc_mn_major(kd as u32)) };
-    });
-    commit();
-    acc.wait::<0>();
-    probe_store(&acc, c);
-}
-
-macro_rules! probe_entry_points {
-    ($($name:ident: $f:ident, $n:literal;)*) => {$(
-        /// A wgmma layer probe (see the module doc); one block of 128 threads, shared memory
-        /// `(64 + 128) * 128 * 2` bytes at most.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(a: Slice<F16>, b: Slice<F16>, c: SliceMut<f32>) {
-            unsafe { $f::<$n, { $n / 2 }>(a, b, c) }
-        }
-    )*};
-}
-
-probe_entry_points! {
-    wgmma_probe_ss_n64_f16: probe_ss, 64;
-    wgmma_probe_ss_n128_f16: probe_ss, 128;
-    wgmma_probe_rs_n64_f16: probe_rs, 64;
-    wgmma_probe_rs_n128_f16: probe_rs, 128;
 }

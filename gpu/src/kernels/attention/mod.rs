@@ -1,8 +1,9 @@
-//! Attention forward: the FlashAttention-2 kernel ([`flash`]), its Hopper wgmma variant
-//! (`flash_wgmma`, sm_90 PTX only) and the naive reference ([`naive`]).
+//! Attention forward: FlashAttention-2 on `mma.sync` ([`flash`], the sm_80 build), its Hopper wgmma
+//! form (`flash_wgmma`, the sm_90 build: compute capability 9.0 runs that build, so the `mma.sync`
+//! kernel would never run there) and the naive reference ([`naive`], both builds).
 //! Semantics, layouts and the causal convention: `params::attention`.
+#[cfg(not(target_feature = "sm_90a"))]
 mod flash;
-// wgmma (sm_90a) variant: only in the sm_90 PTX build (see gpu/ptx_builder.rs `target_cpu`).
 #[cfg(target_feature = "sm_90a")]
 mod flash_wgmma;
 mod naive;

@@ -20,10 +20,9 @@
 //!
 //! Every C element is one thread's fixed sequence of `mma` over k: the same bits on every run.
 //!
-//! The kernel is generic over a [`Config`] (tile, stages, warps, fragment pipelining): the shipped
-//! `matmul_tc_*` entry points use [`matmul_tc::DEFAULT`], the tuning variants `matmul_tcv{N}_*` use
-//! `matmul_tc::VARIANTS[N - 1]`. Every variant computes each C element with the same k order (k
-//! ascending, 16 at a time), so all variants give the same bits.
+//! The kernel is generic over a [`Config`] (tile, stages, warps, fragment pipelining); the
+//! `matmul_tc_*` entry points use [`matmul_tc::DEFAULT`]. Every configuration computes each C element
+//! with the same k order (k ascending, 16 at a time), so a re-tune changes no bits.
 //!
 //! The pipeline per k-tile `kt` (one barrier per tile):
 //! ```text
@@ -586,6 +585,9 @@ fn store_c<
 
 macro_rules! tc_entry_points {
     ($cfg:ty: $($name:ident: $t:ty, $a_t:literal, $b_t:literal;)*) => {$(
+        // One 256-thread block per SM, so ptxas may use up to 255 registers for the 128 accumulators
+        // and the fragments of a 64 x 64 warp tile.
+        crate::launch_bounds!($name, <$cfg as TcConfig>::C.threads(), <$cfg as TcConfig>::C.min_blocks);
         /// `C = op(A) op(B)` on tensor cores for one storage combination (see the module doc);
         /// grid (tiles, 1, batch), `threads()` threads, `smem_bytes()` of dynamic shared memory of
         /// this entry's configuration.
@@ -627,15 +629,3 @@ macro_rules! tc_config {
 tc_config! { Default = matmul_tc::DEFAULT;
 matmul_tc_nn_f16 matmul_tc_nt_f16 matmul_tc_tn_f16 matmul_tc_tt_f16
 matmul_tc_nn_bf16 matmul_tc_nt_bf16 matmul_tc_tn_bf16 matmul_tc_tt_bf16 }
-tc_config! { V1 = matmul_tc::VARIANTS[0];
-matmul_tcv1_nn_f16 matmul_tcv1_nt_f16 matmul_tcv1_tn_f16 matmul_tcv1_tt_f16
-matmul_tcv1_nn_bf16 matmul_tcv1_nt_bf16 matmul_tcv1_tn_bf16 matmul_tcv1_tt_bf16 }
-tc_config! { V2 = matmul_tc::VARIANTS[1];
-matmul_tcv2_nn_f16 matmul_tcv2_nt_f16 matmul_tcv2_tn_f16 matmul_tcv2_tt_f16
-matmul_tcv2_nn_bf16 matmul_tcv2_nt_bf16 matmul_tcv2_tn_bf16 matmul_tcv2_tt_bf16 }
-tc_config! { V3 = matmul_tc::VARIANTS[2];
-matmul_tcv3_nn_f16 matmul_tcv3_nt_f16 matmul_tcv3_tn_f16 matmul_tcv3_tt_f16
-matmul_tcv3_nn_bf16 matmul_tcv3_nt_bf16 matmul_tcv3_tn_bf16 matmul_tcv3_tt_bf16 }
-tc_config! { V4 = matmul_tc::VARIANTS[3];
-matmul_tcv4_nn_f16 matmul_tcv4_nt_f16 matmul_tcv4_tn_f16 matmul_tcv4_tt_f16
-matmul_tcv4_nn_bf16 matmul_tcv4_nt_bf16 matmul_tcv4_tn_bf16 matmul_tcv4_tt_bf16 }

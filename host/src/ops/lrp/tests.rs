@@ -641,43 +641,25 @@ fn v3_runs_only_on_16_byte_rows() {
     assert!(!fits(Pass::Spread, 0, 0, 4097, 4096));
     assert!(!fits(Pass::Spread, 0, 0, 30, 4096));
     // The kernels a pass names.
-    use GemmVariant::{Staged, V3, V4};
-    assert_eq!(Pass::Sums.kernel(V3), "lrp_sums_v3_f32");
-    assert_eq!(Pass::Spread.kernel(V3), "lrp_spread_v3_f32");
-    assert_eq!(Pass::Dense.kernel(V3), "dense_v3_f32");
-    assert_eq!(Pass::Sums.kernel(V4), "lrp_sums_v3_f32");
-    assert_eq!(Pass::Spread.kernel(V4), "lrp_spread_v4_f32");
-    assert_eq!(Pass::Dense.kernel(V4), "dense_v4_f32");
+    use GemmVariant::{Staged, V5};
     assert_eq!(Pass::Sums.kernel(Staged), "lrp_sums_f32");
     assert_eq!(Pass::Spread.kernel(Staged), "lrp_spread_f32");
     assert_eq!(Pass::Dense.kernel(Staged), "dense_f32");
-    use GemmVariant::{V5, V6};
-    assert_eq!(Pass::Sums.kernel(V6), "lrp_sums_v5_f32");
-    assert_eq!(Pass::Spread.kernel(V6), "lrp_spread_v5_f32");
-    assert_eq!(Pass::Dense.kernel(V6), "dense_v5_f32");
     assert_eq!(Pass::Sums.kernel(V5), "lrp_sums_v5_f32");
     assert_eq!(Pass::Spread.kernel(V5), "lrp_spread_v5_f32");
     assert_eq!(Pass::Dense.kernel(V5), "dense_v5_f32");
-    // The spread kernels with a fused finish, and when it runs: one split.
-    assert_eq!(
-        finish_kernel("lrp_spread_v3_f32"),
-        Some("lrp_spread_v3_finish_f32")
-    );
+    // The spread kernel with a fused finish, and when it runs: one split.
     assert_eq!(
         finish_kernel("lrp_spread_v5_f32"),
         Some("lrp_spread_v5_finish_f32")
     );
-    assert_eq!(finish_kernel("lrp_spread_v4_f32"), None);
     assert_eq!(finish_kernel("lrp_spread_f32"), None);
     assert!(finishes_in_epilogue(
         "lrp_spread_v5_f32",
         (1024, 4096, 4096)
     ));
     assert!(!finishes_in_epilogue("lrp_spread_v5_f32", (64, 4096, 4096)));
-    assert!(!finishes_in_epilogue(
-        "lrp_spread_v4_f32",
-        (1024, 4096, 4096)
-    ));
+    assert!(!finishes_in_epilogue("lrp_spread_f32", (1024, 4096, 4096)));
 }
 
 /// The GEMM grid covers the output with whole tiles and refuses rows past the grid's y limit by name.
