@@ -1,0 +1,232 @@
+//! Attention (naive and FlashAttention forward): the shape parameters and each kernel's one config.
+use super::KernelParam;
+use crate::layout::{TileLayout, Xor8};
+
+/// Which keys each query sees.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskKind {
+    /// Every query sees every key.
+    None = 0,
+    /// Query `i` sees key `j` iff `j <= i + seq_k - seq_q` (causal, aligned to the bottom-right
+    /// corner of the score matrix when `seq_q != seq_k`, as PyTorch and FlashAttention do).
+    Causal = 1,
+}
+
+/// Shapes and options of one attention launch. Q and O are `[batch, heads, seq_q, head_dim]`,
+/// K and V `[batch, heads, seq_k, head_dim]`, LSE `[batch, heads, seq_q]`, all contiguous.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    pub batch: u32,
+    pub heads: u32,
+    pub seq_q: u32,
+    pub seq_k: u32,
+    pub head_dim: u32,
+    pub mask: MaskKind,
+    /// Multiplies `Q K^T` before the softmax (default `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// First (batch * heads + head) index of this launch (the naive path launches in chunks).
+    pub bh_offset: u32,
+}
+// SAFETY: #[repr(C)], eight 4-byte fields, no padding; `mask` is always a valid discriminant
+// (only built from the enum on the host).
+unsafe impl KernelParam for AttentionShape {}
+
+/// The largest sequence length either path accepts: keeps every in-head index and the
+/// `i + seq_k - seq_q` causal limit inside i32.
+pub const MAX_SEQ: usize = 1 << 30;
+
+/// The compile-time configuration of one FlashAttention forward kernel. The kernel reads it as
+/// const generics and asserts its shared-memory plan matches [`FlashConfig::smem_bytes`]; the
+/// host launcher reads the same values for the grid, block and shared-memory size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashConfig {
+    pub head_dim: usize,
+    /// Query rows per CTA (16 per warp).
+    pub block_q: usize,
+    /// Keys per K/V tile.
+    pub block_k: usize,
+    /// K/V pipeline depth (2 = double buffering).
+    pub stages: usize,
+}
+
+impl FlashConfig {
+    /// Warps per CTA: each owns 16 query rows.
+    pub const fn warps(&self) -> usize {
+        self.block_q / 16
+    }
+    pub const fn threads(&self) -> usize {
+        self.warps() * 32
+    }
+    /// Dynamic shared memory: the Q tile, then `stages` K tiles, then `stages` V tiles (the
+    /// order the kernel carves them in), 16-bit elements, swizzled rows of `head_dim`.
+    pub const fn smem_bytes(&self) -> usize {
+        self.block_q * self.head_dim * 2 + 2 * self.stages * self.block_k * self.head_dim * 2
+    }
+}
+
+/// Tuning notes (design rationale; no measurements yet — the integrator's H100 benchmark is the
+/// judge, and changing these numbers is all a re-tune needs):
+/// - 128 query rows and 8 warps per CTA (16 rows per warp) rather than 64 and 4: every K/V tile
+///   brought into shared memory then feeds 8 warps, halving L2->SM traffic per FLOP (at S = 2048,
+///   D = 128, 64-row blocks need about 5.5 TB/s of L2 bandwidth at 350 TFLOP/s; 128-row blocks
+///   half that), and the B=4,H=8,S=512 seed shape gives 128 CTAs, one wave on 132 SMs.
+/// - 64-key tiles: with 16 rows per warp the S tile is 32 f32 registers per thread and the D=128
+///   accumulator 64, leaving room for Q's fragments (32) without spills.
+/// - 2 stages: K(j+1) loads during S(j) and P V(j); V(j+1) during P V(j) and S(j+1).
+pub const FLASH_D64: FlashConfig = FlashConfig {
+    head_dim: 64,
+    block_q: 128,
+    block_k: 64,
+    stages: 2,
+};
+pub const FLASH_D128: FlashConfig = FlashConfig {
+    head_dim: 128,
+    block_q: 128,
+    block_k: 64,
+    stages: 2,
+};
+
+/// The FlashAttention config for a head dimension, or `None` if there is no kernel for it.
+pub const fn flash_config(head_dim: usize) -> Option<FlashConfig> {
+    match head_dim {
+        64 => Some(FLASH_D64),
+        128 => Some(FLASH_D128),
+        _ => None,
+    }
+}
+
+/// Head dims with a FlashAttention kernel.
+pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
+
+// The configs' shared-memory plans, recomputed from the tile layouts the kernel uses.
+const _: () = {
+    type D64Q = TileLayout<u16, { FLASH_D64.block_q }, { FLASH_D64.head_dim }, Xor8>;
+    type D64K = TileLayout<u16, { FLASH_D64.block_k }, { FLASH_D64.head_dim }, Xor8>;
+    type D128Q = TileLayout<u16, { FLASH_D128.block_q }, { FLASH_D128.head_dim }, Xor8>;
+    type D128K = TileLayout<u16, { FLASH_D128.block_k }, { FLASH_D128.head_dim }, Xor8>;
+    assert!(FLASH_D64.smem_bytes() == D64Q::BYTES + 2 * FLASH_D64.stages * D64K::BYTES);
+    assert!(FLASH_D128.smem_bytes() == D128Q::BYTES + 2 * FLASH_D128.stages * D128K::BYTES);
+};
+
+/// The Hopper (`wgmma`, sm_90a) FlashAttention forward variant: one config per head dim. Each
+/// consumer warpgroup (128 threads) owns 64 query rows (wgmma M = 64); `block_q / 64` of them
+/// share each K/V tile. Q, K and V tiles use the 128-byte-swizzle layout of
+/// [`crate::layout::sw128`] (what wgmma descriptors read), so every tile is a multiple of 1024
+/// bytes and the carve keeps them 1024-aligned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashWgmmaConfig {
+    pub head_dim: usize,
+    /// Query rows per CTA (64 per warpgroup).
+    pub block_q: usize,
+    /// Keys per K/V tile (the N of `S = Q K^T`, the K of `O += P V`).
+    pub block_k: usize,
+    /// K/V pipeline depth (the kernel is written for 2).
+    pub stages: usize,
+    /// The launch bound's CTAs per SM (its `launch_bounds!`): 2 caps registers at 128 a thread.
+    pub min_blocks: u32,
+}
+
+impl FlashWgmmaConfig {
+    pub const fn warpgroups(&self) -> usize {
+        self.block_q / 64
+    }
+    pub const fn threads(&self) -> usize {
+        self.warpgroups() * 128
+    }
+    /// Dynamic shared memory: the Q tile, then `stages` K tiles, then `stages` V tiles.
+    pub const fn smem_bytes(&self) -> usize {
+        (self.block_q + 2 * self.stages * self.block_k) * self.head_dim * 2
+    }
+}
+
+/// Tuning notes (design rationale, not measured yet):
+/// - D = 64: 64-key tiles keep S at 32 f32 a thread (O 32, P 16), so two CTAs of 256 threads fit
+///   an SM at 128 registers, and one CTA's softmax overlaps the other's wgmma; 48 KiB a CTA.
+/// - D = 128: 128-key tiles (S 64 f32, O 64, P 32 a thread, up to 255 registers at one CTA per
+///   SM): each K/V tile feeds two 64 x 128 x 128 products per warpgroup; 160 KiB a CTA.
+pub const FLASH_WG_D64: FlashWgmmaConfig = FlashWgmmaConfig {
+    head_dim: 64,
+    block_q: 128,
+    block_k: 64,
+    stages: 2,
+    min_blocks: 2,
+};
+pub const FLASH_WG_D128: FlashWgmmaConfig = FlashWgmmaConfig {
+    head_dim: 128,
+    block_q: 128,
+    block_k: 128,
+    stages: 2,
+    min_blocks: 1,
+};
+
+/// D = 64 with one consumer warpgroup (64 query rows, 128 threads) and 128-key tiles (entry points
+/// `flash_wg4_fwd_d64_*`): the overlapped schedule, per-thread state S 64, O 32, P 32 f32, in half
+/// the CTA of [`FLASH_WG_D64`], so short sequences launch twice the CTAs (B4 H8
+/// S512: 256 on 132 SMs) and several share an SM, overlapping one CTA's load latency with
+/// another's math. 72 KiB a CTA: 3 fit sm_90's 228 KiB, so the launch bound asks for 3 (up to
+/// 168 registers a thread).
+pub const FLASH_WG_D64_Q64: FlashWgmmaConfig = FlashWgmmaConfig {
+    head_dim: 64,
+    block_q: 64,
+    block_k: 128,
+    stages: 2,
+    min_blocks: 3,
+};
+
+/// Every wgmma config a kernel is instantiated with.
+pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] = [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_Q64];
+
+/// The wgmma variants' default config for a head dimension (variants 1 and 2).
+pub const fn flash_wgmma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
+    match head_dim {
+        64 => Some(FLASH_WG_D64),
+        128 => Some(FLASH_WG_D128),
+        _ => None,
+    }
+}
+
+/// The config of [`FLASH_WG_CONFIGS`] with these tile sizes (what a kernel checks its const
+/// parameters against).
+pub const fn flash_wgmma_config_of(
+    head_dim: usize,
+    block_q: usize,
+    block_k: usize,
+) -> Option<FlashWgmmaConfig> {
+    let mut i = 0;
+    while i < FLASH_WG_CONFIGS.len() {
+        let c = FLASH_WG_CONFIGS[i];
+        if c.head_dim == head_dim && c.block_q == block_q && c.block_k == block_k {
+            return Some(c);
+        }
+        i += 1;
+    }
+    None
+}
+
+// Every tile a whole number of 1024-byte swizzle atoms (so consecutive tiles stay 1024-aligned),
+// and the shared memory within sm_90's 227 KiB a block.
+const _: () = {
+    let cfgs = FLASH_WG_CONFIGS;
+    let mut i = 0;
+    while i < cfgs.len() {
+        let c = cfgs[i];
+        assert!(c.block_q % 64 == 0 && c.block_k % 16 == 0 && c.head_dim % 64 == 0);
+        assert!((c.block_q * c.head_dim * 2) % 1024 == 0);
+        assert!((c.block_k * c.head_dim * 2) % 1024 == 0);
+        assert!(c.stages == 2 && c.smem_bytes() <= 227 * 1024);
+        i += 1;
+    }
+};
+
+/// Naive attention: one block per query row.
+pub mod naive {
+    /// Threads per block.
+    pub const BLOCK: u32 = 128;
+    /// Largest head dim (the query row is cached in shared memory as f32).
+    pub const MAX_HEAD_DIM: usize = 256;
+    /// Most score elements (f32) the scratch buffer of one launch holds; larger problems are
+    /// launched in chunks of whole (batch, head) pairs.
+    pub const MAX_SCRATCH_ELEMS: usize = 1 << 28;
+}

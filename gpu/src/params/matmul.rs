@@ -1,0 +1,281 @@
+//! Matmul family (`kernels/matmul/`, `host::ops::matmul`): the f32 kernel's tiles, the tensor-core
+//! kernel's configuration and the launch parameters of both.
+use super::KernelParam;
+
+/// Matrix-multiply limits shared by the f32 and tensor-core kernels.
+/// Most blocks along grid y (M tiles) and z (batch) the driver accepts.
+pub const MAX_GRID_YZ: u64 = 65_535;
+
+/// The f32 matmul on CUDA cores (`matmul_simt_*_f32`, `kernels/matmul/simt.rs`): 128 x 128 tiles of
+/// C a block, two shared stages, k ascending with one fma per product (the same bits on every run).
+pub mod matmul_f32v {
+    pub const BM: u32 = 128;
+    pub const BN: u32 = 128;
+    /// Shared tile row pitch in floats: 16-byte aligned rows, and the scalar transposing stores of a
+    /// k-contiguous operand land on distinct banks.
+    pub const LDS: u32 = BM + 4;
+
+    /// The kernel's shape. A thread owns rows `{ty * 4 + 0..4, 64 + ty * 4 + 0..4}` and `col_quads`
+    /// groups of 4 columns `q * (BN / col_quads) + tx * 4 + 0..4` (4: an 8 x 16 micro-tile with 128
+    /// threads; 2: 8 x 8 with 256). `bk` is the depth of one k-tile (8 or 16).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Config {
+        pub col_quads: u32,
+        pub bk: u32,
+        /// Blocks that should fit an SM at once (launch bounds: caps registers at
+        /// `65536 / (threads * min_blocks)`).
+        pub min_blocks: u32,
+    }
+
+    impl Config {
+        pub const fn threads(&self) -> u32 {
+            16 * (32 / self.col_quads)
+        }
+        /// Two stages of the A and B tiles, `bk x LDS` floats each.
+        pub const fn smem_bytes(&self) -> u32 {
+            2 * 2 * self.bk * LDS * 4
+        }
+    }
+
+    /// 128 threads with 8 x 16 micro-tiles (128 accumulators), 8-deep k-tiles filled through
+    /// registers, at most 255 registers: 8 warps an SM, twice the independent fma per warp of 8 x 8.
+    /// Two blocks per SM (4096^3: 1024 tiles over 264 block slots of an H100, 3.9 waves). Measured
+    /// on an H100 (2026-11-26, commit 440db9e): 4096^3 3.1331 ms = 0.849 of cuBLAS SGEMM; the other
+    /// shapes tried are in docs/PERF_NOTES.md ("Deleted kernels").
+    pub const CONFIG: Config = Config {
+        col_quads: 4,
+        bk: 8,
+        min_blocks: 2,
+    };
+    const _: () = {
+        // Every thread moves whole 4-float groups of both tiles (BM * bk / 4 groups each).
+        assert!((BM * CONFIG.bk / 4).is_multiple_of(CONFIG.threads()));
+        // No opt-in needed: under the 48 KiB every device gives a block.
+        assert!(CONFIG.smem_bytes() <= 48 * 1024);
+    };
+}
+
+/// Parameters of one f32 matmul launch. Element (r, c) of a non-transposed operand is at
+/// `r * ld + c`; of a transposed one (stored as its transpose) at `c * ld + r`. Batch `z` adds
+/// `z * stride_*` (0 broadcasts an operand over the batch).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Matmul {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub trans_a: u32,
+    pub trans_b: u32,
+    /// 1: `C += A B` (read C first); 0: `C = A B`.
+    pub accumulate: u32,
+    pub lda: u64,
+    pub ldb: u64,
+    pub ldc: u64,
+    pub stride_a: u64,
+    pub stride_b: u64,
+    pub stride_c: u64,
+}
+
+unsafe impl KernelParam for Matmul {}
+
+/// Tensor-core matrix multiply `C = op(A) op(B)` for f16/bf16 (`kernels/matmul/tensor_core.rs`,
+/// `host::ops::matmul`): f32 accumulation, C in the input dtype, batched over `grid.z`.
+///
+/// A block computes a `BM x BN` tile of C from `BK`-deep slices of A and B that `STAGES` shared-memory
+/// stages stream in by 16-byte `cp.async` (XOR-swizzled rows, so `ldmatrix` reads are conflict-free);
+/// its `WARPS_M x WARPS_N` warps each own a `WM x WN` tile of `mma.m16n8k16` accumulators.
+///
+/// Design notes (these constants are all a re-tune needs to change):
+/// - 256 x 128 x 64 with 8 warps of 64 x 64: per k16 step a warp issues 8 `ldmatrix.x4` for 32
+///   `mma`, and every byte brought into shared memory feeds 2 (B) or 4 (A) warps. The accumulators
+///   take 128 registers a thread, so one block per SM (launch bounds: up to 255 registers).
+/// - BK = 64: rows of a k-contiguous tile are 128 bytes, exactly one `Xor8` swizzle period.
+/// - 3 stages of 48 KiB: 144 KiB, within the 163 KiB an sm_80 block may use (227 KiB on sm_90).
+/// - Tiles are visited in groups of `GROUP_M` tile rows, column by column inside a group, so blocks
+///   resident at the same time share A rows and B columns in L2.
+///
+/// The kernel is generic over a [`matmul_tc::Config`]; [`matmul_tc::DEFAULT`] is the shipped one.
+pub mod matmul_tc {
+    /// One tuning of the tensor-core kernel: block tile `bm x bn`, `bk`-deep k-tiles, `stages`
+    /// pipeline stages, `warps_m x warps_n` warps (each a `bm / warps_m x bn / warps_n` tile of C),
+    /// the launch bound's blocks per SM, and whether the k loop double-buffers the `ldmatrix`
+    /// fragments in registers (`frag_pipe`: fragments of k16 step s + 1, including the first step of
+    /// the next k-tile, are loaded before the `mma` of step s; the barrier moves before the last step).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Config {
+        pub bm: u32,
+        pub bn: u32,
+        pub bk: u32,
+        pub stages: u32,
+        pub warps_m: u32,
+        pub warps_n: u32,
+        pub min_blocks: u32,
+        pub frag_pipe: bool,
+    }
+
+    impl Config {
+        /// Rows of C one warp owns.
+        pub const fn wm(&self) -> u32 {
+            self.bm / self.warps_m
+        }
+        /// Columns of C one warp owns.
+        pub const fn wn(&self) -> u32 {
+            self.bn / self.warps_n
+        }
+        pub const fn threads(&self) -> u32 {
+            self.warps_m * self.warps_n * 32
+        }
+        /// Bytes of one stage of A plus B (16-bit elements).
+        pub const fn stage_bytes(&self) -> u32 {
+            (self.bm * self.bk + self.bk * self.bn) * 2
+        }
+        /// Dynamic shared memory of one block: the pipeline stages, or the `bm x bn` staging tile of
+        /// C that the epilogue lays over them, whichever is larger.
+        pub const fn smem_bytes(&self) -> u32 {
+            let pipe = self.stages * self.stage_bytes();
+            let staging = self.bm * self.bn * 2;
+            if pipe > staging { pipe } else { staging }
+        }
+        /// Output tiles of an `m x n` product (grid.x).
+        pub const fn tiles(&self, m: u64, n: u64) -> u64 {
+            m.div_ceil(self.bm as u64) * n.div_ceil(self.bn as u64)
+        }
+        /// The shapes the kernel supports: warp tiles of whole 16 x 16 (A) and 16 x 8 pairs (B)
+        /// blocks, 64-deep k-tiles (one `Xor8` period per k-contiguous row; the `ldmatrix`
+        /// addressing needs power-of-two rows), 2 to 5 stages, at most 16 unrolled copies per
+        /// thread, and at most 227 KiB of shared memory (the sm_90 per-block limit; see
+        /// [`Self::fits_sm80`]).
+        pub const fn valid(&self) -> bool {
+            let (wm, wn, t) = (self.wm(), self.wn(), self.threads());
+            self.bm.is_power_of_two()
+                && self.bn.is_power_of_two()
+                && self.bk == 64
+                && wm * self.warps_m == self.bm
+                && wn * self.warps_n == self.bn
+                && wm.is_multiple_of(16)
+                && wn.is_multiple_of(16)
+                && wm / 16 <= 16
+                && wn / 8 <= 16
+                && self.stages >= 2
+                && self.stages <= 5
+                && (self.bm * self.bk / 8).is_multiple_of(t)
+                && (self.bn * self.bk / 8).is_multiple_of(t)
+                && self.bm * self.bk / 8 / t <= 16
+                && self.bn * self.bk / 8 / t <= 16
+                && self.bm * self.bn / 8 / t <= 16
+                && t.is_multiple_of(self.bm / 8)
+                && t.is_multiple_of(self.bn / 8)
+                && self.min_blocks >= 1
+                && self.smem_bytes() <= 227 * 1024
+        }
+        /// Whether one block fits the 163 KiB of dynamic shared memory an sm_80 block may use
+        /// (sm_90: 227 KiB). Larger configurations launch only on devices that allow them.
+        pub const fn fits_sm80(&self) -> bool {
+            self.smem_bytes() <= 163 * 1024
+        }
+    }
+
+    /// The shipped configuration (`matmul_tc_*`): 256 x 128 tiles, 3 stages, 4 x 2 warps of 64 x 64,
+    /// fragments pipelined. Measured side by side on an H200 against cuBLAS through cudarc in the
+    /// same run (f16/bf16 4096^3 and 8192^3): 0.60-0.63 of cuBLAS; the other tiles and depths tried
+    /// (0.55-0.63) are in docs/PERF_NOTES.md ("Deleted kernels").
+    pub const DEFAULT: Config = Config {
+        bm: 256,
+        bn: 128,
+        bk: 64,
+        stages: 3,
+        warps_m: 4,
+        warps_n: 2,
+        min_blocks: 1,
+        frag_pipe: true,
+    };
+
+    const _: () = assert!(DEFAULT.valid() && DEFAULT.fits_sm80());
+
+    pub const BM: u32 = DEFAULT.bm;
+    pub const BN: u32 = DEFAULT.bn;
+    pub const BK: u32 = DEFAULT.bk;
+    pub const STAGES: u32 = DEFAULT.stages;
+    pub const WARPS_M: u32 = DEFAULT.warps_m;
+    pub const WARPS_N: u32 = DEFAULT.warps_n;
+    /// Rows and columns of C one warp owns.
+    pub const WM: u32 = DEFAULT.wm();
+    pub const WN: u32 = DEFAULT.wn();
+    pub const THREADS: u32 = DEFAULT.threads();
+    /// Tile rows per rasterisation group.
+    pub const GROUP_M: u32 = 8;
+    /// Bytes of one stage of A plus B (16-bit elements).
+    pub const STAGE_BYTES: u32 = DEFAULT.stage_bytes();
+    /// Dynamic shared memory of one block: the pipeline stages; the epilogue reuses the start of it
+    /// as a `BM x BN` staging tile of C.
+    pub const SMEM_BYTES: u32 = DEFAULT.smem_bytes();
+    /// Largest M, N or K: row and column indices (plus one tile) stay inside u32.
+    pub const MAX_DIM: u64 = 1 << 31;
+    /// Most output tiles of one product (grid.x).
+    pub const MAX_TILES: u64 = i32::MAX as u64;
+    /// Most products in a batch (grid.z).
+    pub const MAX_BATCH: u64 = 65_535;
+
+    const _: () = assert!(WM == 64 && WN == 64 && THREADS == 256 && BK.is_multiple_of(16));
+    const _: () = assert!(BM * BN * 2 <= SMEM_BYTES && SMEM_BYTES <= 163 * 1024);
+
+    /// Output tiles of an `m x n` product (grid.x) for the default configuration.
+    pub const fn tiles(m: u64, n: u64) -> u64 {
+        DEFAULT.tiles(m, n)
+    }
+
+    /// The (tile row, tile column) block `bid` computes: groups of `GROUP_M` tile rows, each walked
+    /// column by column (consecutive blocks share a column of B and a group of rows of A).
+    pub const fn tile_coords(bid: u32, tiles_m: u32, tiles_n: u32) -> (u32, u32) {
+        // Never 0 for a launched grid (tiles_n >= 1, bid < tiles_m * tiles_n); the guards only
+        // keep a division by zero (a panic path in the kernel) out of the code.
+        let per_group = GROUP_M * if tiles_n == 0 { 1 } else { tiles_n };
+        let group = bid / per_group;
+        let first_m = group * GROUP_M;
+        let left = tiles_m.saturating_sub(first_m);
+        let size = if left == 0 {
+            1
+        } else if left < GROUP_M {
+            left
+        } else {
+            GROUP_M
+        };
+        let in_group = bid % per_group;
+        (first_m + in_group % size, in_group / size)
+    }
+}
+
+/// How a kernel reaches the rows of a 16-bit operand in global memory.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowAccess {
+    /// Every row starts 16-byte aligned and holds whole 16-byte chunks (base 16-byte aligned,
+    /// leading dim and batch stride multiples of 8 elements): `cp.async` / vector stores.
+    Chunks16 = 0,
+    /// Element by element (a row start is not 16-byte aligned): correct for any layout, slower.
+    Elements = 1,
+}
+
+/// Parameters of one `matmul_tc_*` launch. The entry point fixes the storage of A (`M x K`, or
+/// `K x M` when transposed) and B (`K x N`, or `N x K`); element (r, c) of a stored operand is at
+/// `r * ld + c`, batch `z` adds `z * stride_*` (0 broadcasts an operand). C is `M x N`, ld `ldc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulTc {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub a_access: RowAccess,
+    pub b_access: RowAccess,
+    pub c_access: RowAccess,
+    pub lda: u64,
+    pub ldb: u64,
+    pub ldc: u64,
+    pub stride_a: u64,
+    pub stride_b: u64,
+    pub stride_c: u64,
+}
+
+// SAFETY: #[repr(C)], six 4-byte fields then six 8-byte fields (offset 24): no padding; the access
+// fields are only built from the enum on the host.
+unsafe impl KernelParam for MatmulTc {}

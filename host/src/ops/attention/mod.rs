@@ -1,0 +1,655 @@
+//! Attention forward: `O = softmax(scale * Q K^T + mask) V` per (batch, head), and the row
+//! log-sum-exp `LSE = ln sum_j exp(scale * q_i . k_j)` over the visible keys (what backward needs).
+//!
+//! - Layout: Q `[batch, heads, seq_q, head_dim]`, K and V `[batch, heads, seq_k, head_dim]`, all
+//!   contiguous. `[batch, seq, heads, head_dim]` is **not** accepted, either as a rank-4 tensor of that
+//!   shape (its dims would be misread, so pass `x.transpose(1, 2)?.contiguous()?`) or as a transposed
+//!   view (rejected as non-contiguous).
+//! - Outputs: O `[batch, heads, seq_q, head_dim]` in the input dtype, LSE `[batch, heads, seq_q]` f32.
+//! - `scale` defaults to `1 / sqrt(head_dim)`; any finite value is accepted.
+//! - Causal: query `i` sees key `j` iff `j <= i + seq_k - seq_q` (the mask is aligned to the
+//!   bottom-right corner when `seq_q != seq_k`, as in PyTorch's SDPA and FlashAttention). A query that
+//!   sees no key (causal with `seq_q > seq_k`, or `seq_k = 0`) gets O = 0 and LSE = -inf, never NaN.
+//! - [`flash_forward`]: the FlashAttention-2 kernel; f16/bf16, head dims [`FLASH_HEAD_DIMS`].
+//!   [`naive_forward`]: scores materialised in a scratch buffer of `seq_q * seq_k` f32 per head,
+//!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
+//! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
+//!   kernel (the naive path: one per chunk of heads), and outputs are fresh allocations.
+//! - [`naive_backward`]: dQ, dK, dV from dO through the materialised scores (P and dS in f32
+//!   scratch), same inputs and masking as [`naive_forward`]; gradients in the input dtype, f32 math.
+//!   Rows that see no key contribute nothing: their dQ is 0 and they add 0 to dK and dV (never NaN).
+//!
+//! ```no_run
+//! use host::ops::attention::{self, AttentionParams, Causal};
+//! use host::{DType, Gpu, Tensor};
+//! # fn main() -> host::Result<()> {
+//! let gpu = Gpu::new(0)?;
+//! let q = Tensor::from_f32(&gpu, &vec![0.1; 2 * 4 * 100 * 64], &[2, 4, 100, 64], DType::F16)?;
+//! let kv = Tensor::from_f32(&gpu, &vec![0.2; 2 * 4 * 300 * 64], &[2, 4, 300, 64], DType::F16)?;
+//! let params = AttentionParams { causal: Causal::Yes, scale: None };
+//! let (o, lse) = attention::flash_forward(&q, &kv, &kv, &params)?;
+//! assert_eq!((o.shape(), lse.shape()), (&[2, 4, 100, 64][..], &[2, 4, 100][..]));
+//! # Ok(()) }
+//! ```
+use cudarc::driver::LaunchConfig;
+pub use gpu::params::attention::FLASH_HEAD_DIMS;
+use gpu::params::attention::{
+    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
+    flash_config, flash_wgmma_config, naive,
+};
+
+use crate::DType;
+use crate::error::{Error, Result};
+use crate::kernel_name;
+use crate::launch::{ByValue, launch_cfg, launch_cfg_large_smem};
+use crate::ops::{aligned16, same_device_and_dtype};
+use crate::tensor::Tensor;
+
+/// Whether query `i` is limited to keys `j <= i + seq_k - seq_q`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Causal {
+    #[default]
+    No,
+    Yes,
+}
+
+/// Options of an attention call.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionParams {
+    pub causal: Causal,
+    /// Multiplies `Q K^T`; `None` means `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+}
+
+/// The problem size of a validated call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub heads: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub head_dim: usize,
+}
+
+/// Gradients of an attention call: dQ `[batch, heads, seq_q, head_dim]`, dK and dV
+/// `[batch, heads, seq_k, head_dim]`. `T` is [`Tensor`] on the GPU path, `HostTensor` from the
+/// reference.
+#[derive(Clone, Debug)]
+pub struct AttentionGrads<T = Tensor> {
+    pub dq: T,
+    pub dk: T,
+    pub dv: T,
+}
+
+/// Which kernel a call is validated for (dtype and head-dim support differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Flash,
+    Naive,
+}
+
+const GRID_YZ_MAX: usize = 65535;
+
+/// Checks ranks and the agreement of Q, K and V shapes (shared by the GPU paths and the references).
+pub fn dims(op: &'static str, q: &[usize], k: &[usize], v: &[usize]) -> Result<Dims> {
+    for (name, s) in [("q", q), ("k", k), ("v", v)] {
+        if s.len() != 4 {
+            return Err(Error::Shape {
+                op,
+                what: format!(
+                    "{name} must be [batch, heads, seq, head_dim]; [batch, seq, heads, head_dim] is \
+                     not supported (pass x.transpose(1, 2)?.contiguous()?)"
+                ),
+                expected: "rank 4".into(),
+                got: s.to_vec(),
+            });
+        }
+    }
+    let (b, h, d) = (q[0], q[1], q[3]);
+    if k[0] != b || k[1] != h || k[3] != d {
+        return Err(Error::Shape {
+            op,
+            what: "k must match q in batch, heads and head_dim".into(),
+            expected: format!("[{b}, {h}, seq_k, {d}]"),
+            got: k.to_vec(),
+        });
+    }
+    if v != k {
+        return Err(Error::Shape {
+            op,
+            what: "v must have the shape of k (same batch, heads, seq_k and head_dim)".into(),
+            expected: format!("{k:?}"),
+            got: v.to_vec(),
+        });
+    }
+    let dims = Dims {
+        batch: b,
+        heads: h,
+        seq_q: q[2],
+        seq_k: k[2],
+        head_dim: d,
+    };
+    for (what, given) in [("seq_q", dims.seq_q), ("seq_k", dims.seq_k)] {
+        if given > MAX_SEQ {
+            return Err(Error::TooLarge {
+                op,
+                what,
+                given: given as u64,
+                max: MAX_SEQ as u64,
+            });
+        }
+    }
+    Ok(dims)
+}
+
+/// The scale to use: the given one (must be finite) or `1 / sqrt(head_dim)`.
+pub fn scale(op: &'static str, params: &AttentionParams, head_dim: usize) -> Result<f32> {
+    match params.scale {
+        Some(s) if !s.is_finite() => Err(Error::Invalid {
+            op,
+            msg: format!("scale must be finite, got {s}"),
+        }),
+        Some(s) => Ok(s),
+        None => Ok((1.0 / (head_dim.max(1) as f64).sqrt()) as f32),
+    }
+}
+
+/// What validation needs to know about an operand, so the rules are testable without a GPU.
+#[derive(Clone, Copy, Debug)]
+struct Operand<'a> {
+    name: &'static str,
+    shape: &'a [usize],
+    strides: &'a [usize],
+    dtype: DType,
+    contiguous: bool,
+    aligned16: bool,
+}
+
+impl<'a> Operand<'a> {
+    fn of(name: &'static str, t: &'a Tensor) -> Self {
+        Operand {
+            name,
+            shape: t.shape(),
+            strides: t.strides(),
+            dtype: t.dtype(),
+            contiguous: t.is_contiguous(),
+            aligned16: aligned16(&[t]),
+        }
+    }
+}
+
+fn validate(
+    op: &'static str,
+    path: Path,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<(Dims, f32)> {
+    same_device_and_dtype(op, q, k)?;
+    same_device_and_dtype(op, q, v)?;
+    let ops = [
+        Operand::of("q", q),
+        Operand::of("k", k),
+        Operand::of("v", v),
+    ];
+    validate_operands(op, path, &ops, params)
+}
+
+/// Every rule except "same device": ranks and shapes, dtypes, head dim, contiguity, alignment, sizes.
+fn validate_operands(
+    op: &'static str,
+    path: Path,
+    [q, k, v]: &[Operand; 3],
+    params: &AttentionParams,
+) -> Result<(Dims, f32)> {
+    let d = dims(op, q.shape, k.shape, v.shape)?;
+    for x in [k, v] {
+        if x.dtype != q.dtype {
+            return Err(Error::DType {
+                op,
+                expected: format!("{} (q's dtype) for {}", q.dtype, x.name),
+                got: x.dtype,
+            });
+        }
+    }
+    match (path, q.dtype) {
+        (_, DType::F16 | DType::BF16) | (Path::Naive, DType::F32) => {}
+        (Path::Flash, got) => {
+            return Err(Error::DType {
+                op,
+                expected: "f16 or bf16 (f32 is supported by naive_forward only)".into(),
+                got,
+            });
+        }
+    }
+    let supported = match path {
+        Path::Flash => FLASH_HEAD_DIMS.contains(&d.head_dim),
+        Path::Naive => (1..=naive::MAX_HEAD_DIM).contains(&d.head_dim),
+    };
+    if !supported {
+        return Err(Error::Invalid {
+            op,
+            msg: match path {
+                Path::Flash => format!(
+                    "head_dim {} has no FlashAttention kernel; supported head dims: {FLASH_HEAD_DIMS:?} \
+                     (naive_forward takes 1..={})",
+                    d.head_dim,
+                    naive::MAX_HEAD_DIM
+                ),
+                Path::Naive => format!(
+                    "head_dim {} is not supported by naive_forward; supported: 1..={}",
+                    d.head_dim,
+                    naive::MAX_HEAD_DIM
+                ),
+            },
+        });
+    }
+    for x in [q, k, v] {
+        if !x.contiguous {
+            return Err(Error::NotContiguous {
+                op,
+                what: x.name,
+                shape: x.shape.to_vec(),
+                strides: x.strides.to_vec(),
+            });
+        }
+        if path == Path::Flash && !x.aligned16 {
+            return Err(Error::Invalid {
+                op,
+                msg: format!(
+                    "{} must start at a 16-byte aligned address (a view at an odd offset?)",
+                    x.name
+                ),
+            });
+        }
+    }
+    for (what, given) in [("batch", d.batch), ("heads", d.heads)] {
+        if given > GRID_YZ_MAX {
+            return Err(Error::TooLarge {
+                op,
+                what,
+                given: given as u64,
+                max: GRID_YZ_MAX as u64,
+            });
+        }
+    }
+    Ok((d, scale(op, params, d.head_dim)?))
+}
+
+/// The upstream gradient dO of a backward call: q's shape, dtype and contiguity.
+fn validate_grad_output(op: &'static str, q: &Operand, d_o: &Operand) -> Result<()> {
+    if d_o.shape != q.shape {
+        return Err(Error::Shape {
+            op,
+            what: format!("{} (the gradient of O) must have q's shape", d_o.name),
+            expected: format!("{:?}", q.shape),
+            got: d_o.shape.to_vec(),
+        });
+    }
+    if d_o.dtype != q.dtype {
+        return Err(Error::DType {
+            op,
+            expected: format!("{} (q's dtype) for {}", q.dtype, d_o.name),
+            got: d_o.dtype,
+        });
+    }
+    if !d_o.contiguous {
+        return Err(Error::NotContiguous {
+            op,
+            what: d_o.name,
+            shape: d_o.shape.to_vec(),
+            strides: d_o.strides.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize) -> AttentionShape {
+    // Every value was bounded by `validate` (seq <= 2^30, batch and heads <= 65535, head_dim <= 256).
+    AttentionShape {
+        batch: d.batch as u32,
+        heads: d.heads as u32,
+        seq_q: d.seq_q as u32,
+        seq_k: d.seq_k as u32,
+        head_dim: d.head_dim as u32,
+        mask: match params.causal {
+            Causal::No => MaskKind::None,
+            Causal::Yes => MaskKind::Causal,
+        },
+        scale,
+        bh_offset: bh_offset as u32,
+    }
+}
+
+/// Fresh O and LSE tensors (poisoned in test mode).
+fn outputs(q: &Tensor, d: &Dims) -> Result<(Tensor, Tensor)> {
+    let o = Tensor::empty(q.gpu(), &[d.batch, d.heads, d.seq_q, d.head_dim], q.dtype())?;
+    let lse = Tensor::empty(q.gpu(), &[d.batch, d.heads, d.seq_q], DType::F32)?;
+    Ok((o, lse))
+}
+
+fn flash_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
+    Some(match (head_dim, dtype) {
+        (64, DType::F16) => "flash_fwd_d64_f16",
+        (64, DType::BF16) => "flash_fwd_d64_bf16",
+        (128, DType::F16) => "flash_fwd_d128_f16",
+        (128, DType::BF16) => "flash_fwd_d128_bf16",
+        _ => return None,
+    })
+}
+
+/// FlashAttention forward: returns `(O, LSE)`. f16/bf16, head dims [`FLASH_HEAD_DIMS`]. With the
+/// sm_90 build (compute capability 9.0: H100/H200) it runs the Hopper `wgmma` kernels (see
+/// [`flash_wgmma_variant`] for which), with the sm_80 build the `mma.sync` FlashAttention-2 kernel;
+/// both keep the same contract.
+pub fn flash_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::flash_forward";
+    let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    let variant = flash_wgmma_variant(q.gpu(), &d, params);
+    flash_launch(OP, q, k, v, params, &d, scale, variant)
+}
+
+/// The FlashAttention kernel [`flash_forward`] runs (0: the `mma.sync` kernel of the sm_80 build),
+/// chosen from H100 measurements (2026-11-26, commits 00fbcc5 and eb3702d, f16 and bf16 alike; every
+/// default row was faster than SDPA's flash backend, 1.15x to 1.26x):
+/// - D = 128: variant 1 (S2048: 1.480 ms vs the overlapped schedule's 1.537; S8192 5.712 vs 5.790).
+/// - D = 64 when 128-row CTAs would not fill the chip twice over (fewer than two per SM): variant 4,
+///   one warpgroup (64 rows) a CTA, so twice the CTAs share the SMs. Seed shape B4 H8 S512 (128
+///   CTAs of 128 rows on 132 SMs): 11.3 us vs 12.2 for 128-row CTAs with 128-key tiles, cuDNN 11.8.
+/// - D = 64 otherwise: variant 2 causal (S2048: 0.487 vs variant 1's 0.493), variant 1 unmasked
+///   (0.843 vs 0.860); variant 4 was 5-6% slower there.
+fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> u32 {
+    if gpu.ptx_arch() != "sm_90" {
+        return 0;
+    }
+    let ctas_of_128_rows = d.seq_q.div_ceil(128) as u64 * d.heads as u64 * d.batch as u64;
+    let sms = gpu.sm_count().unwrap_or(0) as u64;
+    match (d.head_dim, params.causal) {
+        (128, _) => 1,
+        (64, _) if ctas_of_128_rows < 2 * sms => 4,
+        (64, Causal::Yes) => 2,
+        (64, Causal::No) => 1,
+        _ => 0,
+    }
+}
+
+/// FlashAttention variant `variant` (0: the `mma.sync` FlashAttention-2 kernel; 1..=[`FLASH_VARIANTS`]:
+/// wgmma, on a device that runs it) on validated inputs: one CTA per (query block, head, batch).
+#[allow(clippy::too_many_arguments)]
+fn flash_launch(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+    d: &Dims,
+    scale: f32,
+    variant: u32,
+) -> Result<(Tensor, Tensor)> {
+    // (kernel, query rows a CTA, threads, dynamic shared memory bytes)
+    let kernel = if variant == 0 {
+        flash_config(d.head_dim)
+            .zip(flash_kernel(d.head_dim, q.dtype()))
+            .map(|(c, name)| (name, c.block_q, c.threads(), c.smem_bytes()))
+    } else {
+        flash_wgmma_kernel(variant, d.head_dim, q.dtype())
+            .map(|(c, name)| (name, c.block_q, c.threads(), c.smem_bytes()))
+    };
+    let Some((name, block_q, threads, smem)) = kernel else {
+        unreachable!("validate accepts only head dims and dtypes with a kernel")
+    };
+    let (o, lse) = outputs(q, d)?;
+    if d.batch * d.heads * d.seq_q == 0 {
+        return Ok((o, lse));
+    }
+    let q_blocks = u32::try_from(d.seq_q.div_ceil(block_q)).map_err(|_| Error::TooLarge {
+        op,
+        what: "query blocks",
+        given: d.seq_q.div_ceil(block_q) as u64,
+        max: u32::MAX as u64,
+    })?;
+    let launch = LaunchConfig {
+        grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    launch_cfg_large_smem(
+        q.gpu(),
+        name,
+        launch,
+        &[
+            &ByValue(q.raw()),
+            &ByValue(k.raw()),
+            &ByValue(v.raw()),
+            &ByValue(o.raw()),
+            &ByValue(lse.raw()),
+            &ByValue(shape_param(d, params, scale, 0)),
+        ],
+    )?;
+    Ok((o, lse))
+}
+
+/// The wgmma (Hopper) kernel of variant 1 (plain schedule, D 64 and 128), 2 (overlapped, D = 64) or
+/// 4 (overlapped, one warpgroup of 64 query rows a CTA, 128-key tiles, D = 64) for a head dim and
+/// dtype, with its config.
+fn flash_wgmma_kernel(
+    variant: u32,
+    head_dim: usize,
+    dtype: DType,
+) -> Option<(FlashWgmmaConfig, &'static str)> {
+    let name = match (variant, head_dim, dtype) {
+        (1, 64, DType::F16) => "flash_wg_fwd_d64_f16",
+        (1, 64, DType::BF16) => "flash_wg_fwd_d64_bf16",
+        (1, 128, DType::F16) => "flash_wg_fwd_d128_f16",
+        (1, 128, DType::BF16) => "flash_wg_fwd_d128_bf16",
+        (2, 64, DType::F16) => "flash_wg2_fwd_d64_f16",
+        (2, 64, DType::BF16) => "flash_wg2_fwd_d64_bf16",
+        (4, 64, DType::F16) => "flash_wg4_fwd_d64_f16",
+        (4, 64, DType::BF16) => "flash_wg4_fwd_d64_bf16",
+        _ => return None,
+    };
+    let cfg = match (variant, head_dim) {
+        (4, 64) => FLASH_WG_D64_Q64,
+        _ => flash_wgmma_config(head_dim)?,
+    };
+    Some((cfg, name))
+}
+
+/// The FlashAttention kernels [`flash_forward_variant`] can select: 0 the `mma.sync` kernel (sm_80
+/// build), 1, 2 and 4 the wgmma kernels (sm_90 build; 2 and 4 at D = 64 only). Each is what
+/// [`flash_forward`] runs for some shape; the selector lets the tests cover every kernel on every
+/// shape.
+#[doc(hidden)]
+pub const FLASH_VARIANTS: [u32; 4] = [0, 1, 2, 4];
+
+/// Whether `gpu` runs FlashAttention kernel `variant` at head dim `head_dim`: 0 with the sm_80 build
+/// (see `Build::Portable` to run it on a 9.0 device), the wgmma kernels with the sm_90 build.
+#[doc(hidden)]
+pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32, head_dim: usize) -> bool {
+    match variant {
+        0 => gpu.ptx_arch() == "sm_80",
+        1 => gpu.ptx_arch() == "sm_90",
+        2 | 4 => gpu.ptx_arch() == "sm_90" && head_dim == 64,
+        _ => false,
+    }
+}
+
+/// [`flash_forward`] on FlashAttention kernel `variant` (see [`FLASH_VARIANTS`]), for tests that cover
+/// every shipped kernel on every shape. Same validation, outputs and masking contract; an error
+/// (never a fallback) for a variant this handle's build or this head dim does not have.
+#[doc(hidden)]
+pub fn flash_forward_variant(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+    variant: u32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::flash_forward_variant";
+    let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    if !flash_variant_supported(q.gpu(), variant, d.head_dim) {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "no FlashAttention kernel {variant} at head dim {} in the {} build (kernels: 0 in \
+                 the sm_80 build; 1 in the sm_90 build; 2 and 4 there at head dim 64)",
+                d.head_dim,
+                q.gpu().ptx_arch()
+            ),
+        });
+    }
+    flash_launch(OP, q, k, v, params, &d, scale, variant)
+}
+
+/// Naive attention forward (scores materialised, f32 math): returns `(O, LSE)`. f32/f16/bf16,
+/// head dims 1..=256. Uses a scratch buffer of up to 2^28 f32 (launching heads in chunks).
+pub fn naive_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::naive_forward";
+    let (d, scale) = validate(OP, Path::Naive, q, k, v, params)?;
+    let (o, lse) = outputs(q, &d)?;
+    let heads_total = d.batch * d.heads;
+    if heads_total * d.seq_q == 0 {
+        return Ok((o, lse));
+    }
+    let per_head = (d.seq_q * d.seq_k).max(1);
+    let chunk = (naive::MAX_SCRATCH_ELEMS / per_head).clamp(1, GRID_YZ_MAX.min(heads_total));
+    let scratch = Tensor::empty(q.gpu(), &[chunk * per_head], DType::F32)?;
+    let grid_x = u32::try_from(d.seq_q).map_err(|_| Error::TooLarge {
+        op: OP,
+        what: "seq_q",
+        given: d.seq_q as u64,
+        max: u32::MAX as u64,
+    })?;
+    for first in (0..heads_total).step_by(chunk) {
+        let count = chunk.min(heads_total - first);
+        let launch = LaunchConfig {
+            grid_dim: (grid_x, count as u32, 1),
+            block_dim: (naive::BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch_cfg(
+            q.gpu(),
+            kernel_name!("attention_naive", q.dtype()),
+            launch,
+            &[
+                &ByValue(q.raw()),
+                &ByValue(k.raw()),
+                &ByValue(v.raw()),
+                &ByValue(o.raw()),
+                &ByValue(lse.raw()),
+                &ByValue(scratch.raw()),
+                &ByValue(shape_param(&d, params, scale, first)),
+            ],
+        )?;
+    }
+    Ok((o, lse))
+}
+
+/// Naive attention backward: `(dQ, dK, dV)` for upstream gradient `d_o` (O's shape and dtype), with
+/// the inputs and `params` of the [`naive_forward`] call. The scores are recomputed (no saved state):
+/// `S = scale Q K^T` (masked), `P = softmax(S)`, `dV = P^T dO`, `dP = dO V^T`,
+/// `dS = P * (dP - rowsum(dP * P))`, `dQ = scale dS K`, `dK = scale dS^T Q`, all in f32; outputs in
+/// the input dtype. f32/f16/bf16, head dims 1..=256. Uses two f32 scratch matrices of
+/// `seq_q * seq_k` per head (up to 2^28 f32 in all; heads launched in chunks). Deterministic.
+pub fn naive_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    d_o: &Tensor,
+    params: &AttentionParams,
+) -> Result<AttentionGrads> {
+    const OP: &str = "attention::naive_backward";
+    let (d, scale) = validate(OP, Path::Naive, q, k, v, params)?;
+    if !q.gpu().same_device(d_o.gpu()) {
+        return Err(Error::DeviceMismatch { op: OP });
+    }
+    validate_grad_output(OP, &Operand::of("q", q), &Operand::of("d_o", d_o))?;
+    let gpu = q.gpu();
+    let kv_shape = [d.batch, d.heads, d.seq_k, d.head_dim];
+    let grads = AttentionGrads {
+        dq: Tensor::empty(gpu, q.shape(), q.dtype())?,
+        dk: Tensor::empty(gpu, &kv_shape, q.dtype())?,
+        dv: Tensor::empty(gpu, &kv_shape, q.dtype())?,
+    };
+    let heads_total = d.batch * d.heads;
+    if heads_total == 0 || d.seq_q + d.seq_k == 0 {
+        return Ok(grads);
+    }
+    // Both passes index one (batch, head) chunk of P and dS: `count * seq_q * seq_k` each.
+    let per_head = (d.seq_q * d.seq_k).max(1);
+    let chunk = (naive::MAX_SCRATCH_ELEMS / (2 * per_head)).clamp(1, GRID_YZ_MAX.min(heads_total));
+    let probs = Tensor::empty(gpu, &[chunk * per_head], DType::F32)?;
+    let dscores = Tensor::empty(gpu, &[chunk * per_head], DType::F32)?;
+    let grid_x = |what: &'static str, n: usize| {
+        u32::try_from(n).map_err(|_| Error::TooLarge {
+            op: OP,
+            what,
+            given: n as u64,
+            max: u32::MAX as u64,
+        })
+    };
+    let (rows_x, keys_x) = (grid_x("seq_q", d.seq_q)?, grid_x("seq_k", d.seq_k)?);
+    let launch = |grid_x: u32, count: usize| LaunchConfig {
+        grid_dim: (grid_x, count as u32, 1),
+        block_dim: (naive::BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for first in (0..heads_total).step_by(chunk) {
+        let count = chunk.min(heads_total - first);
+        let shape = shape_param(&d, params, scale, first);
+        // Pass 1 (rows): P, dS and dQ. With seq_q = 0 there is nothing to compute.
+        if d.seq_q > 0 {
+            launch_cfg(
+                gpu,
+                kernel_name!("attention_naive_bwd_rows", q.dtype()),
+                launch(rows_x, count),
+                &[
+                    &ByValue(q.raw()),
+                    &ByValue(k.raw()),
+                    &ByValue(v.raw()),
+                    &ByValue(d_o.raw()),
+                    &ByValue(grads.dq.raw()),
+                    &ByValue(probs.raw()),
+                    &ByValue(dscores.raw()),
+                    &ByValue(shape),
+                ],
+            )?;
+        }
+        // Pass 2 (keys): dK and dV (0 when seq_q = 0: no query sees any key).
+        if d.seq_k > 0 {
+            launch_cfg(
+                gpu,
+                kernel_name!("attention_naive_bwd_keys", q.dtype()),
+                launch(keys_x, count),
+                &[
+                    &ByValue(q.raw()),
+                    &ByValue(d_o.raw()),
+                    &ByValue(probs.raw()),
+                    &ByValue(dscores.raw()),
+                    &ByValue(grads.dk.raw()),
+                    &ByValue(grads.dv.raw()),
+                    &ByValue(shape),
+                ],
+            )?;
+        }
+    }
+    Ok(grads)
+}
+
+/// CPU references (f64 accumulation): what the tests and the incremental-replacement harness
+/// compare the kernels with.
+pub mod reference;
+
+#[cfg(test)]
+mod tests;

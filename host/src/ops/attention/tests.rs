@@ -1,0 +1,525 @@
+use super::reference as r;
+use super::*;
+use crate::HostTensor;
+
+fn host(data: Vec<f32>, shape: &[usize]) -> HostTensor {
+    HostTensor::new(data, shape, DType::F32).unwrap()
+}
+
+#[test]
+fn reference_matches_a_hand_computed_case() {
+    // One head, 2 queries, 3 keys, head_dim 2, scale 1.
+    // q0 = (1, 0), q1 = (0, 1); k = (1, 0), (0, 1), (1, 1); v = (1, 2), (3, 4), (5, 6).
+    let q = host(vec![1., 0., 0., 1.], &[1, 1, 2, 2]);
+    let k = host(vec![1., 0., 0., 1., 1., 1.], &[1, 1, 3, 2]);
+    let v = host(vec![1., 2., 3., 4., 5., 6.], &[1, 1, 3, 2]);
+    let p = AttentionParams {
+        causal: Causal::No,
+        scale: Some(1.0),
+    };
+    let (o, lse) = r::forward(&q, &k, &v, &p).unwrap();
+    // Row 0 scores (1, 0, 1): weights (e, 1, e) / (2e + 1).
+    let e = std::f64::consts::E;
+    let z = 2.0 * e + 1.0;
+    let want0 = [(e * 1. + 3. + e * 5.) / z, (e * 2. + 4. + e * 6.) / z];
+    // Row 1 scores (0, 1, 1): weights (1, e, e) / (2e + 1).
+    let want1 = [(1. + e * 3. + e * 5.) / z, (2. + e * 4. + e * 6.) / z];
+    let want = [want0[0], want0[1], want1[0], want1[1]];
+    for (got, want) in o.data.iter().zip(want) {
+        assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+    }
+    for got in &lse.data {
+        assert!((*got as f64 - z.ln()).abs() < 1e-6);
+    }
+
+    // Causal with seq_q = 2 < seq_k = 3 (bottom-right aligned): query 0 sees keys 0..=1,
+    // query 1 sees all three.
+    let p = AttentionParams {
+        causal: Causal::Yes,
+        scale: Some(1.0),
+    };
+    let (o, lse) = r::forward(&q, &k, &v, &p).unwrap();
+    let w0 = [e / (e + 1.), 1. / (e + 1.)];
+    assert!((o.data[0] as f64 - (w0[0] * 1. + w0[1] * 3.)).abs() < 1e-6);
+    assert!((o.data[1] as f64 - (w0[0] * 2. + w0[1] * 4.)).abs() < 1e-6);
+    assert!((lse.data[0] as f64 - (e + 1.).ln()).abs() < 1e-6);
+    assert!((o.data[2] as f64 - want1[0]).abs() < 1e-6);
+}
+
+#[test]
+fn fully_masked_rows_are_zero_with_lse_minus_infinity() {
+    // seq_q = 3 > seq_k = 1, causal: query i sees key 0 iff 0 <= i - 2, so rows 0 and 1 see nothing.
+    let q = host(vec![0.5; 6], &[1, 1, 3, 2]);
+    let k = host(vec![1.0, -1.0], &[1, 1, 1, 2]);
+    let v = host(vec![2.0, 3.0], &[1, 1, 1, 2]);
+    let p = AttentionParams {
+        causal: Causal::Yes,
+        scale: None,
+    };
+    let b = r::forward_and_naive(&q, &k, &v, &p).unwrap();
+    for out in [&b.exact_o, &b.naive_o] {
+        assert_eq!(out.data, vec![0., 0., 0., 0., 2., 3.]);
+    }
+    for lse in [&b.exact_lse, &b.naive_lse] {
+        assert_eq!(&lse.data[..2], &[f32::NEG_INFINITY; 2]);
+        assert_eq!(lse.data[2], 0.0); // one key with score 0.5 - 0.5 = 0
+    }
+}
+
+#[test]
+fn naive_same_precision_rounds_like_the_dtype() {
+    let q = HostTensor::new(vec![0.3, -0.7, 1.1, 0.2], &[1, 1, 2, 2], DType::BF16).unwrap();
+    let k = HostTensor::new(vec![0.9, 0.1, -0.4, 0.8], &[1, 1, 2, 2], DType::BF16).unwrap();
+    let v = HostTensor::new(vec![0.11, 0.22, 0.33, 0.44], &[1, 1, 2, 2], DType::BF16).unwrap();
+    let p = AttentionParams::default();
+    let (o, _) = r::naive_same_precision(&q, &k, &v, &p).unwrap();
+    assert!(o.data.iter().all(|&x| DType::BF16.round(x) == x));
+    let (exact, _) = r::forward(&q, &k, &v, &p).unwrap();
+    let err = o
+        .data
+        .iter()
+        .zip(&exact.data)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(err > 0.0 && err < 4e-3, "bf16 naive error {err}");
+}
+
+#[test]
+fn shape_validation_names_the_problem() {
+    let e = dims("t", &[2, 3, 4], &[2, 3, 4, 8], &[2, 3, 4, 8])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 4") && e.contains("[batch, seq, heads, head_dim]"),
+        "{e}"
+    );
+    let e = dims("t", &[2, 3, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 8])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("batch, heads and head_dim") && e.contains("[2, 3, seq_k, 8]"),
+        "{e}"
+    );
+    let e = dims("t", &[2, 3, 5, 8], &[2, 3, 7, 16], &[2, 3, 7, 16])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("head_dim"), "{e}");
+    let e = dims("t", &[2, 3, 5, 8], &[2, 3, 7, 8], &[2, 3, 6, 8])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("v must have the shape of k"), "{e}");
+    let e = dims("t", &[1, 1, (1 << 30) + 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8]).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { what: "seq_q", .. }), "{e}");
+    assert!(dims("t", &[2, 3, 5, 8], &[2, 3, 7, 8], &[2, 3, 7, 8]).is_ok());
+}
+
+fn operand<'a>(name: &'static str, shape: &'a [usize], dtype: DType) -> Operand<'a> {
+    Operand {
+        name,
+        shape,
+        strides: &[],
+        dtype,
+        contiguous: true,
+        aligned16: true,
+    }
+}
+
+fn check(path: Path, ops: [Operand; 3]) -> Result<(Dims, f32)> {
+    validate_operands("t", path, &ops, &AttentionParams::default())
+}
+
+#[test]
+fn validation_rejects_each_bad_input_with_a_typed_error() {
+    let (qs, ks) = ([2, 3, 5, 64], [2, 3, 7, 64]);
+    let good = |dt| {
+        [
+            operand("q", &qs, dt),
+            operand("k", &ks, dt),
+            operand("v", &ks, dt),
+        ]
+    };
+    let (d, scale) = check(Path::Flash, good(DType::F16)).unwrap();
+    assert_eq!((d.seq_q, d.seq_k, scale), (5, 7, 0.125));
+    assert!(check(Path::Flash, good(DType::BF16)).is_ok());
+    assert!(check(Path::Naive, good(DType::F32)).is_ok());
+
+    // dtype: f32 only on the naive path; mixed dtypes never.
+    let e = check(Path::Flash, good(DType::F32)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::F32,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut mixed = good(DType::F16);
+    mixed[2].dtype = DType::BF16;
+    let e = check(Path::Naive, mixed).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ) && e.to_string().contains("for v"),
+        "{e}"
+    );
+
+    // head dim: says which are supported.
+    let (q96, k96) = ([2, 3, 5, 96], [2, 3, 7, 96]);
+    let bad = [
+        operand("q", &q96, DType::F16),
+        operand("k", &k96, DType::F16),
+        operand("v", &k96, DType::F16),
+    ];
+    let e = check(Path::Flash, bad).unwrap_err().to_string();
+    assert!(e.contains("head_dim 96") && e.contains("[64, 128]"), "{e}");
+    assert!(check(Path::Naive, bad).is_ok());
+    let (q512, k512) = ([1, 1, 5, 512], [1, 1, 7, 512]);
+    let big = [
+        operand("q", &q512, DType::F32),
+        operand("k", &k512, DType::F32),
+        operand("v", &k512, DType::F32),
+    ];
+    assert!(
+        check(Path::Naive, big)
+            .unwrap_err()
+            .to_string()
+            .contains("1..=256")
+    );
+
+    // non-contiguous (e.g. a [B, S, H, D] tensor viewed as [B, H, S, D] through transpose(1, 2)).
+    let mut strided = good(DType::F16);
+    strided[1].contiguous = false;
+    strided[1].strides = &[1344, 64, 192, 1];
+    let e = check(Path::Flash, strided).unwrap_err();
+    assert!(matches!(e, Error::NotContiguous { what: "k", .. }), "{e}");
+
+    // misaligned base (flash only).
+    let mut odd = good(DType::F16);
+    odd[0].aligned16 = false;
+    assert!(
+        check(Path::Flash, odd)
+            .unwrap_err()
+            .to_string()
+            .contains("16-byte aligned")
+    );
+    assert!(check(Path::Naive, odd).is_ok());
+
+    // rank and shape agreement.
+    let q3 = [2, 3, 5];
+    let e = check(
+        Path::Flash,
+        [
+            operand("q", &q3, DType::F16),
+            good(DType::F16)[1],
+            good(DType::F16)[2],
+        ],
+    );
+    assert!(matches!(e, Err(Error::Shape { .. })));
+    let kh = [2, 4, 7, 64];
+    let e = check(
+        Path::Flash,
+        [
+            good(DType::F16)[0],
+            operand("k", &kh, DType::F16),
+            operand("v", &kh, DType::F16),
+        ],
+    );
+    assert!(
+        e.unwrap_err()
+            .to_string()
+            .contains("batch, heads and head_dim")
+    );
+
+    // grid limits.
+    let (qh, khh) = ([1, 70000, 5, 64], [1, 70000, 7, 64]);
+    let e = check(
+        Path::Flash,
+        [
+            operand("q", &qh, DType::F16),
+            operand("k", &khh, DType::F16),
+            operand("v", &khh, DType::F16),
+        ],
+    );
+    assert!(matches!(e, Err(Error::TooLarge { what: "heads", .. })));
+}
+
+/// splitmix64 values in [-1, 1): seeded inputs without an RNG dependency.
+fn values(seed: &mut u64, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = *seed;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+/// The backward reference against central differences of the f64 forward, for every element of
+/// Q, K and V: loss `L = sum(dO * O)`, step `h = 1e-6 max(1, |x|)`, checked
+/// `|fd - grad| <= 1e-7 + 1e-6 |grad|` (f64: rounding noise ~1e-10, truncation ~1e-12). Shapes:
+/// square and Sq != Sk both ways, both masks, a custom scale, and causal Sq > Sk where rows see no
+/// key. The f64 forward is first pinned to the public [`reference::forward`].
+#[test]
+fn backward_reference_matches_central_differences() {
+    let cases = [
+        // (seq_q, seq_k, head_dim, causal, scale)
+        (4, 4, 3, Causal::No, None),
+        (4, 4, 3, Causal::Yes, None),
+        (3, 5, 4, Causal::No, Some(0.7)),
+        (3, 5, 4, Causal::Yes, None),
+        (5, 3, 2, Causal::Yes, Some(1.3)), // rows 0 and 1 see no key
+        (5, 2, 3, Causal::No, None),
+        (1, 1, 5, Causal::Yes, None),
+    ];
+    let mut seed = 0x00A7_7E47_u64;
+    let mut checked = 0;
+    for (sq, sk, dh, causal, sc) in cases {
+        let params = AttentionParams { causal, scale: sc };
+        let scale = scale("t", &params, dh).unwrap() as f64;
+        let (q, k, v) = (
+            values(&mut seed, sq * dh),
+            values(&mut seed, sk * dh),
+            values(&mut seed, sk * dh),
+        );
+        let d_o = values(&mut seed, sq * dh);
+        let head = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+            let x = r::HeadInputs {
+                q,
+                k,
+                v,
+                seq_q: sq,
+                seq_k: sk,
+                head_dim: dh,
+                scale,
+                causal: causal == Causal::Yes,
+            };
+            x.forward().iter().zip(&d_o).map(|(o, g)| o * g).sum()
+        };
+        // The f64 forward is the published reference forward.
+        let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<_>>();
+        let (ht, hk) = ([1, 1, sq, dh], [1, 1, sk, dh]);
+        let (qt, kt, vt) = (
+            host(f32s(&q), &ht),
+            host(f32s(&k), &hk),
+            host(f32s(&v), &hk),
+        );
+        let x = r::HeadInputs {
+            q: &qt.data.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            k: &kt.data.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            v: &vt.data.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            seq_q: sq,
+            seq_k: sk,
+            head_dim: dh,
+            scale,
+            causal: causal == Causal::Yes,
+        };
+        let (o, _) = r::forward(&qt, &kt, &vt, &params).unwrap();
+        for (a, b) in x.forward().iter().zip(&o.data) {
+            assert!((a - *b as f64).abs() < 1e-6, "{a} vs {b}");
+        }
+
+        let g = r::HeadInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            seq_q: sq,
+            seq_k: sk,
+            head_dim: dh,
+            scale,
+            causal: causal == Causal::Yes,
+        }
+        .backward(&d_o);
+        for (which, grad) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
+            for idx in 0..grad.len() {
+                let (mut qp, mut kp, mut vp) = (q.clone(), k.clone(), v.clone());
+                let (mut qm, mut km, mut vm) = (q.clone(), k.clone(), v.clone());
+                let (xp, xm) = match which {
+                    "dq" => (&mut qp[idx], &mut qm[idx]),
+                    "dk" => (&mut kp[idx], &mut km[idx]),
+                    _ => (&mut vp[idx], &mut vm[idx]),
+                };
+                let h = 1e-6 * xp.abs().max(1.0);
+                *xp += h;
+                *xm -= h;
+                let fd = (head(&qp, &kp, &vp) - head(&qm, &km, &vm)) / (2.0 * h);
+                let an = grad[idx];
+                assert!(
+                    an.is_finite() && (fd - an).abs() <= 1e-7 + 1e-6 * an.abs(),
+                    "sq {sq} sk {sk} d {dh} {causal:?}: {which}[{idx}] backward {an:.9e}, \
+                     central difference {fd:.9e}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 200, "{checked}");
+}
+
+#[test]
+fn backward_of_fully_masked_rows_is_zero_and_never_nan() {
+    // Causal, seq_q = 4 > seq_k = 2: query i sees keys j <= i - 2, so rows 0 and 1 see nothing.
+    let mut seed = 7u64;
+    let f = |s: &mut u64, n| values(s, n).into_iter().map(|v| v as f32).collect();
+    let q = host(f(&mut seed, 2 * 4 * 3), &[1, 2, 4, 3]);
+    let k = host(f(&mut seed, 2 * 2 * 3), &[1, 2, 2, 3]);
+    let v = host(f(&mut seed, 2 * 2 * 3), &[1, 2, 2, 3]);
+    let d_o = host(f(&mut seed, 2 * 4 * 3), &[1, 2, 4, 3]);
+    let p = AttentionParams {
+        causal: Causal::Yes,
+        scale: None,
+    };
+    let g = r::backward(&q, &k, &v, &d_o, &p).unwrap();
+    assert_eq!(g.dq.shape, vec![1, 2, 4, 3]);
+    assert_eq!(
+        (g.dk.shape.clone(), g.dv.shape.clone()),
+        (vec![1, 2, 2, 3], vec![1, 2, 2, 3])
+    );
+    for t in [&g.dq, &g.dk, &g.dv] {
+        assert!(t.data.iter().all(|x| x.is_finite()));
+    }
+    for head in 0..2 {
+        // Rows 0 and 1: dQ = 0. Row 2 sees only key 0 (P = 1): dQ = 0 too (dS = 1 (dP - dP)).
+        let rows = &g.dq.data[head * 12..head * 12 + 9];
+        assert!(rows.iter().all(|&x| x == 0.0), "{rows:?}");
+        // dV of key 1: only row 3 sees it.
+        assert!(
+            g.dv.data[head * 6 + 3..head * 6 + 6]
+                .iter()
+                .any(|&x| x != 0.0)
+        );
+    }
+    // Every row masked (seq_k = 0 is allowed): all zero.
+    let empty = host(vec![], &[1, 2, 0, 3]);
+    let g = r::backward(&q, &empty, &empty, &d_o, &p).unwrap();
+    assert!(g.dq.data.iter().all(|&x| x == 0.0) && g.dk.data.is_empty());
+}
+
+#[test]
+fn backward_reference_hand_case_and_bad_input() {
+    // One key: P = 1 for every query, so dV = sum of dO rows and dQ = dK = 0.
+    let q = host(vec![0.3, -0.2, 0.9, 0.4], &[1, 1, 2, 2]);
+    let k = host(vec![0.5, 0.1], &[1, 1, 1, 2]);
+    let v = host(vec![2.0, -1.0], &[1, 1, 1, 2]);
+    let d_o = host(vec![1.0, 2.0, 3.0, -4.0], &[1, 1, 2, 2]);
+    let p = AttentionParams::default();
+    let g = r::backward(&q, &k, &v, &d_o, &p).unwrap();
+    assert_eq!(g.dv.data, vec![4.0, -2.0]);
+    assert!(g.dq.data.iter().chain(&g.dk.data).all(|&x| x == 0.0));
+    // d_o of the wrong shape, non-finite scale.
+    let bad = host(vec![0.0; 6], &[1, 1, 3, 2]);
+    let e = r::backward(&q, &k, &v, &bad, &p).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. }) && e.to_string().contains("d_o"),
+        "{e}"
+    );
+    let p = AttentionParams {
+        scale: Some(f32::INFINITY),
+        ..Default::default()
+    };
+    assert!(r::backward(&q, &k, &v, &d_o, &p).is_err());
+}
+
+#[test]
+fn backward_validation_checks_the_gradient_operand() {
+    let (qs, other) = ([2, 3, 5, 64], [2, 3, 7, 64]);
+    let q = operand("q", &qs, DType::F16);
+    assert!(validate_grad_output("t", &q, &operand("d_o", &qs, DType::F16)).is_ok());
+    let e = validate_grad_output("t", &q, &operand("d_o", &other, DType::F16)).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. }) && e.to_string().contains("d_o"),
+        "{e}"
+    );
+    let e = validate_grad_output("t", &q, &operand("d_o", &qs, DType::BF16)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut strided = operand("d_o", &qs, DType::F16);
+    strided.contiguous = false;
+    let e = validate_grad_output("t", &q, &strided).unwrap_err();
+    assert!(matches!(e, Error::NotContiguous { what: "d_o", .. }), "{e}");
+}
+
+#[test]
+fn naive_backward_kernels_exist_for_every_dtype() {
+    for dt in DType::ALL {
+        for name in [
+            kernel_name!("attention_naive_bwd_rows", dt),
+            kernel_name!("attention_naive_bwd_keys", dt),
+        ] {
+            assert!(in_build(&name, "sm_80") && in_build(&name, "sm_90"), "{name}");
+        }
+    }
+}
+
+/// Whether kernel `name` is in the attention module of build `arch`.
+fn in_build(name: &str, arch: &str) -> bool {
+    let img = crate::modules::images(crate::Family::Attention);
+    let ptx = if arch == "sm_90" { img.sm90.ptx } else { img.sm80.ptx };
+    crate::modules::entry_points(ptx).contains(&name)
+}
+
+#[test]
+fn scale_defaults_to_inverse_sqrt_head_dim_and_must_be_finite() {
+    assert_eq!(scale("t", &AttentionParams::default(), 64).unwrap(), 0.125);
+    let p = AttentionParams {
+        scale: Some(f32::NAN),
+        ..Default::default()
+    };
+    assert!(
+        scale("t", &p, 64)
+            .unwrap_err()
+            .to_string()
+            .contains("finite")
+    );
+}
+
+#[test]
+fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
+    // The mma.sync kernel in the sm_80 build only; the wgmma kernels in the sm_90 build only.
+    for d in FLASH_HEAD_DIMS {
+        assert!(flash_config(d).is_some());
+        for dt in [DType::F16, DType::BF16] {
+            let name = flash_kernel(d, dt).unwrap();
+            assert!(in_build(name, "sm_80") && !in_build(name, "sm_90"), "{name}");
+        }
+    }
+    for d in FLASH_HEAD_DIMS {
+        assert!(flash_wgmma_config(d).is_some());
+        for dt in [DType::F16, DType::BF16] {
+            for variant in [1, 2, 4] {
+                let Some((cfg, name)) = flash_wgmma_kernel(variant, d, dt) else {
+                    assert!(variant != 1 && d != 64, "variant {variant} D {d} has no kernel");
+                    continue;
+                };
+                assert_eq!(cfg.head_dim, d);
+                assert!(in_build(name, "sm_90") && !in_build(name, "sm_80"), "{name}");
+                let bound = crate::modules::launch_bounds(name, "sm_90");
+                assert_eq!(bound, Some((cfg.threads() as u32, cfg.min_blocks)), "{name}");
+            }
+        }
+    }
+    // wgmma exists only in the sm_90a PTX.
+    let img = crate::modules::images(crate::Family::Attention);
+    assert!(!img.sm80.ptx.contains("wgmma"));
+    assert!(img.sm90.ptx.contains(".target sm_90a"));
+    for dt in DType::ALL {
+        let name = kernel_name!("attention_naive", dt);
+        assert!(in_build(name, "sm_80") && in_build(name, "sm_90"), "{name}");
+    }
+}
