@@ -353,8 +353,8 @@ LRP_LOWER, LRP_UPPER = -2.0, 2.0   # the tanh preset: mono, range [-2, 2]
 
 
 def lrp_torch(x, w, b, rel):
-    """Relevance propagation through y = W x + b (shared/specs/lrp.md), vectorised over rows, written
-    the way the spec reads: positive/negative parts with clamp, P and N as matmuls, mono saturation,
+    """Relevance propagation through y = W x + b (docs/math/lrp.md), vectorised over rows, written
+    the way docs/math/lrp.md reads: positive/negative parts with clamp, P and N as matmuls, mono saturation,
     stabilisation, Pa/Na, then the redistribution as matmuls over W's parts. x [R,I], w [O,I], b [O],
     rel [R,O] -> [R,I]."""
     xp, xn = x.clamp(min=0), x.clamp(max=0)
@@ -423,7 +423,7 @@ def attn_case(tag, b, h, s, d, causal):
 
 
 # ----------------------------------------------------------------- clifford layers
-# The same formulas as host/src/ops/clifford.rs (../shared/specs/clifford.md), written term by term:
+# The same formulas as host/src/ops/clifford.rs (docs/math/clifford.md), written term by term:
 # (output j, x blade i, y blade k, weight path p, sign).
 CLIFFORD_TERMS = {
     2: [(0, 0, 0, 0, 1), (0, 1, 1, 3, 1), (0, 2, 2, 3, 1), (0, 3, 3, 7, -1),
@@ -598,7 +598,7 @@ def layer_fwd_case(dims, b, n):
 
 def clifford_cases(quick):
     """sgp forward (headline shape), then sgp forward+backward over the sweep, then fcgp and Layer over
-    the sweep with fewer samples: the order the goals rank them in, so a run cut short keeps the sgp
+    the sweep with fewer samples: sgp first, so a run cut short keeps the sgp
     results. Eager and compiled at every shape (compiling fcgp and the Layer took 1.4 s (2D) and 5-6 s
     (3D) a shape on an H200; the sgp forward+backward 4-5 s (2D) and 18-21 s (3D))."""
     sweep = [(4096, 512)] if quick else CLIFFORD_SWEEP

@@ -352,8 +352,8 @@ fn sgemm_ceiling(b: &mut Bencher) {
     );
 }
 
-/// Relevance propagation through one linear layer, all rows in one call. FLOPs counted as the issue
-/// asks: 2 R I O per pass, two passes (the sums pass does two FMAs per product, so its real FMA count
+/// Relevance propagation through one linear layer, all rows in one call. FLOPs counted as docs/math/lrp.md
+/// states: 2 R I O per pass, two passes (the sums pass does two FMAs per product, so its real FMA count
 /// is higher).
 fn relevance(b: &mut Bencher) {
     sgemm_ceiling(b);

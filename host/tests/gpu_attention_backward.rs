@@ -2,7 +2,7 @@
 //! against finite differences in the library's unit tests). The rule for each of dQ, dK and dV, with
 //! the reference computed from the same (dtype-rounded) inputs:
 //! - relative 2-norm error `||g - ref|| / ||ref||` at most 1e-5 (f32), 1e-3 (f16), 8e-3 (bf16)
-//!   (ops.md; f16/bf16 outputs are rounded once from f32 math, half an ulp is 2^-11 / 2^-8);
+//!   (docs/math/ops.md; f16/bf16 outputs are rounded once from f32 math, half an ulp is 2^-11 / 2^-8);
 //! - and max-norm error `max|g - ref| <= tol_max * max|ref|` with tol_max 1e-4 (f32), 1e-3 (f16),
 //!   8e-3 (bf16), so an error confined to a few elements fails too.
 //!

@@ -220,6 +220,36 @@ fn strided_views_are_read_through_their_strides() {
     );
 }
 
+/// The broadcast-gradient pair: `reduce_to` (sum over the broadcast dims) and `expand` (broadcast
+/// back), each scaled by a random alpha, against the f64 references on random broadcast shapes.
+#[test]
+fn reduce_to_and_expand_match_reference() {
+    use rand::Rng;
+    let Some(gpu) = gpu_or_skip("reduce_to_and_expand_match_reference") else {
+        return;
+    };
+    let mut rng = rng("reduce_to_expand");
+    for case in 0..fuzz_cases(18) {
+        let dtype = DType::ALL[case % 3];
+        let full = random_shape(&mut rng, 3, 1 << 16);
+        let part = broadcast_partner(&mut rng, &full);
+        let alpha = rng.random_range(-2.0f32..2.0);
+        let g = uniform(&mut rng, &full, -1.0, 1.0, dtype);
+        let x = uniform(&mut rng, &part, -1.0, 1.0, dtype);
+        let what = format!("{dtype} {full:?} <-> {part:?} alpha {alpha}");
+        let got = ew::reduce_to(&Tensor::from_host(&gpu, &g).unwrap(), &part, alpha).unwrap();
+        let want = r::reduce_to(&g, &part, alpha).unwrap();
+        assert_eq!(got.shape(), want.shape.as_slice(), "{what}");
+        // Sums over the broadcast dims amplify the half dtypes' rounding.
+        let t = if dtype == DType::F32 { 1e-5 } else { 4.0 * tol(dtype) };
+        assert_close(&format!("reduce_to {what}"), &got.to_vec().unwrap(), &want.data, t);
+        let got = ew::expand(&Tensor::from_host(&gpu, &x).unwrap(), &full, alpha).unwrap();
+        let want = r::expand(&x, &full, alpha).unwrap();
+        assert_eq!(got.shape(), want.shape.as_slice(), "{what}");
+        assert_close(&format!("expand {what}"), &got.to_vec().unwrap(), &want.data, tol(dtype));
+    }
+}
+
 #[test]
 fn binary_backward_matches_reference() {
     let Some(gpu) = gpu_or_skip("binary_backward_matches_reference") else {

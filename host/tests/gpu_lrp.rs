@@ -143,7 +143,7 @@ fn defect1_every_in_features_is_counted_once() {
         check(&gpu, &format!("defect1 I={ni}"), &c);
         // O = 37: variants 3 and 4 run the sums pass (where the double counting was) when I % 4 == 0.
         // P and N themselves: with no saturation and relevance 1, sum_i rin = sum_j (P+N)/(P'+N'+|b|),
-        // where P' = P and N' = N except that a zero sum is stabilised to 1 (the spec's aggregation).
+        // where P' = P and N' = N except that a zero sum is stabilised to 1 (the aggregation of docs/math/lrp.md).
         // With few inputs all contributions often share a sign (I = 4: 1 in 8 outputs), so the
         // stabilised form is the identity to check, not the unsaturated (P+N)/(P+N+|b|).
         if act == Activation::null() {

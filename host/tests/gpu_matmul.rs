@@ -9,7 +9,7 @@
 //! `K u32` doubled, because the tensor cores' internal adds are not documented as round-to-nearest),
 //! and `tiny = 2^-24` covers f16 outputs in the subnormal range. NaN fails this check (comparisons with
 //! NaN are false), so unwritten, poisoned outputs never pass. On top, the relative 2-norm error must be
-//! under the spec's 1e-3 (f16) / 8e-3 (bf16) (`shared/specs/ops.md`, Tolerances).
+//! under 1e-3 (f16) / 8e-3 (bf16) (`docs/math/ops.md`, Tolerances).
 //!
 //! Inputs are uniform in [-1, 1) rounded to the dtype, fresh every run (seed printed; replay with
 //! `RGK_SEED`). Outputs are poisoned (0xFF bytes = NaN) before every launch. Products too large for a
@@ -319,7 +319,7 @@ fn matmul_repeated_runs_are_bit_identical() {
     }
 }
 
-/// f32 stays on the CUDA-core kernel and keeps its fp32 accuracy (1e-5 relative, ops.md) on a shape
+/// f32 stays on the CUDA-core kernel and keeps its fp32 accuracy (1e-5 relative, docs/math/ops.md) on a shape
 /// with tails, so the dispatch by dtype did not send it elsewhere.
 #[test]
 fn matmul_f32_still_uses_full_precision() {
@@ -417,7 +417,7 @@ fn matmul_tensor_core_large_products_match_on_sampled_rows() {
 }
 
 /// The f32 kernel against the f64 reference on every element (fp32 bound of the module doc,
-/// u = 2^-24, and the spec's 1e-5 relative 2-norm): odd shapes (1, primes, one past a 128 tile,
+/// u = 2^-24, and the 1e-5 relative 2-norm of docs/math/ops.md): odd shapes (1, primes, one past a 128 tile,
 /// K not a multiple of the 8- or 16-deep k-tile, N and K odd so rows are not 16-byte aligned and
 /// the scalar copy path runs), aligned shapes (16-byte path) with tails, K = 0, every transpose,
 /// batched with either operand broadcast; outputs poisoned.

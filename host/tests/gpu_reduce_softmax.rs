@@ -7,7 +7,7 @@ use host::ops::softmax::{self, reference as sr};
 use host::{DType, Tensor};
 use rand::Rng;
 
-/// Reductions over more than 1e5 elements are held to 1e-4 in f32 (ops.md), others to 1e-5.
+/// Reductions over more than 1e5 elements are held to 1e-4 in f32 (docs/math/ops.md), others to 1e-5.
 fn reduce_tol(dtype: DType, reduced: usize) -> f64 {
     match dtype {
         DType::F32 if reduced > 100_000 => 1e-4,

@@ -16,10 +16,10 @@
 //! under docs/results (see `files`). This module's own files are exempt from them: they spell out
 //! the very phrases they look for.
 //!
-//! `cargo test` runs checks 1, 2 and 4 (`tests::repository_is_tidy`). Check 3 needs the built PTX, so
-//! under `cargo test` it belongs in a host test, which has the embedded PTX: it `include!`s
-//! xtask/src/tidy/launcher_names.rs and compares `host::ptx::entry_points` of each PTX against
-//! `launcher_kernel_names` of host/src.
+//! `cargo test` runs all four (`tests::repository_is_tidy`). Check 3 reads the kernel modules this
+//! tool links through `host` (built from the same tree); host/tests/ptx.rs runs the same check from the
+//! host side (it `include!`s xtask/src/tidy/launcher_names.rs), both directions: no entry point that
+//! no launcher names, no launcher name that is no entry point.
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -50,7 +50,7 @@ const SELF: [&str; 2] = ["xtask/src/tidy.rs", "xtask/src/tidy/"];
 
 /// Check 4's exceptions: launchers whose CPU reference has another name, or that need none. Each
 /// entry says why; an entry naming no launcher is itself a finding, so the table cannot go stale.
-pub const REFERENCE_EXCEPTIONS: [Exception; 8] = [
+pub const REFERENCE_EXCEPTIONS: [Exception; 7] = [
     Exception {
         family: "attention",
         function: "flash_forward",
@@ -71,13 +71,6 @@ pub const REFERENCE_EXCEPTIONS: [Exception; 8] = [
         reason: "the f64 backward is the contract of every backward kernel",
     },
     Exception {
-        family: "attention",
-        function: "wgmma_probe",
-        counterpart: Counterpart::Exempt,
-        reason: "a probe of the wgmma instruction's operand layouts, not an op: its test checks it bit \
-                 for bit against an integer product computed in the test",
-    },
-    Exception {
         family: "elementwise",
         function: "cast",
         counterpart: Counterpart::Exempt,
@@ -86,7 +79,7 @@ pub const REFERENCE_EXCEPTIONS: [Exception; 8] = [
     },
     Exception {
         family: "matmul",
-        function: "matmul_f32_variant_into",
+        function: "matmul_f32_into",
         counterpart: Counterpart::Named("matmul"),
         reason: "the product with a bias row and accumulation into `out`: its test adds both to \
                  reference::matmul's product",
@@ -226,15 +219,15 @@ pub fn run(_args: &Args) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    /// Checks 1, 2 and 4 on this repository; check 3 runs in a host test (see the module's doc).
+    /// All four checks on this repository.
     #[test]
-    #[ignore = "enabled once the tree is clean"]
     fn repository_is_tidy() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("xtask/ sits in the workspace");
         let found = text_findings(root).unwrap_or_else(|e| panic!("tidy could not run: {e}"));
-        let all: Vec<String> = [found.outside, found.labels, found.references]
+        let entries = entries::check(root).unwrap_or_else(|e| panic!("tidy could not run: {e}"));
+        let all: Vec<String> = [found.outside, found.labels, entries, found.references]
             .iter()
             .flatten()
             .map(|f| f.to_string())

@@ -108,7 +108,7 @@ pub unsafe fn load_f32_ro(p: *const f32, i: u64) -> f32 {
 }
 
 /// A device buffer of `len` elements of `T`, as kernels receive it: pointer and length together, so a
-/// `checked` build can bounds-check every access (house rule: no raw pointer + length pairs at call sites).
+/// `checked` build can bounds-check every access (no raw pointer + length pairs at call sites).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Slice<T> {

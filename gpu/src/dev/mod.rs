@@ -1,6 +1,6 @@
 //! The device library: a cuda_std-like API over PTX, one module per hardware concept.
 //!
-//! Layering (house rule 1): this module tree is the raw layer, the only place `asm!` and the unstable
+//! Layering (docs/ARCHITECTURE.md, Device library): this module tree is the raw layer, the only place `asm!` and the unstable
 //! `core::arch::nvptx` intrinsics appear. Kernels call these wrappers, never `asm!` directly.
 pub mod atomic;
 pub mod block;

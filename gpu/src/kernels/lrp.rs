@@ -5,11 +5,11 @@
 //!    product on the same operand tiles. Then `P = (A + S) / 2` and `N = (A - S) / 2` are the sums of the
 //!    positive and negative parts of `c_i = x_i W_ji` (exactly: when every `c_i` has one sign, A = -S or
 //!    A = S bit for bit, so the other sum is exactly 0).
-//! 2. `lrp_coeffs` (elementwise, f64): saturation and aggregation in the spec's order, giving
+//! 2. `lrp_coeffs` (elementwise, f64): saturation and aggregation in the order of docs/math/lrp.md, giving
 //!    `coef_rj = R_rj * Pa / P'` (= `R_rj * Na / N'`: both reduce to `R_rj / (P' + N' + pb + nb)`, and
 //!    the kernel stores their mean).
 //! 3. `lrp_spread`: `G_ri = sum_j coef_rj |W_ji|` — one GEMM with |W| — and `lrp_finish`:
-//!    `relevance_in_ri = |x_ri| G_ri`, which is `sum_j R_j |c_i| / D'_j`, the spec's redistribution.
+//!    `relevance_in_ri = |x_ri| G_ri`, which is `sum_j R_j |c_i| / D'_j`, the redistribution of docs/math/lrp.md.
 //!
 //! The GEMM passes tile `BM x BN` outputs per block over `BK`-deep stages held in shared memory (double
 //! buffered from registers, one barrier per stage); each warp computes a 32 x 32 piece with tensor-core
@@ -404,7 +404,7 @@ fn act_fn(func: u32, x: f64) -> f64 {
 }
 
 /// Per (row, output): P and N from the split sums, saturation, stabilisation and aggregation in the
-/// spec's order (f64), and the coefficient `R_j Pa / P'` (= `R_j Na / N'`) as f32.
+/// order of docs/math/lrp.md (f64), and the coefficient `R_j Pa / P'` (= `R_j Na / N'`) as f32.
 #[inline(always)]
 fn coefficient(a: f32, s: f32, bias: f32, rel: f32, p: &LrpCoeff) -> f32 {
     let (a, s) = (a as f64, s as f64);
@@ -445,10 +445,10 @@ fn coefficient(a: f32, s: f32, bias: f32, rel: f32, p: &LrpCoeff) -> f32 {
     let pp = if pos == 0.0 { 1.0 } else { pos };
     let nn = if neg == 0.0 { 1.0 } else { neg };
     let d = pp + nn + pb + nb;
-    // The spec's `Pa / P'` is `((P' + pb) / d) (P' / (P' + pb)) / P'`, which is exactly `1 / d` for
+    // The reference formula's `Pa / P'` (docs/math/lrp.md) is `((P' + pb) / d) (P' / (P' + pb)) / P'`, which is exactly `1 / d` for
     // every finite `P' > 0` (`P' + pb > 0`, `d > 0`), and so is `Na / N'`: one f64 division instead of
     // six (the f64 divisions made this pass compute bound: 72 us at 1024 x 4096 on an H200). An
-    // infinite sum keeps the spec formula's value, `inf / inf` = NaN.
+    // infinite sum keeps the reference formula's value, `inf / inf` = NaN.
     if d.is_infinite() {
         return f32::NAN;
     }

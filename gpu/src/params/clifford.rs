@@ -61,7 +61,7 @@ pub const PATHS_3D: [[u8; 3]; 20] = [
     [3, 3, 0],
 ];
 
-/// The 2D product, term by term in the spec's order: `t(j, i, k, p, sign)`.
+/// The 2D product, term by term in the order of docs/math/clifford.md: `t(j, i, k, p, sign)`.
 #[rustfmt::skip]
 pub const TERMS_2D: [Term; 16] = [
     t(0,0,0,0,1), t(0,1,1,3,1), t(0,2,2,3,1), t(0,3,3,7,-1),
@@ -69,7 +69,7 @@ pub const TERMS_2D: [Term; 16] = [
     t(2,0,2,1,1), t(2,1,3,5,1), t(2,2,0,4,1), t(2,3,1,8,-1),
     t(3,0,3,2,1), t(3,1,2,6,1), t(3,2,1,6,-1), t(3,3,0,9,1),
 ];
-/// The 3D product, term by term in the spec's order.
+/// The 3D product, term by term in the order of docs/math/clifford.md.
 #[rustfmt::skip]
 pub const TERMS_3D: [Term; 64] = [
     // o0 = w0 x0y0 + w4 (x1y1 + x2y2 + x3y3) - w10 (x4y4 + x5y5 + x6y6) - w16 x7y7

@@ -38,7 +38,7 @@ pub const BLOCK: u32 = 256;
 /// binary kernels (and chunks a thread covers in the grid of every vectorised kernel).
 pub const CHUNKS_PER_THREAD: u32 = 2;
 /// Chunks a thread of the contiguous binary kernels (add, sub, mul, div) loads from each operand:
-/// one. Measured on an H200 (docs/results/2026-11-26, run r3), 8192^2 f32 add into a preallocated
+/// one. Measured on an H200 (2026-11-26, 190591e, H200: docs/results/2026-11-26-190591e-h200/add-into-bench/), 8192^2 f32 add into a preallocated
 /// output: 256 threads x 1 chunk 0.1864 ms, x 2 chunks 0.1879, 128 x 1 0.1864, 512 x 1 0.1867,
 /// 512 x 2 0.1876 (f16/bf16 the same to 0.0001 ms); PyTorch eager 0.1871 in that run.
 pub const BINARY_CHUNKS_PER_THREAD: u32 = 1;

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Multivectors are `(C, B, N)` f32 (see `ops::clifford`); both layers keep N features. Parameters
-//! follow the spec's init ([`LayerParams::init`]: gp weights `N(0, 1/(dims+1))`, linear weights std
+//! follow the init of docs/math/clifford.md ([`LayerParams::init`]: gp weights `N(0, 1/(dims+1))`, linear weights std
 //! `1/sqrt(N (dims+1))` or `1/sqrt(N)` fully connected, bias 0). The backward uses each op's backward:
 //! the MSE gradient, the add backward, each layer's backward (grad_x, linear weight and bias, gp
 //! weight), and an add to sum the two paths into `h1`. Training is plain SGD on the host, the same
@@ -100,7 +100,7 @@ impl Params {
     }
 }
 
-/// Seeded parameters by the spec's init; both layers normalise.
+/// Seeded parameters by the init of docs/math/clifford.md; both layers normalise.
 pub fn init(cfg: &Config, seed: u64) -> Result<Params> {
     let layer =
         |mode, seed| LayerParams::init(cfg.algebra, cfg.features, mode, Normalize::Yes, seed);

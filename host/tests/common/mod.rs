@@ -82,7 +82,7 @@ pub fn rel_err(out: &[f32], reference: &[f32]) -> f64 {
     }
 }
 
-/// Per-dtype relative-norm tolerance for elementwise results (ops.md): f32 1e-5, f16 1e-3, bf16 8e-3.
+/// Per-dtype relative-norm tolerance for elementwise results (docs/math/ops.md): f32 1e-5, f16 1e-3, bf16 8e-3.
 pub fn tol(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 1e-5,
@@ -145,7 +145,7 @@ pub fn scaled(full: usize, small: usize) -> usize {
 
 /// A training run on the GPU against the all-reference run, step by step: each step's loss within
 /// `loss_tol` relative, every named gradient within `grad_tol` max-norm relative (`max |g - r| / max
-/// |r|`) and relative 2-norm (the ops.md norm). Prints the measured divergences, per step and overall.
+/// |r|`) and relative 2-norm (the norm of docs/math/ops.md). Prints the measured divergences, per step and overall.
 pub fn assert_runs_match<S: TrainStep>(
     on_gpu: &[S],
     reference: &[S],

@@ -356,7 +356,7 @@ pub fn flash_forward(
 }
 
 /// The FlashAttention kernel [`flash_forward`] runs (0: the `mma.sync` kernel of the sm_80 build),
-/// chosen from H100 measurements (2026-11-26, commits 00fbcc5 and eb3702d, f16 and bf16 alike; every
+/// chosen from H100 measurements (2026-11-26, the bundles of 624c403 and 4473b4c, f16 and bf16 alike; every
 /// default row was faster than SDPA's flash backend, 1.15x to 1.26x):
 /// - D = 128: variant 1 (S2048: 1.480 ms vs the overlapped schedule's 1.537; S8192 5.712 vs 5.790).
 /// - D = 64 when 128-row CTAs would not fill the chip twice over (fewer than two per SM): variant 4,

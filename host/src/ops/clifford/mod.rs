@@ -1,4 +1,4 @@
-//! Clifford-algebra layers on Cl(2,0) and Cl(3,0) (../shared/specs/clifford.md): the fused
+//! Clifford-algebra layers on Cl(2,0) and Cl(3,0) (docs/math/clifford.md): the fused
 //! `RMSNorm(GP(gelu(x), gelu(y)))` with per-feature weights (sgp) or fully connected weights (fcgp),
 //! forward and backward, and the [`Layer`] (per-grade linear map + bias, then the fused op).
 //!
@@ -15,7 +15,7 @@
 //!
 //! **Equivariance.** The per-grade linear map of [`Layer`] commutes with rotations, but its bias is
 //! added to *every* component (the reference convention of the Python tools this library matches), so
-//! a non-zero bias breaks O(n) equivariance. Initialise it to zero (the spec's init does) and keep it
+//! a non-zero bias breaks O(n) equivariance. Initialise it to zero (the init of docs/math/clifford.md does) and keep it
 //! there if equivariance matters.
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
@@ -69,7 +69,7 @@ impl Algebra {
     pub fn paths(self) -> usize {
         self.path_table().len()
     }
-    /// The product terms (`o[j] += ±w[p] x[i] y[k]`), in the spec's order.
+    /// The product terms (`o[j] += ±w[p] x[i] y[k]`), in the order of docs/math/clifford.md.
     pub fn terms(self) -> &'static [Term] {
         match self {
             Algebra::Cl2 => &TERMS_2D,
@@ -400,10 +400,10 @@ pub fn sgp_forward(
     normalize: Normalize,
 ) -> Result<Forward> {
     // The best kernel depends on the card's bandwidth (B4096 N512, each pair measured in one run):
-    // - H200 (4.8 TB/s peak): 2D V3Prefetch 0.0314 ms (0.75 of copy) vs V2 0.0378 (run r5); 3D V2
+    // - H200 (4.8 TB/s peak): 2D V3Prefetch 0.0314 ms (0.75 of copy) vs V2 0.0378 (2026-11-26, 051d71b); 3D V2
     //   0.0589 (0.81) vs Cached 0.0730.
     // - H100 (3.35 TB/s): 2D V2 0.0399 (0.84) vs V3Prefetch 0.0416 (0.80); 3D Cached 0.0831 (0.80)
-    //   vs V2 0.0847 (0.79) (session 4, runs b and b2).
+    //   vs V2 0.0847 (0.79) (2026-11-26, 67ba96f, H100).
     // The kernel that keeps more bytes in flight a SM wins once the memory outruns the lighter one.
     // V3Prefetch is 2D only: for 3D it runs V2.
     let fast_dram = x.gpu().peak_dram_bytes_per_s() > FWD_V3_MIN_DRAM_BYTES_PER_S;

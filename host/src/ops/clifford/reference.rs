@@ -206,7 +206,7 @@ pub mod exact {
         (o, r)
     }
 
-    /// Norm backward, the spec's form: `dot = r sum go·o`, `gu = go / r - o dot / (N r^2)`.
+    /// Norm backward, the form of docs/math/clifford.md: `dot = r sum go·o`, `gu = go / r - o dot / (N r^2)`.
     pub fn norm_bwd(s: Shape, go: &[f64], o: &[f64], r: &[f64]) -> Vec<f64> {
         let grades = s.alg.blade_grades();
         let mut dot = vec![0.0; s.alg.grades() * s.b];
@@ -529,7 +529,7 @@ impl Normal {
 }
 
 impl LayerParams {
-    /// The spec's init for `n` features: `gp_weight ~ N(0, 1/(dims+1))`, `linear_weight` std
+    /// The init of docs/math/clifford.md for `n` features: `gp_weight ~ N(0, 1/(dims+1))`, `linear_weight` std
     /// `1/sqrt(N (dims+1))` (`1/sqrt(N)` fully connected), bias 0.
     pub fn init(
         algebra: Algebra,

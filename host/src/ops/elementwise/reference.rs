@@ -58,7 +58,7 @@ pub fn binary(op: BinaryOp, a: &HostTensor, b: &HostTensor) -> Result<HostTensor
 }
 
 /// Sums `full` (of `out_shape`) down to `shape`, times `sign`.
-fn reduce_to(full: &[f64], out_shape: &[usize], shape: &[usize], sign: f64) -> Vec<f64> {
+fn sum_to(full: &[f64], out_shape: &[usize], shape: &[usize], sign: f64) -> Vec<f64> {
     let mut acc = vec![0.0f64; shape.iter().product()];
     for (k, (i, _)) in broadcast_offsets(out_shape, shape, shape)
         .into_iter()
@@ -101,11 +101,11 @@ pub fn binary_backward(
         ga.push(da);
         gb.push(db);
     }
-    let ga = reduce_to(&ga, &out_shape, &a.shape, 1.0)
+    let ga = sum_to(&ga, &out_shape, &a.shape, 1.0)
         .into_iter()
         .map(|v| v as f32)
         .collect();
-    let gb = reduce_to(&gb, &out_shape, &b.shape, 1.0)
+    let gb = sum_to(&gb, &out_shape, &b.shape, 1.0)
         .into_iter()
         .map(|v| v as f32)
         .collect();
@@ -113,6 +113,39 @@ pub fn binary_backward(
         HostTensor::new(ga, &a.shape, a.dtype)?,
         HostTensor::new(gb, &b.shape, b.dtype)?,
     ))
+}
+
+/// `alpha * sum of grad over the dims broadcast from operand_shape` (the gradient of a broadcast
+/// operand), summed in f64.
+pub fn reduce_to(grad: &HostTensor, operand_shape: &[usize], alpha: f32) -> Result<HostTensor> {
+    if broadcast_shapes(operand_shape, &grad.shape)? != grad.shape {
+        return Err(Error::Shape {
+            op: "reduce_to (reference)",
+            what: format!("operand shape {operand_shape:?} must broadcast to the gradient's shape"),
+            expected: format!("{:?}", grad.shape),
+            got: operand_shape.to_vec(),
+        });
+    }
+    let full: Vec<f64> = grad.data.iter().map(|&v| v as f64).collect();
+    let out = sum_to(&full, &grad.shape, operand_shape, alpha as f64);
+    HostTensor::new(out.into_iter().map(|v| v as f32).collect(), operand_shape, grad.dtype)
+}
+
+/// `alpha * x` broadcast to `shape` (the gradient of a reduction, expanded back).
+pub fn expand(x: &HostTensor, shape: &[usize], alpha: f32) -> Result<HostTensor> {
+    if broadcast_shapes(&x.shape, shape)? != shape {
+        return Err(Error::Shape {
+            op: "expand (reference)",
+            what: format!("{:?} must broadcast to the target shape", x.shape),
+            expected: format!("{shape:?}"),
+            got: x.shape.clone(),
+        });
+    }
+    let data = broadcast_offsets(shape, &x.shape, &x.shape)
+        .into_iter()
+        .map(|(i, _)| (alpha as f64 * x.data[i] as f64) as f32)
+        .collect();
+    HostTensor::new(data, shape, x.dtype)
 }
 
 /// Standard normal CDF in f64 (libm's erf, independent of the device's erfc approximation).

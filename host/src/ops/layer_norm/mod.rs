@@ -141,7 +141,7 @@ pub fn layer_norm(
 
 /// The warp-per-row backward: one warp a row, 2 rows of x and dy per warp in `cp.async` stages (one in
 /// flight), `WARP_WARPS` warps a block, a persistent grid of the blocks resident at once (one
-/// dgamma/dbeta partial row each). Measured on an H100 (2026-11-26, commit 893d8af; 65536 x 1024): f32
+/// dgamma/dbeta partial row each). Measured on an H100 (2026-11-26, the bundle of 624c403; 65536 x 1024): f32
 /// 0.2924 ms (0.91 of copy) against the block-a-row kernels' 0.3132 and torch.compile's 0.3123; bf16
 /// 0.1470 against 0.2164. Three stages, and 2 or 8 warps a block, measured no faster
 /// (docs/PERF_NOTES.md, "Deleted kernels").

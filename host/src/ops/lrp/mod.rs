@@ -1,11 +1,11 @@
 //! Relevance propagation through linear layers (layer-wise relevance propagation as DL-Backtrace does
-//! it; spec: shared/specs/lrp.md), batched over all rows, deterministic, and an end-to-end MLP
+//! it; docs/math/lrp.md), batched over all rows, deterministic, and an end-to-end MLP
 //! explanation ([`mlp`]).
 //!
 //! For a layer `y = W x + b` with `x: [.., I]`, `W: [O, I]`, optional `b: [O]`, and the relevance of its
 //! outputs `relevance_out: [.., O]`, [`relevance`] returns `relevance_in: [.., I]` with, per row,
 //! `relevance_in[i] = sum_j R_j * (c_i > 0 ? c_i / P' * Pa : c_i < 0 ? -c_i / N' * Na : 0)`,
-//! `c_i = x_i W[j,i]`, saturation by [`Activation`] and aggregation exactly as the spec orders them.
+//! `c_i = x_i W[j,i]`, saturation by [`Activation`] and aggregation exactly as docs/math/lrp.md orders them.
 //!
 //! How it runs (gpu/src/kernels/lrp.rs): per (row, j) the sums `A = sum |c_i|` and `S = sum c_i` in one
 //! tiled GEMM pass (`P = (A+S)/2`, `N = (A-S)/2`); the per-(row, j) coefficient in f64; then
@@ -393,8 +393,8 @@ pub enum GemmVariant {
     /// stages through a 4-buffer `cp.async` pipeline in dynamic shared memory, one fresh 3xTF32
     /// partial per stage, the split done by integer operations (`hi` as `cvt.rna.tf32.f32` would give
     /// it, `lo` truncated: error per product `5 2^-22` instead of `3 2^-22`). A pass whose operands do
-    /// not allow it runs [`GemmVariant::Staged`]. Measured on an H100 (2026-11-26, commit 893d8af, the
-    /// PyTorch peer in the same run): R1024 I=O=4096 1.930 ms (vectorised PyTorch 6.127: 3.17x); the
+    /// not allow it runs [`GemmVariant::Staged`]. Measured on an H100 (2026-11-26, the bundle of 624c403, the
+    /// PyTorch peer in the same call): R1024 I=O=4096 1.930 ms (vectorised PyTorch 6.127: 3.17x); the
     /// other pipelines tried are in docs/PERF_NOTES.md ("Deleted kernels").
     V5,
 }
@@ -775,8 +775,8 @@ fn sums_then_coefficients(
     )
 }
 
-/// The nonlinearity after a dense layer, for the forward pass of [`mlp`]; each has the spec's preset
-/// [`Activation`] for relevance.
+/// The nonlinearity after a dense layer, for the forward pass of [`mlp`]; each has the preset
+/// [`Activation`] for relevance listed in docs/math/lrp.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Nonlinearity {
     Linear,
@@ -788,7 +788,7 @@ pub enum Nonlinearity {
 }
 
 impl Nonlinearity {
-    /// The spec's preset: tanh mono [-2, 2], sigmoid mono [-4, 4], relu mono lower 0, softmax mono
+    /// The preset of docs/math/lrp.md: tanh mono [-2, 2], sigmoid mono [-4, 4], relu mono lower 0, softmax mono
     /// [-1, 2]; a linear layer has no activation information.
     pub fn preset(self) -> Activation {
         match self {

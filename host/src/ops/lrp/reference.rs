@@ -1,11 +1,11 @@
-//! CPU references in f64, written from the spec's formulas directly (per element `c_i = x_i W[j,i]`,
-//! `P' = P == 0 ? 1 : P`, `Pa`, `Na` in the spec's order, exact-equality ties), independent of the
+//! CPU references in f64, written from the formulas of docs/math/lrp.md directly (per element `c_i = x_i W[j,i]`,
+//! `P' = P == 0 ? 1 : P`, `Pa`, `Na` in the order given there, exact-equality ties), independent of the
 //! GPU's algebra (`(A +- S) / 2` sums, one merged coefficient).
 use super::{Activation, Kind, Nonlinearity, dims};
 use crate::error::Result;
 use crate::tensor::HostTensor;
 
-/// P and N after the activation-range rules (spec "Activation-range saturation").
+/// P and N after the activation-range rules (docs/math/lrp.md, "Activation-range saturation").
 pub fn saturate(act: &Activation, p: f64, n: f64, pb: f64, nb: f64) -> (f64, f64) {
     if act.kind == Kind::Null {
         return (p, n);
@@ -36,7 +36,7 @@ pub fn saturate(act: &Activation, p: f64, n: f64, pb: f64, nb: f64) -> (f64, f64
     (p, n)
 }
 
-/// The stabilised sums and aggregation weights `(P', N', Pa, Na)` (spec "Aggregation").
+/// The stabilised sums and aggregation weights `(P', N', Pa, Na)` (docs/math/lrp.md, "Aggregation").
 pub fn aggregate(p: f64, n: f64, pb: f64, nb: f64) -> (f64, f64, f64, f64) {
     let pp = if p == 0.0 { 1.0 } else { p };
     let nn = if n == 0.0 { 1.0 } else { n };

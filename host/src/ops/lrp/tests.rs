@@ -1,4 +1,4 @@
-//! CPU tests of the reference against hand-computed values, one per branch of the spec, and of the
+//! CPU tests of the reference against hand-computed values, one per branch of the rules in docs/math/lrp.md, and of the
 //! shape rules the GPU launcher shares.
 use super::reference as r;
 use super::*;
