@@ -322,8 +322,16 @@ fn run_split(
     Ok((log, findings, ok))
 }
 
-/// The count in compute-sanitizer's `ERROR SUMMARY: N error(s)` line (`None` if absent: the run broke).
+/// What compute-sanitizer prints for a process that made no CUDA call: a test with no GPU work, run
+/// in a process of its own (`--jobs`), has nothing to check.
+const NO_CUDA_CALL: &str = "Target application terminated before first instrumented API call";
+
+/// The count in compute-sanitizer's `ERROR SUMMARY: N error(s)` line (`None` if absent: the run broke);
+/// 0 for a process that made no CUDA call.
 fn error_count(log: &str) -> Option<u64> {
+    if log.contains(NO_CUDA_CALL) && !log.contains("ERROR SUMMARY:") {
+        return Some(0);
+    }
     // racecheck reports `RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)`; both errors and
     // warnings count (a warning is a hazard the tool could not prove harmless).
     let race: Option<u64> = log
@@ -375,6 +383,10 @@ mod tests {
             Some(450)
         );
         assert_eq!(error_count("no summary"), None);
+        assert_eq!(
+            error_count("========= Error: Target application terminated before first instrumented API call\n"),
+            Some(0)
+        );
         assert_eq!(
             error_count(
                 "========= RACECHECK SUMMARY: 28 hazards displayed (0 errors, 28 warnings)\n"
