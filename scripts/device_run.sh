@@ -13,6 +13,7 @@
 #                                         .pack/base.dd.tgz (another commit's bundle) on this card, in
 #                                         this call, then bench-compare base against ours
 #   BASE_DEMO=1                           that bundle's demo with an empty JIT cache, timed (its start-up)
+#   FLOOR=1                               scripts/start_floor.py: the driver's and PyTorch's own start
 #   T_TEST / T_SAN / T_BENCH / T_PEERS    per-stage limits in seconds
 # Usage: scripts/device_run.sh OUT_DIR. Logs go to /tmp/o and come back as OUT_DIR/o.tgz with
 # OUT_DIR/summary.txt beside it (a device call returns at most 8 files), packed also when the call is
@@ -40,7 +41,13 @@ if [ -n "${BASE_DEMO:-}" ]; then
   export CUDA_CACHE_PATH=/tmp/base-jit-cache
   s=$(date +%s.%N)
   timeout 400 /tmp/base/bundle/demo > "$out/base_demo.log" 2>&1
-  echo "base demo rc=$? wall_s=$(echo "$(date +%s.%N) - $s" | bc)" | tee -a "$sum"
+  rc=$?
+  echo "base demo rc=$rc wall_s=$(python3 -c "print(round($(date +%s.%N) - $s, 2))")" | tee -a "$sum"
+  unset CUDA_CACHE_PATH
+fi
+if [ -n "${FLOOR:-}" ]; then
+  stage "start floor"
+  timeout 120 python3 scripts/start_floor.py 5 > "$out/floor.txt" 2>&1; cat "$out/floor.txt" | tee -a "$sum"
 fi
 if [ -n "${DOCTOR:-}" ]; then
   stage doctor
@@ -77,7 +84,8 @@ if [ -n "${BENCH:-}" ]; then
   cp /tmp/bench/ours.json "$out/ours.json" 2>/dev/null; cp /tmp/bench/report.md "$out/report.md" 2>/dev/null
   if [ -n "${BASE:-}" ]; then
     stage "base bench"
-    timeout "${T_BENCH:-500}" "$b/xtask" bench --bins /tmp/base/bundle --out /tmp/base-bench --filter "$BENCH" --no-peers > "$out/base_bench.log" 2>&1
+    # The base bundle's one module, JIT-compiled once into the cache its demo filled (if it ran here).
+    CUDA_CACHE_PATH=/tmp/base-jit-cache timeout "${T_BENCH:-500}" "$b/xtask" bench --bins /tmp/base/bundle --out /tmp/base-bench --filter "$BENCH" --no-peers > "$out/base_bench.log" 2>&1
     echo "base bench rc=$?" | tee -a "$sum"
     cp /tmp/base-bench/ours.json "$out/base_ours.json" 2>/dev/null
     "$b/xtask" bench-compare /tmp/base-bench/ours.json /tmp/bench/ours.json > "$out/compare.txt" 2>&1
