@@ -157,6 +157,9 @@ pub struct BuiltModule {
     pub cubin: Option<Vec<u8>>,
     /// ptxas's `-v` report for this module (parse with [`parse_ptxas_report`]).
     pub ptxas_report: Option<String>,
+    /// Why ptxas failed on this module (an old ptxas without sm_90a, a kernel it rejects): the module
+    /// then ships as PTX only, and the PTX resource test reports the failure.
+    pub ptxas_error: Option<String>,
 }
 
 /// Builds every family for every arch (`checked`: bounds checks kept), and with `ptxas` assembles each
@@ -183,16 +186,21 @@ pub fn build_all_modules(
                             let ptx = build_family_ptx(workspace, target_dir, arch, family, checked)?;
                             progress(format!("{family} {arch}: PTX {} KiB in {:.1} s", ptx.len() / 1024, started.elapsed().as_secs_f64()));
                             jobs.push(s2.spawn(move || -> Result<BuiltModule, String> {
-                                let (cubin, ptxas_report) = match ptxas {
-                                    Some(p) => {
-                                        let started = std::time::Instant::now();
-                                        let (c, r) = assemble(p, &ptx, arch, &format!("{family}-{arch}"))?;
-                                        progress(format!("{family} {arch}: cubin {} KiB in {:.1} s", c.len() / 1024, started.elapsed().as_secs_f64()));
-                                        (Some(c), Some(r))
+                                let (mut cubin, mut ptxas_report, mut ptxas_error) = (None, None, None);
+                                if let Some(p) = ptxas {
+                                    let started = std::time::Instant::now();
+                                    match assemble(p, &ptx, arch, &format!("{family}-{arch}")) {
+                                        Ok((c, r)) => {
+                                            progress(format!("{family} {arch}: cubin {} KiB in {:.1} s", c.len() / 1024, started.elapsed().as_secs_f64()));
+                                            (cubin, ptxas_report) = (Some(c), Some(r));
+                                        }
+                                        Err(e) => {
+                                            progress(format!("{family} {arch}: ptxas failed, shipping PTX only: {e}"));
+                                            ptxas_error = Some(e);
+                                        }
                                     }
-                                    None => (None, None),
-                                };
-                                Ok(BuiltModule { family, arch, ptx, cubin, ptxas_report })
+                                }
+                                Ok(BuiltModule { family, arch, ptx, cubin, ptxas_report, ptxas_error })
                             }));
                         }
                         jobs.into_iter()

@@ -35,7 +35,14 @@ fn main() {
         );
     }
     let target_dir = workspace.join("target").join("ptx-build");
-    let modules = build_all_modules(&workspace, &target_dir, checked, ptxas.as_deref(), &|_| {})
+    // Progress lines reach the user only as warnings: print just the ptxas failures (the module then
+    // ships as PTX only; host/tests/ptx.rs fails on them).
+    let warn = |line: String| {
+        if line.contains("ptxas failed") {
+            println!("cargo:warning={}", line.lines().next().unwrap_or(""));
+        }
+    };
+    let modules = build_all_modules(&workspace, &target_dir, checked, ptxas.as_deref(), &warn)
         .unwrap_or_else(|e| panic!("{e}"));
 
     let mut table = String::from(
@@ -66,10 +73,17 @@ fn main() {
                 }
                 None => "None".to_string(),
             };
+            let error = match &m.ptxas_error {
+                Some(text) => {
+                    write_file(&out_dir.join(format!("{stem}.ptxas-error.txt")), text.as_bytes());
+                    format!("Some({})", include("ptxas-error.txt", "include_str!"))
+                }
+                None => "None".to_string(),
+            };
             let field = if m.arch == "sm_80" { "sm80" } else { "sm90" };
             let _ = writeln!(
                 table,
-                "        {field}: ArchImage {{ ptx: {}, cubin: {cubin}, ptxas_report: {report} }},",
+                "        {field}: ArchImage {{ ptx: {}, cubin: {cubin}, ptxas_report: {report}, ptxas_error: {error} }},",
                 include("ptx", "include_str!")
             );
             for e in ptx_entry_points(&m.ptx) {

@@ -72,6 +72,8 @@ pub struct ArchImage {
     pub cubin: Option<&'static [u8]>,
     /// ptxas's `-v` report of the cubin build: registers, shared memory, stack and spills per kernel.
     pub ptxas_report: Option<&'static str>,
+    /// Why ptxas failed on this module at build time (it then ships as PTX only).
+    pub ptxas_error: Option<&'static str>,
 }
 
 /// A family's embedded modules.

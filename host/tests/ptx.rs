@@ -56,6 +56,9 @@ fn ptxas_compiled_every_module_without_spills_stack_or_serialized_wgmma() {
     for family in host::Family::ALL {
         let img = host::modules::images(family);
         for (arch, build) in [("sm_80", img.sm80), ("sm_90", img.sm90)] {
+            if let Some(e) = build.ptxas_error {
+                panic!("{} {arch}: ptxas failed at build time (the module ships as PTX only):\n{e}", family.name());
+            }
             let Some(report) = build.ptxas_report else {
                 println!(
                     "SKIP {} {arch}: built without ptxas (pip install nvidia-cuda-nvcc-cu12, or set PTXAS)",

@@ -55,6 +55,9 @@ pub fn run(args: &Args) -> Result<(), String> {
     println!("  {:<16} {:<6} {entries:>8} {ptx_bytes:>10} {cubin_bytes:>10}", "total", "");
     println!("  wrote {}", out_dir.display());
     for m in &modules {
+        if let Some(e) = &m.ptxas_error {
+            failures.push(format!("{} {}: ptxas failed: {e}", m.family, m.arch));
+        }
         let Some(report) = &m.ptxas_report else { continue };
         let table = parse_ptxas_report(report);
         print_table(&format!("{} {}", m.family, target_cpu(m.arch)), &table);
@@ -81,7 +84,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(format!("kernels use local memory or serialize wgmma:\n  {}", failures.join("\n  ")))
+        Err(format!("ptxas failed, or kernels use local memory or serialize wgmma:\n  {}", failures.join("\n  ")))
     }
 }
 
