@@ -106,10 +106,10 @@ pub fn apply_launch_bounds(ptx: &str) -> Result<String, String> {
                 (b.1, b.2)
             });
         }
-        if line.starts_with('{') {
-            if let Some((threads, min_blocks)) = pending.take() {
-                out.push_str(&format!(".maxntid {threads}, 1, 1\n.minnctapersm {min_blocks}\n"));
-            }
+        if line.starts_with('{')
+            && let Some((threads, min_blocks)) = pending.take()
+        {
+            out.push_str(&format!(".maxntid {threads}, 1, 1\n.minnctapersm {min_blocks}\n"));
         }
         out.push_str(line);
         out.push('\n');

@@ -75,7 +75,10 @@ fn main() {
             };
             let error = match &m.ptxas_error {
                 Some(text) => {
-                    write_file(&out_dir.join(format!("{stem}.ptxas-error.txt")), text.as_bytes());
+                    write_file(
+                        &out_dir.join(format!("{stem}.ptxas-error.txt")),
+                        text.as_bytes(),
+                    );
                     format!("Some({})", include("ptxas-error.txt", "include_str!"))
                 }
                 None => "None".to_string(),

@@ -548,7 +548,11 @@ fn layer_norms(b: &mut Bencher) {
     let dyh = b.inputs(&[rows, cols], DType::BF16, 1).remove(0);
     let (_, mean_h, rstd_h) = ln::layer_norm(&xh, &gh, &bh, None).expect("layer_norm");
     b.bench(
-        spec(format!("layernorm_bwd/bf16/{rows}x{cols}"), Some(3 * half_bytes), None),
+        spec(
+            format!("layernorm_bwd/bf16/{rows}x{cols}"),
+            Some(3 * half_bytes),
+            None,
+        ),
         1,
         |_| {
             ln::layer_norm_backward(&xh, &gh, &mean_h, &rstd_h, &dyh).expect("layer_norm_backward");

@@ -35,7 +35,10 @@ fn main() {
 fn inputs(shape: &[usize], dtype: DType) -> host::Result<HostTensor> {
     let n: usize = shape.iter().product();
     let data = (0..n)
-        .map(|i| ((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        .map(|i| {
+            ((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 23) as f32
+                - 1.0
+        })
         .collect();
     HostTensor::new(data, shape, dtype)
 }
@@ -54,7 +57,10 @@ fn run(op: &str, started: Instant) -> host::Result<String> {
         "flash_forward" => {
             let shape = [4, 8, 512, 64];
             let q = Tensor::from_host(&gpu, &inputs(&shape, DType::F16)?)?;
-            let p = AttentionParams { causal: Causal::No, scale: None };
+            let p = AttentionParams {
+                causal: Causal::No,
+                scale: None,
+            };
             Box::new(move || attention::flash_forward(&q, &q, &q, &p).map(drop))
         }
         _ => {

@@ -115,7 +115,14 @@ impl std::fmt::Debug for Gpu {
         let loaded: Vec<String> = self
             .loaded_modules()
             .iter()
-            .map(|m| format!("{} {} in {:.3} s", m.family.name(), m.image, m.load_time.as_secs_f64()))
+            .map(|m| {
+                format!(
+                    "{} {} in {:.3} s",
+                    m.family.name(),
+                    m.image,
+                    m.load_time.as_secs_f64()
+                )
+            })
             .collect();
         write!(
             f,
@@ -319,9 +326,12 @@ impl Gpu {
             msg: format!("no kernel named `{name}` in any embedded module"),
         })?;
         let module = self.module(family)?;
-        let f = module
-            .load_function(name)
-            .map_err(|e| Error::driver(e, format!("looking up kernel `{name}` in the {} module", family.name())))?;
+        let f = module.load_function(name).map_err(|e| {
+            Error::driver(
+                e,
+                format!("looking up kernel `{name}` in the {} module", family.name()),
+            )
+        })?;
         self.inner
             .functions
             .lock()
@@ -331,7 +341,11 @@ impl Gpu {
     }
 
     fn cached_function(&self, name: &str) -> Option<CudaFunction> {
-        let cache = self.inner.functions.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = self
+            .inner
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         cache.get(name).cloned()
     }
 
@@ -339,8 +353,14 @@ impl Gpu {
     /// move that cost to a moment of your choosing) and says how it was loaded.
     pub fn load_family(&self, family: Family) -> Result<ModuleLoad> {
         self.module(family)?;
-        let slot = self.inner.modules[family.index()].lock().unwrap_or_else(|p| p.into_inner());
-        Ok(slot.as_ref().expect("module() filled the slot").info.clone())
+        let slot = self.inner.modules[family.index()]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(slot
+            .as_ref()
+            .expect("module() filled the slot")
+            .info
+            .clone())
     }
 
     /// The families loaded so far on this handle, and how.
@@ -348,7 +368,12 @@ impl Gpu {
         self.inner
             .modules
             .iter()
-            .filter_map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.info.clone()))
+            .filter_map(|m| {
+                m.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|l| l.info.clone())
+            })
             .collect()
     }
 
@@ -367,14 +392,24 @@ impl Gpu {
                 ModuleImage::Cubin { bytes, .. } => cudarc::nvrtc::Ptx::from_binary(bytes.to_vec()),
                 ModuleImage::Ptx { text, .. } => cudarc::nvrtc::Ptx::from_src(text),
             };
-            self.inner.ctx.load_module(src).map(|m| (m, started.elapsed()))
+            self.inner
+                .ctx
+                .load_module(src)
+                .map(|m| (m, started.elapsed()))
         };
         let mut cubin_refused = None;
         let (module, load_time, used) = match load(&image) {
             Ok((m, t)) => (m, t, image),
             Err(e) => {
                 let ModuleImage::Cubin { arch, .. } = image else {
-                    return Err(Error::driver(e, format!("loading the {} module ({})", family.name(), image.describe())));
+                    return Err(Error::driver(
+                        e,
+                        format!(
+                            "loading the {} module ({})",
+                            family.name(),
+                            image.describe()
+                        ),
+                    ));
                 };
                 // A driver older than the ptxas that built the cubin refuses it; its PTX may still JIT.
                 cubin_refused = Some(format!("{e:?}"));
@@ -385,8 +420,17 @@ impl Gpu {
                 (m, t, ptx)
             }
         };
-        let info = ModuleLoad { family, image: used.describe(), bytes: used.bytes(), load_time, cubin_refused };
-        *slot = Some(LoadedModule { module: module.clone(), info });
+        let info = ModuleLoad {
+            family,
+            image: used.describe(),
+            bytes: used.bytes(),
+            load_time,
+            cubin_refused,
+        };
+        *slot = Some(LoadedModule {
+            module: module.clone(),
+            info,
+        });
         Ok(module)
     }
 

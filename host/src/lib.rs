@@ -37,7 +37,7 @@ pub mod tensor;
 pub mod testing;
 
 pub use device::{Build, Gpu, MemoryStats, ModuleLoad, driver_present};
-pub use modules::Family;
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use modules::Family;
 pub use tensor::{HostTensor, Tensor};

@@ -109,20 +109,33 @@ pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
 /// runs there (sm_80 code on 8.x devices; sm_90a code on 9.0), else the PTX. `prefer_ptx` forces the
 /// PTX (see [`crate::Gpu`]'s `RGK_MODULE_FORMAT`).
 pub fn image_for(family: Family, arch: &'static str, major: i32, prefer_ptx: bool) -> ModuleImage {
-    let img = if arch == "sm_90" { images(family).sm90 } else { images(family).sm80 };
+    let img = if arch == "sm_90" {
+        images(family).sm90
+    } else {
+        images(family).sm80
+    };
     // sm_80 machine code runs on 8.x only; other majors JIT the sm_80 PTX.
     let cubin_runs = arch == "sm_90" || major == 8;
     match img.cubin {
         Some(bytes) if cubin_runs && !prefer_ptx => ModuleImage::Cubin { arch, bytes },
-        _ => ModuleImage::Ptx { arch, text: img.ptx },
+        _ => ModuleImage::Ptx {
+            arch,
+            text: img.ptx,
+        },
     }
 }
 
 /// The form a module is loaded in.
 #[derive(Clone, Copy, Debug)]
 pub enum ModuleImage {
-    Cubin { arch: &'static str, bytes: &'static [u8] },
-    Ptx { arch: &'static str, text: &'static str },
+    Cubin {
+        arch: &'static str,
+        bytes: &'static [u8],
+    },
+    Ptx {
+        arch: &'static str,
+        text: &'static str,
+    },
 }
 
 impl ModuleImage {
@@ -151,7 +164,11 @@ fn cubin_arch(arch: &str) -> &str {
 /// an unknown kernel or one without bounds.
 pub fn launch_bounds(entry: &str, arch: &str) -> Option<(u32, u32)> {
     let img = images(Family::of(entry)?);
-    let ptx = if arch == "sm_90" { img.sm90.ptx } else { img.sm80.ptx };
+    let ptx = if arch == "sm_90" {
+        img.sm90.ptx
+    } else {
+        img.sm80.ptx
+    };
     let head = format!(".visible .entry {entry}(");
     let start = ptx.find(&head)?;
     let body = &ptx[start..];
@@ -215,7 +232,10 @@ mod tests {
         let on_12 = image_for(Family::Elementwise, "sm_80", 12, false);
         assert!(matches!(on_12, ModuleImage::Ptx { arch: "sm_80", .. }));
         let on_89 = image_for(Family::Elementwise, "sm_80", 8, false);
-        assert_eq!(matches!(on_89, ModuleImage::Cubin { arch: "sm_80", .. }), has_cubin);
+        assert_eq!(
+            matches!(on_89, ModuleImage::Cubin { arch: "sm_80", .. }),
+            has_cubin
+        );
         // The portable build on a 9.0 device: sm_80 machine code does not run there.
         let portable = image_for(Family::Elementwise, "sm_80", 9, false);
         assert!(matches!(portable, ModuleImage::Ptx { arch: "sm_80", .. }));

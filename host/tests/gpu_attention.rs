@@ -460,8 +460,7 @@ fn mma_sync_flash_forward_matches_reference_over_the_grid() {
 
 #[test]
 fn wgmma_flash_forward_matches_reference_over_the_grid() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_flash_forward_matches_reference_over_the_grid")
-    else {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_flash_forward_matches_reference_over_the_grid") else {
         return;
     };
     let mut rng = rng("wgmma_flash_grid");
@@ -475,8 +474,7 @@ fn wgmma_flash_forward_matches_reference_over_the_grid() {
 
 #[test]
 fn wgmma_flash_forward_is_bit_identical_over_100_runs() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_flash_forward_is_bit_identical_over_100_runs")
-    else {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_flash_forward_is_bit_identical_over_100_runs") else {
         return;
     };
     let mut rng = rng("wgmma_flash_repeat");
@@ -571,7 +569,8 @@ fn wgmma_custom_scale_is_applied() {
 
 #[test]
 fn flash_kernel_selector_refuses_what_the_build_does_not_have() {
-    let Some(gpu) = gpu_or_skip("flash_kernel_selector_refuses_what_the_build_does_not_have") else {
+    let Some(gpu) = gpu_or_skip("flash_kernel_selector_refuses_what_the_build_does_not_have")
+    else {
         return;
     };
     let t = |d: usize, dtype: DType| {

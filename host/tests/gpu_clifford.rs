@@ -51,16 +51,33 @@ fn check(case: &str, what: &str, got: &Tensor, want: &HostTensor, tol: f64) {
 
 /// [`check`] for a reduction whose terms may cancel: passes at relative error `rel`, or when every
 /// element is within `abs` of the reference (a rounding bound on the terms' scale, not the result's).
-fn check_cancelling_sum(case: &str, what: &str, got: &Tensor, want: &HostTensor, (rel, abs): (f64, f64)) {
+fn check_cancelling_sum(
+    case: &str,
+    what: &str,
+    got: &Tensor,
+    want: &HostTensor,
+    (rel, abs): (f64, f64),
+) {
     assert_eq!(got.shape(), want.shape.as_slice(), "{case} {what}: shape");
     let out = got.to_vec().unwrap();
     let worst = out
         .iter()
         .zip(&want.data)
-        .map(|(&o, &w)| if o.is_nan() { f64::INFINITY } else { (o as f64 - w as f64).abs() })
+        .map(|(&o, &w)| {
+            if o.is_nan() {
+                f64::INFINITY
+            } else {
+                (o as f64 - w as f64).abs()
+            }
+        })
         .fold(0.0f64, f64::max);
     if worst > abs {
-        assert_close(&format!("{case} {what} (max abs error {worst:.2e} > {abs:.2e})"), &out, &want.data, rel);
+        assert_close(
+            &format!("{case} {what} (max abs error {worst:.2e} > {abs:.2e})"),
+            &out,
+            &want.data,
+            rel,
+        );
     }
 }
 
@@ -635,7 +652,11 @@ fn clifford_kernels_are_in_their_module_with_launch_bounds() {
     ];
     for arch in ["sm_80", "sm_90"] {
         for (name, threads, blocks) in bounded {
-            assert_eq!(host::Family::of(name), Some(host::Family::Clifford), "{name}");
+            assert_eq!(
+                host::Family::of(name),
+                Some(host::Family::Clifford),
+                "{name}"
+            );
             assert_eq!(
                 host::modules::launch_bounds(name, arch),
                 Some((threads, blocks)),
@@ -643,9 +664,16 @@ fn clifford_kernels_are_in_their_module_with_launch_bounds() {
             );
         }
         for name in ["chunk_sum_f32", "col_sum_partials_f32"] {
-            assert_eq!(host::Family::of(name), Some(host::Family::Clifford), "{name}");
+            assert_eq!(
+                host::Family::of(name),
+                Some(host::Family::Clifford),
+                "{name}"
+            );
         }
-        assert_eq!(host::Family::of("matmul_simt_nn_f32"), Some(host::Family::Matmul));
+        assert_eq!(
+            host::Family::of("matmul_simt_nn_f32"),
+            Some(host::Family::Matmul)
+        );
     }
     assert_eq!(
         gpu::params::clifford::fwd_block(1 << 20, 4),

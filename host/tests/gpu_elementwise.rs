@@ -241,12 +241,26 @@ fn reduce_to_and_expand_match_reference() {
         let want = r::reduce_to(&g, &part, alpha).unwrap();
         assert_eq!(got.shape(), want.shape.as_slice(), "{what}");
         // Sums over the broadcast dims amplify the half dtypes' rounding.
-        let t = if dtype == DType::F32 { 1e-5 } else { 4.0 * tol(dtype) };
-        assert_close(&format!("reduce_to {what}"), &got.to_vec().unwrap(), &want.data, t);
+        let t = if dtype == DType::F32 {
+            1e-5
+        } else {
+            4.0 * tol(dtype)
+        };
+        assert_close(
+            &format!("reduce_to {what}"),
+            &got.to_vec().unwrap(),
+            &want.data,
+            t,
+        );
         let got = ew::expand(&Tensor::from_host(&gpu, &x).unwrap(), &full, alpha).unwrap();
         let want = r::expand(&x, &full, alpha).unwrap();
         assert_eq!(got.shape(), want.shape.as_slice(), "{what}");
-        assert_close(&format!("expand {what}"), &got.to_vec().unwrap(), &want.data, tol(dtype));
+        assert_close(
+            &format!("expand {what}"),
+            &got.to_vec().unwrap(),
+            &want.data,
+            tol(dtype),
+        );
     }
 }
 

@@ -766,4 +766,3 @@ fn one_sign_products_give_exact_zero_sums() {
         }
     }
 }
-

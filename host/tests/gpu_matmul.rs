@@ -86,8 +86,8 @@ fn run(gpu: &Gpu, rng: &mut StdRng, c: &Case) -> (HostTensor, HostTensor, HostTe
     );
     let out = matmul::matmul(&da, &db, c.ta, c.tb)
         .unwrap_or_else(|e| panic!("{c:?}: {e}"))
-    .to_host()
-    .unwrap();
+        .to_host()
+        .unwrap();
     (a, b, out)
 }
 

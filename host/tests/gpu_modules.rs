@@ -12,7 +12,11 @@ fn a_family_loads_on_its_first_call_and_only_it() {
         return;
     };
     let gpu = Gpu::new(0).unwrap();
-    assert!(gpu.loaded_modules().is_empty(), "Gpu::new loaded {:?}", gpu.loaded_modules());
+    assert!(
+        gpu.loaded_modules().is_empty(),
+        "Gpu::new loaded {:?}",
+        gpu.loaded_modules()
+    );
     let x = Tensor::from_f32(&gpu, &[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F32).unwrap();
     assert!(gpu.loaded_modules().is_empty(), "an upload loaded a module");
     let y = softmax::softmax(&x).unwrap().to_vec().unwrap();
@@ -55,15 +59,34 @@ fn every_family_loads_in_the_form_the_library_carries() {
     for family in Family::ALL {
         let m = gpu.load_family(family).unwrap();
         let img = host::modules::images(family);
-        let build = if gpu.ptx_arch() == "sm_90" { img.sm90 } else { img.sm80 };
+        let build = if gpu.ptx_arch() == "sm_90" {
+            img.sm90
+        } else {
+            img.sm80
+        };
         // Machine code where the library carries it for this device (and the environment does not
         // ask for PTX), else the PTX.
         let cubin_expected = build.cubin.is_some()
             && (gpu.ptx_arch() == "sm_90" || major == 8)
             && std::env::var("RGK_MODULE_FORMAT").as_deref() != Ok("ptx");
-        println!("{}: {} ({} bytes, {:.3} s)", family.name(), m.image, m.bytes, m.load_time.as_secs_f64());
-        assert_eq!(m.image.starts_with("cubin"), cubin_expected && m.cubin_refused.is_none(), "{m:?}");
-        assert_eq!(gpu.load_family(family).unwrap(), m, "a second load of {} changed it", family.name());
+        println!(
+            "{}: {} ({} bytes, {:.3} s)",
+            family.name(),
+            m.image,
+            m.bytes,
+            m.load_time.as_secs_f64()
+        );
+        assert_eq!(
+            m.image.starts_with("cubin"),
+            cubin_expected && m.cubin_refused.is_none(),
+            "{m:?}"
+        );
+        assert_eq!(
+            gpu.load_family(family).unwrap(),
+            m,
+            "a second load of {} changed it",
+            family.name()
+        );
     }
     assert_eq!(gpu.loaded_modules().len(), Family::ALL.len());
 }

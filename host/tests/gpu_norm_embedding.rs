@@ -188,7 +188,8 @@ fn layer_norm_backward_warp_kernel_matches_reference() {
 /// block-a-row fallback): rows of whole chunks up to 1024 elements, every dtype.
 #[test]
 fn layer_norm_backward_takes_the_warp_kernel_where_it_applies() {
-    let Some(gpu) = gpu_or_skip("layer_norm_backward_takes_the_warp_kernel_where_it_applies") else {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_takes_the_warp_kernel_where_it_applies")
+    else {
         return;
     };
     {
@@ -216,7 +217,8 @@ fn layer_norm_backward_takes_the_warp_kernel_where_it_applies() {
 
 #[test]
 fn layer_norm_backward_warp_kernel_is_bit_identical_over_runs() {
-    let Some(gpu) = gpu_or_skip("layer_norm_backward_warp_kernel_is_bit_identical_over_runs") else {
+    let Some(gpu) = gpu_or_skip("layer_norm_backward_warp_kernel_is_bit_identical_over_runs")
+    else {
         return;
     };
     let mut rng = rng("layer_norm_backward_warp_determinism");

@@ -26,7 +26,10 @@ fn host_sources() -> Vec<(String, String)> {
 #[test]
 fn every_entry_point_is_named_by_a_launcher_and_every_name_is_an_entry_point() {
     let sources = host_sources();
-    let refs: Vec<(&str, &str)> = sources.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+    let refs: Vec<(&str, &str)> = sources
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
     let named = launcher_kernel_names(&refs);
     let mut entries: Vec<&str> = Vec::new();
     for family in host::Family::ALL {
@@ -38,13 +41,20 @@ fn every_entry_point_is_named_by_a_launcher_and_every_name_is_an_entry_point() {
         "entry points no launcher names (delete the kernel, or name it where it is launched): {unnamed:?}"
     );
     // Names that look like kernel names but are no entry point: a launcher would fail at run time.
-    let kernel_like = |n: &str| ["_f32", "_f16", "_bf16", "_u32"].iter().any(|s| n.ends_with(s));
+    let kernel_like = |n: &str| {
+        ["_f32", "_f16", "_bf16", "_u32"]
+            .iter()
+            .any(|s| n.ends_with(s))
+    };
     let missing: Vec<&String> = named
         .iter()
         .filter(|n| kernel_like(n) && host::Family::of(n).is_none())
         .filter(|n| !NOT_KERNELS.contains(&n.as_str()))
         .collect();
-    assert!(missing.is_empty(), "launchers name kernels that no module has: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "launchers name kernels that no module has: {missing:?}"
+    );
 }
 
 /// Strings in host/src that end like a kernel name but name no kernel (dtype names in messages).
@@ -57,7 +67,10 @@ fn ptxas_compiled_every_module_without_spills_stack_or_serialized_wgmma() {
         let img = host::modules::images(family);
         for (arch, build) in [("sm_80", img.sm80), ("sm_90", img.sm90)] {
             if let Some(e) = build.ptxas_error {
-                panic!("{} {arch}: ptxas failed at build time (the module ships as PTX only):\n{e}", family.name());
+                panic!(
+                    "{} {arch}: ptxas failed at build time (the module ships as PTX only):\n{e}",
+                    family.name()
+                );
             }
             let Some(report) = build.ptxas_report else {
                 println!(
@@ -67,7 +80,11 @@ fn ptxas_compiled_every_module_without_spills_stack_or_serialized_wgmma() {
                 continue;
             };
             let table = parse_ptxas_report(report);
-            assert!(!table.is_empty(), "{} {arch}: ptxas reported no kernel", family.name());
+            assert!(
+                !table.is_empty(),
+                "{} {arch}: ptxas reported no kernel",
+                family.name()
+            );
             for k in &table {
                 assert_eq!(
                     (k.stack_bytes, k.spill_stores, k.spill_loads),

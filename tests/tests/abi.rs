@@ -21,10 +21,18 @@ fn tensor_core_matmul_entry_points_exist_for_every_dtype_and_transpose() {
     for dtype in ["f16", "bf16"] {
         for t in ["nn", "nt", "tn", "tt"] {
             let name = format!("matmul_tc_{t}_{dtype}");
-            assert_eq!(host::Family::of(&name), Some(host::Family::Matmul), "{name}");
+            assert_eq!(
+                host::Family::of(&name),
+                Some(host::Family::Matmul),
+                "{name}"
+            );
             // The launch bound reached the entry in both builds: 256 threads, one block per SM.
             for arch in ["sm_80", "sm_90"] {
-                assert_eq!(host::modules::launch_bounds(&name, arch), Some((256, 1)), "{name} {arch}");
+                assert_eq!(
+                    host::modules::launch_bounds(&name, arch),
+                    Some((256, 1)),
+                    "{name} {arch}"
+                );
             }
         }
     }

@@ -28,7 +28,12 @@ pub fn run(args: &Args) -> Result<(), String> {
         FAMILIES.len(),
         PTX_ARCHES.len(),
         if checked { ", checked" } else { "" },
-        ptxas.as_ref().map_or("no ptxas: PTX only".to_string(), |p| format!("ptxas {}", p.display()))
+        ptxas
+            .as_ref()
+            .map_or("no ptxas: PTX only".to_string(), |p| format!(
+                "ptxas {}",
+                p.display()
+            ))
     );
     let modules = build_all_modules(
         &root,
@@ -40,7 +45,10 @@ pub fn run(args: &Args) -> Result<(), String> {
     let suffix = if checked { "_checked" } else { "" };
     let mut failures = Vec::new();
     let (mut ptx_bytes, mut cubin_bytes, mut entries) = (0, 0, 0);
-    println!("\n  {:<16} {:<6} {:>8} {:>10} {:>10}", "family", "arch", "kernels", "PTX B", "cubin B");
+    println!(
+        "\n  {:<16} {:<6} {:>8} {:>10} {:>10}",
+        "family", "arch", "kernels", "PTX B", "cubin B"
+    );
     for m in &modules {
         let stem = format!("{}_{}{suffix}", m.family, m.arch);
         std::fs::write(out_dir.join(format!("{stem}.ptx")), &m.ptx).map_err(|e| e.to_string())?;
@@ -49,16 +57,30 @@ pub fn run(args: &Args) -> Result<(), String> {
         }
         let n = ptx_entry_points(&m.ptx).len();
         let cubin_len = m.cubin.as_ref().map_or(0, Vec::len);
-        println!("  {:<16} {:<6} {n:>8} {:>10} {cubin_len:>10}", m.family, m.arch, m.ptx.len());
-        (ptx_bytes, cubin_bytes, entries) = (ptx_bytes + m.ptx.len(), cubin_bytes + cubin_len, entries + n);
+        println!(
+            "  {:<16} {:<6} {n:>8} {:>10} {cubin_len:>10}",
+            m.family,
+            m.arch,
+            m.ptx.len()
+        );
+        (ptx_bytes, cubin_bytes, entries) = (
+            ptx_bytes + m.ptx.len(),
+            cubin_bytes + cubin_len,
+            entries + n,
+        );
     }
-    println!("  {:<16} {:<6} {entries:>8} {ptx_bytes:>10} {cubin_bytes:>10}", "total", "");
+    println!(
+        "  {:<16} {:<6} {entries:>8} {ptx_bytes:>10} {cubin_bytes:>10}",
+        "total", ""
+    );
     println!("  wrote {}", out_dir.display());
     for m in &modules {
         if let Some(e) = &m.ptxas_error {
             failures.push(format!("{} {}: ptxas failed: {e}", m.family, m.arch));
         }
-        let Some(report) = &m.ptxas_report else { continue };
+        let Some(report) = &m.ptxas_report else {
+            continue;
+        };
         let table = parse_ptxas_report(report);
         print_table(&format!("{} {}", m.family, target_cpu(m.arch)), &table);
         for k in &table {
@@ -84,7 +106,10 @@ pub fn run(args: &Args) -> Result<(), String> {
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(format!("ptxas failed, or kernels use local memory or serialize wgmma:\n  {}", failures.join("\n  ")))
+        Err(format!(
+            "ptxas failed, or kernels use local memory or serialize wgmma:\n  {}",
+            failures.join("\n  ")
+        ))
     }
 }
 

@@ -44,10 +44,26 @@ struct Mode {
 }
 
 const MODES: [Mode; 4] = [
-    Mode { name: "cubin, cache off", ptx: false, cache: false },
-    Mode { name: "cubin, cache warm", ptx: false, cache: true },
-    Mode { name: "PTX only, cache off", ptx: true, cache: false },
-    Mode { name: "PTX only, cache warm", ptx: true, cache: true },
+    Mode {
+        name: "cubin, cache off",
+        ptx: false,
+        cache: false,
+    },
+    Mode {
+        name: "cubin, cache warm",
+        ptx: false,
+        cache: true,
+    },
+    Mode {
+        name: "PTX only, cache off",
+        ptx: true,
+        cache: false,
+    },
+    Mode {
+        name: "PTX only, cache warm",
+        ptx: true,
+        cache: true,
+    },
 ];
 
 /// One process's answer (the example's JSON line).
@@ -63,7 +79,14 @@ fn build_binary(root: &Path) -> Result<PathBuf, String> {
     run_checked(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .current_dir(root)
-            .args(["build", "--release", "-p", "host", "--example", "cold_start"]),
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "host",
+                "--example",
+                "cold_start",
+            ]),
     )?;
     Ok(root.join("target/release/examples/cold_start"))
 }
@@ -77,11 +100,14 @@ fn run_once(bin: &Path, op: &str, mode: Mode, cache_dir: &Path) -> Result<Sample
         cmd.env_remove("RGK_MODULE_FORMAT");
     }
     if mode.cache {
-        cmd.env_remove("CUDA_CACHE_DISABLE").env("CUDA_CACHE_PATH", cache_dir);
+        cmd.env_remove("CUDA_CACHE_DISABLE")
+            .env("CUDA_CACHE_PATH", cache_dir);
     } else {
         cmd.env("CUDA_CACHE_DISABLE", "1");
     }
-    let out = cmd.output().map_err(|e| format!("could not run {}: {e}", bin.display()))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", bin.display()))?;
     if !out.status.success() {
         return Err(format!(
             "{} {op} failed: {}",
@@ -92,7 +118,10 @@ fn run_once(bin: &Path, op: &str, mode: Mode, cache_dir: &Path) -> Result<Sample
     let text = String::from_utf8_lossy(&out.stdout);
     let v: serde_json::Value = serde_json::from_str(text.trim())
         .map_err(|e| format!("cold_start printed `{}`: {e}", text.trim()))?;
-    let num = |k: &str| v[k].as_f64().ok_or_else(|| format!("cold_start's `{k}` missing in {v}"));
+    let num = |k: &str| {
+        v[k].as_f64()
+            .ok_or_else(|| format!("cold_start's `{k}` missing in {v}"))
+    };
     let modules = v["modules"]
         .as_array()
         .map(|ms| {
@@ -120,7 +149,11 @@ fn run_once(bin: &Path, op: &str, mode: Mode, cache_dir: &Path) -> Result<Sample
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -142,7 +175,9 @@ pub fn run(args: &Args) -> Result<(), String> {
 pub fn measure(bins: Option<&Path>, out: &Path, reps: usize) -> Result<(), String> {
     let bin = match bins {
         Some(dir) => dir.join("cold_start"),
-        None => build_binary(&workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?)?,
+        None => {
+            build_binary(&workspace_root().ok_or("no source tree: pass --bins DIR (a bundle)")?)?
+        }
     };
     let (ptx_bytes, cubin_bytes, entries) = host::modules::embedded_totals();
     let mut md = format!(
@@ -160,7 +195,8 @@ pub fn measure(bins: Option<&Path>, out: &Path, reps: usize) -> Result<(), Strin
     let mut json = Vec::new();
     let mut gpu_name = String::new();
     for mode in MODES {
-        let cache = std::env::temp_dir().join(format!("rgk-coldstart-cache-{}", std::process::id()));
+        let cache =
+            std::env::temp_dir().join(format!("rgk-coldstart-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&cache);
         for op in OPS {
             if mode.cache {

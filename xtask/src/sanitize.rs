@@ -384,7 +384,9 @@ mod tests {
         );
         assert_eq!(error_count("no summary"), None);
         assert_eq!(
-            error_count("========= Error: Target application terminated before first instrumented API call\n"),
+            error_count(
+                "========= Error: Target application terminated before first instrumented API call\n"
+            ),
             Some(0)
         );
         assert_eq!(

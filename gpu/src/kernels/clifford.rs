@@ -31,10 +31,10 @@ use crate::dev::thread::{
 };
 use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::clifford::{
-    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D, FWD_MAX_BLOCK,
-    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, ROW_BLOCK,
-    GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, SLOTS_2D,
-    SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads,
+    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
+    FWD_MAX_BLOCK, FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D,
+    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
+    fwd_v3_row_threads,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -508,12 +508,7 @@ fn load_pair32<A: Algebra>(s: &Sgp, z: Rows32, row: u32, f: u32) -> (Mv, Mv) {
 /// block reduction so those loads are in flight during the barriers and the stores. Offsets are 32-bit
 /// (`C * B * N < 2^31`, checked by the launcher).
 #[inline(always)]
-unsafe fn sgp_fwd_v2<A: Algebra>(
-    s: Sgp,
-    o: SliceMut<f32>,
-    r: SliceMut<f32>,
-    normalize: u32,
-) {
+unsafe fn sgp_fwd_v2<A: Algebra>(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
     let z = Rows32 {
         rows: s.rows as u32,
         n: s.n as u32,
@@ -705,12 +700,7 @@ fn v3_row_norms(
 /// stores (in flight during them; 32 more registers). Persistent grid over row groups.
 /// Requires `n % 4 == 0`, `n <= FWD_V3_MAX_N`, `C * B * N < 2^31`, 16-byte aligned bases (launcher).
 #[inline(always)]
-unsafe fn sgp2d_fwd_v3(
-    s: Sgp,
-    o: SliceMut<f32>,
-    r: SliceMut<f32>,
-    normalize: u32,
-) {
+unsafe fn sgp2d_fwd_v3(s: Sgp, o: SliceMut<f32>, r: SliceMut<f32>, normalize: u32) {
     let z = Rows32 {
         rows: s.rows as u32,
         n: s.n as u32,

@@ -786,12 +786,7 @@ mod v3 {
     /// `a_addr` / `b_addr` are this thread's fragment bases in the stage (shared addresses); every load
     /// is base + a constant.
     #[inline(always)]
-    fn compute<const MODE: u32>(
-        a_addr: u32,
-        b_addr: u32,
-        acc0: &mut Acc,
-        acc1: &mut Acc,
-    ) {
+    fn compute<const MODE: u32>(a_addr: u32, b_addr: u32, acc0: &mut Acc, acc1: &mut Acc) {
         // SAFETY (loads below): base + delta is a `v3::frag_*_offset` (< the stage's floats, even for
         // the pairs: unit-tested in params) of the stage the caller's address points at, inside the
         // launch's dynamic shared memory, written by copies that were waited for before the barrier
@@ -965,10 +960,26 @@ mod v3 {
 // The GEMM passes (3xTF32 mma): 64 accumulators (sums: two sets of 32) and the split fragments of a
 // depth step. The sums pass keeps one block per SM (two accumulator sets and two stage partials: 128
 // registers before any operand); spread and dense ask for two (at most 128 registers).
-crate::launch_bounds!(lrp_sums_v5_f32, THREADS, crate::params::lrp::v3::SUMS_BLOCKS_PER_SM);
-crate::launch_bounds!(lrp_spread_v5_f32, THREADS, crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM);
-crate::launch_bounds!(lrp_spread_v5_finish_f32, THREADS, crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM);
-crate::launch_bounds!(dense_v5_f32, THREADS, crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM);
+crate::launch_bounds!(
+    lrp_sums_v5_f32,
+    THREADS,
+    crate::params::lrp::v3::SUMS_BLOCKS_PER_SM
+);
+crate::launch_bounds!(
+    lrp_spread_v5_f32,
+    THREADS,
+    crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM
+);
+crate::launch_bounds!(
+    lrp_spread_v5_finish_f32,
+    THREADS,
+    crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM
+);
+crate::launch_bounds!(
+    dense_v5_f32,
+    THREADS,
+    crate::params::lrp::v3::SPREAD_BLOCKS_PER_SM
+);
 
 /// The sums pass on the `cp.async` pipeline (`v3`) with the 3xTF32 split by integer operations
 /// (`params::lrp::v5`).

@@ -212,9 +212,13 @@ const _: () = {
     let mut i = 0;
     while i < cfgs.len() {
         let c = cfgs[i];
-        assert!(c.block_q % 64 == 0 && c.block_k % 16 == 0 && c.head_dim % 64 == 0);
-        assert!((c.block_q * c.head_dim * 2) % 1024 == 0);
-        assert!((c.block_k * c.head_dim * 2) % 1024 == 0);
+        assert!(
+            c.block_q.is_multiple_of(64)
+                && c.block_k.is_multiple_of(16)
+                && c.head_dim.is_multiple_of(64)
+        );
+        assert!((c.block_q * c.head_dim * 2).is_multiple_of(1024));
+        assert!((c.block_k * c.head_dim * 2).is_multiple_of(1024));
         assert!(c.stages == 2 && c.smem_bytes() <= 227 * 1024);
         i += 1;
     }

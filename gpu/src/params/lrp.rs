@@ -57,7 +57,9 @@ pub const MAX_GRID_Y: u64 = 65_535;
 
 const _: () = assert!(WARPS_M * WARPS_N * 32 == THREADS as u64);
 const _: () = assert!(WARPS_M * WARP_M == BM && WARPS_N * WARP_N == BN);
-const _: () = assert!(WARP_M % MMA_M == 0 && WARP_N % MMA_N == 0 && BK % MMA_K == 0);
+const _: () = assert!(
+    WARP_M.is_multiple_of(MMA_M) && WARP_N.is_multiple_of(MMA_N) && BK.is_multiple_of(MMA_K)
+);
 const _: () = assert!(A_STRIDE % 32 == 8 && B_STRIDE % 32 == 8);
 // The tile loaders hard-code these (see kernels/lrp.rs).
 const _: () = assert!(BM == 64 && BN == 128 && BK == 16 && THREADS == 256);
@@ -96,17 +98,9 @@ pub const fn frag_b_delta(ni: usize, ks: usize, r: usize) -> usize {
 /// Block-tile `(row, column)` of accumulator register `r` of mma tile `(mi, ni)`: `r = 0, 1` at
 /// row g, columns 2t, 2t+1; `r = 2, 3` at row g+8.
 #[inline(always)]
-pub const fn acc_coords(
-    warp: usize,
-    lane: usize,
-    mi: usize,
-    ni: usize,
-    r: usize,
-) -> (u64, u64) {
-    let m = (warp / WARPS_N as usize) * WARP_M as usize
-        + mi * MMA_M as usize
-        + lane / 4
-        + 8 * (r >> 1);
+pub const fn acc_coords(warp: usize, lane: usize, mi: usize, ni: usize, r: usize) -> (u64, u64) {
+    let m =
+        (warp / WARPS_N as usize) * WARP_M as usize + mi * MMA_M as usize + lane / 4 + 8 * (r >> 1);
     let n = (warp % WARPS_N as usize) * WARP_N as usize
         + ni * MMA_N as usize
         + 2 * (lane % 4)
@@ -220,13 +214,7 @@ pub mod v3 {
     /// Float offset within an A stage of the pair of A fragment registers of m-tile `mi` at
     /// k-step `s`: `h = 0` the pair (`a0`, `a2`) of row `g`, `h = 1` (`a1`, `a3`) of row `g + 8`.
     /// The thread's base [`frag_a_base`] plus a constant [`frag_a_delta`].
-    pub const fn frag_a_offset(
-        warp: usize,
-        lane: usize,
-        mi: usize,
-        s: usize,
-        h: usize,
-    ) -> usize {
+    pub const fn frag_a_offset(warp: usize, lane: usize, mi: usize, s: usize, h: usize) -> usize {
         frag_a_base(warp, lane) + frag_a_delta(mi, s, h)
     }
     #[inline(always)]
@@ -266,9 +254,7 @@ pub mod v3 {
     }
     #[inline(always)]
     pub const fn frag_b_kn_base(warp: usize, lane: usize) -> usize {
-        2 * (lane % 4) * KN_STRIDE as usize
-            + (warp % WARPS_N as usize) * WARP_N as usize
-            + lane / 4
+        2 * (lane % 4) * KN_STRIDE as usize + (warp % WARPS_N as usize) * WARP_N as usize + lane / 4
     }
     #[inline(always)]
     pub const fn frag_b_kn_delta(ni: usize, s: usize, r: usize) -> usize {
@@ -318,18 +304,13 @@ pub mod v3 {
                                 for lane in 16 * half..16 * half + 16 {
                                     let (g, t) = (lane / 4, lane % 4);
                                     let off = frag_a_offset(warp, lane, mi, s, h);
-                                    assert!(
-                                        off.is_multiple_of(2) && off + 1 < STAGE_A as usize
-                                    );
+                                    assert!(off.is_multiple_of(2) && off + 1 < STAGE_A as usize);
                                     let row = wm + 16 * mi + g + 8 * h;
                                     // ISA: a0 / a1 at slot t, a2 / a3 at slot t + 4.
                                     assert_eq!(decode_nk(off), (row, slot_depth(s, t, 0)));
                                     assert_eq!(decode_nk(off + 1), (row, slot_depth(s, t, 1)));
                                     let p = (off / 2) % 16;
-                                    assert!(
-                                        !pairs[p],
-                                        "A bank conflict w{warp} s{s} mi{mi} h{h}"
-                                    );
+                                    assert!(!pairs[p], "A bank conflict w{warp} s{s} mi{mi} h{h}");
                                     pairs[p] = true;
                                 }
                             }
@@ -420,16 +401,14 @@ pub mod v3 {
                                     let (g, t) = (lane / 4, lane % 4);
                                     for r in 0..4 {
                                         let (row, col) = (g + 8 * (r >> 1), 2 * t + (r & 1));
-                                        acc[lane][r] += (0..8)
-                                            .map(|k| ta[row][k] * tb[k][col])
-                                            .sum::<i64>();
+                                        acc[lane][r] +=
+                                            (0..8).map(|k| ta[row][k] * tb[k][col]).sum::<i64>();
                                     }
                                 }
                             }
                             for lane in 0..32 {
                                 for r in 0..4 {
-                                    let (m, n) =
-                                        super::super::acc_coords(warp, lane, mi, ni, r);
+                                    let (m, n) = super::super::acc_coords(warp, lane, mi, ni, r);
                                     let slot = &mut out[m as usize * cols + n as usize];
                                     assert!(slot.is_none(), "output ({m}, {n}) written twice");
                                     *slot = Some(acc[lane][r]);
@@ -608,9 +587,7 @@ pub mod v5 {
                     v.to_bits()
                 );
                 assert!(rest == 0.0 || l == 0.0 || l.signum() == rest.signum());
-                assert!(
-                    !v.is_normal() || rest.abs() as f64 <= (v.abs() as f64) * 2f64.powi(-11)
-                );
+                assert!(!v.is_normal() || rest.abs() as f64 <= (v.abs() as f64) * 2f64.powi(-11));
                 // Odd: split(-v) flips both signs.
                 let (nh, nl) = split_tf32_fast(-v);
                 assert_eq!(nh, hi ^ 0x8000_0000);
@@ -690,7 +667,7 @@ mod tests {
             for ks in [0, 8] {
                 for mi in 0..M_TILES {
                     for r in 0..4 {
-                        let mut banks = vec![false; 32];
+                        let mut banks = [false; 32];
                         for lane in 0..32 {
                             let (g, t) = (lane / 4, lane % 4);
                             let off = frag_a_offset(warp, lane, mi, ks, r);
@@ -698,11 +675,7 @@ mod tests {
                             // ISA: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4).
                             let row = wm + 16 * mi + g + if r == 1 || r == 3 { 8 } else { 0 };
                             let col = ks + t + if r >= 2 { 4 } else { 0 };
-                            assert_eq!(
-                                decode(off, A_STRIDE),
-                                (row, col),
-                                "A w{warp} l{lane} r{r}"
-                            );
+                            assert_eq!(decode(off, A_STRIDE), (row, col), "A w{warp} l{lane} r{r}");
                             assert!(!banks[off % 32], "A bank conflict");
                             banks[off % 32] = true;
                         }
@@ -710,7 +683,7 @@ mod tests {
                 }
                 for ni in 0..N_TILES {
                     for r in 0..2 {
-                        let mut banks = vec![false; 32];
+                        let mut banks = [false; 32];
                         for lane in 0..32 {
                             let (g, t) = (lane / 4, lane % 4);
                             let off = frag_b_offset(warp, lane, ni, ks, r);

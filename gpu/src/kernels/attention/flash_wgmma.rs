@@ -55,8 +55,8 @@ use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_Q64, FLASH_WG_D128,
-    FlashWgmmaConfig, MaskKind, flash_wgmma_config_of,
+    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_Q64, FLASH_WG_D128, FlashWgmmaConfig, MaskKind,
+    flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
 

@@ -23,10 +23,10 @@
 //! the same bits on every run.
 use crate::dev::math;
 use crate::dev::mem::{Slice, SliceMut};
+use crate::dev::opaque_u32;
 use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, thread_idx_x};
-use crate::dev::opaque_u32;
 use crate::params::Matmul;
 use crate::params::matmul_f32v::{BM, BN, CONFIG, LDS};
 
@@ -125,12 +125,7 @@ const fn groups_per_thread(cq: usize, bk: usize) -> usize {
 /// transposed when `TA`, B when `TB` (compile-time: one copy path per operand, and its address terms
 /// are the only ones live across the math); launched with `16 * 32 / CQ` threads and `2 * 2 * BK * LDS * 4` bytes of dynamic shared memory.
 #[inline(always)]
-unsafe fn matmul_db<
-    const CQ: usize,
-    const BK: usize,
-    const TA: bool,
-    const TB: bool,
->(
+unsafe fn matmul_db<const CQ: usize, const BK: usize, const TA: bool, const TB: bool>(
     a: Slice<f32>,
     b: Slice<f32>,
     bias: Slice<f32>,

@@ -34,8 +34,8 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
-    flash_config, flash_wgmma_config, naive,
+    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_config,
+    flash_wgmma_config, naive,
 };
 
 use crate::DType;

@@ -265,14 +265,7 @@ struct Job<'a> {
 
 impl Job<'_> {
     /// Rows `first..first + el.len()` (row = (batch * heads + head) * seq_q + i).
-    fn rows(
-        &self,
-        first: usize,
-        eo: &mut [f32],
-        no: &mut [f32],
-        el: &mut [f32],
-        nl: &mut [f32],
-    ) {
+    fn rows(&self, first: usize, eo: &mut [f32], no: &mut [f32], el: &mut [f32], nl: &mut [f32]) {
         let Dims {
             seq_q,
             seq_k,

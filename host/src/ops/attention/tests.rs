@@ -462,7 +462,7 @@ fn naive_backward_kernels_exist_for_every_dtype() {
             kernel_name!("attention_naive_bwd_rows", dt),
             kernel_name!("attention_naive_bwd_keys", dt),
         ] {
-            assert!(in_build(&name, "sm_80") && in_build(&name, "sm_90"), "{name}");
+            assert!(in_build(name, "sm_80") && in_build(name, "sm_90"), "{name}");
         }
     }
 }
@@ -470,7 +470,11 @@ fn naive_backward_kernels_exist_for_every_dtype() {
 /// Whether kernel `name` is in the attention module of build `arch`.
 fn in_build(name: &str, arch: &str) -> bool {
     let img = crate::modules::images(crate::Family::Attention);
-    let ptx = if arch == "sm_90" { img.sm90.ptx } else { img.sm80.ptx };
+    let ptx = if arch == "sm_90" {
+        img.sm90.ptx
+    } else {
+        img.sm80.ptx
+    };
     crate::modules::entry_points(ptx).contains(&name)
 }
 
@@ -496,7 +500,10 @@ fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
         assert!(flash_config(d).is_some());
         for dt in [DType::F16, DType::BF16] {
             let name = flash_kernel(d, dt).unwrap();
-            assert!(in_build(name, "sm_80") && !in_build(name, "sm_90"), "{name}");
+            assert!(
+                in_build(name, "sm_80") && !in_build(name, "sm_90"),
+                "{name}"
+            );
         }
     }
     for d in FLASH_HEAD_DIMS {
@@ -504,13 +511,23 @@ fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
         for dt in [DType::F16, DType::BF16] {
             for variant in [1, 2, 4] {
                 let Some((cfg, name)) = flash_wgmma_kernel(variant, d, dt) else {
-                    assert!(variant != 1 && d != 64, "variant {variant} D {d} has no kernel");
+                    assert!(
+                        variant != 1 && d != 64,
+                        "variant {variant} D {d} has no kernel"
+                    );
                     continue;
                 };
                 assert_eq!(cfg.head_dim, d);
-                assert!(in_build(name, "sm_90") && !in_build(name, "sm_80"), "{name}");
+                assert!(
+                    in_build(name, "sm_90") && !in_build(name, "sm_80"),
+                    "{name}"
+                );
                 let bound = crate::modules::launch_bounds(name, "sm_90");
-                assert_eq!(bound, Some((cfg.threads() as u32, cfg.min_blocks)), "{name}");
+                assert_eq!(
+                    bound,
+                    Some((cfg.threads() as u32, cfg.min_blocks)),
+                    "{name}"
+                );
             }
         }
     }

@@ -20,15 +20,13 @@
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
-    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, NUM_SLOTS_2D,
-    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block,
-    fwd_max_cached, fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
+    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D,
+    PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached,
+    fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
-use crate::launch::{
-    ByValue, grid_blocks, launch, launch_cfg,
-};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
 use crate::ops::matmul::{Accumulate, GemmShape, Operand, Transpose, gemm, offset};
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
@@ -456,13 +454,17 @@ pub fn sgp_forward_variant(
     // rows). Both take the same arguments and no dynamic shared memory.
     let persistent = match v3 {
         true if alg == Algebra::Cl2
-                && n.is_multiple_of(4)
-                && n <= FWD_V3_MAX_N
-                && small
-                && aligned =>
+            && n.is_multiple_of(4)
+            && n <= FWD_V3_MAX_N
+            && small
+            && aligned =>
         {
             let rows_per_block = (FWD_V3_BLOCK / fwd_v3_row_threads(n)) as u64;
-            Some(("sgp2d_fwd_v3p_f32", FWD_V3_BLOCK, rows.div_ceil(rows_per_block)))
+            Some((
+                "sgp2d_fwd_v3p_f32",
+                FWD_V3_BLOCK,
+                rows.div_ceil(rows_per_block),
+            ))
         }
         _ if v2 && n <= FWD_V2_MAX_BLOCK as u64 && small => {
             Some((alg.kernel(Kernel::FwdV2), fwd_v2_block(n), rows))

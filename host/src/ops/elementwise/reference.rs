@@ -128,7 +128,11 @@ pub fn reduce_to(grad: &HostTensor, operand_shape: &[usize], alpha: f32) -> Resu
     }
     let full: Vec<f64> = grad.data.iter().map(|&v| v as f64).collect();
     let out = sum_to(&full, &grad.shape, operand_shape, alpha as f64);
-    HostTensor::new(out.into_iter().map(|v| v as f32).collect(), operand_shape, grad.dtype)
+    HostTensor::new(
+        out.into_iter().map(|v| v as f32).collect(),
+        operand_shape,
+        grad.dtype,
+    )
 }
 
 /// `alpha * x` broadcast to `shape` (the gradient of a reduction, expanded back).

@@ -13,8 +13,7 @@
 use cudarc::driver::LaunchConfig;
 use gpu::params::layer_norm::{
     CACHE_PER_THREAD, DEFAULT_EPS, FINISH_BLOCK, FINISH_COLS, NARROW_MAX_COLS, WARP_MAX_COLS,
-    block_for, chunks, narrow_block_for, pipe_smem_bytes, rows_per_chunk,
-    warp_smem_bytes,
+    block_for, chunks, narrow_block_for, pipe_smem_bytes, rows_per_chunk, warp_smem_bytes,
 };
 
 use crate::dtype::DType;

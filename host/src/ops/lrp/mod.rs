@@ -709,7 +709,14 @@ pub fn relevance_variant(
         _pad: 0,
     };
     let coeffs = (coeff_params, bias_raw);
-    sums_then_coefficients(gpu, variant, (x, w, relevance_out), &coef, (r, o, i), coeffs)?;
+    sums_then_coefficients(
+        gpu,
+        variant,
+        (x, w, relevance_out),
+        &coef,
+        (r, o, i),
+        coeffs,
+    )?;
     // Pass 2: G = coef |W| per (row, i), then relevance_in = |x| G (in the pass's epilogue when it
     // runs V5 in one split).
     let spread = (r, i, o);

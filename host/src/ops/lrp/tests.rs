@@ -437,7 +437,7 @@ fn split_k_depends_on_shape_only_and_covers_the_depth() {
     ] {
         let (splits, kps) = gpu::params::lrp::split_k(m, n, k);
         assert!(
-            splits >= 1 && splits <= gpu::params::lrp::MAX_SPLITS,
+            (1..=gpu::params::lrp::MAX_SPLITS).contains(&splits),
             "{m} {n} {k}"
         );
         assert_eq!(kps % gpu::params::lrp::BK, 0);

@@ -21,7 +21,6 @@ use crate::launch::{ByValue, launch_cfg, launch_cfg_large_smem};
 use crate::ops::{aligned16, same_device_and_dtype};
 use crate::tensor::Tensor;
 
-
 /// Whether an operand enters the product as stored or transposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transpose {

@@ -7,12 +7,7 @@ const OP: &str = "matmul (reference)";
 
 /// `op(a) op(b)` with the same shape rules as [`super::matmul`]: products summed in f64 from the
 /// (already rounded) input values, the result rounded once to the inputs' dtype.
-pub fn matmul(
-    a: &HostTensor,
-    b: &HostTensor,
-    ta: Transpose,
-    tb: Transpose,
-) -> Result<HostTensor> {
+pub fn matmul(a: &HostTensor, b: &HostTensor, ta: Transpose, tb: Transpose) -> Result<HostTensor> {
     let d = dims(a, b, ta, tb)?;
     let mut out = Vec::with_capacity(d.batch.unwrap_or(1) * d.m * d.n);
     for z in 0..d.batch.unwrap_or(1) {

@@ -125,10 +125,18 @@ fn tensor_core_limits_and_access_paths() {
         for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
             let name = tc_kernel(dt, ta, tb).unwrap();
             assert!(all.insert(name), "{name} twice");
-            assert_eq!(crate::Family::of(name), Some(crate::Family::Matmul), "{name}");
+            assert_eq!(
+                crate::Family::of(name),
+                Some(crate::Family::Matmul),
+                "{name}"
+            );
             for arch in ["sm_80", "sm_90"] {
                 let bound = crate::modules::launch_bounds(name, arch).map(|b| b.0);
-                assert_eq!(bound, Some(gpu::params::matmul_tc::DEFAULT.threads()), "{name} {arch}");
+                assert_eq!(
+                    bound,
+                    Some(gpu::params::matmul_tc::DEFAULT.threads()),
+                    "{name} {arch}"
+                );
             }
         }
     }
@@ -143,7 +151,11 @@ fn f32_kernels_exist_with_the_launch_bound_the_host_launches_with() {
         assert!(all.insert(name), "{name} twice");
         let cfg = gpu::params::matmul_f32v::CONFIG;
         assert_eq!((threads, smem), (cfg.threads(), cfg.smem_bytes()));
-        assert_eq!(crate::Family::of(name), Some(crate::Family::Matmul), "{name}");
+        assert_eq!(
+            crate::Family::of(name),
+            Some(crate::Family::Matmul),
+            "{name}"
+        );
         for arch in ["sm_80", "sm_90"] {
             let bound = crate::modules::launch_bounds(name, arch).map(|b| b.0);
             assert_eq!(bound, Some(threads), "{name} {arch}");

@@ -56,9 +56,7 @@ pub fn backward(
     };
     let numel: usize = input_shape.iter().product();
     let data = (0..numel)
-        .map(|i| {
-            (grad.data[if axis == Axis::All { 0 } else { i / count }] as f64 * scale) as f32
-        })
+        .map(|i| (grad.data[if axis == Axis::All { 0 } else { i / count }] as f64 * scale) as f32)
         .collect();
     HostTensor::new(data, input_shape, grad.dtype)
 }

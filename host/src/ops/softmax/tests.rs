@@ -3,8 +3,7 @@ use crate::{DType, HostTensor};
 
 #[test]
 fn rows_sum_to_one_and_shift_invariance_holds() {
-    let x =
-        HostTensor::new(vec![1., 2., 3., 1001., 1002., 1003.], &[2, 3], DType::F32).unwrap();
+    let x = HostTensor::new(vec![1., 2., 3., 1001., 1002., 1003.], &[2, 3], DType::F32).unwrap();
     let y = r::softmax(&x).unwrap();
     for row in y.data.chunks(3) {
         assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
@@ -36,11 +35,9 @@ fn backward_matches_finite_differences() {
             .map(|(v, gi)| (v - m).exp() / s * gi)
             .sum::<f64>()
     };
-    let xt =
-        HostTensor::new(x.iter().map(|&v| v as f32).collect(), &[1, 4], DType::F32).unwrap();
+    let xt = HostTensor::new(x.iter().map(|&v| v as f32).collect(), &[1, 4], DType::F32).unwrap();
     let y = r::softmax(&xt).unwrap();
-    let gt =
-        HostTensor::new(g.iter().map(|&v| v as f32).collect(), &[1, 4], DType::F32).unwrap();
+    let gt = HostTensor::new(g.iter().map(|&v| v as f32).collect(), &[1, 4], DType::F32).unwrap();
     let dx = r::softmax_backward(&y, &gt).unwrap();
     for i in 0..4 {
         let (mut xp, mut xm) = (x, x);
