@@ -436,6 +436,15 @@ fn wgmma_gpu_or_skip(test: &str) -> Option<Gpu> {
     Some(gpu)
 }
 
+/// Every (wgmma kernel, head dim, dtype) of [`KINDS`] the kernel has.
+fn wgmma_kinds(gpu: &Gpu) -> Vec<(u32, usize, DType)> {
+    WGMMA_VARIANTS
+        .into_iter()
+        .flat_map(|v| KINDS.map(|(d, dtype)| (v, d, dtype)))
+        .filter(|&(v, d, _)| attention::flash_variant_supported(gpu, v, d))
+        .collect()
+}
+
 /// A handle on the sm_80 build, whose FlashAttention is the `mma.sync` kernel (on an sm_90 device its
 /// PTX is JIT-compiled once).
 fn portable_gpu_or_skip(test: &str) -> Option<Gpu> {
@@ -513,13 +522,7 @@ fn wgmma_fully_masked_rows_and_empty_keys() {
         return;
     };
     let mut rng = rng("wgmma_fully_masked");
-    for (variant, (d, dtype)) in WGMMA_VARIANTS
-        .into_iter()
-        .flat_map(|v| KINDS.map(|k| (v, k)))
-    {
-        if !attention::flash_variant_supported(&gpu, variant, d) {
-            continue;
-        }
+    for (variant, d, dtype) in wgmma_kinds(&gpu) {
         let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
         let x = inputs(&mut rng, &c);
         let (o, lse) = run(Path::Kernel(variant), &gpu, &x, &params(&c));
@@ -555,13 +558,7 @@ fn wgmma_custom_scale_is_applied() {
         return;
     };
     let mut rng = rng("wgmma_custom_scale");
-    for (variant, (d, dtype)) in WGMMA_VARIANTS
-        .into_iter()
-        .flat_map(|v| KINDS.map(|k| (v, k)))
-    {
-        if !attention::flash_variant_supported(&gpu, variant, d) {
-            continue;
-        }
+    for (variant, d, dtype) in wgmma_kinds(&gpu) {
         let what = format!("wgmma kernel {variant} D{d} {dtype:?} ");
         check_custom_scales(Path::Kernel(variant), &gpu, &mut rng, d, dtype, &what);
     }

@@ -1,5 +1,5 @@
 //! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels `matmul_tc_*`) and
-//! f32 (the CUDA-core kernels `matmul_simt_*_f32`, the `matmul_f32_*` tests).
+//! f32 (the CUDA-core kernels `matmul_simt_*_f32`), through the same shape grids.
 //!
 //! Tolerance, per element: the kernel multiplies f16/bf16 values exactly (a product of two 11- or
 //! 8-bit significands fits fp32's 24), sums them in fp32 and rounds the sum once to the output dtype.
@@ -154,9 +154,10 @@ fn sampled_rows(rng: &mut StdRng, m: usize, extra: usize) -> Vec<(usize, usize)>
 }
 
 /// Small and odd shapes (1, primes, one past a tile, exact tiles, aligned rows with tails, K = 0), every
-/// transpose combination, f16 and bf16, checked on every element. Row alignment decides the load path:
-/// a stored row of a multiple of 8 elements takes `cp.async`, anything else the element-wise path, so
-/// the list covers both for A, B and C.
+/// transpose combination, every dtype, checked on every element. Row alignment decides the load path:
+/// for f16/bf16 a stored row of a multiple of 8 elements takes `cp.async`, anything else the
+/// element-wise path; for f32 a multiple of 4 takes 16-byte loads, anything else scalar copies; the
+/// list covers both for A, B and C.
 #[test]
 fn matmul_matches_f64_reference_on_odd_shapes() {
     let Some(gpu) = gpu_or_skip("matmul_matches_f64_reference_on_odd_shapes") else {
@@ -183,10 +184,15 @@ fn matmul_matches_f64_reference_on_odd_shapes() {
         (264, 136, 136),
         (256, 256, 128),
         (392, 264, 1032),
+        // The f32 kernel's 8- and 16-deep k-tiles and a long odd K (scalar copy path).
+        (257, 129, 17),
+        (128, 128, 8),
+        (128, 128, 16),
+        (255, 131, 1000),
     ];
     let n = fuzz_cases(shapes.len()).min(shapes.len());
     for &(m, nn, k) in &shapes[..n] {
-        for dtype in DTYPES {
+        for dtype in DType::ALL {
             for (ta, tb) in TRANSPOSES {
                 let c = case(m, nn, k, ta, tb, dtype);
                 let (a, b, out) = run(&gpu, &mut rng, &c);
@@ -228,6 +234,18 @@ fn matmul_large_products_match_on_sampled_rows() {
         case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::BF16),
         case(520, 776, long_k, Transpose::No, Transpose::Yes, DType::F16),
         case(1032, 1160, long_k, Transpose::No, Transpose::No, DType::F16),
+        // f32: B and C rows unaligned at N = 4097 (scalar copies for B, scalar stores for C), and
+        // aligned with tails and a long K (many trips through both stages).
+        case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F32),
+        case(
+            big,
+            big + 2,
+            1000,
+            Transpose::Yes,
+            Transpose::Yes,
+            DType::F32,
+        ),
+        case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F32),
         case(
             scaled(1032, 136),
             scaled(1160, 264),
@@ -250,7 +268,7 @@ fn matmul_batched_matches_f64_reference() {
     let mut rng = rng("matmul_batched_matches_f64_reference");
     for (m, n, k, bt) in [(65, 47, 33, 3), (136, 264, 72, 2)] {
         for (batch_a, batch_b) in [(Some(bt), Some(bt)), (Some(bt), None), (None, Some(bt))] {
-            for dtype in DTYPES {
+            for dtype in DType::ALL {
                 for (ta, tb) in TRANSPOSES {
                     let c = Case {
                         batch_a,
@@ -347,93 +365,6 @@ fn matmul_f32_still_uses_full_precision() {
         let (a, b, out) = run(&gpu, &mut rng, &c);
         let want = reference::matmul(&a, &b, ta, tb).unwrap();
         assert_close(&format!("{c:?}"), &out.data, &want.data, 1e-5);
-    }
-}
-
-/// The f32 kernel against the f64 reference on every element (fp32 bound of the module doc,
-/// u = 2^-24, and the 1e-5 relative 2-norm of docs/math/ops.md): odd shapes (1, primes, one past a 128 tile,
-/// K not a multiple of the 8- or 16-deep k-tile, N and K odd so rows are not 16-byte aligned and
-/// the scalar copy path runs), aligned shapes (16-byte path) with tails, K = 0, every transpose,
-/// batched with either operand broadcast; outputs poisoned.
-#[test]
-fn matmul_f32_tiles_match_f64_reference() {
-    let Some(gpu) = gpu_or_skip("matmul_f32_tiles_match_f64_reference") else {
-        return;
-    };
-    let mut rng = rng("matmul_f32_tiles_match_f64_reference");
-    let shapes = [
-        (1, 1, 1),
-        (17, 33, 9),
-        (129, 257, 65),
-        (257, 129, 17),
-        (128, 128, 8),
-        (128, 128, 16),
-        (136, 264, 72),
-        (300, 520, 200),
-        (64, 1, 128),
-        (1, 300, 17),
-        (3, 5, 0),
-        (255, 131, 1000),
-        (392, 264, 1032),
-    ];
-    let n = fuzz_cases(shapes.len()).min(shapes.len());
-    {
-        for &(m, nn, k) in &shapes[..n] {
-            for (ta, tb) in TRANSPOSES {
-                let c = case(m, nn, k, ta, tb, DType::F32);
-                let (a, b, out) = run(&gpu, &mut rng, &c);
-                check_rows(&c, &a, &b, &out, &all_rows(&c));
-            }
-        }
-        for (m, nn, k, bt) in [(136, 264, 72, 2), (65, 47, 33, 3)] {
-            for (batch_a, batch_b) in [(Some(bt), Some(bt)), (Some(bt), None), (None, Some(bt))] {
-                for (ta, tb) in TRANSPOSES {
-                    let c = Case {
-                        batch_a,
-                        batch_b,
-                        ..case(m, nn, k, ta, tb, DType::F32)
-                    };
-                    let (a, b, out) = run(&gpu, &mut rng, &c);
-                    check_rows(&c, &a, &b, &out, &all_rows(&c));
-                }
-            }
-        }
-    }
-}
-
-/// Large f32 products, sampled rows: the benchmark's odd shape 4095 x 4097 x 1000
-/// (B and C rows unaligned: scalar copies for B, scalar stores for C) and an aligned shape with
-/// tails and a long K (many trips through both stages).
-#[test]
-fn matmul_f32_large_products_match_on_sampled_rows() {
-    let Some(gpu) = gpu_or_skip("matmul_f32_large_products_match_on_sampled_rows") else {
-        return;
-    };
-    let mut rng = rng("matmul_f32_large_products_match_on_sampled_rows");
-    let big = scaled(4095, 300);
-    let long_k = scaled(4104, 520);
-    {
-        let cases = [
-            case(big, big + 2, 1000, Transpose::No, Transpose::No, DType::F32),
-            case(
-                big,
-                big + 2,
-                1000,
-                Transpose::Yes,
-                Transpose::Yes,
-                DType::F32,
-            ),
-            case(
-                scaled(1032, 136),
-                scaled(1160, 264),
-                long_k,
-                Transpose::No,
-                Transpose::Yes,
-                DType::F32,
-            ),
-            case(520, 776, long_k, Transpose::Yes, Transpose::No, DType::F32),
-        ];
-        check_on_sampled_rows(&gpu, &mut rng, &cases);
     }
 }
 

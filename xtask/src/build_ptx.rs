@@ -8,7 +8,7 @@ include!("../../gpu/ptx_builder.rs");
 
 pub const SPEC: Spec = Spec {
     task: "build-ptx",
-    summary: "build PTX per arch, print the ptxas resource table, fail on spills/stack",
+    summary: "build every op family's module (PTX, cubin), print sizes and ptxas's resource table",
     positionals: &[],
     flags: &[Flag {
         name: "--checked",

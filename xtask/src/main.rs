@@ -28,48 +28,25 @@ struct Task {
     run: fn(&Args) -> Result<(), String>,
 }
 
+/// The task of each module named, in that order: its `SPEC` table and its `run`.
+macro_rules! tasks {
+    ($($module:ident),* $(,)?) => {
+        [$(Task { spec: &$module::SPEC, run: $module::run }),*]
+    };
+}
+
 /// Every task, in the order `cargo xtask help` lists them.
-const TASKS: [Task; 10] = [
-    Task {
-        spec: &build_ptx::SPEC,
-        run: build_ptx::run,
-    },
-    Task {
-        spec: &sanitize::SPEC,
-        run: sanitize::run,
-    },
-    Task {
-        spec: &bundle::SPEC,
-        run: bundle::run,
-    },
-    Task {
-        spec: &bench::SPEC,
-        run: bench::run,
-    },
-    Task {
-        spec: &bench_compare::SPEC,
-        run: bench_compare::run,
-    },
-    Task {
-        spec: &coldstart::SPEC,
-        run: coldstart::run,
-    },
-    Task {
-        spec: &profile::SPEC,
-        run: profile::run,
-    },
-    Task {
-        spec: &doctor::SPEC,
-        run: doctor::run,
-    },
-    Task {
-        spec: &bisect::SPEC,
-        run: bisect::run,
-    },
-    Task {
-        spec: &tidy::SPEC,
-        run: tidy::run,
-    },
+const TASKS: [Task; 10] = tasks![
+    build_ptx,
+    sanitize,
+    bundle,
+    bench,
+    bench_compare,
+    coldstart,
+    profile,
+    doctor,
+    bisect,
+    tidy,
 ];
 
 /// The overview: every task's synopsis and summary, from the same tables the parser reads, so the

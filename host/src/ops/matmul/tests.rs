@@ -120,37 +120,19 @@ fn tensor_core_limits_and_access_paths() {
     assert_eq!(row_access(true, 8, 8 * 3 + 4), Elements);
     // Every 16-bit dtype and transpose combination has its own kernel in the matmul module, whose
     // launch bound allows the block the host launches; f32 has none.
-    let mut all = std::collections::HashSet::new();
-    for dt in [DType::F16, DType::BF16] {
-        for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
-            let name = tc_kernel(dt, ta, tb).unwrap();
-            assert!(all.insert(name), "{name} twice");
-            assert_eq!(
-                crate::Family::of(name),
-                Some(crate::Family::Matmul),
-                "{name}"
-            );
-            for arch in ["sm_80", "sm_90"] {
-                let bound = crate::modules::launch_bounds(name, arch).map(|b| b.0);
-                assert_eq!(
-                    bound,
-                    Some(gpu::params::matmul_tc::DEFAULT.threads()),
-                    "{name} {arch}"
-                );
-            }
-        }
-    }
+    let names = [DType::F16, DType::BF16].into_iter().flat_map(|dt| {
+        [(No, No), (No, Yes), (Yes, No), (Yes, Yes)].map(|(ta, tb)| tc_kernel(dt, ta, tb).unwrap())
+    });
+    assert_matmul_kernels(names.collect(), gpu::params::matmul_tc::DEFAULT.threads());
     assert!(tc_kernel(DType::F32, No, No).is_none());
 }
 
-#[test]
-fn f32_kernels_exist_with_the_launch_bound_the_host_launches_with() {
-    let mut all = std::collections::HashSet::new();
-    for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
-        let (name, threads, smem) = super::f32_kernel(ta, tb);
-        assert!(all.insert(name), "{name} twice");
-        let cfg = gpu::params::matmul_f32v::CONFIG;
-        assert_eq!((threads, smem), (cfg.threads(), cfg.smem_bytes()));
+/// `names` are distinct kernels of the matmul module whose launch bound, in both builds, is `threads`
+/// (the block the host launches them with).
+fn assert_matmul_kernels(names: Vec<&str>, threads: u32) {
+    let distinct: std::collections::HashSet<_> = names.iter().collect();
+    assert_eq!(distinct.len(), names.len(), "{names:?}");
+    for name in names {
         assert_eq!(
             crate::Family::of(name),
             Some(crate::Family::Matmul),
@@ -161,6 +143,18 @@ fn f32_kernels_exist_with_the_launch_bound_the_host_launches_with() {
             assert_eq!(bound, Some(threads), "{name} {arch}");
         }
     }
+}
+
+#[test]
+fn f32_kernels_exist_with_the_launch_bound_the_host_launches_with() {
+    let cfg = gpu::params::matmul_f32v::CONFIG;
+    let mut names = Vec::new();
+    for (ta, tb) in [(No, No), (No, Yes), (Yes, No), (Yes, Yes)] {
+        let (name, threads, smem) = super::f32_kernel(ta, tb);
+        assert_eq!((threads, smem), (cfg.threads(), cfg.smem_bytes()));
+        names.push(name);
+    }
+    assert_matmul_kernels(names, cfg.threads());
 }
 
 #[test]
