@@ -325,13 +325,16 @@ impl Gpu {
             op: "Gpu::function",
             msg: format!("no kernel named `{name}` in any embedded module"),
         })?;
-        let module = self.module(family)?;
-        let f = module.load_function(name).map_err(|e| {
-            Error::driver(
-                e,
-                format!("looking up kernel `{name}` in the {} module", family.name()),
-            )
-        })?;
+        let f = self
+            .module(family)?
+            .module
+            .load_function(name)
+            .map_err(|e| {
+                Error::driver(
+                    e,
+                    format!("looking up kernel `{name}` in the {} module", family.name()),
+                )
+            })?;
         self.inner
             .functions
             .lock()
@@ -352,15 +355,7 @@ impl Gpu {
     /// Loads `family`'s module now if it is not loaded yet (ops load theirs on first use; call this to
     /// move that cost to a moment of your choosing) and says how it was loaded.
     pub fn load_family(&self, family: Family) -> Result<ModuleLoad> {
-        self.module(family)?;
-        let slot = self.inner.modules[family.index()]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        Ok(slot
-            .as_ref()
-            .expect("module() filled the slot")
-            .info
-            .clone())
+        Ok(self.module(family)?.info)
     }
 
     /// The families loaded so far on this handle, and how.
@@ -377,12 +372,13 @@ impl Gpu {
             .collect()
     }
 
-    fn module(&self, family: Family) -> Result<Arc<CudaModule>> {
+    /// `family`'s module, loaded by this call if no earlier one did.
+    fn module(&self, family: Family) -> Result<LoadedModule> {
         let mut slot = self.inner.modules[family.index()]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if let Some(m) = slot.as_ref() {
-            return Ok(m.module.clone());
+            return Ok(m.clone());
         }
         let (major, arch) = (self.inner.compute_capability.0, self.inner.arch);
         let image = crate::modules::image_for(family, arch, major, self.inner.prefer_ptx);
@@ -427,11 +423,9 @@ impl Gpu {
             load_time,
             cubin_refused,
         };
-        *slot = Some(LoadedModule {
-            module: module.clone(),
-            info,
-        });
-        Ok(module)
+        let loaded = LoadedModule { module, info };
+        *slot = Some(loaded.clone());
+        Ok(loaded)
     }
 
     /// A kernel attribute (registers per thread, largest block it can launch with, ...).

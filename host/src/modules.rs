@@ -74,6 +74,8 @@ pub struct ArchImage {
     pub ptxas_report: Option<&'static str>,
     /// Why ptxas failed on this module at build time (it then ships as PTX only).
     pub ptxas_error: Option<&'static str>,
+    /// The kernel entry points of this build's module, sorted.
+    pub entries: &'static [&'static str],
 }
 
 /// A family's embedded modules.
@@ -156,7 +158,7 @@ impl ModuleImage {
 
 /// The `-arch` an arch's code is built for (gpu/ptx_builder.rs `target_cpu`).
 fn cubin_arch(arch: &str) -> &str {
-    if arch == "sm_90" { "sm_90a" } else { arch }
+    TARGETS.iter().find(|t| t.0 == arch).map_or(arch, |t| t.1)
 }
 
 /// The launch bounds (`.maxntid` threads, `.minnctapersm` blocks) that `arch`'s PTX (`"sm_80"` or
@@ -183,14 +185,6 @@ pub fn launch_bounds(entry: &str, arch: &str) -> Option<(u32, u32)> {
     threads.map(|t| (t, blocks))
 }
 
-/// Names of the kernel entry points in a PTX text (`.visible .entry NAME(`).
-pub fn entry_points(ptx: &str) -> Vec<&str> {
-    ptx.lines()
-        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
-        .filter_map(|rest| rest.split('(').next())
-        .collect()
-}
-
 /// Embedded bytes (PTX, cubin) and entry points over all families: the size the library carries.
 pub fn embedded_totals() -> (usize, usize, usize) {
     let (mut ptx, mut cubin, mut entries) = (0, 0, 0);
@@ -215,6 +209,13 @@ mod tests {
             assert!(img.sm80.ptx.contains(".target sm_80"), "{}", f.name());
             assert!(img.sm90.ptx.contains(".target sm_90a"), "{}", f.name());
             assert!(!img.entries.is_empty(), "{} has no kernels", f.name());
+            for arch in [img.sm80, img.sm90] {
+                assert!(
+                    arch.entries.iter().all(|e| img.entries.contains(e)),
+                    "{}",
+                    f.name()
+                );
+            }
             for e in img.entries {
                 assert_eq!(Family::of(e), Some(f), "{e} is in more than one family");
             }

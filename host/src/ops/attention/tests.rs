@@ -470,12 +470,8 @@ fn naive_backward_kernels_exist_for_every_dtype() {
 /// Whether kernel `name` is in the attention module of build `arch`.
 fn in_build(name: &str, arch: &str) -> bool {
     let img = crate::modules::images(crate::Family::Attention);
-    let ptx = if arch == "sm_90" {
-        img.sm90.ptx
-    } else {
-        img.sm80.ptx
-    };
-    crate::modules::entry_points(ptx).contains(&name)
+    let build = if arch == "sm_90" { img.sm90 } else { img.sm80 };
+    build.entries.contains(&name)
 }
 
 #[test]
