@@ -7,8 +7,8 @@
 //! 2. No internal run labels (`labels`): evidence is named by date and commit, never by work period
 //!    or run letter; the rule, phrase by phrase, is in that module. File and folder names are checked
 //!    too (reported at line 0).
-//! 3. Every PTX entry point is named by a host launcher (`entries`, with the names from
-//!    `launcher_names`, which a test crate can `include!`).
+//! 3. Every PTX entry point is named by a host launcher, and every kernel name a launcher uses is an
+//!    entry point (`entries`, with the names from `launcher_names`).
 //! 4. Every op launcher has a CPU reference and a test comparing against it (`references`; the
 //!    exceptions are [`REFERENCE_EXCEPTIONS`] below).
 //!
@@ -17,9 +17,7 @@
 //! the very phrases they look for.
 //!
 //! `cargo test` runs all four (`tests::repository_is_tidy`). Check 3 reads the kernel modules this
-//! tool links through `host` (built from the same tree); host/tests/ptx.rs runs the same check from the
-//! host side (it `include!`s xtask/src/tidy/launcher_names.rs), both directions: no entry point that
-//! no launcher names, no launcher name that is no entry point.
+//! tool links through `host` (built from the same tree).
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -195,7 +193,10 @@ pub fn run(_args: &Args) -> Result<(), String> {
     let groups = [
         ("outside the repository", &text.outside),
         ("run labels", &text.labels),
-        ("PTX entry points no launcher names", &entries),
+        (
+            "PTX entry points and launcher names that do not match",
+            &entries,
+        ),
         ("op launchers without a reference test", &text.references),
     ];
     for (_, findings) in groups {

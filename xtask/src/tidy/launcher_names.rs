@@ -1,8 +1,5 @@
 // Kernel entry-point names that the host launchers name: the data of tidy's check "every PTX entry point
-// is launched from somewhere". Standard library only, no `use` items, no inner attributes, so that a
-// test crate can take the same code with `include!("../../xtask/src/tidy/launcher_names.rs")`:
-// `cargo xtask tidy` runs the check on the PTX files a build left, and a host test can run it on the
-// PTX it embeds.
+// is launched from somewhere" (`entries.rs`, on the kernel modules xtask links through `host`).
 //
 // A launcher names a kernel with a string literal ("lrp_sums_f32", a `match` arm returning
 // "sgp_fwd_c4") or with a macro that glues a literal to fixed suffixes: `kernel_name!("softmax", dtype)`
