@@ -67,34 +67,3 @@ pub fn reduce_sum4(v: [f32; 4]) -> [f32; 4] {
     });
     out
 }
-
-crate::static_shared!(fn scratch4_parity() -> [f32; 256] as BLOCK_REDUCE_SCRATCH4_PARITY);
-
-/// [`reduce_sum4`] with one barrier instead of two, for a loop that reduces once an iteration and
-/// flips `parity` (0 or 1) every iteration: the slots of the two parities alternate, and a warp writes
-/// parity `p` again only after the next iteration's barrier, which every warp reaches only after it
-/// has read parity `p`. Same fixed combination order and bits as [`reduce_sum4`]. Use it only with
-/// the alternating parity (two calls with the same parity and no other barrier between them race).
-#[inline(always)]
-pub fn reduce_sum4_parity(v: [f32; 4], parity: u32) -> [f32; 4] {
-    let slots = scratch4_parity();
-    let base = (parity & 1) as usize * 128;
-    let mut partial = [0.0f32; 4];
-    crate::unroll!(k in [0, 1, 2, 3] {
-        partial[k] = warp::reduce_sum(v[k]);
-    });
-    let (lane, warp_id) = (thread::lane_id() as usize, thread::warp_id() as usize);
-    if lane == 0 {
-        crate::unroll!(k in [0, 1, 2, 3] {
-            slots.store(base + k * 32 + warp_id, partial[k]);
-        });
-    }
-    sync_threads();
-    let warps = (thread::block_dim_x() / 32) as usize;
-    let mut out = [0.0f32; 4];
-    crate::unroll!(k in [0, 1, 2, 3] {
-        let mine = if lane < warps { slots.load(base + k * 32 + lane) } else { 0.0 };
-        out[k] = warp::reduce_sum(mine);
-    });
-    out
-}

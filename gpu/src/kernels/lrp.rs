@@ -205,7 +205,7 @@ impl<const N: usize> Split<N> {
         s
     }
 
-    /// [`Split::of`] by integer operations (variant 5, `params::lrp::v5`): `hi` the same, `lo`
+    /// [`Split::of`] by integer operations (the pipelined passes, `params::lrp::v5`): `hi` the same, `lo`
     /// truncated instead of rounded; about four instructions a value instead of nine.
     #[inline(always)]
     fn of_fast(v: [f32; N]) -> Self {

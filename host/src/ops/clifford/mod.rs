@@ -477,7 +477,7 @@ pub fn sgp_forward_variant(
             gpu,
             name,
             cudarc::driver::LaunchConfig {
-                grid_dim: (persistent_grid(gpu, name, block, units, 0)?, 1, 1),
+                grid_dim: (persistent_grid(gpu, name, block, units)?, 1, 1),
                 block_dim: (block, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -532,12 +532,13 @@ pub fn sgp_forward_variant(
 }
 
 /// Blocks for a row-persistent kernel: as many `block`-thread blocks of `name` as are resident at once
-/// on the device (the driver's occupancy for its register and shared-memory use), but no more than
-/// `rows`, and evened out so every block gets the same number of rows, or one fewer.
-fn persistent_grid(gpu: &Gpu, name: &'static str, block: u32, rows: u64, smem: u32) -> Result<u32> {
+/// on the device (the driver's occupancy for its register use; these kernels take no dynamic shared
+/// memory), but no more than `rows`, and evened out so every block gets the same number of rows, or
+/// one fewer.
+fn persistent_grid(gpu: &Gpu, name: &'static str, block: u32, rows: u64) -> Result<u32> {
     let per_sm = gpu
         .function(name)?
-        .occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)
+        .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
         .map_err(|e| Error::driver(e, format!("reading the occupancy of `{name}`")))?;
     let resident = (per_sm.max(1) as u64) * gpu.sm_count()?.max(1) as u64;
     let rows = rows.max(1);
