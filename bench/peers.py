@@ -167,7 +167,16 @@ def matmul_cases(quick):
     shapes = [s for s in GEMM_SHAPES if not (quick and s[0] == 8192)]
     cases = [matmul_case(tag, *s) for s in shapes for tag in ("f16", "bf16")
              if tag == "f16" or s[0] % 8 == 0]
-    return cases + [matmul_case("f32", 4096, 4096, 4096)]
+    return cases + [matmul_case("f32", 4096, 4096, 4096), matmul_tf32_case(4096, 4096, 4096)]
+
+
+def matmul_tf32_case(m, n, k):
+    """Our matmul/tf32 (Precision::Tf32) against torch.matmul at 'high' (cuBLAS TF32)."""
+    return Case(f"matmul/tf32/{m}x{n}x{k}", bytes=(m * k + k * n + m * n) * 4,
+                flops=2 * m * n * k, in_bytes=(m * k + k * n) * 4,
+                make_set=lambda: (rand((m, k), "f32"), rand((k, n), "f32"), empty((m, n), "f32")),
+                peers=[Peer("torch-eager-high", build=lambda: lambda s: torch.matmul(s[0], s[1], out=s[2]),
+                            context=lambda: matmul_precision("high"))])
 
 
 def add_case(tag, shape):
@@ -505,11 +514,80 @@ def clifford_fused(x, y, w, dims, fc=False):
     return grade_rms_norm(o, dims)
 
 
-def clifford_layer(x, lw, bias, w, dims):
-    """Per-grade linear map + bias (added to every component), then the fused sgp op."""
+def clifford_layer(x, lw, bias, w, dims, fc=False):
+    """Per-grade linear map + bias (added to every component), then the fused sgp (or fcgp) op."""
     grades = CLIFFORD_GRADES[dims]
     y = torch.stack([x[c] @ lw[grades[c]] for c in range(len(grades))], 0) + bias
-    return clifford_fused(x, y, w, dims)
+    return clifford_fused(x, y, w, dims, fc=fc)
+
+
+@contextlib.contextmanager
+def matmul_precision(mode):
+    """torch.set_float32_matmul_precision(mode) while building and timing a peer, then restored."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(mode)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+def clifford_layer_case(kind, dims, b, n, backward, tf32):
+    """fcgp, layer (per-feature GP) or layerfc (fully connected GP): forward, or forward then the
+    backward for every input and parameter from a fixed upstream gradient. f32 rows: peers at
+    'highest' (fp32 matmuls, our default 3xTF32); tf32 rows: peers at 'high' (TF32, our Tf32)."""
+    c, paths = 1 << dims, CLIFFORD_PATHS[dims]
+    size = c * b * n * 4
+    fc = kind in ("fcgp", "layerfc")
+
+    def make():
+        x = rand((c, b, n), "f32")
+        if kind == "fcgp":
+            ins = [x, rand((c, b, n), "f32"), rand((paths, n, n), "f32") / math.sqrt(n)]
+        else:
+            gp = rand((paths, n, n), "f32") / math.sqrt(n) if fc else rand((n, paths), "f32")
+            ins = [x, rand((dims + 1, n, n), "f32") / math.sqrt(n * (dims + 1)),
+                   torch.zeros((n,), device="cuda"), gp]
+        if backward:
+            ins = [t.requires_grad_() for t in ins] + [rand((c, b, n), "f32")]
+        return tuple(ins)
+
+    def fwd(*ins):
+        if kind == "fcgp":
+            return clifford_fused(*ins, dims, fc=True)
+        return clifford_layer(*ins, dims, fc=fc)
+
+    n_in = 3 if kind == "fcgp" else 4
+
+    def launcher(fn):
+        if not backward:
+            return lambda s: fn(*s)
+        return lambda s: torch.autograd.grad(fn(*s[:n_in]), s[:n_in], s[n_in])
+
+    def peer(name, compile_it, mode, dynamic=False):
+        def build():
+            if not compile_it:
+                return launcher(fwd)
+            torch._dynamo.reset()
+            return launcher(torch.compile(fwd, dynamic=dynamic))
+        return Peer(name, build, context=lambda: matmul_precision(mode))
+
+    mode = "high" if tf32 else "highest"
+    suffix = "-high" if tf32 else ""
+    # Static shapes (what a user with one shape gets) cost 5-30 s of compilation a shape and graph,
+    # which the whole grid cannot afford in one device call: the grid runs the dynamic-shape
+    # compilation ("torch-compile-dyn": one graph for every B and N, its compiled code reused from
+    # Inductor's cache after the first shape), and the headline shape also the static one, so their
+    # difference is measured in the same run.
+    compiled = [peer("torch-compile-dyn" + suffix, True, mode, dynamic=True)]
+    if (b, n) == (4096, 512):
+        compiled.append(peer("torch-compile" + suffix, True, mode))
+    slots = clifford_slots(dims) if fc else 0
+    flops = 2 * slots * b * n * n + (0 if kind == "fcgp" else 2 * c * b * n * n)
+    return Case(f"{kind}_{'fwdbwd' if backward else 'fwd'}/{'tf32' if tf32 else 'f32'}/{dims}d_B{b}_N{n}",
+                bytes=None, flops=flops * (3 if backward else 1), in_bytes=(3 if backward else 2) * size,
+                make_set=make, peak_memory=True, samples=CLIFFORD_FEW_SAMPLES,
+                peers=[peer("torch-eager" + suffix, False, mode)] + compiled)
 
 
 def clifford_peer(name, fn, compile_it):
@@ -565,50 +643,22 @@ def clifford_slots(dims):
     return len({(j, p) for j, _, _, p, _ in CLIFFORD_TERMS[dims]})
 
 
-def fcgp_fwd_case(dims, b, n):
-    c = 1 << dims
-    size = c * b * n * 4
-
-    def make():
-        return (rand((c, b, n), "f32"), rand((c, b, n), "f32"), rand((CLIFFORD_PATHS[dims], n, n), "f32"))
-
-    def fwd(x, y, w):
-        return clifford_fused(x, y, w, dims, fc=True)
-
-    return Case(f"fcgp_fwd/f32/{dims}d_B{b}_N{n}", bytes=None,
-                flops=2 * clifford_slots(dims) * b * n * n, in_bytes=2 * size, make_set=make,
-                peak_memory=True, peers=[eager(lambda s: fwd(*s)), compiled(fwd, 3)])
-
-
-def layer_fwd_case(dims, b, n):
-    c = 1 << dims
-    size = c * b * n * 4
-
-    def make():
-        return (rand((c, b, n), "f32"), rand((dims + 1, n, n), "f32") / math.sqrt(n * (dims + 1)),
-                torch.zeros((n,), device="cuda"), rand((n, CLIFFORD_PATHS[dims]), "f32"))
-
-    def fwd(x, lw, bias, w):
-        return clifford_layer(x, lw, bias, w, dims)
-
-    return Case(f"layer_fwd/f32/{dims}d_B{b}_N{n}", bytes=3 * size, flops=2 * c * b * n * n,
-                in_bytes=size, make_set=make, peak_memory=True,
-                peers=[eager(lambda s: fwd(*s)), compiled(fwd, 4)])
-
-
 def clifford_cases(quick):
-    """sgp forward (headline shape), then sgp forward+backward over the sweep, then fcgp and Layer over
-    the sweep with fewer samples: sgp first, so a run cut short keeps the sgp
-    results. Eager and compiled at every shape (compiling fcgp and the Layer took 1.4 s (2D) and 5-6 s
-    (3D) a shape on an H200; the sgp forward+backward 4-5 s (2D) and 18-21 s (3D))."""
+    """sgp forward (headline shape), then sgp forward+backward over the sweep, then fcgp, the Layer
+    with per-feature GP ("layer") and with fully connected GP ("layerfc"), forward and
+    forward+backward, f32 ('highest' peers) and tf32 ('high' peers), over the sweep with fewer
+    samples: sgp first, so a run cut short keeps the sgp results. Eager and compiled at every shape
+    (compiling fcgp and the Layer took 1.4 s (2D) and 5-6 s (3D) a shape on an H200; the sgp
+    forward+backward 4-5 s (2D) and 18-21 s (3D)). Select with --only, e.g. "fcgp_fwdbwd/f32"."""
     sweep = [(4096, 512)] if quick else CLIFFORD_SWEEP
     cases = [sgp_fwd_case(dims, 4096, 512) for dims in (2, 3)]
     cases += [sgp_fwdbwd_case(dims, b, n) for dims in (2, 3) for b, n in sweep]
-    for dims in (2, 3):
-        for b, n in sweep:
-            for case in (fcgp_fwd_case(dims, b, n), layer_fwd_case(dims, b, n)):
-                case.samples = CLIFFORD_FEW_SAMPLES
-                cases.append(case)
+    for tf32 in (False, True):
+        for backward in (True, False):
+            for kind in ("fcgp", "layer", "layerfc"):
+                for dims in (2, 3):
+                    for b, n in sweep:
+                        cases.append(clifford_layer_case(kind, dims, b, n, backward, tf32))
     return cases
 
 

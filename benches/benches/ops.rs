@@ -10,6 +10,7 @@ use benches::{BenchSpec, GpuTime, read_samples, rotation_copies, write_json};
 use criterion::Criterion;
 use host::ops::attention::{self as attn, AttentionParams, Causal};
 use host::ops::clifford::{self as cl, Algebra, GpMode, Layer, Normalize};
+use host::ops::matmul::Precision;
 use host::ops::elementwise::{self as ew, BinaryOp, KernelPath};
 use host::ops::embedding::{self as emb, DeviceIds};
 use host::ops::layer_norm as ln;
@@ -281,7 +282,7 @@ mod num_like {
 /// Our matmul at the cuBLAS ceiling's shapes (`matmul/{f16,bf16}/...`, tensor cores) and f32 4096^3
 /// (`matmul/f32/...`, CUDA cores, against `sgemm/f32/4096x4096x4096`). Bytes count A, B and C once.
 fn matmuls(b: &mut Bencher) {
-    use host::ops::matmul::{Transpose::No, matmul};
+    use host::ops::matmul::{Precision, Transpose::No, matmul, matmul_with};
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let mut cases: Vec<(DType, (usize, usize, usize))> = vec![];
     for shape in GEMM_SHAPES {
@@ -303,6 +304,24 @@ fn matmuls(b: &mut Bencher) {
         );
         b.bench(matmul_spec("matmul", dtype, (m, n, k)), copies, |i| {
             matmul(&x[i], &w[i], No, No).expect("matmul");
+        });
+    }
+    // The f32 precisions at 4096^3: `matmul/f32` above is the default (3xTF32); `matmul/tf32` is
+    // `Precision::Tf32` (peer: torch at 'high'), `matmul_ieee/f32` the fma kernel.
+    let (m, n, k) = (4096usize, 4096usize, 4096usize);
+    let copies = rotation_copies((m * k + k * n) * 4, b.l2_bytes);
+    let (x, w) = (
+        b.inputs(&[m, k], DType::F32, copies),
+        b.inputs(&[k, n], DType::F32, copies),
+    );
+    for (name, precision) in [
+        ("matmul/tf32", Precision::Tf32),
+        ("matmul_ieee/f32", Precision::Ieee),
+    ] {
+        let mut s = matmul_spec("matmul", DType::F32, (m, n, k));
+        s.name = format!("{name}/{m}x{n}x{k}");
+        b.bench(s, copies, |i| {
+            matmul_with(&x[i], &w[i], No, No, precision).expect("matmul");
         });
     }
 }
@@ -690,8 +709,8 @@ fn attention(b: &mut Bencher) {
 /// with RGK_BENCH_QUICK), the same grid as bench/peers.py's CLIFFORD_SWEEP. Bytes counted: sgp forward
 /// reads x, y and writes o (3 tensors of C*B*N f32); forward+backward adds the backward's minimum
 /// (reads x, y, grad_out, o; writes grad_x, grad_y): 9 tensors. fcgp and Layer count FLOPs of their
-/// matmuls (2 * pair-slots * B * N * N, plus 2 * C * B * N * N for the Layer's linear map). Same names
-/// and formulas as bench/peers.py. fcgp and Layer run at every shape but with [`Samples::Few`]: their
+/// matmuls (2 * pair-slots * B * N * N for the fc mixing, plus 2 * C * B * N * N for the Layer's
+/// linear map; 3x that forward+backward). Same names and formulas as bench/peers.py. fcgp and Layer run at every shape but with [`Samples::Few`]: their
 /// large shapes take tens of ms a call, and the default sampling would spend seconds on each. Every
 /// Clifford bench also records the peak device memory of one call ([`peak_memory`]).
 fn clifford(b: &mut Bencher) {
@@ -768,64 +787,116 @@ fn clifford(b: &mut Bencher) {
             );
         }
     }
-    // fcgp and Layer after every sgp bench (a run cut short keeps the sgp sweep), fewer samples each.
+    // fcgp and the Layer in both GP modes after every sgp bench (a run cut short keeps the sgp
+    // sweep), fewer samples each: forward+backward and forward, f32 rows at the default precision
+    // (3xTF32), tf32 rows at `Precision::Tf32` (peers at 'high'). One set of random inputs a shape.
     for alg in [Algebra::Cl2, Algebra::Cl3] {
-        let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
-        let slots: u64 = (0..alg.grades())
-            .map(|g| {
-                alg.grade_span(g).1 as u64
-                    * alg
-                        .path_table()
-                        .iter()
-                        .filter(|t| t[1] as usize == g)
-                        .count() as u64
-            })
-            .sum();
         for &(bb, n) in &shapes {
-            let size = (c * bb * n * 4) as u64;
-            let (x, y) = (
-                b.inputs(&[c, bb, n], DType::F32, 1).remove(0),
-                b.inputs(&[c, bb, n], DType::F32, 1).remove(0),
-            );
-            let mm_flops = 2 * slots * (bb * n * n) as u64;
-            let wf = b.inputs(&[p, n, n], DType::F32, 1).remove(0);
-            let gpu = b.gpu.clone();
-            b.bench_sampled(
-                spec_with_memory(
-                    &gpu,
-                    format!("fcgp_fwd/f32/{d}d_B{bb}_N{n}"),
-                    None,
-                    Some(mm_flops),
-                    || cl::fcgp_forward(&x, &y, &wf, Normalize::Yes).expect("fcgp_forward"),
-                ),
-                1,
-                Samples::Few,
-                |_| {
-                    cl::fcgp_forward(&x, &y, &wf, Normalize::Yes).expect("fcgp_forward");
-                },
-            );
-            drop(wf);
-            let params =
-                cl::reference::LayerParams::init(alg, n, GpMode::PerFeature, Normalize::Yes, 7)
-                    .expect("init");
-            let layer = Layer::from_host(&b.gpu, &params).expect("layer");
-            let lin_flops = 2 * (c * bb * n * n) as u64;
-            b.bench_sampled(
-                spec_with_memory(
-                    &gpu,
-                    format!("layer_fwd/f32/{d}d_B{bb}_N{n}"),
-                    Some(3 * size),
-                    Some(lin_flops),
-                    || layer.forward(&x).expect("layer forward"),
-                ),
-                1,
-                Samples::Few,
-                |_| {
-                    layer.forward(&x).expect("layer forward");
-                },
-            );
+            let c = alg.components();
+            let mut inputs = b.inputs(&[c, bb, n], DType::F32, 3);
+            let ins = LayerInputs {
+                go: inputs.remove(2),
+                y: inputs.remove(1),
+                x: inputs.remove(0),
+            };
+            for precision in [Precision::Tf32x3, Precision::Tf32] {
+                for backward in [true, false] {
+                    for kind in ["fcgp", "layer", "layerfc"] {
+                        clifford_layer_bench(b, &ins, kind, alg, bb, n, backward, precision);
+                    }
+                }
+            }
         }
     }
+}
+
+/// Random `(C, B, N)` inputs of the fcgp / Layer benches: x, y (fcgp's second input) and the upstream
+/// gradient.
+struct LayerInputs {
+    x: Tensor,
+    y: Tensor,
+    go: Tensor,
+}
+
+/// One fcgp / Layer bench of [`clifford`]: the name, FLOPs and inputs of bench/peers.py's
+/// `clifford_layer_case` (forward+backward counts 3x the forward's matmul FLOPs).
+#[allow(clippy::too_many_arguments)]
+fn clifford_layer_bench(
+    b: &mut Bencher,
+    ins: &LayerInputs,
+    kind: &str,
+    alg: Algebra,
+    bb: usize,
+    n: usize,
+    backward: bool,
+    precision: Precision,
+) {
+    let (c, d, p) = (alg.components(), alg.dims(), alg.paths());
+    let slots: u64 = (0..alg.grades())
+        .map(|g| {
+            alg.grade_span(g).1 as u64
+                * alg
+                    .path_table()
+                    .iter()
+                    .filter(|t| t[1] as usize == g)
+                    .count() as u64
+        })
+        .sum();
+    let fc = kind != "layer";
+    let flops = if fc { 2 * slots * (bb * n * n) as u64 } else { 0 }
+        + if kind == "fcgp" { 0 } else { 2 * (c * bb * n * n) as u64 };
+    let name = format!(
+        "{kind}_{}/{}/{d}d_B{bb}_N{n}",
+        if backward { "fwdbwd" } else { "fwd" },
+        if precision == Precision::Tf32 { "tf32" } else { "f32" }
+    );
+    let (x, go) = (&ins.x, &ins.go);
+    let gpu = b.gpu.clone();
+    let flops = Some(flops * if backward { 3 } else { 1 });
+    if kind == "fcgp" {
+        let y = &ins.y;
+        let wf = b.inputs(&[p, n, n], DType::F32, 1).remove(0);
+        let call = || {
+            let f = cl::fcgp_forward_with(x, y, &wf, Normalize::Yes, precision)
+                .expect("fcgp_forward");
+            let g = backward.then(|| {
+                cl::fcgp_backward_with(x, y, &wf, &f, go, precision).expect("fcgp_backward")
+            });
+            (f, g)
+        };
+        b.bench_sampled(
+            spec_with_memory(&gpu, name, None, flops, call),
+            1,
+            Samples::Few,
+            |_| {
+                call();
+            },
+        );
+        return;
+    }
+    let mode = if fc {
+        GpMode::FullyConnected
+    } else {
+        GpMode::PerFeature
+    };
+    let params =
+        cl::reference::LayerParams::init(alg, n, mode, Normalize::Yes, 7).expect("init");
+    let layer = Layer::from_host(&b.gpu, &params)
+        .expect("layer")
+        .with_precision(precision);
+    let call = || {
+        let f = layer.forward(x).expect("layer forward");
+        let g = backward.then(|| layer.backward(x, &f, go).expect("layer backward"));
+        (f, g)
+    };
+    b.bench_sampled(
+        spec_with_memory(&gpu, name, None, flops, call),
+        1,
+        Samples::Few,
+        |_| {
+            call();
+        },
+    );
 }
 
 fn main() {

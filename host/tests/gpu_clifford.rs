@@ -5,13 +5,22 @@
 mod common;
 use common::*;
 use host::ops::clifford::{self as cl, Algebra, GpMode, Layer, Normalize, reference as cr};
-use host::ops::matmul::{Transpose, matmul, reference as mr};
+use host::ops::matmul::{Precision, Transpose, matmul, reference as mr};
 use host::{DType, Error, HostTensor, Tensor};
 use rand::Rng;
 use rand::rngs::StdRng;
 
 const ALGS: [Algebra; 2] = [Algebra::Cl2, Algebra::Cl3];
 const NORMS: [Normalize; 2] = [Normalize::No, Normalize::Yes];
+
+/// The matmul precisions of fcgp and the Layer (docs/math/matmul.md).
+const PRECISIONS: [Precision; 3] = [Precision::Tf32x3, Precision::Ieee, Precision::Tf32];
+
+/// `base` for the fp32-class precisions; TF32 (10-bit mantissas in every product, about 3e-4
+/// relative a product, more through the norm's backward) is held to 4e-3.
+fn ptol(precision: Precision, base: f64) -> f64 {
+    if precision == Precision::Tf32 { 4e-3 } else { base }
+}
 
 /// f32 relative-norm tolerance; reductions over more than 1e5 terms get 1e-4.
 fn tol_for(terms: usize) -> f64 {
@@ -363,39 +372,41 @@ fn fcgp_forward_and_backward_match_reference() {
         (17, 33, 31),
         (2, 130, 3),
         (scaled(64, 5), 40, 129),
+        // 16-byte rows: the tensor-core precisions run (others fall back to Ieee), and the weight
+        // gradient (depth C * B) is split along the depth.
+        (scaled(300, 24), 68, 132),
     ];
     for (b, n, m) in shapes {
         for alg in ALGS {
-            for normalize in NORMS {
-                let case = format!("fcgp {alg:?} B{b} N{n} M{m} {normalize:?}");
+            for (normalize, precision) in NORMS
+                .iter()
+                .flat_map(|&nz| PRECISIONS.iter().map(move |&p| (nz, p)))
+            {
+                let case = format!("fcgp {alg:?} B{b} N{n} M{m} {normalize:?} {precision:?}");
                 let (x, y) = (mv(&mut rng, alg, b, n), mv(&mut rng, alg, b, n));
                 let w = uniform(&mut rng, &[alg.paths(), n, m], -0.5, 0.5, DType::F32);
                 let go = uniform(&mut rng, &[alg.components(), b, m], -1.0, 1.0, DType::F32);
                 let (xd, yd, wd) = (up(&gpu, &x), up(&gpu, &y), up(&gpu, &w));
-                let fwd = cl::fcgp_forward(&xd, &yd, &wd, normalize).unwrap();
+                let fwd = cl::fcgp_forward_with(&xd, &yd, &wd, normalize, precision).unwrap();
                 let want = cr::fcgp_forward(&x, &y, &w, normalize).unwrap();
-                check(&case, "out", &fwd.out, &want.out, 1e-5);
+                check(&case, "out", &fwd.out, &want.out, ptol(precision, 1e-5));
                 let saved = cr::Forward {
                     out: fwd.out.to_host().unwrap(),
                     norms: fwd.norms.as_ref().map(|r| r.to_host().unwrap()),
                 };
-                let g = cl::fcgp_backward(&xd, &yd, &wd, &fwd, &up(&gpu, &go)).unwrap();
+                let g =
+                    cl::fcgp_backward_with(&xd, &yd, &wd, &fwd, &up(&gpu, &go), precision).unwrap();
                 let gw = cr::fcgp_backward(&x, &y, &w, &saved, &go).unwrap();
+                let gtol = ptol(precision, grad_tol(m, normalize));
+                check(&case, "grad_x", &g.grad_x, &gw.grad_x, gtol);
+                check(&case, "grad_y", &g.grad_y, &gw.grad_y, gtol);
                 check(
                     &case,
-                    "grad_x",
-                    &g.grad_x,
-                    &gw.grad_x,
-                    grad_tol(m, normalize),
+                    "grad_weight",
+                    &g.grad_weight,
+                    &gw.grad_weight,
+                    ptol(precision, 1e-5),
                 );
-                check(
-                    &case,
-                    "grad_y",
-                    &g.grad_y,
-                    &gw.grad_y,
-                    grad_tol(m, normalize),
-                );
-                check(&case, "grad_weight", &g.grad_weight, &gw.grad_weight, 1e-5);
             }
         }
     }
@@ -407,35 +418,49 @@ fn layer_forward_and_backward_match_reference() {
         return;
     };
     let mut rng = rng("layer");
-    for (b, n) in [(1, 1), (5, 7), (scaled(33, 3), 65)] {
+    // The last shape has 16-byte rows (the tensor-core precisions run) and a split weight gradient.
+    for (b, n) in [(1, 1), (5, 7), (scaled(33, 3), 65), (scaled(520, 40), 68)] {
         for alg in ALGS {
             for mode in [GpMode::PerFeature, GpMode::FullyConnected] {
-                for normalize in NORMS {
-                    let case = format!("layer {alg:?} {mode:?} B{b} N{n} {normalize:?}");
+                for (normalize, precision) in NORMS
+                    .iter()
+                    .flat_map(|&nz| PRECISIONS.iter().map(move |&p| (nz, p)))
+                {
+                    let case =
+                        format!("layer {alg:?} {mode:?} B{b} N{n} {normalize:?} {precision:?}");
                     let mut p =
                         cr::LayerParams::init(alg, n, mode, normalize, rng.random()).unwrap();
                     // A non-zero bias, so its gradient and its broadcast over components are exercised.
                     p.linear_bias = uniform(&mut rng, &[n], -0.5, 0.5, DType::F32);
                     let x = mv(&mut rng, alg, b, n);
                     let go = mv(&mut rng, alg, b, n);
-                    let layer = Layer::from_host(&gpu, &p).unwrap();
+                    let layer = Layer::from_host(&gpu, &p)
+                        .unwrap()
+                        .with_precision(precision);
                     let xd = up(&gpu, &x);
                     let fwd = layer.forward(&xd).unwrap();
                     let want = p.forward(&x).unwrap();
-                    check(&case, "out", &fwd.out, &want.out, 1e-5);
+                    check(&case, "out", &fwd.out, &want.out, ptol(precision, 1e-5));
                     let saved = cr::Forward {
                         out: fwd.out.to_host().unwrap(),
                         norms: fwd.norms.as_ref().map(|r| r.to_host().unwrap()),
                     };
-                    let g = layer.backward(&xd, &fwd, &up(&gpu, &go)).unwrap();
+                    let god = up(&gpu, &go);
+                    let g = layer.backward(&xd, &fwd, &god).unwrap();
                     let gw = p.backward(&x, &saved, &go).unwrap();
-                    check(
-                        &case,
-                        "grad_x",
-                        &g.grad_x,
-                        &gw.grad_x,
-                        grad_tol(n, normalize),
+                    // Without the saved linear output the backward recomputes it: the same bits.
+                    let recomputed = cl::Forward {
+                        linear_out: None,
+                        ..fwd.clone()
+                    };
+                    let g2 = layer.backward(&xd, &recomputed, &god).unwrap();
+                    assert!(
+                        bits(&g2.grad_x) == bits(&g.grad_x)
+                            && bits(&g2.grad_linear_weight) == bits(&g.grad_linear_weight),
+                        "{case}: recomputing the linear output changed the gradients"
                     );
+                    let gtol = ptol(precision, grad_tol(n, normalize));
+                    check(&case, "grad_x", &g.grad_x, &gw.grad_x, gtol);
                     // The linear weight gradient is x times the gradient flowing out of the grade
                     // norm, so it inherits that norm backward's cancellation at few features (seen:
                     // Cl2 FullyConnected B1 N1, 3.2e-5 on an H200): the input gradients' tolerance.
@@ -444,7 +469,7 @@ fn layer_forward_and_backward_match_reference() {
                         "grad_linear_weight",
                         &g.grad_linear_weight,
                         &gw.grad_linear_weight,
-                        grad_tol(n, normalize),
+                        gtol,
                     );
                     // The bias gradient sums C*B signed terms per feature (4-8 at B = 1) that can
                     // cancel to a small fraction of their size, so f32 rounding of the terms is not
@@ -458,14 +483,17 @@ fn layer_forward_and_backward_match_reference() {
                         "grad_linear_bias",
                         &g.grad_linear_bias,
                         &gw.grad_linear_bias,
-                        (1e-4, (alg.components() * b) as f64 * 2f64.powi(-20)),
+                        (
+                            ptol(precision, 1e-4),
+                            (alg.components() * b) as f64 * 2f64.powi(-20),
+                        ),
                     );
                     check(
                         &case,
                         "grad_gp_weight",
                         &g.grad_gp_weight,
                         &gw.grad_gp_weight,
-                        1e-5,
+                        ptol(precision, 1e-5),
                     );
                 }
             }

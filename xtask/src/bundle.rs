@@ -8,6 +8,8 @@
 //!   bench/ops         the criterion bench binary; bench/peers.py, bench/report.py
 //!   demo              the README's demo
 //!   cold_start        the cold-start probe (`xtask coldstart` runs it in fresh processes)
+//!   clifford_breakdown  one Clifford layer forward + backward twice, for a per-kernel profile
+//!                     (scripts/clifford_breakdown.py)
 //!   ptx/              each op family's module per arch (PTX, and cubin where ptxas ran), for inspection
 //! ```
 use std::path::{Path, PathBuf};
@@ -113,9 +115,11 @@ pub fn run(args: &Args) -> Result<(), String> {
         "demo",
         "--example",
         "cold_start",
+        "--example",
+        "clifford_breakdown",
     ]))?;
     copy(&root.join("target/release/xtask"), &out.join("xtask"))?;
-    for example in ["demo", "cold_start"] {
+    for example in ["demo", "cold_start", "clifford_breakdown"] {
         copy(
             &root.join("target/release/examples").join(example),
             &out.join(example),

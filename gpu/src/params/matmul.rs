@@ -279,3 +279,114 @@ pub struct MatmulTc {
 // SAFETY: #[repr(C)], six 4-byte fields then six 8-byte fields (offset 24): no padding; the access
 // fields are only built from the enum on the host.
 unsafe impl KernelParam for MatmulTc {}
+
+/// The f32 matmul on tensor cores (`matmul_tf32x3_*_f32`, `matmul_tf32_*_f32`,
+/// `kernels/matmul/tf32.rs`): `mma.m16n8k8` with tf32 inputs, f32 accumulation. "3xTF32" splits each
+/// operand `v = hi + lo` and takes `a b` as `a_lo b_hi + a_hi b_lo + a_hi b_hi` (f32 accuracy, see
+/// docs/math/matmul.md); "TF32" takes `a_hi b_hi` alone (10-bit mantissas, as cuBLAS's TF32 mode).
+///
+/// Design notes:
+/// - 128 x 128 tiles of C a block, 8 warps of 64 x 32 (2 along M, 4 along N): per k8 step a warp
+///   loads 16 A and 8 B words of fragments and issues 16 (TF32) or 48 (3xTF32) `mma`.
+/// - `BK = 32`-deep k-tiles in `STAGES = 3` shared stages filled by 16-byte `cp.async` (a copy whose
+///   chunk runs past the matrix reads only the bytes inside and zero-fills the rest, so the tails of
+///   M, N and K need no other path). Tiles keep the stored orientation: a k-contiguous tile
+///   (`[m][k]`, `[n][k]`) has a row pitch of [`PITCH_K`] = 36 floats, an outer-contiguous one
+///   (`[k][m]`, `[k][n]`) [`PITCH_O`] = 136: the fragment reads of a warp, `(row g, k t)` or
+///   `(k t, col g)` for `g < 8`, `t < 4`, land on 32 distinct banks in both (4g + t and 8t + g mod 32).
+/// - 3xTF32 sums each k-tile's products in a fresh fragment chain from zero (12 `mma` a tile and
+///   product), then adds that partial to the f32 accumulator with a round-to-nearest `add`: the
+///   tensor core's truncating accumulation then costs about 2 ulp of a 32-term partial, not one ulp
+///   per 8 terms over the whole depth. Accumulators and partials are 128 registers a thread, so
+///   one block per SM (launch bounds: up to 255 registers).
+/// - Split-K for products with few output tiles (weight gradients: C is `N x N`, the depth is the
+///   batch): grid z runs `splits` depth slices of `k_per_split` (a multiple of `BK`); each writes
+///   its partial tile to a workspace `[splits][M][N]`, and `matmul_splitk_finish_f32` adds the
+///   slices in slice order (then the bias and the old C). The split is a function of (M, N, K) only,
+///   so the bits do not depend on the device.
+pub mod matmul_tf32 {
+    pub const BM: u32 = 128;
+    pub const BN: u32 = 128;
+    pub const BK: u32 = 32;
+    pub const STAGES: u32 = 3;
+    pub const WARPS_M: u32 = 2;
+    pub const WARPS_N: u32 = 4;
+    pub const THREADS: u32 = WARPS_M * WARPS_N * 32;
+    /// Row pitch (floats) of a k-contiguous shared tile.
+    pub const PITCH_K: u32 = BK + 4;
+    /// Row pitch (floats) of an outer-contiguous shared tile.
+    pub const PITCH_O: u32 = BM + 8;
+    /// Floats of one operand's tile in one stage (the larger of the two orientations).
+    pub const TILE_FLOATS: u32 = {
+        let a = BM * PITCH_K;
+        let b = BK * PITCH_O;
+        if a > b { a } else { b }
+    };
+    /// Dynamic shared memory of a block: `STAGES` stages of an A and a B tile.
+    pub const SMEM_BYTES: u32 = STAGES * 2 * TILE_FLOATS * 4;
+    /// Blocks the split-K heuristic aims to fill (about one per SM of an H100; a constant, so the
+    /// split, and with it the bits, is the same on every device).
+    pub const TARGET_BLOCKS: u64 = 128;
+    /// Least depth a slice keeps (shorter slices cost more in partial traffic than they gain).
+    pub const MIN_SPLIT_DEPTH: u64 = 256;
+    /// Threads a block of `matmul_splitk_finish_f32`.
+    pub const FINISH_THREADS: u32 = 256;
+
+    const _: () = {
+        assert!(BM == WARPS_M * 64 && BN == WARPS_N * 32);
+        // 16-byte rows for cp.async in both orientations.
+        assert!(PITCH_K % 4 == 0 && PITCH_O % 4 == 0);
+        // Every thread issues whole 16-byte copies: BM * BK / 4 chunks an operand.
+        assert!((BM * BK / 4) % THREADS == 0 && (BN * BK / 4) % THREADS == 0);
+        assert!(SMEM_BYTES <= 160 * 1024);
+    };
+
+    /// `(splits, k_per_split)` for a single (unbatched) `m x n x k` product: as many depth slices as
+    /// bring the block count near [`TARGET_BLOCKS`], each at least [`MIN_SPLIT_DEPTH`] deep and a
+    /// multiple of `BK`. `(1, k)` when the tiles alone fill the target.
+    pub const fn split_k(m: u64, n: u64, k: u64) -> (u32, u32) {
+        let tiles = m.div_ceil(BM as u64) * n.div_ceil(BN as u64);
+        let want = if tiles >= TARGET_BLOCKS { 1 } else { TARGET_BLOCKS / tiles };
+        let most = k / MIN_SPLIT_DEPTH;
+        let splits = if want < most { want } else { most };
+        if splits <= 1 || k > u32::MAX as u64 {
+            return (1, if k > u32::MAX as u64 { u32::MAX } else { k as u32 });
+        }
+        let kps = k.div_ceil(splits).div_ceil(BK as u64) * BK as u64;
+        (k.div_ceil(kps) as u32, kps as u32)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        #[test]
+        fn split_k_covers_the_depth_in_whole_k_tiles() {
+            // Weight gradients of the Clifford layer: 512 x 512 outputs, depth 2 * 4096.
+            assert_eq!(split_k(512, 512, 8192), (8, 1024));
+            assert_eq!(split_k(4096, 4096, 4096), (1, 4096));
+            for (m, n, k) in [(512, 512, 24576), (1, 1, 100_000), (128, 128, 257), (200, 300, 9999)] {
+                let (s, kps) = split_k(m, n, k);
+                assert!(s >= 1);
+                if s > 1 {
+                    assert!(kps as u64 % BK as u64 == 0, "({m}, {n}, {k})");
+                    assert!((s as u64 - 1) * (kps as u64) < k && s as u64 * kps as u64 >= k);
+                    assert!(kps as u64 >= MIN_SPLIT_DEPTH);
+                }
+            }
+        }
+    }
+}
+
+/// Parameters of one tensor-core f32 matmul launch (`matmul_tf32*_f32`): the product as [`Matmul`]
+/// describes it, and its depth split. With `splits > 1` (only for a single product) grid z is the
+/// slice, slice `s` covers depths `s * k_per_split ..` and writes its partial tile to the workspace;
+/// `matmul_splitk_finish_f32` (same parameters) then writes C.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatmulTf32 {
+    pub mm: Matmul,
+    pub splits: u32,
+    pub k_per_split: u32,
+}
+
+unsafe impl KernelParam for MatmulTf32 {}

@@ -15,7 +15,7 @@ pub mod reduce_softmax;
 
 pub use elementwise::{BinaryOp, Broadcast2, ReduceTo};
 pub use lrp::{LrpCoeff, LrpFinish, LrpGemm};
-pub use matmul::{Matmul, MatmulTc, RowAccess, matmul_f32v, matmul_tc};
+pub use matmul::{Matmul, MatmulTc, MatmulTf32, RowAccess, matmul_f32v, matmul_tc, matmul_tf32};
 pub use norm_embedding::{embedding, layer_norm};
 pub use reduce_softmax::{reduce, softmax};
 

@@ -442,6 +442,7 @@ impl Exec<'_> {
                 let saved = clifford::Forward {
                     out: up(gpu, &fwd.out)?,
                     norms: fwd.norms.as_ref().map(|r| up(gpu, r)).transpose()?,
+                    linear_out: None,
                 };
                 let g = Layer::from_host(gpu, p)?.backward(
                     &up(gpu, x)?,

@@ -27,7 +27,7 @@ use gpu::params::clifford::{
 
 use crate::error::{Error, Result};
 use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
-use crate::ops::matmul::{Accumulate, GemmShape, Operand, Transpose, gemm, offset};
+use crate::ops::matmul::{Accumulate, GemmShape, Operand, Precision, Transpose, gemm, offset};
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
 use crate::{DType, Gpu};
@@ -163,11 +163,13 @@ pub enum Normalize {
 }
 
 /// What a forward returns and its backward needs: the output and, when normalised, the grade norms
-/// `r (G, B)`.
+/// `r (G, B)`; from [`Layer::forward`] also the linear map's output `y (C, B, N)`, which its backward
+/// reads instead of recomputing a matrix product (`None` elsewhere, or to have it recomputed).
 #[derive(Clone, Debug)]
 pub struct Forward {
     pub out: Tensor,
     pub norms: Option<Tensor>,
+    pub linear_out: Option<Tensor>,
 }
 
 /// Gradients of the fused op.
@@ -440,7 +442,11 @@ pub fn sgp_forward_variant(
         Normalize::No => None,
     };
     if out.numel() == 0 {
-        return Ok(Forward { out, norms });
+        return Ok(Forward {
+            out,
+            norms,
+            linear_out: None,
+        });
     }
     let (rows, n) = u64s(d);
     // v2 and v3 address with 32-bit offsets: the whole tensor under 2^31 elements; rows are at most
@@ -492,7 +498,11 @@ pub fn sgp_forward_variant(
                 &u32::from(norms.is_some()),
             ],
         )?;
-        return Ok(Forward { out, norms });
+        return Ok(Forward {
+            out,
+            norms,
+            linear_out: None,
+        });
     }
     let cache = alg.fwd_cache();
     let fused = n <= fwd_max_cached(cache);
@@ -528,7 +538,11 @@ pub fn sgp_forward_variant(
     if let (Some(u), Some(r)) = (&unnormalised, &norms) {
         grade_norm(gpu, alg, u, &out, r, rows, n)?;
     }
-    Ok(Forward { out, norms })
+    Ok(Forward {
+            out,
+            norms,
+            linear_out: None,
+        })
 }
 
 /// Blocks for a row-persistent kernel: as many `block`-thread blocks of `name` as are resident at once
@@ -702,6 +716,7 @@ fn fc_mix(
     u: &Tensor,
     d: Dims,
     m: usize,
+    precision: Precision,
 ) -> Result<()> {
     let (b, n) = (d.batch, d.features);
     let mut prev_grade = usize::MAX;
@@ -741,17 +756,30 @@ fn fc_mix(
             },
             None,
             acc,
+            precision,
         )?;
     }
     Ok(())
 }
 
-/// Fused forward with fully connected weights `(P, N_in, N_out)`: output `(C, B, N_out)`.
+/// Fused forward with fully connected weights `(P, N_in, N_out)`: output `(C, B, N_out)`. The
+/// feature mixing runs at [`Precision::default()`]; [`fcgp_forward_with`] chooses.
 pub fn fcgp_forward(
     x: &Tensor,
     y: &Tensor,
     weight: &Tensor,
     normalize: Normalize,
+) -> Result<Forward> {
+    fcgp_forward_with(x, y, weight, normalize, Precision::default())
+}
+
+/// [`fcgp_forward`] with the precision of its matrix products.
+pub fn fcgp_forward_with(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    normalize: Normalize,
+    precision: Precision,
 ) -> Result<Forward> {
     const OP: &str = "clifford fcgp_forward";
     let d = check_pair(OP, x, y)?;
@@ -765,18 +793,26 @@ pub fn fcgp_forward(
         Normalize::No => None,
     };
     if out.numel() == 0 {
-        return Ok(Forward { out, norms });
+        return Ok(Forward {
+            out,
+            norms,
+            linear_out: None,
+        });
     }
     let pairs = fc_pairs(gpu, alg, x, y, d)?;
     match &norms {
-        None => fc_mix(gpu, alg, &pairs, weight, &out, d, m)?,
+        None => fc_mix(gpu, alg, &pairs, weight, &out, d, m, precision)?,
         Some(r) => {
             let u = Tensor::empty(gpu, &shape, DType::F32)?;
-            fc_mix(gpu, alg, &pairs, weight, &u, d, m)?;
+            fc_mix(gpu, alg, &pairs, weight, &u, d, m, precision)?;
             grade_norm(gpu, alg, &u, &out, r, d.batch as u64, m as u64)?;
         }
     }
-    Ok(Forward { out, norms })
+    Ok(Forward {
+            out,
+            norms,
+            linear_out: None,
+        })
 }
 
 /// N_out of an fc weight `(P, N_in, N_out)` that matches `d`.
@@ -795,13 +831,26 @@ fn fc_out_features(op: &'static str, weight: &Tensor, d: Dims) -> Result<usize> 
     Ok(m)
 }
 
-/// Backward of [`fcgp_forward`]: grad_x, grad_y `(C, B, N_in)`, grad_weight `(P, N_in, N_out)`.
+/// Backward of [`fcgp_forward`]: grad_x, grad_y `(C, B, N_in)`, grad_weight `(P, N_in, N_out)`, at
+/// [`Precision::default()`] ([`fcgp_backward_with`] chooses).
 pub fn fcgp_backward(
     x: &Tensor,
     y: &Tensor,
     weight: &Tensor,
     fwd: &Forward,
     grad_out: &Tensor,
+) -> Result<Grads> {
+    fcgp_backward_with(x, y, weight, fwd, grad_out, Precision::default())
+}
+
+/// [`fcgp_backward`] with the precision of its matrix products.
+pub fn fcgp_backward_with(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    fwd: &Forward,
+    grad_out: &Tensor,
+    precision: Precision,
 ) -> Result<Grads> {
     const OP: &str = "clifford fcgp_backward";
     let d = check_pair(OP, x, y)?;
@@ -880,6 +929,7 @@ pub fn fcgp_backward(
             },
             None,
             Accumulate::Overwrite,
+            precision,
         )?;
         // dW_p (N, M) = pairs^T (N, count*B) @ gu_g (count*B, M)
         gemm(
@@ -905,6 +955,7 @@ pub fn fcgp_backward(
             },
             None,
             Accumulate::Overwrite,
+            precision,
         )?;
     }
     let bn = (b * n) as u64;
@@ -954,6 +1005,8 @@ pub struct Layer {
     pub linear_bias: Tensor,
     /// `(N, P)` per feature or `(P, N, N)` fully connected.
     pub gp_weight: Tensor,
+    /// Precision of the linear map's and the fc mixing's matrix products, forward and backward.
+    pub precision: Precision,
 }
 
 /// Gradients of [`Layer`].
@@ -975,9 +1028,16 @@ impl Layer {
             linear_weight: Tensor::from_host(gpu, &p.linear_weight)?,
             linear_bias: Tensor::from_host(gpu, &p.linear_bias)?,
             gp_weight: Tensor::from_host(gpu, &p.gp_weight)?,
+            precision: Precision::default(),
         };
         layer.check("clifford Layer", p.linear_bias.numel())?;
         Ok(layer)
+    }
+
+    /// The same layer with its matrix products at `precision`.
+    pub fn with_precision(mut self, precision: Precision) -> Layer {
+        self.precision = precision;
+        self
     }
 
     fn check(&self, op: &'static str, n: usize) -> Result<()> {
@@ -1048,6 +1108,7 @@ impl Layer {
                 },
                 Some(self.linear_bias.raw()),
                 Accumulate::Overwrite,
+                self.precision,
             )?;
         }
         Ok(y)
@@ -1057,21 +1118,46 @@ impl Layer {
         const OP: &str = "clifford Layer::forward";
         let d = self.check_input(OP, x)?;
         let y = self.linear(x, d)?;
-        match self.mode {
-            GpMode::PerFeature => sgp_forward(x, &y, &self.gp_weight, self.normalize),
-            GpMode::FullyConnected => fcgp_forward(x, &y, &self.gp_weight, self.normalize),
-        }
+        let mut f = match self.mode {
+            GpMode::PerFeature => sgp_forward(x, &y, &self.gp_weight, self.normalize)?,
+            GpMode::FullyConnected => {
+                fcgp_forward_with(x, &y, &self.gp_weight, self.normalize, self.precision)?
+            }
+        };
+        f.linear_out = Some(y);
+        Ok(f)
     }
 
-    /// Backward from the forward's saved state; the linear output is recomputed from x.
+    /// Backward from the forward's saved state; the linear output is `fwd.linear_out`, or recomputed
+    /// from x when that is `None`.
     pub fn backward(&self, x: &Tensor, fwd: &Forward, grad_out: &Tensor) -> Result<LayerGrads> {
         const OP: &str = "clifford Layer::backward";
         let d = self.check_input(OP, x)?;
         let gpu = x.gpu();
-        let y = self.linear(x, d)?;
+        let recomputed;
+        let y = match &fwd.linear_out {
+            Some(y) => {
+                same_device_and_dtype(OP, x, y)?;
+                if y.shape() != x.shape() {
+                    return Err(Error::Shape {
+                        op: OP,
+                        what: "fwd.linear_out must have the input's shape (C, B, N)".into(),
+                        expected: format!("{:?}", x.shape()),
+                        got: y.shape().to_vec(),
+                    });
+                }
+                y
+            }
+            None => {
+                recomputed = self.linear(x, d)?;
+                &recomputed
+            }
+        };
         let g = match self.mode {
-            GpMode::PerFeature => sgp_backward(x, &y, &self.gp_weight, fwd, grad_out)?,
-            GpMode::FullyConnected => fcgp_backward(x, &y, &self.gp_weight, fwd, grad_out)?,
+            GpMode::PerFeature => sgp_backward(x, y, &self.gp_weight, fwd, grad_out)?,
+            GpMode::FullyConnected => {
+                fcgp_backward_with(x, y, &self.gp_weight, fwd, grad_out, self.precision)?
+            }
         };
         let (b, n) = (d.batch, d.features);
         let grad_lw = Tensor::empty(gpu, self.linear_weight.shape(), DType::F32)?;
@@ -1109,6 +1195,7 @@ impl Layer {
                 },
                 None,
                 Accumulate::Add,
+                self.precision,
             )?;
             // grad W_g (N, N) = x_slab^T @ gy
             gemm(
@@ -1134,6 +1221,7 @@ impl Layer {
                 },
                 None,
                 Accumulate::Overwrite,
+                self.precision,
             )?;
         }
         if n > 0 {

@@ -1,19 +1,25 @@
 //! Matrix multiply `op(A) op(B)`, 2-D or batched 3-D, either operand transposed, any sizes, dispatched
-//! by dtype:
-//! - f32: `matmul_simt_{nn,nt,tn,tt}_f32` (`gpu/src/kernels/matmul/simt.rs`): double-buffered
-//!   shared-memory tiles, 8 x 16 register micro-tiles on CUDA cores, full fp32 math (no TF32);
+//! by dtype and, for f32, by [`Precision`]:
+//! - f32, [`Precision::Tf32x3`] / [`Precision::Tf32`]: `matmul_tf32x3_*_f32` / `matmul_tf32_*_f32`
+//!   (`gpu/src/kernels/matmul/tf32.rs`): tensor-core `mma.m16n8k8` with tf32 inputs, 128 x 128 tiles
+//!   through a 3-stage `cp.async` pipeline, split along the depth (summed in a fixed order) when the
+//!   output has too few tiles to fill the GPU;
+//! - f32, [`Precision::Ieee`]: `matmul_simt_{nn,nt,tn,tt}_f32` (`gpu/src/kernels/matmul/simt.rs`):
+//!   double-buffered shared-memory tiles, 8 x 16 register micro-tiles on CUDA cores, one fp32 fma a
+//!   product;
 //! - f16 / bf16: `matmul_tc_{nn,nt,tn,tt}_{f16,bf16}` (`gpu/src/kernels/matmul/tensor_core.rs`):
 //!   256 x 128 x 64 tiles through a 3-stage `cp.async` pipeline, `ldmatrix` + `mma.m16n8k16` with f32
 //!   accumulation, the result rounded once to the input dtype.
 //!
-//! Both keep a fixed k order per element, so the same inputs give the same bits on every run.
+//! All keep a fixed k order per element, so the same inputs give the same bits on every run.
 //!
 //! The crate-internal [`gemm`] is the same kernel on raw operands (offsets into larger buffers, leading
 //! dims, `C += ...`, a bias row): the Clifford layers build their feature mixing on it.
 use gpu::params::matmul::MAX_GRID_YZ;
 use gpu::params::matmul_f32v::{self as f32v, BM, BN};
 use gpu::params::matmul_tc as tc;
-use gpu::params::{Matmul, MatmulTc, RawSlice, RowAccess};
+use gpu::params::matmul_tf32 as tf;
+use gpu::params::{Matmul, MatmulTc, MatmulTf32, RawSlice, RowAccess};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -26,6 +32,26 @@ use crate::tensor::Tensor;
 pub enum Transpose {
     No,
     Yes,
+}
+
+/// How an f32 product is computed (f16/bf16 products always run on tensor cores with f32
+/// accumulation). Errors against an f64 reference, measured on the shape grid of docs/math/matmul.md,
+/// are tabulated in docs/PERF_NOTES.md.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// One fp32 fma a product on CUDA cores (IEEE single precision throughout).
+    Ieee,
+    /// "3xTF32": each operand split into two tf32 parts, `a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi`
+    /// on tensor cores with f32 accumulation: fp32-class accuracy (docs/math/matmul.md). Operands
+    /// whose rows are not 16-byte aligned (a leading dim or batch stride that is not a multiple of
+    /// 4, or a view at an unaligned offset) run the [`Precision::Ieee`] kernel instead, which is at
+    /// least as accurate.
+    #[default]
+    Tf32x3,
+    /// One tf32 product (10-bit mantissas, as cuBLAS's TF32 mode and PyTorch's
+    /// `float32_matmul_precision('high')`): about 1e-3 relative error. The same alignment rule as
+    /// [`Precision::Tf32x3`].
+    Tf32,
 }
 
 /// Accumulation mode of [`gemm`].
@@ -86,8 +112,12 @@ pub(crate) fn gemm(
     c: Operand,
     bias: Option<RawSlice>,
     acc: Accumulate,
+    precision: Precision,
 ) -> Result<()> {
     const OP: &str = "matmul";
+    if precision != Precision::Ieee && tf32_rows(&a) && tf32_rows(&b) {
+        return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision);
+    }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
     let GemmShape { m, n, k, batch } = shape;
     if m == 0 || n == 0 || batch == 0 {
@@ -147,6 +177,138 @@ pub(crate) fn gemm(
             &ByValue(p),
         ],
     )
+}
+
+/// Whether the tensor-core f32 kernel can copy this operand's rows by 16-byte `cp.async`: an aligned
+/// first element, leading dim and batch stride multiples of 4 floats.
+fn tf32_rows(o: &Operand) -> bool {
+    o.raw.ptr.is_multiple_of(16) && o.ld.is_multiple_of(4) && o.stride.is_multiple_of(4)
+}
+
+/// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): split along the depth
+/// per `params::matmul_tf32::split_k` for a single product, with the partials in a workspace that
+/// `matmul_splitk_finish_f32` sums in slice order.
+#[allow(clippy::too_many_arguments)]
+fn gemm_tf32(
+    gpu: &crate::Gpu,
+    shape: GemmShape,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    bias: Option<RawSlice>,
+    acc: Accumulate,
+    precision: Precision,
+) -> Result<()> {
+    const OP: &str = "matmul";
+    const NAMES: [&str; 8] = [
+        "matmul_tf32x3_nn_f32",
+        "matmul_tf32x3_nt_f32",
+        "matmul_tf32x3_tn_f32",
+        "matmul_tf32x3_tt_f32",
+        "matmul_tf32_nn_f32",
+        "matmul_tf32_nt_f32",
+        "matmul_tf32_tn_f32",
+        "matmul_tf32_tt_f32",
+    ];
+    let GemmShape { m, n, k, batch } = shape;
+    if m == 0 || n == 0 || batch == 0 {
+        return Ok(());
+    }
+    let u32_of = |what: &'static str, v: usize| {
+        u32::try_from(v).map_err(|_| Error::TooLarge {
+            op: OP,
+            what,
+            given: v as u64,
+            max: u32::MAX as u64,
+        })
+    };
+    let (mu, nu, ku) = (u32_of("M", m)?, u32_of("N", n)?, u32_of("K", k)?);
+    let grid_y = (m as u64).div_ceil(tf::BM as u64);
+    if grid_y > MAX_GRID_YZ || batch as u64 > MAX_GRID_YZ {
+        return Err(Error::TooLarge {
+            op: OP,
+            what: "row tiles (M / 128) or batch",
+            given: grid_y.max(batch as u64),
+            max: MAX_GRID_YZ,
+        });
+    }
+    let (splits, k_per_split) = if batch == 1 {
+        tf::split_k(m as u64, n as u64, k as u64)
+    } else {
+        (1, ku)
+    };
+    let p = MatmulTf32 {
+        mm: Matmul {
+            m: mu,
+            n: nu,
+            k: ku,
+            trans_a: (a.trans == Transpose::Yes) as u32,
+            trans_b: (b.trans == Transpose::Yes) as u32,
+            accumulate: (acc == Accumulate::Add) as u32,
+            lda: a.ld,
+            ldb: b.ld,
+            ldc: c.ld,
+            stride_a: a.stride,
+            stride_b: b.stride,
+            stride_c: c.stride,
+        },
+        splits,
+        k_per_split,
+    };
+    let index = 4 * (precision == Precision::Tf32) as usize
+        + 2 * (a.trans == Transpose::Yes) as usize
+        + (b.trans == Transpose::Yes) as usize;
+    let none = RawSlice { ptr: 0, len: 0 };
+    let bias = bias.unwrap_or(none);
+    let workspace = if splits > 1 {
+        Some(crate::Tensor::empty(
+            gpu,
+            &[splits as usize * m * n],
+            crate::DType::F32,
+        )?)
+    } else {
+        None
+    };
+    let ws = workspace.as_ref().map_or(none, |t| t.raw());
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (
+            (n as u64).div_ceil(tf::BN as u64) as u32,
+            grid_y as u32,
+            if splits > 1 { splits } else { batch as u32 },
+        ),
+        block_dim: (tf::THREADS, 1, 1),
+        shared_mem_bytes: tf::SMEM_BYTES,
+    };
+    launch_cfg_large_smem(
+        gpu,
+        NAMES[index],
+        cfg,
+        &[
+            &ByValue(a.raw),
+            &ByValue(b.raw),
+            &ByValue(bias),
+            &ByValue(c.raw),
+            &ByValue(ws),
+            &ByValue(p),
+        ],
+    )?;
+    if splits > 1 {
+        let total = (m * n) as u64;
+        let blocks = total
+            .div_ceil(tf::FINISH_THREADS as u64)
+            .min(8 * tf::TARGET_BLOCKS) as u32;
+        launch_cfg(
+            gpu,
+            "matmul_splitk_finish_f32",
+            cudarc::driver::LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (tf::FINISH_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[&ByValue(bias), &ByValue(c.raw), &ByValue(ws), &ByValue(p)],
+        )?;
+    }
+    Ok(())
 }
 
 /// Sizes of `op(a) op(b)` under the shape rules of [`matmul`]: C is `m x n` (times `batch` when
@@ -309,13 +471,36 @@ fn tc_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str>
 /// `op(a) op(b)`: a is `(M, K)` (or `(K, M)` with `ta = Yes`), b is `(K, N)` (or `(N, K)`), each
 /// optionally with a leading batch dim; a 2-D operand is broadcast over the other's batch. Contiguous
 /// operands of one dtype; the result has that dtype.
-/// - f32: the tiled CUDA-core kernel, full fp32 math.
+/// - f32: [`Precision::default()`] (3xTF32 on tensor cores, fp32-class accuracy; see
+///   [`matmul_with`] to choose).
 /// - f16 / bf16: the tensor-core kernels (`mma.sync`, f32 accumulation, one rounding to the dtype at
 ///   the end). Any sizes; operands whose rows are not 16-byte aligned (a leading dim that is not a
 ///   multiple of 8, or a view at an odd offset) take a slower element-wise load path.
 ///
 /// Deterministic: the same inputs give the same bits on every run.
 pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Tensor> {
+    matmul_with(a, b, ta, tb, Precision::default())
+}
+
+/// [`matmul`] with the f32 [`Precision`] chosen (ignored for f16/bf16).
+///
+/// ```no_run
+/// use host::ops::matmul::{Precision, Transpose, matmul_with};
+/// use host::{DType, Gpu, Tensor};
+/// let gpu = Gpu::new(0)?;
+/// let a = Tensor::from_f32(&gpu, &[1.0; 6], &[2, 3], DType::F32)?;
+/// let b = Tensor::from_f32(&gpu, &[0.5; 6], &[3, 2], DType::F32)?;
+/// let c = matmul_with(&a, &b, Transpose::No, Transpose::No, Precision::Ieee)?;
+/// assert_eq!(c.to_vec()?, vec![1.5; 4]);
+/// # Ok::<(), host::Error>(())
+/// ```
+pub fn matmul_with(
+    a: &Tensor,
+    b: &Tensor,
+    ta: Transpose,
+    tb: Transpose,
+    precision: Precision,
+) -> Result<Tensor> {
     const OP: &str = "matmul";
     same_device_and_dtype(OP, a, b)?;
     let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
@@ -326,7 +511,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Te
     }
     let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
     if a.dtype() == DType::F32 {
-        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite)?;
+        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite, precision)?;
         return Ok(out);
     }
     let name = tc_kernel(a.dtype(), ta, tb).expect("16-bit dtype: f32 returned above");
@@ -346,6 +531,7 @@ fn f32_launch(
     out: &Tensor,
     bias: Option<RawSlice>,
     acc: Accumulate,
+    precision: Precision,
 ) -> Result<()> {
     let stride = |batched: bool, (r, c): (usize, usize)| if batched { (r * c) as u64 } else { 0 };
     let (sa, sb) = (stride(d.a_batched, d.a), stride(d.b_batched, d.b));
@@ -374,6 +560,7 @@ fn f32_launch(
         },
         bias,
         acc,
+        precision,
     )
 }
 
@@ -390,6 +577,7 @@ pub fn matmul_f32_into(
     bias: Option<&Tensor>,
     out: &Tensor,
     accumulate: bool,
+    precision: Precision,
 ) -> Result<()> {
     const OP: &str = "matmul_f32_into";
     same_device_and_dtype(OP, a, b)?;
@@ -433,7 +621,7 @@ pub fn matmul_f32_into(
     } else {
         Accumulate::Overwrite
     };
-    f32_launch(a, b, ta, tb, &d, out, bias, acc)
+    f32_launch(a, b, ta, tb, &d, out, bias, acc, precision)
 }
 
 /// Launches tensor-core entry `name` (of configuration `cfg`) for `out = op(a) op(b)`; `d` passed
