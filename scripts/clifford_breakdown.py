@@ -46,7 +46,7 @@ def ncu_kernels(ncu, exe, args):
 
 
 def classify(seq, kind):
-    parts, phase, fc_done, pairs_seen = [], "fwd", False, False
+    parts, phase, fc_done, pairs_seen, bias_seen = [], "fwd", False, False, False
     for k in seq:
         n = k["name"].split("(")[0]
         if n.startswith("grade_dot"):
@@ -68,9 +68,9 @@ def classify(seq, kind):
             elif n.startswith("fc_pairs"):
                 part = "bwd pairs (recomputed)"
             elif n.startswith("chunk_sum"):
-                part = "bwd sgp"
+                part = "bwd bias grad" if bias_seen else "bwd sgp"
             elif n.startswith("col_sum"):
-                part = "bwd bias grad"
+                part, bias_seen = "bwd bias grad", True
             elif n.startswith("matmul"):
                 grad_in = "_nt_" in n
                 who = "linear" if fc_done else "mix"
