@@ -691,7 +691,7 @@ fn clifford_kernels_are_in_their_module_with_launch_bounds() {
                 "{name} {arch}: launch bounds"
             );
         }
-        for name in ["chunk_sum_f32", "col_sum_partials_f32"] {
+        for name in ["chunk_sum_tree_f32", "col_sum_partials_f32"] {
             assert_eq!(
                 host::Family::of(name),
                 Some(host::Family::Clifford),

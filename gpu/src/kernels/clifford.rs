@@ -33,8 +33,8 @@ use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
     FWD_MAX_BLOCK, FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D,
-    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term,
-    fwd_v3_row_threads,
+    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, SLOT_LAYOUT_2D, SLOT_LAYOUT_3D, SLOTS_2D,
+    SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -50,6 +50,8 @@ trait Algebra {
     const TERMS: [Term; 64];
     const SLOT: [usize; 64];
     const GRADE: [usize; 8];
+    /// Each pair slot's place in the pair buffer (`params::clifford::slot_layout`).
+    const LAYOUT: [[u32; 3]; 44];
     /// Output component and path of each pair slot (terms sharing both are summed before weighting).
     const SLOT_J: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, true);
     const SLOT_P: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, false);
@@ -150,6 +152,7 @@ impl Algebra for Cl2 {
     const TERMS: [Term; 64] = pad_terms(&TERMS_2D);
     const SLOT: [usize; 64] = pad_u8(&SLOTS_2D);
     const GRADE: [usize; 8] = pad_u8(&GRADES_2D);
+    const LAYOUT: [[u32; 3]; 44] = SLOT_LAYOUT_2D;
 }
 impl Algebra for Cl3 {
     const C: usize = 8;
@@ -161,6 +164,7 @@ impl Algebra for Cl3 {
     const TERMS: [Term; 64] = pad_terms(&TERMS_3D);
     const SLOT: [usize; 64] = pad_u8(&SLOTS_3D);
     const GRADE: [usize; 8] = pad_u8(&GRADES_3D);
+    const LAYOUT: [[u32; 3]; 44] = SLOT_LAYOUT_3D;
 }
 
 type Mv = [f32; 8];
@@ -912,7 +916,13 @@ unsafe fn grade_norm<A: Algebra>(
 
 /// Elementwise over (b, n): the gated pair terms of every (output component, path) slot.
 #[inline(always)]
-unsafe fn fc_pairs<A: Algebra>(x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32>, bn: u64) {
+unsafe fn fc_pairs<A: Algebra>(
+    x: Slice<f32>,
+    y: Slice<f32>,
+    pairs: SliceMut<f32>,
+    bn: u64,
+    n: u64,
+) {
     let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
     let step = grid_dim_x() as u64 * block_dim_x() as u64;
     while e < bn {
@@ -923,11 +933,20 @@ unsafe fn fc_pairs<A: Algebra>(x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32
         each_term!(A, t, slot {
             v[slot] = signed_add(v[slot], t.neg, xt[t.i as usize] * yt[t.k as usize]);
         });
+        let b = e / n;
         each_slot!(A, s {
-            pairs.set(s as u64 * bn + e, v[s]);
+            pairs.set(pair_at::<A>(s, bn, n, b, e), v[s]);
         });
         e += step;
     }
+}
+
+/// Index of element `e = b * n + (feature)` of pair slot `s` in the pair buffer
+/// (`params::clifford::slot_layout`).
+#[inline(always)]
+fn pair_at<A: Algebra>(s: usize, bn: u64, n: u64, b: u64, e: u64) -> u64 {
+    let [row_block, path, paths] = A::LAYOUT[s];
+    row_block as u64 * bn + (b * paths as u64 + path as u64) * n + (e - b * n)
 }
 
 /// Backward of [`fc_pairs`] and of the gate: from the pair-term gradients to grad x and grad y.
@@ -939,6 +958,7 @@ unsafe fn fc_pairs_bwd<A: Algebra>(
     gx: SliceMut<f32>,
     gy: SliceMut<f32>,
     bn: u64,
+    n: u64,
 ) {
     let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
     let step = grid_dim_x() as u64 * block_dim_x() as u64;
@@ -947,8 +967,9 @@ unsafe fn fc_pairs_bwd<A: Algebra>(
         let (xv, yv) = (load_mv::<A>(&x, e, bn), load_mv::<A>(&y, e, bn));
         let ((xt, cx), (yt, cy)) = (gate::<A>(&xv), gate::<A>(&yv));
         let (mut gxt, mut gyt) = ([0.0f32; 8], [0.0f32; 8]);
+        let b = e / n;
         each_term!(A, t, slot {
-            let g = gpairs.get(slot as u64 * bn + e);
+            let g = gpairs.get(pair_at::<A>(slot, bn, n, b, e));
             let (i, k) = (t.i as usize, t.k as usize);
             gxt[i] = signed_add(gxt[i], t.neg, g * yt[k]);
             gyt[k] = signed_add(gyt[k], t.neg, g * xt[i]);
@@ -1095,14 +1116,17 @@ macro_rules! clifford_entry_points {
             unsafe { grade_norm::<$A>(u, o, r, rows, n) }
         }
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $pairs(x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32>, bn: u64) {
-            unsafe { fc_pairs::<$A>(x, y, pairs, bn) }
+        pub unsafe extern "ptx-kernel" fn $pairs(
+            x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32>, bn: u64, n: u64,
+        ) {
+            unsafe { fc_pairs::<$A>(x, y, pairs, bn, n) }
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $pairs_bwd(
-            x: Slice<f32>, y: Slice<f32>, gpairs: Slice<f32>, gx: SliceMut<f32>, gy: SliceMut<f32>, bn: u64,
+            x: Slice<f32>, y: Slice<f32>, gpairs: Slice<f32>, gx: SliceMut<f32>, gy: SliceMut<f32>,
+            bn: u64, n: u64,
         ) {
-            unsafe { fc_pairs_bwd::<$A>(x, y, gpairs, gx, gy, bn) }
+            unsafe { fc_pairs_bwd::<$A>(x, y, gpairs, gx, gy, bn, n) }
         }
     )*};
 }
@@ -1110,28 +1134,6 @@ macro_rules! clifford_entry_points {
 clifford_entry_points! {
     Cl2: sgp2d_fwd_f32, grade_dot2d_f32, grade_norm2d_f32, fc_pairs2d_f32, fc_pairs_bwd2d_f32;
     Cl3: sgp3d_fwd_f32, grade_dot3d_f32, grade_norm3d_f32, fc_pairs3d_f32, fc_pairs_bwd3d_f32;
-}
-
-/// `out[i] = sum_{c < chunks} partials[c * len + i]`, in chunk order. 1-D grid-stride.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn chunk_sum_f32(
-    partials: Slice<f32>,
-    out: SliceMut<f32>,
-    chunks: u64,
-    len: u64,
-) {
-    let mut i = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
-    let step = grid_dim_x() as u64 * block_dim_x() as u64;
-    while i < len {
-        let mut acc = 0.0f32;
-        let mut c = 0;
-        while c < chunks {
-            acc += partials.get(c * len + i);
-            c += 1;
-        }
-        out.set(i, acc);
-        i += step;
-    }
 }
 
 /// Column sums of a row-major `(rows, cols)` matrix by row chunks: grid (ceil(cols / block), chunks),

@@ -106,21 +106,28 @@ impl Algebra {
         let first = grades.iter().position(|&x| x as usize == g).unwrap_or(0);
         (first, grades.iter().filter(|&&x| x as usize == g).count())
     }
-    /// The fc variant's matmuls in order: (output grade, path, first pair slot), one per path, grouped by
-    /// output grade (the layout of `params::clifford::pair_slots`).
-    fn fc_plan(self) -> Vec<(usize, usize, usize)> {
-        let mut plan = Vec::new();
+    /// The fc variant's groups, one per output grade in order: the grade's first component and
+    /// component count, its paths (in path order) and its first pair slot: the layout of
+    /// `params::clifford::slot_layout`, where a grade's pair slots form one
+    /// `(count * B, paths * N)` matrix.
+    fn fc_groups(self) -> Vec<FcGroup> {
+        let mut groups = Vec::new();
         let mut slot = 0;
         for g in 0..self.grades() {
-            let (_, count) = self.grade_span(g);
-            for (p, path) in self.path_table().iter().enumerate() {
-                if path[1] as usize == g {
-                    plan.push((g, p, slot));
-                    slot += count;
-                }
-            }
+            let (j0, count) = self.grade_span(g);
+            let paths: Vec<usize> = (0..self.paths())
+                .filter(|&p| self.path_table()[p][1] as usize == g)
+                .collect();
+            let next = slot + count * paths.len();
+            groups.push(FcGroup {
+                j0,
+                count,
+                paths,
+                slot,
+            });
+            slot = next;
         }
-        plan
+        groups
     }
     fn kernel(self, op: Kernel) -> &'static str {
         use Algebra::*;
@@ -142,6 +149,14 @@ impl Algebra {
             (Cl3, PairsBwd) => "fc_pairs_bwd3d_f32",
         }
     }
+}
+
+/// One output grade of the fc variant ([`Algebra::fc_groups`]).
+struct FcGroup {
+    j0: usize,
+    count: usize,
+    paths: Vec<usize>,
+    slot: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -326,13 +341,15 @@ fn grade_norm(
     )
 }
 
-/// Fixed-order sum over the leading dim of `partials (chunks, len)` into `out (len)`.
+/// Fixed-order sum over the leading dim of `partials (chunks, len)` into `out (len)`: the warp tree
+/// of `chunk_sum_tree_f32` (`CHUNK_SUM_WARPS` loads in flight per output; the order depends on
+/// `chunks` and `len` only).
 fn chunk_sum(gpu: &Gpu, partials: &Tensor, out: &Tensor, chunks: u64, len: u64) -> Result<()> {
     launch(
         gpu,
-        "chunk_sum_f32",
-        grid_blocks(len, ELEM_BLOCK as u64),
-        ELEM_BLOCK,
+        "chunk_sum_tree_f32",
+        grid_blocks(len, 32),
+        CHUNK_SUM_WARPS * 32,
         &[&ByValue(partials.raw()), &ByValue(out.raw()), &chunks, &len],
     )
 }
@@ -666,19 +683,7 @@ pub fn sgp_backward(
             &normalize,
         ],
     )?;
-    let len = n * p;
-    launch(
-        gpu,
-        "chunk_sum_tree_f32",
-        grid_blocks(len, 32),
-        CHUNK_SUM_WARPS * 32,
-        &[
-            &ByValue(partials.raw()),
-            &ByValue(grad_weight.raw()),
-            &nchunks,
-            &len,
-        ],
-    )?;
+    chunk_sum(gpu, &partials, &grad_weight, nchunks, n * p)?;
     Ok(Grads {
         grad_x,
         grad_y,
@@ -686,10 +691,11 @@ pub fn sgp_backward(
     })
 }
 
-/// Gated pair terms `(slots, B, N)` of the fc variant.
+/// Gated pair terms of the fc variant: `slots * B * N` floats in the layout of
+/// `params::clifford::slot_layout` (per output grade one `(count * B, paths * N)` matrix).
 fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<Tensor> {
     let pairs = Tensor::empty(gpu, &[alg.num_slots(), d.batch, d.features], DType::F32)?;
-    let bn = (d.batch * d.features) as u64;
+    let (bn, n) = ((d.batch * d.features) as u64, d.features as u64);
     if bn > 0 {
         launch(
             gpu,
@@ -701,63 +707,119 @@ fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<
                 &ByValue(y.raw()),
                 &ByValue(pairs.raw()),
                 &bn,
+                &n,
             ],
         )?;
     }
     Ok(pairs)
 }
 
-/// `u (C, B, M) = sum over paths of pairs @ W_p`, one accumulating matmul per path.
+/// The fc weights `(P, N, M)` with the paths reordered grade by grade ([`Algebra::fc_groups`]), so
+/// that a grade's weights are one `(paths * N, M)` matrix: `P` device copies of `N x M` blocks.
+fn fc_stack_weights(gpu: &Gpu, alg: Algebra, weight: &Tensor) -> Result<Tensor> {
+    let stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+    let block = weight.numel() / alg.paths().max(1);
+    let order = alg.fc_groups().into_iter().flat_map(|g| g.paths);
+    for (i, p) in order.enumerate() {
+        copy_block(gpu, weight, p * block, &stacked, i * block, block)?;
+    }
+    Ok(stacked)
+}
+
+/// The inverse of [`fc_stack_weights`] on a gradient: block `i` of `stacked` to path `p`'s block.
+fn fc_unstack_weights(gpu: &Gpu, alg: Algebra, stacked: &Tensor, weight: &Tensor) -> Result<()> {
+    let block = weight.numel() / alg.paths().max(1);
+    let order = alg.fc_groups().into_iter().flat_map(|g| g.paths);
+    for (i, p) in order.enumerate() {
+        copy_block(gpu, stacked, i * block, weight, p * block, block)?;
+    }
+    Ok(())
+}
+
+/// Copies `len` f32 from element `from` of `src` to element `to` of `dst` (device to device, on the
+/// library's stream). Callers derive the ranges from validated shapes.
+fn copy_block(
+    gpu: &Gpu,
+    src: &Tensor,
+    from: usize,
+    dst: &Tensor,
+    to: usize,
+    len: usize,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let (s, t) = (src.raw(), dst.raw());
+    if (from + len) as u64 > s.len || (to + len) as u64 > t.len {
+        return Err(Error::Invalid {
+            op: "clifford fc weights",
+            msg: format!(
+                "block copy out of range: {len} elements from {from} of {} to {to} of {}",
+                s.len, t.len
+            ),
+        });
+    }
+    // SAFETY: both ranges lie inside their tensors' allocations (checked above); the copy is
+    // ordered on the library's stream with every kernel that reads or writes them.
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(
+            t.ptr + 4 * to as u64,
+            s.ptr + 4 * from as u64,
+            4 * len,
+            gpu.stream().cu_stream(),
+        )
+        .map_err(|e| Error::driver(e, "clifford fc weights: copy device -> device"))
+    }
+}
+
+/// `u (C, B, M)`: per output grade one matrix product of its pair matrix `(count * B, paths * N)`
+/// with its stacked weights `(paths * N, M)` ([`fc_stack_weights`]).
+#[allow(clippy::too_many_arguments)]
 fn fc_mix(
     gpu: &Gpu,
     alg: Algebra,
     pairs: &Tensor,
-    weight: &Tensor,
+    stacked: &Tensor,
     u: &Tensor,
     d: Dims,
     m: usize,
     precision: Precision,
 ) -> Result<()> {
     let (b, n) = (d.batch, d.features);
-    let mut prev_grade = usize::MAX;
-    for (g, p, slot) in alg.fc_plan() {
-        let (j0, count) = alg.grade_span(g);
-        let acc = if prev_grade == g {
-            Accumulate::Add
-        } else {
-            Accumulate::Overwrite
-        };
-        prev_grade = g;
+    let mut w_row = 0;
+    for grp in alg.fc_groups() {
+        let k = grp.paths.len() * n;
         gemm(
             gpu,
             GemmShape {
-                m: count * b,
+                m: grp.count * b,
                 n: m,
-                k: n,
+                k,
                 batch: 1,
             },
             Operand {
-                raw: offset(pairs.raw(), (slot * b * n) as u64),
-                ld: n as u64,
+                raw: offset(pairs.raw(), (grp.slot * b * n) as u64),
+                ld: k as u64,
                 trans: Transpose::No,
                 stride: 0,
             },
             Operand {
-                raw: offset(weight.raw(), (p * n * m) as u64),
+                raw: offset(stacked.raw(), (w_row * m) as u64),
                 ld: m as u64,
                 trans: Transpose::No,
                 stride: 0,
             },
             Operand {
-                raw: offset(u.raw(), (j0 * b * m) as u64),
+                raw: offset(u.raw(), (grp.j0 * b * m) as u64),
                 ld: m as u64,
                 trans: Transpose::No,
                 stride: 0,
             },
             None,
-            acc,
+            Accumulate::Overwrite,
             precision,
         )?;
+        w_row += k;
     }
     Ok(())
 }
@@ -800,11 +862,12 @@ pub fn fcgp_forward_with(
         });
     }
     let pairs = fc_pairs(gpu, alg, x, y, d)?;
+    let stacked = fc_stack_weights(gpu, alg, weight)?;
     match &norms {
-        None => fc_mix(gpu, alg, &pairs, weight, &out, d, m, precision)?,
+        None => fc_mix(gpu, alg, &pairs, &stacked, &out, d, m, precision)?,
         Some(r) => {
             let u = Tensor::empty(gpu, &shape, DType::F32)?;
-            fc_mix(gpu, alg, &pairs, weight, &u, d, m, precision)?;
+            fc_mix(gpu, alg, &pairs, &stacked, &u, d, m, precision)?;
             grade_norm(gpu, alg, &u, &out, r, d.batch as u64, m as u64)?;
         }
     }
@@ -896,68 +959,64 @@ pub fn fcgp_backward_with(
     };
     let pairs = fc_pairs(gpu, alg, x, y, d)?;
     let gpairs = Tensor::empty(gpu, pairs.shape(), DType::F32)?;
-    for (g, p, slot) in alg.fc_plan() {
-        let (j0, count) = alg.grade_span(g);
+    let stacked = fc_stack_weights(gpu, alg, weight)?;
+    let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+    let mut w_row = 0;
+    for grp in alg.fc_groups() {
+        let k = grp.paths.len() * n;
         let gu_g = Operand {
-            raw: offset(gu.raw(), (j0 * b * m) as u64),
+            raw: offset(gu.raw(), (grp.j0 * b * m) as u64),
             ld: m as u64,
             trans: Transpose::No,
             stride: 0,
         };
-        let w_p = offset(weight.raw(), (p * n * m) as u64);
-        // d pairs (count*B, N) = gu_g (count*B, M) @ W_p^T
+        let pairs_g = |t: &Tensor, trans| Operand {
+            raw: offset(t.raw(), (grp.slot * b * n) as u64),
+            ld: k as u64,
+            trans,
+            stride: 0,
+        };
+        let w_g = |t: &Tensor, trans| Operand {
+            raw: offset(t.raw(), (w_row * m) as u64),
+            ld: m as u64,
+            trans,
+            stride: 0,
+        };
+        // d pairs (count*B, paths*N) = gu_g (count*B, M) @ W_g^T
         gemm(
             gpu,
             GemmShape {
-                m: count * b,
-                n,
+                m: grp.count * b,
+                n: k,
                 k: m,
                 batch: 1,
             },
             gu_g,
-            Operand {
-                raw: w_p,
-                ld: m as u64,
-                trans: Transpose::Yes,
-                stride: 0,
-            },
-            Operand {
-                raw: offset(gpairs.raw(), (slot * b * n) as u64),
-                ld: n as u64,
-                trans: Transpose::No,
-                stride: 0,
-            },
+            w_g(&stacked, Transpose::Yes),
+            pairs_g(&gpairs, Transpose::No),
             None,
             Accumulate::Overwrite,
             precision,
         )?;
-        // dW_p (N, M) = pairs^T (N, count*B) @ gu_g (count*B, M)
+        // dW_g (paths*N, M) = pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
         gemm(
             gpu,
             GemmShape {
-                m: n,
+                m: k,
                 n: m,
-                k: count * b,
+                k: grp.count * b,
                 batch: 1,
             },
-            Operand {
-                raw: offset(pairs.raw(), (slot * b * n) as u64),
-                ld: n as u64,
-                trans: Transpose::Yes,
-                stride: 0,
-            },
+            pairs_g(&pairs, Transpose::Yes),
             gu_g,
-            Operand {
-                raw: offset(grad_weight.raw(), (p * n * m) as u64),
-                ld: m as u64,
-                trans: Transpose::No,
-                stride: 0,
-            },
+            w_g(&grad_stacked, Transpose::No),
             None,
             Accumulate::Overwrite,
             precision,
         )?;
+        w_row += k;
     }
+    fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
     let bn = (b * n) as u64;
     if bn > 0 {
         launch(
@@ -972,6 +1031,7 @@ pub fn fcgp_backward_with(
                 &ByValue(grad_x.raw()),
                 &ByValue(grad_y.raw()),
                 &bn,
+                &(n as u64),
             ],
         )?;
     }

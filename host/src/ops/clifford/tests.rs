@@ -112,27 +112,53 @@ fn term_tables_are_the_geometric_product_with_the_spec_paths() {
     }
 }
 
+/// The pair buffer's layout (`params::clifford::slot_layout`) is what the fc launchers assume: per
+/// output grade one `(count * B, paths * N)` matrix starting at the grade's first slot, rows
+/// (component, b), columns (path, n); and the kernels' index of (slot, b, n) covers the buffer
+/// exactly once.
 #[test]
-fn fc_pair_slots_form_contiguous_per_path_slabs() {
+fn fc_pair_layout_is_one_matrix_per_output_grade() {
     for alg in ALGS {
-        let slots: &[u8] = match alg {
-            Algebra::Cl2 => &gpu::params::clifford::SLOTS_2D,
-            Algebra::Cl3 => &gpu::params::clifford::SLOTS_3D,
+        let (slots, layout): (&[u8], &[[u32; 3]; 44]) = match alg {
+            Algebra::Cl2 => (
+                &gpu::params::clifford::SLOTS_2D,
+                &gpu::params::clifford::SLOT_LAYOUT_2D,
+            ),
+            Algebra::Cl3 => (
+                &gpu::params::clifford::SLOTS_3D,
+                &gpu::params::clifford::SLOT_LAYOUT_3D,
+            ),
         };
-        let plan = alg.fc_plan();
-        assert_eq!(plan.len(), alg.paths());
-        let used: usize = plan.iter().map(|&(g, _, _)| alg.grade_span(g).1).sum();
-        assert_eq!(used, alg.num_slots());
-        for (t, &slot) in alg.terms().iter().zip(slots) {
-            let &(g, _, first) = plan.iter().find(|&&(_, p, _)| p == t.p as usize).unwrap();
-            let (j0, count) = alg.grade_span(g);
-            assert!((t.j as usize) >= j0 && (t.j as usize) < j0 + count);
-            assert_eq!(
-                slot as usize,
-                first + t.j as usize - j0,
-                "{alg:?} term {t:?}"
-            );
+        let groups = alg.fc_groups();
+        assert_eq!(groups.iter().map(|g| g.paths.len()).sum::<usize>(), alg.paths());
+        let mut next = 0;
+        for g in &groups {
+            assert_eq!(g.slot, next, "{alg:?}: grades' matrices are consecutive");
+            next += g.count * g.paths.len();
         }
+        assert_eq!(next, alg.num_slots());
+        for (t, &slot) in alg.terms().iter().zip(slots) {
+            let g = &groups[alg.blade_grades()[t.j as usize] as usize];
+            let path = g.paths.iter().position(|&p| p == t.p as usize).unwrap();
+            let want = [
+                (g.slot + (t.j as usize - g.j0) * g.paths.len()) as u32,
+                path as u32,
+                g.paths.len() as u32,
+            ];
+            assert_eq!(layout[slot as usize], want, "{alg:?} term {t:?}");
+        }
+        let (b, n) = (3u64, 5u64);
+        let mut seen = vec![false; alg.num_slots() * (b * n) as usize];
+        for (s, &[row_block, path, paths]) in layout.iter().enumerate().take(alg.num_slots()) {
+            for bb in 0..b {
+                for f in 0..n {
+                    let at = row_block as u64 * b * n + (bb * paths as u64 + path as u64) * n + f;
+                    assert!(!seen[at as usize], "{alg:?} slot {s}: index {at} taken twice");
+                    seen[at as usize] = true;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&x| x));
     }
 }
 
