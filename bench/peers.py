@@ -564,24 +564,20 @@ def clifford_layer_case(kind, dims, b, n, backward, tf32):
             return lambda s: fn(*s)
         return lambda s: torch.autograd.grad(fn(*s[:n_in]), s[:n_in], s[n_in])
 
-    def peer(name, compile_it, mode, dynamic=False):
+    def peer(name, compile_it, mode):
         def build():
             if not compile_it:
                 return launcher(fwd)
             torch._dynamo.reset()
-            return launcher(torch.compile(fwd, dynamic=dynamic))
+            return launcher(torch.compile(fwd))
         return Peer(name, build, context=lambda: matmul_precision(mode))
 
     mode = "high" if tf32 else "highest"
     suffix = "-high" if tf32 else ""
-    # Static shapes (what a user with one shape gets) cost 5-30 s of compilation a shape and graph,
-    # which the whole grid cannot afford in one device call: the grid runs the dynamic-shape
-    # compilation ("torch-compile-dyn": one graph for every B and N, its compiled code reused from
-    # Inductor's cache after the first shape), and the headline shape also the static one, so their
-    # difference is measured in the same run.
-    compiled = [peer("torch-compile-dyn" + suffix, True, mode, dynamic=True)]
-    if (b, n) == (4096, 512):
-        compiled.append(peer("torch-compile" + suffix, True, mode))
+    # Static shapes, as a user with one shape gets. (Dynamic-shape compilation, one graph for every B
+    # and N, was measured 2.0x-2.5x slower than static at B4096 N512, docs/PERF_NOTES.md, so it is
+    # no peer.) Compiling costs 2-25 s a shape and graph: choose shapes with --only.
+    compiled = [peer("torch-compile" + suffix, True, mode)]
     slots = clifford_slots(dims) if fc else 0
     flops = 2 * slots * b * n * n + (0 if kind == "fcgp" else 2 * c * b * n * n)
     return Case(f"{kind}_{'fwdbwd' if backward else 'fwd'}/{'tf32' if tf32 else 'f32'}/{dims}d_B{b}_N{n}",
