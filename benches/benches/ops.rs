@@ -10,11 +10,11 @@ use benches::{BenchSpec, GpuTime, read_samples, rotation_copies, write_json};
 use criterion::Criterion;
 use host::ops::attention::{self as attn, AttentionParams, Causal};
 use host::ops::clifford::{self as cl, Algebra, GpMode, Layer, Normalize};
-use host::ops::matmul::Precision;
 use host::ops::elementwise::{self as ew, BinaryOp, KernelPath};
 use host::ops::embedding::{self as emb, DeviceIds};
 use host::ops::layer_norm as ln;
 use host::ops::lrp::{self, Activation, Linear};
+use host::ops::matmul::Precision;
 use host::ops::reduce::{self, Axis};
 use host::ops::softmax;
 use host::{DType, Gpu, HostTensor, Tensor};
@@ -843,12 +843,23 @@ fn clifford_layer_bench(
         })
         .sum();
     let fc = kind != "layer";
-    let flops = if fc { 2 * slots * (bb * n * n) as u64 } else { 0 }
-        + if kind == "fcgp" { 0 } else { 2 * (c * bb * n * n) as u64 };
+    let flops = if fc {
+        2 * slots * (bb * n * n) as u64
+    } else {
+        0
+    } + if kind == "fcgp" {
+        0
+    } else {
+        2 * (c * bb * n * n) as u64
+    };
     let name = format!(
         "{kind}_{}/{}/{d}d_B{bb}_N{n}",
         if backward { "fwdbwd" } else { "fwd" },
-        if precision == Precision::Tf32 { "tf32" } else { "f32" }
+        if precision == Precision::Tf32 {
+            "tf32"
+        } else {
+            "f32"
+        }
     );
     let (x, go) = (&ins.x, &ins.go);
     let gpu = b.gpu.clone();
@@ -857,8 +868,8 @@ fn clifford_layer_bench(
         let y = &ins.y;
         let wf = b.inputs(&[p, n, n], DType::F32, 1).remove(0);
         let call = || {
-            let f = cl::fcgp_forward_with(x, y, &wf, Normalize::Yes, precision)
-                .expect("fcgp_forward");
+            let f =
+                cl::fcgp_forward_with(x, y, &wf, Normalize::Yes, precision).expect("fcgp_forward");
             let g = backward.then(|| {
                 cl::fcgp_backward_with(x, y, &wf, &f, go, precision).expect("fcgp_backward")
             });
@@ -879,8 +890,7 @@ fn clifford_layer_bench(
     } else {
         GpMode::PerFeature
     };
-    let params =
-        cl::reference::LayerParams::init(alg, n, mode, Normalize::Yes, 7).expect("init");
+    let params = cl::reference::LayerParams::init(alg, n, mode, Normalize::Yes, 7).expect("init");
     let layer = Layer::from_host(&b.gpu, &params)
         .expect("layer")
         .with_precision(precision);

@@ -23,7 +23,8 @@ fn inputs(gpu: &Gpu, shape: &[usize], seed: u64) -> host::Result<Tensor> {
     let n: usize = shape.iter().product();
     let data = (0..n as u64)
         .map(|i| {
-            ((i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            ((i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 23) as f32
+                - 1.0
         })
         .collect();
     Tensor::from_host(gpu, &HostTensor::new(data, shape, DType::F32)?)
@@ -71,7 +72,9 @@ fn run(args: &[String]) -> Result<(), String> {
                 GpMode::FullyConnected
             };
             let p = LayerParams::init(alg, n, mode, Normalize::Yes, 7).map_err(err)?;
-            let layer = Layer::from_host(&gpu, &p).map_err(err)?.with_precision(precision);
+            let layer = Layer::from_host(&gpu, &p)
+                .map_err(err)?
+                .with_precision(precision);
             Box::new(move || {
                 let f = layer.forward(&x)?;
                 layer.backward(&x, &f, &go).map(drop)

@@ -19,7 +19,11 @@ const PRECISIONS: [Precision; 3] = [Precision::Tf32x3, Precision::Ieee, Precisio
 /// `base` for the fp32-class precisions; TF32 (10-bit mantissas in every product, about 3e-4
 /// relative a product, more through the norm's backward) is held to 4e-3.
 fn ptol(precision: Precision, base: f64) -> f64 {
-    if precision == Precision::Tf32 { 4e-3 } else { base }
+    if precision == Precision::Tf32 {
+        4e-3
+    } else {
+        base
+    }
 }
 
 /// f32 relative-norm tolerance; reductions over more than 1e5 terms get 1e-4.

@@ -423,7 +423,11 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
         num += (g as f64 - w as f64).powi(2);
         den += (w as f64).powi(2);
     }
-    if num.is_nan() { f64::INFINITY } else { (num / den.max(1e-300)).sqrt() }
+    if num.is_nan() {
+        f64::INFINITY
+    } else {
+        (num / den.max(1e-300)).sqrt()
+    }
 }
 
 /// The error table of docs/PERF_NOTES.md: every precision on the matrix products of the Clifford
@@ -448,9 +452,18 @@ fn matmul_f32_precision_error_table() {
             // Grade-1 slab of the 2D layer: 2 components.
             let rows = 2 * bt;
             let products = [
-                ("linear", case(rows, n, n, Transpose::No, Transpose::No, DType::F32)),
-                ("grad_in", case(rows, n, n, Transpose::No, Transpose::Yes, DType::F32)),
-                ("grad_weight", case(n, n, rows, Transpose::Yes, Transpose::No, DType::F32)),
+                (
+                    "linear",
+                    case(rows, n, n, Transpose::No, Transpose::No, DType::F32),
+                ),
+                (
+                    "grad_in",
+                    case(rows, n, n, Transpose::No, Transpose::Yes, DType::F32),
+                ),
+                (
+                    "grad_weight",
+                    case(n, n, rows, Transpose::Yes, Transpose::No, DType::F32),
+                ),
             ];
             for (what, base) in products {
                 for precision in PRECISIONS {

@@ -142,9 +142,9 @@ pub const SLOTS_3D: [u8; 64] = pair_slots(&TERMS_3D, &PATHS_3D, &GRADES_3D);
 /// `paths_g * N` columns (path, then n), so the fc mixing of a grade is one matrix product with a
 /// depth of `paths_g * N` (against the grade's weights stacked along the depth). Per slot
 /// `[row_block, path, paths_g]`: element `(b, n)` of slot `s` is at
-/// `row_block * B * N + (b * paths_g + path) * N + n`, where `row_block` = (slots of earlier grades)
-/// + (component within the grade) * `paths_g`. The slot numbering is [`pair_slots`]' (grade, then
-/// path, then component), which makes the grades' matrices consecutive.
+/// `row_block * B * N + (b * paths_g + path) * N + n`, where `row_block` is the number of slots of
+/// earlier grades plus (component within the grade) times `paths_g`. The slot numbering is
+/// [`pair_slots`]' (grade, then path, then component), which makes the grades' matrices consecutive.
 pub const fn slot_layout<const NP: usize, const C: usize>(
     paths: &[[u8; 3]; NP],
     grades: &[u8; C],

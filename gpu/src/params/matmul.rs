@@ -335,9 +335,9 @@ pub mod matmul_tf32 {
     const _: () = {
         assert!(BM == WARPS_M * 64 && BN == WARPS_N * 32);
         // 16-byte rows for cp.async in both orientations.
-        assert!(PITCH_K % 4 == 0 && PITCH_O % 4 == 0);
+        assert!(PITCH_K.is_multiple_of(4) && PITCH_O.is_multiple_of(4));
         // Every thread issues whole 16-byte copies: BM * BK / 4 chunks an operand.
-        assert!((BM * BK / 4) % THREADS == 0 && (BN * BK / 4) % THREADS == 0);
+        assert!((BM * BK / 4).is_multiple_of(THREADS) && (BN * BK / 4).is_multiple_of(THREADS));
         assert!(SMEM_BYTES <= 160 * 1024);
     };
 
@@ -346,11 +346,22 @@ pub mod matmul_tf32 {
     /// multiple of `BK`. `(1, k)` when the tiles alone fill the target.
     pub const fn split_k(m: u64, n: u64, k: u64) -> (u32, u32) {
         let tiles = m.div_ceil(BM as u64) * n.div_ceil(BN as u64);
-        let want = if tiles >= TARGET_BLOCKS { 1 } else { TARGET_BLOCKS / tiles };
+        let want = if tiles >= TARGET_BLOCKS {
+            1
+        } else {
+            TARGET_BLOCKS / tiles
+        };
         let most = k / MIN_SPLIT_DEPTH;
         let splits = if want < most { want } else { most };
         if splits <= 1 || k > u32::MAX as u64 {
-            return (1, if k > u32::MAX as u64 { u32::MAX } else { k as u32 });
+            return (
+                1,
+                if k > u32::MAX as u64 {
+                    u32::MAX
+                } else {
+                    k as u32
+                },
+            );
         }
         let kps = k.div_ceil(splits).div_ceil(BK as u64) * BK as u64;
         (k.div_ceil(kps) as u32, kps as u32)
@@ -364,7 +375,12 @@ pub mod matmul_tf32 {
             // Weight gradients of the Clifford layer: 512 x 512 outputs, depth 2 * 4096.
             assert_eq!(split_k(512, 512, 8192), (8, 1024));
             assert_eq!(split_k(4096, 4096, 4096), (1, 4096));
-            for (m, n, k) in [(512, 512, 24576), (1, 1, 100_000), (128, 128, 257), (200, 300, 9999)] {
+            for (m, n, k) in [
+                (512, 512, 24576),
+                (1, 1, 100_000),
+                (128, 128, 257),
+                (200, 300, 9999),
+            ] {
                 let (s, kps) = split_k(m, n, k);
                 assert!(s >= 1);
                 if s > 1 {

@@ -136,12 +136,20 @@ fn load_frags<const A_KC: bool, const B_KC: bool>(
 ) -> ([FragA; MT], [FragBTf32; NT]) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     let a_at = |r: u32, k: u32| {
-        let off = if A_KC { r * PITCH_K + k } else { k * PITCH_O + r };
+        let off = if A_KC {
+            r * PITCH_K + k
+        } else {
+            k * PITCH_O + r
+        };
         // SAFETY: inside the stage's A tile (r < BM, k < BK); written before the loop's barrier.
         unsafe { lds(a_tile + 4 * off) }
     };
     let b_at = |k: u32, n: u32| {
-        let off = if B_KC { n * PITCH_K + k } else { k * PITCH_O + n };
+        let off = if B_KC {
+            n * PITCH_K + k
+        } else {
+            k * PITCH_O + n
+        };
         // SAFETY: as for A.
         unsafe { lds(b_tile + 4 * off) }
     };

@@ -556,10 +556,10 @@ pub fn sgp_forward_variant(
         grade_norm(gpu, alg, u, &out, r, rows, n)?;
     }
     Ok(Forward {
-            out,
-            norms,
-            linear_out: None,
-        })
+        out,
+        norms,
+        linear_out: None,
+    })
 }
 
 /// Blocks for a row-persistent kernel: as many `block`-thread blocks of `name` as are resident at once
@@ -872,10 +872,10 @@ pub fn fcgp_forward_with(
         }
     }
     Ok(Forward {
-            out,
-            norms,
-            linear_out: None,
-        })
+        out,
+        norms,
+        linear_out: None,
+    })
 }
 
 /// N_out of an fc weight `(P, N_in, N_out)` that matches `d`.

@@ -130,7 +130,10 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
             ),
         };
         let groups = alg.fc_groups();
-        assert_eq!(groups.iter().map(|g| g.paths.len()).sum::<usize>(), alg.paths());
+        assert_eq!(
+            groups.iter().map(|g| g.paths.len()).sum::<usize>(),
+            alg.paths()
+        );
         let mut next = 0;
         for g in &groups {
             assert_eq!(g.slot, next, "{alg:?}: grades' matrices are consecutive");
@@ -153,7 +156,10 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
             for bb in 0..b {
                 for f in 0..n {
                     let at = row_block as u64 * b * n + (bb * paths as u64 + path as u64) * n + f;
-                    assert!(!seen[at as usize], "{alg:?} slot {s}: index {at} taken twice");
+                    assert!(
+                        !seen[at as usize],
+                        "{alg:?} slot {s}: index {at} taken twice"
+                    );
                     seen[at as usize] = true;
                 }
             }

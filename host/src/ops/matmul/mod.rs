@@ -104,6 +104,7 @@ fn f32_kernel(ta: Transpose, tb: Transpose) -> (&'static str, u32, u32) {
 
 /// `C (+)= op(A) op(B) (+ bias)` on raw operands. Callers guarantee that every addressed element lies
 /// inside the given slices (the Clifford launchers derive all offsets from validated shapes).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     gpu: &crate::Gpu,
     shape: GemmShape,
@@ -511,7 +512,17 @@ pub fn matmul_with(
     }
     let out = Tensor::empty(a.gpu(), &d.out_shape(), a.dtype())?;
     if a.dtype() == DType::F32 {
-        f32_launch(a, b, ta, tb, &d, &out, None, Accumulate::Overwrite, precision)?;
+        f32_launch(
+            a,
+            b,
+            ta,
+            tb,
+            &d,
+            &out,
+            None,
+            Accumulate::Overwrite,
+            precision,
+        )?;
         return Ok(out);
     }
     let name = tc_kernel(a.dtype(), ta, tb).expect("16-bit dtype: f32 returned above");
