@@ -71,3 +71,25 @@ pub unsafe fn red_add_f32(addr: *mut f32, v: f32) {
         core::arch::asm!("red.global.add.f32 [{a}], {v};", a = in(reg64) addr, v = in(reg32) v, options(nostack))
     }
 }
+
+/// Polls at most this many times in [`wait_for_turn`] before trapping.
+pub const TURN_POLLS: u32 = 1 << 26;
+
+/// Spins (every calling thread, with [`load_acquire_u32`]) until the counter at `addr` equals `turn`.
+/// A turn that has not come after [`TURN_POLLS`] polls (tens of seconds: far beyond any wait the
+/// ordering protocols here allow) means the protocol's assumption failed; the kernel traps, so the
+/// launch fails with an error instead of hanging the device.
+///
+/// # Safety
+/// `addr` must point to a live, 4-byte aligned `u32` in global memory.
+#[inline(always)]
+pub unsafe fn wait_for_turn(addr: *const u32, turn: u32) {
+    let mut polls = 0u32;
+    while unsafe { load_acquire_u32(addr) } != turn {
+        polls += 1;
+        if polls == TURN_POLLS {
+            // SAFETY: `trap` aborts the kernel; nothing after it runs.
+            unsafe { core::arch::nvptx::trap() }
+        }
+    }
+}

@@ -44,7 +44,7 @@
 //!
 //! Extra memory is O((S_q + S_k) D): the f32 dQ accumulator, two f32 per query row and one counter per
 //! query block.
-use crate::dev::atomic::{add_release_u32, load_acquire_u32, red_add_f32};
+use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LOG2_E, exp2, fma};
@@ -253,9 +253,9 @@ unsafe fn flash_bwd<
         // Our turn on block i: K blocks 0..j have added theirs (see the module doc).
         // SAFETY: the counter of this head's block i, in `turns` (launcher-sized).
         let turn = unsafe { turns.ptr.add((bh * n_qblocks as u64) as usize + i as usize) };
-        // SAFETY: as above; every lane polls the same word, so the warp leaves the loop together
+        // SAFETY: as above. Every lane polls the same word, so the warp leaves the wait together
         // (the warp barrier after it makes that explicit for the `mma` of the next step).
-        while unsafe { load_acquire_u32(turn) } != j {}
+        unsafe { wait_for_turn(turn, j) };
         sync_warp(FULL_MASK);
         unroll!(r in [0, 1] {
             let row = m0 + dq_rows + g + 8 * r as u32;
