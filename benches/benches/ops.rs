@@ -686,6 +686,90 @@ fn attention(b: &mut Bencher) {
     }
 }
 
+/// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
+/// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
+/// both masks; f16 and bf16 for the backward, f16 for forward + backward. FLOPs: the backward 2.5x
+/// the forward's `4 B H S^2 D` (halved when causal), forward + backward 3.5x (docs/math/attention.md).
+/// Bytes: the backward reads Q, K, V, O, dO and writes dQ, dK, dV (8 tensors); forward + backward
+/// adds the forward's 4.
+fn attention_backward(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let shapes: &[(usize, usize, usize, usize)] = if quick {
+        &[(4, 8, 512, 64)]
+    } else {
+        &[
+            (16, 16, 2048, 64),
+            (16, 16, 2048, 128),
+            (4, 16, 8192, 64),
+            (4, 16, 8192, 128),
+        ]
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        for &(bb, h, s, d) in shapes {
+            let shape = [bb, h, s, d];
+            let tensor = bb * h * s * d * dtype.size_bytes();
+            let copies = rotation_copies(4 * tensor, b.l2_bytes);
+            let (q, k, v, d_o) = (
+                b.inputs(&shape, dtype, copies),
+                b.inputs(&shape, dtype, copies),
+                b.inputs(&shape, dtype, copies),
+                b.inputs(&shape, dtype, copies),
+            );
+            for causal in [Causal::No, Causal::Yes] {
+                let full = 4 * (bb * h * s * s * d) as u64;
+                let fwd_flops = if causal == Causal::Yes {
+                    full / 2
+                } else {
+                    full
+                };
+                let mask = if causal == Causal::Yes {
+                    "causal"
+                } else {
+                    "full"
+                };
+                let params = AttentionParams {
+                    causal,
+                    scale: None,
+                };
+                let saved: Vec<(Tensor, Tensor)> = (0..copies)
+                    .map(|i| attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward"))
+                    .collect();
+                b.bench(
+                    spec(
+                        format!("attn_bwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                        Some(8 * tensor as u64),
+                        Some(fwd_flops * 5 / 2),
+                    ),
+                    copies,
+                    |i| {
+                        let (o, lse) = &saved[i];
+                        attn::flash_backward(&q[i], &k[i], &v[i], o, lse, &d_o[i], &params)
+                            .expect("flash_backward");
+                    },
+                );
+                drop(saved);
+                if dtype != DType::F16 {
+                    continue;
+                }
+                b.bench(
+                    spec(
+                        format!("attn_fwdbwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                        Some(12 * tensor as u64),
+                        Some(fwd_flops * 7 / 2),
+                    ),
+                    copies,
+                    |i| {
+                        let (o, lse) =
+                            attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
+                        attn::flash_backward(&q[i], &k[i], &v[i], &o, &lse, &d_o[i], &params)
+                            .expect("flash_backward");
+                    },
+                );
+            }
+        }
+    }
+}
+
 /// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024}, all 9 (one shape
 /// with RGK_BENCH_QUICK), the same grid as bench/peers.py's CLIFFORD_SWEEP. Bytes counted: sgp forward
 /// reads x, y and writes o (3 tensors of C*B*N f32); forward+backward adds the backward's minimum
@@ -871,6 +955,7 @@ fn main() {
     embeddings(&mut b);
     relevance(&mut b);
     attention(&mut b);
+    attention_backward(&mut b);
     clifford(&mut b);
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();
