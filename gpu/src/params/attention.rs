@@ -236,7 +236,7 @@ pub struct FlashBwdConfig {
     /// Keys per CTA (16 per warp).
     pub block_k: usize,
     /// Query rows per step of the loop, and the granularity of the dQ accumulation order: every
-    /// step adds one `block_q x head_dim` partial dQ block.
+    /// step adds one `block_q x head_dim` partial dQ block. 32 or 64.
     pub block_q: usize,
     /// The launch bound's CTAs per SM.
     pub min_blocks: u32,
@@ -255,38 +255,49 @@ impl FlashBwdConfig {
     pub const fn dq_col_split(&self) -> usize {
         self.warps() / (self.block_q / 16)
     }
+    /// Columns of the dS^T tile: `block_q`, but at least 64 (128-byte rows, what the `Xor8`
+    /// swizzle needs; with 32 queries a step half of each row is unused).
+    pub const fn ds_cols(&self) -> usize {
+        if self.block_q < 64 { 64 } else { self.block_q }
+    }
     /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, two stages each of
-    /// the Q and dO blocks, the dS^T block (`block_k x block_q`), and two stages of the per-row
+    /// the Q and dO blocks, the dS^T block (`block_k x ds_cols`), and two stages of the per-row
     /// statistics (LSE and D, f32, `2 x block_q`). 16-bit elements, rows swizzled.
     pub const fn smem_bytes(&self) -> usize {
         2 * self.block_k * self.head_dim * 2
             + 2 * 2 * self.block_q * self.head_dim * 2
-            + self.block_k * self.block_q * 2
+            + self.block_k * self.ds_cols() * 2
             + 2 * 2 * self.block_q * 4
     }
 }
 
-/// Query rows per step of every backward config, and of the pre-pass's per-block statistics layout
-/// (`[batch * heads, query blocks, 2, FLASH_BWD_BLOCK_Q]` f32: LSE in log2 units, then D).
-pub const FLASH_BWD_BLOCK_Q: usize = 64;
+/// Rows per block of the backward's pre-pass (`flash_bwd_pre_*`, one CTA each); the per-row
+/// statistics are padded to a multiple of it: `[2, batch * heads, ceil(seq_q / 64) * 64]` f32, the
+/// LSE in log2 units, then D.
+pub const FLASH_BWD_PRE_ROWS: usize = 64;
+/// Query rows per turn counter of the deterministic dQ accumulation (`batch * heads *
+/// ceil(seq_q / 32)` u32); a kernel with `block_q` rows a step uses the counter of its first 32.
+pub const FLASH_BWD_TURN_ROWS: usize = 32;
 
 /// Design notes (no measurements yet; the H100 benchmark is the judge):
 /// - 128 keys a CTA (8 warps, 16 keys each): every Q and dO block brought into shared memory feeds
 ///   128 keys, and each dQ partial block added to the f32 accumulator covers 128 keys, halving the
 ///   L2 traffic per FLOP of 64-key CTAs.
 /// - 64 query rows a step: per thread, S^T and dP^T are 32 f32 each (16 keys x 64 queries a warp);
-///   the dK and dV accumulators are `head_dim / 2` f32 each (64 + 64 at D = 128).
-/// - one CTA per SM at D = 128 (145 KiB of shared memory); D = 64 needs 81 KiB.
+///   the dK and dV accumulators are `head_dim / 2` f32 each (64 + 64 at D = 128). `block_q = 32`
+///   halves S^T and dP^T (the kernel supports it; 128-byte dS^T rows keep its swizzle).
+/// - One CTA per SM (up to 255 registers a thread); 81 KiB (D = 64) and 145 KiB (D = 128) of
+///   shared memory.
 pub const FLASH_BWD_D64: FlashBwdConfig = FlashBwdConfig {
     head_dim: 64,
     block_k: 128,
-    block_q: FLASH_BWD_BLOCK_Q,
+    block_q: 64,
     min_blocks: 1,
 };
 pub const FLASH_BWD_D128: FlashBwdConfig = FlashBwdConfig {
     head_dim: 128,
     block_k: 128,
-    block_q: FLASH_BWD_BLOCK_Q,
+    block_q: 64,
     min_blocks: 1,
 };
 
@@ -300,7 +311,7 @@ pub const fn flash_bwd_config(head_dim: usize) -> Option<FlashBwdConfig> {
 }
 
 /// Threads a block of the backward's pre-pass (`flash_bwd_pre_*`: D, the LSE in log2 units, zeroed
-/// dQ accumulator and turn counters; one block per query block) and of the dQ conversion
+/// dQ accumulator and turn counters; one block per [`FLASH_BWD_PRE_ROWS`] rows) and of the dQ conversion
 /// (`flash_bwd_dq_*`, grid-stride over 8-element chunks).
 pub mod flash_bwd {
     pub const PRE_THREADS: u32 = 256;
@@ -314,14 +325,15 @@ const _: () = {
     let mut i = 0;
     while i < cfgs.len() {
         let c = cfgs[i];
-        assert!(c.block_q == FLASH_BWD_BLOCK_Q && c.block_q.is_multiple_of(16));
+        assert!(c.block_q.is_multiple_of(FLASH_BWD_TURN_ROWS));
+        assert!(FLASH_BWD_PRE_ROWS.is_multiple_of(c.block_q));
         assert!(c.block_k.is_multiple_of(16) && c.head_dim.is_multiple_of(64));
         assert!(c.warps().is_multiple_of(c.block_q / 16) && c.dq_col_split() >= 1);
         assert!((c.head_dim / 8).is_multiple_of(2 * c.dq_col_split()));
         assert!(c.smem_bytes() <= 163 * 1024);
-        // The pre-pass covers a query block in whole passes of its threads.
+        // The pre-pass covers its rows in whole passes of its threads.
         assert!((flash_bwd::PRE_THREADS as usize).is_multiple_of(c.head_dim / 8));
-        assert!(c.block_q.is_multiple_of(flash_bwd::PRE_THREADS as usize / (c.head_dim / 8)));
+        assert!(FLASH_BWD_PRE_ROWS.is_multiple_of(flash_bwd::PRE_THREADS as usize / (c.head_dim / 8)));
         i += 1;
     }
 };

@@ -1,10 +1,10 @@
 //! FlashAttention-2 backward on tensor cores (`mma.sync.m16n8k16`, f16/bf16 in, f32 accumulation),
 //! deterministic. Three kernels, launched in this order on one stream:
 //!
-//! 1. [`pre`] (`flash_bwd_pre_*`), one block per (query block, head, batch): `D_i = rowsum(dO_i O_i)`
-//!    in f32 and the LSE in log2 units, both into a per-query-block statistics array padded to whole
-//!    blocks (padding rows and rows that see no key get LSE = +inf, so their probabilities come out
-//!    exactly 0 with no mask); it also zeroes the f32 dQ accumulator and the turn counters.
+//! 1. [`pre`] (`flash_bwd_pre_*`), one block per (64 query rows, head, batch): `D_i = rowsum(dO_i O_i)`
+//!    in f32 and the LSE in log2 units, per row into a statistics array padded to whole blocks
+//!    (padding rows and rows that see no key get LSE = +inf, so their probabilities come out exactly
+//!    0 with no mask); it also zeroes the f32 dQ accumulator and the turn counters.
 //! 2. [`flash_bwd`] (`flash_bwd_d*`), one CTA per (block of `BK` keys, head, batch). K_j and V_j stay
 //!    in shared memory; each warp owns 16 keys and keeps their dK_j, dV_j rows in registers. The CTA
 //!    walks the query blocks i that see its keys, **last block first**; per block, with Q_i and dO_i
@@ -24,7 +24,8 @@
 //! 3. [`convert_dq`] (`flash_bwd_dq_*`): dQ = `scale` x accumulator, rounded to the input type.
 //!
 //! # Determinism: the dQ accumulation order
-//! Every query block i has a turn counter (zeroed by the pre-pass). The K blocks that meet query block
+//! Every query block i has a turn counter (zeroed by the pre-pass; one per 32 rows, a block of 64
+//! rows uses its first). The K blocks that meet query block
 //! i are exactly `0..=j_max(i)`: without a mask all of them; under the (bottom-right) causal mask, if
 //! some query of block i sees a key of block j it sees every smaller key too. So K block j is the
 //! `j`-th to reach block i, and its CTA waits until the counter equals `j` (`ld.acquire.gpu`), adds
@@ -61,7 +62,8 @@ use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::opaque_dep_u32;
 use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
-    AttentionShape, FLASH_BWD_BLOCK_Q, FLASH_BWD_D64, FLASH_BWD_D128, FlashBwdConfig, MaskKind,
+    AttentionShape, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS,
+    FlashBwdConfig, MaskKind,
     flash_bwd, flash_bwd_config,
 };
 use crate::{unroll, unroll_lt};
@@ -87,6 +89,7 @@ unsafe fn flash_bwd<
     const NO: usize,
     const NQ: usize,
     const THREADS: usize,
+    const DSC: usize,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -99,8 +102,9 @@ unsafe fn flash_bwd<
     dv: SliceMut<T>,
     p: AttentionShape,
 ) {
-    let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ>() };
-    const { assert!(BQ == FLASH_BWD_BLOCK_Q && THREADS == BK / 16 * 32) };
+    let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ, DSC>() };
+    const { assert!(THREADS == BK / 16 * 32) };
+
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
     let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
@@ -108,6 +112,11 @@ unsafe fn flash_bwd<
     let n0 = j * BK as u32;
     let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
     let n_qblocks = sq.div_ceil(BQ as u32);
+    // The statistics' padded rows per head, and the turn counters per head (module doc).
+    let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
+    let n_turns = sq.div_ceil(FLASH_BWD_TURN_ROWS as u32);
+    let turn_step = (BQ / FLASH_BWD_TURN_ROWS) as u32;
+    let heads_total = (p.batch * p.heads) as u64;
     // The query blocks that see keys of this block: all, or under the causal mask those from the
     // block of the first query that sees key n0 (n0 < sk, so that query is < sq).
     let first_qblock = if causal {
@@ -124,69 +133,78 @@ unsafe fn flash_bwd<
         k.len.min(v.len) as usize + 1,
     );
     check_index(
-        ((bh + 1) * n_qblocks as u64 * 2 * BQ as u64) as usize,
+        (2 * heads_total * sq_pad as u64) as usize,
         stats.len as usize + 1,
     );
-    // SAFETY: the launcher validated that q/dO hold batch*heads*seq_q rows and k/v batch*heads*seq_k
-    // rows of D elements, and sized the statistics for batch*heads*n_qblocks blocks (checked builds
-    // re-check above), so these are the starts of this head's rows.
-    let (q_src, do_src, k_src, v_src, stats_src) = unsafe {
+    check_index(
+        ((bh + 1) * n_turns as u64) as usize,
+        turns.len as usize + 1,
+    );
+    // SAFETY: the launcher validated that k/v hold batch*heads*seq_k rows of D elements (checked
+    // builds re-check above), so these are the starts of this head's rows.
+    let (k_src, v_src) = unsafe {
         (
-            q.ptr.add((bh * sq as u64 * D as u64) as usize),
-            d_o.ptr.add((bh * sq as u64 * D as u64) as usize),
             k.ptr.add((bh * sk as u64 * D as u64) as usize),
             v.ptr.add((bh * sk as u64 * D as u64) as usize),
-            stats
-                .ptr
-                .add((bh * n_qblocks as u64 * 2 * BQ as u64) as usize),
         )
     };
+    // The loop's per-head addresses are recomputed each step from this (`opaque_dep_u32`): kept
+    // from before the loop they would hold registers through it. batch * heads < 2^32 (each <= 65535).
+    let bh32 = bh as u32;
 
     let mut smem = SharedCarve::dynamic();
     let k_tile: Tile<T, BK, D> = smem.take(1);
     let v_tile: Tile<T, BK, D> = smem.take(1);
     let q_tiles: Tile<T, BQ, D> = smem.take(2);
     let do_tiles: Tile<T, BQ, D> = smem.take(2);
-    let ds_tile: Tile<T, BK, BQ> = smem.take(1);
+    let ds_tile: Tile<T, BK, DSC> = smem.take(1);
     let stat_tiles: Stats<BQ> = smem.take(2);
     check_index(smem.used(), cfg.smem_bytes() + 1);
 
     // Loads Q, dO and the statistics of query block `i` into stage `s`. The thread index goes
     // through `opaque_dep_u32` so the copies' per-thread offsets are computed here, not kept in
     // registers through the loop.
-    // SAFETY (all calls): rows past seq_q are zero-filled without reading, the statistics array
-    // holds whole blocks; the stage is idle (the barrier before the call ends every read of it).
+    // SAFETY (all calls): rows past seq_q are zero-filled without reading, the statistics rows
+    // are padded to whole pre-pass blocks (which whole query blocks divide); the stage is idle (the
+    // barrier before the call ends every read of it).
+    // SAFETY (pointers): q/dO hold batch*heads*seq_q rows of D elements and the statistics
+    // 2*batch*heads*sq_pad values (launcher-validated, checked builds re-check above), so these are
+    // the starts of this head's rows.
     let load_qblock = |i: u32, s: u32| unsafe {
         let m0 = i * BQ as u32;
         let t = opaque_dep_u32(thread_idx_x(), i);
+        let hb = opaque_dep_u32(bh32, i) as u64;
+        let q_src = q.ptr.add((hb * sq as u64 * D as u64) as usize);
+        let do_src = d_o.ptr.add((hb * sq as u64 * D as u64) as usize);
+        let lse_src = stats.ptr.add((hb * sq_pad as u64) as usize);
         load_rows::<T, BQ, D, THREADS>(q_tiles.stage(s), q_src, m0, sq, t);
         load_rows::<T, BQ, D, THREADS>(do_tiles.stage(s), do_src, m0, sq, t);
+        // Row 0 of the stage: the LSE; row 1: D, `heads_total * sq_pad` values further on.
         let chunks = (2 * BQ / 4) as u32;
         if t < chunks {
             let (row, chunk) = (t / (BQ as u32 / 4), t % (BQ as u32 / 4));
-            let at = (i as usize * 2 + row as usize) * BQ + 4 * chunk as usize;
+            let at = row as usize * (heads_total * sq_pad as u64) as usize
+                + m0 as usize
+                + 4 * chunk as usize;
             stat_tiles
                 .stage(s)
-                .copy_chunk_async(row, chunk, stats_src.add(at) as *const u8, true);
+                .copy_chunk_async(row, chunk, lse_src.add(at) as *const u8, true);
         }
     };
 
-    // SAFETY: rows past seq_k are zero-filled without reading; nothing has touched the tiles yet.
-    unsafe {
-        load_rows::<T, BK, D, THREADS>(k_tile, k_src, n0, sk, thread_idx_x());
-        load_rows::<T, BK, D, THREADS>(v_tile, v_src, n0, sk, thread_idx_x());
-    }
+    // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0.
     if n_qblocks > first_qblock {
+        // SAFETY: rows past seq_k are zero-filled without reading; nothing has touched the tiles.
+        unsafe {
+            load_rows::<T, BK, D, THREADS>(k_tile, k_src, n0, sk, thread_idx_x());
+            load_rows::<T, BK, D, THREADS>(v_tile, v_src, n0, sk, thread_idx_x());
+        }
         load_qblock(n_qblocks - 1, 0);
     }
     cp_async_commit();
 
-    let w = warp_id();
-    let key_row = 16 * w; // this warp's keys in the block; this thread's: key_row + g and + 8
+    let key_row = 16 * warp_id(); // this warp's keys in the block; this thread's: key_row + g, + 8
     let c = p.scale * LOG2_E;
-    // dQ split: row group (16 query rows) and 8-column tiles of this warp.
-    let row_groups = (BQ / 16) as u32;
-    let (dq_rows, dq_tile0) = (16 * (w % row_groups), (w / row_groups) * NQ as u32);
     let mut dk_acc = [[0.0f32; 4]; NO];
     let mut dv_acc = [[0.0f32; 4]; NO];
 
@@ -199,10 +217,16 @@ unsafe fn flash_bwd<
         // the dS tile, and the turn-counter additions of its dQ block).
         cp_async_wait::<0>();
         sync_threads();
+        let hb = opaque_dep_u32(bh32, i) as u64;
         if i + 1 < n_qblocks && thread_idx_x() == 0 {
             // SAFETY: the counter of this head's block i+1 (the launcher sized `turns` for every
             // block of every head); the barrier above ordered every thread's dQ additions first.
-            unsafe { add_release_u32(turns.ptr.add((bh * n_qblocks as u64) as usize + i as usize + 1), 1) };
+            unsafe {
+                add_release_u32(
+                    turns.ptr.add((hb * n_turns as u64) as usize + ((i + 1) * turn_step) as usize),
+                    1,
+                )
+            };
         }
         if i > first_qblock {
             load_qblock(i - 1, stage ^ 1);
@@ -218,17 +242,33 @@ unsafe fn flash_bwd<
         let (kt, vt, dst) = (k_tile.in_step(i), v_tile.in_step(i), ds_tile.in_step(i));
         let lane = opaque_dep_u32(lane_id(), i);
         let (g, t) = (lane / 4, lane % 4);
+        let w = opaque_dep_u32(warp_id(), i);
+        let key_row = 16 * w;
+        // dQ split: row group (16 query rows) and 8-column tiles of this warp.
+        let row_groups = (BQ / 16) as u32;
+        let (dq_rows, dq_tile0) = (16 * (w % row_groups), (w / row_groups) * NQ as u32);
 
         // S^T, P^T, dS^T and the dV/dK updates.
-        let mask = Mask {
-            on: n0 + BK as u32 > sk
-                || (causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag),
-            causal,
-            key: (n0 + key_row + g) as i32,
-            sk: sk as i32,
-            first_query: m0 as i32 + diag,
+        // Per key row of this thread (key and key + 8): the first query offset in the block that
+        // may see it; i32::MAX for a key past seq_k, i32::MIN where the whole block is visible.
+        let whole = n0 + BK as u32 <= sk
+            && !(causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag);
+        let first_query = |kk: i32| {
+            if whole {
+                i32::MIN
+            } else if kk >= sk as i32 {
+                i32::MAX
+            } else if causal {
+                kk - (m0 as i32 + diag)
+            } else {
+                i32::MIN
+            }
         };
-        query_block::<T, D, BK, BQ, KD, NS, KQ, NO>(
+        let key = (n0 + key_row + g) as i32;
+        let mask = Mask {
+            first_query: [first_query(key), first_query(key + 8)],
+        };
+        query_block::<T, D, BK, BQ, DSC, KD, NS, KQ, NO>(
             Tiles { k: kt, v: vt, q: qt, d_o: dot, stats: st, ds: dst },
             key_row,
             (g, t),
@@ -240,19 +280,23 @@ unsafe fn flash_bwd<
         sync_threads();
 
         // This warp's share of dQ_i += dS K_j (unscaled): 16 query rows x NQ 8-column tiles.
+        // A rolled loop: unrolled, ptxas issues every step's loads up front, more registers than
+        // the dK/dV accumulators leave.
         let mut acc = [[0.0f32; 4]; NQ];
-        unroll_lt!(ks < BK / 16, {
-            let a = dst.load_a_km(16 * ks as u32, dq_rows / 8);
+        let mut ks = 0u32;
+        while ks < opaque_dep_u32((BK / 16) as u32, i) {
+            let a = dst.load_a_km(16 * ks, dq_rows / 8);
             unroll_lt!(np < NQ / 2, {
-                let [b0, b1] = kt.load_b_pair_kn(16 * ks as u32, dq_tile0 + 2 * np as u32);
+                let [b0, b1] = kt.load_b_pair_kn(16 * ks, dq_tile0 + 2 * np as u32);
                 T::mma(&mut acc[2 * np], &a, b0);
                 T::mma(&mut acc[2 * np + 1], &a, b1);
             });
-        });
+            ks += 1;
+        }
 
         // Our turn on block i: K blocks 0..j have added theirs (see the module doc).
         // SAFETY: the counter of this head's block i, in `turns` (launcher-sized).
-        let turn = unsafe { turns.ptr.add((bh * n_qblocks as u64) as usize + i as usize) };
+        let turn = unsafe { turns.ptr.add((hb * n_turns as u64) as usize + (i * turn_step) as usize) };
         // SAFETY: as above. Every lane polls the same word, so the warp leaves the wait together
         // (the warp barrier after it makes that explicit for the `mma` of the next step).
         unsafe { wait_for_turn(turn, j) };
@@ -260,7 +304,7 @@ unsafe fn flash_bwd<
         unroll!(r in [0, 1] {
             let row = m0 + dq_rows + g + 8 * r as u32;
             if row < sq {
-                let base = (bh * sq as u64 + row as u64) * D as u64;
+                let base = (hb * sq as u64 + row as u64) * D as u64;
                 unroll_lt!(n < NQ, {
                     let col = 8 * (dq_tile0 + n as u32) + 2 * t;
                     let at = base + col as u64;
@@ -277,17 +321,27 @@ unsafe fn flash_bwd<
         });
         stage ^= 1;
     }
-    // Every warp is done with the last block: release its counter, and the K/V tiles are free.
+    // Every warp is done with the last block: release its counter, and the K/V tiles are free
+    // (no copy into them is in flight: the loop waited for every group it committed, and without a
+    // loop nothing was copied; the wait makes that hold whatever the loop did).
+    cp_async_wait::<0>();
     sync_threads();
+    // Recomputed here (not kept in a register through the loop).
+    let hb = opaque_dep_u32(bh32, i) as u64;
     if n_qblocks > first_qblock && thread_idx_x() == 0 {
         // SAFETY: as for the release in the loop (block `first_qblock`, the last one walked).
-        unsafe { add_release_u32(turns.ptr.add((bh * n_qblocks as u64) as usize + first_qblock as usize), 1) };
+        unsafe {
+            add_release_u32(
+                turns.ptr.add((hb * n_turns as u64) as usize + (first_qblock * turn_step) as usize),
+                1,
+            )
+        };
     }
 
     unroll_lt!(n < NO, {
         dk_acc[n] = dk_acc[n].map(|x| x * p.scale);
     });
-    let out_row0 = bh * sk as u64 + n0 as u64 + key_row as u64;
+    let out_row0 = hb * sk as u64 + n0 as u64 + key_row as u64;
     let rows_left = sk - n0;
     store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, dv, out_row0);
     store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, dk, out_row0);
@@ -305,42 +359,39 @@ const fn checked_config<
     const KQ: usize,
     const NO: usize,
     const NQ: usize,
+    const DSC: usize,
 >() -> FlashBwdConfig {
     let Some(cfg) = flash_bwd_config(D) else {
         panic!("no FlashAttention backward config for this head dim")
     };
-    assert!(cfg.block_k == BK && cfg.block_q == BQ);
+    assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.ds_cols() == DSC);
     assert!(KD == D / 16 && NS == BQ / 8 && NO == D / 8 && NQ == D / 8 / cfg.dq_col_split());
     assert!(KQ * 2 == NS);
     assert!(NQ % 2 == 0 && NS % 2 == 0 && BK % 16 == 0 && BQ % 16 == 0);
     let planned = 2 * Tile::<T, BK, D>::BYTES
         + 2 * 2 * Tile::<T, BQ, D>::BYTES
-        + Tile::<T, BK, BQ>::BYTES
+        + Tile::<T, BK, DSC>::BYTES
         + 2 * Stats::<BQ>::BYTES;
     assert!(planned == cfg.smem_bytes());
     cfg
 }
 
 /// The shared tiles one step of the loop reads (Q, dO and statistics of the current stage).
-struct Tiles<T, const BK: usize, const BQ: usize, const D: usize> {
+struct Tiles<T, const BK: usize, const BQ: usize, const D: usize, const DSC: usize> {
     k: Tile<T, BK, D>,
     v: Tile<T, BK, D>,
     q: Tile<T, BQ, D>,
     d_o: Tile<T, BQ, D>,
     stats: Stats<BQ>,
-    ds: Tile<T, BK, BQ>,
+    ds: Tile<T, BK, DSC>,
 }
 
-/// Which entries of a step's S^T to drop: with `on` (the block has keys past seq_k or, causal,
-/// keys after some query's last visible key), key `kk` is dropped for query `qq` (both relative to
-/// the head, `qq` as an offset from the block's first query) iff `kk >= sk` or, causal,
-/// `kk > first_query + qq`. `key` = this thread's first key (its second is `key + 8`).
+/// Which entries of a step's S^T to keep: this thread's entries of key row `r` (0: `g`, 1: `g + 8`)
+/// for query offset `qq` in the block iff `qq >= first_query[r]`: one compare per entry, the mask of
+/// keys past seq_k and of the causal diagonal folded into the bound (`i32::MAX`: none, `i32::MIN`:
+/// all).
 struct Mask {
-    on: bool,
-    causal: bool,
-    key: i32,
-    sk: i32,
-    first_query: i32,
+    first_query: [i32; 2],
 }
 
 /// One step's products for this warp's 16 keys (`key_row`; `(g, t)` = (lane / 4, lane % 4)) and the
@@ -359,12 +410,13 @@ fn query_block<
     const D: usize,
     const BK: usize,
     const BQ: usize,
+    const DSC: usize,
     const KD: usize,
     const NS: usize,
     const KQ: usize,
     const NO: usize,
 >(
-    tiles: Tiles<T, BK, BQ, D>,
+    tiles: Tiles<T, BK, BQ, D, DSC>,
     key_row: u32,
     (g, t): (u32, u32),
     mask: &Mask,
@@ -393,14 +445,9 @@ fn query_block<
         let lse2 = tiles.stats.load_pair(0, col);
         let delta = tiles.stats.load_pair(1, col);
         unroll!(e in [0, 1, 2, 3] {
-            let mut pv = exp2(fma(s[n][e], c, -lse2[e % 2]));
-            if mask.on {
-                let kk = mask.key + 8 * (e / 2) as i32;
-                let qq = col as i32 + (e % 2) as i32;
-                // Non-short-circuit operators: a select, not a branch per element.
-                let keep = (kk < mask.sk) & (!mask.causal | (kk <= mask.first_query + qq));
-                pv = if keep { pv } else { 0.0 };
-            }
+            let pv = exp2(fma(s[n][e], c, -lse2[e % 2]));
+            let keep = (col + (e % 2) as u32) as i32 >= mask.first_query[e / 2];
+            let pv = if keep { pv } else { 0.0 };
             s[n][e] = pv;
             dp[n][e] = pv * (dp[n][e] - delta[e % 2]);
         });
@@ -522,11 +569,11 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const NO: usize>(
     });
 }
 
-/// The pre-pass, one block per (query block, head, batch), for head dim `p.head_dim` (64 or 128):
-/// one thread per (row, 16-byte chunk); a row's `D / 8` threads are adjacent lanes and reduce their
-/// partial dot products with a fixed butterfly. Writes the block's statistics (LSE * log2(e), or
-/// +inf for a row past seq_q or one that sees no key (LSE = -inf); D, 0 past seq_q), zeroes the
-/// block's rows of the dQ accumulator, and zeroes the block's turn counter.
+/// The pre-pass, one block per ([`FLASH_BWD_PRE_ROWS`] query rows, head, batch), for head dim
+/// `p.head_dim` (64 or 128): one thread per (row, 16-byte chunk); a row's `D / 8` threads are
+/// adjacent lanes and reduce their partial dot products with a fixed butterfly. Writes the rows'
+/// statistics (LSE * log2(e), or +inf for a row past seq_q or one that sees no key (LSE = -inf); D,
+/// 0 past seq_q), zeroes the rows of the dQ accumulator, and zeroes the rows' turn counters.
 #[inline(always)]
 fn pre<T: MmaElem>(
     o: Slice<T>,
@@ -537,20 +584,22 @@ fn pre<T: MmaElem>(
     turns: SliceMut<u32>,
     p: AttentionShape,
 ) {
-    const BQ: u32 = FLASH_BWD_BLOCK_Q as u32;
+    const ROWS: u32 = FLASH_BWD_PRE_ROWS as u32;
+    const TURN: u32 = FLASH_BWD_TURN_ROWS as u32;
     let (sq, d) = (p.seq_q, p.head_dim);
     let qb = block_idx_x();
     let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
-    let n_qblocks = sq.div_ceil(BQ);
-    let block = bh * n_qblocks as u64 + qb as u64;
+    let sq_pad = (sq.div_ceil(ROWS) * ROWS) as u64;
+    let half = (p.batch * p.heads) as u64 * sq_pad; // D after all heads' LSE
+    let n_turns = sq.div_ceil(TURN);
     // Chunks (threads) per row: 8 or 16 (the launcher's head dims; `max` only spares the divisions
     // below a divide-by-zero check).
     let cpr = (d / 8).max(1);
     let rows_per_pass = (flash_bwd::PRE_THREADS / cpr).max(1);
     let (tid, chunk) = (thread_idx_x(), thread_idx_x() % cpr);
-    for pass in 0..BQ / rows_per_pass {
+    for pass in 0..ROWS / rows_per_pass {
         let r = pass * rows_per_pass + tid / cpr;
-        let row = qb * BQ + r;
+        let row = qb * ROWS + r;
         let mut dot = 0.0f32;
         if row < sq {
             let at = (bh * sq as u64 + row as u64) * cpr as u64 + chunk as u64;
@@ -573,7 +622,7 @@ fn pre<T: MmaElem>(
             m *= 2;
         }
         if chunk == 0 {
-            let base = block * 2 * BQ as u64 + r as u64;
+            let base = bh * sq_pad + row as u64;
             let (lse2, delta) = if row < sq {
                 let l = lse.get_ro(bh * sq as u64 + row as u64);
                 (if l == f32::NEG_INFINITY { f32::INFINITY } else { l * LOG2_E }, dot)
@@ -581,13 +630,18 @@ fn pre<T: MmaElem>(
                 (f32::INFINITY, 0.0)
             };
             stats.set(base, lse2);
-            stats.set(base + BQ as u64, delta);
+            stats.set(half + base, delta);
         }
     }
-    if tid == 0 {
-        check_index(block as usize, turns.len as usize);
-        // SAFETY: one counter per (head, query block): `turns` is launcher-sized for all of them.
-        unsafe { *turns.ptr.add(block as usize) = 0 };
+    // This block's turn counters.
+    if tid < ROWS / TURN {
+        let t = qb * (ROWS / TURN) + tid;
+        if t < n_turns {
+            let at = bh * n_turns as u64 + t as u64;
+            check_index(at as usize, turns.len as usize);
+            // SAFETY: t < n_turns: inside this head's counters (`turns` is launcher-sized).
+            unsafe { *turns.ptr.add(at as usize) = 0 };
+        }
     }
 }
 
@@ -625,7 +679,7 @@ macro_rules! flash_bwd_entry_points {
             unsafe {
                 flash_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q }, { C.head_dim / 16 },
                     { C.block_q / 8 }, { C.block_q / 16 }, { C.head_dim / 8 }, { C.head_dim / 8 / C.dq_col_split() },
-                    { C.threads() }>(
+                    { C.threads() }, { C.ds_cols() }>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape,
                 )
             }

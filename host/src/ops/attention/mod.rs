@@ -37,8 +37,8 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_bwd,
-    flash_bwd_config, flash_config, flash_wgmma_config, naive,
+    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_D64_Q64, FlashWgmmaConfig,
+    MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config, flash_wgmma_config, naive,
 };
 
 use crate::DType;
@@ -634,12 +634,21 @@ pub fn flash_backward(
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
         return Ok(grads);
     }
-    let n_qblocks = d.seq_q.div_ceil(cfg.block_q);
+    let pre_blocks = d.seq_q.div_ceil(FLASH_BWD_PRE_ROWS);
     let n_kblocks = d.seq_k.div_ceil(cfg.block_k);
-    // Per query block: the LSE in log2 units and D (f32, `2 x block_q`), and a turn counter (u32, in
-    // an f32 tensor: only the kernels read it); the f32 dQ accumulator. The pre-pass writes all three.
-    let stats = Tensor::empty(gpu, &[heads_total * n_qblocks * 2 * cfg.block_q], DType::F32)?;
-    let turns = Tensor::empty(gpu, &[heads_total * n_qblocks], DType::F32)?;
+    // The LSE in log2 units and D per query row (f32, padded to whole pre-pass blocks), a turn
+    // counter per 32 query rows (u32, in an f32 tensor: only the kernels read it), the f32 dQ
+    // accumulator. The pre-pass writes all three.
+    let stats = Tensor::empty(
+        gpu,
+        &[2 * heads_total * pre_blocks * FLASH_BWD_PRE_ROWS],
+        DType::F32,
+    )?;
+    let turns = Tensor::empty(
+        gpu,
+        &[heads_total * d.seq_q.div_ceil(FLASH_BWD_TURN_ROWS)],
+        DType::F32,
+    )?;
     let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.head_dim], DType::F32)?;
     let shape = shape_param(&d, params, scale, 0);
     let grid = |blocks: usize, what: &'static str| {
@@ -650,7 +659,7 @@ pub fn flash_backward(
             max: u32::MAX as u64,
         })
     };
-    let (qb, kb) = (grid(n_qblocks, "query blocks")?, grid(n_kblocks, "key blocks")?);
+    let (qb, kb) = (grid(pre_blocks, "query blocks")?, grid(n_kblocks, "key blocks")?);
     if d.seq_q > 0 {
         launch_cfg(
             gpu,
