@@ -52,6 +52,33 @@ impl Bencher<'_> {
         self.bench_sampled(spec, copies, Samples::Default, run)
     }
 
+    /// [`Bencher::bench`] with `setup`, run before each of criterion's calls of the routine but
+    /// outside its timing: for inputs made on first use (`setup` caches them), so that a run filtered
+    /// to other benches never makes them, and making them counts in no sample or warm-up estimate.
+    fn bench_prepared(
+        &mut self,
+        spec: BenchSpec,
+        copies: usize,
+        mut setup: impl FnMut(),
+        mut run: impl FnMut(usize),
+    ) {
+        let (group, id) = spec.criterion_ids();
+        let mut g = self.c.benchmark_group(group);
+        if let Some(t) = spec.throughput() {
+            g.throughput(t);
+        }
+        let mut i = 0usize;
+        g.bench_function(id, |b| {
+            setup();
+            b.iter(|| {
+                run(i % copies);
+                i += 1;
+            })
+        });
+        g.finish();
+        self.specs.push(spec);
+    }
+
     /// [`Bencher::bench`] with a sampling plan (see [`Samples`]).
     fn bench_sampled(
         &mut self,
@@ -693,8 +720,8 @@ fn attention(b: &mut Bencher) {
 /// Bytes: the backward reads Q, K, V, O, dO and writes dQ, dK, dV (8 tensors); forward + backward
 /// adds the forward's 4.
 ///
-/// The inputs (Q, K, V, dO: up to 2 GiB a shape) are made on the first call of a bench that runs, in
-/// criterion's warm-up, so a run filtered to other benches does not generate them.
+/// The inputs (Q, K, V, dO: up to 2 GiB a shape) and the forward's outputs are made by the setup of
+/// a bench that runs ([`Bencher::bench_prepared`]): a run filtered to other benches makes none.
 fn attention_backward(b: &mut Bencher) {
     use std::cell::OnceCell;
     use std::rc::Rc;
@@ -749,23 +776,27 @@ fn attention_backward(b: &mut Bencher) {
                 };
                 let (x, make_x) = (inputs.clone(), make.clone());
                 let saved: OnceCell<Vec<(Tensor, Tensor)>> = OnceCell::new();
-                b.bench(
+                let prepare = || {
+                    saved.get_or_init(|| {
+                        x.get_or_init(&make_x)
+                            .iter()
+                            .map(|[q, k, v, _]| {
+                                attn::flash_forward(q, k, v, &params).expect("flash_forward")
+                            })
+                            .collect()
+                    });
+                };
+                b.bench_prepared(
                     spec(
                         format!("attn_bwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
                         Some(8 * tensor as u64),
                         Some(fwd_flops * 5 / 2),
                     ),
                     copies,
+                    prepare,
                     |i| {
-                        let x = x.get_or_init(&make_x);
-                        let saved = saved.get_or_init(|| {
-                            x.iter()
-                                .map(|[q, k, v, _]| {
-                                    attn::flash_forward(q, k, v, &params).expect("flash_forward")
-                                })
-                                .collect()
-                        });
-                        let ([q, k, v, d_o], (o, lse)) = (&x[i], &saved[i]);
+                        let ([q, k, v, d_o], (o, lse)) =
+                            (&x.get().unwrap()[i], &saved.get().unwrap()[i]);
                         attn::flash_backward(q, k, v, o, lse, d_o, &params)
                             .expect("flash_backward");
                     },
@@ -774,16 +805,20 @@ fn attention_backward(b: &mut Bencher) {
                     continue;
                 }
                 let (x, make_x) = (inputs.clone(), make.clone());
-                b.bench(
+                b.bench_prepared(
                     spec(
                         format!("attn_fwdbwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
                         Some(12 * tensor as u64),
                         Some(fwd_flops * 7 / 2),
                     ),
                     copies,
+                    || {
+                        x.get_or_init(&make_x);
+                    },
                     |i| {
-                        let [q, k, v, d_o] = &x.get_or_init(&make_x)[i];
-                        let (o, lse) = attn::flash_forward(q, k, v, &params).expect("flash_forward");
+                        let [q, k, v, d_o] = &x.get().unwrap()[i];
+                        let (o, lse) =
+                            attn::flash_forward(q, k, v, &params).expect("flash_forward");
                         attn::flash_backward(q, k, v, &o, &lse, d_o, &params)
                             .expect("flash_backward");
                     },
