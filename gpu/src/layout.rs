@@ -501,17 +501,26 @@ mod tests {
         }
 
         /// A `R x C` Xor8 tile at `base` with values `f(row, col)`.
-        fn fill<const R: usize, const C: usize>(&mut self, base: u32, f: impl Fn(usize, usize) -> f64) {
+        fn fill<const R: usize, const C: usize>(
+            &mut self,
+            base: u32,
+            f: impl Fn(usize, usize) -> f64,
+        ) {
             type L<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
             for r in 0..R {
                 for c in 0..C {
-                    self.0.insert(base + L::<R, C>::elem_offset(r as u32, c as u32), f(r, c));
+                    self.0
+                        .insert(base + L::<R, C>::elem_offset(r as u32, c as u32), f(r, c));
                 }
             }
         }
     }
 
-    fn pairs2(m: [[(f64, f64); 4]; 32]) -> ([[(f64, f64); 2]; 32], [[(f64, f64); 2]; 32]) {
+    /// A warp's B fragments (two registers of value pairs per lane).
+    type LaneB = [[(f64, f64); 2]; 32];
+
+    /// The two n-tiles' B fragments an `ldmatrix.x4` returns.
+    fn pairs2(m: [[(f64, f64); 4]; 32]) -> (LaneB, LaneB) {
         (
             core::array::from_fn(|l| [m[l][0], m[l][1]]),
             core::array::from_fn(|l| [m[l][2], m[l][3]]),
@@ -572,7 +581,12 @@ mod tests {
             for ks in 0..BQ / 16 {
                 let (lo, hi) = (&s[2 * ks], &s[2 * ks + 1]);
                 let a: [[(f64, f64); 4]; 32] = core::array::from_fn(|l| {
-                    [(lo[l][0], lo[l][1]), (lo[l][2], lo[l][3]), (hi[l][0], hi[l][1]), (hi[l][2], hi[l][3])]
+                    [
+                        (lo[l][0], lo[l][1]),
+                        (lo[l][2], lo[l][3]),
+                        (hi[l][0], hi[l][1]),
+                        (hi[l][2], hi[l][3]),
+                    ]
                 });
                 for (l, regs) in a.iter().enumerate() {
                     let (g, t) = ((l / 4) as u32, (l % 4) as u32);
@@ -626,7 +640,10 @@ mod tests {
                 for np in 0..nq / 2 {
                     let addr: [u32; 32] = core::array::from_fn(|l| {
                         let (r, c) = col_major_quads(l as u32);
-                        kb + L::<BK, D>::chunk_offset(16 * ks as u32 + r, (dq_tile0 + 2 * np) as u32 + c)
+                        kb + L::<BK, D>::chunk_offset(
+                            16 * ks as u32 + r,
+                            (dq_tile0 + 2 * np) as u32 + c,
+                        )
                     });
                     assert_conflict_free(&addr);
                     let (b0, b1) = pairs2(smem.ldmatrix_x4(&addr, true));
@@ -646,7 +663,10 @@ mod tests {
                 }
             }
         }
-        assert!(covered.iter().flatten().all(|&c| c), "the warps' dQ shares cover the block");
+        assert!(
+            covered.iter().flatten().all(|&c| c),
+            "the warps' dQ shares cover the block"
+        );
     }
 
     #[test]

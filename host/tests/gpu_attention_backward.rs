@@ -532,8 +532,24 @@ fn flash_backward_is_bit_identical_over_100_runs() {
     let mut rng = rng("flash_backward_repeat");
     // 17 key blocks add to every query block of the second case: the turn order is exercised.
     for c in [
-        case(2, 3, scaled(1025, 130), scaled(1025, 130), 128, Causal::Yes, DType::BF16),
-        case(1, 4, scaled(700, 97), scaled(2100, 300), 64, Causal::No, DType::F16),
+        case(
+            2,
+            3,
+            scaled(1025, 130),
+            scaled(1025, 130),
+            128,
+            Causal::Yes,
+            DType::BF16,
+        ),
+        case(
+            1,
+            4,
+            scaled(700, 97),
+            scaled(2100, 300),
+            64,
+            Causal::No,
+            DType::F16,
+        ),
     ] {
         let x = upload(&gpu, &inputs(&mut rng, &c));
         let p = params(&c);
@@ -646,7 +662,13 @@ fn flash_backward_rejects_bad_input_before_launch() {
     let o16 = t(&[1, 2, 8, 64], DType::BF16);
     let e = attention::flash_backward(&q, &kv, &kv, &o16, &lse, &q, &p).unwrap_err();
     assert!(
-        matches!(e, host::Error::DType { got: DType::BF16, .. }) && e.to_string().contains("o"),
+        matches!(
+            e,
+            host::Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ) && e.to_string().contains("o"),
         "{e}"
     );
     let e = attention::flash_backward(&q, &kv, &kv, &o, &t(&[1, 2, 5], DType::F32), &q, &p)
@@ -658,7 +680,13 @@ fn flash_backward_rejects_bad_input_before_launch() {
     let e = attention::flash_backward(&q, &kv, &kv, &o, &t(&[1, 2, 8], DType::F16), &q, &p)
         .unwrap_err();
     assert!(
-        matches!(e, host::Error::DType { got: DType::F16, .. }),
+        matches!(
+            e,
+            host::Error::DType {
+                got: DType::F16,
+                ..
+            }
+        ),
         "{e}"
     );
     let lse_t = t(&[1, 8, 2], DType::F32).transpose(1, 2).unwrap();

@@ -333,7 +333,9 @@ const _: () = {
         assert!(c.smem_bytes() <= 163 * 1024);
         // The pre-pass covers its rows in whole passes of its threads.
         assert!((flash_bwd::PRE_THREADS as usize).is_multiple_of(c.head_dim / 8));
-        assert!(FLASH_BWD_PRE_ROWS.is_multiple_of(flash_bwd::PRE_THREADS as usize / (c.head_dim / 8)));
+        assert!(
+            FLASH_BWD_PRE_ROWS.is_multiple_of(flash_bwd::PRE_THREADS as usize / (c.head_dim / 8))
+        );
         i += 1;
     }
 };

@@ -51,6 +51,7 @@ use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LOG2_E, exp2, fma};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
 use crate::dev::mma::{FragA, FragC, MmaElem};
+use crate::dev::opaque_dep_u32;
 use crate::dev::shared::check_index;
 use crate::dev::sync::{sync_threads, sync_warp};
 use crate::dev::thread::{
@@ -59,12 +60,10 @@ use crate::dev::thread::{
 };
 use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
-use crate::dev::opaque_dep_u32;
 use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
     AttentionShape, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS,
-    FlashBwdConfig, MaskKind,
-    flash_bwd, flash_bwd_config,
+    FlashBwdConfig, MaskKind, flash_bwd, flash_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
@@ -136,10 +135,7 @@ unsafe fn flash_bwd<
         (2 * heads_total * sq_pad as u64) as usize,
         stats.len as usize + 1,
     );
-    check_index(
-        ((bh + 1) * n_turns as u64) as usize,
-        turns.len as usize + 1,
-    );
+    check_index(((bh + 1) * n_turns as u64) as usize, turns.len as usize + 1);
     // SAFETY: the launcher validated that k/v hold batch*heads*seq_k rows of D elements (checked
     // builds re-check above), so these are the starts of this head's rows.
     let (k_src, v_src) = unsafe {
@@ -223,7 +219,9 @@ unsafe fn flash_bwd<
             // block of every head); the barrier above ordered every thread's dQ additions first.
             unsafe {
                 add_release_u32(
-                    turns.ptr.add((hb * n_turns as u64) as usize + ((i + 1) * turn_step) as usize),
+                    turns
+                        .ptr
+                        .add((hb * n_turns as u64) as usize + ((i + 1) * turn_step) as usize),
                     1,
                 )
             };
@@ -251,8 +249,8 @@ unsafe fn flash_bwd<
         // S^T, P^T, dS^T and the dV/dK updates.
         // Per key row of this thread (key and key + 8): the first query offset in the block that
         // may see it; i32::MAX for a key past seq_k, i32::MIN where the whole block is visible.
-        let whole = n0 + BK as u32 <= sk
-            && !(causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag);
+        let whole =
+            n0 + BK as u32 <= sk && !(causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag);
         let first_query = |kk: i32| {
             if whole {
                 i32::MIN
@@ -269,7 +267,14 @@ unsafe fn flash_bwd<
             first_query: [first_query(key), first_query(key + 8)],
         };
         query_block::<T, D, BK, BQ, DSC, KD, NS, KQ, NO>(
-            Tiles { k: kt, v: vt, q: qt, d_o: dot, stats: st, ds: dst },
+            Tiles {
+                k: kt,
+                v: vt,
+                q: qt,
+                d_o: dot,
+                stats: st,
+                ds: dst,
+            },
             key_row,
             (g, t),
             &mask,
@@ -296,7 +301,11 @@ unsafe fn flash_bwd<
 
         // Our turn on block i: K blocks 0..j have added theirs (see the module doc).
         // SAFETY: the counter of this head's block i, in `turns` (launcher-sized).
-        let turn = unsafe { turns.ptr.add((hb * n_turns as u64) as usize + (i * turn_step) as usize) };
+        let turn = unsafe {
+            turns
+                .ptr
+                .add((hb * n_turns as u64) as usize + (i * turn_step) as usize)
+        };
         // SAFETY: as above. Every lane polls the same word, so the warp leaves the wait together
         // (the warp barrier after it makes that explicit for the `mma` of the next step).
         unsafe { wait_for_turn(turn, j) };
@@ -332,7 +341,9 @@ unsafe fn flash_bwd<
         // SAFETY: as for the release in the loop (block `first_qblock`, the last one walked).
         unsafe {
             add_release_u32(
-                turns.ptr.add((hb * n_turns as u64) as usize + (first_qblock * turn_step) as usize),
+                turns
+                    .ptr
+                    .add((hb * n_turns as u64) as usize + (first_qblock * turn_step) as usize),
                 1,
             )
         };
@@ -606,7 +617,12 @@ fn pre<T: MmaElem>(
             check_index(at as usize, o.len.min(d_o.len) as usize / 8);
             // SAFETY: row < seq_q of this head, chunk < D / 8: inside O and dO (launcher-validated
             // sizes, 16-byte aligned bases); both are inputs nothing writes during the kernel.
-            let (x, y) = unsafe { (load_chunk_ro(o.chunks(), at), load_chunk_ro(d_o.chunks(), at)) };
+            let (x, y) = unsafe {
+                (
+                    load_chunk_ro(o.chunks(), at),
+                    load_chunk_ro(d_o.chunks(), at),
+                )
+            };
             unroll!(w in [0, 1, 2, 3] {
                 let (a, b) = (T::unpack_word(x.0[w]), T::unpack_word(y.0[w]));
                 dot = fma(a[0], b[0], dot);
@@ -625,7 +641,14 @@ fn pre<T: MmaElem>(
             let base = bh * sq_pad + row as u64;
             let (lse2, delta) = if row < sq {
                 let l = lse.get_ro(bh * sq as u64 + row as u64);
-                (if l == f32::NEG_INFINITY { f32::INFINITY } else { l * LOG2_E }, dot)
+                (
+                    if l == f32::NEG_INFINITY {
+                        f32::INFINITY
+                    } else {
+                        l * LOG2_E
+                    },
+                    dot,
+                )
             } else {
                 (f32::INFINITY, 0.0)
             };

@@ -6,7 +6,7 @@
 //! Semantics, layouts and the causal convention: `params::attention`.
 #[cfg(not(target_feature = "sm_90a"))]
 mod flash;
+mod flash_bwd;
 #[cfg(target_feature = "sm_90a")]
 mod flash_wgmma;
-mod flash_bwd;
 mod naive;

@@ -619,7 +619,8 @@ pub fn flash_backward(
             Operand::of("d_o", d_o),
         ],
     )?;
-    let Some((cfg, names)) = flash_bwd_config(d.head_dim).zip(flash_bwd_kernels(d.head_dim, q.dtype()))
+    let Some((cfg, names)) =
+        flash_bwd_config(d.head_dim).zip(flash_bwd_kernels(d.head_dim, q.dtype()))
     else {
         unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
@@ -659,7 +660,10 @@ pub fn flash_backward(
             max: u32::MAX as u64,
         })
     };
-    let (qb, kb) = (grid(pre_blocks, "query blocks")?, grid(n_kblocks, "key blocks")?);
+    let (qb, kb) = (
+        grid(pre_blocks, "query blocks")?,
+        grid(n_kblocks, "key blocks")?,
+    );
     if d.seq_q > 0 {
         launch_cfg(
             gpu,
@@ -712,7 +716,12 @@ pub fn flash_backward(
             names.convert,
             grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
             flash_bwd::CONVERT_THREADS,
-            &[&ByValue(dq_acc.raw()), &ByValue(grads.dq.raw()), &n8, &scale],
+            &[
+                &ByValue(dq_acc.raw()),
+                &ByValue(grads.dq.raw()),
+                &n8,
+                &scale,
+            ],
         )?;
     }
     Ok(grads)

@@ -564,7 +564,13 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
     ops[3].dtype = DType::BF16;
     let e = validate_backward_operands("t", &d, &ops).unwrap_err();
     assert!(
-        matches!(e, Error::DType { got: DType::BF16, .. }) && e.to_string().contains("d_o"),
+        matches!(
+            e,
+            Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ) && e.to_string().contains("d_o"),
         "{e}"
     );
     let mut ops = good();
@@ -583,13 +589,24 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
     let wrong = [2, 3, 7];
     let mut ops = good();
     ops[2].shape = &wrong;
-    let e = validate_backward_operands("t", &d, &ops).unwrap_err().to_string();
-    assert!(e.contains("lse") && e.contains("[2, 3, 5]") && e.contains("[2, 3, 7]"), "{e}");
+    let e = validate_backward_operands("t", &d, &ops)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("lse") && e.contains("[2, 3, 5]") && e.contains("[2, 3, 7]"),
+        "{e}"
+    );
     let mut ops = good();
     ops[2].dtype = DType::F16;
     let e = validate_backward_operands("t", &d, &ops).unwrap_err();
     assert!(
-        matches!(e, Error::DType { got: DType::F16, .. }) && e.to_string().contains("f32 for lse"),
+        matches!(
+            e,
+            Error::DType {
+                got: DType::F16,
+                ..
+            }
+        ) && e.to_string().contains("f32 for lse"),
         "{e}"
     );
     let mut ops = good();
