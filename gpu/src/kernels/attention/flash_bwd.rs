@@ -30,7 +30,7 @@
 //! some query of block i sees a key of block j it sees every smaller key too. So K block j is the
 //! `j`-th to reach block i, and its CTA waits until the counter equals `j` (`ld.acquire.gpu`), adds
 //! its partial block (`red.global.add.f32`, each element by one thread), and after a block barrier
-//! one thread adds 1 with `red.release.gpu`. Each accumulator element therefore receives its
+//! (the next step's first, or the one after the loop) one thread adds 1 with `red.release.gpu`. Each accumulator element therefore receives its
 //! contributions in ascending `j`, the same sequence of f32 roundings on every run: the same bits.
 //!
 //! Why this cannot deadlock: CTAs are numbered with the K block fastest (grid `(K blocks, heads,
@@ -44,7 +44,7 @@
 //! block j-1 to walk the blocks above, holding its SM idle.
 //!
 //! Extra memory is O((S_q + S_k) D): the f32 dQ accumulator, two f32 per query row and one counter per
-//! query block.
+//! 32 query rows.
 use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
