@@ -70,6 +70,8 @@ SDPA_BACKENDS = [                  # (peer name, torch.nn.attention.SDPBackend m
 ]
 ATTN_SHAPES = [(4, 8, 512, 64), (16, 16, 2048, 64), (16, 16, 2048, 128),
                (4, 16, 8192, 64), (4, 16, 8192, 128)]
+ATTN_BWD_SHAPES = ATTN_SHAPES[1:]  # the training shapes (benches/benches/ops.rs attention_backward)
+SDPA_BWD_BACKENDS = SDPA_BACKENDS[:3]  # math materialises B H S^2 scores: tens of GiB here
 
 
 # --------------------------------------------------------------------------- cases
@@ -431,6 +433,51 @@ def attn_case(tag, b, h, s, d, causal):
                 peers=peers)
 
 
+def sdpa_bwd_peer(peer, backend, causal, forward_too):
+    """SDPA backward through autograd with one backend forced. Backward alone: the forward runs on
+    a set's first call (untimed: every ATTN_BWD_SHAPES set is >= 256 MiB, so there is one set, and
+    its first call is the untimed one) and each call is one backward (retain_graph keeps the saved
+    output and log-sum-exp, as our bench reuses the forward's). forward_too: forward and backward
+    in each call."""
+    def build():
+        graphs = {}
+
+        def run(s):
+            q, k, v, d_o = s
+            if forward_too:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return torch.autograd.grad(o, (q, k, v), d_o)
+            if id(q) not in graphs:
+                graphs[id(q)] = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return torch.autograd.grad(graphs[id(q)], (q, k, v), d_o, retain_graph=True)
+        return run
+
+    def context():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(getattr(SDPBackend, backend))
+
+    return Peer(peer, build, context)
+
+
+def attn_bwd_case(tag, b, h, s, d, causal, forward_too=False):
+    """Attention backward (attn_bwd) or forward + backward (attn_fwdbwd), [B,H,S,D] contiguous,
+    scale 1/sqrt(D). FLOPs 2.5x (3.5x) the forward's; bytes: the backward reads q, k, v, o, dO and
+    writes dq, dk, dv (8 tensors), the forward adds 4."""
+    tensor = b * h * s * d * ELEM_SIZE[tag]
+    fwd = 4 * b * h * s * s * d // (2 if causal else 1)
+    mask = "causal" if causal else "full"
+    op = "attn_fwdbwd" if forward_too else "attn_bwd"
+
+    def make():
+        qkv = tuple(rand((b, h, s, d), tag).requires_grad_() for _ in range(3))
+        return qkv + (rand((b, h, s, d), tag),)
+
+    return Case(f"{op}/{tag}/B{b}H{h}S{s}D{d}/{mask}", bytes=(12 if forward_too else 8) * tensor,
+                flops=fwd * (7 if forward_too else 5) // 2, in_bytes=4 * tensor, make_set=make,
+                peers=[sdpa_bwd_peer(name, backend, causal, forward_too)
+                       for name, backend in SDPA_BWD_BACKENDS])
+
+
 # ----------------------------------------------------------------- clifford layers
 # The same formulas as host/src/ops/clifford.rs (docs/math/clifford.md), written term by term:
 # (output j, x blade i, y blade k, weight path p, sign).
@@ -690,6 +737,11 @@ def build_cases(quick):
     cases += [attn_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_SHAPES
               for causal in (False, True)]
+    cases += [attn_bwd_case(tag, b, h, s, d, causal)
+              for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
+              for causal in (False, True)]
+    cases += [attn_bwd_case("f16", b, h, s, d, causal, forward_too=True)
+              for (b, h, s, d) in ATTN_BWD_SHAPES for causal in (False, True)]
     cases += clifford_cases(False)
     return cases
 

@@ -53,6 +53,33 @@ impl Bencher<'_> {
         self.bench_sampled(spec, copies, Samples::Default, run)
     }
 
+    /// [`Bencher::bench`] with `setup`, run before each of criterion's calls of the routine but
+    /// outside its timing: for inputs made on first use (`setup` caches them), so that a run filtered
+    /// to other benches never makes them, and making them counts in no sample or warm-up estimate.
+    fn bench_prepared(
+        &mut self,
+        spec: BenchSpec,
+        copies: usize,
+        mut setup: impl FnMut(),
+        mut run: impl FnMut(usize),
+    ) {
+        let (group, id) = spec.criterion_ids();
+        let mut g = self.c.benchmark_group(group);
+        if let Some(t) = spec.throughput() {
+            g.throughput(t);
+        }
+        let mut i = 0usize;
+        g.bench_function(id, |b| {
+            setup();
+            b.iter(|| {
+                run(i % copies);
+                i += 1;
+            })
+        });
+        g.finish();
+        self.specs.push(spec);
+    }
+
     /// [`Bencher::bench`] with a sampling plan (see [`Samples`]).
     fn bench_sampled(
         &mut self,
@@ -705,6 +732,121 @@ fn attention(b: &mut Bencher) {
     }
 }
 
+/// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
+/// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
+/// both masks; f16 and bf16 for the backward, f16 for forward + backward. FLOPs: the backward 2.5x
+/// the forward's `4 B H S^2 D` (halved when causal), forward + backward 3.5x (docs/math/attention.md).
+/// Bytes: the backward reads Q, K, V, O, dO and writes dQ, dK, dV (8 tensors); forward + backward
+/// adds the forward's 4.
+///
+/// The inputs (Q, K, V, dO: up to 2 GiB a shape) and the forward's outputs are made by the setup of
+/// a bench that runs ([`Bencher::bench_prepared`]): a run filtered to other benches makes none.
+fn attention_backward(b: &mut Bencher) {
+    use std::cell::OnceCell;
+    use std::rc::Rc;
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let shapes: &[(usize, usize, usize, usize)] = if quick {
+        &[(4, 8, 512, 64)]
+    } else {
+        &[
+            (16, 16, 2048, 64),
+            (16, 16, 2048, 128),
+            (4, 16, 8192, 64),
+            (4, 16, 8192, 128),
+        ]
+    };
+    type Set = Vec<[Tensor; 4]>;
+    for dtype in [DType::F16, DType::BF16] {
+        for &(bb, h, s, d) in shapes {
+            let shape = [bb, h, s, d];
+            let tensor = bb * h * s * d * dtype.size_bytes();
+            let copies = rotation_copies(4 * tensor, b.l2_bytes);
+            let (gpu, seed): (Gpu, u64) = (b.gpu.clone(), b.rng.random());
+            let inputs: Rc<OnceCell<Set>> = Rc::new(OnceCell::new());
+            let make = move || -> Set {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let n = shape.iter().product::<usize>();
+                (0..copies)
+                    .map(|_| {
+                        std::array::from_fn(|_| {
+                            let data: Vec<f32> =
+                                (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                            let host = HostTensor::new(data, &shape, dtype).expect("shape");
+                            Tensor::from_host(&gpu, &host).expect("upload")
+                        })
+                    })
+                    .collect()
+            };
+            for causal in [Causal::No, Causal::Yes] {
+                let full = 4 * (bb * h * s * s * d) as u64;
+                let fwd_flops = if causal == Causal::Yes {
+                    full / 2
+                } else {
+                    full
+                };
+                let mask = if causal == Causal::Yes {
+                    "causal"
+                } else {
+                    "full"
+                };
+                let params = AttentionParams {
+                    causal,
+                    scale: None,
+                };
+                let (x, make_x) = (inputs.clone(), make.clone());
+                let saved: OnceCell<Vec<(Tensor, Tensor)>> = OnceCell::new();
+                let prepare = || {
+                    saved.get_or_init(|| {
+                        x.get_or_init(&make_x)
+                            .iter()
+                            .map(|[q, k, v, _]| {
+                                attn::flash_forward(q, k, v, &params).expect("flash_forward")
+                            })
+                            .collect()
+                    });
+                };
+                b.bench_prepared(
+                    spec(
+                        format!("attn_bwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                        Some(8 * tensor as u64),
+                        Some(fwd_flops * 5 / 2),
+                    ),
+                    copies,
+                    prepare,
+                    |i| {
+                        let ([q, k, v, d_o], (o, lse)) =
+                            (&x.get().unwrap()[i], &saved.get().unwrap()[i]);
+                        attn::flash_backward(q, k, v, o, lse, d_o, &params)
+                            .expect("flash_backward");
+                    },
+                );
+                if dtype != DType::F16 {
+                    continue;
+                }
+                let (x, make_x) = (inputs.clone(), make.clone());
+                b.bench_prepared(
+                    spec(
+                        format!("attn_fwdbwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                        Some(12 * tensor as u64),
+                        Some(fwd_flops * 7 / 2),
+                    ),
+                    copies,
+                    || {
+                        x.get_or_init(&make_x);
+                    },
+                    |i| {
+                        let [q, k, v, d_o] = &x.get().unwrap()[i];
+                        let (o, lse) =
+                            attn::flash_forward(q, k, v, &params).expect("flash_forward");
+                        attn::flash_backward(q, k, v, &o, &lse, d_o, &params)
+                            .expect("flash_backward");
+                    },
+                );
+            }
+        }
+    }
+}
+
 /// Clifford layers. Shapes swept: B in {1024, 4096, 8192} x N in {128, 512, 1024}, all 9 (one shape
 /// with RGK_BENCH_QUICK), the same grid as bench/peers.py's CLIFFORD_SWEEP. Bytes counted: sgp forward
 /// reads x, y and writes o (3 tensors of C*B*N f32); forward+backward adds the backward's minimum
@@ -952,6 +1094,7 @@ fn main() {
     embeddings(&mut b);
     relevance(&mut b);
     attention(&mut b);
+    attention_backward(&mut b);
     clifford(&mut b);
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();

@@ -478,6 +478,206 @@ mod tests {
         warp_gemms::<128, 64>();
     }
 
+    /// Shared memory holding f64 values by element byte address (for tiles whose values are
+    /// computed, like the backward's dS^T tile).
+    struct ValSmem(std::collections::HashMap<u32, f64>);
+
+    impl ValSmem {
+        /// `ldmatrix.x4` (optionally `.trans`) on values; see [`ldmatrix_x4`].
+        fn ldmatrix_x4(&self, addr: &[u32; 32], trans: bool) -> [[(f64, f64); 4]; 32] {
+            let mut out = [[(0.0, 0.0); 4]; 32];
+            for (lane, regs) in out.iter_mut().enumerate() {
+                for (m, reg) in regs.iter_mut().enumerate() {
+                    let (r, c) = (lane / 4, 2 * (lane % 4));
+                    let at = |row: usize, col: usize| self.0[&(addr[m * 8 + row] + 2 * col as u32)];
+                    *reg = if trans {
+                        (at(c, r), at(c + 1, r))
+                    } else {
+                        (at(r, c), at(r, c + 1))
+                    };
+                }
+            }
+            out
+        }
+
+        /// A `R x C` Xor8 tile at `base` with values `f(row, col)`.
+        fn fill<const R: usize, const C: usize>(
+            &mut self,
+            base: u32,
+            f: impl Fn(usize, usize) -> f64,
+        ) {
+            type L<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
+            for r in 0..R {
+                for c in 0..C {
+                    self.0
+                        .insert(base + L::<R, C>::elem_offset(r as u32, c as u32), f(r, c));
+                }
+            }
+        }
+    }
+
+    /// A warp's B fragments (two registers of value pairs per lane).
+    type LaneB = [[(f64, f64); 2]; 32];
+
+    /// The two n-tiles' B fragments an `ldmatrix.x4` returns.
+    fn pairs2(m: [[(f64, f64); 4]; 32]) -> (LaneB, LaneB) {
+        (
+            core::array::from_fn(|l| [m[l][0], m[l][1]]),
+            core::array::from_fn(|l| [m[l][2], m[l][3]]),
+        )
+    }
+
+    /// One warp's step of the FlashAttention backward (`kernels/attention/flash_bwd.rs`) with the
+    /// kernel's address patterns and fragment bookkeeping, for a key block of `BK` keys (`BK / 16`
+    /// warps) and a query block of `BQ`: `S^T = K Q^T` (K rows as A, Q as `[n][k]` B), `dV += P^T dO`
+    /// (P^T from the accumulator as A, dO through `.trans`), dS^T stored to its tile word by word,
+    /// and `dQ += dS K` for every warp's share (dS^T through `ldmatrix.trans` as A, K as `[k][n]` B),
+    /// each compared with the plain product; every `ldmatrix` phase conflict-free.
+    fn backward_warp_step<const D: usize, const BK: usize, const BQ: usize>() {
+        type L<const R: usize, const C: usize> = TileLayout<u16, R, C, Xor8>;
+        let (kb, qb, dob, dsb) = (0u32, 1u32 << 16, 2u32 << 16, 3u32 << 16);
+        let mut smem = ValSmem(Default::default());
+        let kv = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f64 - 5.0;
+        let qv = |r: usize, c: usize| ((r * 5 + c * 2) % 9) as f64 - 4.0;
+        let dov = |r: usize, c: usize| ((r * 3 + c * 7) % 13) as f64 - 6.0;
+        smem.fill::<BK, D>(kb, kv);
+        smem.fill::<BQ, D>(qb, qv);
+        smem.fill::<BQ, D>(dob, dov);
+        let warps = BK / 16;
+        // Every warp's S^T (kept for the dS^T tile); checks of S^T and dV on each warp.
+        for w in 0..warps {
+            let key_row = 16 * w as u32;
+            let mut s = vec![[[0f64; 4]; 32]; BQ / 8];
+            for kd in 0..D / 16 {
+                let addr: [u32; 32] = core::array::from_fn(|l| {
+                    let (r, c) = col_major_quads(l as u32);
+                    kb + L::<BK, D>::chunk_offset(key_row + r, 2 * kd as u32 + c)
+                });
+                assert_conflict_free(&addr);
+                let ka = smem.ldmatrix_x4(&addr, false);
+                for np in 0..BQ / 16 {
+                    let addr: [u32; 32] = core::array::from_fn(|l| {
+                        let (r, c) = row_major_quads(l as u32);
+                        qb + L::<BQ, D>::chunk_offset(16 * np as u32 + r, 2 * kd as u32 + c)
+                    });
+                    assert_conflict_free(&addr);
+                    let (b0, b1) = pairs2(smem.ldmatrix_x4(&addr, false));
+                    mma(&ka, &b0, &mut s[2 * np]);
+                    mma(&ka, &b1, &mut s[2 * np + 1]);
+                }
+            }
+            let s_at = |key: usize, q: usize| (0..D).map(|d| kv(key, d) * qv(q, d)).sum::<f64>();
+            for (n, tile) in s.iter().enumerate() {
+                for (lane, c) in tile.iter().enumerate() {
+                    for (e, &got) in c.iter().enumerate() {
+                        let key = key_row as usize + lane / 4 + 8 * (e / 2);
+                        let q = 8 * n + 2 * (lane % 4) + e % 2;
+                        assert_eq!(got, s_at(key, q), "S^T key {key} query {q}");
+                    }
+                }
+            }
+            // dV += P^T dO with P^T = S^T, and dS^T = S^T stored as the kernel stores it.
+            let mut dv = vec![[[0f64; 4]; 32]; D / 8];
+            for ks in 0..BQ / 16 {
+                let (lo, hi) = (&s[2 * ks], &s[2 * ks + 1]);
+                let a: [[(f64, f64); 4]; 32] = core::array::from_fn(|l| {
+                    [
+                        (lo[l][0], lo[l][1]),
+                        (lo[l][2], lo[l][3]),
+                        (hi[l][0], hi[l][1]),
+                        (hi[l][2], hi[l][3]),
+                    ]
+                });
+                for (l, regs) in a.iter().enumerate() {
+                    let (g, t) = ((l / 4) as u32, (l % 4) as u32);
+                    let col = 16 * ks as u32 + 2 * t;
+                    for (i, (row, col)) in [(g, col), (g + 8, col), (g, col + 8), (g + 8, col + 8)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let at = dsb + L::<BK, BQ>::elem_offset(key_row + row, col);
+                        smem.0.insert(at, regs[i].0);
+                        smem.0.insert(at + 2, regs[i].1);
+                    }
+                }
+                for np in 0..D / 16 {
+                    let addr: [u32; 32] = core::array::from_fn(|l| {
+                        let (r, c) = col_major_quads(l as u32);
+                        dob + L::<BQ, D>::chunk_offset(16 * ks as u32 + r, 2 * np as u32 + c)
+                    });
+                    assert_conflict_free(&addr);
+                    let (b0, b1) = pairs2(smem.ldmatrix_x4(&addr, true));
+                    mma(&a, &b0, &mut dv[2 * np]);
+                    mma(&a, &b1, &mut dv[2 * np + 1]);
+                }
+            }
+            for (n, tile) in dv.iter().enumerate() {
+                for (lane, c) in tile.iter().enumerate() {
+                    for (e, &got) in c.iter().enumerate() {
+                        let key = key_row as usize + lane / 4 + 8 * (e / 2);
+                        let col = 8 * n + 2 * (lane % 4) + e % 2;
+                        let want: f64 = (0..BQ).map(|q| s_at(key, q) * dov(q, col)).sum();
+                        assert_eq!(got, want, "dV key {key} col {col}");
+                    }
+                }
+            }
+        }
+        // dQ = dS K with dS = S (every warp's keys now in the dS^T tile), each warp's share.
+        let row_groups = BQ / 16;
+        let nq = D / 8 / (warps / row_groups);
+        let s_at = |key: usize, q: usize| (0..D).map(|d| kv(key, d) * qv(q, d)).sum::<f64>();
+        let mut covered = vec![vec![false; D]; BQ];
+        for w in 0..warps {
+            let (dq_rows, dq_tile0) = (16 * (w % row_groups), (w / row_groups) * nq);
+            let mut acc = vec![[[0f64; 4]; 32]; nq];
+            for ks in 0..BK / 16 {
+                let addr: [u32; 32] = core::array::from_fn(|l| {
+                    let (r, c) = row_major_quads(l as u32);
+                    dsb + L::<BK, BQ>::chunk_offset(16 * ks as u32 + r, (dq_rows / 8) as u32 + c)
+                });
+                assert_conflict_free(&addr);
+                let a = smem.ldmatrix_x4(&addr, true);
+                for np in 0..nq / 2 {
+                    let addr: [u32; 32] = core::array::from_fn(|l| {
+                        let (r, c) = col_major_quads(l as u32);
+                        kb + L::<BK, D>::chunk_offset(
+                            16 * ks as u32 + r,
+                            (dq_tile0 + 2 * np) as u32 + c,
+                        )
+                    });
+                    assert_conflict_free(&addr);
+                    let (b0, b1) = pairs2(smem.ldmatrix_x4(&addr, true));
+                    mma(&a, &b0, &mut acc[2 * np]);
+                    mma(&a, &b1, &mut acc[2 * np + 1]);
+                }
+            }
+            for (n, tile) in acc.iter().enumerate() {
+                for (lane, c) in tile.iter().enumerate() {
+                    for (e, &got) in c.iter().enumerate() {
+                        let q = dq_rows + lane / 4 + 8 * (e / 2);
+                        let col = 8 * (dq_tile0 + n) + 2 * (lane % 4) + e % 2;
+                        let want: f64 = (0..BK).map(|key| s_at(key, q) * kv(key, col)).sum();
+                        assert_eq!(got, want, "dQ query {q} col {col} (warp {w})");
+                        covered[q][col] = true;
+                    }
+                }
+            }
+        }
+        assert!(
+            covered.iter().flatten().all(|&c| c),
+            "the warps' dQ shares cover the block"
+        );
+    }
+
+    #[test]
+    fn fragments_compute_the_flash_backward_products() {
+        use crate::params::attention::{FLASH_BWD_D64, FLASH_BWD_D128};
+        const D64: (usize, usize, usize) = (64, FLASH_BWD_D64.block_k, FLASH_BWD_D64.block_q);
+        const D128: (usize, usize, usize) = (128, FLASH_BWD_D128.block_k, FLASH_BWD_D128.block_q);
+        backward_warp_step::<{ D64.0 }, { D64.1 }, { D64.2 }>();
+        backward_warp_step::<{ D128.0 }, { D128.1 }, { D128.2 }>();
+    }
+
     /// One warp's k-tile of the tensor-core matmul exactly as `kernels/matmul/tensor_core.rs` issues
     /// it, for each storage order: A from a `[m][k]` tile (`ldmatrix`, col-major quads) or a `[k][m]`
     /// tile (`ldmatrix.trans`, row-major quads); B from a `[k][n]` tile (`.trans`, col-major quads) or

@@ -1,6 +1,15 @@
-//! GPU naive attention backward vs the f64 CPU reference (`reference::backward`, itself checked
-//! against finite differences in the library's unit tests). The rule for each of dQ, dK and dV, with
-//! the reference computed from the same (dtype-rounded) inputs:
+//! GPU attention backward vs the f64 CPU reference (`reference::backward`, itself checked against
+//! finite differences in the library's unit tests).
+//!
+//! `flash_backward` (the `flash_*` tests): the forward's rule for each of dQ, dK and dV,
+//! `max|g - ref| <= 2 max|naive - ref| + 1e-5` with `naive` the same-precision naive backward
+//! (`reference::backward_and_naive`), on O and LSE from `flash_forward`; also within the relative
+//! 2-norm tolerance below of `naive_backward` on the same inputs. Run-to-run bit identity over 100
+//! runs, zero gradients of fully masked rows, empty sequences, custom scales, and the sm_80 build's
+//! kernels (`Build::Portable`) on part of the grid.
+//!
+//! `naive_backward`: the rule for each of dQ, dK and dV, with the reference computed from the same
+//! (dtype-rounded) inputs:
 //! - relative 2-norm error `||g - ref|| / ||ref||` at most 1e-5 (f32), 1e-3 (f16), 8e-3 (bf16)
 //!   (docs/math/ops.md; f16/bf16 outputs are rounded once from f32 math, half an ulp is 2^-11 / 2^-8);
 //! - and max-norm error `max|g - ref| <= tol_max * max|ref|` with tol_max 1e-4 (f32), 1e-3 (f16),
@@ -367,4 +376,334 @@ fn naive_backward_rejects_bad_input_before_launch() {
     };
     let e = attention::naive_backward(&q, &kv, &kv, &q, &bad_scale).unwrap_err();
     assert!(e.to_string().contains("finite"), "{e}");
+}
+
+// ------------------------------------------------------------------------------ flash_backward
+
+/// The flash kernels' head dims and dtypes; they rotate over the length pairs like [`KINDS`].
+const FLASH_KINDS: [(usize, DType); 4] = [
+    (64, DType::F16),
+    (128, DType::BF16),
+    (128, DType::F16),
+    (64, DType::BF16),
+];
+const FLASH_LENGTHS: [usize; 4] = [1, 17, 97, 200];
+
+/// Diverse cases first (the sanitizer runs the first three), then every (seq_q, seq_k) pair of
+/// 1, 17, 97, 200 with both masks at B*H = 2*3, then long and lopsided shapes.
+fn flash_cases() -> Vec<Case> {
+    use Causal::{No, Yes};
+    use DType::{BF16, F16};
+    let mut cases = vec![
+        case(2, 3, 97, 200, 64, Yes, F16),
+        case(2, 3, 200, 97, 128, Yes, BF16), // rows 0..103 see no key
+        case(1, 2, 65, 193, 128, No, F16),   // 64-row query blocks, a ragged 128-key block
+        case(3, 1, 1, 17, 64, Yes, BF16),
+        case(1, 2, 129, 64, 64, Yes, F16), // one whole key block; rows 0..65 see no key
+        case(1, 1, 17, 1025, 128, No, BF16),
+        case(1, 2, 256, 256, 128, Yes, F16), // whole blocks, the causal diagonal on block edges
+    ];
+    let mut n = 0;
+    for sq in FLASH_LENGTHS {
+        for sk in FLASH_LENGTHS {
+            for causal in [No, Yes] {
+                let (d, dtype) = FLASH_KINDS[n % FLASH_KINDS.len()];
+                n += 1;
+                cases.push(case(2, 3, sq, sk, d, causal, dtype));
+            }
+        }
+    }
+    cases.extend([
+        case(1, 2, 1025, 1025, 64, Yes, F16),
+        case(1, 2, 1025, 1025, 128, No, BF16),
+        case(1, 2, 1025, 200, 128, Yes, BF16),
+        case(1, 2, 200, 1025, 64, Yes, F16),
+        case(1, 1, 1025, 17, 64, No, BF16),
+        case(1, 1, 17, 1025, 128, Yes, F16),
+        case(1, 2, 1, 1025, 128, No, F16),
+        case(1, 2, 1025, 1, 64, Yes, BF16),
+    ]);
+    cases
+}
+
+/// `max |out - ref|`; +inf on any NaN or infinity in `out`.
+fn max_abs_err(out: &[f32], reference: &[f32]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    out.iter().zip(reference).fold(0f64, |m, (&o, &r)| {
+        if !o.is_finite() {
+            f64::INFINITY
+        } else {
+            m.max((o as f64 - r as f64).abs())
+        }
+    })
+}
+
+/// The forward on the GPU (its O and LSE are what the backward takes), then the backward.
+fn flash_run(x: &[Tensor; 4], p: &AttentionParams) -> AttentionGrads {
+    let (o, lse) = attention::flash_forward(&x[0], &x[1], &x[2], p).unwrap();
+    attention::flash_backward(&x[0], &x[1], &x[2], &o, &lse, &x[3], p).unwrap()
+}
+
+/// Runs one case through `flash_backward` on `gpu` and applies the rule to dQ, dK and dV; also
+/// compares with `naive_backward` (relative 2-norm within the naive test's tolerance). Returns the
+/// gradients' bits (dQ, dK, dV).
+fn check_flash(gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) -> [Vec<u32>; 3] {
+    let x = inputs(rng, c);
+    let p = params(c);
+    let dev = upload(gpu, &x);
+    let g = flash_run(&dev, &p);
+    let kv = [c.batch, c.heads, c.seq_k, c.head_dim];
+    assert_eq!(g.dq.shape(), x[0].shape.as_slice());
+    assert_eq!((g.dk.shape(), g.dv.shape()), (&kv[..], &kv[..]));
+    for t in [&g.dq, &g.dk, &g.dv] {
+        assert_eq!(t.dtype(), c.dtype);
+    }
+    let naive_gpu = backward(&dev, &p);
+    let want = reference::backward_and_naive(&x[0], &x[1], &x[2], &x[3], &p).unwrap();
+    let mut ratios = Vec::new();
+    for (what, out, naive_gpu, exact, naive) in [
+        ("dQ", &g.dq, &naive_gpu.dq, &want.exact.dq, &want.naive.dq),
+        ("dK", &g.dk, &naive_gpu.dk, &want.exact.dk, &want.naive.dk),
+        ("dV", &g.dv, &naive_gpu.dv, &want.exact.dv, &want.naive.dv),
+    ] {
+        let out = out.to_vec().unwrap();
+        let err = max_abs_err(&out, &exact.data);
+        let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+        if err > bound {
+            let i = out
+                .iter()
+                .zip(&exact.data)
+                .position(|(&o, &r)| !o.is_finite() || (o as f64 - r as f64).abs() > bound)
+                .unwrap_or(0);
+            panic!(
+                "{c:?} {what}: max|g - ref| = {err:.3e} > 2 max|naive - ref| + 1e-5 = {bound:.3e}; \
+                 first bad element {i} (row {} of all heads, column {}): got {} want {}",
+                i / c.head_dim,
+                i % c.head_dim,
+                out[i],
+                exact.data[i]
+            );
+        }
+        ratios.push(format!("{what} {:.2}", err / bound));
+        assert_close(
+            &format!("{c:?} {what} vs naive_backward"),
+            &out,
+            &naive_gpu.to_vec().unwrap(),
+            tol(c.dtype),
+        );
+    }
+    println!("{c:?}: error / bound: {}", ratios.join(", "));
+    [bits(&g.dq), bits(&g.dk), bits(&g.dv)]
+}
+
+#[test]
+fn flash_backward_matches_reference_over_the_grid() {
+    let Some(gpu) = gpu_or_skip("flash_backward_matches_reference_over_the_grid") else {
+        return;
+    };
+    let mut rng = rng("flash_backward_grid");
+    let cases = flash_cases();
+    for c in cases.iter().take(fuzz_cases(cases.len())) {
+        check_flash(&gpu, &mut rng, c);
+    }
+}
+
+/// The sm_80 build's kernels (what Ampere and Ada run) on part of the grid, on any device through a
+/// `Build::Portable` handle; the default handle on a 9.0 device runs the sm_90 build's.
+#[test]
+fn flash_backward_sm80_build_matches_reference() {
+    let Some(gpu) = gpu_or_skip("flash_backward_sm80_build_matches_reference") else {
+        return;
+    };
+    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
+    portable.set_poison_outputs(gpu.poison_outputs());
+    let mut rng = rng("flash_backward_sm80");
+    let cases = flash_cases();
+    for c in cases.iter().take(fuzz_cases(7)) {
+        check_flash(&portable, &mut rng, c);
+    }
+}
+
+#[test]
+fn flash_backward_is_bit_identical_over_100_runs() {
+    let Some(gpu) = gpu_or_skip("flash_backward_is_bit_identical_over_100_runs") else {
+        return;
+    };
+    let mut rng = rng("flash_backward_repeat");
+    // 17 key blocks add to every query block of the second case: the turn order is exercised.
+    for c in [
+        case(
+            2,
+            3,
+            scaled(1025, 130),
+            scaled(1025, 130),
+            128,
+            Causal::Yes,
+            DType::BF16,
+        ),
+        case(
+            1,
+            4,
+            scaled(700, 97),
+            scaled(2100, 300),
+            64,
+            Causal::No,
+            DType::F16,
+        ),
+    ] {
+        let x = upload(&gpu, &inputs(&mut rng, &c));
+        let p = params(&c);
+        let (o, lse) = attention::flash_forward(&x[0], &x[1], &x[2], &p).unwrap();
+        let run = || {
+            let g = attention::flash_backward(&x[0], &x[1], &x[2], &o, &lse, &x[3], &p).unwrap();
+            [bits(&g.dq), bits(&g.dk), bits(&g.dv)]
+        };
+        let first = run();
+        for r in 1..fuzz_cases(100) {
+            let again = run();
+            for (what, a, b) in [
+                ("dQ", &again[0], &first[0]),
+                ("dK", &again[1], &first[1]),
+                ("dV", &again[2], &first[2]),
+            ] {
+                let at = a.iter().zip(b).position(|(x, y)| x != y);
+                assert!(
+                    at.is_none(),
+                    "{c:?}: run {r}: {what} differs from run 0 at element {at:?}"
+                );
+            }
+        }
+        println!("{c:?}: {} runs bit-identical", fuzz_cases(100));
+    }
+}
+
+#[test]
+fn flash_backward_fully_masked_rows_and_empty_sequences() {
+    let Some(gpu) = gpu_or_skip("flash_backward_fully_masked_rows_and_empty_sequences") else {
+        return;
+    };
+    let mut rng = rng("flash_backward_masked");
+    // Causal with seq_q = 200 > seq_k = 17: query i sees key j iff j <= i - 183, so rows 0..183 see
+    // nothing (the first two 64-row query blocks see no key at all): their dQ is exactly 0.
+    for (d, dtype) in FLASH_KINDS {
+        let c = case(2, 3, 200, 17, d, Causal::Yes, dtype);
+        let x = inputs(&mut rng, &c);
+        let g = flash_run(&upload(&gpu, &x), &params(&c));
+        let dq = g.dq.to_vec().unwrap();
+        for head in 0..c.batch * c.heads {
+            let rows = &dq[head * c.seq_q * d..(head * c.seq_q + 183) * d];
+            assert!(rows.iter().all(|&v| v == 0.0), "{c:?}: masked dQ not 0");
+        }
+        check_flash(&gpu, &mut rng, &c);
+    }
+
+    // No keys: dQ = 0. No queries: dK = dV = 0 (written, not left poisoned).
+    for (d, dtype) in FLASH_KINDS {
+        let q = Tensor::from_f32(&gpu, &vec![0.5; 2 * 3 * d], &[1, 2, 3, d], dtype).unwrap();
+        let none = Tensor::from_f32(&gpu, &[], &[1, 2, 0, d], dtype).unwrap();
+        let kv = Tensor::from_f32(&gpu, &vec![0.25; 2 * 5 * d], &[1, 2, 5, d], dtype).unwrap();
+        for causal in [Causal::No, Causal::Yes] {
+            let p = AttentionParams {
+                causal,
+                scale: None,
+            };
+            let (o, lse) = attention::flash_forward(&q, &none, &none, &p).unwrap();
+            let g = attention::flash_backward(&q, &none, &none, &o, &lse, &q, &p).unwrap();
+            assert!(g.dq.to_vec().unwrap().iter().all(|&v| v == 0.0));
+            assert_eq!(g.dk.shape(), &[1, 2, 0, d]);
+            let (o, lse) = attention::flash_forward(&none, &kv, &kv, &p).unwrap();
+            let g = attention::flash_backward(&none, &kv, &kv, &o, &lse, &none, &p).unwrap();
+            assert_eq!(g.dq.shape(), &[1, 2, 0, d]);
+            for t in [&g.dk, &g.dv] {
+                assert!(
+                    t.to_vec().unwrap().iter().all(|&v| v == 0.0),
+                    "D{d} {dtype:?} {causal:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn flash_backward_custom_scales() {
+    let Some(gpu) = gpu_or_skip("flash_backward_custom_scales") else {
+        return;
+    };
+    let mut rng = rng("flash_backward_scales");
+    for (i, scale) in [0.5f32, -0.3, 0.0].into_iter().enumerate() {
+        let (d, dtype) = FLASH_KINDS[i];
+        for causal in [Causal::No, Causal::Yes] {
+            let mut c = case(1, 3, 130, 70, d, causal, dtype);
+            c.scale = Some(scale);
+            check_flash(&gpu, &mut rng, &c);
+        }
+    }
+}
+
+#[test]
+fn flash_backward_rejects_bad_input_before_launch() {
+    let Some(gpu) = gpu_or_skip("flash_backward_rejects_bad_input_before_launch") else {
+        return;
+    };
+    let t = |shape: &[usize], dtype| {
+        Tensor::from_f32(&gpu, &vec![0.1; shape.iter().product()], shape, dtype).unwrap()
+    };
+    let p = AttentionParams::default();
+    let q = t(&[1, 2, 8, 64], DType::F16);
+    let kv = t(&[1, 2, 5, 64], DType::F16);
+    let (o, lse) = attention::flash_forward(&q, &kv, &kv, &p).unwrap();
+    assert!(attention::flash_backward(&q, &kv, &kv, &o, &lse, &q, &p).is_ok());
+    // dO of K's shape; O of another dtype; LSE of the wrong shape, dtype, or strided.
+    let e = attention::flash_backward(&q, &kv, &kv, &o, &lse, &kv, &p).unwrap_err();
+    assert!(
+        matches!(e, host::Error::Shape { .. }) && e.to_string().contains("d_o"),
+        "{e}"
+    );
+    let o16 = t(&[1, 2, 8, 64], DType::BF16);
+    let e = attention::flash_backward(&q, &kv, &kv, &o16, &lse, &q, &p).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            host::Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ) && e.to_string().contains("o"),
+        "{e}"
+    );
+    let e = attention::flash_backward(&q, &kv, &kv, &o, &t(&[1, 2, 5], DType::F32), &q, &p)
+        .unwrap_err();
+    assert!(
+        matches!(e, host::Error::Shape { .. }) && e.to_string().contains("lse"),
+        "{e}"
+    );
+    let e = attention::flash_backward(&q, &kv, &kv, &o, &t(&[1, 2, 8], DType::F16), &q, &p)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            host::Error::DType {
+                got: DType::F16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let lse_t = t(&[1, 8, 2], DType::F32).transpose(1, 2).unwrap();
+    let e = attention::flash_backward(&q, &kv, &kv, &o, &lse_t, &q, &p).unwrap_err();
+    assert!(
+        matches!(e, host::Error::NotContiguous { what: "lse", .. }),
+        "{e}"
+    );
+    // The forward's rules: f32, an unsupported head dim, heads that disagree.
+    let q32 = t(&[1, 2, 8, 64], DType::F32);
+    let l32 = t(&[1, 2, 8], DType::F32);
+    let e = attention::flash_backward(&q32, &q32, &q32, &q32, &l32, &q32, &p).unwrap_err();
+    assert!(matches!(e, host::Error::DType { .. }), "{e}");
+    let q96 = t(&[1, 2, 8, 96], DType::F16);
+    let e = attention::flash_backward(&q96, &q96, &q96, &q96, &l32, &q96, &p).unwrap_err();
+    assert!(e.to_string().contains("[64, 128]"), "{e}");
+    let k3 = t(&[1, 3, 5, 64], DType::F16);
+    let e = attention::flash_backward(&q, &k3, &k3, &o, &lse, &q, &p).unwrap_err();
+    assert!(matches!(e, host::Error::Shape { .. }), "{e}");
 }

@@ -1,5 +1,7 @@
 //! Atomics on global memory. Float atomics make summation order depend on scheduling, so no reduction
-//! in this crate uses them for results (determinism rule); they are here for counters and flags.
+//! in this crate uses them for results in an order it does not fix (determinism rule); they are here
+//! for counters and flags, and for sums whose writers are serialised in a fixed order
+//! ([`red_add_f32`] behind [`load_acquire_u32`] / [`add_release_u32`] turn counters).
 
 /// `atom.global.add.u32`; returns the old value.
 ///
@@ -25,4 +27,69 @@ pub unsafe fn add_f32(addr: *mut f32, v: f32) -> f32 {
         core::arch::asm!("atom.global.add.f32 {o}, [{a}], {v};", o = out(reg32) old, a = in(reg64) addr, v = in(reg32) v, options(nostack))
     }
     old
+}
+
+/// `ld.acquire.gpu.global.u32`: a load that later memory operations of this thread cannot move
+/// above, and that synchronises with the `release` write it reads (so this thread then sees every
+/// write ordered before that release, by any thread of the releasing block). The wait side of a
+/// flag or turn counter between blocks.
+///
+/// # Safety
+/// `addr` must point to a live, 4-byte aligned `u32` in global memory.
+#[inline(always)]
+pub unsafe fn load_acquire_u32(addr: *const u32) -> u32 {
+    let v: u32;
+    unsafe {
+        core::arch::asm!("ld.acquire.gpu.global.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg64) addr, options(nostack))
+    }
+    v
+}
+
+/// `red.release.gpu.global.add.u32`: adds `v` after every earlier memory operation of this thread,
+/// and of every thread ordered before it by a block barrier, is visible at GPU scope (release is
+/// cumulative). The signal side of [`load_acquire_u32`]: `sync_threads()`, then one thread calls this.
+///
+/// # Safety
+/// `addr` must point to a live, 4-byte aligned `u32` in global memory.
+#[inline(always)]
+pub unsafe fn add_release_u32(addr: *mut u32, v: u32) {
+    unsafe {
+        core::arch::asm!("red.release.gpu.global.add.u32 [{a}], {v};", a = in(reg64) addr, v = in(reg32) v, options(nostack))
+    }
+}
+
+/// `red.global.add.f32` (relaxed, GPU scope, no return value). Its result depends on the order of
+/// the additions to one address, so it is deterministic only where that order is fixed: callers
+/// serialise the writers of each address (FlashAttention's dQ: one block at a time per query block,
+/// in a fixed order, through a turn counter).
+///
+/// # Safety
+/// `addr` must point to a live, 4-byte aligned `f32` in global memory.
+#[inline(always)]
+pub unsafe fn red_add_f32(addr: *mut f32, v: f32) {
+    unsafe {
+        core::arch::asm!("red.global.add.f32 [{a}], {v};", a = in(reg64) addr, v = in(reg32) v, options(nostack))
+    }
+}
+
+/// Polls at most this many times in [`wait_for_turn`] before trapping.
+pub const TURN_POLLS: u32 = 1 << 26;
+
+/// Spins (every calling thread, with [`load_acquire_u32`]) until the counter at `addr` equals `turn`.
+/// A turn that has not come after [`TURN_POLLS`] polls (tens of seconds: far beyond any wait the
+/// ordering protocols here allow) means the protocol's assumption failed; the kernel traps, so the
+/// launch fails with an error instead of hanging the device.
+///
+/// # Safety
+/// `addr` must point to a live, 4-byte aligned `u32` in global memory.
+#[inline(always)]
+pub unsafe fn wait_for_turn(addr: *const u32, turn: u32) {
+    let mut polls = 0u32;
+    while unsafe { load_acquire_u32(addr) } != turn {
+        polls += 1;
+        if polls == TURN_POLLS {
+            // SAFETY: `trap` aborts the kernel; nothing after it runs.
+            unsafe { core::arch::nvptx::trap() }
+        }
+    }
 }

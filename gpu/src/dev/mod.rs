@@ -91,3 +91,18 @@ pub fn opaque_u32(v: u32) -> u32 {
     }
     out
 }
+
+/// `v`, unchanged, through an empty `mov` that also reads `dep` (in a PTX comment). With `dep` a loop
+/// counter, values computed from the result inside the loop are no longer loop-invariant, so the
+/// optimiser computes them where they are used instead of once before the loop, keeping each in a
+/// register for the whole loop (per-lane shared-memory offsets of a tile-heavy kernel: tens of
+/// registers).
+#[inline(always)]
+pub fn opaque_dep_u32(v: u32, dep: u32) -> u32 {
+    let out: u32;
+    // SAFETY: a register move.
+    unsafe {
+        core::arch::asm!("mov.b32 {o}, {i}; // {d}", o = out(reg32) out, i = in(reg32) v, d = in(reg32) dep, options(nostack, nomem, pure))
+    }
+    out
+}

@@ -22,7 +22,9 @@ use core::marker::PhantomData;
 
 use crate::dev::copy::{cp_async_16, ldmatrix_x4, ldmatrix_x4_trans};
 use crate::dev::mma::{FragA, FragB};
-use crate::dev::shared::{SharedScalar, check_index, dynamic_base, ld_shared_v4, st_shared_v4};
+use crate::dev::shared::{
+    SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4, st_shared_v4,
+};
 use crate::dev::thread::lane_id;
 use crate::layout::{CHUNK_BYTES, Element, Swizzle, TileLayout, ldmatrix};
 
@@ -75,6 +77,19 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E,
         Self::from_aligned(self.base + i * Self::BYTES as u32)
     }
 
+    /// The same tile, its base passed through [`crate::dev::opaque_dep_u32`]. Inside a loop, with
+    /// `dep` the loop counter, the optimiser can no longer treat the tile's `ldmatrix` addresses as
+    /// loop-invariant: otherwise it computes every block address of a fixed tile (one XOR per block,
+    /// see [`TileLayout::block_addr`]) once before the loop and keeps them all in registers for the
+    /// whole loop, tens of registers a kernel with large accumulators lacks.
+    #[inline(always)]
+    pub fn in_step(self, dep: u32) -> Self {
+        Self {
+            base: crate::dev::opaque_dep_u32(self.base, dep),
+            _layout: PhantomData,
+        }
+    }
+
     /// Shared address of logical chunk `chunk` of row `row` (16-byte aligned).
     #[inline(always)]
     pub fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
@@ -121,6 +136,21 @@ impl<E: Element, const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<E,
         check_index((off % 4) as usize, 1);
         // SAFETY: 4-byte aligned (checked above in checked builds) and inside the tile.
         unsafe { u32::st_shared(self.base + off, word) }
+    }
+}
+
+impl<const ROWS: usize, const COLS: usize, S: Swizzle> SharedTile<f32, ROWS, COLS, S> {
+    /// Elements (row, col) and (row, col + 1) with one `ld.shared.v2.f32`; `col` must be even (the
+    /// pair then lies in one 16-byte chunk, 8-byte aligned).
+    #[inline(always)]
+    pub fn load_pair(&self, row: u32, col: u32) -> [f32; 2] {
+        check_index(row as usize, ROWS);
+        check_index(col as usize + 1, COLS);
+        check_index((col % 2) as usize, 1);
+        let off = TileLayout::<f32, ROWS, COLS, S>::elem_offset(row, col);
+        // SAFETY: in the tile (checked in checked builds) and 8-byte aligned (even column, 16-byte
+        // aligned chunks); the caller orders the writes before this read, as for every tile read.
+        unsafe { ld_shared_v2_f32(self.base + off) }
     }
 }
 

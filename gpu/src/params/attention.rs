@@ -1,4 +1,5 @@
-//! Attention (naive and FlashAttention forward): the shape parameters and each kernel's one config.
+//! Attention (naive, FlashAttention forward and backward): the shape parameters and each kernel's
+//! one config.
 use super::KernelParam;
 use crate::layout::{TileLayout, Xor8};
 
@@ -220,6 +221,121 @@ const _: () = {
         assert!((c.block_q * c.head_dim * 2).is_multiple_of(1024));
         assert!((c.block_k * c.head_dim * 2).is_multiple_of(1024));
         assert!(c.stages == 2 && c.smem_bytes() <= 227 * 1024);
+        i += 1;
+    }
+};
+
+/// The compile-time configuration of one FlashAttention backward kernel (`flash_bwd_d*`). One CTA per
+/// (block of `block_k` keys, head, batch) keeps its K and V block in shared memory and its dK, dV
+/// accumulators in registers, each warp owning 16 keys; it loops over the query blocks of
+/// `block_q` rows that see its keys. The kernel reads these as const generics and asserts its
+/// shared-memory plan matches [`FlashBwdConfig::smem_bytes`]; the launcher reads the same values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashBwdConfig {
+    pub head_dim: usize,
+    /// Keys per CTA (16 per warp).
+    pub block_k: usize,
+    /// Query rows per step of the loop, and the granularity of the dQ accumulation order: every
+    /// step adds one `block_q x head_dim` partial dQ block. 32 or 64.
+    pub block_q: usize,
+    /// The launch bound's CTAs per SM.
+    pub min_blocks: u32,
+}
+
+impl FlashBwdConfig {
+    /// Warps per CTA: each owns 16 keys (and a share of the dQ product, see [`Self::dq_col_split`]).
+    pub const fn warps(&self) -> usize {
+        self.block_k / 16
+    }
+    pub const fn threads(&self) -> usize {
+        self.warps() * 32
+    }
+    /// For `dQ += dS K`, warps split the `block_q` rows into groups of 16 and, when there are more
+    /// warps than row groups, the head dim into this many column ranges.
+    pub const fn dq_col_split(&self) -> usize {
+        self.warps() / (self.block_q / 16)
+    }
+    /// Columns of the dS^T tile: `block_q`, but at least 64 (128-byte rows, what the `Xor8`
+    /// swizzle needs; with 32 queries a step half of each row is unused).
+    pub const fn ds_cols(&self) -> usize {
+        if self.block_q < 64 { 64 } else { self.block_q }
+    }
+    /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, two stages each of
+    /// the Q and dO blocks, the dS^T block (`block_k x ds_cols`), and two stages of the per-row
+    /// statistics (LSE and D, f32, `2 x block_q`). 16-bit elements, rows swizzled.
+    pub const fn smem_bytes(&self) -> usize {
+        2 * self.block_k * self.head_dim * 2
+            + 2 * 2 * self.block_q * self.head_dim * 2
+            + self.block_k * self.ds_cols() * 2
+            + 2 * 2 * self.block_q * 4
+    }
+}
+
+/// Rows per block of the backward's pre-pass (`flash_bwd_pre_*`, one CTA each); the per-row
+/// statistics are padded to a multiple of it: `[2, batch * heads, ceil(seq_q / 64) * 64]` f32, the
+/// LSE in log2 units, then D.
+pub const FLASH_BWD_PRE_ROWS: usize = 64;
+/// Query rows per turn counter of the deterministic dQ accumulation (`batch * heads *
+/// ceil(seq_q / 32)` u32); a kernel with `block_q` rows a step uses the counter of its first 32.
+pub const FLASH_BWD_TURN_ROWS: usize = 32;
+
+/// Design notes (no measurements yet; the H100 benchmark is the judge):
+/// - 128 keys a CTA (8 warps, 16 keys each): every Q and dO block brought into shared memory feeds
+///   128 keys, and each dQ partial block added to the f32 accumulator covers 128 keys, halving the
+///   L2 traffic per FLOP of 64-key CTAs.
+/// - 64 query rows a step: per thread, S^T and dP^T are 32 f32 each (16 keys x 64 queries a warp);
+///   the dK and dV accumulators are `head_dim / 2` f32 each (64 + 64 at D = 128). `block_q = 32`
+///   halves S^T and dP^T (the kernel supports it; 128-byte dS^T rows keep its swizzle).
+/// - One CTA per SM (up to 255 registers a thread); 81 KiB (D = 64) and 145 KiB (D = 128) of
+///   shared memory.
+pub const FLASH_BWD_D64: FlashBwdConfig = FlashBwdConfig {
+    head_dim: 64,
+    block_k: 128,
+    block_q: 64,
+    min_blocks: 1,
+};
+pub const FLASH_BWD_D128: FlashBwdConfig = FlashBwdConfig {
+    head_dim: 128,
+    block_k: 128,
+    block_q: 64,
+    min_blocks: 1,
+};
+
+/// The backward config for a head dimension, or `None` if there is no kernel for it.
+pub const fn flash_bwd_config(head_dim: usize) -> Option<FlashBwdConfig> {
+    match head_dim {
+        64 => Some(FLASH_BWD_D64),
+        128 => Some(FLASH_BWD_D128),
+        _ => None,
+    }
+}
+
+/// Threads a block of the backward's pre-pass (`flash_bwd_pre_*`: D, the LSE in log2 units, zeroed
+/// dQ accumulator and turn counters; one block per [`FLASH_BWD_PRE_ROWS`] rows) and of the dQ conversion
+/// (`flash_bwd_dq_*`, grid-stride over 8-element chunks).
+pub mod flash_bwd {
+    pub const PRE_THREADS: u32 = 256;
+    pub const CONVERT_THREADS: u32 = 256;
+}
+
+// Every backward config: warps split evenly into dQ row groups and column ranges, 16-byte chunked
+// tiles, and the shared memory within sm_80's 163 KiB a block (sm_90: 227 KiB).
+const _: () = {
+    let cfgs = [FLASH_BWD_D64, FLASH_BWD_D128];
+    let mut i = 0;
+    while i < cfgs.len() {
+        let c = cfgs[i];
+        assert!(c.block_q.is_multiple_of(FLASH_BWD_TURN_ROWS));
+        assert!(FLASH_BWD_PRE_ROWS.is_multiple_of(c.block_q));
+        assert!(c.block_k.is_multiple_of(16) && c.head_dim.is_multiple_of(64));
+        assert!(c.warps().is_multiple_of(c.block_q / 16) && c.dq_col_split() >= 1);
+        assert!((c.head_dim / 8).is_multiple_of(2 * c.dq_col_split()));
+        assert!(c.smem_bytes() <= 163 * 1024);
+        // The pre-pass covers its rows in whole passes of its threads.
+        assert!((flash_bwd::PRE_THREADS as usize).is_multiple_of(c.head_dim / 8));
+        assert!(
+            FLASH_BWD_PRE_ROWS.is_multiple_of(flash_bwd::PRE_THREADS as usize / (c.head_dim / 8))
+        );
         i += 1;
     }
 };

@@ -1,9 +1,12 @@
 //! Attention forward: FlashAttention-2 on `mma.sync` ([`flash`], the sm_80 build), its Hopper wgmma
 //! form (`flash_wgmma`, the sm_90 build: compute capability 9.0 runs that build, so the `mma.sync`
-//! kernel would never run there) and the naive reference ([`naive`], both builds).
+//! kernel would never run there) and the naive reference ([`naive`], both builds). Backward:
+//! FlashAttention-2 on `mma.sync` ([`flash_bwd`], both builds until a wgmma form exists) and the
+//! naive reference.
 //! Semantics, layouts and the causal convention: `params::attention`.
 #[cfg(not(target_feature = "sm_90a"))]
 mod flash;
+mod flash_bwd;
 #[cfg(target_feature = "sm_90a")]
 mod flash_wgmma;
 mod naive;

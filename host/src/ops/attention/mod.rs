@@ -1,5 +1,6 @@
 //! Attention forward: `O = softmax(scale * Q K^T + mask) V` per (batch, head), and the row
-//! log-sum-exp `LSE = ln sum_j exp(scale * q_i . k_j)` over the visible keys (what backward needs).
+//! log-sum-exp `LSE = ln sum_j exp(scale * q_i . k_j)` over the visible keys (what backward needs);
+//! and the backward (dQ, dK, dV).
 //!
 //! - Layout: Q `[batch, heads, seq_q, head_dim]`, K and V `[batch, heads, seq_k, head_dim]`, all
 //!   contiguous. `[batch, seq, heads, head_dim]` is **not** accepted, either as a rank-4 tensor of that
@@ -15,6 +16,8 @@
 //!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
 //! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
 //!   kernel (the naive path: one per chunk of heads), and outputs are fresh allocations.
+//! - [`flash_backward`]: dQ, dK, dV from dO and the forward's O and LSE, FlashAttention-2 on
+//!   tensor cores, deterministic; f16/bf16, head dims [`FLASH_HEAD_DIMS`].
 //! - [`naive_backward`]: dQ, dK, dV from dO through the materialised scores (P and dS in f32
 //!   scratch), same inputs and masking as [`naive_forward`]; gradients in the input dtype, f32 math.
 //!   Rows that see no key contribute nothing: their dQ is 0 and they add 0 to dK and dV (never NaN).
@@ -34,14 +37,14 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_config,
-    flash_wgmma_config, naive,
+    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_D64_Q64, FlashWgmmaConfig,
+    MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config, flash_wgmma_config, naive,
 };
 
 use crate::DType;
 use crate::error::{Error, Result};
 use crate::kernel_name;
-use crate::launch::{ByValue, launch_cfg, launch_cfg_large_smem};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg, launch_cfg_large_smem};
 use crate::ops::{aligned16, same_device_and_dtype};
 use crate::tensor::Tensor;
 
@@ -279,27 +282,82 @@ fn validate_operands(
 
 /// The upstream gradient dO of a backward call: q's shape, dtype and contiguity.
 fn validate_grad_output(op: &'static str, q: &Operand, d_o: &Operand) -> Result<()> {
-    if d_o.shape != q.shape {
+    validate_like_q(op, q, d_o, "the gradient of O")
+}
+
+/// An operand that must have q's shape, dtype and contiguity (`what` says what it is).
+fn validate_like_q(op: &'static str, q: &Operand, x: &Operand, what: &str) -> Result<()> {
+    if x.shape != q.shape {
         return Err(Error::Shape {
             op,
-            what: format!("{} (the gradient of O) must have q's shape", d_o.name),
+            what: format!("{} ({what}) must have q's shape", x.name),
             expected: format!("{:?}", q.shape),
-            got: d_o.shape.to_vec(),
+            got: x.shape.to_vec(),
         });
     }
-    if d_o.dtype != q.dtype {
+    if x.dtype != q.dtype {
         return Err(Error::DType {
             op,
-            expected: format!("{} (q's dtype) for {}", q.dtype, d_o.name),
-            got: d_o.dtype,
+            expected: format!("{} (q's dtype) for {}", q.dtype, x.name),
+            got: x.dtype,
         });
     }
-    if !d_o.contiguous {
+    if !x.contiguous {
         return Err(Error::NotContiguous {
             op,
-            what: d_o.name,
-            shape: d_o.shape.to_vec(),
-            strides: d_o.strides.to_vec(),
+            what: x.name,
+            shape: x.shape.to_vec(),
+            strides: x.strides.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// The rules [`flash_backward`] adds to the forward's for O, LSE and dO (`[q, o, lse, d_o]`): O and dO
+/// like q (and 16-byte aligned, for the kernels' vector loads), LSE `[batch, heads, seq_q]` f32,
+/// contiguous, as `flash_forward` returns it.
+fn validate_backward_operands(
+    op: &'static str,
+    d: &Dims,
+    [q, o, lse, d_o]: &[Operand; 4],
+) -> Result<()> {
+    for (x, what) in [(o, "the forward's output O"), (d_o, "the gradient of O")] {
+        validate_like_q(op, q, x, what)?;
+        if !x.aligned16 {
+            return Err(Error::Invalid {
+                op,
+                msg: format!(
+                    "{} must start at a 16-byte aligned address (a view at an odd offset?)",
+                    x.name
+                ),
+            });
+        }
+    }
+    let want = [d.batch, d.heads, d.seq_q];
+    if lse.shape != want {
+        return Err(Error::Shape {
+            op,
+            what: format!(
+                "{} (the forward's log-sum-exp, as flash_forward returns it) must be [batch, heads, seq_q]",
+                lse.name
+            ),
+            expected: format!("{want:?}"),
+            got: lse.shape.to_vec(),
+        });
+    }
+    if lse.dtype != DType::F32 {
+        return Err(Error::DType {
+            op,
+            expected: format!("f32 for {} (the forward's log-sum-exp)", lse.name),
+            got: lse.dtype,
+        });
+    }
+    if !lse.contiguous {
+        return Err(Error::NotContiguous {
+            op,
+            what: lse.name,
+            shape: lse.shape.to_vec(),
+            strides: lse.strides.to_vec(),
         });
     }
     Ok(())
@@ -505,6 +563,192 @@ pub fn flash_forward_variant(
         });
     }
     flash_launch(OP, q, k, v, params, &d, scale, variant)
+}
+
+/// FlashAttention backward: `(dQ, dK, dV)` for upstream gradient `d_o`, from the inputs, `params` and
+/// the outputs `(o, lse)` of the [`flash_forward`] call (same shapes and contract: `[B, H, S, D]`
+/// contiguous, f16/bf16, head dims [`FLASH_HEAD_DIMS`], causal bottom-right or not, any lengths).
+/// Gradients in the input dtype; rows that see no key get dQ = 0 and add nothing to dK and dV.
+///
+/// FlashAttention-2 on tensor cores (`mma.sync`, both builds; `gpu/src/kernels/attention/flash_bwd.rs`):
+/// a pre-pass computes `D = rowsum(dO * O)`, one CTA per block of keys keeps dK and dV in registers
+/// and walks the query blocks, recomputing `P` from the LSE, and adds each partial dQ block into an
+/// f32 accumulator; a last kernel rounds dQ. **Deterministic**: the partial dQ blocks of a query
+/// block are added one key block at a time, in ascending order, behind a turn counter per query
+/// block (no float atomics whose order varies), so every run gives the same bits. Extra device
+/// memory: the f32 dQ accumulator (`4 B H S_q D` bytes) and `O(B H S_q)` bytes of statistics and
+/// counters, never `S_q S_k`.
+///
+/// ```no_run
+/// use host::ops::attention::{self, AttentionParams, Causal};
+/// use host::{DType, Gpu, Tensor};
+/// # fn main() -> host::Result<()> {
+/// let gpu = Gpu::new(0)?;
+/// let q = Tensor::from_f32(&gpu, &vec![0.1; 2 * 4 * 100 * 64], &[2, 4, 100, 64], DType::BF16)?;
+/// let kv = Tensor::from_f32(&gpu, &vec![0.2; 2 * 4 * 300 * 64], &[2, 4, 300, 64], DType::BF16)?;
+/// let params = AttentionParams { causal: Causal::Yes, scale: None };
+/// let (o, lse) = attention::flash_forward(&q, &kv, &kv, &params)?;
+/// let d_o = Tensor::from_f32(&gpu, &vec![1.0; 2 * 4 * 100 * 64], &[2, 4, 100, 64], DType::BF16)?;
+/// let g = attention::flash_backward(&q, &kv, &kv, &o, &lse, &d_o, &params)?;
+/// assert_eq!((g.dq.shape(), g.dk.shape()), (&[2, 4, 100, 64][..], &[2, 4, 300, 64][..]));
+/// # Ok(()) }
+/// ```
+pub fn flash_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: &Tensor,
+    d_o: &Tensor,
+    params: &AttentionParams,
+) -> Result<AttentionGrads> {
+    const OP: &str = "attention::flash_backward";
+    let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    for x in [o, lse, d_o] {
+        if !q.gpu().same_device(x.gpu()) {
+            return Err(Error::DeviceMismatch { op: OP });
+        }
+    }
+    validate_backward_operands(
+        OP,
+        &d,
+        &[
+            Operand::of("q", q),
+            Operand::of("o", o),
+            Operand::of("lse", lse),
+            Operand::of("d_o", d_o),
+        ],
+    )?;
+    let Some((cfg, names)) =
+        flash_bwd_config(d.head_dim).zip(flash_bwd_kernels(d.head_dim, q.dtype()))
+    else {
+        unreachable!("validate accepts only head dims and dtypes with a kernel")
+    };
+    let gpu = q.gpu();
+    let kv_shape = [d.batch, d.heads, d.seq_k, d.head_dim];
+    let grads = AttentionGrads {
+        dq: Tensor::empty(gpu, q.shape(), q.dtype())?,
+        dk: Tensor::empty(gpu, &kv_shape, q.dtype())?,
+        dv: Tensor::empty(gpu, &kv_shape, q.dtype())?,
+    };
+    let heads_total = d.batch * d.heads;
+    if heads_total == 0 || d.seq_q + d.seq_k == 0 {
+        return Ok(grads);
+    }
+    let pre_blocks = d.seq_q.div_ceil(FLASH_BWD_PRE_ROWS);
+    let n_kblocks = d.seq_k.div_ceil(cfg.block_k);
+    // The LSE in log2 units and D per query row (f32, padded to whole pre-pass blocks), a turn
+    // counter per 32 query rows (u32, in an f32 tensor: only the kernels read it), the f32 dQ
+    // accumulator. The pre-pass writes all three.
+    let stats = Tensor::empty(
+        gpu,
+        &[2 * heads_total * pre_blocks * FLASH_BWD_PRE_ROWS],
+        DType::F32,
+    )?;
+    let turns = Tensor::empty(
+        gpu,
+        &[heads_total * d.seq_q.div_ceil(FLASH_BWD_TURN_ROWS)],
+        DType::F32,
+    )?;
+    let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.head_dim], DType::F32)?;
+    let shape = shape_param(&d, params, scale, 0);
+    let grid = |blocks: usize, what: &'static str| {
+        u32::try_from(blocks).map_err(|_| Error::TooLarge {
+            op: OP,
+            what,
+            given: blocks as u64,
+            max: u32::MAX as u64,
+        })
+    };
+    let (qb, kb) = (
+        grid(pre_blocks, "query blocks")?,
+        grid(n_kblocks, "key blocks")?,
+    );
+    if d.seq_q > 0 {
+        launch_cfg(
+            gpu,
+            names.pre,
+            LaunchConfig {
+                grid_dim: (qb, d.heads as u32, d.batch as u32),
+                block_dim: (flash_bwd::PRE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[
+                &ByValue(o.raw()),
+                &ByValue(d_o.raw()),
+                &ByValue(lse.raw()),
+                &ByValue(stats.raw()),
+                &ByValue(dq_acc.raw()),
+                &ByValue(turns.raw()),
+                &ByValue(shape),
+            ],
+        )?;
+    }
+    // With seq_q = 0 the main kernel still runs: no query block to walk, dK = dV = 0 written.
+    if d.seq_k > 0 {
+        launch_cfg_large_smem(
+            gpu,
+            names.main,
+            LaunchConfig {
+                grid_dim: (kb, d.heads as u32, d.batch as u32),
+                block_dim: (cfg.threads() as u32, 1, 1),
+                shared_mem_bytes: cfg.smem_bytes() as u32,
+            },
+            &[
+                &ByValue(q.raw()),
+                &ByValue(k.raw()),
+                &ByValue(v.raw()),
+                &ByValue(d_o.raw()),
+                &ByValue(stats.raw()),
+                &ByValue(dq_acc.raw()),
+                &ByValue(turns.raw()),
+                &ByValue(grads.dk.raw()),
+                &ByValue(grads.dv.raw()),
+                &ByValue(shape),
+            ],
+        )?;
+    }
+    // With seq_k = 0 the accumulator stays as the pre-pass zeroed it: dQ = 0.
+    let n8 = (heads_total * d.seq_q * d.head_dim / 8) as u64;
+    if n8 > 0 {
+        launch(
+            gpu,
+            names.convert,
+            grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
+            flash_bwd::CONVERT_THREADS,
+            &[
+                &ByValue(dq_acc.raw()),
+                &ByValue(grads.dq.raw()),
+                &n8,
+                &scale,
+            ],
+        )?;
+    }
+    Ok(grads)
+}
+
+/// The three kernels of one [`flash_backward`] call.
+#[derive(Clone, Copy, Debug)]
+struct FlashBwdKernels {
+    pre: &'static str,
+    main: &'static str,
+    convert: &'static str,
+}
+
+fn flash_bwd_kernels(head_dim: usize, dtype: DType) -> Option<FlashBwdKernels> {
+    let (pre, convert) = match dtype {
+        DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
+        DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
+        DType::F32 => return None,
+    };
+    let main = match (head_dim, dtype) {
+        (64, DType::F16) => "flash_bwd_d64_f16",
+        (64, DType::BF16) => "flash_bwd_d64_bf16",
+        (128, DType::F16) => "flash_bwd_d128_f16",
+        (128, DType::BF16) => "flash_bwd_d128_bf16",
+        _ => return None,
+    };
+    Some(FlashBwdKernels { pre, main, convert })
 }
 
 /// Naive attention forward (scores materialised, f32 math): returns `(O, LSE)`. f32/f16/bf16,

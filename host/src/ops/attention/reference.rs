@@ -102,6 +102,45 @@ pub fn backward(
     d_o: &HostTensor,
     params: &AttentionParams,
 ) -> Result<AttentionGrads<HostTensor>> {
+    Ok(backward_impl(q, k, v, d_o, params, false)?.exact)
+}
+
+/// Exact and same-precision-naive gradients of one backward computation.
+#[derive(Clone, Debug)]
+pub struct BothGrads {
+    /// [`backward`]: f64 arithmetic, stored as (unrounded) f32.
+    pub exact: AttentionGrads<HostTensor>,
+    /// What a naive backward in the input dtype computes (see [`backward_and_naive`]), in that dtype.
+    pub naive: AttentionGrads<HostTensor>,
+}
+
+/// [`backward`] and the straightforward backward in the input dtype, rounding where a naive f16/bf16
+/// implementation (autograd through `S = scale Q K^T`, softmax and `P V`) stores a tensor:
+/// `S = round(scale Q K^T)`, `P = round(softmax(S))`, `dP = round(dO V^T)`,
+/// `dS = round(P (dP - rowsum(P dP)))` (the softmax backward in f32 math, one rounding),
+/// `dV = round(P^T dO)`, `dQ = round(scale dS K)`, `dK = round(scale dS^T Q)`; every product and sum
+/// is accumulated exactly. The naive gradients' distance from the exact ones is the error scale of
+/// the backward's correctness rule `max|g - ref| <= 2 max|naive - ref| + 1e-5` (docs/math/attention.md),
+/// the forward's rule applied to each of dQ, dK and dV. For f32 inputs both are the f64 result.
+pub fn backward_and_naive(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    d_o: &HostTensor,
+    params: &AttentionParams,
+) -> Result<BothGrads> {
+    backward_impl(q, k, v, d_o, params, true)
+}
+
+/// Both backwards, or (`with_naive` false) only the exact one, the naive gradients then left 0.
+fn backward_impl(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    d_o: &HostTensor,
+    params: &AttentionParams,
+    with_naive: bool,
+) -> Result<BothGrads> {
     const OP: &str = "attention::reference::backward";
     let d = dims(OP, &q.shape, &k.shape, &v.shape)?;
     if d_o.shape != q.shape {
@@ -116,18 +155,30 @@ pub fn backward(
     let causal = params.causal == Causal::Yes;
     let (sq, sk, dh) = (d.seq_q, d.seq_k, d.head_dim);
     let heads = d.batch * d.heads;
-    let mut dq = vec![0f32; heads * sq * dh];
-    let mut dk = vec![0f32; heads * sk * dh];
-    let mut dv = vec![0f32; heads * sk * dh];
+    let dtype = q.dtype;
+    // [exact, naive] x [dq, dk, dv]
+    let mut out: [[Vec<f32>; 3]; 2] = std::array::from_fn(|_| {
+        [
+            vec![0f32; heads * sq * dh],
+            vec![0f32; heads * sk * dh],
+            vec![0f32; heads * sk * dh],
+        ]
+    });
     let f64s = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| v as f64).collect() };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = heads.div_ceil(threads).max(1);
+    let [[edq, edk, edv], [ndq, ndk, ndv]] = &mut out;
     std::thread::scope(|s| {
-        let parts = dq
+        let parts = edq
             .chunks_mut((per * sq * dh).max(1))
-            .zip(dk.chunks_mut((per * sk * dh).max(1)))
-            .zip(dv.chunks_mut((per * sk * dh).max(1)));
-        for (t, ((dq, dk), dv)) in parts.enumerate() {
+            .zip(edk.chunks_mut((per * sk * dh).max(1)))
+            .zip(edv.chunks_mut((per * sk * dh).max(1)))
+            .zip(
+                ndq.chunks_mut((per * sq * dh).max(1))
+                    .zip(ndk.chunks_mut((per * sk * dh).max(1)))
+                    .zip(ndv.chunks_mut((per * sk * dh).max(1))),
+            );
+        for (t, (((edq, edk), edv), ((ndq, ndk), ndv))) in parts.enumerate() {
             s.spawn(move || {
                 for h in 0..per.min(heads - t * per) {
                     let head = t * per + h;
@@ -145,25 +196,41 @@ pub fn backward(
                         scale,
                         causal,
                     };
-                    let g = x.backward(&f64s(&d_o.data[qr]));
+                    let g_o = f64s(&d_o.data[qr]);
                     let (a, b) = (h * sq * dh, h * sk * dh);
                     let store = |dst: &mut [f32], src: &[f64]| {
                         for (o, &x) in dst.iter_mut().zip(src) {
                             *o = x as f32;
                         }
                     };
-                    store(&mut dq[a..a + sq * dh], &g.dq);
-                    store(&mut dk[b..b + sk * dh], &g.dk);
-                    store(&mut dv[b..b + sk * dh], &g.dv);
+                    let g = x.backward(&g_o);
+                    store(&mut edq[a..a + sq * dh], &g.dq);
+                    store(&mut edk[b..b + sk * dh], &g.dk);
+                    store(&mut edv[b..b + sk * dh], &g.dv);
+                    if !with_naive {
+                        continue;
+                    }
+                    let g = x.backward_naive(&g_o, dtype);
+                    store(&mut ndq[a..a + sq * dh], &g.dq);
+                    store(&mut ndk[b..b + sk * dh], &g.dk);
+                    store(&mut ndv[b..b + sk * dh], &g.dv);
                 }
             });
         }
     });
     let kv = [d.batch, d.heads, sk, dh];
-    Ok(AttentionGrads {
-        dq: HostTensor::new(dq, &q.shape, DType::F32)?,
-        dk: HostTensor::new(dk, &kv, DType::F32)?,
-        dv: HostTensor::new(dv, &kv, DType::F32)?,
+    let [[edq, edk, edv], [ndq, ndk, ndv]] = out;
+    Ok(BothGrads {
+        exact: AttentionGrads {
+            dq: HostTensor::new(edq, &q.shape, DType::F32)?,
+            dk: HostTensor::new(edk, &kv, DType::F32)?,
+            dv: HostTensor::new(edv, &kv, DType::F32)?,
+        },
+        naive: AttentionGrads {
+            dq: HostTensor::new(ndq, &q.shape, dtype)?,
+            dk: HostTensor::new(ndk, &kv, dtype)?,
+            dv: HostTensor::new(ndv, &kv, dtype)?,
+        },
     })
 }
 
@@ -250,6 +317,57 @@ impl HeadInputs<'_> {
             }
         }
         g
+    }
+
+    /// The same-precision naive gradients (see [`backward_and_naive`]), each rounded to `dtype`,
+    /// as f64.
+    pub(super) fn backward_naive(&self, d_o: &[f64], dtype: DType) -> AttentionGrads<Vec<f64>> {
+        let (sq, sk, dh) = (self.seq_q, self.seq_k, self.head_dim);
+        let round = |x: f64| dtype.round(x as f32) as f64;
+        let mut acc = AttentionGrads {
+            dq: vec![0f64; sq * dh],
+            dk: vec![0f64; sk * dh],
+            dv: vec![0f64; sk * dh],
+        };
+        for i in 0..sq {
+            let visible = self.visible(i);
+            if visible == 0 {
+                continue;
+            }
+            let (qi, gi) = (&self.q[i * dh..(i + 1) * dh], &d_o[i * dh..(i + 1) * dh]);
+            let s: Vec<f64> = (0..visible)
+                .map(|j| {
+                    let kj = &self.k[j * dh..(j + 1) * dh];
+                    round(self.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>())
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            let p: Vec<f64> = e.iter().map(|x| round(x / l)).collect();
+            let dp: Vec<f64> = (0..visible)
+                .map(|j| {
+                    let vj = &self.v[j * dh..(j + 1) * dh];
+                    round(gi.iter().zip(vj).map(|(a, b)| a * b).sum::<f64>())
+                })
+                .collect();
+            let row_dot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+            for j in 0..visible {
+                let ds = round(p[j] * (dp[j] - row_dot));
+                for c in 0..dh {
+                    acc.dq[i * dh + c] += ds * self.k[j * dh + c];
+                    acc.dk[j * dh + c] += ds * qi[c];
+                    acc.dv[j * dh + c] += p[j] * gi[c];
+                }
+            }
+        }
+        for x in acc.dq.iter_mut().chain(acc.dk.iter_mut()) {
+            *x = round(self.scale * *x);
+        }
+        for x in acc.dv.iter_mut() {
+            *x = round(*x);
+        }
+        acc
     }
 }
 

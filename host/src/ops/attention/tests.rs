@@ -536,3 +536,151 @@ fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
         assert!(in_build(name, "sm_80") && in_build(name, "sm_90"), "{name}");
     }
 }
+
+#[test]
+fn flash_backward_validation_checks_o_lse_and_the_gradient() {
+    let (qs, ks) = ([2, 3, 5, 64], [2, 3, 7, 64]);
+    let ls = [2, 3, 5];
+    let d = dims("t", &qs, &ks, &ks).unwrap();
+    let good = || {
+        [
+            operand("q", &qs, DType::F16),
+            operand("o", &qs, DType::F16),
+            operand("lse", &ls, DType::F32),
+            operand("d_o", &qs, DType::F16),
+        ]
+    };
+    assert!(validate_backward_operands("t", &d, &good()).is_ok());
+
+    // O and dO: q's shape, dtype, contiguity, and 16-byte aligned.
+    let mut ops = good();
+    ops[1].shape = &ks;
+    let e = validate_backward_operands("t", &d, &ops).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. }) && e.to_string().contains("o (the forward's output O)"),
+        "{e}"
+    );
+    let mut ops = good();
+    ops[3].dtype = DType::BF16;
+    let e = validate_backward_operands("t", &d, &ops).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::BF16,
+                ..
+            }
+        ) && e.to_string().contains("d_o"),
+        "{e}"
+    );
+    let mut ops = good();
+    ops[1].contiguous = false;
+    let e = validate_backward_operands("t", &d, &ops).unwrap_err();
+    assert!(matches!(e, Error::NotContiguous { what: "o", .. }), "{e}");
+    let mut ops = good();
+    ops[3].aligned16 = false;
+    let e = validate_backward_operands("t", &d, &ops).unwrap_err();
+    assert!(
+        matches!(e, Error::Invalid { .. }) && e.to_string().contains("d_o must start at a 16-byte"),
+        "{e}"
+    );
+
+    // LSE: [batch, heads, seq_q], f32, contiguous.
+    let wrong = [2, 3, 7];
+    let mut ops = good();
+    ops[2].shape = &wrong;
+    let e = validate_backward_operands("t", &d, &ops)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("lse") && e.contains("[2, 3, 5]") && e.contains("[2, 3, 7]"),
+        "{e}"
+    );
+    let mut ops = good();
+    ops[2].dtype = DType::F16;
+    let e = validate_backward_operands("t", &d, &ops).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                got: DType::F16,
+                ..
+            }
+        ) && e.to_string().contains("f32 for lse"),
+        "{e}"
+    );
+    let mut ops = good();
+    ops[2].contiguous = false;
+    let e = validate_backward_operands("t", &d, &ops).unwrap_err();
+    assert!(matches!(e, Error::NotContiguous { what: "lse", .. }), "{e}");
+}
+
+#[test]
+fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
+    for d in FLASH_HEAD_DIMS {
+        let cfg = gpu::params::attention::flash_bwd_config(d).unwrap();
+        assert_eq!(cfg.head_dim, d);
+        for dt in [DType::F16, DType::BF16] {
+            let k = flash_bwd_kernels(d, dt).unwrap();
+            for arch in ["sm_80", "sm_90"] {
+                for name in [k.pre, k.main, k.convert] {
+                    assert!(in_build(name, arch), "{name} {arch}");
+                }
+                assert_eq!(
+                    crate::modules::launch_bounds(k.main, arch),
+                    Some((cfg.threads() as u32, cfg.min_blocks)),
+                    "{} {arch}",
+                    k.main
+                );
+            }
+        }
+    }
+    assert!(flash_bwd_kernels(64, DType::F32).is_none());
+    assert!(flash_bwd_kernels(96, DType::F16).is_none());
+}
+
+/// The CPU same-precision naive backward: f32 is the exact backward; in f16 each gradient is a
+/// value of the dtype, close to (but not equal to) the exact one.
+#[test]
+fn naive_same_precision_backward_rounds_like_the_dtype() {
+    let mut seed = 7u64;
+    let mk = |seed: &mut u64, shape: &[usize], dtype| {
+        let n = shape.iter().product();
+        let v: Vec<f32> = values(seed, n).into_iter().map(|x| x as f32).collect();
+        HostTensor::new(v, shape, dtype).unwrap()
+    };
+    for causal in [Causal::No, Causal::Yes] {
+        let p = AttentionParams {
+            causal,
+            scale: None,
+        };
+        for dtype in [DType::F32, DType::F16] {
+            let q = mk(&mut seed, &[1, 2, 9, 8], dtype);
+            let k = mk(&mut seed, &[1, 2, 6, 8], dtype);
+            let v = mk(&mut seed, &[1, 2, 6, 8], dtype);
+            let g = mk(&mut seed, &[1, 2, 9, 8], dtype);
+            let both = r::backward_and_naive(&q, &k, &v, &g, &p).unwrap();
+            let exact = r::backward(&q, &k, &v, &g, &p).unwrap();
+            for (n, e, x) in [
+                (&both.naive.dq, &both.exact.dq, &exact.dq),
+                (&both.naive.dk, &both.exact.dk, &exact.dk),
+                (&both.naive.dv, &both.exact.dv, &exact.dv),
+            ] {
+                assert_eq!(e.data, x.data);
+                assert_eq!(n.dtype, dtype);
+                let err = n
+                    .data
+                    .iter()
+                    .zip(&e.data)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                if dtype == DType::F32 {
+                    assert!(err < 1e-5, "{causal:?}: f32 naive differs by {err}");
+                } else {
+                    assert!(n.data.iter().all(|&x| DType::F16.round(x) == x));
+                    assert!(err > 0.0 && err < 2e-2, "{causal:?}: f16 naive error {err}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,747 @@
+//! FlashAttention-2 backward on tensor cores (`mma.sync.m16n8k16`, f16/bf16 in, f32 accumulation),
+//! deterministic. Three kernels, launched in this order on one stream:
+//!
+//! 1. [`pre`] (`flash_bwd_pre_*`), one block per (64 query rows, head, batch): `D_i = rowsum(dO_i O_i)`
+//!    in f32 and the LSE in log2 units, per row into a statistics array padded to whole blocks
+//!    (padding rows and rows that see no key get LSE = +inf, so their probabilities come out exactly
+//!    0 with no mask); it also zeroes the f32 dQ accumulator and the turn counters.
+//! 2. [`flash_bwd`] (`flash_bwd_d*`), one CTA per (block of `BK` keys, head, batch). K_j and V_j stay
+//!    in shared memory; each warp owns 16 keys and keeps their dK_j, dV_j rows in registers. The CTA
+//!    walks the query blocks i that see its keys, **last block first**; per block, with Q_i and dO_i
+//!    double-buffered by `cp.async`:
+//!    - `S^T = K_j Q_i^T`, `dP^T = V_j dO_i^T` (16 keys x `BQ` queries a warp, A from K/V rows, B
+//!      from the Q/dO tiles, no transposes);
+//!    - `P^T = exp2(S^T c - LSE2)` with `c = scale log2(e)` (masked entries set to 0),
+//!      `dS^T = P^T (dP^T - D)`;
+//!    - `dV_j += P^T dO_i`, `dK_j += dS^T Q_i`: P^T and dS^T are rounded to the input type in
+//!      registers and are directly the A operands (the accumulator layout of two 8-column tiles is the
+//!      A layout of one 16-column block), dO_i and Q_i the B operands through `ldmatrix.trans`;
+//!    - dS^T goes through shared memory (16-bit, swizzled) so that `dQ_i += dS K_j` can be split by
+//!      query rows over the warps (A through `ldmatrix.trans` of dS^T, B = K_j through `.trans`);
+//!    - the partial dQ block is added into the f32 accumulator `[B, H, S_q, D]` in a fixed order.
+//!    Epilogue: dK_j (times `scale`) and dV_j rounded to the input type, staged through the CTA's
+//!    own K/V tiles for 16-byte stores.
+//! 3. [`convert_dq`] (`flash_bwd_dq_*`): dQ = `scale` x accumulator, rounded to the input type.
+//!
+//! # Determinism: the dQ accumulation order
+//! Every query block i has a turn counter (zeroed by the pre-pass; one per 32 rows, a block of 64
+//! rows uses its first). The K blocks that meet query block
+//! i are exactly `0..=j_max(i)`: without a mask all of them; under the (bottom-right) causal mask, if
+//! some query of block i sees a key of block j it sees every smaller key too. So K block j is the
+//! `j`-th to reach block i, and its CTA waits until the counter equals `j` (`ld.acquire.gpu`), adds
+//! its partial block (`red.global.add.f32`, each element by one thread), and after a block barrier
+//! (the next step's first, or the one after the loop) one thread adds 1 with `red.release.gpu`. Each accumulator element therefore receives its
+//! contributions in ascending `j`, the same sequence of f32 roundings on every run: the same bits.
+//!
+//! Why this cannot deadlock: CTAs are numbered with the K block fastest (grid `(K blocks, heads,
+//! batch)`), and the hardware starts CTAs in increasing linear order. A CTA waits only for the CTA
+//! one below it in the same head. The lowest-numbered unfinished CTA waits for nothing unfinished, and
+//! it is running or is the next to start (every CTA below it is done, and every CTA above it that runs
+//! started after it), so it finishes; by induction all do. Walking the query blocks last-first makes
+//! every CTA of a head reach block i at the same step of its own loop (they all start at the last
+//! block), so the waits are one partial-block addition long, not a whole CTA's work: under the causal
+//! mask a first-to-last walk would make the CTA of K block j (which starts further down) wait for
+//! block j-1 to walk the blocks above, holding its SM idle.
+//!
+//! Extra memory is O((S_q + S_k) D): the f32 dQ accumulator, two f32 per query row and one counter per
+//! 32 query rows.
+use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
+use crate::dev::copy::{cp_async_commit, cp_async_wait};
+use crate::dev::elem::{BF16, F16};
+use crate::dev::math::{LOG2_E, exp2, fma};
+use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
+use crate::dev::mma::{FragA, FragC, MmaElem};
+use crate::dev::opaque_dep_u32;
+use crate::dev::shared::check_index;
+use crate::dev::sync::{sync_threads, sync_warp};
+use crate::dev::thread::{
+    block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_threads_x, lane_id, thread_idx_x,
+    warp_id,
+};
+use crate::dev::tile::{SharedCarve, SharedTile};
+use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
+use crate::layout::{Linear, Xor8};
+use crate::params::attention::{
+    AttentionShape, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS,
+    FlashBwdConfig, MaskKind, flash_bwd, flash_bwd_config,
+};
+use crate::{unroll, unroll_lt};
+
+/// A `ROWS x COLS` tile of 16-bit elements with swizzled rows: K, V, Q, dO and dS^T tiles alike.
+type Tile<T, const ROWS: usize, const COLS: usize> = SharedTile<T, ROWS, COLS, Xor8>;
+/// One query block's statistics: row 0 the LSE in log2 units, row 1 D (f32).
+type Stats<const BQ: usize> = SharedTile<f32, 2, BQ, Linear>;
+
+/// The main backward kernel. `KD = D / 16` (k-steps of `S = Q K^T`), `NS = BQ / 8` (8-query tiles of
+/// S^T), `KQ = BQ / 16` (k-steps of `P^T dO`), `NO = D / 8` (8-column tiles of dK, dV),
+/// `NQ` (8-column tiles of a warp's dQ share); all are checked against the config.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flash_bwd<
+    T: MmaElem,
+    const D: usize,
+    const BK: usize,
+    const BQ: usize,
+    const KD: usize,
+    const NS: usize,
+    const KQ: usize,
+    const NO: usize,
+    const NQ: usize,
+    const THREADS: usize,
+    const DSC: usize,
+>(
+    q: Slice<T>,
+    k: Slice<T>,
+    v: Slice<T>,
+    d_o: Slice<T>,
+    stats: Slice<f32>,
+    dq_acc: SliceMut<f32>,
+    turns: SliceMut<u32>,
+    dk: SliceMut<T>,
+    dv: SliceMut<T>,
+    p: AttentionShape,
+) {
+    let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ, DSC>() };
+    const { assert!(THREADS == BK / 16 * 32) };
+
+    let (sq, sk) = (p.seq_q, p.seq_k);
+    let causal = p.mask == MaskKind::Causal;
+    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
+    let j = block_idx_x();
+    let n0 = j * BK as u32;
+    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+    let n_qblocks = sq.div_ceil(BQ as u32);
+    // The statistics' padded rows per head, and the turn counters per head (module doc).
+    let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
+    let n_turns = sq.div_ceil(FLASH_BWD_TURN_ROWS as u32);
+    let turn_step = (BQ / FLASH_BWD_TURN_ROWS) as u32;
+    let heads_total = (p.batch * p.heads) as u64;
+    // The query blocks that see keys of this block: all, or under the causal mask those from the
+    // block of the first query that sees key n0 (n0 < sk, so that query is < sq).
+    let first_qblock = if causal {
+        (n0 as i32 - diag).max(0) as u32 / BQ as u32
+    } else {
+        0
+    };
+    check_index(
+        ((bh + 1) * sq as u64 * D as u64) as usize,
+        q.len.min(d_o.len) as usize + 1,
+    );
+    check_index(
+        ((bh + 1) * sk as u64 * D as u64) as usize,
+        k.len.min(v.len) as usize + 1,
+    );
+    check_index(
+        (2 * heads_total * sq_pad as u64) as usize,
+        stats.len as usize + 1,
+    );
+    check_index(((bh + 1) * n_turns as u64) as usize, turns.len as usize + 1);
+    // SAFETY: the launcher validated that k/v hold batch*heads*seq_k rows of D elements (checked
+    // builds re-check above), so these are the starts of this head's rows.
+    let (k_src, v_src) = unsafe {
+        (
+            k.ptr.add((bh * sk as u64 * D as u64) as usize),
+            v.ptr.add((bh * sk as u64 * D as u64) as usize),
+        )
+    };
+    // The loop's per-head addresses are recomputed each step from this (`opaque_dep_u32`): kept
+    // from before the loop they would hold registers through it. batch * heads < 2^32 (each <= 65535).
+    let bh32 = bh as u32;
+
+    let mut smem = SharedCarve::dynamic();
+    let k_tile: Tile<T, BK, D> = smem.take(1);
+    let v_tile: Tile<T, BK, D> = smem.take(1);
+    let q_tiles: Tile<T, BQ, D> = smem.take(2);
+    let do_tiles: Tile<T, BQ, D> = smem.take(2);
+    let ds_tile: Tile<T, BK, DSC> = smem.take(1);
+    let stat_tiles: Stats<BQ> = smem.take(2);
+    check_index(smem.used(), cfg.smem_bytes() + 1);
+
+    // Loads Q, dO and the statistics of query block `i` into stage `s`. The thread index goes
+    // through `opaque_dep_u32` so the copies' per-thread offsets are computed here, not kept in
+    // registers through the loop.
+    // SAFETY (all calls): rows past seq_q are zero-filled without reading, the statistics rows
+    // are padded to whole pre-pass blocks (which whole query blocks divide); the stage is idle (the
+    // barrier before the call ends every read of it).
+    // SAFETY (pointers): q/dO hold batch*heads*seq_q rows of D elements and the statistics
+    // 2*batch*heads*sq_pad values (launcher-validated, checked builds re-check above), so these are
+    // the starts of this head's rows.
+    let load_qblock = |i: u32, s: u32| unsafe {
+        let m0 = i * BQ as u32;
+        let t = opaque_dep_u32(thread_idx_x(), i);
+        let hb = opaque_dep_u32(bh32, i) as u64;
+        let q_src = q.ptr.add((hb * sq as u64 * D as u64) as usize);
+        let do_src = d_o.ptr.add((hb * sq as u64 * D as u64) as usize);
+        let lse_src = stats.ptr.add((hb * sq_pad as u64) as usize);
+        load_rows::<T, BQ, D, THREADS>(q_tiles.stage(s), q_src, m0, sq, t);
+        load_rows::<T, BQ, D, THREADS>(do_tiles.stage(s), do_src, m0, sq, t);
+        // Row 0 of the stage: the LSE; row 1: D, `heads_total * sq_pad` values further on.
+        let chunks = (2 * BQ / 4) as u32;
+        if t < chunks {
+            let (row, chunk) = (t / (BQ as u32 / 4), t % (BQ as u32 / 4));
+            let at = row as usize * (heads_total * sq_pad as u64) as usize
+                + m0 as usize
+                + 4 * chunk as usize;
+            stat_tiles
+                .stage(s)
+                .copy_chunk_async(row, chunk, lse_src.add(at) as *const u8, true);
+        }
+    };
+
+    // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0.
+    if n_qblocks > first_qblock {
+        // SAFETY: rows past seq_k are zero-filled without reading; nothing has touched the tiles.
+        unsafe {
+            load_rows::<T, BK, D, THREADS>(k_tile, k_src, n0, sk, thread_idx_x());
+            load_rows::<T, BK, D, THREADS>(v_tile, v_src, n0, sk, thread_idx_x());
+        }
+        load_qblock(n_qblocks - 1, 0);
+    }
+    cp_async_commit();
+
+    let key_row = 16 * warp_id(); // this warp's keys in the block; this thread's: key_row + g, + 8
+    let c = p.scale * LOG2_E;
+    let mut dk_acc = [[0.0f32; 4]; NO];
+    let mut dv_acc = [[0.0f32; 4]; NO];
+
+    let mut i = n_qblocks;
+    let mut stage = 0u32;
+    while i > first_qblock {
+        i -= 1;
+        let m0 = i * BQ as u32;
+        // Q_i, dO_i and the statistics have landed; every warp is done with block i+1 (its stage,
+        // the dS tile, and the turn-counter additions of its dQ block).
+        cp_async_wait::<0>();
+        sync_threads();
+        let hb = opaque_dep_u32(bh32, i) as u64;
+        if i + 1 < n_qblocks && thread_idx_x() == 0 {
+            // SAFETY: the counter of this head's block i+1 (the launcher sized `turns` for every
+            // block of every head); the barrier above ordered every thread's dQ additions first.
+            unsafe {
+                add_release_u32(
+                    turns
+                        .ptr
+                        .add((hb * n_turns as u64) as usize + ((i + 1) * turn_step) as usize),
+                    1,
+                )
+            };
+        }
+        if i > first_qblock {
+            load_qblock(i - 1, stage ^ 1);
+        }
+        cp_async_commit();
+        let (qt, dot, st) = (
+            q_tiles.stage(stage),
+            do_tiles.stage(stage),
+            stat_tiles.stage(stage),
+        );
+        // Addresses into the fixed tiles and per-lane offsets are recomputed each step, not kept in
+        // registers through the loop (the accumulators need them).
+        let (kt, vt, dst) = (k_tile.in_step(i), v_tile.in_step(i), ds_tile.in_step(i));
+        let lane = opaque_dep_u32(lane_id(), i);
+        let (g, t) = (lane / 4, lane % 4);
+        let w = opaque_dep_u32(warp_id(), i);
+        let key_row = 16 * w;
+        // dQ split: row group (16 query rows) and 8-column tiles of this warp.
+        let row_groups = (BQ / 16) as u32;
+        let (dq_rows, dq_tile0) = (16 * (w % row_groups), (w / row_groups) * NQ as u32);
+
+        // S^T, P^T, dS^T and the dV/dK updates.
+        // Per key row of this thread (key and key + 8): the first query offset in the block that
+        // may see it; i32::MAX for a key past seq_k, i32::MIN where the whole block is visible.
+        let whole =
+            n0 + BK as u32 <= sk && !(causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag);
+        let first_query = |kk: i32| {
+            if whole {
+                i32::MIN
+            } else if kk >= sk as i32 {
+                i32::MAX
+            } else if causal {
+                kk - (m0 as i32 + diag)
+            } else {
+                i32::MIN
+            }
+        };
+        let key = (n0 + key_row + g) as i32;
+        let mask = Mask {
+            first_query: [first_query(key), first_query(key + 8)],
+        };
+        query_block::<T, D, BK, BQ, DSC, KD, NS, KQ, NO>(
+            Tiles {
+                k: kt,
+                v: vt,
+                q: qt,
+                d_o: dot,
+                stats: st,
+                ds: dst,
+            },
+            key_row,
+            (g, t),
+            &mask,
+            c,
+            &mut dk_acc,
+            &mut dv_acc,
+        );
+        sync_threads();
+
+        // This warp's share of dQ_i += dS K_j (unscaled): 16 query rows x NQ 8-column tiles.
+        // A rolled loop: unrolled, ptxas issues every step's loads up front, more registers than
+        // the dK/dV accumulators leave.
+        let mut acc = [[0.0f32; 4]; NQ];
+        let mut ks = 0u32;
+        while ks < opaque_dep_u32((BK / 16) as u32, i) {
+            let a = dst.load_a_km(16 * ks, dq_rows / 8);
+            unroll_lt!(np < NQ / 2, {
+                let [b0, b1] = kt.load_b_pair_kn(16 * ks, dq_tile0 + 2 * np as u32);
+                T::mma(&mut acc[2 * np], &a, b0);
+                T::mma(&mut acc[2 * np + 1], &a, b1);
+            });
+            ks += 1;
+        }
+
+        // Our turn on block i: K blocks 0..j have added theirs (see the module doc).
+        // SAFETY: the counter of this head's block i, in `turns` (launcher-sized).
+        let turn = unsafe {
+            turns
+                .ptr
+                .add((hb * n_turns as u64) as usize + (i * turn_step) as usize)
+        };
+        // SAFETY: as above. Every lane polls the same word, so the warp leaves the wait together
+        // (the warp barrier after it makes that explicit for the `mma` of the next step).
+        unsafe { wait_for_turn(turn, j) };
+        sync_warp(FULL_MASK);
+        unroll!(r in [0, 1] {
+            let row = m0 + dq_rows + g + 8 * r as u32;
+            if row < sq {
+                let base = (hb * sq as u64 + row as u64) * D as u64;
+                unroll_lt!(n < NQ, {
+                    let col = 8 * (dq_tile0 + n as u32) + 2 * t;
+                    let at = base + col as u64;
+                    check_index(at as usize + 1, dq_acc.len as usize);
+                    // SAFETY: row < seq_q of this head and col + 1 < D: inside the accumulator
+                    // (launcher-sized, checked builds re-check); one thread adds each element, and
+                    // the turn counter orders the blocks that add to it.
+                    unsafe {
+                        red_add_f32(dq_acc.ptr.add(at as usize), acc[n][2 * r]);
+                        red_add_f32(dq_acc.ptr.add(at as usize + 1), acc[n][2 * r + 1]);
+                    }
+                });
+            }
+        });
+        stage ^= 1;
+    }
+    // Every warp is done with the last block: release its counter, and the K/V tiles are free
+    // (no copy into them is in flight: the loop waited for every group it committed, and without a
+    // loop nothing was copied; the wait makes that hold whatever the loop did).
+    cp_async_wait::<0>();
+    sync_threads();
+    // Recomputed here (not kept in a register through the loop).
+    let hb = opaque_dep_u32(bh32, i) as u64;
+    if n_qblocks > first_qblock && thread_idx_x() == 0 {
+        // SAFETY: as for the release in the loop (block `first_qblock`, the last one walked).
+        unsafe {
+            add_release_u32(
+                turns
+                    .ptr
+                    .add((hb * n_turns as u64) as usize + (first_qblock * turn_step) as usize),
+                1,
+            )
+        };
+    }
+
+    unroll_lt!(n < NO, {
+        dk_acc[n] = dk_acc[n].map(|x| x * p.scale);
+    });
+    let out_row0 = hb * sk as u64 + n0 as u64 + key_row as u64;
+    let rows_left = sk - n0;
+    store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, dv, out_row0);
+    store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, dk, out_row0);
+}
+
+/// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).
+#[allow(clippy::too_many_arguments)]
+const fn checked_config<
+    T: MmaElem,
+    const D: usize,
+    const BK: usize,
+    const BQ: usize,
+    const KD: usize,
+    const NS: usize,
+    const KQ: usize,
+    const NO: usize,
+    const NQ: usize,
+    const DSC: usize,
+>() -> FlashBwdConfig {
+    let Some(cfg) = flash_bwd_config(D) else {
+        panic!("no FlashAttention backward config for this head dim")
+    };
+    assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.ds_cols() == DSC);
+    assert!(KD == D / 16 && NS == BQ / 8 && NO == D / 8 && NQ == D / 8 / cfg.dq_col_split());
+    assert!(KQ * 2 == NS);
+    assert!(NQ % 2 == 0 && NS % 2 == 0 && BK % 16 == 0 && BQ % 16 == 0);
+    let planned = 2 * Tile::<T, BK, D>::BYTES
+        + 2 * 2 * Tile::<T, BQ, D>::BYTES
+        + Tile::<T, BK, DSC>::BYTES
+        + 2 * Stats::<BQ>::BYTES;
+    assert!(planned == cfg.smem_bytes());
+    cfg
+}
+
+/// The shared tiles one step of the loop reads (Q, dO and statistics of the current stage).
+struct Tiles<T, const BK: usize, const BQ: usize, const D: usize, const DSC: usize> {
+    k: Tile<T, BK, D>,
+    v: Tile<T, BK, D>,
+    q: Tile<T, BQ, D>,
+    d_o: Tile<T, BQ, D>,
+    stats: Stats<BQ>,
+    ds: Tile<T, BK, DSC>,
+}
+
+/// Which entries of a step's S^T to keep: this thread's entries of key row `r` (0: `g`, 1: `g + 8`)
+/// for query offset `qq` in the block iff `qq >= first_query[r]`: one compare per entry, the mask of
+/// keys past seq_k and of the causal diagonal folded into the bound (`i32::MAX`: none, `i32::MIN`:
+/// all).
+struct Mask {
+    first_query: [i32; 2],
+}
+
+/// One step's products for this warp's 16 keys (`key_row`; `(g, t)` = (lane / 4, lane % 4)) and the
+/// `BQ = 8 NS` queries of the step (`KQ = NS / 2` k-steps of 16 queries):
+/// - `S^T = K_j Q^T` and `dP^T = V_j dO^T` (K/V rows as A, Q/dO tiles as `[n][k]` B operands);
+/// - `P^T = exp2(S^T c - LSE2)` (rows past seq_q and rows that see no key have LSE2 = +inf: P = 0
+///   exactly; masked entries set to 0), `dS^T = P^T (dP^T - D)`;
+/// - P^T and dS^T rounded to `T` as A fragments over k-steps of 16 queries; dS^T also stored to the
+///   dS tile (rows = keys, columns = queries) for the dQ product: the fragments' words are the
+///   tile's words (lane (g, t) holds rows g, g + 8, columns 2t, 2t + 1 of each 8-column tile);
+/// - `dV_j += P^T dO` and `dK_j += dS^T Q` (dO and Q tiles as `[k][n]` B operands, `.trans`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn query_block<
+    T: MmaElem,
+    const D: usize,
+    const BK: usize,
+    const BQ: usize,
+    const DSC: usize,
+    const KD: usize,
+    const NS: usize,
+    const KQ: usize,
+    const NO: usize,
+>(
+    tiles: Tiles<T, BK, BQ, D, DSC>,
+    key_row: u32,
+    (g, t): (u32, u32),
+    mask: &Mask,
+    c: f32,
+    dk_acc: &mut [FragC; NO],
+    dv_acc: &mut [FragC; NO],
+) {
+    const { assert!(KQ * 2 == NS && NS * 8 == BQ) };
+    let mut s = [[0.0f32; 4]; NS];
+    let mut dp = [[0.0f32; 4]; NS];
+    unroll_lt!(kd < KD, {
+        let ka = tiles.k.load_a(key_row, 2 * kd as u32);
+        let va = tiles.v.load_a(key_row, 2 * kd as u32);
+        unroll_lt!(np < KQ, {
+            let [b0, b1] = tiles.q.load_b_pair_nk(16 * np as u32, 2 * kd as u32);
+            T::mma(&mut s[2 * np], &ka, b0);
+            T::mma(&mut s[2 * np + 1], &ka, b1);
+            let [b0, b1] = tiles.d_o.load_b_pair_nk(16 * np as u32, 2 * kd as u32);
+            T::mma(&mut dp[2 * np], &va, b0);
+            T::mma(&mut dp[2 * np + 1], &va, b1);
+        });
+    });
+
+    unroll_lt!(n < NS, {
+        let col = (8 * n) as u32 + 2 * t;
+        let lse2 = tiles.stats.load_pair(0, col);
+        let delta = tiles.stats.load_pair(1, col);
+        unroll!(e in [0, 1, 2, 3] {
+            let pv = exp2(fma(s[n][e], c, -lse2[e % 2]));
+            let keep = (col + (e % 2) as u32) as i32 >= mask.first_query[e / 2];
+            let pv = if keep { pv } else { 0.0 };
+            s[n][e] = pv;
+            dp[n][e] = pv * (dp[n][e] - delta[e % 2]);
+        });
+    });
+
+    let mut pa = [[0u32; 4]; KQ];
+    let mut dsa = [[0u32; 4]; KQ];
+    unroll_lt!(ks < KQ, {
+        pa[ks] = to_a::<T>(&s[2 * ks], &s[2 * ks + 1]);
+        dsa[ks] = to_a::<T>(&dp[2 * ks], &dp[2 * ks + 1]);
+        let col = (16 * ks) as u32 + 2 * t;
+        tiles.ds.store_word(key_row + g, col, dsa[ks][0]);
+        tiles.ds.store_word(key_row + g + 8, col, dsa[ks][1]);
+        tiles.ds.store_word(key_row + g, col + 8, dsa[ks][2]);
+        tiles.ds.store_word(key_row + g + 8, col + 8, dsa[ks][3]);
+    });
+
+    unroll_lt!(ks < KQ, {
+        let row0 = 16 * ks as u32;
+        unroll_lt!(np < NO / 2, {
+            let [b0, b1] = tiles.d_o.load_b_pair_kn(row0, 2 * np as u32);
+            T::mma(&mut dv_acc[2 * np], &pa[ks], b0);
+            T::mma(&mut dv_acc[2 * np + 1], &pa[ks], b1);
+            let [b0, b1] = tiles.q.load_b_pair_kn(row0, 2 * np as u32);
+            T::mma(&mut dk_acc[2 * np], &dsa[ks], b0);
+            T::mma(&mut dk_acc[2 * np + 1], &dsa[ks], b1);
+        });
+    });
+}
+
+/// Two accumulator tiles (16 rows x 8 columns each, adjacent columns) rounded to `T` as the A
+/// fragment of one 16 x 16 block.
+#[inline(always)]
+fn to_a<T: MmaElem>(lo: &FragC, hi: &FragC) -> FragA {
+    [
+        T::pack2(lo[0], lo[1]),
+        T::pack2(lo[2], lo[3]),
+        T::pack2(hi[0], hi[1]),
+        T::pack2(hi[2], hi[3]),
+    ]
+}
+
+/// Issues this thread's share of the 16-byte copies of rows `row0..row0 + ROWS` of a `[rows, D]`
+/// matrix at `src` into `tile`; rows at or past `rows` are zero-filled. `THREADS` threads share the
+/// work; `tid` is this thread's index.
+///
+/// # Safety
+/// `src` points at `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
+#[inline(always)]
+unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const THREADS: usize>(
+    tile: Tile<T, ROWS, D>,
+    src: *const T,
+    row0: u32,
+    rows: u32,
+    tid: u32,
+) {
+    let chunks_per_row = Tile::<T, ROWS, D>::CHUNKS_PER_ROW as u32;
+    const {
+        assert!(
+            (ROWS * D / 8).is_multiple_of(THREADS),
+            "copies must divide evenly among threads"
+        )
+    };
+    unroll_lt!(i < ROWS * D / 8 / THREADS, {
+        let c = tid + (i * THREADS) as u32;
+        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+        let fill = row0 + r < rows;
+        let at = if fill {
+            (row0 + r) as usize * D + chunk as usize * 8
+        } else {
+            0
+        };
+        // SAFETY: `at` is inside the `rows` rows when `fill` (else not read); 8 elements = 16 bytes.
+        unsafe { tile.copy_chunk_async(r, chunk, src.add(at) as *const u8, fill) };
+    });
+}
+
+/// Writes this warp's 16 rows of `acc` (rounded to `T`) to rows `out_row0..` of `out`, staged
+/// through the warp's own rows of `staging` for 16-byte stores. `rows_left` = valid rows from the
+/// CTA's first row (`key_row` is the warp's first row in the block). The caller has ended every
+/// other warp's reads of `staging` with a block barrier.
+#[inline(always)]
+fn store_rows<T: MmaElem, const BK: usize, const D: usize, const NO: usize>(
+    acc: &[FragC; NO],
+    staging: Tile<T, BK, D>,
+    key_row: u32,
+    rows_left: u32,
+    out: SliceMut<T>,
+    out_row0: u64,
+) {
+    let (g, t) = (lane_id() / 4, lane_id() % 4);
+    // The first warp barrier orders this warp's earlier reads of the rows (other warps' ended at the
+    // caller's block barrier) before the writes; the second the writes before the reads below.
+    sync_warp(FULL_MASK);
+    unroll_lt!(n < NO, {
+        let col = (8 * n) as u32 + 2 * t;
+        let a = &acc[n];
+        staging.store_word(key_row + g, col, T::pack2(a[0], a[1]));
+        staging.store_word(key_row + g + 8, col, T::pack2(a[2], a[3]));
+    });
+    sync_warp(FULL_MASK);
+    let chunks_per_row = (D / 8) as u32;
+    unroll_lt!(i < 16 * D / 8 / 32, {
+        let c = lane_id() + 32 * i as u32;
+        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+        if key_row + r < rows_left {
+            let at = (out_row0 + r as u64) * (D / 8) as u64 + chunk as u64;
+            check_index(at as usize, out.len as usize / 8);
+            // SAFETY: the row is < seq_k of this head (checked just above), so the chunk lies in
+            // `out` (launcher-validated size, 16-byte aligned base); each chunk has one writer.
+            unsafe {
+                store_chunk(
+                    out.ptr as *mut Chunk16,
+                    at,
+                    Chunk16(staging.load_chunk(key_row + r, chunk)),
+                )
+            };
+        }
+    });
+}
+
+/// The pre-pass, one block per ([`FLASH_BWD_PRE_ROWS`] query rows, head, batch), for head dim
+/// `p.head_dim` (64 or 128): one thread per (row, 16-byte chunk); a row's `D / 8` threads are
+/// adjacent lanes and reduce their partial dot products with a fixed butterfly. Writes the rows'
+/// statistics (LSE * log2(e), or +inf for a row past seq_q or one that sees no key (LSE = -inf); D,
+/// 0 past seq_q), zeroes the rows of the dQ accumulator, and zeroes the rows' turn counters.
+#[inline(always)]
+fn pre<T: MmaElem>(
+    o: Slice<T>,
+    d_o: Slice<T>,
+    lse: Slice<f32>,
+    stats: SliceMut<f32>,
+    dq_acc: SliceMut<f32>,
+    turns: SliceMut<u32>,
+    p: AttentionShape,
+) {
+    const ROWS: u32 = FLASH_BWD_PRE_ROWS as u32;
+    const TURN: u32 = FLASH_BWD_TURN_ROWS as u32;
+    let (sq, d) = (p.seq_q, p.head_dim);
+    let qb = block_idx_x();
+    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+    let sq_pad = (sq.div_ceil(ROWS) * ROWS) as u64;
+    let half = (p.batch * p.heads) as u64 * sq_pad; // D after all heads' LSE
+    let n_turns = sq.div_ceil(TURN);
+    // Chunks (threads) per row: 8 or 16 (the launcher's head dims; `max` only spares the divisions
+    // below a divide-by-zero check).
+    let cpr = (d / 8).max(1);
+    let rows_per_pass = (flash_bwd::PRE_THREADS / cpr).max(1);
+    let (tid, chunk) = (thread_idx_x(), thread_idx_x() % cpr);
+    for pass in 0..ROWS / rows_per_pass {
+        let r = pass * rows_per_pass + tid / cpr;
+        let row = qb * ROWS + r;
+        let mut dot = 0.0f32;
+        if row < sq {
+            let at = (bh * sq as u64 + row as u64) * cpr as u64 + chunk as u64;
+            check_index(at as usize, o.len.min(d_o.len) as usize / 8);
+            // SAFETY: row < seq_q of this head, chunk < D / 8: inside O and dO (launcher-validated
+            // sizes, 16-byte aligned bases); both are inputs nothing writes during the kernel.
+            let (x, y) = unsafe {
+                (
+                    load_chunk_ro(o.chunks(), at),
+                    load_chunk_ro(d_o.chunks(), at),
+                )
+            };
+            unroll!(w in [0, 1, 2, 3] {
+                let (a, b) = (T::unpack_word(x.0[w]), T::unpack_word(y.0[w]));
+                dot = fma(a[0], b[0], dot);
+                dot = fma(a[1], b[1], dot);
+            });
+            dq_acc.set4(at * 8, [0.0; 4]);
+            dq_acc.set4(at * 8 + 4, [0.0; 4]);
+        }
+        // The row's partial sums, combined in a fixed order (lanes of a row are adjacent).
+        let mut m = 1;
+        while m < cpr {
+            dot += shfl_xor_f32(dot, m);
+            m *= 2;
+        }
+        if chunk == 0 {
+            let base = bh * sq_pad + row as u64;
+            let (lse2, delta) = if row < sq {
+                let l = lse.get_ro(bh * sq as u64 + row as u64);
+                (
+                    if l == f32::NEG_INFINITY {
+                        f32::INFINITY
+                    } else {
+                        l * LOG2_E
+                    },
+                    dot,
+                )
+            } else {
+                (f32::INFINITY, 0.0)
+            };
+            stats.set(base, lse2);
+            stats.set(half + base, delta);
+        }
+    }
+    // This block's turn counters.
+    if tid < ROWS / TURN {
+        let t = qb * (ROWS / TURN) + tid;
+        if t < n_turns {
+            let at = bh * n_turns as u64 + t as u64;
+            check_index(at as usize, turns.len as usize);
+            // SAFETY: t < n_turns: inside this head's counters (`turns` is launcher-sized).
+            unsafe { *turns.ptr.add(at as usize) = 0 };
+        }
+    }
+}
+
+/// `dq = scale * acc` rounded to `T`, 8 elements (two f32 chunks in, one 16-bit chunk out) a thread,
+/// grid-stride. The launcher passes `n8` = elements / 8 (head dims are multiples of 8).
+#[inline(always)]
+fn convert_dq<T: MmaElem>(acc: Slice<f32>, dq: SliceMut<T>, n8: u64, scale: f32) {
+    let mut i = global_index_x();
+    while i < n8 {
+        let (a, b) = (acc.get4_ro(8 * i), acc.get4_ro(8 * i + 4));
+        let words = [
+            T::pack2(a[0] * scale, a[1] * scale),
+            T::pack2(a[2] * scale, a[3] * scale),
+            T::pack2(b[0] * scale, b[1] * scale),
+            T::pack2(b[2] * scale, b[3] * scale),
+        ];
+        check_index(i as usize, dq.len as usize / 8);
+        // SAFETY: i < n8 = dq's element count / 8 (launcher-validated), 16-byte aligned base.
+        unsafe { store_chunk(dq.chunks(), i, Chunk16(words)) };
+        i += grid_threads_x();
+    }
+}
+
+macro_rules! flash_bwd_entry_points {
+    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
+        /// FlashAttention backward main kernel; launch with grid (key blocks, heads, batch) and the
+        /// block and shared memory of its config, after the pre-pass.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
+            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: SliceMut<$t>, dv: SliceMut<$t>,
+            shape: AttentionShape,
+        ) {
+            const C: FlashBwdConfig = $cfg;
+            unsafe {
+                flash_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q }, { C.head_dim / 16 },
+                    { C.block_q / 8 }, { C.block_q / 16 }, { C.head_dim / 8 }, { C.head_dim / 8 / C.dq_col_split() },
+                    { C.threads() }, { C.ds_cols() }>(
+                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape,
+                )
+            }
+        }
+        crate::launch_bounds!($name, { $cfg.threads() }, { $cfg.min_blocks });
+    )*};
+}
+
+flash_bwd_entry_points! {
+    flash_bwd_d64_f16: F16, FLASH_BWD_D64;
+    flash_bwd_d64_bf16: BF16, FLASH_BWD_D64;
+    flash_bwd_d128_f16: F16, FLASH_BWD_D128;
+    flash_bwd_d128_bf16: BF16, FLASH_BWD_D128;
+}
+
+macro_rules! flash_bwd_helper_entry_points {
+    ($($pre:ident, $convert:ident: $t:ty;)*) => {$(
+        /// FlashAttention backward pre-pass; grid (query blocks, heads, batch), `PRE_THREADS` threads.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $pre(
+            o: Slice<$t>, d_o: Slice<$t>, lse: Slice<f32>, stats: SliceMut<f32>,
+            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, shape: AttentionShape,
+        ) {
+            pre::<$t>(o, d_o, lse, stats, dq_acc, turns, shape)
+        }
+        crate::launch_bounds!($pre, { flash_bwd::PRE_THREADS }, 1);
+
+        /// FlashAttention backward: the f32 dQ accumulator to the input type, times `scale`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $convert(
+            acc: Slice<f32>, dq: SliceMut<$t>, n8: u64, scale: f32,
+        ) {
+            convert_dq::<$t>(acc, dq, n8, scale)
+        }
+        crate::launch_bounds!($convert, { flash_bwd::CONVERT_THREADS }, 1);
+    )*};
+}
+
+flash_bwd_helper_entry_points! {
+    flash_bwd_pre_f16, flash_bwd_dq_f16: F16;
+    flash_bwd_pre_bf16, flash_bwd_dq_bf16: BF16;
+}
