@@ -31,7 +31,17 @@
 ///   that nothing writes during the kernel (when `fill` is false it is not dereferenced).
 #[inline(always)]
 pub unsafe fn cp_async_16(dst: u32, src: *const u8, fill: bool) {
-    let src_size: u32 = if fill { 16 } else { 0 };
+    // SAFETY: the caller's contract, with `fill` as 16 or 0 bytes read.
+    unsafe { cp_async_16_bytes(dst, src, if fill { 16 } else { 0 }) }
+}
+
+/// [`cp_async_16`] reading only the first `bytes` (0..=16) bytes of `src`: the rest of the 16
+/// destination bytes are zero-filled (the copy of a row's last, partial chunk).
+///
+/// # Safety
+/// As for [`cp_async_16`], with the first `bytes` bytes of `src` readable.
+#[inline(always)]
+pub unsafe fn cp_async_16_bytes(dst: u32, src: *const u8, bytes: u32) {
     unsafe {
         core::arch::asm!(
             "{{",
@@ -39,7 +49,7 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, fill: bool) {
             "cvta.to.global.u64 g, {src};",
             "cp.async.cg.shared.global [{dst}], [g], 16, {n};",
             "}}",
-            dst = in(reg32) dst, src = in(reg64) src, n = in(reg32) src_size,
+            dst = in(reg32) dst, src = in(reg64) src, n = in(reg32) bytes,
             options(nostack)
         )
     }

@@ -17,10 +17,10 @@
 //!
 //! Every C element is one thread's fixed sequence of `mma` and adds over k (and, when split, the
 //! finishing kernel's fixed slice order): the same bits on every run.
-use crate::dev::copy::{cp_async_commit, cp_async_wait};
+use crate::dev::copy::{cp_async_16_bytes, cp_async_commit, cp_async_wait};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragA, FragBTf32, FragC, mma_tf32};
-use crate::dev::shared::dynamic_base;
+use crate::dev::shared::{SharedScalar, dynamic_base};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_threads_x, lane_id, thread_idx_x,
@@ -38,42 +38,6 @@ const NT: usize = 4;
 /// counts as literal lists (nested `unroll_lt!` would expand 16 copies a level before folding).
 const COPIES: u32 = BM * BK / 4 / THREADS;
 const _: () = assert!(MT == 4 && NT == 4 && COPIES == 4 && BK / 8 == 4 && STAGES == 3);
-
-/// Starts a 16-byte asynchronous copy of which the first `bytes` (0..=16) are read from `src` and
-/// the rest of the destination is zero-filled.
-///
-/// # Safety
-/// `dst` is a 16-byte aligned shared address of this block, idle until this thread's group is
-/// waited for (and a barrier for other threads); `src` is 16-byte aligned and its first `bytes`
-/// bytes are readable global memory not written during the kernel.
-#[inline(always)]
-unsafe fn cp_async_16_partial(dst: u32, src: *const f32, bytes: u32) {
-    unsafe {
-        core::arch::asm!(
-            "{{",
-            ".reg .u64 g;",
-            "cvta.to.global.u64 g, {src};",
-            "cp.async.cg.shared.global [{dst}], [g], 16, {n};",
-            "}}",
-            dst = in(reg32) dst, src = in(reg64) src, n = in(reg32) bytes,
-            options(nostack)
-        )
-    }
-}
-
-/// `ld.shared.f32` as raw bits.
-///
-/// # Safety
-/// `addr` is a 4-byte aligned shared address of this block whose writers are ordered before the read.
-#[inline(always)]
-unsafe fn lds(addr: u32) -> u32 {
-    let v: u32;
-    unsafe {
-        core::arch::asm!("ld.shared.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg32) addr,
-            options(nostack, readonly))
-    }
-    v
-}
 
 /// One operand's copy geometry: stored rows `ld` floats apart from `src`; the tile is `[outer][k]`
 /// when `K_CONTIG` (rows along the outer dim, M or N), else `[k][outer]`.
@@ -120,7 +84,7 @@ unsafe fn copy_tile<const K_CONTIG: bool>(s: &Source, tile: u32, k0: u32, k_end:
         };
         // SAFETY: `bytes` covers only elements inside the matrix (caller's contract); chunk
         // starts are 16-byte aligned (aligned base, ld and col multiples of 4).
-        unsafe { cp_async_16_partial(tile + smem, at, bytes) };
+        unsafe { cp_async_16_bytes(tile + smem, at as *const u8, bytes) };
     });
 }
 
@@ -142,7 +106,7 @@ fn load_frags<const A_KC: bool, const B_KC: bool>(
             k * PITCH_O + r
         };
         // SAFETY: inside the stage's A tile (r < BM, k < BK); written before the loop's barrier.
-        unsafe { lds(a_tile + 4 * off) }
+        unsafe { u32::ld_shared(a_tile + 4 * off) }
     };
     let b_at = |k: u32, n: u32| {
         let off = if B_KC {
@@ -151,7 +115,7 @@ fn load_frags<const A_KC: bool, const B_KC: bool>(
             k * PITCH_O + n
         };
         // SAFETY: as for A.
-        unsafe { lds(b_tile + 4 * off) }
+        unsafe { u32::ld_shared(b_tile + 4 * off) }
     };
     let mut af = [[0u32; 4]; MT];
     unroll!(i in [0, 1, 2, 3] {
