@@ -384,7 +384,7 @@ pub mod matmul_tf32 {
                 let (s, kps) = split_k(m, n, k);
                 assert!(s >= 1);
                 if s > 1 {
-                    assert!(kps as u64 % BK as u64 == 0, "({m}, {n}, {k})");
+                    assert!((kps as u64).is_multiple_of(BK as u64), "({m}, {n}, {k})");
                     assert!((s as u64 - 1) * (kps as u64) < k && s as u64 * kps as u64 >= k);
                     assert!(kps as u64 >= MIN_SPLIT_DEPTH);
                 }

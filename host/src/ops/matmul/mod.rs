@@ -115,14 +115,49 @@ pub(crate) fn gemm(
     acc: Accumulate,
     precision: Precision,
 ) -> Result<()> {
-    const OP: &str = "matmul";
     if precision != Precision::Ieee && tf32_rows(&a) && tf32_rows(&b) {
         return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision);
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
+    let Some((p, grid_y)) = gemm_params(shape, &a, &b, &c, acc)? else {
+        return Ok(());
+    };
+    let GemmShape { n, batch, .. } = shape;
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: ((n as u64).div_ceil(BN as u64) as u32, grid_y, batch as u32),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    let no_bias = RawSlice { ptr: 0, len: 0 };
+    launch_cfg(
+        gpu,
+        kernel,
+        cfg,
+        &[
+            &ByValue(a.raw),
+            &ByValue(b.raw),
+            &ByValue(bias.unwrap_or(no_bias)),
+            &ByValue(c.raw),
+            &ByValue(p),
+        ],
+    )
+}
+
+/// The launch parameters of one [`gemm`] and its row-tile count (grid y; both f32 kernels tile C in
+/// 128 rows), or `None` for an empty product; sizes past the kernels' u32 indices or the grid's
+/// limits are errors.
+fn gemm_params(
+    shape: GemmShape,
+    a: &Operand,
+    b: &Operand,
+    c: &Operand,
+    acc: Accumulate,
+) -> Result<Option<(Matmul, u32)>> {
+    const OP: &str = "matmul";
+    const { assert!(BM == tf::BM) };
     let GemmShape { m, n, k, batch } = shape;
     if m == 0 || n == 0 || batch == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let u32_of = |what: &'static str, v: usize| {
         u32::try_from(v).map_err(|_| Error::TooLarge {
@@ -156,28 +191,7 @@ pub(crate) fn gemm(
         stride_b: b.stride,
         stride_c: c.stride,
     };
-    let cfg = cudarc::driver::LaunchConfig {
-        grid_dim: (
-            (n as u64).div_ceil(BN as u64) as u32,
-            grid_y as u32,
-            batch as u32,
-        ),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem,
-    };
-    let no_bias = RawSlice { ptr: 0, len: 0 };
-    launch_cfg(
-        gpu,
-        kernel,
-        cfg,
-        &[
-            &ByValue(a.raw),
-            &ByValue(b.raw),
-            &ByValue(bias.unwrap_or(no_bias)),
-            &ByValue(c.raw),
-            &ByValue(p),
-        ],
-    )
+    Ok(Some((p, grid_y as u32)))
 }
 
 /// Whether the tensor-core f32 kernel can copy this operand's rows by 16-byte `cp.async`: an aligned
@@ -200,7 +214,6 @@ fn gemm_tf32(
     acc: Accumulate,
     precision: Precision,
 ) -> Result<()> {
-    const OP: &str = "matmul";
     const NAMES: [&str; 8] = [
         "matmul_tf32x3_nn_f32",
         "matmul_tf32x3_nt_f32",
@@ -211,48 +224,17 @@ fn gemm_tf32(
         "matmul_tf32_tn_f32",
         "matmul_tf32_tt_f32",
     ];
-    let GemmShape { m, n, k, batch } = shape;
-    if m == 0 || n == 0 || batch == 0 {
+    let Some((mm, grid_y)) = gemm_params(shape, &a, &b, &c, acc)? else {
         return Ok(());
-    }
-    let u32_of = |what: &'static str, v: usize| {
-        u32::try_from(v).map_err(|_| Error::TooLarge {
-            op: OP,
-            what,
-            given: v as u64,
-            max: u32::MAX as u64,
-        })
     };
-    let (mu, nu, ku) = (u32_of("M", m)?, u32_of("N", n)?, u32_of("K", k)?);
-    let grid_y = (m as u64).div_ceil(tf::BM as u64);
-    if grid_y > MAX_GRID_YZ || batch as u64 > MAX_GRID_YZ {
-        return Err(Error::TooLarge {
-            op: OP,
-            what: "row tiles (M / 128) or batch",
-            given: grid_y.max(batch as u64),
-            max: MAX_GRID_YZ,
-        });
-    }
+    let GemmShape { m, n, k, batch } = shape;
     let (splits, k_per_split) = if batch == 1 {
         tf::split_k(m as u64, n as u64, k as u64)
     } else {
-        (1, ku)
+        (1, mm.k)
     };
     let p = MatmulTf32 {
-        mm: Matmul {
-            m: mu,
-            n: nu,
-            k: ku,
-            trans_a: (a.trans == Transpose::Yes) as u32,
-            trans_b: (b.trans == Transpose::Yes) as u32,
-            accumulate: (acc == Accumulate::Add) as u32,
-            lda: a.ld,
-            ldb: b.ld,
-            ldc: c.ld,
-            stride_a: a.stride,
-            stride_b: b.stride,
-            stride_c: c.stride,
-        },
+        mm,
         splits,
         k_per_split,
     };
@@ -274,7 +256,7 @@ fn gemm_tf32(
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (
             (n as u64).div_ceil(tf::BN as u64) as u32,
-            grid_y as u32,
+            grid_y,
             if splits > 1 { splits } else { batch as u32 },
         ),
         block_dim: (tf::THREADS, 1, 1),
