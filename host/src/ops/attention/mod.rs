@@ -625,12 +625,7 @@ pub fn flash_backward(
         unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
     let gpu = q.gpu();
-    let kv_shape = [d.batch, d.heads, d.seq_k, d.head_dim];
-    let grads = AttentionGrads {
-        dq: Tensor::empty(gpu, q.shape(), q.dtype())?,
-        dk: Tensor::empty(gpu, &kv_shape, q.dtype())?,
-        dv: Tensor::empty(gpu, &kv_shape, q.dtype())?,
-    };
+    let grads = empty_grads(q, &d)?;
     let heads_total = d.batch * d.heads;
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
         return Ok(grads);
@@ -800,6 +795,17 @@ pub fn naive_forward(
     Ok((o, lse))
 }
 
+/// Gradient tensors of a backward call, allocated (uninitialised) in q's dtype: dQ shaped as q,
+/// dK and dV as `[batch, heads, seq_k, head_dim]`.
+fn empty_grads(q: &Tensor, d: &Dims) -> Result<AttentionGrads> {
+    let kv_shape = [d.batch, d.heads, d.seq_k, d.head_dim];
+    Ok(AttentionGrads {
+        dq: Tensor::empty(q.gpu(), q.shape(), q.dtype())?,
+        dk: Tensor::empty(q.gpu(), &kv_shape, q.dtype())?,
+        dv: Tensor::empty(q.gpu(), &kv_shape, q.dtype())?,
+    })
+}
+
 /// Naive attention backward: `(dQ, dK, dV)` for upstream gradient `d_o` (O's shape and dtype), with
 /// the inputs and `params` of the [`naive_forward`] call. The scores are recomputed (no saved state):
 /// `S = scale Q K^T` (masked), `P = softmax(S)`, `dV = P^T dO`, `dP = dO V^T`,
@@ -820,12 +826,7 @@ pub fn naive_backward(
     }
     validate_grad_output(OP, &Operand::of("q", q), &Operand::of("d_o", d_o))?;
     let gpu = q.gpu();
-    let kv_shape = [d.batch, d.heads, d.seq_k, d.head_dim];
-    let grads = AttentionGrads {
-        dq: Tensor::empty(gpu, q.shape(), q.dtype())?,
-        dk: Tensor::empty(gpu, &kv_shape, q.dtype())?,
-        dv: Tensor::empty(gpu, &kv_shape, q.dtype())?,
-    };
+    let grads = empty_grads(q, &d)?;
     let heads_total = d.batch * d.heads;
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
         return Ok(grads);
