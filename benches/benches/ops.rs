@@ -675,6 +675,22 @@ fn embeddings(b: &mut Bencher) {
     );
 }
 
+/// The name of an attention bench's mask and its forward FLOPs: `4 B H S^2 D` (two matrix products),
+/// half of that with the causal mask.
+fn attention_mask_and_flops(
+    causal: Causal,
+    bb: usize,
+    h: usize,
+    s: usize,
+    d: usize,
+) -> (&'static str, u64) {
+    let full = 4 * (bb * h * s * s * d) as u64;
+    match causal {
+        Causal::Yes => ("causal", full / 2),
+        Causal::No => ("full", full),
+    }
+}
+
 /// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
 /// FLOPs `4 B H S^2 D`, halved when causal (docs/math/attention.md).
 fn attention(b: &mut Bencher) {
@@ -701,17 +717,7 @@ fn attention(b: &mut Bencher) {
                 b.inputs(&shape, dtype, copies),
             );
             for causal in [Causal::No, Causal::Yes] {
-                let full = 4 * (bb * h * s * s * d) as u64;
-                let flops = if causal == Causal::Yes {
-                    full / 2
-                } else {
-                    full
-                };
-                let mask = if causal == Causal::Yes {
-                    "causal"
-                } else {
-                    "full"
-                };
+                let (mask, flops) = attention_mask_and_flops(causal, bb, h, s, d);
                 let params = AttentionParams {
                     causal,
                     scale: None,
@@ -778,17 +784,7 @@ fn attention_backward(b: &mut Bencher) {
                     .collect()
             };
             for causal in [Causal::No, Causal::Yes] {
-                let full = 4 * (bb * h * s * s * d) as u64;
-                let fwd_flops = if causal == Causal::Yes {
-                    full / 2
-                } else {
-                    full
-                };
-                let mask = if causal == Causal::Yes {
-                    "causal"
-                } else {
-                    "full"
-                };
+                let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
                 let params = AttentionParams {
                     causal,
                     scale: None,
