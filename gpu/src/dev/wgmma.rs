@@ -104,6 +104,13 @@ pub trait Wgmma<Acc>: MmaElem {
     /// # Safety
     /// As for [`Wgmma::mma_ss`]; `a` holds this thread's A fragment.
     unsafe fn mma_rs_tb(d: &mut Acc, a: &[u32; 4], b_desc: u64);
+    /// `D (64 x N) = A B + (scale_d != 0 ? D : 0)` with both operands MN-major from descriptors
+    /// (`imm-trans-a = 1`, `imm-trans-b = 1`): A stored `[k][m]`, B `[k][n]`, as a product of two
+    /// transposed tiles (FlashAttention backward's `dQ = dS K` from the `dS^T` and K tiles).
+    ///
+    /// # Safety
+    /// As for [`Wgmma::mma_ss`].
+    unsafe fn mma_ss_tt(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32);
 }
 
 macro_rules! accumulator {
@@ -152,6 +159,22 @@ macro_rules! wgmma_impl {
                         "setp.ne.b32 p, {sd}, 0;",
                         concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
                             "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, 0, 0;"),
+                        "}}",
+                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                        a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
+                        options(nostack)
+                    )
+                }
+            }
+            #[inline(always)]
+            unsafe fn mma_ss_tt(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
+                unsafe {
+                    core::arch::asm!(
+                        "{{",
+                        ".reg .pred p;",
+                        "setp.ne.b32 p, {sd}, 0;",
+                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
+                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, 1, 1;"),
                         "}}",
                         inout(reg32) d[$first], $(inout(reg32) d[$i],)*
                         a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
@@ -484,5 +507,17 @@ impl<const ROWS: usize, const COLS: usize> SwizzledTile<ROWS, COLS> {
     pub fn desc_mn_major(&self, k_step: u32) -> u64 {
         check_index((16 * k_step) as usize, ROWS);
         descriptor(self.base + k_step * 2048, Self::PANEL_BYTES as u32, 1024)
+    }
+
+    /// [`Self::desc_mn_major`] from column `col0` on (a multiple of 64: a panel boundary), for an
+    /// operand narrower than the tile: an MN-major A (`imm-trans-a = 1`, M = 64 columns) or a B of
+    /// N <= `COLS - col0` columns.
+    #[inline(always)]
+    pub fn desc_mn_major_from(&self, k_step: u32, col0: u32) -> u64 {
+        check_index((16 * k_step) as usize, ROWS);
+        check_index((col0 % 64) as usize, 1);
+        check_index(col0 as usize, COLS);
+        let panel = self.base + (col0 / 64) * Self::PANEL_BYTES as u32;
+        descriptor(panel + k_step * 2048, Self::PANEL_BYTES as u32, 1024)
     }
 }

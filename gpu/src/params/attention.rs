@@ -272,9 +272,10 @@ impl FlashBwdConfig {
 }
 
 /// Rows per block of the backward's pre-pass (`flash_bwd_pre_*`, one CTA each); the per-row
-/// statistics are padded to a multiple of it: `[2, batch * heads, ceil(seq_q / 64) * 64]` f32, the
-/// LSE in log2 units, then D.
-pub const FLASH_BWD_PRE_ROWS: usize = 64;
+/// statistics are padded to a multiple of it: `[2, batch * heads, ceil(seq_q / 128) * 128]` f32,
+/// the LSE in log2 units, then D. Every backward kernel's `block_q` divides it, so a step's
+/// statistics copy never reads past the padding.
+pub const FLASH_BWD_PRE_ROWS: usize = 128;
 /// Query rows per turn counter of the deterministic dQ accumulation (`batch * heads *
 /// ceil(seq_q / 32)` u32); a kernel with `block_q` rows a step uses the counter of its first 32.
 pub const FLASH_BWD_TURN_ROWS: usize = 32;
@@ -336,6 +337,89 @@ const _: () = {
         assert!(
             FLASH_BWD_PRE_ROWS.is_multiple_of(flash_bwd::PRE_THREADS as usize / (c.head_dim / 8))
         );
+        i += 1;
+    }
+};
+
+/// The Hopper (`wgmma`, sm_90a) FlashAttention backward (`flash_wg_bwd_d*`): one CTA of two
+/// warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys `64 w..64 w + 64` (the
+/// M = 64 of `S^T = K Q^T`, `dP^T = V dO^T`, `dV += P^T dO`, `dK += dS^T Q`), and both share the
+/// `dQ = dS K` product of a step (`block_q x head_dim`) as two 64 x 64 halves: by query rows when
+/// `block_q` = 128, by columns when `head_dim` = 128. Tiles use the 128-byte-swizzle layout (what
+/// wgmma descriptors read). The pre-pass, the statistics, the turn counters and the dQ conversion are
+/// those of [`FlashBwdConfig`]'s kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashWgBwdConfig {
+    pub head_dim: usize,
+    /// Keys per CTA: 64 per warpgroup.
+    pub block_k: usize,
+    /// Query rows a step (the N of `S^T`, the K of `dV += P^T dO`).
+    pub block_q: usize,
+}
+
+impl FlashWgBwdConfig {
+    pub const fn threads(&self) -> usize {
+        self.block_k / 64 * 128
+    }
+    /// dQ splits over the warpgroups: by query rows (`block_q / 64` halves) times by columns.
+    pub const fn dq_row_splits(&self) -> usize {
+        self.block_q / 64
+    }
+    pub const fn dq_col_splits(&self) -> usize {
+        self.block_k / 64 / self.dq_row_splits()
+    }
+    /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, two stages of Q,
+    /// two of dO, the dS^T block (`block_k x block_q`), and two stages of the per-row statistics
+    /// (LSE and D, f32, `2 x block_q`). Every 16-bit tile is whole 1024-byte swizzle atoms.
+    pub const fn smem_bytes(&self) -> usize {
+        2 * self.block_k * self.head_dim * 2
+            + 2 * 2 * self.block_q * self.head_dim * 2
+            + self.block_k * self.block_q * 2
+            + 2 * 2 * self.block_q * 4
+    }
+}
+
+/// Design notes (the H100 benchmark is the judge):
+/// - D = 128: 64 query rows a step: per thread S^T and dP^T are 32 f32 each, dK and dV 64 + 64,
+///   the dQ half 32 (alive only after S^T and dP^T are consumed); 145 KiB.
+/// - D = 64: 128 query rows a step (the dQ block splits by rows into two 64 x 64 halves, and each
+///   step's barriers and turn wait serve twice the products), computed as two 64-query sub-blocks
+///   so that S^T and dP^T stay 32 f32 each (128 rows at once spilled: 255 registers, 140 bytes);
+///   dK and dV 32 + 32; 130 KiB.
+/// - One CTA per SM (up to 255 registers a thread).
+pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
+    head_dim: 64,
+    block_k: 128,
+    block_q: 128,
+};
+pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
+    head_dim: 128,
+    block_k: 128,
+    block_q: 64,
+};
+
+/// The wgmma backward config for a head dimension, or `None` if there is no kernel for it.
+pub const fn flash_wg_bwd_config(head_dim: usize) -> Option<FlashWgBwdConfig> {
+    match head_dim {
+        64 => Some(FLASH_WG_BWD_D64),
+        128 => Some(FLASH_WG_BWD_D128),
+        _ => None,
+    }
+}
+
+// Every wgmma backward config: two warpgroups; each dQ share 64 x 64 (one m64n64 wgmma chain);
+// the step's rows cover whole turn counters and divide the statistics' padding; sm_90's 227 KiB.
+const _: () = {
+    let cfgs = [FLASH_WG_BWD_D64, FLASH_WG_BWD_D128];
+    let mut i = 0;
+    while i < cfgs.len() {
+        let c = cfgs[i];
+        assert!(c.block_k == 128 && c.block_q.is_multiple_of(64) && c.head_dim.is_multiple_of(64));
+        assert!(c.dq_row_splits() * c.dq_col_splits() == 2);
+        assert!(c.head_dim / c.dq_col_splits() == 64);
+        assert!(c.block_q.is_multiple_of(FLASH_BWD_TURN_ROWS));
+        assert!(FLASH_BWD_PRE_ROWS.is_multiple_of(c.block_q));
+        assert!(c.smem_bytes() <= 227 * 1024);
         i += 1;
     }
 };

@@ -326,7 +326,7 @@ const fn checked_config<
 /// # Safety
 /// `src` points at `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
 #[inline(always)]
-unsafe fn load_rows<const ROWS: usize, const D: usize, const TH: usize, T>(
+pub(super) unsafe fn load_rows<const ROWS: usize, const D: usize, const TH: usize, T>(
     tile: SwizzledTile<ROWS, D>,
     src: *const T,
     row0: u32,
@@ -384,7 +384,7 @@ fn rescale<const ON: usize>(acc: &mut [f32; ON], alpha: [f32; 2]) {
 /// P (the probabilities in `s`) rounded to `T` as the A fragments of the `SN / 8` k-steps of
 /// `P V`: step `ks` is S's 8-column blocks `2 ks` and `2 ks + 1` (entries `8 ks..8 ks + 8`).
 #[inline(always)]
-fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 16] {
+pub(super) fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 16] {
     let mut pf = [[0u32; 4]; 16];
     unroll_lt!(ks < SN / 8, {
         let b = 8 * ks;

@@ -8,5 +8,7 @@
 mod flash;
 mod flash_bwd;
 #[cfg(target_feature = "sm_90a")]
+mod flash_wg_bwd;
+#[cfg(target_feature = "sm_90a")]
 mod flash_wgmma;
 mod naive;

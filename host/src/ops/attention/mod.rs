@@ -38,7 +38,8 @@ use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
     AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_D64_Q64, FlashWgmmaConfig,
-    MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config, flash_wgmma_config, naive,
+    MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config, flash_wg_bwd_config,
+    flash_wgmma_config, naive,
 };
 
 use crate::DType;
@@ -570,7 +571,8 @@ pub fn flash_forward_variant(
 /// contiguous, f16/bf16, head dims [`FLASH_HEAD_DIMS`], causal bottom-right or not, any lengths).
 /// Gradients in the input dtype; rows that see no key get dQ = 0 and add nothing to dK and dV.
 ///
-/// FlashAttention-2 on tensor cores (`mma.sync`, both builds; `gpu/src/kernels/attention/flash_bwd.rs`):
+/// FlashAttention-2's algorithm on tensor cores: Hopper `wgmma` with the sm_90 build
+/// (`gpu/src/kernels/attention/flash_wg_bwd.rs`), `mma.sync` with the sm_80 build (`flash_bwd.rs`):
 /// a pre-pass computes `D = rowsum(dO * O)`, one CTA per block of keys keeps dK and dV in registers
 /// and walks the query blocks, recomputing `P` from the LSE, and adds each partial dQ block into an
 /// f32 accumulator; a last kernel rounds dQ. **Deterministic**: the partial dQ blocks of a query
@@ -619,19 +621,17 @@ pub fn flash_backward(
             Operand::of("d_o", d_o),
         ],
     )?;
-    let Some((cfg, names)) =
-        flash_bwd_config(d.head_dim).zip(flash_bwd_kernels(d.head_dim, q.dtype()))
-    else {
+    let gpu = q.gpu();
+    let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch()) else {
         unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
-    let gpu = q.gpu();
     let grads = empty_grads(q, &d)?;
     let heads_total = d.batch * d.heads;
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
         return Ok(grads);
     }
     let pre_blocks = d.seq_q.div_ceil(FLASH_BWD_PRE_ROWS);
-    let n_kblocks = d.seq_k.div_ceil(cfg.block_k);
+    let n_kblocks = d.seq_k.div_ceil(names.block_k);
     // The LSE in log2 units and D per query row (f32, padded to whole pre-pass blocks), a turn
     // counter per 32 query rows (u32, in an f32 tensor: only the kernels read it), the f32 dQ
     // accumulator. The pre-pass writes all three.
@@ -686,8 +686,8 @@ pub fn flash_backward(
             names.main,
             LaunchConfig {
                 grid_dim: (kb, d.heads as u32, d.batch as u32),
-                block_dim: (cfg.threads() as u32, 1, 1),
-                shared_mem_bytes: cfg.smem_bytes() as u32,
+                block_dim: (names.threads, 1, 1),
+                shared_mem_bytes: names.smem_bytes,
             },
             &[
                 &ByValue(q.raw()),
@@ -722,28 +722,54 @@ pub fn flash_backward(
     Ok(grads)
 }
 
-/// The three kernels of one [`flash_backward`] call.
+/// The three kernels of one [`flash_backward`] call, with the main kernel's launch shape.
 #[derive(Clone, Copy, Debug)]
 struct FlashBwdKernels {
     pre: &'static str,
     main: &'static str,
     convert: &'static str,
+    /// Keys per CTA of the main kernel, its threads and dynamic shared memory.
+    block_k: usize,
+    threads: u32,
+    smem_bytes: u32,
 }
 
-fn flash_bwd_kernels(head_dim: usize, dtype: DType) -> Option<FlashBwdKernels> {
+/// The backward's kernels for the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the
+/// sm_90 build's main kernel is the wgmma one (`flash_wg_bwd_*`), the sm_80 build's the
+/// `mma.sync` one (`flash_bwd_d*`); the pre-pass and the dQ conversion are shared.
+fn flash_bwd_kernels(head_dim: usize, dtype: DType, ptx_arch: &str) -> Option<FlashBwdKernels> {
     let (pre, convert) = match dtype {
         DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
         DType::F32 => return None,
     };
-    let main = match (head_dim, dtype) {
-        (64, DType::F16) => "flash_bwd_d64_f16",
-        (64, DType::BF16) => "flash_bwd_d64_bf16",
-        (128, DType::F16) => "flash_bwd_d128_f16",
-        (128, DType::BF16) => "flash_bwd_d128_bf16",
+    let wgmma = ptx_arch == "sm_90";
+    let main = match (wgmma, head_dim, dtype) {
+        (false, 64, DType::F16) => "flash_bwd_d64_f16",
+        (false, 64, DType::BF16) => "flash_bwd_d64_bf16",
+        (false, 128, DType::F16) => "flash_bwd_d128_f16",
+        (false, 128, DType::BF16) => "flash_bwd_d128_bf16",
+        (true, 64, DType::F16) => "flash_wg_bwd_d64_f16",
+        (true, 64, DType::BF16) => "flash_wg_bwd_d64_bf16",
+        (true, 128, DType::F16) => "flash_wg_bwd_d128_f16",
+        (true, 128, DType::BF16) => "flash_wg_bwd_d128_bf16",
         _ => return None,
     };
-    Some(FlashBwdKernels { pre, main, convert })
+    let (block_k, threads, smem_bytes) = if wgmma {
+        let c = flash_wg_bwd_config(head_dim)?;
+        (c.block_k, c.threads(), c.smem_bytes())
+    } else {
+        let c = flash_bwd_config(head_dim)?;
+        (c.block_k, c.threads(), c.smem_bytes())
+    };
+    Some(FlashBwdKernels {
+        pre,
+        main,
+        convert,
+        block_k,
+        threads: threads as u32,
+        smem_bytes: smem_bytes as u32,
+    })
 }
 
 /// Naive attention forward (scores materialised, f32 math): returns `(O, LSE)`. f32/f16/bf16,

@@ -619,24 +619,38 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
 fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
     for d in FLASH_HEAD_DIMS {
         let cfg = gpu::params::attention::flash_bwd_config(d).unwrap();
-        assert_eq!(cfg.head_dim, d);
+        let wg = gpu::params::attention::flash_wg_bwd_config(d).unwrap();
+        assert_eq!((cfg.head_dim, wg.head_dim), (d, d));
         for dt in [DType::F16, DType::BF16] {
-            let k = flash_bwd_kernels(d, dt).unwrap();
             for arch in ["sm_80", "sm_90"] {
+                let k = flash_bwd_kernels(d, dt, arch).unwrap();
                 for name in [k.pre, k.main, k.convert] {
                     assert!(in_build(name, arch), "{name} {arch}");
                 }
+                let (bounds, block_k, smem) = if arch == "sm_90" {
+                    assert!(k.main.starts_with("flash_wg_bwd_"), "{}", k.main);
+                    ((wg.threads() as u32, 1), wg.block_k, wg.smem_bytes())
+                } else {
+                    (
+                        (cfg.threads() as u32, cfg.min_blocks),
+                        cfg.block_k,
+                        cfg.smem_bytes(),
+                    )
+                };
                 assert_eq!(
                     crate::modules::launch_bounds(k.main, arch),
-                    Some((cfg.threads() as u32, cfg.min_blocks)),
+                    Some(bounds),
                     "{} {arch}",
                     k.main
                 );
+                assert_eq!((k.threads, k.block_k, k.smem_bytes as usize), (bounds.0, block_k, smem));
             }
         }
+        // The wgmma kernels exist only in the sm_90 build.
+        assert!(!in_build(&format!("flash_wg_bwd_d{d}_f16"), "sm_80"));
     }
-    assert!(flash_bwd_kernels(64, DType::F32).is_none());
-    assert!(flash_bwd_kernels(96, DType::F16).is_none());
+    assert!(flash_bwd_kernels(64, DType::F32, "sm_90").is_none());
+    assert!(flash_bwd_kernels(96, DType::F16, "sm_80").is_none());
 }
 
 /// The CPU same-precision naive backward: f32 is the exact backward; in f16 each gradient is a

@@ -1,0 +1,502 @@
+//! FlashAttention backward on Hopper warpgroup MMA (`wgmma`, sm_90a): the sm_90 build's main
+//! backward kernel (`flash_wg_bwd_d{64,128}_{dtype}`), between the pre-pass and the dQ conversion of
+//! `flash_bwd.rs`, whose statistics, f32 dQ accumulator, turn counters and determinism argument it
+//! shares (see that module's doc). Compiled only into the sm_90 PTX.
+//!
+//! One CTA of two warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys
+//! `64 w..64 w + 64`, the M = 64 of its products, and keeps their dK and dV rows in registers (wgmma
+//! accumulators). K and V stay in shared memory; the CTA walks the query blocks that see its keys
+//! last-first, Q_i, dO_i and their statistics double-buffered by `cp.async`. Per query block i:
+//! ```text
+//! wait, proxy fence, barrier      Q_i/dO_i landed; every warpgroup retired step i+1's products
+//! release block i+1's turn; load Q/dO of block i-1 into the other stage
+//! per sub-block of 64 queries (one at D = 128, two at D = 64):
+//!   S^T = K_w Q^T, dP^T = V_w dO^T    (ss wgmma, K-major both; one group; the wait also retires
+//!                                      the previous sub-block's dV/dK products)
+//!   P^T = exp2(S^T c - LSE2), dS^T = P^T (dP^T - D)  (masked entries 0)
+//!   dS^T -> shared tile [keys][queries] (16-bit), proxy fence
+//!   dV_w += P^T dO, dK_w += dS^T Q    (rs wgmma: P^T, dS^T from registers, dO/Q MN-major)
+//! barrier                         the dS^T tile is whole
+//! dQ half = dS K                  (ss wgmma, A = dS^T tile MN-major, B = K tile MN-major)
+//! wait; our turn on block i; red.add of the dQ half into the accumulator
+//! ```
+//! P^T and dS^T leave the S^T / dP^T accumulators as the A fragments of the next products with no
+//! data movement (the wgmma accumulator layout of two 8-column blocks is the A layout of one
+//! 16-deep step), as in the forward's `P V`. The two warpgroups split the 128 x 64 (D = 128) or
+//! 128 x 128 (D = 64) dQ block into two 64 x 64 halves (by columns, or by query rows), so each adds
+//! half of it. Epilogue: dK (times `scale`) and dV rounded to the input type, staged through the
+//! CTA's K/V tiles for 16-byte stores.
+use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
+use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
+use crate::dev::elem::{BF16, F16};
+use crate::dev::math::{LOG2_E, exp2, fma};
+use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
+use crate::dev::mma::MmaElem;
+use crate::dev::shared::{
+    SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4,
+};
+use crate::dev::sync::{sync_threads, sync_warp};
+use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
+use crate::dev::warp::FULL_MASK;
+use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
+use crate::params::attention::{
+    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128,
+    FlashWgBwdConfig, MaskKind, flash_wg_bwd_config,
+};
+use crate::{unroll, unroll_lt};
+
+use super::flash_wgmma::{load_rows, pack_p};
+
+/// The main backward kernel. `ON = D / 2`: f32 a thread of dK and of dV (checked against the
+/// config); S^T, dP^T (per 64-query sub-block) and the dQ half are 32 each (64 x 64).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, const ON: usize>(
+    q: Slice<T>,
+    k: Slice<T>,
+    v: Slice<T>,
+    d_o: Slice<T>,
+    stats: Slice<f32>,
+    dq_acc: SliceMut<f32>,
+    turns: SliceMut<u32>,
+    dk: SliceMut<T>,
+    dv: SliceMut<T>,
+    p: AttentionShape,
+) where
+    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
+    [f32; ON]: Accumulator,
+    [f32; 32]: Accumulator,
+{
+    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON>() };
+    const TH: usize = 256;
+
+    let (sq, sk) = (p.seq_q, p.seq_k);
+    let causal = p.mask == MaskKind::Causal;
+    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
+    let j = block_idx_x();
+    let n0 = j * BK as u32;
+    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+    let n_qblocks = sq.div_ceil(BQ as u32);
+    let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
+    let n_turns = sq.div_ceil(FLASH_BWD_TURN_ROWS as u32);
+    let turn_step = (BQ / FLASH_BWD_TURN_ROWS) as u32;
+    let heads_total = (p.batch * p.heads) as u64;
+    // The query blocks that see keys of this block: all, or under the causal mask those from the
+    // block of the first query that sees key n0.
+    let first_qblock = if causal {
+        (n0 as i32 - diag).max(0) as u32 / BQ as u32
+    } else {
+        0
+    };
+    check_index(
+        ((bh + 1) * sq as u64 * D as u64) as usize,
+        q.len.min(d_o.len) as usize + 1,
+    );
+    check_index(
+        ((bh + 1) * sk as u64 * D as u64) as usize,
+        k.len.min(v.len) as usize + 1,
+    );
+    check_index(
+        (2 * heads_total * sq_pad as u64) as usize,
+        stats.len as usize + 1,
+    );
+    check_index(((bh + 1) * n_turns as u64) as usize, turns.len as usize + 1);
+    check_index(
+        ((bh + 1) * sq as u64 * D as u64) as usize,
+        dq_acc.len as usize + 1,
+    );
+    // SAFETY: the launcher validated that q/dO hold batch*heads*seq_q rows and k/v batch*heads*seq_k
+    // rows of D elements, the statistics 2*batch*heads*sq_pad values (checked builds re-check
+    // above), so these are the starts of this head's rows.
+    let (q_src, do_src, k_src, v_src, lse_src) = unsafe {
+        (
+            q.ptr.add((bh * sq as u64 * D as u64) as usize),
+            d_o.ptr.add((bh * sq as u64 * D as u64) as usize),
+            k.ptr.add((bh * sk as u64 * D as u64) as usize),
+            v.ptr.add((bh * sk as u64 * D as u64) as usize),
+            stats.ptr.add((bh * sq_pad as u64) as usize),
+        )
+    };
+    let delta_offset = (heads_total * sq_pad as u64) as usize; // D after all heads' LSE
+
+    // Shared memory (config order; every 16-bit tile whole 1024-byte atoms, so all stay aligned).
+    let base = dynamic_base();
+    let kv_bytes = SwizzledTile::<BK, D>::BYTES as u32;
+    let qo_bytes = SwizzledTile::<BQ, D>::BYTES as u32;
+    let k_tile = SwizzledTile::<BK, D>::at(base);
+    let v_tile = k_tile.stage(1);
+    let q_tiles = SwizzledTile::<BQ, D>::at(base + 2 * kv_bytes);
+    let do_tiles = q_tiles.stage(2);
+    let ds_tile = SwizzledTile::<BK, BQ>::at(base + 2 * kv_bytes + 4 * qo_bytes);
+    let stats_base = base + 2 * kv_bytes + 4 * qo_bytes + SwizzledTile::<BK, BQ>::BYTES as u32;
+    let stat_stage = (2 * BQ * 4) as u32; // a stage: LSE2 of the BQ rows, then their D
+    check_index(
+        (stats_base + 2 * stat_stage - base) as usize,
+        cfg.smem_bytes() + 1,
+    );
+
+    // Loads Q, dO and the statistics of query block `i` into stage `s`.
+    // SAFETY (all calls): rows past seq_q are zero-filled without reading; the statistics rows are
+    // padded to whole pre-pass blocks, which whole query blocks divide; the stage is idle (the
+    // barrier before the call ends every read of it: the products that read it were waited for).
+    let load_qblock = |i: u32, s: u32| unsafe {
+        let m0 = i * BQ as u32;
+        load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
+        load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
+        let t = thread_idx_x();
+        let chunks = (2 * BQ / 4) as u32;
+        if t < chunks {
+            let (row, chunk) = (t / (BQ as u32 / 4), t % (BQ as u32 / 4));
+            let at = row as usize * delta_offset + m0 as usize + 4 * chunk as usize;
+            cp_async_16(
+                stats_base + s * stat_stage + row * (BQ as u32 * 4) + 16 * chunk,
+                lse_src.add(at) as *const u8,
+                true,
+            );
+        }
+    };
+
+    // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0.
+    if n_qblocks > first_qblock {
+        // SAFETY: rows past seq_k are zero-filled without reading; nothing has touched the tiles.
+        unsafe {
+            load_rows::<BK, D, TH, T>(k_tile, k_src, n0, sk);
+            load_rows::<BK, D, TH, T>(v_tile, v_src, n0, sk);
+        }
+        load_qblock(n_qblocks - 1, 0);
+    }
+    cp_async_commit();
+
+    let tid = thread_idx_x();
+    let wg = tid / 128;
+    let warp_in_wg = (tid / 32) % 4;
+    let (g, t) = (lane_id() / 4, lane_id() % 4);
+    let wg_key = 64 * wg; // this warpgroup's first key in the block
+    let key_row = wg_key + 16 * warp_in_wg + g; // this thread's keys: key_row, key_row + 8
+    // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
+    let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
+    let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
+    let c = p.scale * LOG2_E;
+    let mut dk_acc = [0.0f32; ON];
+    let mut dv_acc = [0.0f32; ON];
+
+    let mut i = n_qblocks;
+    let mut stage = 0u32;
+    while i > first_qblock {
+        i -= 1;
+        let m0 = i * BQ as u32;
+        // Q_i, dO_i and the statistics have landed; every warpgroup retired block i+1's products
+        // and added its dQ half.
+        cp_async_wait::<0>();
+        fence_proxy_async();
+        sync_threads();
+        if i + 1 < n_qblocks && tid == 0 {
+            // SAFETY: the counter of this head's block i+1 (the launcher sized `turns` for every
+            // block of every head); the barrier above ordered every thread's dQ additions first.
+            unsafe {
+                add_release_u32(
+                    turns
+                        .ptr
+                        .add((bh * n_turns as u64) as usize + ((i + 1) * turn_step) as usize),
+                    1,
+                )
+            };
+        }
+        if i > first_qblock {
+            load_qblock(i - 1, stage ^ 1);
+        }
+        cp_async_commit();
+        let (qt, dot) = (q_tiles.stage(stage), do_tiles.stage(stage));
+
+        // Per key row of this thread (0: key_row, 1: key_row + 8): the first query offset in the
+        // block that may see it; i32::MAX for a key past seq_k, i32::MIN where the whole block is
+        // visible.
+        let whole =
+            n0 + BK as u32 <= sk && !(causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag);
+        let first_query = |kk: i32| {
+            if whole {
+                i32::MIN
+            } else if kk >= sk as i32 {
+                i32::MAX
+            } else if causal {
+                kk - (m0 as i32 + diag)
+            } else {
+                i32::MIN
+            }
+        };
+        let key = (n0 + key_row) as i32;
+        let fq = [first_query(key), first_query(key + 8)];
+        let st = stats_base + stage * stat_stage;
+
+        // The block's queries in sub-blocks of 64 (the N of S^T): S^T and dP^T stay at 32 f32 a
+        // thread each, and sub-block h's dV/dK products run while h + 1's S^T and dP^T are
+        // computed (the wait for those retires them).
+        unroll_lt!(h < BQ / 64, {
+            let q0 = (64 * h) as u32;
+            // S^T and dP^T (64 keys x 64 queries for this warpgroup).
+            let mut s = [0.0f32; 32];
+            let mut dp = [0.0f32; 32];
+            fence();
+            unroll_lt!(kd < D / 16, {
+                // SAFETY: the whole warpgroup issues it (no divergence above); K, V and Q_i, dO_i
+                // landed and were fenced before the barrier; `s`, `dp` are untouched until the
+                // wait below.
+                unsafe {
+                    T::mma_ss(
+                        &mut s,
+                        k_tile.desc_k_major(wg_key, kd as u32),
+                        qt.desc_k_major(q0, kd as u32),
+                        (kd > 0) as u32,
+                    );
+                    T::mma_ss(
+                        &mut dp,
+                        v_tile.desc_k_major(wg_key, kd as u32),
+                        dot.desc_k_major(q0, kd as u32),
+                        (kd > 0) as u32,
+                    );
+                }
+            });
+            commit();
+            // Retires the previous sub-block's dV/dK products too (groups retire in order).
+            s.wait::<0>();
+            dp.hold();
+            dv_acc.hold();
+            dk_acc.hold();
+
+            // P^T = exp2(S^T c - LSE2), dS^T = P^T (dP^T - D), masked entries 0.
+            unroll_lt!(n < 8, {
+                let col = q0 + (8 * n) as u32 + 2 * t;
+                // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
+                let (lse2, delta) = unsafe {
+                    (
+                        ld_shared_v2_f32(st + 4 * col),
+                        ld_shared_v2_f32(st + 4 * (BQ as u32 + col)),
+                    )
+                };
+                unroll!(e in [0, 1, 2, 3] {
+                    let pv = exp2(fma(s[4 * n + e], c, -lse2[e % 2]));
+                    let keep = (col + (e % 2) as u32) as i32 >= fq[e / 2];
+                    let pv = if keep { pv } else { 0.0 };
+                    s[4 * n + e] = pv;
+                    dp[4 * n + e] = pv * (dp[4 * n + e] - delta[e % 2]);
+                });
+            });
+            let pa = pack_p::<T, 32>(&s);
+            let dsa = pack_p::<T, 32>(&dp);
+            // dS^T into the shared tile (rows = keys, columns = queries): fragment word (r, h) of
+            // step ks is row key_row + 8 r, columns q0 + 16 ks + 8 h + 2t, +1. The previous
+            // step's dQ products (the tile's only readers) were retired before the barrier at the
+            // top.
+            unroll_lt!(ks < 4, {
+                let col = q0 + (16 * ks) as u32 + 2 * t;
+                // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
+                unsafe {
+                    u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
+                    u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
+                    u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
+                    u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
+                }
+            });
+            fence_proxy_async();
+
+            // dV_w += P^T dO_i, dK_w += dS^T Q_i over this sub-block's 64 queries.
+            fence();
+            unroll_lt!(ks < 4, {
+                let k_step = (4 * h + ks) as u32;
+                // SAFETY: the whole warpgroup; the tiles landed and were fenced before the barrier
+                // at the top and are not written until this step's final wait; the fragments and
+                // accumulators are untouched until the next wait.
+                unsafe {
+                    T::mma_rs_tb(&mut dv_acc, &pa[ks], dot.desc_mn_major(k_step));
+                    T::mma_rs_tb(&mut dk_acc, &dsa[ks], qt.desc_mn_major(k_step));
+                }
+            });
+            commit();
+        });
+        // Both warpgroups' dS^T rows are in the tile (written and fenced before this barrier).
+        sync_threads();
+
+        // This warpgroup's dQ half: dS (query rows dq_row0.., all keys) K (all keys, columns
+        // dq_col0..), unscaled.
+        let mut dq = [0.0f32; 32];
+        fence();
+        unroll_lt!(ks < BK / 16, {
+            // SAFETY: the whole warpgroup; the dS^T tile was fenced before the barrier above and
+            // the K tile before the one at the top; neither is written until the wait below.
+            unsafe {
+                T::mma_ss_tt(
+                    &mut dq,
+                    ds_tile.desc_mn_major_from(ks as u32, dq_row0),
+                    k_tile.desc_mn_major_from(ks as u32, dq_col0),
+                    (ks > 0) as u32,
+                )
+            };
+        });
+        commit();
+        // Every group of this warpgroup retires here (in order): dV and dK too.
+        dq.wait::<0>();
+        dv_acc.hold();
+        dk_acc.hold();
+
+        // Our turn on block i: K blocks 0..j have added theirs (see flash_bwd.rs's module doc).
+        // SAFETY: the counter of this head's block i, in `turns` (launcher-sized). Every lane
+        // polls the same word, so the warp leaves the wait together.
+        unsafe {
+            wait_for_turn(
+                turns
+                    .ptr
+                    .add((bh * n_turns as u64) as usize + (i * turn_step) as usize),
+                j,
+            )
+        };
+        sync_warp(FULL_MASK);
+        add_dq_half(&dq, dq_acc, bh, sq, m0 + dq_row0 + 16 * warp_in_wg, dq_col0, D);
+        stage ^= 1;
+    }
+    // Every warpgroup is done with the last block: release its counter, and the K/V tiles are free
+    // (every copy was waited for, every product retired).
+    cp_async_wait::<0>();
+    sync_threads();
+    if n_qblocks > first_qblock && tid == 0 {
+        // SAFETY: as for the release in the loop (block `first_qblock`, the last one walked).
+        unsafe {
+            add_release_u32(
+                turns
+                    .ptr
+                    .add((bh * n_turns as u64) as usize + (first_qblock * turn_step) as usize),
+                1,
+            )
+        };
+    }
+
+    let dk_acc = dk_acc.map(|x| x * p.scale);
+    let warp_key = wg_key + 16 * warp_in_wg;
+    let out_row0 = bh * sk as u64 + n0 as u64 + warp_key as u64;
+    let rows_left = sk - n0;
+    store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, dv, out_row0);
+    store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, dk, out_row0);
+}
+
+/// Adds this thread's entries of a warp's 16 rows of a 64 x 64 dQ half (wgmma accumulator
+/// layout: `dq[4n], dq[4n + 1]` row g, columns 8n + 2t, +1; `dq[4n + 2], dq[4n + 3]` row g + 8) to
+/// the f32 accumulator. `row0` = the warp's first query row in the head, `col0` = the half's first
+/// column.
+#[inline(always)]
+fn add_dq_half(
+    dq: &[f32; 32],
+    acc: SliceMut<f32>,
+    bh: u64,
+    sq: u32,
+    row0: u32,
+    col0: u32,
+    d: usize,
+) {
+    let (g, t) = (lane_id() / 4, lane_id() % 4);
+    unroll!(r in [0, 1] {
+        let row = row0 + g + 8 * r as u32;
+        if row < sq {
+            let base = (bh * sq as u64 + row as u64) * d as u64 + (col0 + 2 * t) as u64;
+            unroll_lt!(n < 8, {
+                let at = base + 8 * n as u64;
+                check_index(at as usize + 1, acc.len as usize);
+                // SAFETY: row < seq_q of this head and col + 1 < D: inside the accumulator
+                // (launcher-sized, checked builds re-check); one thread adds each element, and the
+                // turn counter orders the blocks that add to it.
+                unsafe {
+                    red_add_f32(acc.ptr.add(at as usize), dq[4 * n + 2 * r]);
+                    red_add_f32(acc.ptr.add(at as usize + 1), dq[4 * n + 2 * r + 1]);
+                }
+            });
+        }
+    });
+}
+
+/// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).
+const fn checked_config<
+    const D: usize,
+    const BK: usize,
+    const BQ: usize,
+    const ON: usize,
+>() -> FlashWgBwdConfig {
+    let Some(cfg) = flash_wg_bwd_config(D) else {
+        panic!("no wgmma FlashAttention backward config for this head dim")
+    };
+    assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.threads() == 256);
+    assert!(ON == D / 2 && BQ % 64 == 0 && BQ <= 128 && D <= 128);
+    let planned = 2 * SwizzledTile::<BK, D>::BYTES
+        + 4 * SwizzledTile::<BQ, D>::BYTES
+        + SwizzledTile::<BK, BQ>::BYTES
+        + 2 * 2 * BQ * 4;
+    assert!(planned == cfg.smem_bytes());
+    cfg
+}
+
+/// Writes this warp's 16 rows of `acc` (wgmma accumulator layout, rounded to `T`) to rows
+/// `out_row0..` of `out`, staged through the warp's own rows of `staging` for 16-byte stores.
+/// `rows_left` = valid rows from the CTA's first row (`warp_row` is the warp's first row in the
+/// block). The caller has ended every read of `staging` (products retired, block barrier).
+#[inline(always)]
+fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
+    acc: &[f32; ON],
+    staging: SwizzledTile<BK, D>,
+    warp_row: u32,
+    rows_left: u32,
+    out: SliceMut<T>,
+    out_row0: u64,
+) {
+    let (g, t) = (lane_id() / 4, lane_id() % 4);
+    sync_warp(FULL_MASK);
+    unroll_lt!(n < ON / 4, {
+        let col = (8 * n) as u32 + 2 * t;
+        let a = &acc[4 * n..4 * n + 4];
+        // SAFETY: 4-byte aligned addresses (even column) inside the tile; only this warp touches
+        // its rows from here on.
+        unsafe {
+            u32::st_shared(staging.elem_addr(warp_row + g, col), T::pack2(a[0], a[1]));
+            u32::st_shared(staging.elem_addr(warp_row + g + 8, col), T::pack2(a[2], a[3]));
+        }
+    });
+    sync_warp(FULL_MASK);
+    let chunks_per_row = (D / 8) as u32;
+    unroll_lt!(i < 16 * D / 8 / 32, {
+        let c = lane_id() + 32 * i as u32;
+        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+        if warp_row + r < rows_left {
+            let at = (out_row0 + r as u64) * (D / 8) as u64 + chunk as u64;
+            check_index(at as usize, out.len as usize / 8);
+            // SAFETY: the row is < seq_k of this head (checked just above), so the chunk lies in
+            // `out` (launcher-validated size, 16-byte aligned base); each chunk has one writer.
+            unsafe {
+                let words = ld_shared_v4(staging.chunk_addr(warp_row + r, chunk));
+                store_chunk(out.ptr as *mut Chunk16, at, Chunk16(words))
+            };
+        }
+    });
+}
+
+macro_rules! flash_wg_bwd_entry_points {
+    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
+        /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
+        /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
+            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: SliceMut<$t>, dv: SliceMut<$t>,
+            shape: AttentionShape,
+        ) {
+            const C: FlashWgBwdConfig = $cfg;
+            unsafe {
+                flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
+                    { C.head_dim / 2 }>(q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape)
+            }
+        }
+        crate::launch_bounds!($name, { $cfg.threads() }, 1);
+    )*};
+}
+
+flash_wg_bwd_entry_points! {
+    flash_wg_bwd_d64_f16: F16, FLASH_WG_BWD_D64;
+    flash_wg_bwd_d64_bf16: BF16, FLASH_WG_BWD_D64;
+    flash_wg_bwd_d128_f16: F16, FLASH_WG_BWD_D128;
+    flash_wg_bwd_d128_bf16: BF16, FLASH_WG_BWD_D128;
+}
