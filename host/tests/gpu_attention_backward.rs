@@ -6,7 +6,9 @@
 //! (`reference::backward_and_naive`), on O and LSE from `flash_forward`; also within the relative
 //! 2-norm tolerance below of `naive_backward` on the same inputs. Run-to-run bit identity over 100
 //! runs, zero gradients of fully masked rows, empty sequences, custom scales, and the sm_80 build's
-//! kernels (`Build::Portable`) on part of the grid.
+//! kernels (`Build::Portable`) on part of the grid. On tiny shapes, every gradient element against
+//! central differences of the f64 forward, with the same rule (no shared code with the backward
+//! reference).
 //!
 //! `naive_backward`: the rule for each of dQ, dK and dV, with the reference computed from the same
 //! (dtype-rounded) inputs:
