@@ -54,13 +54,19 @@ pub enum OpKind {
     Add,
     /// Layer norm forward (y, mean, rstd) and backward (dx, dgamma, dbeta).
     LayerNorm,
-    /// Every matrix product: projections, attention scores and `P V`, and all their backward products
-    /// (matmuls with transpose flags).
+    /// Every matrix product: projections, attention scores and `P V` (on the attention core's
+    /// reference path), and all their backward products (matmuls with transpose flags).
     Matmul,
+    /// The attention core `Q, K, V -> O` and its backward `dO -> dQ, dK, dV`: FlashAttention in f16
+    /// on the GPU, the composed ops (scores product, scale and mask, softmax, `P V`, each under its
+    /// own kind) as its reference ([`Exec::causal_attention`]).
+    FlashAttention,
     /// The attention-specific step between the score product and the softmax: scale by `1/sqrt(d)`
-    /// and add the causal mask (affine + broadcast add), and its backward (the scale).
+    /// and add the causal mask (affine + broadcast add), and its backward (the scale); on the attention
+    /// core's reference path only.
     Attention,
-    /// Softmax over the attention scores and its backward.
+    /// Softmax over the attention scores and its backward; on the attention core's reference path
+    /// only.
     Softmax,
     /// Exact GELU and its backward.
     Gelu,
@@ -79,11 +85,12 @@ pub enum OpKind {
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 11] = [
+    pub const ALL: [OpKind; 12] = [
         OpKind::Embedding,
         OpKind::Add,
         OpKind::LayerNorm,
         OpKind::Matmul,
+        OpKind::FlashAttention,
         OpKind::Attention,
         OpKind::Softmax,
         OpKind::Gelu,
@@ -93,12 +100,16 @@ impl OpKind {
         OpKind::Mse,
     ];
 
-    /// The transformer block's kinds ([`model`]), in the order of first use.
-    pub const TRANSFORMER: [OpKind; 8] = [
+    /// The transformer block's kinds ([`model`]), in the order of first use. The attention core
+    /// ([`OpKind::FlashAttention`]) is called before the scale-and-mask and softmax it runs on its
+    /// reference path, so with it on the GPU (every cumulative run from it on) those two kinds are
+    /// not called: their rows measure them alone.
+    pub const TRANSFORMER: [OpKind; 9] = [
         OpKind::Embedding,
         OpKind::Add,
         OpKind::LayerNorm,
         OpKind::Matmul,
+        OpKind::FlashAttention,
         OpKind::Attention,
         OpKind::Softmax,
         OpKind::Gelu,
@@ -119,6 +130,7 @@ impl OpKind {
             OpKind::Add => "add",
             OpKind::LayerNorm => "layer_norm",
             OpKind::Matmul => "matmul",
+            OpKind::FlashAttention => "flash attention (f16 core)",
             OpKind::Attention => "attention (scale + causal mask)",
             OpKind::Softmax => "softmax",
             OpKind::Gelu => "gelu",
@@ -127,6 +139,12 @@ impl OpKind {
             OpKind::CliffordFcLayer => "clifford layer (fcgp)",
             OpKind::Mse => "mse loss",
         }
+    }
+
+    /// Whether this kind's GPU path computes in half precision (f16 inputs and outputs), so that a
+    /// correct GPU run of it diverges by that rounding ([`Model::half_tolerance`]).
+    pub fn half_precision(self) -> bool {
+        self == OpKind::FlashAttention
     }
 
     fn index(self) -> usize {
@@ -189,6 +207,19 @@ impl Model {
         match self {
             Model::Transformer(_) => 1e-4,
             Model::Clifford(_) => 1e-3,
+        }
+    }
+
+    /// The divergence [`bisect()`] tolerates by default in a run with a half-precision op kind on
+    /// the GPU ([`OpKind::half_precision`]; [`BisectSettings::for_model`]). Transformer: 1e-2. Its
+    /// f16 attention core rounds Q, K, V, O, P, dO, dS and the gradients to f16 (unit roundoff
+    /// 2^-11 = 4.9e-4); the kernels are held to twice the error of a naive f16 attention, whose run
+    /// diverges by about 1e-3 in the CPU stand-in (`bisect::tests`). A wrong mask, scale or index
+    /// moves it by far more. Clifford MLP: its f32 tolerance (it has no half-precision kind).
+    pub fn half_tolerance(&self) -> f64 {
+        match self {
+            Model::Transformer(_) => 1e-2,
+            Model::Clifford(_) => self.tolerance(),
         }
     }
 

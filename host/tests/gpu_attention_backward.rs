@@ -6,7 +6,9 @@
 //! (`reference::backward_and_naive`), on O and LSE from `flash_forward`; also within the relative
 //! 2-norm tolerance below of `naive_backward` on the same inputs. Run-to-run bit identity over 100
 //! runs, zero gradients of fully masked rows, empty sequences, custom scales, and the sm_80 build's
-//! kernels (`Build::Portable`) on part of the grid.
+//! kernels (`Build::Portable`) on part of the grid. On tiny shapes, every gradient element against
+//! central differences of the f64 forward, with the same rule (no shared code with the backward
+//! reference).
 //!
 //! `naive_backward`: the rule for each of dQ, dK and dV, with the reference computed from the same
 //! (dtype-rounded) inputs:
@@ -706,4 +708,192 @@ fn flash_backward_rejects_bad_input_before_launch() {
     let k3 = t(&[1, 3, 5, 64], DType::F16);
     let e = attention::flash_backward(&q, &k3, &k3, &o, &lse, &q, &p).unwrap_err();
     assert!(matches!(e, host::Error::Shape { .. }), "{e}");
+}
+
+// ------------------------------------------------ flash_backward against finite differences
+
+/// `flash_backward` against central differences of the f64 forward (`reference::forward_f64`), an
+/// oracle that shares no code with `reference::backward`: loss `L = sum(dO * O)`, differentiated
+/// for each checked element of Q, K and V at the dtype-rounded inputs the GPU sees (perturbed in f64,
+/// where a step is not lost to rounding). Tiny shapes, D 64, both dtypes and masks, `Sq != Sk` both
+/// ways, causal rows that see no key; fresh inputs each run (seed printed).
+///
+/// Tolerance: the flash backward's own rule with the difference quotient in the place of the
+/// exact gradient, `max|g - fd| <= 2 max|naive - fd| + 1e-5` per gradient, `naive` the
+/// same-precision naive backward (`reference::backward_and_naive`): the GPU rounds P and dS to the
+/// input dtype and its gradients once, a naive f16/bf16 backward rounds at least as often, so twice
+/// its distance bounds a correct kernel (the rule the grid test applies against the f64 backward).
+/// The difference quotient itself is exact to ~1e-9 here (step `1e-4 max(1, |x|)`: truncation
+/// `h^2 |L^(3)| / 6` ~1e-8 with `|L^(3)|` ~1e0, f64 rounding `1e-16 |L| / h` ~1e-11), far below the
+/// 1e-5 floor. A gradient that is 0 everywhere (dQ of rows that see one key) must be at most 1e-5.
+#[test]
+fn flash_backward_matches_central_differences_on_tiny_shapes() {
+    let Some(gpu) = gpu_or_skip("flash_backward_matches_central_differences_on_tiny_shapes") else {
+        return;
+    };
+    let mut rng = rng("flash_backward_finite_differences");
+    let mut checked = 0;
+    for c in finite_difference_cases(&mut rng) {
+        let x = inputs(&mut rng, &c);
+        let g = flash_run(&upload(&gpu, &x), &params(&c));
+        let out = [&g.dq, &g.dk, &g.dv].map(|t| t.to_vec().unwrap());
+        checked +=
+            check_against_central_differences(&c, &x, &out).unwrap_or_else(|e| panic!("{e}"));
+    }
+    println!("{checked} gradient elements checked against central differences");
+}
+
+/// The check above can fail, and passes a correct result: on the CPU, the f64 backward's gradients
+/// rounded to the dtype (a correct kernel's result, up to its own roundings) pass it on every case
+/// of the GPU test, and the same gradients with one element off by 1% of the largest, or NaN, are
+/// rejected, for every gradient and dtype.
+#[test]
+fn central_difference_check_accepts_rounded_exact_gradients_and_rejects_a_wrong_one() {
+    let mut rng = rng("central_difference_check");
+    use rand::Rng;
+    let rounded_exact = |c: &Case, x: &[HostTensor; 4]| {
+        let exact = reference::backward(&x[0], &x[1], &x[2], &x[3], &params(c)).unwrap();
+        [&exact.dq, &exact.dk, &exact.dv].map(|t| {
+            t.data
+                .iter()
+                .map(|&v| c.dtype.round(v))
+                .collect::<Vec<f32>>()
+        })
+    };
+    for c in finite_difference_cases(&mut rng) {
+        let x = inputs(&mut rng, &c);
+        check_against_central_differences(&c, &x, &rounded_exact(&c, &x))
+            .unwrap_or_else(|e| panic!("rounded exact gradients rejected: {e}"));
+    }
+    for dtype in [DType::F16, DType::BF16] {
+        let c = case(2, 1, 9, 6, 64, Causal::Yes, dtype);
+        let x = inputs(&mut rng, &c);
+        let rounded = rounded_exact(&c, &x);
+        for which in 0..3 {
+            let mut wrong = rounded.clone();
+            let n = wrong[which].len();
+            let big = wrong[which].iter().fold(0f32, |m, v| m.max(v.abs()));
+            let i = rng.random_range(0..n);
+            wrong[which][i] += 0.01 * big;
+            let e = check_against_central_differences(&c, &x, &wrong)
+                .expect_err("an element off by 1% of the largest must fail");
+            println!("{dtype:?} gradient {which}: rejected: {e}");
+            wrong[which][i] = f32::NAN;
+            assert!(check_against_central_differences(&c, &x, &wrong).is_err());
+        }
+    }
+}
+
+/// Tiny shapes at D 64: fixed (batch, heads, seq_q, seq_k) pairs and two drawn from 1..=20 each run,
+/// each with both masks and both dtypes.
+fn finite_difference_cases(rng: &mut rand::rngs::StdRng) -> Vec<Case> {
+    use rand::Rng;
+    let mut shapes = vec![
+        (1, 1, 1, 1),
+        (1, 2, 5, 9),
+        (2, 1, 17, 3), // causal: rows 0..13 see no key
+        (2, 2, 20, 13),
+        (1, 1, 13, 20),
+    ];
+    for _ in 0..2 {
+        shapes.push((
+            rng.random_range(1..=2),
+            rng.random_range(1..=2),
+            rng.random_range(1..=20),
+            rng.random_range(1..=20),
+        ));
+    }
+    let mut cases = Vec::new();
+    for (b, h, sq, sk) in shapes {
+        for causal in [Causal::No, Causal::Yes] {
+            for dtype in [DType::F16, DType::BF16] {
+                cases.push(case(b, h, sq, sk, 64, causal, dtype));
+            }
+        }
+    }
+    cases
+}
+
+/// Checks every element of `out` (dQ, dK, dV of case `c` at inputs `x`, as f32 values) against
+/// central differences with the rule above; returns how many elements it checked, or what failed.
+fn check_against_central_differences(
+    c: &Case,
+    x: &[HostTensor; 4],
+    out: &[Vec<f32>; 3],
+) -> Result<usize, String> {
+    let p = params(c);
+    let naive = reference::backward_and_naive(&x[0], &x[1], &x[2], &x[3], &p)
+        .unwrap()
+        .naive;
+    let f64s = |t: &HostTensor| t.data.iter().map(|&v| v as f64).collect::<Vec<_>>();
+    let [q, k, v, d_o] = x.each_ref().map(f64s);
+    let (sq, sk, d) = (c.seq_q, c.seq_k, c.head_dim);
+    let one_head = attention::Dims {
+        batch: 1,
+        heads: 1,
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: d,
+    };
+    // L of one head from its Q, K, V rows (the other heads do not depend on them).
+    let loss = |head: usize, q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+        let o = reference::forward_f64(one_head, q, k, v, &p).unwrap();
+        let g = &d_o[head * sq * d..(head + 1) * sq * d];
+        o.iter().zip(g).map(|(o, g)| o * g).sum()
+    };
+    let mut checked = 0;
+    for (what, out, naive, per) in [
+        ("dQ", &out[0], &naive.dq, sq * d),
+        ("dK", &out[1], &naive.dk, sk * d),
+        ("dV", &out[2], &naive.dv, sk * d),
+    ] {
+        let n = out.len();
+        if n != naive.data.len() {
+            return Err(format!(
+                "{c:?} {what}: {n} elements, want {}",
+                naive.data.len()
+            ));
+        }
+        let (mut err, mut naive_err) = (0f64, 0f64);
+        let mut worst = (0, 0f32, 0f64);
+        for i in 0..n {
+            let (head, at) = (i / per, i % per);
+            let rows = |t: &[f64], len: usize| t[head * len..(head + 1) * len].to_vec();
+            let (mut qp, mut kp, mut vp) = (rows(&q, sq * d), rows(&k, sk * d), rows(&v, sk * d));
+            let (mut qm, mut km, mut vm) = (qp.clone(), kp.clone(), vp.clone());
+            let (xp, xm) = match what {
+                "dQ" => (&mut qp[at], &mut qm[at]),
+                "dK" => (&mut kp[at], &mut km[at]),
+                _ => (&mut vp[at], &mut vm[at]),
+            };
+            let step = 1e-4 * xp.abs().max(1.0);
+            *xp += step;
+            *xm -= step;
+            let fd = (loss(head, &qp, &kp, &vp) - loss(head, &qm, &km, &vm)) / (2.0 * step);
+            // NaN or infinity in the output never passes.
+            let e = if out[i].is_finite() {
+                (out[i] as f64 - fd).abs()
+            } else {
+                f64::INFINITY
+            };
+            if e >= err {
+                err = e;
+                worst = (i, out[i], fd);
+            }
+            naive_err = naive_err.max((naive.data[i] as f64 - fd).abs());
+            checked += 1;
+        }
+        let bound = 2.0 * naive_err + 1e-5;
+        if err > bound {
+            return Err(format!(
+                "{c:?} {what}: max|g - fd| = {err:.3e} > 2 max|naive - fd| + 1e-5 = {bound:.3e}; \
+                 worst element {} (head {}): got {:.6e}, central difference {:.6e}",
+                worst.0,
+                worst.0 / per,
+                worst.1,
+                worst.2
+            ));
+        }
+    }
+    Ok(checked)
 }

@@ -1,4 +1,4 @@
-//! `cargo xtask bisect [--model transformer|clifford] [--planted gelu|layernorm] [--steps N]
+//! `cargo xtask bisect [--model transformer|clifford] [--planted gelu|layernorm|flash] [--steps N]
 //! [--seed S]`: incremental replacement on a model of `host::replace` (default: the transformer
 //! block; `clifford`: the Clifford MLP). Trains with every op on its CPU reference, then with one op
 //! kind of the model at a time (and cumulatively) on the GPU, prints the divergence per op and names
@@ -24,7 +24,7 @@ pub const SPEC: Spec = Spec {
         },
         Flag {
             name: "--planted",
-            value: Some("gelu|layernorm"),
+            value: Some("gelu|layernorm|flash"),
             help: "wrap one GPU op of the transformer in a deliberate defect",
         },
         Flag {
@@ -62,7 +62,8 @@ pub fn parse(args: &Args) -> Result<Options, String> {
     let planted = match args.value("--planted") {
         None => None,
         Some(name) => Some(Planted::parse(name).ok_or(format!(
-            "unknown planted bug `{name}`: use gelu or layernorm"
+            "unknown planted bug `{name}`: use {}",
+            Planted::NAMES.join(", ")
         ))?),
     };
     if let Some(p) = planted
@@ -159,6 +160,18 @@ mod tests {
             parse_line(&["--planted", "layernorm"]).unwrap().planted,
             Some(Planted::LayerNormEps)
         );
+        assert_eq!(
+            parse_line(&["--planted", "flash"]).unwrap().planted,
+            Some(Planted::FlashAttentionNotCausal)
+        );
+        assert!(
+            parse_line(&["--model", "clifford", "--planted", "flash"])
+                .unwrap_err()
+                .contains("flash attention")
+        );
+        for name in Planted::NAMES {
+            assert!(Planted::parse(name).is_some(), "{name}");
+        }
         assert!(parse_line(&["--planted", "nope"]).is_err());
         assert!(parse_line(&["--planted"]).is_err());
         assert!(parse_line(&["--steps", "0"]).is_err());

@@ -60,7 +60,7 @@ for s in $stages; do
       # Incremental replacement on the transformer block: clean (expect no divergence), then each planted defect (expect it named);
       # then the Clifford MLP, clean.
       stage bisect
-      for v in "" "--planted gelu" "--planted layernorm" "--model clifford"; do
+      for v in "" "--planted gelu" "--planted layernorm" "--planted flash" "--model clifford"; do
         echo "--- bisect $v" | tee -a "$out/bisect.log"
         "$here/xtask" bisect $v 2>&1 | tee -a "$out/bisect.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;

@@ -12,6 +12,9 @@ use crate::ops::{embedding, layer_norm, softmax};
 use crate::replace::{Backend, OpKind, Plan};
 use crate::tensor::{HostTensor, Tensor};
 
+mod attention_core;
+pub use attention_core::AttentionCoreForward;
+
 /// What [`Backend::Gpu`] ops run on.
 #[derive(Clone, Debug)]
 pub enum Device {
@@ -21,13 +24,14 @@ pub enum Device {
     Gpu(Gpu),
     /// A CPU stand-in for tests of the switching and naming logic: "GPU" ops run their reference, and
     /// every output of op kind `kind` is scaled by `1 + rel` (a defect that only shows when that kind
-    /// is switched).
+    /// is switched). For [`OpKind::FlashAttention`] the stand-in also rounds as a half-precision
+    /// attention does (see [`Exec::causal_attention`]'s module), so `rel` 0 measures that rounding.
     Fake { kind: OpKind, rel: f32 },
 }
 
 /// Deliberately defective GPU paths, for proving that [`super::bisect()`] finds a bug. Each wraps the
 /// real GPU op on the host side (no defective kernel is built or shipped) and only acts when its op
-/// kind runs on a real GPU.
+/// kind runs on the GPU (a real one; the flash defect also in its fake stand-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Planted {
     /// GELU forward that runs the kernel on each row minus its last element (an off-by-one in the
@@ -35,6 +39,11 @@ pub enum Planted {
     GeluOffByOne,
     /// Layer norm forward and backward with `eps` 1000 times the default.
     LayerNormEps,
+    /// The flash attention core forward and backward without the causal mask: every query also sees
+    /// the tokens after it (a dropped mask flag). Also acts in the core's CPU stand-in on a
+    /// [`Device::Fake`] whose defect is in [`OpKind::FlashAttention`], so its naming is tested
+    /// without a GPU.
+    FlashAttentionNotCausal,
 }
 
 impl Planted {
@@ -43,14 +52,19 @@ impl Planted {
         match self {
             Planted::GeluOffByOne => OpKind::Gelu,
             Planted::LayerNormEps => OpKind::LayerNorm,
+            Planted::FlashAttentionNotCausal => OpKind::FlashAttention,
         }
     }
 
-    /// From a command-line name: `gelu` or `layernorm`.
+    /// Command-line names, in the order [`Planted::parse`] lists them.
+    pub const NAMES: [&'static str; 3] = ["gelu", "layernorm", "flash"];
+
+    /// From a command-line name: `gelu`, `layernorm` or `flash`.
     pub fn parse(name: &str) -> Option<Planted> {
         match name {
             "gelu" => Some(Planted::GeluOffByOne),
             "layernorm" | "layer_norm" => Some(Planted::LayerNormEps),
+            "flash" => Some(Planted::FlashAttentionNotCausal),
             _ => None,
         }
     }

@@ -3,24 +3,30 @@
 //! ```text
 //! x0 = embedding(tok_emb, tokens) + pos_emb          [B*S, D]
 //! a  = layer_norm(x0; ln1)                           q, k, v = a Wq, a Wk, a Wv
-//! P  = softmax(scale * q k^T + causal_mask)          per sequence, [B, S, S]
-//! x1 = x0 + (P v) Wo
+//! o  = softmax(scale * q k^T + causal_mask) v        per sequence, one head of width D
+//! x1 = x0 + o Wo
 //! c  = layer_norm(x1; ln2)
 //! x2 = x1 + (gelu(c W1 + b1) W2 + b2)
 //! loss = mean cross-entropy(softmax(x2 Wout), targets)
 //! ```
 //!
-//! The backward uses each op's backward: matmul gradients are matmuls with transpose flags, then
-//! `softmax_backward`, `gelu_backward`, `layer_norm_backward`, `embedding_backward` and the add
-//! backward (sums over broadcast dims). Training is plain SGD, `p -= lr * grad`, on the host (the same
-//! f32 update for every plan). All f32.
+//! The attention core (the `o` line) is one op kind, [`OpKind::FlashAttention`](super::OpKind):
+//! FlashAttention in f16 on the GPU; on its reference, the composed ops (score product, scale and
+//! mask, softmax, `P v`), each run by its own kind's backend ([`Exec::causal_attention`]).
+//!
+//! The backward uses each op's backward: matmul gradients are matmuls with transpose flags, then the
+//! attention core's backward, `gelu_backward`, `layer_norm_backward`, `embedding_backward` and the
+//! add backward (sums over broadcast dims). Training is plain SGD, `p -= lr * grad`, on the host (the
+//! same f32 update for every plan). All f32 between ops.
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::matmul::Transpose::{No, Yes};
-use crate::replace::exec::{Exec, causal_mask, reshape};
+use crate::replace::exec::{Exec, reshape};
 use crate::tensor::HostTensor;
 
-/// Model and batch sizes, and the SGD learning rate.
+/// Model and batch sizes, and the SGD learning rate. Attention has one head of width `d_model`, so
+/// for the GPU's attention core `d_model` must be a head dim the flash kernels take
+/// ([`FLASH_HEAD_DIMS`](crate::ops::attention::FLASH_HEAD_DIMS): 64 or 128); the references take any.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Config {
     pub vocab: usize,
@@ -32,12 +38,13 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// Tiny and odd-sized: vocab 31, seq 13, d_model 16, d_ff 40, batch 2, lr 0.2.
+    /// Tiny and odd-sized where the kernels allow: vocab 31, seq 13, d_model 64 (the smallest head
+    /// dim of the flash kernels), d_ff 40, batch 2, lr 0.2.
     fn default() -> Self {
         Config {
             vocab: 31,
             seq: 13,
-            d_model: 16,
+            d_model: 64,
             d_ff: 40,
             batch: 2,
             lr: 0.2,
@@ -120,7 +127,7 @@ impl Params {
 }
 
 /// splitmix64: a small seeded generator, so the library needs no RNG dependency.
-pub(super) struct SplitMix(pub(super) u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
@@ -131,7 +138,7 @@ impl SplitMix {
         z ^ (z >> 31)
     }
     /// Uniform in [-1, 1).
-    pub(super) fn unit(&mut self) -> f32 {
+    pub(crate) fn unit(&mut self) -> f32 {
         ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn below(&mut self, n: usize) -> u32 {
@@ -139,7 +146,7 @@ impl SplitMix {
     }
 }
 
-pub(super) fn tensor(rng: &mut SplitMix, shape: &[usize], center: f32, spread: f32) -> HostTensor {
+pub(crate) fn tensor(rng: &mut SplitMix, shape: &[usize], center: f32, spread: f32) -> HostTensor {
     let n: usize = shape.iter().product();
     HostTensor {
         data: (0..n).map(|_| center + spread * rng.unit()).collect(),
@@ -218,7 +225,6 @@ pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Res
         }
     }
     let scale = 1.0 / (d.max(1) as f32).sqrt();
-    let mask = causal_mask(s);
 
     // Forward.
     let h0 = ex.embedding(&p.tok_emb, &batch.tokens)?;
@@ -232,11 +238,8 @@ pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Res
     let q = reshape(&q2, &[b, s, q2.shape[1]])?;
     let k = reshape(&k2, &[b, s, k2.shape[1]])?;
     let v = reshape(&v2, &[b, s, v2.shape[1]])?;
-    let scores = ex.matmul(&q, &k, No, Yes)?;
-    let masked = ex.attention_mask(&scores, &mask, scale)?;
-    let probs = ex.softmax(&masked)?;
-    let o3 = ex.matmul(&probs, &v, No, No)?;
-    let o = reshape(&o3, &[n, o3.shape[2]])?;
+    let core = ex.causal_attention(&q, &k, &v, scale)?;
+    let o = reshape(&core.o, &[n, core.o.shape[2]])?;
     let att = ex.matmul(&o, &p.wo, No, No)?;
     let x1 = ex.add(&x0, &att)?;
     let (c, m2, r2) = ex.layer_norm(&x1, &p.ln2_gamma, &p.ln2_beta)?;
@@ -268,12 +271,7 @@ pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Res
     let do2 = ex.matmul(&datt, &p.wo, No, Yes)?;
     let dwo = ex.matmul(&o, &datt, Yes, No)?;
     let do3 = reshape(&do2, &[b, s, do2.shape[1]])?;
-    let dprobs = ex.matmul(&do3, &v, No, Yes)?;
-    let dv = ex.matmul(&probs, &do3, Yes, No)?;
-    let dmasked = ex.softmax_backward(&probs, &dprobs)?;
-    let dscores = ex.attention_mask_backward(&dmasked, scale)?;
-    let dq = ex.matmul(&dscores, &k, No, No)?;
-    let dk = ex.matmul(&dscores, &q, Yes, No)?;
+    let (dq, dk, dv) = ex.causal_attention_backward(&q, &k, &v, &core, &do3, scale)?;
     let (dq, dk, dv) = (
         reshape(&dq, &q2.shape)?,
         reshape(&dk, &k2.shape)?,

@@ -92,6 +92,69 @@ pub fn forward_and_naive(
     })
 }
 
+/// O `[batch, heads, seq_q, head_dim]` of [`forward`] from f64 inputs, in f64, not rounded: what
+/// finite-difference tests differentiate, because a perturbation must be made and seen at f64
+/// resolution (an f32 input step of 1e-6 relative would be lost in f32 rounding of O). `q`, `k` and
+/// `v` are row-major with the shapes `dims` describes.
+pub fn forward_f64(
+    dims: Dims,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    params: &AttentionParams,
+) -> Result<Vec<f64>> {
+    let Dims {
+        batch,
+        heads,
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: dh,
+    } = dims;
+    let per_q = sq * dh;
+    let per_k = sk * dh;
+    for (what, given, expected) in [
+        (
+            "attention::reference::forward_f64 q",
+            q.len(),
+            batch * heads * per_q,
+        ),
+        (
+            "attention::reference::forward_f64 k",
+            k.len(),
+            batch * heads * per_k,
+        ),
+        (
+            "attention::reference::forward_f64 v",
+            v.len(),
+            batch * heads * per_k,
+        ),
+    ] {
+        if given != expected {
+            return Err(Error::Length {
+                what,
+                expected,
+                got: given,
+            });
+        }
+    }
+    let scale = scale("attention::reference::forward_f64", params, dh)? as f64;
+    let mut o = Vec::with_capacity(batch * heads * per_q);
+    for head in 0..batch * heads {
+        let x = HeadInputs {
+            q: &q[head * per_q..(head + 1) * per_q],
+            k: &k[head * per_k..(head + 1) * per_k],
+            v: &v[head * per_k..(head + 1) * per_k],
+            seq_q: sq,
+            seq_k: sk,
+            head_dim: dh,
+            scale,
+            causal: params.causal == Causal::Yes,
+        };
+        o.extend(x.forward());
+    }
+    Ok(o)
+}
+
 /// The backward reference: f64 arithmetic throughout, gradients returned as (unrounded) f32.
 /// `d_o` must have q's shape. Fully masked rows (they see no key) contribute nothing: their dQ
 /// is 0 and they add nothing to dK and dV.
@@ -273,9 +336,8 @@ impl HeadInputs<'_> {
         e.iter().map(|x| x / l).collect()
     }
 
-    /// O `[seq_q, head_dim]` in f64 (0 for rows that see no key): what the finite-difference test
-    /// differentiates.
-    #[cfg(test)]
+    /// O `[seq_q, head_dim]` in f64 (0 for rows that see no key): what the finite-difference tests
+    /// differentiate ([`forward_f64`]).
     pub(super) fn forward(&self) -> Vec<f64> {
         let dh = self.head_dim;
         let mut o = vec![0f64; self.seq_q * dh];

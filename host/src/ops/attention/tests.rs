@@ -364,6 +364,130 @@ fn backward_reference_matches_central_differences() {
     assert!(checked > 200, "{checked}");
 }
 
+/// The public [`reference::backward`] (what the GPU backward tests compare against) against central
+/// differences of [`reference::forward_f64`] over every element of Q, K and V, with several heads
+/// and batches (the reference splits heads over threads; a wrong head offset fails here) and fresh
+/// inputs each run (seed printed, `RGK_SEED` replays). Loss `L = sum(dO * O)` of the perturbed head
+/// only (the other heads do not depend on the element). The inputs are f32 values, exact in f64, so
+/// both sides see the same point. Step `h = 1e-6 max(1, |x|)`: truncation `h^2 |L^(3)| / 6` ~1e-12,
+/// f64 rounding noise `1e-16 |L| / h` ~1e-9 for `|L|` ~10; the backward's gradients are rounded to
+/// f32 once (relative 6e-8). Checked `|fd - grad| <= 1e-7 + 1e-6 |grad|`.
+#[test]
+fn public_backward_reference_matches_central_differences_over_heads() {
+    let mut seed = crate::testing::seed("public_backward_reference_matches_central_differences");
+    let cases = [
+        // (batch, heads, seq_q, seq_k, head_dim, causal)
+        (2, 2, 5, 3, 4, Causal::Yes), // rows 0 and 1 see no key
+        (2, 2, 3, 7, 4, Causal::No),
+        (1, 3, 6, 6, 3, Causal::Yes),
+        (2, 1, 4, 9, 5, Causal::Yes),
+        (1, 2, 2, 3, 64, Causal::Yes), // the flash kernels' head dim
+        (1, 1, 1, 1, 64, Causal::No),
+    ];
+    let mut checked = 0;
+    for (b, h, sq, sk, dh, causal) in cases {
+        let params = AttentionParams {
+            causal,
+            scale: None,
+        };
+        let draw = |seed: &mut u64, n| -> Vec<f32> {
+            values(seed, n)
+                .into_iter()
+                .map(|x| 2.0 * x as f32)
+                .collect()
+        };
+        let (qs, ks) = ([b, h, sq, dh], [b, h, sk, dh]);
+        let q = host(draw(&mut seed, b * h * sq * dh), &qs);
+        let k = host(draw(&mut seed, b * h * sk * dh), &ks);
+        let v = host(draw(&mut seed, b * h * sk * dh), &ks);
+        let d_o = host(draw(&mut seed, b * h * sq * dh), &qs);
+        let g = r::backward(&q, &k, &v, &d_o, &params).unwrap();
+        let f64s = |t: &HostTensor| t.data.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        let (q64, k64, v64, do64) = (f64s(&q), f64s(&k), f64s(&v), f64s(&d_o));
+        let one_head = Dims {
+            batch: 1,
+            heads: 1,
+            seq_q: sq,
+            seq_k: sk,
+            head_dim: dh,
+        };
+        // L of head `head` with its Q, K, V slices.
+        let loss = |head: usize, q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+            let o = r::forward_f64(one_head, q, k, v, &params).unwrap();
+            let d_o = &do64[head * sq * dh..(head + 1) * sq * dh];
+            o.iter().zip(d_o).map(|(o, g)| o * g).sum()
+        };
+        for (which, grad, per) in [
+            ("dq", &g.dq, sq * dh),
+            ("dk", &g.dk, sk * dh),
+            ("dv", &g.dv, sk * dh),
+        ] {
+            for (idx, &an) in grad.data.iter().enumerate() {
+                let head = idx / per;
+                let slice = |x: &[f64], n: usize| x[head * n..(head + 1) * n].to_vec();
+                let (mut qp, mut kp, mut vp) = (
+                    slice(&q64, sq * dh),
+                    slice(&k64, sk * dh),
+                    slice(&v64, sk * dh),
+                );
+                let (mut qm, mut km, mut vm) = (qp.clone(), kp.clone(), vp.clone());
+                let at = idx % per;
+                let (xp, xm) = match which {
+                    "dq" => (&mut qp[at], &mut qm[at]),
+                    "dk" => (&mut kp[at], &mut km[at]),
+                    _ => (&mut vp[at], &mut vm[at]),
+                };
+                let step = 1e-6 * xp.abs().max(1.0);
+                *xp += step;
+                *xm -= step;
+                let fd = (loss(head, &qp, &kp, &vp) - loss(head, &qm, &km, &vm)) / (2.0 * step);
+                let an = an as f64;
+                assert!(
+                    an.is_finite() && (fd - an).abs() <= 1e-7 + 1e-6 * an.abs(),
+                    "B{b} H{h} sq {sq} sk {sk} d {dh} {causal:?}: {which}[{idx}] (head {head}) \
+                     backward {an:.9e}, central difference {fd:.9e}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 1000, "{checked}");
+}
+
+#[test]
+fn forward_f64_is_the_reference_forward_and_checks_lengths() {
+    let mut seed = 0x0F64_u64;
+    let (qs, ks) = ([2, 1, 3, 4], [2, 1, 5, 4]);
+    let f = |s: &mut u64, n| values(s, n).into_iter().map(|v| v as f32).collect();
+    let q = host(f(&mut seed, 24), &qs);
+    let k = host(f(&mut seed, 40), &ks);
+    let v = host(f(&mut seed, 40), &ks);
+    let p = AttentionParams {
+        causal: Causal::Yes,
+        scale: Some(0.7),
+    };
+    let d = dims("t", &qs, &ks, &ks).unwrap();
+    let f64s = |t: &HostTensor| t.data.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    let o64 = r::forward_f64(d, &f64s(&q), &f64s(&k), &f64s(&v), &p).unwrap();
+    let (o, _) = r::forward(&q, &k, &v, &p).unwrap();
+    assert_eq!(o64.len(), o.data.len());
+    for (a, b) in o64.iter().zip(&o.data) {
+        assert_eq!(*a as f32, *b);
+    }
+    let e = r::forward_f64(d, &f64s(&q)[1..], &f64s(&k), &f64s(&v), &p).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Length {
+                expected: 24,
+                got: 23,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
 #[test]
 fn backward_of_fully_masked_rows_is_zero_and_never_nan() {
     // Causal, seq_q = 4 > seq_k = 2: query i sees keys j <= i - 2, so rows 0 and 1 see nothing.
