@@ -39,6 +39,17 @@ pub fn target_cpu(arch: &str) -> &str {
     }
 }
 
+/// The PTX ISA version of a build, as a rustc target-feature flag: the sm_90 build asks for PTX 8.1,
+/// the first with vector reductions (`red.global.add.v4.f32`, which the wgmma FlashAttention
+/// backward uses to add its dQ blocks), where rustc's default for sm_90a is 8.0; the sm_80 build
+/// keeps rustc's default.
+pub fn ptx_version_flag(arch: &str) -> &'static str {
+    match arch {
+        "sm_90" => " -Ctarget-feature=+ptx81",
+        _ => "",
+    }
+}
+
 /// Builds family `family` of `gpu` for `arch` and returns the PTX text, launch bounds applied.
 /// `checked` keeps bounds checks (device asserts).
 pub fn build_family_ptx(
@@ -63,7 +74,7 @@ pub fn build_family_ptx(
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_TARGET_DIR"] {
         cmd.env_remove(var);
     }
-    cmd.env("RUSTFLAGS", format!("-Ctarget-cpu={}", target_cpu(arch)));
+    cmd.env("RUSTFLAGS", format!("-Ctarget-cpu={}{}", target_cpu(arch), ptx_version_flag(arch)));
     let out = cmd.output().map_err(|e| format!("could not run cargo for the nvptx build: {e}"))?;
     if !out.status.success() {
         return Err(format!(

@@ -277,8 +277,10 @@ impl FlashBwdConfig {
 /// statistics copy never reads past the padding.
 pub const FLASH_BWD_PRE_ROWS: usize = 128;
 /// Query rows per turn counter of the deterministic dQ accumulation (`batch * heads *
-/// ceil(seq_q / 32)` u32); a kernel with `block_q` rows a step uses the counter of its first 32.
-pub const FLASH_BWD_TURN_ROWS: usize = 32;
+/// ceil(seq_q / 8)` u32). The `mma.sync` kernel uses the first counter of each `block_q` rows; the
+/// wgmma kernel one per warp (its 8 warps add disjoint parts of a dQ block, each in its own turn
+/// order, so no block barrier stands between a warp's additions and its release).
+pub const FLASH_BWD_TURN_ROWS: usize = 8;
 
 /// Design notes (no measurements yet; the H100 benchmark is the judge):
 /// - 128 keys a CTA (8 warps, 16 keys each): every Q and dO block brought into shared memory feeds
@@ -417,7 +419,9 @@ const _: () = {
         assert!(c.block_k == 128 && c.block_q.is_multiple_of(64) && c.head_dim.is_multiple_of(64));
         assert!(c.dq_row_splits() * c.dq_col_splits() == 2);
         assert!(c.head_dim / c.dq_col_splits() == 64);
+        // A turn counter for each of the 8 warps within every block's rows.
         assert!(c.block_q.is_multiple_of(FLASH_BWD_TURN_ROWS));
+        assert!(c.block_q / FLASH_BWD_TURN_ROWS >= c.threads() / 32);
         assert!(FLASH_BWD_PRE_ROWS.is_multiple_of(c.block_q));
         assert!(c.smem_bytes() <= 227 * 1024);
         i += 1;

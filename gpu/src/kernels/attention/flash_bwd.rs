@@ -24,8 +24,8 @@
 //! 3. [`convert_dq`] (`flash_bwd_dq_*`): dQ = `scale` x accumulator, rounded to the input type.
 //!
 //! # Determinism: the dQ accumulation order
-//! Every query block i has a turn counter (zeroed by the pre-pass; one per 32 rows, a block of 64
-//! rows uses its first). The K blocks that meet query block
+//! Every query block i has a turn counter (zeroed by the pre-pass; there is one per 8 rows, and
+//! this kernel uses the first of its block's; the wgmma kernel gives each of its 8 warps one). The K blocks that meet query block
 //! i are exactly `0..=j_max(i)`: without a mask all of them; under the (bottom-right) causal mask, if
 //! some query of block i sees a key of block j it sees every smaller key too. So K block j is the
 //! `j`-th to reach block i, and its CTA waits until the counter equals `j` (`ld.acquire.gpu`), adds
@@ -44,7 +44,7 @@
 //! block j-1 to walk the blocks above, holding its SM idle.
 //!
 //! Extra memory is O((S_q + S_k) D): the f32 dQ accumulator, two f32 per query row and one counter per
-//! 32 query rows.
+//! 8 query rows.
 use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
@@ -113,7 +113,8 @@ unsafe fn flash_bwd<
     let n_qblocks = sq.div_ceil(BQ as u32);
     // The statistics' padded rows per head, and the turn counters per head (module doc).
     let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
-    let n_turns = sq.div_ceil(FLASH_BWD_TURN_ROWS as u32);
+    // Counters per head: padded like the statistics, so every block's counters are its head's.
+    let n_turns = sq_pad / FLASH_BWD_TURN_ROWS as u32;
     let turn_step = (BQ / FLASH_BWD_TURN_ROWS) as u32;
     let heads_total = (p.batch * p.heads) as u64;
     // The query blocks that see keys of this block: all, or under the causal mask those from the
@@ -602,7 +603,7 @@ fn pre<T: MmaElem>(
     let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
     let sq_pad = (sq.div_ceil(ROWS) * ROWS) as u64;
     let half = (p.batch * p.heads) as u64 * sq_pad; // D after all heads' LSE
-    let n_turns = sq.div_ceil(TURN);
+    let n_turns = sq_pad as u32 / TURN; // padded like the statistics
     // Chunks (threads) per row: 8 or 16 (the launcher's head dims; `max` only spares the divisions
     // below a divide-by-zero check).
     let cpr = (d / 8).max(1);

@@ -9,7 +9,7 @@
 //! last-first, Q_i, dO_i and their statistics double-buffered by `cp.async`. Per query block i:
 //! ```text
 //! wait, proxy fence, barrier      Q_i/dO_i landed; every warpgroup retired step i+1's products
-//! release block i+1's turn; load Q/dO of block i-1 into the other stage
+//! load Q/dO of block i-1 into the other stage
 //! per sub-block of 64 queries (one at D = 128, two at D = 64):
 //!   S^T = K_w Q^T, dP^T = V_w dO^T    (ss wgmma, K-major both; one group; the wait also retires
 //!                                      the previous sub-block's dV/dK products)
@@ -18,7 +18,8 @@
 //!   dV_w += P^T dO, dK_w += dS^T Q    (rs wgmma: P^T, dS^T from registers, dO/Q MN-major)
 //! barrier                         the dS^T tile is whole
 //! dQ half = dS K                  (ss wgmma, A = dS^T tile MN-major, B = K tile MN-major)
-//! wait; our turn on block i; red.add of the dQ half into the accumulator
+//! wait; per warp: its turn on block i, red.add.v4 of its part of the dQ half into the
+//! accumulator, release
 //! ```
 //! P^T and dS^T leave the S^T / dP^T accumulators as the A fragments of the next products with no
 //! data movement (the wgmma accumulator layout of two 8-column blocks is the A layout of one
@@ -26,7 +27,7 @@
 //! 128 x 128 (D = 64) dQ block into two 64 x 64 halves (by columns, or by query rows), so each adds
 //! half of it. Epilogue: dK (times `scale`) and dV rounded to the input type, staged through the
 //! CTA's K/V tiles for 16-byte stores.
-use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
+use crate::dev::atomic::{add_release_u32, red_add_v4_f32, wait_for_turn};
 use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LOG2_E, exp2, fma};
@@ -36,8 +37,9 @@ use crate::dev::shared::{
     SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4,
 };
 use crate::dev::sync::{sync_threads, sync_warp};
+use crate::dev::opaque_dep_u32;
 use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
-use crate::dev::warp::FULL_MASK;
+use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128,
@@ -78,7 +80,8 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
     let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
     let n_qblocks = sq.div_ceil(BQ as u32);
     let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
-    let n_turns = sq.div_ceil(FLASH_BWD_TURN_ROWS as u32);
+    // Counters per head: padded like the statistics, so every block's counters are its head's.
+    let n_turns = sq_pad / FLASH_BWD_TURN_ROWS as u32;
     let turn_step = (BQ / FLASH_BWD_TURN_ROWS) as u32;
     let heads_total = (p.batch * p.heads) as u64;
     // The query blocks that see keys of this block: all, or under the causal mask those from the
@@ -167,15 +170,6 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
     }
     cp_async_commit();
 
-    let tid = thread_idx_x();
-    let wg = tid / 128;
-    let warp_in_wg = (tid / 32) % 4;
-    let (g, t) = (lane_id() / 4, lane_id() % 4);
-    let wg_key = 64 * wg; // this warpgroup's first key in the block
-    let key_row = wg_key + 16 * warp_in_wg + g; // this thread's keys: key_row, key_row + 8
-    // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
-    let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
-    let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
     let c = p.scale * LOG2_E;
     let mut dk_acc = [0.0f32; ON];
     let mut dv_acc = [0.0f32; ON];
@@ -185,23 +179,22 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
     while i > first_qblock {
         i -= 1;
         let m0 = i * BQ as u32;
+        // Per-thread indices are recomputed each step (`opaque_dep_u32`), not kept in registers
+        // through the loop: the accumulators need them.
+        let tid = opaque_dep_u32(thread_idx_x(), i);
+        let wg = tid / 128;
+        let warp_in_wg = (tid / 32) % 4;
+        let (g, t) = ((tid % 32) / 4, tid % 4);
+        let wg_key = 64 * wg; // this warpgroup's first key in the block
+        let key_row = wg_key + 16 * warp_in_wg + g; // this thread's keys: key_row, key_row + 8
+        // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
+        let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
+        let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
         // Q_i, dO_i and the statistics have landed; every warpgroup retired block i+1's products
         // and added its dQ half.
         cp_async_wait::<0>();
         fence_proxy_async();
         sync_threads();
-        if i + 1 < n_qblocks && tid == 0 {
-            // SAFETY: the counter of this head's block i+1 (the launcher sized `turns` for every
-            // block of every head); the barrier above ordered every thread's dQ additions first.
-            unsafe {
-                add_release_u32(
-                    turns
-                        .ptr
-                        .add((bh * n_turns as u64) as usize + ((i + 1) * turn_step) as usize),
-                    1,
-                )
-            };
-        }
         if i > first_qblock {
             load_qblock(i - 1, stage ^ 1);
         }
@@ -338,49 +331,48 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
         dv_acc.hold();
         dk_acc.hold();
 
-        // Our turn on block i: K blocks 0..j have added theirs (see flash_bwd.rs's module doc).
-        // SAFETY: the counter of this head's block i, in `turns` (launcher-sized). Every lane
-        // polls the same word, so the warp leaves the wait together.
-        unsafe {
-            wait_for_turn(
-                turns
-                    .ptr
-                    .add((bh * n_turns as u64) as usize + (i * turn_step) as usize),
-                j,
-            )
+        // This warp's turn on block i: the same warp of K blocks 0..j has added its part (see
+        // flash_bwd.rs's module doc; each warp adds a part of the block no other warp of the CTA
+        // touches, behind a counter of its own). Every lane polls the same word, so the warp
+        // leaves the wait together.
+        let warp = tid / 32;
+        // SAFETY: the counter of this warp in this head's block i, in `turns` (launcher-sized:
+        // block_q / 8 >= 8 counters a block, config asserts).
+        let turn = unsafe {
+            turns
+                .ptr
+                .add((bh * n_turns as u64) as usize + (i * turn_step + warp) as usize)
         };
+        // SAFETY: as above.
+        unsafe { wait_for_turn(turn, j) };
         sync_warp(FULL_MASK);
         add_dq_half(&dq, dq_acc, bh, sq, m0 + dq_row0 + 16 * warp_in_wg, dq_col0, D);
+        // Every lane's additions, then the release (cumulative over the warp barrier).
+        sync_warp(FULL_MASK);
+        if tid % 32 == 0 {
+            // SAFETY: as above.
+            unsafe { add_release_u32(turn, 1) };
+        }
         stage ^= 1;
     }
-    // Every warpgroup is done with the last block: release its counter, and the K/V tiles are free
-    // (every copy was waited for, every product retired).
+    // The K/V tiles are free: every copy was waited for, every product retired.
     cp_async_wait::<0>();
     sync_threads();
-    if n_qblocks > first_qblock && tid == 0 {
-        // SAFETY: as for the release in the loop (block `first_qblock`, the last one walked).
-        unsafe {
-            add_release_u32(
-                turns
-                    .ptr
-                    .add((bh * n_turns as u64) as usize + (first_qblock * turn_step) as usize),
-                1,
-            )
-        };
-    }
 
     let dk_acc = dk_acc.map(|x| x * p.scale);
-    let warp_key = wg_key + 16 * warp_in_wg;
+    let warp_key = 16 * (thread_idx_x() / 32); // this warp's first key in the block
     let out_row0 = bh * sk as u64 + n0 as u64 + warp_key as u64;
     let rows_left = sk - n0;
     store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, dv, out_row0);
     store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, dk, out_row0);
 }
 
-/// Adds this thread's entries of a warp's 16 rows of a 64 x 64 dQ half (wgmma accumulator
-/// layout: `dq[4n], dq[4n + 1]` row g, columns 8n + 2t, +1; `dq[4n + 2], dq[4n + 3]` row g + 8) to
-/// the f32 accumulator. `row0` = the warp's first query row in the head, `col0` = the half's first
-/// column.
+/// Adds this thread's share of a warp's 16 rows of a 64 x 64 dQ half (wgmma accumulator layout:
+/// `dq[4n], dq[4n + 1]` row g, columns 8n + 2t, +1; `dq[4n + 2], dq[4n + 3]` row g + 8) to the
+/// f32 accumulator, 16 bytes an instruction: lanes t and t ^ 1 trade halves, so the even lane adds
+/// row g, columns 8n + 4 (t / 2)..+4 and the odd lane row g + 8, the same columns (a warp's
+/// instruction covers 16 whole 32-byte sectors). `row0` = the warp's first query row in the head,
+/// `col0` = the half's first column.
 #[inline(always)]
 fn add_dq_half(
     dq: &[f32; 32],
@@ -392,21 +384,27 @@ fn add_dq_half(
     d: usize,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
-    unroll!(r in [0, 1] {
-        let row = row0 + g + 8 * r as u32;
+    let odd = t % 2 == 1;
+    let row = row0 + g + if odd { 8 } else { 0 };
+    let base = (bh * sq as u64 + row as u64) * d as u64 + (col0 + 4 * (t / 2)) as u64;
+    unroll_lt!(n < 8, {
+        let a = &dq[4 * n..4 * n + 4];
+        // What the partner lane needs: the even lane sends its row g + 8, the odd lane its row g.
+        let (s0, s1) = if odd { (a[0], a[1]) } else { (a[2], a[3]) };
+        let (r0, r1) = (shfl_xor_f32(s0, 1), shfl_xor_f32(s1, 1));
+        let v = if odd {
+            [r0, r1, a[2], a[3]]
+        } else {
+            [a[0], a[1], r0, r1]
+        };
         if row < sq {
-            let base = (bh * sq as u64 + row as u64) * d as u64 + (col0 + 2 * t) as u64;
-            unroll_lt!(n < 8, {
-                let at = base + 8 * n as u64;
-                check_index(at as usize + 1, acc.len as usize);
-                // SAFETY: row < seq_q of this head and col + 1 < D: inside the accumulator
-                // (launcher-sized, checked builds re-check); one thread adds each element, and the
-                // turn counter orders the blocks that add to it.
-                unsafe {
-                    red_add_f32(acc.ptr.add(at as usize), dq[4 * n + 2 * r]);
-                    red_add_f32(acc.ptr.add(at as usize + 1), dq[4 * n + 2 * r + 1]);
-                }
-            });
+            let at = base + 8 * n as u64;
+            check_index(at as usize + 3, acc.len as usize);
+            // SAFETY: row < seq_q of this head and col + 3 < D: inside the accumulator
+            // (launcher-sized, checked builds re-check), 16-byte aligned (col a multiple of 4, rows
+            // of D f32, aligned base); one thread adds each element, and the turn counter orders
+            // the blocks that add to it.
+            unsafe { red_add_v4_f32(acc.ptr.add(at as usize), v) };
         }
     });
 }

@@ -633,7 +633,7 @@ pub fn flash_backward(
     let pre_blocks = d.seq_q.div_ceil(FLASH_BWD_PRE_ROWS);
     let n_kblocks = d.seq_k.div_ceil(names.block_k);
     // The LSE in log2 units and D per query row (f32, padded to whole pre-pass blocks), a turn
-    // counter per 32 query rows (u32, in an f32 tensor: only the kernels read it), the f32 dQ
+    // counter per 8 query rows padded the same way (u32, in an f32 tensor: only the kernels read it), the f32 dQ
     // accumulator. The pre-pass writes all three.
     let stats = Tensor::empty(
         gpu,
@@ -642,7 +642,7 @@ pub fn flash_backward(
     )?;
     let turns = Tensor::empty(
         gpu,
-        &[heads_total * d.seq_q.div_ceil(FLASH_BWD_TURN_ROWS)],
+        &[heads_total * pre_blocks * (FLASH_BWD_PRE_ROWS / FLASH_BWD_TURN_ROWS)],
         DType::F32,
     )?;
     let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.head_dim], DType::F32)?;
