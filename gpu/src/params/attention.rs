@@ -357,6 +357,13 @@ pub struct FlashWgBwdConfig {
     pub block_k: usize,
     /// Query rows a step (the N of `S^T`, the K of `dV += P^T dO`).
     pub block_q: usize,
+    /// Whether a step's dQ product stays in flight into the next step and is added while that
+    /// step's first S^T / dP^T run (`true`), or is waited for and added at the step's end. Needs
+    /// 32 more registers through the S^T / dP^T phase.
+    pub defer_dq: bool,
+    /// Stages of the Q / dO / statistics pipeline: 2, or 3 with `defer_dq` (a step's last dV/dK
+    /// products then retire only in the next step, after that step's loads were issued).
+    pub stages: usize,
 }
 
 impl FlashWgBwdConfig {
@@ -370,34 +377,41 @@ impl FlashWgBwdConfig {
     pub const fn dq_col_splits(&self) -> usize {
         self.block_k / 64 / self.dq_row_splits()
     }
-    /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, two stages of Q,
-    /// two of dO, the dS^T block (`block_k x block_q`), and two stages of the per-row statistics
-    /// (LSE and D, f32, `2 x block_q`). Every 16-bit tile is whole 1024-byte swizzle atoms.
+    /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, `stages` stages of
+    /// Q, as many of dO, two of the dS^T block (`block_k x block_q`), and `stages` of the per-row
+    /// statistics (LSE and D, f32, `2 x block_q`). Every 16-bit tile is whole 1024-byte swizzle
+    /// atoms.
     pub const fn smem_bytes(&self) -> usize {
         2 * self.block_k * self.head_dim * 2
-            + 2 * 2 * self.block_q * self.head_dim * 2
-            + self.block_k * self.block_q * 2
-            + 2 * 2 * self.block_q * 4
+            + 2 * self.stages * self.block_q * self.head_dim * 2
+            + 2 * self.block_k * self.block_q * 2
+            + self.stages * 2 * self.block_q * 4
     }
 }
 
 /// Design notes (the H100 benchmark is the judge):
 /// - D = 128: 64 query rows a step: per thread S^T and dP^T are 32 f32 each, dK and dV 64 + 64,
-///   the dQ half 32 (alive only after S^T and dP^T are consumed); 145 KiB.
+///   the dQ half 32, waited for at the step's end: kept in flight into the next step as at
+///   D = 64, ptxas serialised the wgmma for lack of registers; 161 KiB.
 /// - D = 64: 128 query rows a step (the dQ block splits by rows into two 64 x 64 halves, and each
 ///   step's barriers and turn wait serve twice the products), computed as two 64-query sub-blocks
 ///   so that S^T and dP^T stay 32 f32 each (128 rows at once spilled: 255 registers, 140 bytes);
-///   dK and dV 32 + 32; 130 KiB.
+///   dK and dV 32 + 32, the dQ half 32 in flight into the next step's S^T / dP^T; 3 stages of
+///   Q / dO; 195 KiB.
 /// - One CTA per SM (up to 255 registers a thread).
 pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 64,
     block_k: 128,
     block_q: 128,
+    defer_dq: true,
+    stages: 3,
 };
 pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 128,
     block_k: 128,
     block_q: 64,
+    defer_dq: false,
+    stages: 2,
 };
 
 /// The wgmma backward config for a head dimension, or `None` if there is no kernel for it.
@@ -424,6 +438,7 @@ const _: () = {
         assert!(c.block_q / FLASH_BWD_TURN_ROWS >= c.threads() / 32);
         assert!(FLASH_BWD_PRE_ROWS.is_multiple_of(c.block_q));
         assert!(c.smem_bytes() <= 227 * 1024);
+        assert!(c.stages == if c.defer_dq { 3 } else { 2 });
         i += 1;
     }
 };

@@ -17,10 +17,17 @@
 //!   dS^T -> shared tile [keys][queries] (16-bit), proxy fence
 //!   dV_w += P^T dO, dK_w += dS^T Q    (rs wgmma: P^T, dS^T from registers, dO/Q MN-major)
 //! barrier                         the dS^T tile is whole
-//! dQ half = dS K                  (ss wgmma, A = dS^T tile MN-major, B = K tile MN-major)
-//! wait; per warp: its turn on block i, red.add.v4 of its part of the dQ half into the
-//! accumulator, release
+//! dQ half = dS K                  (ss wgmma, A = dS^T tile MN-major, B = K tile MN-major), left
+//!                                 in flight
 //! ```
+//! With [`FlashWgBwdConfig::defer_dq`] (D = 64) the dQ half of block i is added in step i - 1
+//! (after the loop for the last block), between the
+//! issue of the first sub-block's S^T / dP^T and its wait: `wait_group 1` retires the dQ product,
+//! and each warp, in its turn, adds its part with `red.global.add.v4.f32` and releases its turn
+//! counter while the tensor cores run S^T and dP^T. So the dS^T tile is double-buffered: a step
+//! writes the tile the products of two steps back read. Without it (D = 128, whose dK and dV
+//! take 128 registers: ptxas serialises the wgmma for lack of registers to keep 32 more in
+//! flight) the step waits for its dQ product and adds it at its end.
 //! P^T and dS^T leave the S^T / dP^T accumulators as the A fragments of the next products with no
 //! data movement (the wgmma accumulator layout of two 8-column blocks is the A layout of one
 //! 16-deep step), as in the forward's `P V`. The two warpgroups split the 128 x 64 (D = 128) or
@@ -34,7 +41,7 @@ use crate::dev::math::{LOG2_E, exp2, fma};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::MmaElem;
 use crate::dev::shared::{
-    SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4,
+    SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4, st_shared_v4,
 };
 use crate::dev::sync::{sync_threads, sync_warp};
 use crate::dev::opaque_dep_u32;
@@ -53,7 +60,14 @@ use super::flash_wgmma::{load_rows, pack_p};
 /// config); S^T, dP^T (per 64-query sub-block) and the dQ half are 32 each (64 x 64).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, const ON: usize>(
+unsafe fn flash_wg_bwd<
+    T,
+    const D: usize,
+    const BK: usize,
+    const BQ: usize,
+    const ON: usize,
+    const STAGES: usize,
+>(
     q: Slice<T>,
     k: Slice<T>,
     v: Slice<T>,
@@ -69,7 +83,7 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
     [f32; ON]: Accumulator,
     [f32; 32]: Accumulator,
 {
-    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON>() };
+    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES>() };
     const TH: usize = 256;
 
     let (sq, sk) = (p.seq_q, p.seq_k);
@@ -123,25 +137,27 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
     let delta_offset = (heads_total * sq_pad as u64) as usize; // D after all heads' LSE
 
     // Shared memory (config order; every 16-bit tile whole 1024-byte atoms, so all stay aligned).
+    const { assert!(STAGES == 2 || STAGES == 3) };
     let base = dynamic_base();
     let kv_bytes = SwizzledTile::<BK, D>::BYTES as u32;
     let qo_bytes = SwizzledTile::<BQ, D>::BYTES as u32;
     let k_tile = SwizzledTile::<BK, D>::at(base);
     let v_tile = k_tile.stage(1);
     let q_tiles = SwizzledTile::<BQ, D>::at(base + 2 * kv_bytes);
-    let do_tiles = q_tiles.stage(2);
-    let ds_tile = SwizzledTile::<BK, BQ>::at(base + 2 * kv_bytes + 4 * qo_bytes);
-    let stats_base = base + 2 * kv_bytes + 4 * qo_bytes + SwizzledTile::<BK, BQ>::BYTES as u32;
+    let do_tiles = q_tiles.stage(STAGES as u32);
+    let ds_tiles = SwizzledTile::<BK, BQ>::at(base + 2 * kv_bytes + 2 * STAGES as u32 * qo_bytes);
+    let stats_base =
+        base + 2 * kv_bytes + 2 * STAGES as u32 * qo_bytes + 2 * SwizzledTile::<BK, BQ>::BYTES as u32;
     let stat_stage = (2 * BQ * 4) as u32; // a stage: LSE2 of the BQ rows, then their D
     check_index(
-        (stats_base + 2 * stat_stage - base) as usize,
+        (stats_base + STAGES as u32 * stat_stage - base) as usize,
         cfg.smem_bytes() + 1,
     );
 
     // Loads Q, dO and the statistics of query block `i` into stage `s`.
     // SAFETY (all calls): rows past seq_q are zero-filled without reading; the statistics rows are
-    // padded to whole pre-pass blocks, which whole query blocks divide; the stage is idle (the
-    // barrier before the call ends every read of it: the products that read it were waited for).
+    // padded to whole pre-pass blocks, which whole query blocks divide; the stage is idle (every
+    // product that read it retired before the barrier ahead of the call, see the module doc).
     let load_qblock = |i: u32, s: u32| unsafe {
         let m0 = i * BQ as u32;
         load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
@@ -169,16 +185,21 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
         load_qblock(n_qblocks - 1, 0);
     }
     cp_async_commit();
+    if cfg.defer_dq {
+        // The first step's dQ product of "the previous block" reads dS^T tile 1: zeros, so that it
+        // reads defined values (its result is never added).
+        zero_tile::<BK, BQ, TH>(ds_tiles.stage(1));
+    }
 
     let c = p.scale * LOG2_E;
     let mut dk_acc = [0.0f32; ON];
     let mut dv_acc = [0.0f32; ON];
-
     let mut i = n_qblocks;
-    let mut stage = 0u32;
+    let mut step = 0u32;
     while i > first_qblock {
         i -= 1;
         let m0 = i * BQ as u32;
+        let (stage, ds_stage) = (step % STAGES as u32, step % 2);
         // Per-thread indices are recomputed each step (`opaque_dep_u32`), not kept in registers
         // through the loop: the accumulators need them.
         let tid = opaque_dep_u32(thread_idx_x(), i);
@@ -190,16 +211,30 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
         // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
         let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
         let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
-        // Q_i, dO_i and the statistics have landed; every warpgroup retired block i+1's products
-        // and added its dQ half.
+        // Q_i, dO_i and the statistics have landed (and the zeroed dS^T tile); every warpgroup
+        // wrote and fenced the previous step's dS^T and retired what the loads below overwrite.
         cp_async_wait::<0>();
         fence_proxy_async();
         sync_threads();
         if i > first_qblock {
-            load_qblock(i - 1, stage ^ 1);
+            load_qblock(i - 1, (step + 1) % STAGES as u32);
         }
         cp_async_commit();
-        let (qt, dot) = (q_tiles.stage(stage), do_tiles.stage(stage));
+        let (qt, dot, ds_tile) = (
+            q_tiles.stage(stage),
+            do_tiles.stage(stage),
+            ds_tiles.stage(ds_stage),
+        );
+
+        // Deferred: the previous block's dQ half (its dS^T tile is whole since the barrier
+        // above), computed ahead of this block's first S^T / dP^T and added while they run.
+        let mut dq = [0.0f32; 32];
+        if cfg.defer_dq {
+            // SAFETY: as for the dQ product in the non-deferred branch below.
+            unsafe {
+                issue_dq::<T, BK, D, BQ>(&mut dq, ds_tiles.stage(ds_stage ^ 1), k_tile, dq_row0, dq_col0)
+            };
+        }
 
         // Per key row of this thread (0: key_row, 1: key_row + 8): the first query offset in the
         // block that may see it; i32::MAX for a key past seq_k, i32::MIN where the whole block is
@@ -250,6 +285,16 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
                 }
             });
             commit();
+            if cfg.defer_dq && h == 0 {
+                // Every group but the one just committed retires: the previous block's dQ half
+                // (and its last dV/dK products).
+                dq.wait::<1>();
+                dv_acc.hold();
+                dk_acc.hold();
+                if step > 0 {
+                    add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i + 1, j, tid, cfg);
+                }
+            }
             // Retires the previous sub-block's dV/dK products too (groups retire in order).
             s.wait::<0>();
             dp.hold();
@@ -276,10 +321,9 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
             });
             let pa = pack_p::<T, 32>(&s);
             let dsa = pack_p::<T, 32>(&dp);
-            // dS^T into the shared tile (rows = keys, columns = queries): fragment word (r, h) of
-            // step ks is row key_row + 8 r, columns q0 + 16 ks + 8 h + 2t, +1. The previous
-            // step's dQ products (the tile's only readers) were retired before the barrier at the
-            // top.
+            // dS^T into this step's tile (rows = keys, columns = queries): fragment word (r, h) of
+            // step ks is row key_row + 8 r, columns q0 + 16 ks + 8 h + 2t, +1. The tile's readers,
+            // the dQ product of two steps back, retired before the barrier at the top.
             unroll_lt!(ks < 4, {
                 let col = q0 + (16 * ks) as u32 + 2 * t;
                 // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
@@ -297,7 +341,7 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
             unroll_lt!(ks < 4, {
                 let k_step = (4 * h + ks) as u32;
                 // SAFETY: the whole warpgroup; the tiles landed and were fenced before the barrier
-                // at the top and are not written until this step's final wait; the fragments and
+                // at the top and are not written until these products retired; the fragments and
                 // accumulators are untouched until the next wait.
                 unsafe {
                     T::mma_rs_tb(&mut dv_acc, &pa[ks], dot.desc_mn_major(k_step));
@@ -306,54 +350,48 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
             });
             commit();
         });
-        // Both warpgroups' dS^T rows are in the tile (written and fenced before this barrier).
-        sync_threads();
 
-        // This warpgroup's dQ half: dS (query rows dq_row0.., all keys) K (all keys, columns
-        // dq_col0..), unscaled.
-        let mut dq = [0.0f32; 32];
-        fence();
-        unroll_lt!(ks < BK / 16, {
+        if !cfg.defer_dq {
+            // Both warpgroups' dS^T rows are in the tile (written and fenced before this barrier).
+            sync_threads();
             // SAFETY: the whole warpgroup; the dS^T tile was fenced before the barrier above and
-            // the K tile before the one at the top; neither is written until the wait below.
-            unsafe {
-                T::mma_ss_tt(
-                    &mut dq,
-                    ds_tile.desc_mn_major_from(ks as u32, dq_row0),
-                    k_tile.desc_mn_major_from(ks as u32, dq_col0),
-                    (ks > 0) as u32,
-                )
-            };
-        });
-        commit();
-        // Every group of this warpgroup retires here (in order): dV and dK too.
+            // the K tile before the one at the top; neither is written until the wait below;
+            // `dq` is untouched until then.
+            unsafe { issue_dq::<T, BK, D, BQ>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0) };
+            // Every group of this warpgroup retires here (in order): dV and dK too.
+            dq.wait::<0>();
+            dv_acc.hold();
+            dk_acc.hold();
+            add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg);
+        }
+        step += 1;
+    }
+    if cfg.defer_dq {
+        // The last dV/dK products retire (a wait on every path, so that ptxas sees none in
+        // flight past the loop).
+        dv_acc.wait::<0>();
+        dk_acc.hold();
+    }
+    if cfg.defer_dq && step > 0 {
+        // The last block's dQ half: its dS^T tile is whole after this barrier.
+        sync_threads();
+        let tid = opaque_dep_u32(thread_idx_x(), i);
+        let wg = tid / 128;
+        let mut dq = [0.0f32; 32];
+        // SAFETY: as in the loop; nothing writes the tiles any more.
+        unsafe {
+            issue_dq::<T, BK, D, BQ>(
+                &mut dq,
+                ds_tiles.stage((step - 1) % 2),
+                k_tile,
+                64 * (wg % cfg.dq_row_splits() as u32),
+                64 * (wg / cfg.dq_row_splits() as u32),
+            )
+        };
         dq.wait::<0>();
         dv_acc.hold();
         dk_acc.hold();
-
-        // This warp's turn on block i: the same warp of K blocks 0..j has added its part (see
-        // flash_bwd.rs's module doc; each warp adds a part of the block no other warp of the CTA
-        // touches, behind a counter of its own). Every lane polls the same word, so the warp
-        // leaves the wait together.
-        let warp = tid / 32;
-        // SAFETY: the counter of this warp in this head's block i, in `turns` (launcher-sized:
-        // block_q / 8 >= 8 counters a block, config asserts).
-        let turn = unsafe {
-            turns
-                .ptr
-                .add((bh * n_turns as u64) as usize + (i * turn_step + warp) as usize)
-        };
-        // SAFETY: as above.
-        unsafe { wait_for_turn(turn, j) };
-        sync_warp(FULL_MASK);
-        add_dq_half(&dq, dq_acc, bh, sq, m0 + dq_row0 + 16 * warp_in_wg, dq_col0, D);
-        // Every lane's additions, then the release (cumulative over the warp barrier).
-        sync_warp(FULL_MASK);
-        if tid % 32 == 0 {
-            // SAFETY: as above.
-            unsafe { add_release_u32(turn, 1) };
-        }
-        stage ^= 1;
+        add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg);
     }
     // The K/V tiles are free: every copy was waited for, every product retired.
     cp_async_wait::<0>();
@@ -365,6 +403,93 @@ unsafe fn flash_wg_bwd<T, const D: usize, const BK: usize, const BQ: usize, cons
     let rows_left = sk - n0;
     store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, dv, out_row0);
     store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, dk, out_row0);
+}
+
+/// Issues (fence, products, commit) this warpgroup's dQ half `dq = dS K`: query rows `dq_row0..`
+/// of the dS^T tile (A, MN-major) times columns `dq_col0..` of the K tile (B, MN-major), over all
+/// `BK` keys, unscaled; the caller waits.
+///
+/// # Safety
+/// The whole warpgroup calls it; both tiles were written and fenced (`fence_proxy_async`) before
+/// a barrier the caller passed, and are not written until the caller's wait; `dq` is not touched
+/// until then.
+#[inline(always)]
+unsafe fn issue_dq<T, const BK: usize, const D: usize, const BQ: usize>(
+    dq: &mut [f32; 32],
+    ds_tile: SwizzledTile<BK, BQ>,
+    k_tile: SwizzledTile<BK, D>,
+    dq_row0: u32,
+    dq_col0: u32,
+) where
+    T: Wgmma<[f32; 32]>,
+{
+    fence();
+    unroll_lt!(ks < BK / 16, {
+        // SAFETY: the caller's contract.
+        unsafe {
+            T::mma_ss_tt(
+                dq,
+                ds_tile.desc_mn_major_from(ks as u32, dq_row0),
+                k_tile.desc_mn_major_from(ks as u32, dq_col0),
+                (ks > 0) as u32,
+            )
+        };
+    });
+    commit();
+}
+
+/// Zeroes `tile` (all `TH` threads of the CTA; the caller's next barrier, after a
+/// `fence_proxy_async` the top of the loop makes, orders the stores before any wgmma read).
+#[inline(always)]
+fn zero_tile<const ROWS: usize, const COLS: usize, const TH: usize>(tile: SwizzledTile<ROWS, COLS>) {
+    let chunks_per_row = (COLS / 8) as u32;
+    const { assert!((ROWS * COLS / 8) % TH == 0) };
+    unroll_lt!(i < ROWS * COLS / 8 / TH, {
+        let c = thread_idx_x() + (i * TH) as u32;
+        // SAFETY: an aligned chunk of the tile; each chunk has one writer, and nothing reads the
+        // tile before the barrier at the top of the loop.
+        unsafe { st_shared_v4(tile.chunk_addr(c / chunks_per_row, c % chunks_per_row), [0; 4]) };
+    });
+}
+
+/// This warp's part of query block `i`'s dQ half (thread `tid`), added in its turn: the same warp
+/// of K blocks 0..j has added its part (see flash_bwd.rs's module doc; each warp adds a part of
+/// the block no other warp of the CTA touches, behind a counter of its own, released right after
+/// its additions). Every lane polls the same word, so the warp leaves the wait together.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn add_dq_in_turn(
+    dq: &[f32; 32],
+    acc: SliceMut<f32>,
+    turns: SliceMut<u32>,
+    bh: u64,
+    sq: u32,
+    n_turns: u32,
+    turn_step: u32,
+    i: u32,
+    j: u32,
+    tid: u32,
+    cfg: FlashWgBwdConfig,
+) {
+    let (wg, warp) = (tid / 128, tid / 32);
+    let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
+    let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
+    let at = (bh * n_turns as u64) as usize + (i * turn_step + warp) as usize;
+    check_index(at, turns.len as usize);
+    // SAFETY: the counter of this warp in this head's block i, in `turns` (launcher-sized:
+    // block_q / 8 >= 8 counters a block, config asserts; checked builds re-check).
+    let turn = unsafe { turns.ptr.add(at) };
+    // SAFETY: as above.
+    unsafe { wait_for_turn(turn, j) };
+    sync_warp(FULL_MASK);
+    let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
+    add_dq_half(dq, acc, bh, sq, row0, dq_col0, cfg.head_dim);
+    // Every lane's additions, then the release (cumulative over the warp barrier).
+    sync_warp(FULL_MASK);
+    if tid % 32 == 0 {
+        // SAFETY: as above.
+        unsafe { add_release_u32(turn, 1) };
+    }
 }
 
 /// Adds this thread's share of a warp's 16 rows of a 64 x 64 dQ half (wgmma accumulator layout:
@@ -415,16 +540,18 @@ const fn checked_config<
     const BK: usize,
     const BQ: usize,
     const ON: usize,
+    const STAGES: usize,
 >() -> FlashWgBwdConfig {
     let Some(cfg) = flash_wg_bwd_config(D) else {
         panic!("no wgmma FlashAttention backward config for this head dim")
     };
     assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.threads() == 256);
     assert!(ON == D / 2 && BQ % 64 == 0 && BQ <= 128 && D <= 128);
+    assert!(cfg.stages == STAGES);
     let planned = 2 * SwizzledTile::<BK, D>::BYTES
-        + 4 * SwizzledTile::<BQ, D>::BYTES
-        + SwizzledTile::<BK, BQ>::BYTES
-        + 2 * 2 * BQ * 4;
+        + 2 * STAGES * SwizzledTile::<BQ, D>::BYTES
+        + 2 * SwizzledTile::<BK, BQ>::BYTES
+        + STAGES * 2 * BQ * 4;
     assert!(planned == cfg.smem_bytes());
     cfg
 }
@@ -485,7 +612,7 @@ macro_rules! flash_wg_bwd_entry_points {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.head_dim / 2 }>(q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape)
+                    { C.head_dim / 2 }, { C.stages }>(q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape)
             }
         }
         crate::launch_bounds!($name, { $cfg.threads() }, 1);
