@@ -45,7 +45,7 @@ use crate::dev::shared::{
 };
 use crate::dev::sync::{sync_threads, sync_warp};
 use crate::dev::opaque_dep_u32;
-use crate::dev::thread::{block_idx_x, block_idx_y, lane_id, thread_idx_x};
+use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
@@ -89,12 +89,9 @@ unsafe fn flash_wg_bwd<
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
     let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
-    // Grid (batch * heads, key blocks): heads fastest, so the CTA of key block j starts a whole
-    // row of heads after that of block j - 1 of its head (a wave later once batch * heads
-    // reaches the SM count) and never waits for it in the dQ turn order (see the module doc).
-    let j = block_idx_y();
+    let j = block_idx_x();
     let n0 = j * BK as u32;
-    let bh = block_idx_x() as u64;
+    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
     let n_qblocks = sq.div_ceil(BQ as u32);
     let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
     // Counters per head: padded like the statistics, so every block's counters are its head's.
@@ -604,8 +601,8 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
 
 macro_rules! flash_wg_bwd_entry_points {
     ($($name:ident: $t:ty, $cfg:path;)*) => {$(
-        /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (batch * heads,
-        /// key blocks), 256 threads and the shared memory of its config, after the pre-pass.
+        /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
+        /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,

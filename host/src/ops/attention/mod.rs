@@ -685,7 +685,7 @@ pub fn flash_backward(
             gpu,
             names.main,
             LaunchConfig {
-                grid_dim: names.main_grid(kb, d.heads as u32, d.batch as u32)?,
+                grid_dim: (kb, d.heads as u32, d.batch as u32),
                 block_dim: (names.threads, 1, 1),
                 shared_mem_bytes: names.smem_bytes,
             },
@@ -732,27 +732,6 @@ struct FlashBwdKernels {
     block_k: usize,
     threads: u32,
     smem_bytes: u32,
-}
-
-impl FlashBwdKernels {
-    /// The main kernel's grid for `key_blocks` blocks of keys: (key blocks, heads, batch) for the
-    /// `mma.sync` kernel; (batch * heads, key blocks) for the wgmma kernel, whose CTAs of one head
-    /// then start a row of heads apart (its module doc says why). `batch * heads` fits a u32
-    /// (validation caps each at 65535).
-    fn main_grid(&self, key_blocks: u32, heads: u32, batch: u32) -> Result<(u32, u32, u32)> {
-        if !self.main.starts_with("flash_wg_bwd_") {
-            return Ok((key_blocks, heads, batch));
-        }
-        if key_blocks as usize > GRID_YZ_MAX {
-            return Err(Error::TooLarge {
-                op: "attention::flash_backward",
-                what: "key blocks (seq_k / 128)",
-                given: key_blocks as u64,
-                max: GRID_YZ_MAX as u64,
-            });
-        }
-        Ok((batch * heads, key_blocks, 1))
-    }
 }
 
 /// The backward's kernels for the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the
