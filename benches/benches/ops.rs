@@ -740,7 +740,8 @@ fn attention(b: &mut Bencher) {
 
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
-/// both masks; f16 and bf16 for the backward, f16 for forward + backward. FLOPs: the backward 2.5x
+/// both masks; f16 and bf16 for the backward, f16 for forward + backward and for the backward in
+/// its nondeterministic mode (`attn_bwd_nondet`). FLOPs: the backward 2.5x
 /// the forward's `4 B H S^2 D` (halved when causal), forward + backward 3.5x (docs/math/attention.md).
 /// Bytes: the backward reads Q, K, V, O, dO and writes dQ, dK, dV (8 tensors); forward + backward
 /// adds the forward's 4.
@@ -819,6 +820,31 @@ fn attention_backward(b: &mut Bencher) {
                 if dtype != DType::F16 {
                     continue;
                 }
+                // What determinism costs: the same backward with dQ summed in arrival order.
+                b.bench_prepared(
+                    spec(
+                        format!("attn_bwd_nondet/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                        Some(8 * tensor as u64),
+                        Some(fwd_flops * 5 / 2),
+                    ),
+                    copies,
+                    prepare,
+                    |i| {
+                        let ([q, k, v, d_o], (o, lse)) =
+                            (&x.get().unwrap()[i], &saved.get().unwrap()[i]);
+                        attn::flash_backward_with(
+                            q,
+                            k,
+                            v,
+                            o,
+                            lse,
+                            d_o,
+                            &params,
+                            attn::BackwardMode::Nondeterministic,
+                        )
+                        .expect("flash_backward_with");
+                    },
+                );
                 let (x, make_x) = (inputs.clone(), make.clone());
                 b.bench_prepared(
                     spec(

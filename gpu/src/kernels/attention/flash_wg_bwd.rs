@@ -28,6 +28,10 @@
 //! writes the tile the products of two steps back read. Without it (D = 128, whose dK and dV
 //! take 128 registers: ptxas serialises the wgmma for lack of registers to keep 32 more in
 //! flight) the step waits for its dQ product and adds it at its end.
+//! The nondeterministic mode (`ordered` = 0, `BackwardMode::Nondeterministic` on the host) skips
+//! the turn waits and releases: each warp adds its part as soon as it has it, so the f32 sums of
+//! a dQ element happen in arrival order.
+//!
 //! P^T and dS^T leave the S^T / dP^T accumulators as the A fragments of the next products with no
 //! data movement (the wgmma accumulator layout of two 8-column blocks is the A layout of one
 //! 16-deep step), as in the forward's `P V`. The two warpgroups split the 128 x 64 (D = 128) or
@@ -78,6 +82,7 @@ unsafe fn flash_wg_bwd<
     dk: SliceMut<T>,
     dv: SliceMut<T>,
     p: AttentionShape,
+    ordered: bool,
 ) where
     T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
     [f32; ON]: Accumulator,
@@ -292,7 +297,7 @@ unsafe fn flash_wg_bwd<
                 dv_acc.hold();
                 dk_acc.hold();
                 if step > 0 {
-                    add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i + 1, j, tid, cfg);
+                    add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i + 1, j, tid, cfg, ordered);
                 }
             }
             // Retires the previous sub-block's dV/dK products too (groups retire in order).
@@ -362,7 +367,7 @@ unsafe fn flash_wg_bwd<
             dq.wait::<0>();
             dv_acc.hold();
             dk_acc.hold();
-            add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg);
+            add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered);
         }
         step += 1;
     }
@@ -391,7 +396,7 @@ unsafe fn flash_wg_bwd<
         dq.wait::<0>();
         dv_acc.hold();
         dk_acc.hold();
-        add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg);
+        add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered);
     }
     // The K/V tiles are free: every copy was waited for, every product retired.
     cp_async_wait::<0>();
@@ -452,8 +457,9 @@ fn zero_tile<const ROWS: usize, const COLS: usize, const TH: usize>(tile: Swizzl
     });
 }
 
-/// This warp's part of query block `i`'s dQ half (thread `tid`), added in its turn: the same warp
-/// of K blocks 0..j has added its part (see flash_bwd.rs's module doc; each warp adds a part of
+/// This warp's part of query block `i`'s dQ half (thread `tid`), added in its turn when `ordered`
+/// (else as soon as it is ready, in whatever order the CTAs arrive): the same warp of K blocks
+/// 0..j has added its part (see flash_bwd.rs's module doc; each warp adds a part of
 /// the block no other warp of the CTA touches, behind a counter of its own, released right after
 /// its additions). Every lane polls the same word, so the warp leaves the wait together.
 #[inline(always)]
@@ -470,6 +476,7 @@ fn add_dq_in_turn(
     j: u32,
     tid: u32,
     cfg: FlashWgBwdConfig,
+    ordered: bool,
 ) {
     let (wg, warp) = (tid / 128, tid / 32);
     let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
@@ -479,14 +486,16 @@ fn add_dq_in_turn(
     // SAFETY: the counter of this warp in this head's block i, in `turns` (launcher-sized:
     // block_q / 8 >= 8 counters a block, config asserts; checked builds re-check).
     let turn = unsafe { turns.ptr.add(at) };
-    // SAFETY: as above.
-    unsafe { wait_for_turn(turn, j) };
-    sync_warp(FULL_MASK);
+    if ordered {
+        // SAFETY: as above.
+        unsafe { wait_for_turn(turn, j) };
+        sync_warp(FULL_MASK);
+    }
     let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
     add_dq_half(dq, acc, bh, sq, row0, dq_col0, cfg.head_dim);
     // Every lane's additions, then the release (cumulative over the warp barrier).
     sync_warp(FULL_MASK);
-    if tid % 32 == 0 {
+    if ordered && tid % 32 == 0 {
         // SAFETY: as above.
         unsafe { add_release_u32(turn, 1) };
     }
@@ -603,16 +612,20 @@ macro_rules! flash_wg_bwd_entry_points {
     ($($name:ident: $t:ty, $cfg:path;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
+        /// `ordered` != 0: dQ blocks added in the deterministic turn order; 0: in arrival order
+        /// (the explicit nondeterministic mode).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: SliceMut<$t>, dv: SliceMut<$t>,
-            shape: AttentionShape,
+            shape: AttentionShape, ordered: u32,
         ) {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.head_dim / 2 }, { C.stages }>(q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape)
+                    { C.head_dim / 2 }, { C.stages }>(
+                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, ordered != 0,
+                )
             }
         }
         crate::launch_bounds!($name, { $cfg.threads() }, 1);

@@ -604,6 +604,35 @@ pub fn flash_backward(
     d_o: &Tensor,
     params: &AttentionParams,
 ) -> Result<AttentionGrads> {
+    flash_backward_with(q, k, v, o, lse, d_o, params, BackwardMode::Deterministic)
+}
+
+/// How [`flash_backward_with`] sums the partial dQ blocks of the key blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackwardMode {
+    /// In ascending key-block order behind turn counters: the same bits on every run (what
+    /// [`flash_backward`] does).
+    #[default]
+    Deterministic,
+    /// In the order the key blocks arrive (f32 additions whose order varies): dQ may differ in its
+    /// last bits from run to run; dK and dV are the same. Faster where the turn order makes CTAs
+    /// wait (docs/PERF_NOTES.md has the cost). The sm_90 build's wgmma kernel only: the sm_80
+    /// build is deterministic in both modes.
+    Nondeterministic,
+}
+
+/// [`flash_backward`] with the dQ summation order chosen by `mode`.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: &Tensor,
+    d_o: &Tensor,
+    params: &AttentionParams,
+    mode: BackwardMode,
+) -> Result<AttentionGrads> {
     const OP: &str = "attention::flash_backward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
     for x in [o, lse, d_o] {
@@ -681,6 +710,26 @@ pub fn flash_backward(
     }
     // With seq_q = 0 the main kernel still runs: no query block to walk, dK = dV = 0 written.
     if d.seq_k > 0 {
+        // The wgmma kernel's dQ order (its last argument; the mma.sync kernel has none).
+        let ordered = (mode == BackwardMode::Deterministic) as u32;
+        let (q_, k_, v_, do_) = (
+            ByValue(q.raw()),
+            ByValue(k.raw()),
+            ByValue(v.raw()),
+            ByValue(d_o.raw()),
+        );
+        let (st_, acc_, turns_, dk_, dv_) = (
+            ByValue(stats.raw()),
+            ByValue(dq_acc.raw()),
+            ByValue(turns.raw()),
+            ByValue(grads.dk.raw()),
+            ByValue(grads.dv.raw()),
+        );
+        let shape_ = ByValue(shape);
+        let args: [&dyn crate::launch::ArgPush; 11] = [
+            &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &ordered,
+        ];
+        let n_args = if names.main.starts_with("flash_wg_bwd_") { 11 } else { 10 };
         launch_cfg_large_smem(
             gpu,
             names.main,
@@ -689,18 +738,7 @@ pub fn flash_backward(
                 block_dim: (names.threads, 1, 1),
                 shared_mem_bytes: names.smem_bytes,
             },
-            &[
-                &ByValue(q.raw()),
-                &ByValue(k.raw()),
-                &ByValue(v.raw()),
-                &ByValue(d_o.raw()),
-                &ByValue(stats.raw()),
-                &ByValue(dq_acc.raw()),
-                &ByValue(turns.raw()),
-                &ByValue(grads.dk.raw()),
-                &ByValue(grads.dv.raw()),
-                &ByValue(shape),
-            ],
+            &args[..n_args],
         )?;
     }
     // With seq_k = 0 the accumulator stays as the pre-pass zeroed it: dQ = 0.
