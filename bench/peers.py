@@ -459,7 +459,7 @@ def sdpa_bwd_peer(peer, backend, causal, forward_too):
     return Peer(peer, build, context)
 
 
-def attn_bwd_case(tag, b, h, s, d, causal, forward_too=False):
+def attn_bwd_case(tag, b, h, s, d, causal, forward_too=False, peak_memory=False):
     """Attention backward (attn_bwd) or forward + backward (attn_fwdbwd), [B,H,S,D] contiguous,
     scale 1/sqrt(D). FLOPs 2.5x (3.5x) the forward's; bytes: the backward reads q, k, v, o, dO and
     writes dq, dk, dv (8 tensors), the forward adds 4."""
@@ -475,7 +475,8 @@ def attn_bwd_case(tag, b, h, s, d, causal, forward_too=False):
     return Case(f"{op}/{tag}/B{b}H{h}S{s}D{d}/{mask}", bytes=(12 if forward_too else 8) * tensor,
                 flops=fwd * (7 if forward_too else 5) // 2, in_bytes=4 * tensor, make_set=make,
                 peers=[sdpa_bwd_peer(name, backend, causal, forward_too)
-                       for name, backend in SDPA_BWD_BACKENDS])
+                       for name, backend in SDPA_BWD_BACKENDS],
+                peak_memory=peak_memory, samples=5 if peak_memory else None)
 
 
 # ----------------------------------------------------------------- clifford layers
@@ -742,6 +743,9 @@ def build_cases(quick):
               for causal in (False, True)]
     cases += [attn_bwd_case("f16", b, h, s, d, causal, forward_too=True)
               for (b, h, s, d) in ATTN_BWD_SHAPES for causal in (False, True)]
+    # The long sequence of benches/benches/ops.rs attention_backward_long, with peak memory.
+    cases += [attn_bwd_case("f16", 1, 16, 32768, 128, causal, peak_memory=True)
+              for causal in (False, True)]
     cases += clifford_cases(False)
     return cases
 

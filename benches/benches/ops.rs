@@ -60,6 +60,7 @@ impl Bencher<'_> {
         &mut self,
         spec: BenchSpec,
         copies: usize,
+        samples: Samples,
         mut setup: impl FnMut(),
         mut run: impl FnMut(usize),
     ) {
@@ -67,6 +68,12 @@ impl Bencher<'_> {
         let mut g = self.c.benchmark_group(group);
         if let Some(t) = spec.throughput() {
             g.throughput(t);
+        }
+        if samples == Samples::Few {
+            g.sample_size(FEW_SAMPLES)
+                .sampling_mode(criterion::SamplingMode::Flat)
+                .warm_up_time(Duration::from_millis(150))
+                .measurement_time(Duration::from_millis(400));
         }
         let mut i = 0usize;
         g.bench_function(id, |b| {
@@ -748,6 +755,71 @@ fn attention(b: &mut Bencher) {
 ///
 /// The inputs (Q, K, V, dO: up to 2 GiB a shape) and the forward's outputs are made by the setup of
 /// a bench that runs ([`Bencher::bench_prepared`]): a run filtered to other benches makes none.
+/// FlashAttention backward at B1 H16 S32768 D128 f16, both masks (`attn_bwd/f16/B1H16S32768D128/*`):
+/// time and the peak device memory of one call ([`peak_memory`]), next to SDPA's in bench/peers.py.
+/// One input set (512 MiB), made on first use like [`attention_backward`]'s; few samples (a call
+/// takes a large part of a second).
+fn attention_backward_long(b: &mut Bencher) {
+    use std::cell::{Cell, OnceCell};
+    use std::rc::Rc;
+    if std::env::var("RGK_BENCH_QUICK").is_ok() {
+        return;
+    }
+    let (bb, h, s, d, dtype) = (1, 16, 32768, 128, DType::F16);
+    let tensor = bb * h * s * d * dtype.size_bytes();
+    for causal in [Causal::No, Causal::Yes] {
+        let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
+        let params = AttentionParams {
+            causal,
+            scale: None,
+        };
+        let (gpu, seed): (Gpu, u64) = (b.gpu.clone(), b.rng.random());
+        type Saved = ([Tensor; 4], (Tensor, Tensor));
+        let state: Rc<OnceCell<Saved>> = Rc::new(OnceCell::new());
+        let peak: Rc<Cell<Option<u64>>> = Rc::new(Cell::new(None));
+        let (st, pk, g2) = (state.clone(), peak.clone(), gpu.clone());
+        let setup = move || {
+            let (x, (o, lse)) = st.get_or_init(|| {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let n = bb * h * s * d;
+                let x: [Tensor; 4] = std::array::from_fn(|_| {
+                    let data: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                    let host = HostTensor::new(data, &[bb, h, s, d], dtype).expect("shape");
+                    Tensor::from_host(&g2, &host).expect("upload")
+                });
+                let out = attn::flash_forward(&x[0], &x[1], &x[2], &params).expect("flash_forward");
+                (x, out)
+            });
+            if pk.get().is_none() {
+                pk.set(Some(peak_memory(&g2, || {
+                    attn::flash_backward(&x[0], &x[1], &x[2], o, lse, &x[3], &params)
+                        .expect("flash_backward")
+                })));
+            }
+        };
+        let st = state.clone();
+        b.bench_prepared(
+            spec(
+                format!("attn_bwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                Some(8 * tensor as u64),
+                Some(fwd_flops * 5 / 2),
+            ),
+            1,
+            Samples::Few,
+            setup,
+            |_| {
+                let (x, (o, lse)) = st.get().unwrap();
+                attn::flash_backward(&x[0], &x[1], &x[2], o, lse, &x[3], &params)
+                    .expect("flash_backward");
+            },
+        );
+        // Measured in the setup of the run (none when a filter skipped the bench).
+        if let (Some(p), Some(last)) = (peak.get(), b.specs.last_mut()) {
+            last.peak_memory_bytes = Some(p);
+        }
+    }
+}
+
 fn attention_backward(b: &mut Bencher) {
     use std::cell::OnceCell;
     use std::rc::Rc;
@@ -809,6 +881,7 @@ fn attention_backward(b: &mut Bencher) {
                         Some(fwd_flops * 5 / 2),
                     ),
                     copies,
+                    Samples::Default,
                     prepare,
                     |i| {
                         let ([q, k, v, d_o], (o, lse)) =
@@ -828,6 +901,7 @@ fn attention_backward(b: &mut Bencher) {
                         Some(fwd_flops * 5 / 2),
                     ),
                     copies,
+                    Samples::Default,
                     prepare,
                     |i| {
                         let ([q, k, v, d_o], (o, lse)) =
@@ -853,6 +927,7 @@ fn attention_backward(b: &mut Bencher) {
                         Some(fwd_flops * 7 / 2),
                     ),
                     copies,
+                    Samples::Default,
                     || {
                         x.get_or_init(&make_x);
                     },
@@ -1117,6 +1192,7 @@ fn main() {
     relevance(&mut b);
     attention(&mut b);
     attention_backward(&mut b);
+    attention_backward_long(&mut b);
     clifford(&mut b);
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();
