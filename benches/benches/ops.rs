@@ -874,51 +874,37 @@ fn attention_backward(b: &mut Bencher) {
                             .collect()
                     });
                 };
-                b.bench_prepared(
-                    spec(
-                        format!("attn_bwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
-                        Some(8 * tensor as u64),
-                        Some(fwd_flops * 5 / 2),
-                    ),
-                    copies,
-                    Samples::Default,
-                    prepare,
-                    |i| {
-                        let ([q, k, v, d_o], (o, lse)) =
-                            (&x.get().unwrap()[i], &saved.get().unwrap()[i]);
-                        attn::flash_backward(q, k, v, o, lse, d_o, &params)
-                            .expect("flash_backward");
-                    },
-                );
+                // The default (deterministic) backward in both dtypes; in f16 also the same
+                // backward with dQ summed in arrival order: what determinism costs.
+                let modes: &[(&str, attn::BackwardMode)] = if dtype == DType::F16 {
+                    &[
+                        ("attn_bwd", attn::BackwardMode::Deterministic),
+                        ("attn_bwd_nondet", attn::BackwardMode::Nondeterministic),
+                    ]
+                } else {
+                    &[("attn_bwd", attn::BackwardMode::Deterministic)]
+                };
+                for &(op, mode) in modes {
+                    b.bench_prepared(
+                        spec(
+                            format!("{op}/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
+                            Some(8 * tensor as u64),
+                            Some(fwd_flops * 5 / 2),
+                        ),
+                        copies,
+                        Samples::Default,
+                        prepare,
+                        |i| {
+                            let ([q, k, v, d_o], (o, lse)) =
+                                (&x.get().unwrap()[i], &saved.get().unwrap()[i]);
+                            attn::flash_backward_with(q, k, v, o, lse, d_o, &params, mode)
+                                .expect("flash_backward_with");
+                        },
+                    );
+                }
                 if dtype != DType::F16 {
                     continue;
                 }
-                // What determinism costs: the same backward with dQ summed in arrival order.
-                b.bench_prepared(
-                    spec(
-                        format!("attn_bwd_nondet/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
-                        Some(8 * tensor as u64),
-                        Some(fwd_flops * 5 / 2),
-                    ),
-                    copies,
-                    Samples::Default,
-                    prepare,
-                    |i| {
-                        let ([q, k, v, d_o], (o, lse)) =
-                            (&x.get().unwrap()[i], &saved.get().unwrap()[i]);
-                        attn::flash_backward_with(
-                            q,
-                            k,
-                            v,
-                            o,
-                            lse,
-                            d_o,
-                            &params,
-                            attn::BackwardMode::Nondeterministic,
-                        )
-                        .expect("flash_backward_with");
-                    },
-                );
                 let (x, make_x) = (inputs.clone(), make.clone());
                 b.bench_prepared(
                     spec(

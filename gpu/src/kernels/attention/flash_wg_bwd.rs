@@ -24,7 +24,7 @@
 //! (after the loop for the last block), between the
 //! issue of the first sub-block's S^T / dP^T and its wait: `wait_group 1` retires the dQ product,
 //! and each warp, in its turn, adds its part with `red.global.add.v4.f32` and releases its turn
-//! counter while the tensor cores run S^T and dP^T. So the dS^T tile is double-buffered: a step
+//! counter while the tensor cores compute S^T and dP^T. So the dS^T tile is double-buffered: a step
 //! writes the tile the products of two steps back read. Without it (D = 128, whose dK and dV
 //! take 128 registers: ptxas serialises the wgmma for lack of registers to keep 32 more in
 //! flight) the step waits for its dQ product and adds it at its end.
