@@ -147,41 +147,34 @@ macro_rules! accumulator {
     };
 }
 
+/// One both-operands-from-descriptors wgmma method (`mma_ss`, `mma_ss_tt`): `$trans` is the PTX
+/// `imm-trans-a, imm-trans-b` pair.
+macro_rules! wgmma_ss {
+    ($name:ident, $trans:literal, $ptx:literal, $n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
+        #[inline(always)]
+        unsafe fn $name(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
+            unsafe {
+                core::arch::asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {sd}, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
+                        "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, ", $trans, ";"),
+                    "}}",
+                    inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                    a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
+                    options(nostack)
+                )
+            }
+        }
+    };
+}
+
 macro_rules! wgmma_impl {
     ($t:ty, $ptx:literal, $n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
         impl Wgmma<[f32; $n]> for $t {
-            #[inline(always)]
-            unsafe fn mma_ss(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
-                unsafe {
-                    core::arch::asm!(
-                        "{{",
-                        ".reg .pred p;",
-                        "setp.ne.b32 p, {sd}, 0;",
-                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
-                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, 0, 0;"),
-                        "}}",
-                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
-                        a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
-                        options(nostack)
-                    )
-                }
-            }
-            #[inline(always)]
-            unsafe fn mma_ss_tt(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
-                unsafe {
-                    core::arch::asm!(
-                        "{{",
-                        ".reg .pred p;",
-                        "setp.ne.b32 p, {sd}, 0;",
-                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
-                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, 1, 1;"),
-                        "}}",
-                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
-                        a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
-                        options(nostack)
-                    )
-                }
-            }
+            wgmma_ss!(mma_ss, "0, 0", $ptx, $n, $nn, $first $(, $i)*);
+            wgmma_ss!(mma_ss_tt, "1, 1", $ptx, $n, $nn, $first $(, $i)*);
             #[inline(always)]
             unsafe fn mma_rs_tb(d: &mut [f32; $n], a: &[u32; 4], b_desc: u64) {
                 unsafe {
