@@ -747,8 +747,8 @@ fn attention(b: &mut Bencher) {
 
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
-/// both masks; f16 and bf16 for the backward, f16 for forward + backward and for the backward in
-/// its nondeterministic mode (`attn_bwd_nondet`). FLOPs: the backward 2.5x
+/// both masks; f16 and bf16 for the backward in both modes (`attn_bwd`, the deterministic default;
+/// `attn_bwd_nondet`), f16 for forward + backward. FLOPs: the backward 2.5x
 /// the forward's `4 B H S^2 D` (halved when causal), forward + backward 3.5x (docs/math/attention.md).
 /// Bytes: the backward reads Q, K, V, O, dO and writes dQ, dK, dV (8 tensors); forward + backward
 /// adds the forward's 4.
@@ -874,17 +874,12 @@ fn attention_backward(b: &mut Bencher) {
                             .collect()
                     });
                 };
-                // The default (deterministic) backward in both dtypes; in f16 also the same
-                // backward with dQ summed in arrival order: what determinism costs.
-                let modes: &[(&str, attn::BackwardMode)] = if dtype == DType::F16 {
-                    &[
-                        ("attn_bwd", attn::BackwardMode::Deterministic),
-                        ("attn_bwd_nondet", attn::BackwardMode::Nondeterministic),
-                    ]
-                } else {
-                    &[("attn_bwd", attn::BackwardMode::Deterministic)]
-                };
-                for &(op, mode) in modes {
+                // The default (deterministic) backward, and the same backward with dQ summed in
+                // arrival order: what determinism costs.
+                for (op, mode) in [
+                    ("attn_bwd", attn::BackwardMode::Deterministic),
+                    ("attn_bwd_nondet", attn::BackwardMode::Nondeterministic),
+                ] {
                     b.bench_prepared(
                         spec(
                             format!("{op}/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
