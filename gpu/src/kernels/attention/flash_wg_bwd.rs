@@ -6,7 +6,8 @@
 //! One CTA of two warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys
 //! `64 w..64 w + 64`, the M = 64 of its products, and keeps their dK and dV rows in registers (wgmma
 //! accumulators). K and V stay in shared memory; the CTA walks the query blocks that see its keys
-//! last-first, Q_i, dO_i and their statistics double-buffered by `cp.async`. Per query block i:
+//! last-first, Q_i, dO_i and their statistics pipelined by `cp.async` (2 stages, 3 with
+//! `defer_dq`). Per query block i (D = 128, [`FlashWgBwdConfig::defer_dq`] false):
 //! ```text
 //! wait, proxy fence, barrier      Q_i/dO_i landed; every warpgroup retired step i+1's products
 //! load Q/dO of block i-1 into the other stage
@@ -17,17 +18,17 @@
 //!   dS^T -> shared tile [keys][queries] (16-bit), proxy fence
 //!   dV_w += P^T dO, dK_w += dS^T Q    (rs wgmma: P^T, dS^T from registers, dO/Q MN-major)
 //! barrier                         the dS^T tile is whole
-//! dQ half = dS K                  (ss wgmma, A = dS^T tile MN-major, B = K tile MN-major), left
-//!                                 in flight
+//! dQ half = dS K                  (ss wgmma, A = dS^T tile MN-major, B = K tile MN-major)
+//! wait; per warp: its turn on block i, red.global.add.v4.f32 of its part, release
 //! ```
-//! With [`FlashWgBwdConfig::defer_dq`] (D = 64) the dQ half of block i is added in step i - 1
-//! (after the loop for the last block), between the
-//! issue of the first sub-block's S^T / dP^T and its wait: `wait_group 1` retires the dQ product,
-//! and each warp, in its turn, adds its part with `red.global.add.v4.f32` and releases its turn
-//! counter while the tensor cores compute S^T and dP^T. So the dS^T tile is double-buffered: a step
-//! writes the tile the products of two steps back read. Without it (D = 128, whose dK and dV
-//! take 128 registers: ptxas serialises the wgmma for lack of registers to keep 32 more in
-//! flight) the step waits for its dQ product and adds it at its end.
+//! With `defer_dq` (D = 64) there is no barrier after the sub-blocks: step i - 1 issues block i's
+//! dQ product right after its top barrier (which also completes block i's dS^T tile), then its
+//! first sub-block's S^T / dP^T; `wait_group 1` retires the dQ product, and each warp, in its turn,
+//! adds its part while the tensor cores compute S^T and dP^T. The last block's dQ follows the
+//! loop. So the dS^T tile is double-buffered (a step writes the tile the dQ product of two steps
+//! back read) and Q/dO take 3 stages (a step's last dV/dK products retire only in the next step,
+//! after that step's loads were issued). D = 128 keeps the plain order: its dK and dV take 128
+//! registers, and ptxas serialised the wgmma for lack of registers to keep 32 more in flight.
 //! The nondeterministic mode (`ordered` = 0, `BackwardMode::Nondeterministic` on the host) skips
 //! the turn waits and releases: each warp adds its part as soon as it has it, so the f32 sums of
 //! a dQ element happen in arrival order.
