@@ -93,28 +93,9 @@ impl Bencher<'_> {
         spec: BenchSpec,
         copies: usize,
         samples: Samples,
-        mut run: impl FnMut(usize),
+        run: impl FnMut(usize),
     ) {
-        let (group, id) = spec.criterion_ids();
-        let mut g = self.c.benchmark_group(group);
-        if let Some(t) = spec.throughput() {
-            g.throughput(t);
-        }
-        if samples == Samples::Few {
-            g.sample_size(FEW_SAMPLES)
-                .sampling_mode(criterion::SamplingMode::Flat)
-                .warm_up_time(Duration::from_millis(150))
-                .measurement_time(Duration::from_millis(400));
-        }
-        let mut i = 0usize;
-        g.bench_function(id, |b| {
-            b.iter(|| {
-                run(i % copies);
-                i += 1;
-            })
-        });
-        g.finish();
-        self.specs.push(spec);
+        self.bench_prepared(spec, copies, samples, || {}, run)
     }
 }
 
