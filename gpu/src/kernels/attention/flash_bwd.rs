@@ -104,39 +104,27 @@ unsafe fn flash_bwd<
     let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ, DSC>() };
     const { assert!(THREADS == BK / 16 * 32) };
 
-    let (sq, sk) = (p.seq_q, p.seq_k);
-    let causal = p.mask == MaskKind::Causal;
-    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
-    let j = block_idx_x();
-    let n0 = j * BK as u32;
-    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
-    let n_qblocks = sq.div_ceil(BQ as u32);
-    // The statistics' padded rows per head, and the turn counters per head (module doc).
-    let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
-    // Counters per head: padded like the statistics, so every block's counters are its head's.
-    let n_turns = sq_pad / FLASH_BWD_TURN_ROWS as u32;
-    let turn_step = (BQ / FLASH_BWD_TURN_ROWS) as u32;
-    let heads_total = (p.batch * p.heads) as u64;
-    // The query blocks that see keys of this block: all, or under the causal mask those from the
-    // block of the first query that sees key n0 (n0 < sk, so that query is < sq).
-    let first_qblock = if causal {
-        (n0 as i32 - diag).max(0) as u32 / BQ as u32
-    } else {
-        0
-    };
-    check_index(
-        ((bh + 1) * sq as u64 * D as u64) as usize,
-        q.len.min(d_o.len) as usize + 1,
+    let walk = KeyBlockWalk::of::<D, BK, BQ>(
+        p,
+        q.len.min(d_o.len),
+        k.len.min(v.len),
+        stats.len,
+        turns.len,
     );
-    check_index(
-        ((bh + 1) * sk as u64 * D as u64) as usize,
-        k.len.min(v.len) as usize + 1,
-    );
-    check_index(
-        (2 * heads_total * sq_pad as u64) as usize,
-        stats.len as usize + 1,
-    );
-    check_index(((bh + 1) * n_turns as u64) as usize, turns.len as usize + 1);
+    let KeyBlockWalk {
+        sq,
+        sk,
+        j,
+        n0,
+        bh,
+        n_qblocks,
+        sq_pad,
+        n_turns,
+        turn_step,
+        heads_total,
+        first_qblock,
+        ..
+    } = walk;
     // SAFETY: the launcher validated that k/v hold batch*heads*seq_k rows of D elements (checked
     // builds re-check above), so these are the starts of this head's rows.
     let (k_src, v_src) = unsafe {
@@ -248,24 +236,8 @@ unsafe fn flash_bwd<
         let (dq_rows, dq_tile0) = (16 * (w % row_groups), (w / row_groups) * NQ as u32);
 
         // S^T, P^T, dS^T and the dV/dK updates.
-        // Per key row of this thread (key and key + 8): the first query offset in the block that
-        // may see it; i32::MAX for a key past seq_k, i32::MIN where the whole block is visible.
-        let whole =
-            n0 + BK as u32 <= sk && !(causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag);
-        let first_query = |kk: i32| {
-            if whole {
-                i32::MIN
-            } else if kk >= sk as i32 {
-                i32::MAX
-            } else if causal {
-                kk - (m0 as i32 + diag)
-            } else {
-                i32::MIN
-            }
-        };
-        let key = (n0 + key_row + g) as i32;
         let mask = Mask {
-            first_query: [first_query(key), first_query(key + 8)],
+            first_query: walk.first_queries::<BK>(m0, n0 + key_row + g),
         };
         query_block::<T, D, BK, BQ, DSC, KD, NS, KQ, NO>(
             Tiles {
@@ -357,6 +329,112 @@ unsafe fn flash_bwd<
     let rows_left = sk - n0;
     store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, dv, out_row0);
     store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, dk, out_row0);
+}
+
+/// Where a main backward CTA stands: its block of `BK` keys of one head (grid: key blocks, heads,
+/// batch), the query blocks of `BQ` rows it walks, and the sizes of the pre-pass's arrays. Shared by
+/// this module's kernel and the wgmma kernel (`flash_wg_bwd.rs`).
+#[derive(Clone, Copy)]
+pub(super) struct KeyBlockWalk {
+    pub sq: u32,
+    pub sk: u32,
+    pub causal: bool,
+    /// Query i sees key j iff j <= i + diag (causal).
+    pub diag: i32,
+    /// The key block (this CTA) and its first key.
+    pub j: u32,
+    pub n0: u32,
+    /// The head (batch * heads + head).
+    pub bh: u64,
+    pub n_qblocks: u32,
+    /// The statistics' padded rows per head.
+    pub sq_pad: u32,
+    /// Turn counters per head (padded like the statistics, so every block's counters are its
+    /// head's) and per query block.
+    pub n_turns: u32,
+    pub turn_step: u32,
+    pub heads_total: u64,
+    /// The first query block that sees keys of this block: 0, or under the causal mask the block
+    /// of the first query that sees key n0 (n0 < sk, so that query is < sq).
+    pub first_qblock: u32,
+}
+
+impl KeyBlockWalk {
+    /// This CTA's walk for shape `p`; checked builds check that Q/dO (`qo_len` elements), K/V
+    /// (`kv_len`), the statistics and the turn counters hold this head's rows.
+    #[inline(always)]
+    pub(super) fn of<const D: usize, const BK: usize, const BQ: usize>(
+        p: AttentionShape,
+        qo_len: u64,
+        kv_len: u64,
+        stats_len: u64,
+        turns_len: u64,
+    ) -> Self {
+        let (sq, sk) = (p.seq_q, p.seq_k);
+        let causal = p.mask == MaskKind::Causal;
+        let diag = sk as i32 - sq as i32;
+        let n0 = block_idx_x() * BK as u32;
+        let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+        let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
+        let walk = Self {
+            sq,
+            sk,
+            causal,
+            diag,
+            j: block_idx_x(),
+            n0,
+            bh,
+            n_qblocks: sq.div_ceil(BQ as u32),
+            sq_pad,
+            n_turns: sq_pad / FLASH_BWD_TURN_ROWS as u32,
+            turn_step: (BQ / FLASH_BWD_TURN_ROWS) as u32,
+            heads_total: (p.batch * p.heads) as u64,
+            first_qblock: if causal {
+                (n0 as i32 - diag).max(0) as u32 / BQ as u32
+            } else {
+                0
+            },
+        };
+        check_index(
+            ((bh + 1) * sq as u64 * D as u64) as usize,
+            qo_len as usize + 1,
+        );
+        check_index(
+            ((bh + 1) * sk as u64 * D as u64) as usize,
+            kv_len as usize + 1,
+        );
+        check_index(
+            (2 * walk.heads_total * sq_pad as u64) as usize,
+            stats_len as usize + 1,
+        );
+        check_index(
+            ((bh + 1) * walk.n_turns as u64) as usize,
+            turns_len as usize + 1,
+        );
+        walk
+    }
+
+    /// For keys `key` and `key + 8` of this block, in the query block starting at row `m0`: the
+    /// first query offset in the block that may see each (the mask keeps entry (key, query offset
+    /// qq) iff qq >= the bound); i32::MAX for a key past seq_k, i32::MIN where the whole block is
+    /// visible.
+    #[inline(always)]
+    pub(super) fn first_queries<const BK: usize>(&self, m0: u32, key: u32) -> [i32; 2] {
+        let whole = self.n0 + BK as u32 <= self.sk
+            && !(self.causal && (self.n0 + BK as u32 - 1) as i32 > m0 as i32 + self.diag);
+        let first_query = |kk: i32| {
+            if whole {
+                i32::MIN
+            } else if kk >= self.sk as i32 {
+                i32::MAX
+            } else if self.causal {
+                kk - (m0 as i32 + self.diag)
+            } else {
+                i32::MIN
+            }
+        };
+        [first_query(key as i32), first_query(key as i32 + 8)]
+    }
 }
 
 /// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).

@@ -45,20 +45,20 @@ use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LOG2_E, exp2, fma};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::MmaElem;
+use crate::dev::opaque_dep_u32;
 use crate::dev::shared::{
     SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4, st_shared_v4,
 };
 use crate::dev::sync::{sync_threads, sync_warp};
-use crate::dev::opaque_dep_u32;
-use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
+use crate::dev::thread::{lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128,
-    FlashWgBwdConfig, MaskKind, flash_wg_bwd_config,
+    AttentionShape, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128, FlashWgBwdConfig, flash_wg_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
+use super::flash_bwd::KeyBlockWalk;
 use super::flash_wgmma::{load_rows, pack_p};
 
 /// The main backward kernel. `ON = D / 2`: f32 a thread of dK and of dV (checked against the
@@ -92,38 +92,27 @@ unsafe fn flash_wg_bwd<
     let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES>() };
     const TH: usize = 256;
 
-    let (sq, sk) = (p.seq_q, p.seq_k);
-    let causal = p.mask == MaskKind::Causal;
-    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
-    let j = block_idx_x();
-    let n0 = j * BK as u32;
-    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
-    let n_qblocks = sq.div_ceil(BQ as u32);
-    let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
-    // Counters per head: padded like the statistics, so every block's counters are its head's.
-    let n_turns = sq_pad / FLASH_BWD_TURN_ROWS as u32;
-    let turn_step = (BQ / FLASH_BWD_TURN_ROWS) as u32;
-    let heads_total = (p.batch * p.heads) as u64;
-    // The query blocks that see keys of this block: all, or under the causal mask those from the
-    // block of the first query that sees key n0.
-    let first_qblock = if causal {
-        (n0 as i32 - diag).max(0) as u32 / BQ as u32
-    } else {
-        0
-    };
-    check_index(
-        ((bh + 1) * sq as u64 * D as u64) as usize,
-        q.len.min(d_o.len) as usize + 1,
+    let walk = KeyBlockWalk::of::<D, BK, BQ>(
+        p,
+        q.len.min(d_o.len),
+        k.len.min(v.len),
+        stats.len,
+        turns.len,
     );
-    check_index(
-        ((bh + 1) * sk as u64 * D as u64) as usize,
-        k.len.min(v.len) as usize + 1,
-    );
-    check_index(
-        (2 * heads_total * sq_pad as u64) as usize,
-        stats.len as usize + 1,
-    );
-    check_index(((bh + 1) * n_turns as u64) as usize, turns.len as usize + 1);
+    let KeyBlockWalk {
+        sq,
+        sk,
+        j,
+        n0,
+        bh,
+        n_qblocks,
+        sq_pad,
+        n_turns,
+        turn_step,
+        heads_total,
+        first_qblock,
+        ..
+    } = walk;
     check_index(
         ((bh + 1) * sq as u64 * D as u64) as usize,
         dq_acc.len as usize + 1,
@@ -152,8 +141,10 @@ unsafe fn flash_wg_bwd<
     let q_tiles = SwizzledTile::<BQ, D>::at(base + 2 * kv_bytes);
     let do_tiles = q_tiles.stage(STAGES as u32);
     let ds_tiles = SwizzledTile::<BK, BQ>::at(base + 2 * kv_bytes + 2 * STAGES as u32 * qo_bytes);
-    let stats_base =
-        base + 2 * kv_bytes + 2 * STAGES as u32 * qo_bytes + 2 * SwizzledTile::<BK, BQ>::BYTES as u32;
+    let stats_base = base
+        + 2 * kv_bytes
+        + 2 * STAGES as u32 * qo_bytes
+        + 2 * SwizzledTile::<BK, BQ>::BYTES as u32;
     let stat_stage = (2 * BQ * 4) as u32; // a stage: LSE2 of the BQ rows, then their D
     check_index(
         (stats_base + STAGES as u32 * stat_stage - base) as usize,
@@ -238,28 +229,18 @@ unsafe fn flash_wg_bwd<
         if cfg.defer_dq {
             // SAFETY: as for the dQ product in the non-deferred branch below.
             unsafe {
-                issue_dq::<T, BK, D, BQ>(&mut dq, ds_tiles.stage(ds_stage ^ 1), k_tile, dq_row0, dq_col0)
+                issue_dq::<T, BK, D, BQ>(
+                    &mut dq,
+                    ds_tiles.stage(ds_stage ^ 1),
+                    k_tile,
+                    dq_row0,
+                    dq_col0,
+                )
             };
         }
 
-        // Per key row of this thread (0: key_row, 1: key_row + 8): the first query offset in the
-        // block that may see it; i32::MAX for a key past seq_k, i32::MIN where the whole block is
-        // visible.
-        let whole =
-            n0 + BK as u32 <= sk && !(causal && (n0 + BK as u32 - 1) as i32 > m0 as i32 + diag);
-        let first_query = |kk: i32| {
-            if whole {
-                i32::MIN
-            } else if kk >= sk as i32 {
-                i32::MAX
-            } else if causal {
-                kk - (m0 as i32 + diag)
-            } else {
-                i32::MIN
-            }
-        };
-        let key = (n0 + key_row) as i32;
-        let fq = [first_query(key), first_query(key + 8)];
+        // Per key row of this thread (0: key_row, 1: key_row + 8): the mask's first visible query.
+        let fq = walk.first_queries::<BK>(m0, n0 + key_row);
         let st = stats_base + stage * stat_stage;
 
         // The block's queries in sub-blocks of 64 (the N of S^T): S^T and dP^T stay at 32 f32 a
@@ -298,7 +279,20 @@ unsafe fn flash_wg_bwd<
                 dv_acc.hold();
                 dk_acc.hold();
                 if step > 0 {
-                    add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i + 1, j, tid, cfg, ordered);
+                    add_dq_in_turn(
+                        &dq,
+                        dq_acc,
+                        turns,
+                        bh,
+                        sq,
+                        n_turns,
+                        turn_step,
+                        i + 1,
+                        j,
+                        tid,
+                        cfg,
+                        ordered,
+                    );
                 }
             }
             // Retires the previous sub-block's dV/dK products too (groups retire in order).
@@ -368,7 +362,9 @@ unsafe fn flash_wg_bwd<
             dq.wait::<0>();
             dv_acc.hold();
             dk_acc.hold();
-            add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered);
+            add_dq_in_turn(
+                &dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered,
+            );
         }
         step += 1;
     }
@@ -397,7 +393,9 @@ unsafe fn flash_wg_bwd<
         dq.wait::<0>();
         dv_acc.hold();
         dk_acc.hold();
-        add_dq_in_turn(&dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered);
+        add_dq_in_turn(
+            &dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered,
+        );
     }
     // The K/V tiles are free: every copy was waited for, every product retired.
     cp_async_wait::<0>();
@@ -447,14 +445,21 @@ unsafe fn issue_dq<T, const BK: usize, const D: usize, const BQ: usize>(
 /// Zeroes `tile` (all `TH` threads of the CTA; the caller's next barrier, after a
 /// `fence_proxy_async` the top of the loop makes, orders the stores before any wgmma read).
 #[inline(always)]
-fn zero_tile<const ROWS: usize, const COLS: usize, const TH: usize>(tile: SwizzledTile<ROWS, COLS>) {
+fn zero_tile<const ROWS: usize, const COLS: usize, const TH: usize>(
+    tile: SwizzledTile<ROWS, COLS>,
+) {
     let chunks_per_row = (COLS / 8) as u32;
     const { assert!((ROWS * COLS / 8) % TH == 0) };
     unroll_lt!(i < ROWS * COLS / 8 / TH, {
         let c = thread_idx_x() + (i * TH) as u32;
         // SAFETY: an aligned chunk of the tile; each chunk has one writer, and nothing reads the
         // tile before the barrier at the top of the loop.
-        unsafe { st_shared_v4(tile.chunk_addr(c / chunks_per_row, c % chunks_per_row), [0; 4]) };
+        unsafe {
+            st_shared_v4(
+                tile.chunk_addr(c / chunks_per_row, c % chunks_per_row),
+                [0; 4],
+            )
+        };
     });
 }
 
@@ -588,7 +593,10 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
         // its rows from here on.
         unsafe {
             u32::st_shared(staging.elem_addr(warp_row + g, col), T::pack2(a[0], a[1]));
-            u32::st_shared(staging.elem_addr(warp_row + g + 8, col), T::pack2(a[2], a[3]));
+            u32::st_shared(
+                staging.elem_addr(warp_row + g + 8, col),
+                T::pack2(a[2], a[3]),
+            );
         }
     });
     sync_warp(FULL_MASK);
