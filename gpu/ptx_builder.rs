@@ -85,7 +85,63 @@ pub fn build_family_ptx(
     }
     let ptx = dir.join("nvptx64-nvidia-cuda/release/gpu.ptx");
     let text = std::fs::read_to_string(&ptx).map_err(|e| format!("nvptx build ran but {} is unreadable: {e}", ptx.display()))?;
-    apply_launch_bounds(&text).map_err(|e| format!("{family} ({arch}): {e}"))
+    apply_launch_bounds(&text)
+        .and_then(|ptx| align_tensor_map_params(&ptx))
+        .map_err(|e| format!("{family} ({arch}): {e}"))
+}
+
+/// The marker `gpu::tensor_map_param!` leaves in the PTX (a comment line at file scope).
+pub const TENSOR_MAP_MARKER: &str = "// rgk:tensor_map ";
+
+/// Re-declares every kernel parameter a `gpu::tensor_map_param!(entry, index, ..)` names as
+/// `.param .align 64 .b8 <entry>_param_<index>[128]`: the copy engine reads tensor maps only at
+/// 64-byte aligned addresses, and rustc declares a by-value struct parameter at most 16-byte aligned
+/// (a larger `align` on the Rust type is a compiler error for nvptx kernels). A marker whose
+/// parameter is not a 128-byte by-value parameter of that entry is an error.
+pub fn align_tensor_map_params(ptx: &str) -> Result<String, String> {
+    let mut wanted: Vec<(String, bool)> = Vec::new();
+    for line in ptx.lines() {
+        let Some(rest) = line.trim_start().strip_prefix(TENSOR_MAP_MARKER) else { continue };
+        match rest.split_whitespace().collect::<Vec<_>>().as_slice() {
+            [entry, index] if index.parse::<u32>().is_ok() => {
+                wanted.push((format!("{entry}_param_{index}[128]"), false))
+            }
+            _ => return Err(format!("malformed tensor-map marker `{line}`")),
+        }
+    }
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.lines() {
+        let decl = line.trim_start().strip_prefix(".param .align 16 .b8 ");
+        let hit = decl.and_then(|d| {
+            let d = d.trim_end().trim_end_matches(',');
+            wanted.iter_mut().find(|w| w.0 == d)
+        });
+        match hit {
+            Some(w) => {
+                w.1 = true;
+                out.push_str(&line.replacen(".align 16", ".align 64", 1));
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    let missing: Vec<&str> = wanted.iter().filter(|w| !w.1).map(|w| w.0.as_str()).collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "tensor-map markers name parameters that are not 128-byte by-value parameters: {}",
+            missing.join(", ")
+        ));
+    }
+    // Every parameter whose address `tensor_map_param!` takes (`mov.b64 %rd, <entry>_param_<i>;`)
+    // must be one the markers re-aligned.
+    for line in ptx.lines() {
+        let Some(sym) = line.trim_start().strip_prefix("mov.b64").and_then(|r| r.split(',').nth(1)) else { continue };
+        let sym = sym.trim().trim_end_matches(';');
+        if sym.contains("_param_") && !wanted.iter().any(|w| w.0.strip_suffix("[128]") == Some(sym)) {
+            return Err(format!("the address of parameter `{sym}` is taken, but no tensor-map marker names it"));
+        }
+    }
+    Ok(out)
 }
 
 /// The marker `gpu::launch_bounds!` leaves in the PTX (a comment line at file scope).

@@ -35,6 +35,7 @@ pub mod shape;
 pub mod tensor;
 #[doc(hidden)]
 pub mod testing;
+mod tma;
 
 pub use device::{Build, Gpu, MemoryStats, ModuleLoad, driver_present};
 pub use dtype::DType;

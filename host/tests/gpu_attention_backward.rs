@@ -589,17 +589,49 @@ fn flash_backward_nondeterministic_mode_keeps_the_rule() {
     };
     let mut rng = rng("flash_backward_nondeterministic");
     for c in [
-        case(2, 3, scaled(300, 97), scaled(700, 200), 64, Causal::No, DType::F16),
-        case(1, 2, scaled(700, 200), scaled(300, 97), 128, Causal::Yes, DType::BF16),
-        case(1, 2, scaled(513, 65), scaled(513, 65), 128, Causal::No, DType::F16),
-        case(2, 1, scaled(257, 80), scaled(600, 130), 64, Causal::Yes, DType::BF16),
+        case(
+            2,
+            3,
+            scaled(300, 97),
+            scaled(700, 200),
+            64,
+            Causal::No,
+            DType::F16,
+        ),
+        case(
+            1,
+            2,
+            scaled(700, 200),
+            scaled(300, 97),
+            128,
+            Causal::Yes,
+            DType::BF16,
+        ),
+        case(
+            1,
+            2,
+            scaled(513, 65),
+            scaled(513, 65),
+            128,
+            Causal::No,
+            DType::F16,
+        ),
+        case(
+            2,
+            1,
+            scaled(257, 80),
+            scaled(600, 130),
+            64,
+            Causal::Yes,
+            DType::BF16,
+        ),
     ] {
         let x = inputs(&mut rng, &c);
         let p = params(&c);
         let dev = upload(&gpu, &x);
         let (o, lse) = attention::flash_forward(&dev[0], &dev[1], &dev[2], &p).unwrap();
-        let det = attention::flash_backward(&dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p)
-            .unwrap();
+        let det =
+            attention::flash_backward(&dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p).unwrap();
         let fast = attention::flash_backward_with(
             &dev[0],
             &dev[1],
@@ -617,8 +649,14 @@ fn flash_backward_nondeterministic_mode_keeps_the_rule() {
         let dq = fast.dq.to_vec().unwrap();
         let err = max_abs_err(&dq, &want.exact.dq.data);
         let bound = 2.0 * max_abs_err(&want.naive.dq.data, &want.exact.dq.data) + 1e-5;
-        assert!(err <= bound, "{c:?} dQ: max|g - ref| = {err:.3e} > {bound:.3e}");
-        println!("{c:?}: nondeterministic dQ error / bound {:.2}", err / bound);
+        assert!(
+            err <= bound,
+            "{c:?} dQ: max|g - ref| = {err:.3e} > {bound:.3e}"
+        );
+        println!(
+            "{c:?}: nondeterministic dQ error / bound {:.2}",
+            err / bound
+        );
     }
 }
 

@@ -584,3 +584,92 @@ fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
         }
     }
 }
+
+/// Which kernel a 16-bit product takes: on compute capability 9.0 with the default build, the Hopper
+/// kernel (`matmul_tma_*`: TMA, mbarrier pipeline, wgmma) wherever every row is 16-byte aligned and N
+/// is even, the `mma.sync` kernel (`matmul_tc_*`) elsewhere and always with `Build::Portable`. The
+/// Hopper kernel is then checked against the f64 reference on products with more output tiles than
+/// the device has SMs (each persistent CTA walks several tiles, across batch entries, with tails in
+/// M, N and K), both operands batched or one broadcast, every transpose, both dtypes.
+#[test]
+fn matmul_hopper_kernel_takes_aligned_products() {
+    let Some(gpu) = gpu_or_skip("matmul_hopper_kernel_takes_aligned_products") else {
+        return;
+    };
+    let mut rng = rng("matmul_hopper_kernel_takes_aligned_products");
+    let hopper = gpu.ptx_arch() == "sm_90";
+    if !hopper {
+        println!(
+            "SKIP matmul_hopper_kernel_takes_aligned_products (Hopper part): {} runs the {} build",
+            gpu.name(),
+            gpu.ptx_arch()
+        );
+    }
+    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
+    let kernel = |g: &Gpu, c: &Case| {
+        let a = Tensor::empty(g, &stored(c.batch_a, c.m, c.k, c.ta), c.dtype).unwrap();
+        let b = Tensor::empty(g, &stored(c.batch_b, c.k, c.n, c.tb), c.dtype).unwrap();
+        matmul::matmul_kernel(&a, &b, c.ta, c.tb).unwrap()
+    };
+    let sms = gpu.sm_count().unwrap() as usize;
+    // 9 x 3 tiles of 128 x 256 a product; enough batch entries for about 1.5 tiles per SM.
+    let batch = (3 * sms / 2).div_ceil(27).max(2);
+    for dtype in DTYPES {
+        for (ta, tb) in TRANSPOSES {
+            let aligned = case(1032, 520, 136, ta, tb, dtype);
+            for (batch_a, batch_b) in [(Some(batch), Some(batch)), (Some(batch), None)] {
+                let c = Case {
+                    batch_a,
+                    batch_b,
+                    ..aligned
+                };
+                let name = kernel(&gpu, &c);
+                let want = if hopper { "matmul_tma_" } else { "matmul_tc_" };
+                assert!(
+                    name.starts_with(want),
+                    "{c:?} takes {name}, expected {want}*"
+                );
+                assert!(
+                    kernel(&portable, &c).starts_with("matmul_tc_"),
+                    "{c:?}: portable build"
+                );
+                let (a, b, out) = run(&gpu, &mut rng, &c);
+                let mut rows: Vec<(usize, usize)> = vec![(0, 0), (batch - 1, c.m - 1)];
+                for z in 0..batch {
+                    rows.push((z, rng.random_range(0..c.m)));
+                    rows.push((z, 1024 + rng.random_range(0..8)));
+                }
+                check_rows(&c, &a, &b, &out, &rows);
+            }
+            // Rows the copy engine cannot read (K = 100: a 200-byte row of A or B), and an odd N.
+            for c in [
+                case(1032, 520, 100, ta, tb, dtype),
+                case(1032, 521, 136, ta, tb, dtype),
+            ] {
+                let name = kernel(&gpu, &c);
+                let lda_ok = if ta == Transpose::No {
+                    c.k % 8 == 0
+                } else {
+                    c.m % 8 == 0
+                };
+                let ldb_ok = if tb == Transpose::No {
+                    c.n % 8 == 0
+                } else {
+                    c.k % 8 == 0
+                };
+                let want = if hopper && lda_ok && ldb_ok && c.n % 2 == 0 {
+                    "matmul_tma_"
+                } else {
+                    "matmul_tc_"
+                };
+                assert!(
+                    name.starts_with(want),
+                    "{c:?} takes {name}, expected {want}*"
+                );
+            }
+        }
+    }
+    // f32 products choose by precision: no single answer.
+    let a = Tensor::empty(&gpu, &[4, 4], DType::F32).unwrap();
+    assert!(matmul::matmul_kernel(&a, &a, Transpose::No, Transpose::No).is_err());
+}

@@ -18,6 +18,11 @@ pub mod warp;
 // Hopper wgmma: only in the sm_90 (sm_90a) PTX build; see gpu/ptx_builder.rs `target_cpu`.
 #[cfg(target_feature = "sm_90a")]
 pub mod wgmma;
+// Hopper transaction barriers, the TMA copy engine and the pipeline over them: sm_90 build only.
+#[cfg(target_feature = "sm_90a")]
+pub mod mbarrier;
+#[cfg(target_feature = "sm_90a")]
+pub mod tma;
 
 /// Launch bounds of kernel `$entry` (Rust has no `__launch_bounds__`): it is launched with at most
 /// `$threads` threads a block, and `$min_blocks` blocks should fit an SM at once. Write it beside the

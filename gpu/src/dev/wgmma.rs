@@ -111,6 +111,18 @@ pub trait Wgmma<Acc>: MmaElem {
     /// # Safety
     /// As for [`Wgmma::mma_ss`].
     unsafe fn mma_ss_tt(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32);
+    /// `D (64 x N) = A B + (scale_d != 0 ? D : 0)` with both operands from descriptors and their
+    /// majorness chosen at compile time: `TA = 1` for an MN-major A (stored `[k][m]`), `TB = 1` for an MN-major B (stored
+    /// `[k][n]`); 0 for K-major. The GEMM's four storage combinations.
+    ///
+    /// # Safety
+    /// As for [`Wgmma::mma_ss`].
+    unsafe fn mma_ss_t<const TA: u32, const TB: u32>(
+        d: &mut Acc,
+        a_desc: u64,
+        b_desc: u64,
+        scale_d: u32,
+    );
 }
 
 macro_rules! accumulator {
@@ -175,6 +187,23 @@ macro_rules! wgmma_impl {
         impl Wgmma<[f32; $n]> for $t {
             wgmma_ss!(mma_ss, "0, 0", $ptx, $n, $nn, $first $(, $i)*);
             wgmma_ss!(mma_ss_tt, "1, 1", $ptx, $n, $nn, $first $(, $i)*);
+            #[inline(always)]
+            unsafe fn mma_ss_t<const TA: u32, const TB: u32>(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
+                unsafe {
+                    core::arch::asm!(
+                        "{{",
+                        ".reg .pred p;",
+                        "setp.ne.b32 p, {sd}, 0;",
+                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
+                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, {ta}, {tb};"),
+                        "}}",
+                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                        a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
+                        ta = const TA, tb = const TB,
+                        options(nostack)
+                    )
+                }
+            }
             #[inline(always)]
             unsafe fn mma_rs_tb(d: &mut [f32; $n], a: &[u32; 4], b_desc: u64) {
                 unsafe {
@@ -420,6 +449,308 @@ wgmma_impl!(
     62,
     63
 );
+
+accumulator!(
+    128, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+    25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48,
+    49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72,
+    73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96,
+    97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115,
+    116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127
+);
+wgmma_impl!(
+    crate::dev::elem::F16,
+    "f16",
+    128,
+    "256",
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31,
+    32,
+    33,
+    34,
+    35,
+    36,
+    37,
+    38,
+    39,
+    40,
+    41,
+    42,
+    43,
+    44,
+    45,
+    46,
+    47,
+    48,
+    49,
+    50,
+    51,
+    52,
+    53,
+    54,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63,
+    64,
+    65,
+    66,
+    67,
+    68,
+    69,
+    70,
+    71,
+    72,
+    73,
+    74,
+    75,
+    76,
+    77,
+    78,
+    79,
+    80,
+    81,
+    82,
+    83,
+    84,
+    85,
+    86,
+    87,
+    88,
+    89,
+    90,
+    91,
+    92,
+    93,
+    94,
+    95,
+    96,
+    97,
+    98,
+    99,
+    100,
+    101,
+    102,
+    103,
+    104,
+    105,
+    106,
+    107,
+    108,
+    109,
+    110,
+    111,
+    112,
+    113,
+    114,
+    115,
+    116,
+    117,
+    118,
+    119,
+    120,
+    121,
+    122,
+    123,
+    124,
+    125,
+    126,
+    127
+);
+wgmma_impl!(
+    crate::dev::elem::BF16,
+    "bf16",
+    128,
+    "256",
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31,
+    32,
+    33,
+    34,
+    35,
+    36,
+    37,
+    38,
+    39,
+    40,
+    41,
+    42,
+    43,
+    44,
+    45,
+    46,
+    47,
+    48,
+    49,
+    50,
+    51,
+    52,
+    53,
+    54,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63,
+    64,
+    65,
+    66,
+    67,
+    68,
+    69,
+    70,
+    71,
+    72,
+    73,
+    74,
+    75,
+    76,
+    77,
+    78,
+    79,
+    80,
+    81,
+    82,
+    83,
+    84,
+    85,
+    86,
+    87,
+    88,
+    89,
+    90,
+    91,
+    92,
+    93,
+    94,
+    95,
+    96,
+    97,
+    98,
+    99,
+    100,
+    101,
+    102,
+    103,
+    104,
+    105,
+    106,
+    107,
+    108,
+    109,
+    110,
+    111,
+    112,
+    113,
+    114,
+    115,
+    116,
+    117,
+    118,
+    119,
+    120,
+    121,
+    122,
+    123,
+    124,
+    125,
+    126,
+    127
+);
+
+/// `setmaxnreg.inc.sync.aligned.u32 N`: raises this warpgroup's register allocation to `N` per
+/// thread (a multiple of 8 in 24..=256), waiting until the registers are free: a warp-specialised
+/// kernel's consumer warpgroups take the registers its producer gave back. Takes effect only in a
+/// kernel whose launch bound caps registers at entry (`launch_bounds!` with 1 block per SM), with
+/// each warpgroup's role one branch of one `if`/`else`.
+#[inline(always)]
+pub fn set_max_registers_inc<const N: u32>() {
+    const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
+    // SAFETY: register reallocation of this warpgroup; every thread of it executes it.
+    unsafe {
+        core::arch::asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack, nomem))
+    }
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 N`: lowers this warpgroup's register allocation to `N` per
+/// thread, releasing the rest to the SM's pool (a producer warpgroup that only issues copies).
+#[inline(always)]
+pub fn set_max_registers_dec<const N: u32>() {
+    const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
+    // SAFETY: as for `set_max_registers_inc`.
+    unsafe {
+        core::arch::asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack, nomem))
+    }
+}
 
 /// A `ROWS x COLS` tile of 16-bit elements in shared memory in the 128-byte-swizzle layout
 /// ([`crate::layout::sw128`]): the layout wgmma descriptors describe. Its base is 1024-byte aligned

@@ -245,6 +245,71 @@ pub mod matmul_tc {
     }
 }
 
+/// The Hopper f16/bf16 matmul (`matmul_tma_{nn,nt,tn,tt}_{f16,bf16}`, `kernels/matmul/tma.rs`, sm_90
+/// build): TMA copies into a `STAGES`-deep mbarrier pipeline, `wgmma` from shared memory, one producer
+/// warpgroup and two consumer warpgroups, persistent CTAs.
+///
+/// Design notes:
+/// - CTA tile `BM x BN = 128 x 256`, `BK = 64`-deep k-tiles: each consumer warpgroup owns 64 rows of
+///   C as one m64n256 accumulator (128 f32 a thread) and issues four k16 wgmma a k-tile.
+/// - A stage is A's tile (16 KiB) and B's tile (32 KiB), both 128-byte-swizzled in the layout the wgmma
+///   descriptors read; the tensor maps' boxes are 64 elements wide (one swizzle panel), so a K-major
+///   tile is one box and an MN-major tile one box per 64 columns.
+/// - The producer warpgroup gives registers back (`setmaxnreg.dec` to [`PRODUCER_REGS`]), the
+///   consumers take them ([`CONSUMER_REGS`]); one producer thread issues every copy.
+/// - Persistent: `min(tiles, SMs)` CTAs walk the tiles `blockIdx.x, + gridDim.x, ...` in
+///   [`matmul_tc::tile_coords`] order within each batch; the producer runs ahead into the next tile
+///   while the consumers store the last one.
+/// - Each C element is one thread's fixed sequence of wgmma over k ascending: the same bits on every
+///   run.
+pub mod matmul_tma {
+    pub const BM: u32 = 128;
+    pub const BN: u32 = 256;
+    pub const BK: u32 = 64;
+    pub const STAGES: u32 = 4;
+    /// One producer and two consumer warpgroups.
+    pub const THREADS: u32 = 384;
+    pub const PRODUCER_REGS: u32 = 40;
+    pub const CONSUMER_REGS: u32 = 232;
+    /// Bytes of one stage: A's `BM x BK` and B's `BN x BK` tiles.
+    pub const STAGE_BYTES: u32 = (BM + BN) * BK * 2;
+    /// Dynamic shared memory: the stages and two 8-byte barriers a stage.
+    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 16 * STAGES;
+    /// Largest M, N or K (TMA coordinates are signed 32-bit).
+    pub const MAX_DIM: u64 = (1 << 31) - 256;
+    /// Most output tiles of one product times its batch (the persistent loop's u32 tile index).
+    pub const MAX_TILES: u64 = u32::MAX as u64 / 2;
+
+    const _: () =
+        assert!(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536 && SMEM_BYTES <= 227 * 1024);
+
+    /// Output tiles of an `m x n` product.
+    pub const fn tiles(m: u64, n: u64) -> u64 {
+        m.div_ceil(BM as u64) * n.div_ceil(BN as u64)
+    }
+}
+
+/// Parameters of one `matmul_tma_*` launch (A and B come as tensor maps: see `host::ops::matmul`).
+/// C is `M x N` with leading dim `ldc`, product `z` at `z * stride_c`; `a_batched` / `b_batched`
+/// say whether an operand has a batch dim (0: one matrix broadcast over the batch).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulTma {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub batch: u32,
+    pub tiles_m: u32,
+    pub tiles_n: u32,
+    pub a_batched: u32,
+    pub b_batched: u32,
+    pub ldc: u64,
+    pub stride_c: u64,
+}
+
+// SAFETY: #[repr(C)], eight 4-byte fields then two 8-byte fields (offset 32): no padding.
+unsafe impl KernelParam for MatmulTma {}
+
 /// How a kernel reaches the rows of a 16-bit operand in global memory.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

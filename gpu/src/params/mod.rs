@@ -15,7 +15,10 @@ pub mod reduce_softmax;
 
 pub use elementwise::{BinaryOp, Broadcast2, ReduceTo};
 pub use lrp::{LrpCoeff, LrpFinish, LrpGemm};
-pub use matmul::{Matmul, MatmulTc, MatmulTf32, RowAccess, matmul_f32v, matmul_tc, matmul_tf32};
+pub use matmul::{
+    Matmul, MatmulTc, MatmulTf32, MatmulTma, RowAccess, matmul_f32v, matmul_tc, matmul_tf32,
+    matmul_tma,
+};
 pub use norm_embedding::{embedding, layer_norm};
 pub use reduce_softmax::{reduce, softmax};
 
@@ -25,6 +28,18 @@ pub use reduce_softmax::{reduce, softmax};
 /// Implement only for `#[repr(C)]` structs of integers/floats/arrays of them with no padding the
 /// kernel reads, so the bytes the host writes are the bytes the kernel reads.
 pub unsafe trait KernelParam: Copy {}
+
+/// A tensor map (the driver's `CUtensorMap`, encoded on the host by `cuTensorMapEncodeTiled`) as a
+/// by-value kernel parameter: 128 opaque bytes. Kernels declare it and reach it only through
+/// `gpu::tensor_map_param!` (see `gpu::dev::tma` for why); the PTX builder re-declares the
+/// parameter 64-byte aligned, as the copy engine requires.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMapParam {
+    pub opaque: [u64; 16],
+}
+// SAFETY: #[repr(C)], 16 u64, no padding.
+unsafe impl KernelParam for TensorMapParam {}
 
 /// Highest tensor rank the strided (broadcasting) kernels index.
 pub const MAX_DIMS: usize = 6;

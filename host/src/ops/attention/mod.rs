@@ -729,7 +729,11 @@ pub fn flash_backward_with(
         let args: [&dyn crate::launch::ArgPush; 11] = [
             &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &ordered,
         ];
-        let n_args = if names.main.starts_with("flash_wg_bwd_") { 11 } else { 10 };
+        let n_args = if names.main.starts_with("flash_wg_bwd_") {
+            11
+        } else {
+            10
+        };
         launch_cfg_large_smem(
             gpu,
             names.main,

@@ -767,7 +767,10 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
                     "{} {arch}",
                     k.main
                 );
-                assert_eq!((k.threads, k.block_k, k.smem_bytes as usize), (bounds.0, block_k, smem));
+                assert_eq!(
+                    (k.threads, k.block_k, k.smem_bytes as usize),
+                    (bounds.0, block_k, smem)
+                );
             }
         }
         // The wgmma kernels exist only in the sm_90 build.

@@ -19,7 +19,8 @@ use gpu::params::matmul::MAX_GRID_YZ;
 use gpu::params::matmul_f32v::{self as f32v, BM, BN};
 use gpu::params::matmul_tc as tc;
 use gpu::params::matmul_tf32 as tf;
-use gpu::params::{Matmul, MatmulTc, MatmulTf32, RawSlice, RowAccess};
+use gpu::params::matmul_tma as tma;
+use gpu::params::{Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -456,9 +457,12 @@ fn tc_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str>
 /// operands of one dtype; the result has that dtype.
 /// - f32: [`Precision::default()`] (3xTF32 on tensor cores, fp32-class accuracy; see
 ///   [`matmul_with`] to choose).
-/// - f16 / bf16: the tensor-core kernels (`mma.sync`, f32 accumulation, one rounding to the dtype at
-///   the end). Any sizes; operands whose rows are not 16-byte aligned (a leading dim that is not a
-///   multiple of 8, or a view at an odd offset) take a slower element-wise load path.
+/// - f16 / bf16: tensor cores with f32 accumulation and one rounding to the dtype at the end. On
+///   compute capability 9.0 (H100, H200) with the default build, products whose operand rows are
+///   16-byte aligned and whose N is even run the Hopper kernel (TMA copies, an mbarrier pipeline,
+///   `wgmma`); every other product runs the `mma.sync` kernel: any sizes; operands whose rows are
+///   not 16-byte aligned (a leading dim that is not a multiple of 8, or a view at an odd offset)
+///   take a slower element-wise load path there. [`matmul_kernel`] says which one a call takes.
 ///
 /// Deterministic: the same inputs give the same bits on every run.
 pub fn matmul(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<Tensor> {
@@ -505,6 +509,9 @@ pub fn matmul_with(
             Accumulate::Overwrite,
             precision,
         )?;
+        return Ok(out);
+    }
+    if tma_launch(a, b, &d, ta, tb, &out)? {
         return Ok(out);
     }
     let name = tc_kernel(a.dtype(), ta, tb).expect("16-bit dtype: f32 returned above");
@@ -666,6 +673,163 @@ fn tc_launch(
             &ByValue(p),
         ],
     )
+}
+
+/// The Hopper entry point (TMA + wgmma, sm_90 build) for a 16-bit dtype and storage combination.
+fn tma_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str> {
+    const NAMES: [&str; 8] = [
+        "matmul_tma_nn_f16",
+        "matmul_tma_nt_f16",
+        "matmul_tma_tn_f16",
+        "matmul_tma_tt_f16",
+        "matmul_tma_nn_bf16",
+        "matmul_tma_nt_bf16",
+        "matmul_tma_tn_bf16",
+        "matmul_tma_tt_bf16",
+    ];
+    let d = match dtype {
+        DType::F16 => 0,
+        DType::BF16 => 4,
+        DType::F32 => return None,
+    };
+    Some(NAMES[d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize])
+}
+
+/// The stored operands of a product of shape `d` as rank-3 tensors for the copy engine (A, then B),
+/// and the box heights of the Hopper kernel's tiles for them: a K-major tile is `BM` (A) or `BN` (B)
+/// rows of 64 k, an MN-major one `BK` rows of 64 m or n a box.
+fn tma_operands(
+    a: &Tensor,
+    b: &Tensor,
+    d: &MatmulDims,
+    ta: Transpose,
+    tb: Transpose,
+) -> [(crate::tma::Tensor3, u32); 2] {
+    let batch = d.batch.unwrap_or(1) as u64;
+    let view = |t: &Tensor, (rows, cols): (usize, usize), batched: bool| crate::tma::Tensor3 {
+        ptr: t.raw().ptr,
+        inner: cols as u64,
+        outer: rows as u64,
+        batch: if batched { batch } else { 1 },
+        outer_stride: cols as u64,
+        batch_stride: (rows * cols) as u64,
+    };
+    let a_rows = if ta == Transpose::Yes {
+        tma::BK
+    } else {
+        tma::BM
+    };
+    let b_rows = if tb == Transpose::Yes {
+        tma::BN
+    } else {
+        tma::BK
+    };
+    [
+        (view(a, d.a, d.a_batched), a_rows),
+        (view(b, d.b, d.b_batched), b_rows),
+    ]
+}
+
+/// Whether `op(a) op(b)` of shape `d` (16-bit operands) takes the Hopper kernel: the device runs the
+/// sm_90 build, the copy engine can read both operands (16-byte aligned bases and rows, no empty
+/// dim), and C's rows hold whole 4-byte pairs (even N).
+fn tma_eligible(a: &Tensor, b: &Tensor, d: &MatmulDims, ta: Transpose, tb: Transpose) -> bool {
+    let tiles = tma::tiles(d.m as u64, d.n as u64) * d.batch.unwrap_or(1) as u64;
+    a.gpu().ptx_arch() == "sm_90"
+        && d.m > 0
+        && d.n.is_multiple_of(2)
+        && d.k > 0
+        && tiles <= tma::MAX_TILES
+        && [d.m, d.n, d.k].iter().all(|&x| x as u64 <= tma::MAX_DIM)
+        && tma_operands(a, b, d, ta, tb)
+            .iter()
+            .all(|(t, _)| crate::tma::tma_readable(t))
+}
+
+/// The kernel [`matmul`] launches for these operands (f16/bf16 only; an error for f32, whose kernel
+/// depends on the [`Precision`], or for operands [`matmul`] refuses): `matmul_tma_*` (Hopper: TMA and
+/// wgmma) on the sm_90 build when every row is 16-byte aligned and N is even, `matmul_tc_*`
+/// (`mma.sync`) otherwise. For reading a profile, or checking that a shape takes the fast path.
+pub fn matmul_kernel(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<&'static str> {
+    const OP: &str = "matmul_kernel";
+    same_device_and_dtype(OP, a, b)?;
+    let d = matmul_dims(OP, a.shape(), b.shape(), ta, tb)?;
+    let (Some(hopper), Some(portable)) =
+        (tma_kernel(a.dtype(), ta, tb), tc_kernel(a.dtype(), ta, tb))
+    else {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: "f16/bf16 operands only (f32 products pick their kernel by precision); got f32"
+                .into(),
+        });
+    };
+    tc_limits(OP, &d, &tc::DEFAULT)?;
+    // A fresh output is 256-byte aligned: the only condition on C is N's parity.
+    Ok(if tma_eligible(a, b, &d, ta, tb) {
+        hopper
+    } else {
+        portable
+    })
+}
+
+/// Runs `out = op(a) op(b)` on the Hopper kernel (`matmul_tma_*`) when the device runs the sm_90
+/// build and [`tma_eligible`] holds (and C's base is 16-byte aligned); returns whether it ran. `d`
+/// passed `tc_limits`.
+fn tma_launch(
+    a: &Tensor,
+    b: &Tensor,
+    d: &MatmulDims,
+    ta: Transpose,
+    tb: Transpose,
+    out: &Tensor,
+) -> Result<bool> {
+    const OP: &str = "matmul";
+    let batch = d.batch.unwrap_or(1) as u64;
+    let Some(name) = tma_kernel(a.dtype(), ta, tb) else {
+        return Ok(false);
+    };
+    if !tma_eligible(a, b, d, ta, tb) || !out.raw().ptr.is_multiple_of(16) {
+        return Ok(false);
+    }
+    let operands = tma_operands(a, b, d, ta, tb);
+    let tiles = tma::tiles(d.m as u64, d.n as u64) * batch;
+    let [(ta_view, a_rows), (tb_view, b_rows)] = operands;
+    let map_a = crate::tma::sw128_map(OP, a.dtype(), &ta_view, a_rows)?;
+    let map_b = crate::tma::sw128_map(OP, a.dtype(), &tb_view, b_rows)?;
+    let (tiles_m, tiles_n) = (
+        d.m.div_ceil(tma::BM as usize),
+        d.n.div_ceil(tma::BN as usize),
+    );
+    let p = MatmulTma {
+        m: d.m as u32,
+        n: d.n as u32,
+        k: d.k as u32,
+        batch: batch as u32,
+        tiles_m: tiles_m as u32,
+        tiles_n: tiles_n as u32,
+        a_batched: d.a_batched as u32,
+        b_batched: d.b_batched as u32,
+        ldc: d.n as u64,
+        stride_c: (d.m * d.n) as u64,
+    };
+    let sms = a.gpu().sm_count()?.max(1) as u64;
+    let launch = cudarc::driver::LaunchConfig {
+        grid_dim: (tiles.min(sms) as u32, 1, 1),
+        block_dim: (tma::THREADS, 1, 1),
+        shared_mem_bytes: tma::SMEM_BYTES,
+    };
+    launch_cfg_large_smem(
+        a.gpu(),
+        name,
+        launch,
+        &[
+            &ByValue(map_a),
+            &ByValue(map_b),
+            &ByValue(out.raw()),
+            &ByValue(p),
+        ],
+    )?;
+    Ok(true)
 }
 
 /// CPU references (f64 accumulation): what the tests and the incremental-replacement harness

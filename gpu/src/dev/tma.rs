@@ -1,0 +1,127 @@
+//! The Tensor Memory Accelerator (TMA, sm_90): bulk tensor copies from global to shared memory
+//! described by a *tensor map*, completing on an [`MBarrier`]. Compiled only into the sm_90 PTX
+//! (`#[cfg(target_feature = "sm_90a")]` on the module).
+//!
+//! # Tensor maps
+//! A tensor map is a 128-byte opaque descriptor the host encodes with the driver's
+//! `cuTensorMapEncodeTiled` (`host::tma`): the tensor's base, its dims and strides, the *box* one copy
+//! moves, the shared-memory swizzle, and zero fill for coordinates outside the tensor (so tails of
+//! M, N and K need no other handling). The hardware reads it from kernel-parameter, constant or
+//! global memory, 64-byte aligned; never from local memory.
+//!
+//! It reaches a kernel as a by-value parameter of type [`crate::params::TensorMapParam`]. Rust has no
+//! `__grid_constant__`: taking the parameter's address in Rust makes LLVM copy it to the stack (local
+//! memory), which the copy engine cannot read, and rustc cannot declare it more than 16-byte aligned.
+//! So the kernel never touches the parameter in Rust; [`tensor_map_param!`] names it in PTX
+//! (`<kernel>_param_<index>`, LLVM's parameter naming), takes its address with `mov` and
+//! `cvta.param`, and leaves a marker from which the PTX builder (`gpu/ptx_builder.rs`) re-declares
+//! that parameter `.align 64` (the build fails if the marker names no such 128-byte parameter).
+//!
+//! # Swizzle agreement
+//! Only one kind of map exists here: 16-bit elements, a box 64 elements (128 bytes) wide and
+//! `BOX_ROWS` rows tall, 128-byte swizzle, which is exactly the [`SwizzledTile`] layout the wgmma
+//! descriptors read (16-byte chunk `c` of row `r` at `c ^ (r % 8)`, 1024-byte aligned atoms). A
+//! [`TensorMapRef<BOX_ROWS>`] only loads into a `SwizzledTile<BOX_ROWS, C>` (one box per 64-column
+//! panel), so a copy whose box or swizzle disagrees with the tile the wgmma reads does not compile.
+use crate::dev::mbarrier::MBarrier;
+use crate::dev::wgmma::SwizzledTile;
+
+/// The generic address of a tensor map (kernel-parameter space) whose box is 64 16-bit elements
+/// wide and `BOX_ROWS` rows tall, with 128-byte swizzle. Made only by [`tensor_map_param!`].
+#[derive(Clone, Copy)]
+pub struct TensorMapRef<const BOX_ROWS: usize> {
+    addr: u64,
+}
+
+impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS> {
+    /// # Safety
+    /// `addr` is the generic address of a 64-byte aligned tensor map in parameter, constant or global
+    /// memory, encoded with a 64 x `BOX_ROWS` box of 16-bit elements and 128-byte swizzle, valid for
+    /// the kernel's lifetime.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub const unsafe fn from_generic(addr: u64) -> Self {
+        Self { addr }
+    }
+
+    /// `prefetch.tensormap`: brings the descriptor into the cache ahead of the first copy.
+    #[inline(always)]
+    pub fn prefetch(self) {
+        // SAFETY: a prefetch of a valid descriptor address.
+        unsafe {
+            core::arch::asm!("prefetch.tensormap [{a}];", a = in(reg64) self.addr, options(nostack))
+        }
+    }
+
+    /// Copies the `BOX_ROWS x C` block whose first element is at (column `inner`, row `outer`,
+    /// batch `batch`) of the tensor into `tile`: one box per 64-column panel, columns `inner + 64 p`.
+    /// Elements outside the tensor arrive as zeros. The copies complete on `bar` with
+    /// `SwizzledTile::<BOX_ROWS, C>::BYTES` transaction bytes.
+    ///
+    /// # Safety
+    /// Issued by one thread; `bar`'s current phase expects these bytes (an `arrive_expect_tx` that
+    /// counts them); no thread reads or writes `tile` until that phase completes, and the tile's
+    /// previous readers are done with it (a pipeline `empty` barrier).
+    #[inline(always)]
+    pub unsafe fn load<const C: usize>(
+        self,
+        tile: SwizzledTile<BOX_ROWS, C>,
+        inner: i32,
+        outer: i32,
+        batch: i32,
+        bar: MBarrier,
+    ) {
+        let mut p = 0;
+        while p < C / 64 {
+            let dst = tile.chunk_addr(0, 8 * p as u32);
+            // SAFETY: the caller's; `dst` is panel p's 1024-aligned base inside the tile.
+            unsafe {
+                core::arch::asm!(
+                    "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}];",
+                    d = in(reg32) dst, m = in(reg64) self.addr,
+                    x = in(reg32) inner + 64 * p as i32, y = in(reg32) outer, z = in(reg32) batch,
+                    b = in(reg32) bar.addr(),
+                    options(nostack)
+                )
+            }
+            p += 1;
+        }
+    }
+}
+
+/// Declares parameters `$index`.. of kernel `$entry` to be tensor maps: write it beside the kernel,
+/// as `launch_bounds!`. It leaves a marker line in the PTX from which the PTX builder re-declares
+/// each named parameter `.align 64` (and fails if one is not a 128-byte by-value parameter); the
+/// builder also fails on a [`tensor_map_param!`] address of a parameter no marker names.
+#[macro_export]
+macro_rules! tensor_map_params {
+    ($entry:ident, $($index:literal),+) => {
+        $(core::arch::global_asm!(concat!(
+            "// rgk:tensor_map ", stringify!($entry), " ", stringify!($index)
+        ));)+
+    };
+}
+
+/// The [`TensorMapRef`] of by-value kernel parameter number `$index` (from 0) of kernel `$entry`,
+/// which must be declared as [`crate::params::TensorMapParam`], named by a [`tensor_map_params!`]
+/// beside the kernel, and never used in Rust. `$rows` is the box height the host encoded
+/// (`host::tma`). Call it in the entry point itself; see the module doc for why the parameter is
+/// reached through PTX.
+#[macro_export]
+macro_rules! tensor_map_param {
+    ($entry:ident, $index:literal, $rows:expr) => {{
+        let addr: u64;
+        // SAFETY: takes the address of a kernel parameter (a .param-space address, made generic).
+        unsafe {
+            core::arch::asm!(
+                concat!("mov.b64 {a}, ", stringify!($entry), "_param_", stringify!($index), ";"),
+                "cvta.param.u64 {a}, {a};",
+                a = out(reg64) addr,
+                options(nostack, nomem, pure)
+            )
+        };
+        // SAFETY: the host encodes this parameter for a 64 x $rows box with 128-byte swizzle (the
+        // launcher of `$entry`), and the builder aligned it to 64 bytes (`tensor_map_params!`).
+        unsafe { $crate::dev::tma::TensorMapRef::<{ $rows }>::from_generic(addr) }
+    }};
+}

@@ -1,0 +1,142 @@
+//! Tensor maps for the TMA kernels (sm_90 build): the host half of `gpu::dev::tma`. A tensor map is
+//! the driver's 128-byte description of a tensor in global memory and of the box one bulk copy moves
+//! (`cuTensorMapEncodeTiled`); it is encoded here per launch, from the operand's address, dims and
+//! strides, and passed to the kernel by value.
+//!
+//! The one kind made here matches the only kind the device library loads: 16-bit elements, a box 64
+//! elements (128 bytes) wide, 128-byte swizzle (the layout the wgmma descriptors read), zeros for
+//! coordinates outside the tensor.
+use cudarc::driver::sys;
+use gpu::params::TensorMapParam;
+
+use crate::DType;
+use crate::error::{Error, Result};
+
+/// A rank-3 view `[batch][outer][inner]` of 16-bit elements at device address `ptr`: element
+/// `(b, o, i)` at `ptr + 2 (b batch_stride + o outer_stride + i)`. `batch` may be 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tensor3 {
+    pub ptr: u64,
+    pub inner: u64,
+    pub outer: u64,
+    pub batch: u64,
+    /// Elements between consecutive rows (`outer` steps).
+    pub outer_stride: u64,
+    /// Elements between consecutive batch entries.
+    pub batch_stride: u64,
+}
+
+/// Whether the copy engine can read `t`: a 16-byte aligned base, strides that are multiples of 16
+/// bytes (8 elements), every dim at least 1 and below 2^31 (coordinates are signed 32-bit).
+pub(crate) fn tma_readable(t: &Tensor3) -> bool {
+    let dims_ok = [t.inner, t.outer, t.batch]
+        .iter()
+        .all(|&d| (1..1 << 31).contains(&d));
+    dims_ok
+        && t.ptr.is_multiple_of(16)
+        && t.outer_stride.is_multiple_of(8)
+        && t.batch_stride.is_multiple_of(8)
+        && t.outer_stride >= t.inner
+        && t.outer_stride < 1 << 38
+        && t.batch_stride < 1 << 38
+}
+
+/// The tensor map of `t` with a `64 x box_rows` box and 128-byte swizzle. `op` names the caller in
+/// errors.
+pub(crate) fn sw128_map(
+    op: &'static str,
+    dtype: DType,
+    t: &Tensor3,
+    box_rows: u32,
+) -> Result<TensorMapParam> {
+    let data_type = match dtype {
+        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        DType::F32 => {
+            return Err(Error::Invalid {
+                op,
+                msg: "tensor maps here hold 16-bit elements; got f32".into(),
+            });
+        }
+    };
+    if !tma_readable(t) || !(1..=256).contains(&box_rows) {
+        return Err(Error::Invalid {
+            op,
+            msg: format!(
+                "the copy engine cannot read this operand (it needs a 16-byte aligned base, strides \
+                 that are multiples of 8 elements and dims in 1..2^31; box rows 1..=256): {t:?}, box \
+                 rows {box_rows}"
+            ),
+        });
+    }
+    let dims = [t.inner, t.outer, t.batch];
+    let strides = [2 * t.outer_stride, 2 * t.batch_stride];
+    let boxes = [64u32, box_rows, 1];
+    let element_strides = [1u32; 3];
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: every pointer is to a live local array of the rank's length (3 dims, 2 strides, 3
+    // box dims, 3 element strides); the driver only writes `map`.
+    let status = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            data_type,
+            3,
+            t.ptr as *mut core::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    status.result().map_err(|e| {
+        Error::driver(
+            e,
+            format!("{op}: encoding a tensor map of {t:?} (box 64 x {box_rows})"),
+        )
+    })?;
+    Ok(TensorMapParam { opaque: map.opaque })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readable_tensors_need_aligned_base_strides_and_dims() {
+        let t = Tensor3 {
+            ptr: 1 << 20,
+            inner: 72,
+            outer: 136,
+            batch: 1,
+            outer_stride: 72,
+            batch_stride: 72 * 136,
+        };
+        assert!(tma_readable(&t));
+        assert!(!tma_readable(&Tensor3 {
+            ptr: t.ptr + 2,
+            ..t
+        }));
+        assert!(!tma_readable(&Tensor3 {
+            outer_stride: 73,
+            inner: 73,
+            ..t
+        }));
+        assert!(!tma_readable(&Tensor3 {
+            batch_stride: 12,
+            ..t
+        }));
+        assert!(!tma_readable(&Tensor3 { inner: 0, ..t }));
+        assert!(!tma_readable(&Tensor3 {
+            outer: 1 << 31,
+            ..t
+        }));
+        assert!(!tma_readable(&Tensor3 {
+            outer_stride: 64,
+            ..t
+        }));
+    }
+}
