@@ -87,15 +87,32 @@ the presence of Extern calls in the function 'flash_wg_x'.\n",
 fn tensor_map_parameters_are_declared_64_byte_aligned() {
     let ptx = "// rgk:tensor_map k 0\n.visible .entry k(\n\t.param .align 16 .b8 k_param_0[128],\n\t.param .align 16 .b8 k_param_1[128]\n)\n{\n\tmov.b64 %rd1, k_param_0;\n}\n";
     let out = align_tensor_map_params(ptx).unwrap();
-    assert!(out.contains("\t.param .align 64 .b8 k_param_0[128],\n"), "{out}");
-    assert!(out.contains("\t.param .align 16 .b8 k_param_1[128]\n"), "{out}");
+    assert!(
+        out.contains("\t.param .align 64 .b8 k_param_0[128],\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\t.param .align 16 .b8 k_param_1[128]\n"),
+        "{out}"
+    );
     let missing = ptx.replace("// rgk:tensor_map k 0", "// rgk:tensor_map k 2");
-    assert!(align_tensor_map_params(&missing).unwrap_err().contains("k_param_2"));
+    assert!(
+        align_tensor_map_params(&missing)
+            .unwrap_err()
+            .contains("k_param_2")
+    );
     let unmarked = ptx.replace("mov.b64 %rd1, k_param_0;", "mov.b64 %rd1, k_param_1;");
-    assert!(align_tensor_map_params(&unmarked).unwrap_err().contains("k_param_1"));
+    assert!(
+        align_tensor_map_params(&unmarked)
+            .unwrap_err()
+            .contains("k_param_1")
+    );
     assert!(align_tensor_map_params("// rgk:tensor_map k\n").is_err());
 
-    let matmul = host::Family::ALL.into_iter().find(|f| f.name() == "matmul").unwrap();
+    let matmul = host::Family::ALL
+        .into_iter()
+        .find(|f| f.name() == "matmul")
+        .unwrap();
     let sm90 = host::modules::images(matmul).sm90.ptx;
     let mut entries = 0;
     for t in ["nn", "nt", "tn", "tt"] {

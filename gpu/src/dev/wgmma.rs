@@ -112,8 +112,9 @@ pub trait Wgmma<Acc>: MmaElem {
     /// As for [`Wgmma::mma_ss`].
     unsafe fn mma_ss_tt(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32);
     /// `D (64 x N) = A B + (scale_d != 0 ? D : 0)` with both operands from descriptors and their
-    /// majorness chosen at compile time: `TA = 1` for an MN-major A (stored `[k][m]`), `TB = 1` for an MN-major B (stored
-    /// `[k][n]`); 0 for K-major. The GEMM's four storage combinations.
+    /// majorness chosen at compile time (wgmma's `imm-trans-a`, `imm-trans-b`): `TA = 1` for an MN-major A
+    /// (stored `[k][m]`), `TB = 1` for an MN-major B (stored `[k][n]`); 0 for K-major (A `[m][k]`,
+    /// B `[n][k]`). The GEMM's four storage combinations.
     ///
     /// # Safety
     /// As for [`Wgmma::mma_ss`].

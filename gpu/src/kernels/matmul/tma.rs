@@ -52,12 +52,15 @@ const fn b_tile(tb: u32) -> (usize, usize) {
     }
 }
 
-/// The kernel for one storage combination (`TA`, `TB`: 1 = that operand stored transposed).
+/// The kernel for one storage combination (`TA`, `TB`: 1 = that operand stored transposed). `B_MN`
+/// is `1 - TB`, wgmma's `imm-trans-b`: B stored as `[k][n]` (not transposed) is the MN-major
+/// operand, while a transposed A (`[k][m]`) is the MN-major one (`imm-trans-a = TA`).
 #[inline(always)]
 unsafe fn matmul_tma<
     T: MmaElem + Wgmma<[f32; 128]>,
     const TA: u32,
     const TB: u32,
+    const B_MN: u32,
     const AR: usize,
     const AC: usize,
     const BR: usize,
@@ -141,7 +144,7 @@ unsafe fn matmul_tma<
                     let b_desc = if TB == 1 { tb.desc_k_major(0, s) } else { tb.desc_mn_major(s) };
                     // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
                     // and stays until this warpgroup releases it after a covering wait.
-                    unsafe { T::mma_ss_t::<TA, TB>(&mut acc, a_desc, b_desc, 1) };
+                    unsafe { T::mma_ss_t::<TA, B_MN>(&mut acc, a_desc, b_desc, 1) };
                 });
                 commit();
                 acc.wait::<1>();
@@ -218,7 +221,7 @@ macro_rules! tma_entry_points {
             let map_a = crate::tensor_map_param!($name, 0, a_tile($ta).0);
             let map_b = crate::tensor_map_param!($name, 1, b_tile($tb).0);
             unsafe {
-                matmul_tma::<$t, $ta, $tb, { a_tile($ta).0 }, { a_tile($ta).1 }, { b_tile($tb).0 }, { b_tile($tb).1 }>(
+                matmul_tma::<$t, $ta, $tb, { 1 - $tb }, { a_tile($ta).0 }, { a_tile($ta).1 }, { b_tile($tb).0 }, { b_tile($tb).1 }>(
                     map_a, map_b, c, p,
                 )
             }
