@@ -586,8 +586,8 @@ fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
 }
 
 /// Which kernel a 16-bit product takes: on compute capability 9.0 with the default build, the Hopper
-/// kernel (`matmul_tma_*`: TMA, mbarrier pipeline, wgmma) wherever every row is 16-byte aligned and N
-/// is even, the `mma.sync` kernel (`matmul_tc_*`) elsewhere and always with `Build::Portable`. The
+/// kernel (`matmul_tma_*`: TMA, mbarrier pipeline, wgmma) wherever every row (A's, B's, C's) is
+/// 16-byte aligned, the `mma.sync` kernel (`matmul_tc_*`) elsewhere and always with `Build::Portable`. The
 /// Hopper kernel is then checked against the f64 reference on products with more output tiles than
 /// the device has SMs (each persistent CTA walks several tiles, across batch entries, with tails in
 /// M, N and K), both operands batched or one broadcast, every transpose, both dtypes.

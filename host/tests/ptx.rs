@@ -117,7 +117,7 @@ fn tensor_map_parameters_are_declared_64_byte_aligned() {
     let mut entries = 0;
     for t in ["nn", "nt", "tn", "tt"] {
         for dt in ["f16", "bf16"] {
-            for i in 0..2 {
+            for i in 0..3 {
                 let decl = format!(".param .align 64 .b8 matmul_tma_{t}_{dt}_param_{i}[128]");
                 assert!(sm90.contains(&decl), "sm_90 matmul PTX lacks `{decl}`");
             }

@@ -13,3 +13,18 @@ pub fn sync_warp(mask: u32) {
     // SAFETY: only synchronises the named lanes.
     unsafe { core::arch::asm!("bar.warp.sync {0};", in(reg32) mask, options(nostack)) }
 }
+
+/// `bar.sync id, threads`: a barrier for the `threads` threads (a multiple of 32) that name barrier
+/// `id` (1..16; 0 is [`sync_threads`]'s): one warpgroup of a warp-specialised kernel synchronises
+/// without stopping the others. Orders the shared-memory accesses of the threads taking part.
+///
+/// # Safety
+/// Exactly `threads` threads, whole warps, reach barrier `id` each time it is used, and no other
+/// use of `id` with another count overlaps.
+#[inline(always)]
+pub unsafe fn named_barrier(id: u32, threads: u32) {
+    // SAFETY: the caller's.
+    unsafe {
+        core::arch::asm!("bar.sync {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack))
+    }
+}

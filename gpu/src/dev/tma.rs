@@ -87,6 +87,40 @@ impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS> {
             p += 1;
         }
     }
+
+    /// Copies `tile` to the `BOX_ROWS x C` block of the tensor whose first element is at (column
+    /// `inner`, row `outer`, batch `batch`): one box per 64-column panel. Elements of the box outside
+    /// the tensor are not written. Completes asynchronously in this thread's bulk group (see
+    /// [`bulk_commit`], [`bulk_wait_read`]).
+    ///
+    /// # Safety
+    /// Issued by one thread after the tile's writers made their writes visible to the async proxy
+    /// (`fence.proxy.async.shared::cta` in each writer, then a barrier with this thread); nobody
+    /// writes the tile until a [`bulk_wait_read`] covering this store; the tensor's memory is this
+    /// kernel's to write.
+    #[inline(always)]
+    pub unsafe fn store<const C: usize>(
+        self,
+        tile: SwizzledTile<BOX_ROWS, C>,
+        inner: i32,
+        outer: i32,
+        batch: i32,
+    ) {
+        let mut p = 0;
+        while p < C / 64 {
+            let src = tile.chunk_addr(0, 8 * p as u32);
+            // SAFETY: the caller's; `src` is panel p's 1024-aligned base inside the tile.
+            unsafe {
+                core::arch::asm!(
+                    "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [{m}, {{{x}, {y}, {z}}}], [{s}];",
+                    m = in(reg64) self.addr, s = in(reg32) src,
+                    x = in(reg32) inner + 64 * p as i32, y = in(reg32) outer, z = in(reg32) batch,
+                    options(nostack)
+                )
+            }
+            p += 1;
+        }
+    }
 }
 
 /// Declares parameters `$index`.. of kernel `$entry` to be tensor maps: write it beside the kernel,
@@ -100,6 +134,30 @@ macro_rules! tensor_map_params {
             "// rgk:tensor_map ", stringify!($entry), " ", stringify!($index)
         ));)+
     };
+}
+
+/// `cp.async.bulk.commit_group`: closes this thread's bulk stores ([`TensorMapRef::store`]) issued
+/// since the last commit into a bulk group.
+#[inline(always)]
+pub fn bulk_commit() {
+    // SAFETY: bookkeeping of this thread's bulk copies.
+    unsafe { core::arch::asm!("cp.async.bulk.commit_group;", options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group.read N`: blocks until at most `N` of this thread's bulk groups still
+/// read their shared-memory source (after which the source may be rewritten).
+#[inline(always)]
+pub fn bulk_wait_read<const N: u32>() {
+    // SAFETY: waits; not `nomem`, so shared-memory writes after it stay after it.
+    unsafe { core::arch::asm!("cp.async.bulk.wait_group.read {n};", n = const N, options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group N`: blocks until at most `N` of this thread's bulk groups are pending
+/// (their writes to global memory done): before the kernel's shared memory goes away.
+#[inline(always)]
+pub fn bulk_wait<const N: u32>() {
+    // SAFETY: waits.
+    unsafe { core::arch::asm!("cp.async.bulk.wait_group {n};", n = const N, options(nostack)) }
 }
 
 /// The [`TensorMapRef`] of by-value kernel parameter number `$index` (from 0) of kernel `$entry`,

@@ -257,6 +257,9 @@ pub mod matmul_tc {
 ///   tile is one box and an MN-major tile one box per 64 columns.
 /// - The producer warpgroup gives registers back (`setmaxnreg.dec` to [`PRODUCER_REGS`]), the
 ///   consumers take them ([`CONSUMER_REGS`]); one producer thread issues every copy.
+/// - Epilogue: each consumer writes its 64 x 256 tile in two 64 x 128 halves to its own staging
+///   tile ([`STAGING_BYTES`]) and stores each half with TMA without waiting for it, so the copy to
+///   global memory overlaps the next tile's first k-tiles.
 /// - Persistent: `min(tiles, SMs)` CTAs walk the tiles `blockIdx.x, + gridDim.x, ...` in
 ///   [`matmul_tc::tile_coords`] order within each batch; the producer runs ahead into the next tile
 ///   while the consumers store the last one.
@@ -273,8 +276,13 @@ pub mod matmul_tma {
     pub const CONSUMER_REGS: u32 = 232;
     /// Bytes of one stage: A's `BM x BK` and B's `BN x BK` tiles.
     pub const STAGE_BYTES: u32 = (BM + BN) * BK * 2;
-    /// Dynamic shared memory: the stages and two 8-byte barriers a stage.
-    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 16 * STAGES;
+    /// Shared memory of the pipeline (its stages and two 8-byte barriers a stage), rounded up to a
+    /// 1024-byte swizzle atom.
+    pub const PIPELINE_BYTES: u32 = (STAGES * STAGE_BYTES + 16 * STAGES).next_multiple_of(1024);
+    /// One consumer's staging tile for C: 64 rows x 128 columns of 16-bit elements.
+    pub const STAGING_BYTES: u32 = 64 * 128 * 2;
+    /// Dynamic shared memory: the pipeline, then the two consumers' staging tiles.
+    pub const SMEM_BYTES: u32 = PIPELINE_BYTES + 2 * STAGING_BYTES;
     /// Largest M, N or K (TMA coordinates are signed 32-bit).
     pub const MAX_DIM: u64 = (1 << 31) - 256;
     /// Most output tiles of one product times its batch (the persistent loop's u32 tile index).
@@ -289,9 +297,9 @@ pub mod matmul_tma {
     }
 }
 
-/// Parameters of one `matmul_tma_*` launch (A and B come as tensor maps: see `host::ops::matmul`).
-/// C is `M x N` with leading dim `ldc`, product `z` at `z * stride_c`; `a_batched` / `b_batched`
-/// say whether an operand has a batch dim (0: one matrix broadcast over the batch).
+/// Parameters of one `matmul_tma_*` launch (A, B and C come as tensor maps: see
+/// `host::ops::matmul`). `a_batched` / `b_batched` say whether an operand has a batch dim (0: one
+/// matrix broadcast over the batch).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulTma {
@@ -303,11 +311,9 @@ pub struct MatmulTma {
     pub tiles_n: u32,
     pub a_batched: u32,
     pub b_batched: u32,
-    pub ldc: u64,
-    pub stride_c: u64,
 }
 
-// SAFETY: #[repr(C)], eight 4-byte fields then two 8-byte fields (offset 32): no padding.
+// SAFETY: #[repr(C)], eight 4-byte fields: no padding.
 unsafe impl KernelParam for MatmulTma {}
 
 /// How a kernel reaches the rows of a 16-bit operand in global memory.

@@ -12,24 +12,32 @@
 //! warpgroups 1, 2 (consumers, 232 registers; rows 64 (w - 1).. of the tile), per tile:
 //!     per k-tile: wait full[s]; 4 wgmma m64n256k16 from the stage, commit;
 //!         wait until the previous k-tile's group retired, release its stage
-//!     retire the last group, release its stage, store C (rounded to T) from registers
+//!     retire the last group, release its stage;
+//!     per 64 x 128 half of its C tile: wait until its last TMA store has read the staging tile,
+//!     write the half (rounded to T) there, fence, TMA-store it (not waited for)
 //! ```
 //! The producer is never more than `STAGES` k-tiles ahead, and crosses tile boundaries freely, so
 //! the next tile's first stages load while the consumers store C.
 use crate::dev::elem::{BF16, F16};
 use crate::dev::mbarrier::{PipeState, Pipeline};
-use crate::dev::mem::{SliceMut, store_u32};
 use crate::dev::mma::MmaElem;
-use crate::dev::shared::{check_index, dynamic_base};
-use crate::dev::sync::sync_threads;
+use crate::dev::shared::{SharedScalar, dynamic_base};
+use crate::dev::sync::{named_barrier, sync_threads};
 use crate::dev::thread::{block_idx_x, grid_dim_x, lane_id, thread_idx_x};
-use crate::dev::tma::TensorMapRef;
+use crate::dev::tma::{TensorMapRef, bulk_commit, bulk_wait, bulk_wait_read};
 use crate::dev::wgmma::{
-    Accumulator, SwizzledTile, Wgmma, commit, fence, set_max_registers_dec, set_max_registers_inc,
+    Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async, set_max_registers_dec,
+    set_max_registers_inc,
 };
 use crate::params::matmul_tc::tile_coords;
-use crate::params::matmul_tma::{BK, BM, BN, CONSUMER_REGS, PRODUCER_REGS, STAGES, THREADS};
+use crate::params::matmul_tma::{
+    BK, BM, BN, CONSUMER_REGS, PIPELINE_BYTES, PRODUCER_REGS, STAGES, STAGING_BYTES, THREADS,
+};
 use crate::params::{MatmulTma, TensorMapParam};
+
+/// A consumer's staging tile for C: 64 rows x 128 columns (half its 64 x 256 accumulator), in the
+/// 128-byte-swizzle layout its TMA store reads (two 64-column boxes).
+type Staging = SwizzledTile<64, 128>;
 use crate::unroll;
 
 /// Shared tile `(rows, cols)` of A's k-tile: K-major (`[m][k]`, `TA = 0`) 128 x 64, one box;
@@ -68,7 +76,7 @@ unsafe fn matmul_tma<
 >(
     map_a: TensorMapRef<AR>,
     map_b: TensorMapRef<BR>,
-    c: SliceMut<T>,
+    map_c: TensorMapRef<64>,
     p: MatmulTma,
 ) {
     let pipe = Pipeline::<(SwizzledTile<AR, AC>, SwizzledTile<BR, BC>), { STAGES as usize }>::at(
@@ -80,6 +88,7 @@ unsafe fn matmul_tma<
         unsafe { pipe.init(2) };
         map_a.prefetch();
         map_b.prefetch();
+        map_c.prefetch();
     }
     sync_threads();
     let per_batch = p.tiles_m * p.tiles_n;
@@ -128,6 +137,7 @@ unsafe fn matmul_tma<
         set_max_registers_inc::<CONSUMER_REGS>();
         let wg = tid / 128 - 1;
         let elected = tid % 128 == 0;
+        let staging = Staging::at(dynamic_base() + PIPELINE_BYTES + wg * STAGING_BYTES);
         let mut at = PipeState::START;
         let mut t = block_idx_x();
         while t < tiles {
@@ -161,44 +171,62 @@ unsafe fn matmul_tma<
                 // SAFETY: as above; every wgmma of this tile has retired.
                 unsafe { pipe.consumer_release(prev) };
             }
-            store_tile(&acc, c, &p, z, m0 + 64 * wg, n0);
+            store_tile::<T>(&acc, map_c, staging, wg, elected, z, m0 + 64 * wg, n0);
             t += grid_dim_x();
+        }
+        if elected {
+            // The last stores must have read shared memory before the CTA's memory goes away.
+            bulk_wait::<0>();
         }
     }
 }
 
-/// Stores a consumer warpgroup's 64 x 256 accumulator (rows from `row0`, columns from `n0`) to C,
-/// rounded to `T`: thread (warp `w`, lane `g * 4 + q`) holds rows `16 w + g` and `+ 8`, columns
-/// `8 j + 2 q, + 1` for `j < 32` (the wgmma accumulator layout), stored as 4-byte pairs. Rows and
-/// columns past C are skipped (the launcher guarantees an even N, so a pair is in or out whole).
+/// Stores a consumer warpgroup's 64 x 256 accumulator (rows from `row0`, columns from `n0`, batch
+/// `z`) to C, rounded to `T`, in two 64 x 128 halves: each half is written to the warpgroup's
+/// staging tile, then one thread stores it with TMA (two boxes; the copy engine skips rows and
+/// columns past C) and the warpgroup goes on while the copy runs. Thread (warp `w`, lane `g * 4 + q`)
+/// holds rows `16 w + g` and `+ 8`, columns `8 j + 2 q, + 1` for `j < 32` (the wgmma accumulator
+/// layout); in the swizzled staging tile the eight rows `g` of one column chunk land on eight
+/// different 16-byte bank groups, so the 4-byte writes of a warp hit 32 distinct banks.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn store_tile<T: MmaElem>(
     acc: &[f32; 128],
-    c: SliceMut<T>,
-    p: &MatmulTma,
+    map_c: TensorMapRef<64>,
+    staging: Staging,
+    wg: u32,
+    elected: bool,
     z: u32,
     row0: u32,
     n0: u32,
 ) {
     let lane = lane_id();
     let (g, q) = (lane / 4, lane % 4);
-    let row = row0 + 16 * ((thread_idx_x() % 128) / 32) + g;
-    let base = z as u64 * p.stride_c;
-    let words = c.ptr as *mut u32;
-    unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-        let col = n0 + 8 * j as u32 + 2 * q;
-        if col < p.n {
-            unroll!(h in [0, 1] {
-                let r = row + 8 * h as u32;
-                if r < p.m {
-                    let at = base + r as u64 * p.ldc + col as u64;
-                    check_index((at + 1) as usize, c.len as usize);
-                    // SAFETY: (r, col) and (r, col + 1) are inside C (bounds above, N even, the
-                    // launcher-validated size); ldc and the batch stride are even and C's base
-                    // 16-byte aligned, so the word is aligned; each pair has one writer.
-                    unsafe { store_u32(words, at / 2, T::pack2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])) };
-                }
+    let row = 16 * ((thread_idx_x() % 128) / 32) + g;
+    unroll!(h in [0, 1] {
+        if elected {
+            // The previous store from this tile has read it.
+            bulk_wait_read::<0>();
+        }
+        // SAFETY: the 128 threads of this consumer warpgroup, barrier 1 + wg (1 or 2) theirs alone.
+        unsafe { named_barrier(1 + wg, 128) };
+        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let col = 8 * j as u32 + 2 * q;
+            unroll!(r in [0, 1] {
+                let i = 4 * (16 * h + j) + 2 * r;
+                // SAFETY: (row + 8 r, col) is inside the staging tile (row < 64, col < 128, even,
+                // so 4-byte aligned); each word has one writer; the tile is free (the wait above).
+                unsafe { u32::st_shared(staging.elem_addr(row + 8 * r as u32, col), T::pack2(acc[i], acc[i + 1])) };
             });
+        });
+        fence_proxy_async();
+        // SAFETY: as above.
+        unsafe { named_barrier(1 + wg, 128) };
+        if elected {
+            // SAFETY: every writer fenced its writes and passed the barrier; the tile is not
+            // rewritten before the `bulk_wait_read` of the next half or tile.
+            unsafe { map_c.store(staging, (n0 + 128 * h as u32) as i32, row0 as i32, z as i32) };
+            bulk_commit();
         }
     });
 }
@@ -207,22 +235,23 @@ macro_rules! tma_entry_points {
     ($($name:ident: $t:ty, $ta:literal, $tb:literal;)*) => {$(
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
         crate::launch_bounds!($name, THREADS, 1);
-        crate::tensor_map_params!($name, 0, 1);
-        /// `C = op(A) op(B)` for one storage combination (see the module doc): `a_map` and `b_map`
-        /// are tensor maps of A and B (`host::ops::matmul`), grid `min(tiles, SMs)`, 384 threads,
-        /// `matmul_tma::SMEM_BYTES` of dynamic shared memory.
+        crate::tensor_map_params!($name, 0, 1, 2);
+        /// `C = op(A) op(B)` for one storage combination (see the module doc): `a_map`, `b_map` and
+        /// `c_map` are tensor maps of A, B and C (`host::ops::matmul`), grid `min(tiles, SMs)`, 384
+        /// threads, `matmul_tma::SMEM_BYTES` of dynamic shared memory.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             _a_map: TensorMapParam,
             _b_map: TensorMapParam,
-            c: SliceMut<$t>,
+            _c_map: TensorMapParam,
             p: MatmulTma,
         ) {
             let map_a = crate::tensor_map_param!($name, 0, a_tile($ta).0);
             let map_b = crate::tensor_map_param!($name, 1, b_tile($tb).0);
+            let map_c = crate::tensor_map_param!($name, 2, 64);
             unsafe {
                 matmul_tma::<$t, $ta, $tb, { 1 - $tb }, { a_tile($ta).0 }, { a_tile($ta).1 }, { b_tile($tb).0 }, { b_tile($tb).1 }>(
-                    map_a, map_b, c, p,
+                    map_a, map_b, map_c, p,
                 )
             }
         }

@@ -458,8 +458,8 @@ fn tc_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str>
 /// - f32: [`Precision::default()`] (3xTF32 on tensor cores, fp32-class accuracy; see
 ///   [`matmul_with`] to choose).
 /// - f16 / bf16: tensor cores with f32 accumulation and one rounding to the dtype at the end. On
-///   compute capability 9.0 (H100, H200) with the default build, products whose operand rows are
-///   16-byte aligned and whose N is even run the Hopper kernel (TMA copies, an mbarrier pipeline,
+///   compute capability 9.0 (H100, H200) with the default build, products whose rows (A's, B's and
+///   C's) are all 16-byte aligned run the Hopper kernel (TMA copies, an mbarrier pipeline,
 ///   `wgmma`); every other product runs the `mma.sync` kernel: any sizes; operands whose rows are
 ///   not 16-byte aligned (a leading dim that is not a multiple of 8, or a view at an odd offset)
 ///   take a slower element-wise load path there. [`matmul_kernel`] says which one a call takes.
@@ -695,16 +695,18 @@ fn tma_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str
     Some(NAMES[d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize])
 }
 
-/// The stored operands of a product of shape `d` as rank-3 tensors for the copy engine (A, then B),
-/// and the box heights of the Hopper kernel's tiles for them: a K-major tile is `BM` (A) or `BN` (B)
-/// rows of 64 k, an MN-major one `BK` rows of 64 m or n a box.
+/// The stored operands of a product of shape `d` as rank-3 tensors for the copy engine (A, B, then
+/// C at `c_ptr`), and the box heights of the Hopper kernel's tiles for them: a K-major tile is `BM`
+/// (A) or `BN` (B) rows of 64 k, an MN-major one `BK` rows of 64 m or n a box; C's staging tiles are
+/// 64 rows of 64 columns a box.
 fn tma_operands(
     a: &Tensor,
     b: &Tensor,
     d: &MatmulDims,
     ta: Transpose,
     tb: Transpose,
-) -> [(crate::tma::Tensor3, u32); 2] {
+    c_ptr: u64,
+) -> [(crate::tma::Tensor3, u32); 3] {
     let batch = d.batch.unwrap_or(1) as u64;
     let view = |t: &Tensor, (rows, cols): (usize, usize), batched: bool| crate::tma::Tensor3 {
         ptr: t.raw().ptr,
@@ -724,32 +726,48 @@ fn tma_operands(
     } else {
         tma::BK
     };
+    let c = crate::tma::Tensor3 {
+        ptr: c_ptr,
+        inner: d.n as u64,
+        outer: d.m as u64,
+        batch,
+        outer_stride: d.n as u64,
+        batch_stride: (d.m * d.n) as u64,
+    };
     [
         (view(a, d.a, d.a_batched), a_rows),
         (view(b, d.b, d.b_batched), b_rows),
+        (c, 64),
     ]
 }
 
-/// Whether `op(a) op(b)` of shape `d` (16-bit operands) takes the Hopper kernel: the device runs the
-/// sm_90 build, the copy engine can read both operands (16-byte aligned bases and rows, no empty
-/// dim), and C's rows hold whole 4-byte pairs (even N).
-fn tma_eligible(a: &Tensor, b: &Tensor, d: &MatmulDims, ta: Transpose, tb: Transpose) -> bool {
+/// Whether `op(a) op(b)` of shape `d` (16-bit operands, the output at `c_ptr`) takes the Hopper
+/// kernel: the device runs the sm_90 build and the copy engine can read and write all three
+/// matrices (16-byte aligned bases and rows, so N a multiple of 8; no empty dim).
+fn tma_eligible(
+    a: &Tensor,
+    b: &Tensor,
+    d: &MatmulDims,
+    ta: Transpose,
+    tb: Transpose,
+    c_ptr: u64,
+) -> bool {
     let tiles = tma::tiles(d.m as u64, d.n as u64) * d.batch.unwrap_or(1) as u64;
     a.gpu().ptx_arch() == "sm_90"
         && d.m > 0
-        && d.n.is_multiple_of(2)
         && d.k > 0
         && tiles <= tma::MAX_TILES
         && [d.m, d.n, d.k].iter().all(|&x| x as u64 <= tma::MAX_DIM)
-        && tma_operands(a, b, d, ta, tb)
+        && tma_operands(a, b, d, ta, tb, c_ptr)
             .iter()
             .all(|(t, _)| crate::tma::tma_readable(t))
 }
 
 /// The kernel [`matmul`] launches for these operands (f16/bf16 only; an error for f32, whose kernel
 /// depends on the [`Precision`], or for operands [`matmul`] refuses): `matmul_tma_*` (Hopper: TMA and
-/// wgmma) on the sm_90 build when every row is 16-byte aligned and N is even, `matmul_tc_*`
+/// wgmma) on the sm_90 build when every row is 16-byte aligned (N too), `matmul_tc_*`
 /// (`mma.sync`) otherwise. For reading a profile, or checking that a shape takes the fast path.
+/// (A fresh output is 256-byte aligned, so only N decides for C.)
 pub fn matmul_kernel(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<&'static str> {
     const OP: &str = "matmul_kernel";
     same_device_and_dtype(OP, a, b)?;
@@ -764,8 +782,7 @@ pub fn matmul_kernel(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Re
         });
     };
     tc_limits(OP, &d, &tc::DEFAULT)?;
-    // A fresh output is 256-byte aligned: the only condition on C is N's parity.
-    Ok(if tma_eligible(a, b, &d, ta, tb) {
+    Ok(if tma_eligible(a, b, &d, ta, tb, 256) {
         hopper
     } else {
         portable
@@ -773,8 +790,7 @@ pub fn matmul_kernel(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Re
 }
 
 /// Runs `out = op(a) op(b)` on the Hopper kernel (`matmul_tma_*`) when the device runs the sm_90
-/// build and [`tma_eligible`] holds (and C's base is 16-byte aligned); returns whether it ran. `d`
-/// passed `tc_limits`.
+/// build and [`tma_eligible`] holds; returns whether it ran. `d` passed `tc_limits`.
 fn tma_launch(
     a: &Tensor,
     b: &Tensor,
@@ -788,14 +804,15 @@ fn tma_launch(
     let Some(name) = tma_kernel(a.dtype(), ta, tb) else {
         return Ok(false);
     };
-    if !tma_eligible(a, b, d, ta, tb) || !out.raw().ptr.is_multiple_of(16) {
+    if !tma_eligible(a, b, d, ta, tb, out.raw().ptr) {
         return Ok(false);
     }
-    let operands = tma_operands(a, b, d, ta, tb);
+    let operands = tma_operands(a, b, d, ta, tb, out.raw().ptr);
     let tiles = tma::tiles(d.m as u64, d.n as u64) * batch;
-    let [(ta_view, a_rows), (tb_view, b_rows)] = operands;
-    let map_a = crate::tma::sw128_map(OP, a.dtype(), &ta_view, a_rows)?;
-    let map_b = crate::tma::sw128_map(OP, a.dtype(), &tb_view, b_rows)?;
+    let [(a_view, a_rows), (b_view, b_rows), (c_view, c_rows)] = operands;
+    let map_a = crate::tma::sw128_map(OP, a.dtype(), &a_view, a_rows)?;
+    let map_b = crate::tma::sw128_map(OP, a.dtype(), &b_view, b_rows)?;
+    let map_c = crate::tma::sw128_map(OP, a.dtype(), &c_view, c_rows)?;
     let (tiles_m, tiles_n) = (
         d.m.div_ceil(tma::BM as usize),
         d.n.div_ceil(tma::BN as usize),
@@ -809,8 +826,6 @@ fn tma_launch(
         tiles_n: tiles_n as u32,
         a_batched: d.a_batched as u32,
         b_batched: d.b_batched as u32,
-        ldc: d.n as u64,
-        stride_c: (d.m * d.n) as u64,
     };
     let sms = a.gpu().sm_count()?.max(1) as u64;
     let launch = cudarc::driver::LaunchConfig {
@@ -825,7 +840,7 @@ fn tma_launch(
         &[
             &ByValue(map_a),
             &ByValue(map_b),
-            &ByValue(out.raw()),
+            &ByValue(map_c),
             &ByValue(p),
         ],
     )?;
