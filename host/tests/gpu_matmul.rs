@@ -1,4 +1,5 @@
-//! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels `matmul_tc_*`) and
+//! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels `matmul_tc_*`, and
+//! `matmul_tma_*` on compute capability 9.0) and
 //! f32 in each [`Precision`] (3xTF32 and TF32 on tensor cores, `matmul_tf32x3_*_f32` and
 //! `matmul_tf32_*_f32`, and IEEE on CUDA cores, `matmul_simt_*_f32`), through the same shape grids.
 //!
@@ -672,78 +673,4 @@ fn matmul_hopper_kernel_takes_aligned_products() {
     // f32 products choose by precision: no single answer.
     let a = Tensor::empty(&gpu, &[4, 4], DType::F32).unwrap();
     assert!(matmul::matmul_kernel(&a, &a, Transpose::No, Transpose::No).is_err());
-}
-
-#[test]
-fn zz_diag_tma() {
-    let Some(_g) = gpu_or_skip("zz_diag_tma") else {
-        return;
-    };
-    let mut rng = rng("zz_diag_tma");
-    for (m, n, k, bt) in [
-        (128usize, 256usize, 64usize, None),
-        (128, 256, 128, None),
-        (256, 512, 192, None),
-        (136, 264, 72, None),
-        (136, 264, 72, Some(2)),
-        (1032, 520, 136, Some(8)),
-    ] {
-        for dtype in DTYPES {
-            for (ta, tb) in TRANSPOSES {
-                let gpu = Gpu::new(0).unwrap();
-                let c = Case {
-                    batch_a: bt,
-                    batch_b: bt,
-                    ..case(m, n, k, ta, tb, dtype)
-                };
-                let a = uniform(
-                    &mut rng,
-                    &stored(c.batch_a, c.m, c.k, c.ta),
-                    -1.0,
-                    1.0,
-                    c.dtype,
-                );
-                let b = uniform(
-                    &mut rng,
-                    &stored(c.batch_b, c.k, c.n, c.tb),
-                    -1.0,
-                    1.0,
-                    c.dtype,
-                );
-                let (da, db) = (
-                    Tensor::from_host(&gpu, &a).unwrap(),
-                    Tensor::from_host(&gpu, &b).unwrap(),
-                );
-                let name = matmul::matmul_kernel(&da, &db, ta, tb).unwrap();
-                let out = matmul::matmul(&da, &db, ta, tb).and_then(|o| o.to_host());
-                match out {
-                    Err(e) => {
-                        println!("DIAG {m}x{n}x{k} b{bt:?} {dtype:?} {ta:?}{tb:?} {name}: ERR {e}")
-                    }
-                    Ok(out) => {
-                        let mut worst = (0.0f64, 0usize, 0usize, 0usize, 0.0f32, 0.0f64);
-                        let mut bad = 0usize;
-                        for z in 0..bt.unwrap_or(1) {
-                            for i in 0..m {
-                                let want = reference::matmul_row(&a, &b, ta, tb, z, i).unwrap();
-                                let got = &out.data[(z * m + i) * n..][..n];
-                                for j in 0..n {
-                                    let e = (got[j] as f64 - want[j]).abs();
-                                    if !(e < 0.05) {
-                                        bad += 1;
-                                    }
-                                    if !(e <= worst.0) {
-                                        worst = (e, z, i, j, got[j], want[j]);
-                                    }
-                                }
-                            }
-                        }
-                        println!(
-                            "DIAG {m}x{n}x{k} b{bt:?} {dtype:?} {ta:?}{tb:?} {name}: bad {bad} worst {worst:?}"
-                        );
-                    }
-                }
-            }
-        }
-    }
 }

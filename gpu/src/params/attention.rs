@@ -176,6 +176,27 @@ pub const FLASH_WG_D64_Q64: FlashWgmmaConfig = FlashWgmmaConfig {
     min_blocks: 3,
 };
 
+/// The warp-specialised TMA forward (`flash_tma_fwd_d128_*`, `kernels/attention/flash_tma.rs`): two
+/// consumer warpgroups of 64 query rows (the tile sizes of [`FLASH_WG_D128`]) and one producer
+/// warpgroup that loads Q once and K and V tiles by TMA into two mbarrier rings of `stages` each.
+pub const FLASH_TMA_D128: FlashWgmmaConfig = FLASH_WG_D128;
+/// Threads of the warp-specialised forward: one producer and two consumer warpgroups.
+pub const FLASH_TMA_THREADS: usize = 384;
+/// Registers a thread of its producer and consumer warpgroups (`setmaxnreg`).
+pub const FLASH_TMA_PRODUCER_REGS: u32 = 40;
+pub const FLASH_TMA_CONSUMER_REGS: u32 = 232;
+/// Its dynamic shared memory: the Q tile, the K ring and the V ring (each `stages` tiles and two
+/// 8-byte barriers a stage, rounded up to 1024 bytes), and Q's barrier.
+pub const fn flash_tma_smem_bytes(c: FlashWgmmaConfig) -> usize {
+    let tile = c.block_k * c.head_dim * 2;
+    let ring = (c.stages * tile + 16 * c.stages).next_multiple_of(1024);
+    c.block_q * c.head_dim * 2 + 2 * ring + 8
+}
+const _: () = assert!(
+    FLASH_TMA_PRODUCER_REGS * 128 + FLASH_TMA_CONSUMER_REGS * 256 <= 65536
+        && flash_tma_smem_bytes(FLASH_TMA_D128) <= 227 * 1024
+);
+
 /// Every wgmma config a kernel is instantiated with.
 pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] = [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_Q64];
 

@@ -372,7 +372,7 @@ fn negate_tile<const ROWS: usize, const D: usize, const TH: usize>(tile: Swizzle
 
 /// `O *= alpha` per row (`acc[4n], acc[4n + 1]`: row g; `acc[4n + 2], acc[4n + 3]`: row g + 8).
 #[inline(always)]
-fn rescale<const ON: usize>(acc: &mut [f32; ON], alpha: [f32; 2]) {
+pub(super) fn rescale<const ON: usize>(acc: &mut [f32; ON], alpha: [f32; 2]) {
     unroll_lt!(n < ON / 4, {
         acc[4 * n] *= alpha[0];
         acc[4 * n + 1] *= alpha[0];
@@ -400,7 +400,7 @@ pub(super) fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 1
 
 /// For this thread's two rows (`row`, `row + 8`): the first key index that row may not see.
 #[inline(always)]
-fn key_limits(row: u32, sk: u32, diag: i32, causal: bool) -> [i32; 2] {
+pub(super) fn key_limits(row: u32, sk: u32, diag: i32, causal: bool) -> [i32; 2] {
     let limit = |r: u32| {
         if causal {
             (r as i32 + diag + 1).min(sk as i32)
@@ -414,7 +414,7 @@ fn key_limits(row: u32, sk: u32, diag: i32, causal: bool) -> [i32; 2] {
 /// Sets scores of keys at or past each row's limit to -inf (tile keys start at `n0`). `s[4n + e]` is
 /// row `g`, key `n0 + 8n + 2q + e`; `s[4n + 2 + e]` row `g + 8`, same key.
 #[inline(always)]
-fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: [i32; 2]) {
+pub(super) fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: [i32; 2]) {
     let first = (n0 + 2 * (lane_id() % 4)) as i32;
     unroll_lt!(n < SN / 4, {
         unroll!(e in [0, 1] {
@@ -431,7 +431,7 @@ fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: [i32; 2]) {
 
 /// Running max (`m`, of raw scores) and this thread's partial row sums (`l`) of its two rows, as in
 /// the `mma.sync` kernel; `c = |scale| log2(e) > 0`.
-struct OnlineSoftmax {
+pub(super) struct OnlineSoftmax {
     m: [f32; 2],
     l: [f32; 2],
     c: f32,
@@ -439,7 +439,7 @@ struct OnlineSoftmax {
 
 impl OnlineSoftmax {
     #[inline(always)]
-    fn new(c: f32) -> Self {
+    pub(super) fn new(c: f32) -> Self {
         Self {
             m: [f32::NEG_INFINITY; 2],
             l: [0.0; 2],
@@ -450,7 +450,7 @@ impl OnlineSoftmax {
     /// Replaces the raw scores by `exp2(s c - m_new c)` and returns each row's rescale factor
     /// `exp2(m_old c - m_new c)` for the output accumulator.
     #[inline(always)]
-    fn update<const SN: usize>(&mut self, s: &mut [f32; SN]) -> [f32; 2] {
+    pub(super) fn update<const SN: usize>(&mut self, s: &mut [f32; SN]) -> [f32; 2] {
         let mut alpha = [0.0f32; 2];
         unroll!(r in [0, 1] {
             let mut m = self.m[r];
@@ -483,7 +483,7 @@ impl OnlineSoftmax {
 /// CTA's first row; `out_row0` = global row index (over batch*heads*seq_q) of the warp's first row.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON: usize>(
+pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON: usize>(
     acc: &[f32; ON],
     softmax: &OnlineSoftmax,
     staging: SwizzledTile<BQ, D>,

@@ -37,9 +37,9 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_D64_Q64, FlashWgmmaConfig,
-    MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config, flash_wg_bwd_config,
-    flash_wgmma_config, naive,
+    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_D128, FLASH_TMA_THREADS,
+    FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config,
+    flash_config, flash_tma_smem_bytes, flash_wg_bwd_config, flash_wgmma_config, naive,
 };
 
 use crate::DType;
@@ -410,7 +410,10 @@ pub fn flash_forward(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    let variant = flash_wgmma_variant(q.gpu(), &d, params);
+    let mut variant = flash_wgmma_variant(q.gpu(), &d, params);
+    if variant == FLASH_TMA_VARIANT && flash_tma_views(q, k, v, &d).is_none() {
+        variant = 1;
+    }
     flash_launch(OP, q, k, v, params, &d, scale, variant)
 }
 
@@ -430,7 +433,7 @@ fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> 
     let ctas_of_128_rows = d.seq_q.div_ceil(128) as u64 * d.heads as u64 * d.batch as u64;
     let sms = gpu.sm_count().unwrap_or(0) as u64;
     match (d.head_dim, params.causal) {
-        (128, _) => 1,
+        (128, _) => FLASH_TMA_VARIANT,
         (64, _) if ctas_of_128_rows < 2 * sms => 4,
         (64, Causal::Yes) => 2,
         (64, Causal::No) => 1,
@@ -451,6 +454,13 @@ fn flash_launch(
     scale: f32,
     variant: u32,
 ) -> Result<(Tensor, Tensor)> {
+    if variant == FLASH_TMA_VARIANT {
+        let (o, lse) = outputs(q, d)?;
+        if d.batch * d.heads * d.seq_q == 0 {
+            return Ok((o, lse));
+        }
+        return flash_tma_launch(op, q, k, v, params, d, scale, (o, lse));
+    }
     // (kernel, query rows a CTA, threads, dynamic shared memory bytes)
     let kernel = if variant == 0 {
         flash_config(d.head_dim)
@@ -494,6 +504,82 @@ fn flash_launch(
     Ok((o, lse))
 }
 
+/// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d128_*`, D = 128).
+const FLASH_TMA_VARIANT: u32 = 5;
+
+/// Q, K and V as rank-3 tensors `[batch * heads][seq][D]` for the copy engine, or `None` when it
+/// cannot read them (a base not 16-byte aligned). With no keys the kernel loads no K or V tile, and
+/// their maps describe one row of Q's memory (a map cannot be empty).
+fn flash_tma_views(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    d: &Dims,
+) -> Option<[crate::tma::Tensor3; 3]> {
+    let view = |t: &Tensor, seq: usize| crate::tma::Tensor3 {
+        ptr: if seq == 0 { q.raw().ptr } else { t.raw().ptr },
+        inner: d.head_dim as u64,
+        outer: seq.max(1) as u64,
+        batch: (d.batch * d.heads) as u64,
+        outer_stride: d.head_dim as u64,
+        batch_stride: (seq.max(1) * d.head_dim) as u64,
+    };
+    let views = [view(q, d.seq_q), view(k, d.seq_k), view(v, d.seq_k)];
+    views.iter().all(crate::tma::tma_readable).then_some(views)
+}
+
+/// Runs the warp-specialised TMA forward (variant [`FLASH_TMA_VARIANT`]) into `(o, lse)`; the
+/// caller checked [`flash_tma_views`] and a non-empty output.
+#[allow(clippy::too_many_arguments)]
+fn flash_tma_launch(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+    d: &Dims,
+    scale: f32,
+    (o, lse): (Tensor, Tensor),
+) -> Result<(Tensor, Tensor)> {
+    let c = FLASH_TMA_D128;
+    let name = match q.dtype() {
+        DType::F16 => "flash_tma_fwd_d128_f16",
+        DType::BF16 => "flash_tma_fwd_d128_bf16",
+        DType::F32 => unreachable!("validate accepts 16-bit dtypes only for FlashAttention"),
+    };
+    let Some([vq, vk, vv]) = flash_tma_views(q, k, v, d) else {
+        unreachable!("the variant is chosen only where the copy engine reads Q, K and V")
+    };
+    let map_q = crate::tma::sw128_map(op, q.dtype(), &vq, c.block_q as u32)?;
+    let map_k = crate::tma::sw128_map(op, q.dtype(), &vk, c.block_k as u32)?;
+    let map_v = crate::tma::sw128_map(op, q.dtype(), &vv, c.block_k as u32)?;
+    let q_blocks = u32::try_from(d.seq_q.div_ceil(c.block_q)).map_err(|_| Error::TooLarge {
+        op,
+        what: "query blocks",
+        given: d.seq_q.div_ceil(c.block_q) as u64,
+        max: u32::MAX as u64,
+    })?;
+    let launch = LaunchConfig {
+        grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
+        block_dim: (FLASH_TMA_THREADS as u32, 1, 1),
+        shared_mem_bytes: flash_tma_smem_bytes(c) as u32,
+    };
+    launch_cfg_large_smem(
+        q.gpu(),
+        name,
+        launch,
+        &[
+            &ByValue(map_q),
+            &ByValue(map_k),
+            &ByValue(map_v),
+            &ByValue(o.raw()),
+            &ByValue(lse.raw()),
+            &ByValue(shape_param(d, params, scale, 0)),
+        ],
+    )?;
+    Ok((o, lse))
+}
+
 /// The wgmma (Hopper) kernel of variant 1 (plain schedule, D 64 and 128), 2 (overlapped, D = 64) or
 /// 4 (overlapped, one warpgroup of 64 query rows a CTA, 128-key tiles, D = 64) for a head dim and
 /// dtype, with its config.
@@ -525,7 +611,7 @@ fn flash_wgmma_kernel(
 /// [`flash_forward`] runs for some shape; the selector lets the tests cover every kernel on every
 /// shape.
 #[doc(hidden)]
-pub const FLASH_VARIANTS: [u32; 4] = [0, 1, 2, 4];
+pub const FLASH_VARIANTS: [u32; 5] = [0, 1, 2, 4, FLASH_TMA_VARIANT];
 
 /// Whether `gpu` runs FlashAttention kernel `variant` at head dim `head_dim`: 0 with the sm_80 build
 /// (see `Build::Portable` to run it on a 9.0 device), the wgmma kernels with the sm_90 build.
@@ -535,6 +621,7 @@ pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32, head_dim: usize) 
         0 => gpu.ptx_arch() == "sm_80",
         1 => gpu.ptx_arch() == "sm_90",
         2 | 4 => gpu.ptx_arch() == "sm_90" && head_dim == 64,
+        FLASH_TMA_VARIANT => gpu.ptx_arch() == "sm_90" && head_dim == 128,
         _ => false,
     }
 }
@@ -552,12 +639,14 @@ pub fn flash_forward_variant(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward_variant";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    if !flash_variant_supported(q.gpu(), variant, d.head_dim) {
+    let tma_blocked = variant == FLASH_TMA_VARIANT && flash_tma_views(q, k, v, &d).is_none();
+    if !flash_variant_supported(q.gpu(), variant, d.head_dim) || tma_blocked {
         return Err(Error::Invalid {
             op: OP,
             msg: format!(
-                "no FlashAttention kernel {variant} at head dim {} in the {} build (kernels: 0 in \
-                 the sm_80 build; 1 in the sm_90 build; 2 and 4 there at head dim 64)",
+                "no FlashAttention kernel {variant} at head dim {} in the {} build for these \
+                 tensors (kernels: 0 in the sm_80 build; 1 in the sm_90 build; 2 and 4 there at \
+                 head dim 64; 5 there at head dim 128 for 16-byte aligned Q, K, V)",
                 d.head_dim,
                 q.gpu().ptx_arch()
             ),

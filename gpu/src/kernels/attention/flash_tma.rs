@@ -1,0 +1,268 @@
+//! FlashAttention forward, warp-specialised on the Hopper pipeline (sm_90 build only): entry points
+//! `flash_tma_fwd_d128_{f16,bf16}`. Same contract (masking, LSE, any S_q / S_k, scale sign) as the
+//! other forward kernels; the masking, online softmax, P packing and epilogue are those of
+//! `flash_wgmma.rs`, shared.
+//!
+//! One CTA per (block of 128 query rows, head, batch), 384 threads:
+//! ```text
+//! warpgroup 0 (producer, 40 registers), thread 0:
+//!     TMA Q's 128 rows once (Q's barrier); per K/V tile j: acquire a K stage, TMA K(j);
+//!     acquire a V stage, TMA V(j)          (two rings of 2 stages; rows past S_k arrive as zeros)
+//! warpgroups 1, 2 (consumers, 232 registers; query rows 64 (w - 1)..): wait for Q, then per tile j
+//!     wait K(j); S(j) = Q K(j)^T: issue, commit
+//!     j > 0: wait V(j-1); O += P(j-1) V(j-1): issue, commit; wait for S(j) only (P V runs on)
+//!     release K(j); mask, softmax(j)
+//!     wait for P V(j-1); release V(j-1); rescale O; P(j) = pack(S(j))
+//!     ... after the loop: wait V(n-1); O += P V; wait; release; store O and LSE
+//! ```
+//! Causally invisible tiles are never loaded: both roles walk the same `n_tiles` (the last key this
+//! block's last row sees). Heaviest query blocks first, as in the other kernels. The producer's
+//! copies of the next tiles run while the consumers compute, with no block-wide barrier in the loop.
+use crate::dev::elem::{BF16, F16};
+use crate::dev::math::{LOG2_E, max};
+use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, fence_init};
+use crate::dev::mem::SliceMut;
+use crate::dev::shared::{check_index, dynamic_base, ld_shared_v4, st_shared_v4};
+use crate::dev::sync::{named_barrier, sync_threads};
+use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
+use crate::dev::tma::TensorMapRef;
+use crate::dev::wgmma::{
+    Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async, set_max_registers_dec,
+    set_max_registers_inc,
+};
+use crate::params::TensorMapParam;
+use crate::params::attention::{
+    AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D128, FLASH_TMA_PRODUCER_REGS,
+    FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
+};
+use crate::{unroll, unroll_lt};
+
+use super::flash_wgmma::{OnlineSoftmax, key_limits, mask, pack_p, rescale, store_output};
+
+/// K/V ring depth.
+const STAGES: usize = 2;
+
+#[inline(always)]
+unsafe fn flash_tma_fwd<
+    T,
+    const D: usize,
+    const BQ: usize,
+    const BK: usize,
+    const SN: usize,
+    const ON: usize,
+>(
+    map_q: TensorMapRef<BQ>,
+    map_k: TensorMapRef<BK>,
+    map_v: TensorMapRef<BK>,
+    o: SliceMut<T>,
+    lse: SliceMut<f32>,
+    p: AttentionShape,
+) where
+    T: Wgmma<[f32; SN]> + Wgmma<[f32; ON]>,
+    [f32; SN]: Accumulator,
+    [f32; ON]: Accumulator,
+{
+    const { assert!(BQ == 128 && SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 128) };
+    let (sq, sk) = (p.seq_q, p.seq_k);
+    let causal = p.mask == MaskKind::Causal;
+    let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
+    let bh = block_idx_z() * p.heads + block_idx_y();
+    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
+    let rows_here = (sq - m0).min(BQ as u32);
+    let key_end = if causal {
+        (m0 as i32 + rows_here as i32 + diag).clamp(0, sk as i32) as u32
+    } else {
+        sk
+    };
+    let n_tiles = key_end.div_ceil(BK as u32);
+
+    // Q, the K ring, the V ring (each whole 1024-byte atoms), then Q's barrier.
+    let base = dynamic_base();
+    let q_tile = SwizzledTile::<BQ, D>::at(base);
+    let ring_bytes = Pipeline::<SwizzledTile<BK, D>, STAGES>::BYTES.next_multiple_of(1024) as u32;
+    let k_ring =
+        Pipeline::<SwizzledTile<BK, D>, STAGES>::at(base + SwizzledTile::<BQ, D>::BYTES as u32);
+    let v_ring = Pipeline::<SwizzledTile<BK, D>, STAGES>::at(
+        base + SwizzledTile::<BQ, D>::BYTES as u32 + ring_bytes,
+    );
+    let q_bar = MBarrier::at(base + SwizzledTile::<BQ, D>::BYTES as u32 + 2 * ring_bytes);
+    let tid = thread_idx_x();
+    if tid == 0 {
+        // SAFETY: one thread, before the barrier below and every other use.
+        unsafe {
+            k_ring.init(2);
+            v_ring.init(2);
+            q_bar.init(1);
+        }
+        fence_init();
+        map_q.prefetch();
+        map_k.prefetch();
+        map_v.prefetch();
+    }
+    sync_threads();
+
+    if tid < 128 {
+        set_max_registers_dec::<FLASH_TMA_PRODUCER_REGS>();
+        if tid == 0 {
+            // SAFETY: the one producer thread; each load fills exactly the tile whose bytes its
+            // barrier announced (Q's below, the rings' in `producer_acquire`).
+            unsafe {
+                q_bar.arrive_expect_tx(SwizzledTile::<BQ, D>::BYTES as u32);
+                map_q.load(q_tile, 0, m0 as i32, bh as i32, q_bar);
+                let (mut ks, mut vs) = (PipeState::START, PipeState::START);
+                for j in 0..n_tiles {
+                    let row = (j * BK as u32) as i32;
+                    let (kt, kb) = k_ring.producer_acquire(ks);
+                    map_k.load(kt, 0, row, bh as i32, kb);
+                    ks = ks.next();
+                    let (vt, vb) = v_ring.producer_acquire(vs);
+                    map_v.load(vt, 0, row, bh as i32, vb);
+                    vs = vs.next();
+                }
+            }
+        }
+        return;
+    }
+    set_max_registers_inc::<FLASH_TMA_CONSUMER_REGS>();
+    let ctid = tid - 128;
+    let wg = ctid / 128;
+    let elected = ctid % 128 == 0;
+    let wg_row = wg * 64; // this warpgroup's first row in the block
+    let warp_row = wg_row + ((ctid / 32) % 4) * 16; // this warp's first row in the block
+    let first_row = m0 + warp_row + lane_id() / 4; // this thread's rows: first_row and first_row + 8
+    let key_limit = key_limits(first_row, sk, diag, causal);
+
+    q_bar.wait(0);
+    if p.scale < 0.0 {
+        // s * scale == (-s) * |scale|: negate this warpgroup's Q rows (sign bits), once.
+        negate_rows::<BQ, D>(q_tile, wg_row, ctid % 128);
+        fence_proxy_async();
+        // SAFETY: this warpgroup's 128 threads, barrier 1 + wg theirs alone.
+        unsafe { named_barrier(1 + wg, 128) };
+    }
+
+    // Clamped away from 0 so that masked scores stay -inf (not NaN) under scale = 0.
+    let mut softmax = OnlineSoftmax::new(max(p.scale.abs() * LOG2_E, 1e-30));
+    let mut acc = [0.0f32; ON];
+    let mut s = [0.0f32; SN];
+    let mut pf = [[0u32; 4]; 16];
+    let (mut ks, mut vs) = (PipeState::<STAGES>::START, PipeState::<STAGES>::START);
+    for j in 0..n_tiles {
+        let n0 = j * BK as u32;
+        let kt = k_ring.consumer_wait(ks);
+        fence();
+        unroll_lt!(kd < D / 16, {
+            // SAFETY: the whole warpgroup; Q and K(j) have landed (their barriers) and stay until
+            // this warpgroup releases K(j) after the wait below.
+            unsafe {
+                T::mma_ss(
+                    &mut s,
+                    q_tile.desc_k_major(wg_row, kd as u32),
+                    kt.desc_k_major(0, kd as u32),
+                    (kd > 0) as u32,
+                )
+            };
+        });
+        commit();
+        if j > 0 {
+            let vt = v_ring.consumer_wait(vs);
+            unroll_lt!(ks_ < BK / 16, {
+                // SAFETY: the whole warpgroup; V(j-1) has landed; P(j-1) and the rescaled O were
+                // written before the `fence` above.
+                unsafe { T::mma_rs_tb(&mut acc, &pf[ks_], vt.desc_mn_major(ks_ as u32)) };
+            });
+            commit();
+            // S(j) retired (groups retire in order); P V(j-1) may still run.
+            s.wait::<1>();
+        } else {
+            s.wait::<0>();
+        }
+        if elected {
+            // SAFETY: one thread a consumer; the wait above retired this warpgroup's S(j).
+            unsafe { k_ring.consumer_release(ks) };
+        }
+        ks = ks.next();
+        let last_key = (n0 + BK as u32 - 1) as i32;
+        if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+            mask(&mut s, n0, key_limit);
+        }
+        let alpha = softmax.update(&mut s);
+        acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
+        if j > 0 {
+            if elected {
+                // SAFETY: as above; P V(j-1) retired.
+                unsafe { v_ring.consumer_release(vs) };
+            }
+            vs = vs.next();
+        }
+        rescale(&mut acc, alpha);
+        pf = pack_p::<T, SN>(&s);
+    }
+    if n_tiles > 0 {
+        let vt = v_ring.consumer_wait(vs);
+        fence();
+        unroll_lt!(ks_ < BK / 16, {
+            // SAFETY: as in the loop.
+            unsafe { T::mma_rs_tb(&mut acc, &pf[ks_], vt.desc_mn_major(ks_ as u32)) };
+        });
+        commit();
+    }
+    acc.wait::<0>();
+    if n_tiles > 0 && elected {
+        // SAFETY: as above; the last P V retired.
+        unsafe { v_ring.consumer_release(vs) };
+    }
+    let out_row0 = bh as u64 * sq as u64 + m0 as u64 + warp_row as u64;
+    // The warp's own Q rows are free: its warpgroup's last S wgmma retired.
+    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, sq - m0, o, lse, out_row0);
+}
+
+/// Flips the sign bit of every element of rows `row0..row0 + 64` of `tile`, by the 128 threads of
+/// one warpgroup (`t` = the thread's index in it).
+#[inline(always)]
+fn negate_rows<const ROWS: usize, const D: usize>(tile: SwizzledTile<ROWS, D>, row0: u32, t: u32) {
+    let chunks_per_row = (D / 8) as u32;
+    unroll_lt!(i < 64 * D / 8 / 128, {
+        let c = t + (i * 128) as u32;
+        let addr = tile.chunk_addr(row0 + c / chunks_per_row, c % chunks_per_row);
+        check_index((row0 + c / chunks_per_row) as usize, ROWS);
+        // SAFETY: an aligned chunk of this warpgroup's rows; each chunk has one thread; the
+        // warpgroup barrier after this orders the writes before its wgmma reads.
+        unsafe {
+            let w = ld_shared_v4(addr);
+            st_shared_v4(addr, w.map(|x| x ^ 0x8000_8000));
+        }
+    });
+}
+
+macro_rules! flash_tma_entry_points {
+    ($($name:ident: $t:ty;)*) => {$(
+        // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
+        crate::launch_bounds!($name, FLASH_TMA_THREADS, 1);
+        crate::tensor_map_params!($name, 0, 1, 2);
+        /// Warp-specialised FlashAttention forward (sm_90a): tensor maps of Q, K and V (`host::ops::
+        /// attention`), grid (query blocks, heads, batch), 384 threads, `flash_tma_smem_bytes` of
+        /// dynamic shared memory.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            _q_map: TensorMapParam, _k_map: TensorMapParam, _v_map: TensorMapParam,
+            o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
+        ) {
+            const C: crate::params::attention::FlashWgmmaConfig = FLASH_TMA_D128;
+            const _: () = assert!(flash_tma_smem_bytes(C) > 0);
+            let map_q = crate::tensor_map_param!($name, 0, C.block_q);
+            let map_k = crate::tensor_map_param!($name, 1, C.block_k);
+            let map_v = crate::tensor_map_param!($name, 2, C.block_k);
+            unsafe {
+                flash_tma_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { C.head_dim / 2 }>(
+                    map_q, map_k, map_v, o, lse, shape,
+                )
+            }
+        }
+    )*};
+}
+
+flash_tma_entry_points! {
+    flash_tma_fwd_d128_f16: F16;
+    flash_tma_fwd_d128_bf16: BF16;
+}
