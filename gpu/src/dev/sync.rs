@@ -28,3 +28,17 @@ pub unsafe fn named_barrier(id: u32, threads: u32) {
         core::arch::asm!("bar.sync {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack))
     }
 }
+
+/// `bar.arrive id, threads`: arrives at named barrier `id` without waiting; the `threads` count
+/// includes the threads that [`named_barrier`] on it. Two warpgroups take turns this way (one
+/// arrives where the other waits).
+///
+/// # Safety
+/// As for [`named_barrier`]: the arrivals and waits of every use of `id` add up to `threads`.
+#[inline(always)]
+pub unsafe fn named_barrier_arrive(id: u32, threads: u32) {
+    // SAFETY: the caller's.
+    unsafe {
+        core::arch::asm!("bar.arrive {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack))
+    }
+}

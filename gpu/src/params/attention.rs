@@ -176,10 +176,26 @@ pub const FLASH_WG_D64_Q64: FlashWgmmaConfig = FlashWgmmaConfig {
     min_blocks: 3,
 };
 
-/// The warp-specialised TMA forward (`flash_tma_fwd_d128_*`, `kernels/attention/flash_tma.rs`): two
+/// The warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`, `kernels/attention/flash_tma.rs`): two
 /// consumer warpgroups of 64 query rows (the tile sizes of [`FLASH_WG_D128`]) and one producer
 /// warpgroup that loads Q once and K and V tiles by TMA into two mbarrier rings of `stages` each.
 pub const FLASH_TMA_D128: FlashWgmmaConfig = FLASH_WG_D128;
+/// D = 64 on the same pipeline: 128-key tiles (S 64 f32 a thread, O 32), 80 KiB a CTA.
+pub const FLASH_TMA_D64: FlashWgmmaConfig = FlashWgmmaConfig {
+    head_dim: 64,
+    block_q: 128,
+    block_k: 128,
+    stages: 2,
+    min_blocks: 1,
+};
+/// The warp-specialised forward's config for a head dim.
+pub const fn flash_tma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
+    match head_dim {
+        64 => Some(FLASH_TMA_D64),
+        128 => Some(FLASH_TMA_D128),
+        _ => None,
+    }
+}
 /// Threads of the warp-specialised forward: one producer and two consumer warpgroups.
 pub const FLASH_TMA_THREADS: usize = 384;
 /// Registers a thread of its producer and consumer warpgroups (`setmaxnreg`).

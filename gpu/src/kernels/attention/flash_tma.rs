@@ -1,5 +1,5 @@
 //! FlashAttention forward, warp-specialised on the Hopper pipeline (sm_90 build only): entry points
-//! `flash_tma_fwd_d128_{f16,bf16}`. Same contract (masking, LSE, any S_q / S_k, scale sign) as the
+//! `flash_tma_fwd_d{64,128}_{f16,bf16}`. Same contract (masking, LSE, any S_q / S_k, scale sign) as the
 //! other forward kernels; the masking, online softmax, P packing and epilogue are those of
 //! `flash_wgmma.rs`, shared.
 //!
@@ -9,13 +9,15 @@
 //!     TMA Q's 128 rows once (Q's barrier); per K/V tile j: acquire a K stage, TMA K(j);
 //!     acquire a V stage, TMA V(j)          (two rings of 2 stages; rows past S_k arrive as zeros)
 //! warpgroups 1, 2 (consumers, 232 registers; query rows 64 (w - 1)..): wait for Q, then per tile j
-//!     wait K(j); S(j) = Q K(j)^T: issue, commit
-//!     j > 0: wait V(j-1); O += P(j-1) V(j-1): issue, commit; wait for S(j) only (P V runs on)
+//!     wait K(j); wait for this warpgroup's turn; S(j) = Q K(j)^T: issue, commit
+//!     j > 0: wait V(j-1); O += P(j-1) V(j-1): issue, commit
+//!     hand the turn to the other warpgroup; wait for S(j) only (P V runs on)
 //!     release K(j); mask, softmax(j)
 //!     wait for P V(j-1); release V(j-1); rescale O; P(j) = pack(S(j))
 //!     ... after the loop: wait V(n-1); O += P V; wait; release; store O and LSE
 //! ```
-//! Causally invisible tiles are never loaded: both roles walk the same `n_tiles` (the last key this
+//! The turns (FlashAttention-3's ping-pong) let one warpgroup's softmax run while the other's GEMMs
+//! hold the tensor cores. Causally invisible tiles are never loaded: both roles walk the same `n_tiles` (the last key this
 //! block's last row sees). Heaviest query blocks first, as in the other kernels. The producer's
 //! copies of the next tiles run while the consumers compute, with no block-wide barrier in the loop.
 use crate::dev::elem::{BF16, F16};
@@ -23,7 +25,7 @@ use crate::dev::math::{LOG2_E, max};
 use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, fence_init};
 use crate::dev::mem::SliceMut;
 use crate::dev::shared::{check_index, dynamic_base, ld_shared_v4, st_shared_v4};
-use crate::dev::sync::{named_barrier, sync_threads};
+use crate::dev::sync::{named_barrier, named_barrier_arrive, sync_threads};
 use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
 use crate::dev::tma::TensorMapRef;
 use crate::dev::wgmma::{
@@ -32,8 +34,8 @@ use crate::dev::wgmma::{
 };
 use crate::params::TensorMapParam;
 use crate::params::attention::{
-    AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D128, FLASH_TMA_PRODUCER_REGS,
-    FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
+    AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
+    FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
 };
 use crate::{unroll, unroll_lt};
 
@@ -41,6 +43,9 @@ use super::flash_wgmma::{OnlineSoftmax, key_limits, mask, pack_p, rescale, store
 
 /// K/V ring depth.
 const STAGES: usize = 2;
+/// The first of the two named barriers of the consumers' turns (1 and 2 serve the per-warpgroup
+/// barrier after negating Q).
+const TURN: u32 = 3;
 
 #[inline(always)]
 unsafe fn flash_tma_fwd<
@@ -147,9 +152,19 @@ unsafe fn flash_tma_fwd<
     let mut s = [0.0f32; SN];
     let mut pf = [[0u32; 4]; 16];
     let (mut ks, mut vs) = (PipeState::<STAGES>::START, PipeState::<STAGES>::START);
+    // Ping-pong: the two warpgroups issue their tile's wgmma in turns (barrier `TURN + w` is
+    // warpgroup w's turn; the other one arrives on it after issuing), so one's softmax runs while the
+    // other's GEMMs occupy the tensor cores. Warpgroup 0 goes first (no wait at j = 0) and waits once
+    // more after the loop, so each barrier sees as many waits as arrivals (n_tiles). The waits and
+    // the arrivals sit where this warpgroup has no wgmma in flight or only unconditional code
+    // follows (ptxas serialises wgmma around branches while accumulators are in flight).
     for j in 0..n_tiles {
         let n0 = j * BK as u32;
         let kt = k_ring.consumer_wait(ks);
+        if wg == 1 || j > 0 {
+            // SAFETY: 256 threads use barrier TURN + w: its 128 wait, the other 128 arrive.
+            unsafe { named_barrier(TURN + wg, 256) };
+        }
         fence();
         unroll_lt!(kd < D / 16, {
             // SAFETY: the whole warpgroup; Q and K(j) have landed (their barriers) and stay until
@@ -172,9 +187,13 @@ unsafe fn flash_tma_fwd<
                 unsafe { T::mma_rs_tb(&mut acc, &pf[ks_], vt.desc_mn_major(ks_ as u32)) };
             });
             commit();
+            // SAFETY: as above.
+            unsafe { named_barrier_arrive(TURN + 1 - wg, 256) };
             // S(j) retired (groups retire in order); P V(j-1) may still run.
             s.wait::<1>();
         } else {
+            // SAFETY: as above.
+            unsafe { named_barrier_arrive(TURN + 1 - wg, 256) };
             s.wait::<0>();
         }
         if elected {
@@ -197,6 +216,10 @@ unsafe fn flash_tma_fwd<
         }
         rescale(&mut acc, alpha);
         pf = pack_p::<T, SN>(&s);
+    }
+    if wg == 0 && n_tiles > 0 {
+        // SAFETY: as above (warpgroup 1's last arrival).
+        unsafe { named_barrier(TURN, 256) };
     }
     if n_tiles > 0 {
         let vt = v_ring.consumer_wait(vs);
@@ -236,7 +259,7 @@ fn negate_rows<const ROWS: usize, const D: usize>(tile: SwizzledTile<ROWS, D>, r
 }
 
 macro_rules! flash_tma_entry_points {
-    ($($name:ident: $t:ty;)*) => {$(
+    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
         crate::launch_bounds!($name, FLASH_TMA_THREADS, 1);
         crate::tensor_map_params!($name, 0, 1, 2);
@@ -248,7 +271,7 @@ macro_rules! flash_tma_entry_points {
             _q_map: TensorMapParam, _k_map: TensorMapParam, _v_map: TensorMapParam,
             o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
         ) {
-            const C: crate::params::attention::FlashWgmmaConfig = FLASH_TMA_D128;
+            const C: crate::params::attention::FlashWgmmaConfig = $cfg;
             const _: () = assert!(flash_tma_smem_bytes(C) > 0);
             let map_q = crate::tensor_map_param!($name, 0, C.block_q);
             let map_k = crate::tensor_map_param!($name, 1, C.block_k);
@@ -263,6 +286,8 @@ macro_rules! flash_tma_entry_points {
 }
 
 flash_tma_entry_points! {
-    flash_tma_fwd_d128_f16: F16;
-    flash_tma_fwd_d128_bf16: BF16;
+    flash_tma_fwd_d64_f16: F16, FLASH_TMA_D64;
+    flash_tma_fwd_d64_bf16: BF16, FLASH_TMA_D64;
+    flash_tma_fwd_d128_f16: F16, FLASH_TMA_D128;
+    flash_tma_fwd_d128_bf16: BF16, FLASH_TMA_D128;
 }

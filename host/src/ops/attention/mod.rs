@@ -37,9 +37,9 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_D128, FLASH_TMA_THREADS,
-    FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config,
-    flash_config, flash_tma_smem_bytes, flash_wg_bwd_config, flash_wgmma_config, naive,
+    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
+    FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config,
+    flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, flash_wgmma_config, naive,
 };
 
 use crate::DType;
@@ -435,8 +435,7 @@ fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> 
     match (d.head_dim, params.causal) {
         (128, _) => FLASH_TMA_VARIANT,
         (64, _) if ctas_of_128_rows < 2 * sms => 4,
-        (64, Causal::Yes) => 2,
-        (64, Causal::No) => 1,
+        (64, _) => FLASH_TMA_VARIANT,
         _ => 0,
     }
 }
@@ -504,7 +503,7 @@ fn flash_launch(
     Ok((o, lse))
 }
 
-/// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d128_*`, D = 128).
+/// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`).
 const FLASH_TMA_VARIANT: u32 = 5;
 
 /// Q, K and V as rank-3 tensors `[batch * heads][seq][D]` for the copy engine, or `None` when it
@@ -541,11 +540,15 @@ fn flash_tma_launch(
     scale: f32,
     (o, lse): (Tensor, Tensor),
 ) -> Result<(Tensor, Tensor)> {
-    let c = FLASH_TMA_D128;
-    let name = match q.dtype() {
-        DType::F16 => "flash_tma_fwd_d128_f16",
-        DType::BF16 => "flash_tma_fwd_d128_bf16",
-        DType::F32 => unreachable!("validate accepts 16-bit dtypes only for FlashAttention"),
+    let Some(c) = flash_tma_config(d.head_dim) else {
+        unreachable!("the variant is chosen only at head dims it has")
+    };
+    let name = match (d.head_dim, q.dtype()) {
+        (64, DType::F16) => "flash_tma_fwd_d64_f16",
+        (64, DType::BF16) => "flash_tma_fwd_d64_bf16",
+        (_, DType::F16) => "flash_tma_fwd_d128_f16",
+        (_, DType::BF16) => "flash_tma_fwd_d128_bf16",
+        (_, DType::F32) => unreachable!("validate accepts 16-bit dtypes only for FlashAttention"),
     };
     let Some([vq, vk, vv]) = flash_tma_views(q, k, v, d) else {
         unreachable!("the variant is chosen only where the copy engine reads Q, K and V")
@@ -621,7 +624,7 @@ pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32, head_dim: usize) 
         0 => gpu.ptx_arch() == "sm_80",
         1 => gpu.ptx_arch() == "sm_90",
         2 | 4 => gpu.ptx_arch() == "sm_90" && head_dim == 64,
-        FLASH_TMA_VARIANT => gpu.ptx_arch() == "sm_90" && head_dim == 128,
+        FLASH_TMA_VARIANT => gpu.ptx_arch() == "sm_90" && flash_tma_config(head_dim).is_some(),
         _ => false,
     }
 }
@@ -646,7 +649,7 @@ pub fn flash_forward_variant(
             msg: format!(
                 "no FlashAttention kernel {variant} at head dim {} in the {} build for these \
                  tensors (kernels: 0 in the sm_80 build; 1 in the sm_90 build; 2 and 4 there at \
-                 head dim 64; 5 there at head dim 128 for 16-byte aligned Q, K, V)",
+                 head dim 64; 5 there at head dims 64 and 128 for 16-byte aligned Q, K, V)",
                 d.head_dim,
                 q.gpu().ptx_arch()
             ),
