@@ -5,7 +5,7 @@
 //! `RGK_FUZZ_CASES=n` runs only the first n cases of each grid (the first six are the sanitizer set).
 //!
 //! Every shipped FlashAttention kernel runs the whole grid, not only the shapes the default dispatch
-//! sends it: the Hopper wgmma kernels (`flash_forward_variant(.., 1 | 2 | 4)`, the sm_90 build; SKIP
+//! sends it: the Hopper wgmma kernels (`flash_forward_variant(.., 4 | 5)`, the sm_90 build; SKIP
 //! elsewhere) in the `wgmma_*` tests, and the `mma.sync` kernel of the sm_80 build (variant 0) in the
 //! `mma_sync_*` tests, on a 9.0 device through a `Build::Portable` handle.
 mod common;
@@ -32,10 +32,10 @@ enum Path {
     Kernel(u32),
 }
 
-/// The wgmma kernels of `flash_forward_variant`: 1 (plain schedule), 2 (P V overlapping softmax,
-/// D = 64), 4 (overlapped, one warpgroup of 64 query rows a CTA, 128-key tiles, D = 64), 5
-/// (warp-specialised: TMA producer, two consumer warpgroups taking turns, D = 64 and 128).
-const WGMMA_VARIANTS: [u32; 4] = [1, 2, 4, 5];
+/// The wgmma kernels of `flash_forward_variant`: 4 (`cp.async`, P V overlapping softmax, one
+/// warpgroup of 64 query rows a CTA, 128-key tiles, D = 64), 5 (warp-specialised: TMA producer, two
+/// consumer warpgroups taking turns, D = 64 and 128).
+const WGMMA_VARIANTS: [u32; 2] = [4, 5];
 
 const SMALL: [usize; 5] = [1, 17, 97, 128, 200];
 const KINDS: [(usize, DType); 4] = [
@@ -427,7 +427,7 @@ fn gpu_validation_errors_before_launch() {
 /// The GPU when it can run the wgmma kernels (an sm_90 device); otherwise prints SKIP.
 fn wgmma_gpu_or_skip(test: &str) -> Option<Gpu> {
     let gpu = gpu_or_skip(test)?;
-    if !attention::flash_variant_supported(&gpu, 1, 64) {
+    if !attention::flash_variant_supported(&gpu, 5, 64) {
         println!(
             "SKIP {test}: the wgmma kernels need an sm_90 device (this one runs the {} build)",
             gpu.ptx_arch()
@@ -582,20 +582,18 @@ fn flash_kernel_selector_refuses_what_the_build_does_not_have() {
         for v in WGMMA_VARIANTS {
             attention::flash_forward_variant(&q, &q, &q, &p, v).unwrap();
         }
-        for v in [1, 5] {
-            attention::flash_forward_variant(&q128, &q128, &q128, &p, v).unwrap();
-        }
-        for v in [0, 2, 4] {
+        attention::flash_forward_variant(&q128, &q128, &q128, &p, 5).unwrap();
+        for v in [0, 4] {
             let e = attention::flash_forward_variant(&q128, &q128, &q128, &p, v).unwrap_err();
             assert!(e.to_string().contains("head dim 128"), "{e}");
         }
         // Same validation as the default path: f32 is refused.
         let q32 = t(64, DType::F32);
-        let e = attention::flash_forward_variant(&q32, &q32, &q32, &p, 1).unwrap_err();
+        let e = attention::flash_forward_variant(&q32, &q32, &q32, &p, 5).unwrap_err();
         assert!(matches!(e, host::Error::DType { .. }), "{e}");
     } else {
         attention::flash_forward_variant(&q, &q, &q, &p, 0).unwrap();
-        let e = attention::flash_forward_variant(&q, &q, &q, &p, 1).unwrap_err();
+        let e = attention::flash_forward_variant(&q, &q, &q, &p, 5).unwrap_err();
         assert!(e.to_string().contains("sm_80 build"), "{e}");
     }
 }

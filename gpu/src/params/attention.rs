@@ -142,29 +142,9 @@ impl FlashWgmmaConfig {
     }
 }
 
-/// Tuning notes (design rationale, not measured yet):
-/// - D = 64: 64-key tiles keep S at 32 f32 a thread (O 32, P 16), so two CTAs of 256 threads fit
-///   an SM at 128 registers, and one CTA's softmax overlaps the other's wgmma; 48 KiB a CTA.
-/// - D = 128: 128-key tiles (S 64 f32, O 64, P 32 a thread, up to 255 registers at one CTA per
-///   SM): each K/V tile feeds two 64 x 128 x 128 products per warpgroup; 160 KiB a CTA.
-pub const FLASH_WG_D64: FlashWgmmaConfig = FlashWgmmaConfig {
-    head_dim: 64,
-    block_q: 128,
-    block_k: 64,
-    stages: 2,
-    min_blocks: 2,
-};
-pub const FLASH_WG_D128: FlashWgmmaConfig = FlashWgmmaConfig {
-    head_dim: 128,
-    block_q: 128,
-    block_k: 128,
-    stages: 2,
-    min_blocks: 1,
-};
-
 /// D = 64 with one consumer warpgroup (64 query rows, 128 threads) and 128-key tiles (entry points
 /// `flash_wg4_fwd_d64_*`): the overlapped schedule, per-thread state S 64, O 32, P 32 f32, in half
-/// the CTA of [`FLASH_WG_D64`], so short sequences launch twice the CTAs (B4 H8
+/// the CTA of [`FLASH_TMA_D64`] (without its producer), so short sequences launch twice the CTAs (B4 H8
 /// S512: 256 on 132 SMs) and several share an SM, overlapping one CTA's load latency with
 /// another's math. 72 KiB a CTA: 3 fit sm_90's 228 KiB, so the launch bound asks for 3 (up to
 /// 168 registers a thread).
@@ -177,9 +157,16 @@ pub const FLASH_WG_D64_Q64: FlashWgmmaConfig = FlashWgmmaConfig {
 };
 
 /// The warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`, `kernels/attention/flash_tma.rs`): two
-/// consumer warpgroups of 64 query rows (the tile sizes of [`FLASH_WG_D128`]) and one producer
-/// warpgroup that loads Q once and K and V tiles by TMA into two mbarrier rings of `stages` each.
-pub const FLASH_TMA_D128: FlashWgmmaConfig = FLASH_WG_D128;
+/// consumer warpgroups of 64 query rows and one producer warpgroup that loads Q once and K and V
+/// tiles by TMA into two mbarrier rings of `stages` each. D = 128: 128-key tiles (S 64 f32, O 64,
+/// P 32 a thread), 160 KiB a CTA.
+pub const FLASH_TMA_D128: FlashWgmmaConfig = FlashWgmmaConfig {
+    head_dim: 128,
+    block_q: 128,
+    block_k: 128,
+    stages: 2,
+    min_blocks: 1,
+};
 /// D = 64 on the same pipeline: 128-key tiles (S 64 f32 a thread, O 32), 80 KiB a CTA.
 pub const FLASH_TMA_D64: FlashWgmmaConfig = FlashWgmmaConfig {
     head_dim: 64,
@@ -213,17 +200,9 @@ const _: () = assert!(
         && flash_tma_smem_bytes(FLASH_TMA_D128) <= 227 * 1024
 );
 
-/// Every wgmma config a kernel is instantiated with.
-pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] = [FLASH_WG_D64, FLASH_WG_D128, FLASH_WG_D64_Q64];
-
-/// The wgmma variants' default config for a head dimension (variants 1 and 2).
-pub const fn flash_wgmma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
-    match head_dim {
-        64 => Some(FLASH_WG_D64),
-        128 => Some(FLASH_WG_D128),
-        _ => None,
-    }
-}
+/// Every wgmma forward config a kernel is instantiated with.
+pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] =
+    [FLASH_TMA_D64, FLASH_TMA_D128, FLASH_WG_D64_Q64];
 
 /// The config of [`FLASH_WG_CONFIGS`] with these tile sizes (what a kernel checks its const
 /// parameters against).

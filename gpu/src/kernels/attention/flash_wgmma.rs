@@ -1,41 +1,28 @@
-//! FlashAttention forward on Hopper warpgroup MMA (`wgmma`, sm_90a): the sm_90 build's FlashAttention,
-//! with the semantics, outputs and masking contract of the sm_80 build's `mma.sync` kernel
-//! (`flash.rs`). Entry points `flash_wg_fwd_d{64,128}_{dtype}`, and with the overlapped schedule
-//! below `flash_wg2_fwd_d64_{dtype}` and `flash_wg4_fwd_d64_{dtype}` (one warpgroup, 64 query rows, a
-//! CTA, so that short sequences fill the SMs with several CTAs each). Compiled only into the sm_90
-//! PTX (`#[cfg(target_feature = "sm_90a")]` on the module).
+//! FlashAttention forward on Hopper warpgroup MMA (`wgmma`, sm_90a) with `cp.async` loads and one
+//! warpgroup a CTA: entry points `flash_wg4_fwd_d64_{dtype}` (64 query rows a CTA, so that short
+//! sequences fill the SMs with several CTAs each; the sm_90 build's forward where 128-row CTAs would
+//! not fill the chip twice over). The semantics, outputs and masking contract are those of the sm_80
+//! build's `mma.sync` kernel (`flash.rs`). This module also holds the pieces the warp-specialised
+//! kernel (`flash_tma.rs`) shares: masking, online softmax, P packing, O rescaling and the epilogue.
+//! Compiled only into the sm_90 PTX (`#[cfg(target_feature = "sm_90a")]` on the module).
 //!
-//! One CTA per (block of `BQ` query rows, head, batch) with `BQ / 64` warpgroups; warpgroup `w` owns
-//! query rows `64 w..64 w + 64` (the M = 64 of wgmma).
 //! - Q's block is copied to shared memory once (`cp.async`) in the 128-byte-swizzle layout
 //!   ([`SwizzledTile`]) and read by every `S = Q K^T` wgmma through a descriptor (K-major A).
 //! - K and V stream through two stages each, by `cp.async` 16-byte copies in commit groups, in the same
 //!   layout; rows past the end are zero-filled. K `[keys][D]` is the K-major B of `Q K^T`; V
 //!   `[keys][D]` is the MN-major B (`imm-trans-b = 1`) of `P V`.
-//! - `S` (64 x `BK` per warpgroup, `BK / 2` f32 a thread) = `D / 16` wgmma k-steps in one group, then
-//!   a wait. Its register layout is the `mma.m16n8` accumulator layout per warp, so the masking and the
-//!   online softmax (running max of raw scores, `exp2(s c - m c)` with `c = |scale| log2 e`) are those
-//!   of the `mma.sync` kernel; a negative scale negates Q's tile once in shared memory (sign bits, exact).
-//! - P rounded to the input type in registers is the A operand (registers) of `O += P V`: `BK / 16`
-//!   wgmma in one group, left in flight while the next tile's copies are issued and `S(j+1)` is issued;
-//!   the wait after `S(j+1)` covers both (groups retire in order), before `O` is rescaled.
+//! - `S` (64 x `BK`, `BK / 2` f32 a thread) = `D / 16` wgmma k-steps in one group. Its register
+//!   layout is the `mma.m16n8` accumulator layout per warp, so the masking and the online softmax
+//!   (running max of raw scores, `exp2(s c - m c)` with `c = |scale| log2 e`) are those of the
+//!   `mma.sync` kernel; a negative scale negates Q's tile once in shared memory (sign bits, exact).
+//! - P rounded to the input type in registers is the A operand (registers) of `O += P V`.
 //! - Epilogue: `O / l` rounded to the input type, staged through the warp's own rows of the Q tile for
 //!   16-byte stores; `LSE = (m c + log2 l) ln 2`; a row with no visible key gets O = 0, LSE = -inf.
 //!
-//! The pipeline per K/V tile `j` (cp.async groups are per thread; `wait 1` leaves the newest pending):
-//! ```text
-//! wait 1, proxy fence, barrier   K(j) has landed; every warpgroup waited for S(j-1)
-//! load K(j+1), commit            into the stage S(j-1) read
-//! S = Q K(j)^T: issue, commit, wait 0 (also retires P V(j-1)); rescale O, softmax, P
-//! wait 1, proxy fence, barrier   V(j) has landed; every warpgroup retired P V(j-1)
-//! load V(j+1), commit            into the stage P V(j-1) read
-//! O += P V(j): issue, commit     (in flight into the next iteration)
-//! ```
-//!
-//! The overlapped schedule (`flash_wg2_fwd_*`, `OVERLAP = true`; FlashAttention-3's intra-warpgroup
-//! overlap) issues `P V(j-1)` right after `S(j)` and waits only for `S(j)` (`wait_group 1`), so the
-//! tensor cores run `P V(j-1)` while the warpgroup computes softmax(j); only then does it wait for
-//! `P V(j-1)`, rescale O and pack P(j). One barrier a tile:
+//! The schedule (FlashAttention-3's intra-warpgroup overlap) issues `P V(j-1)` right after `S(j)`
+//! and waits only for `S(j)` (`wait_group 1`), so the tensor cores run `P V(j-1)` while the
+//! warpgroup computes softmax(j); only then does it wait for `P V(j-1)`, rescale O and pack P(j).
+//! One barrier a tile:
 //! ```text
 //! wait 0, proxy fence, barrier   K(j), V(j-1) landed; every warpgroup retired S(j-1), P V(j-2)
 //! load K(j+1), V(j), commit      into the stages S(j-1) and P V(j-2) read
@@ -55,8 +42,7 @@ use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, FLASH_WG_D64, FLASH_WG_D64_Q64, FLASH_WG_D128, FlashWgmmaConfig, MaskKind,
-    flash_wgmma_config_of,
+    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MaskKind, flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
 
@@ -71,7 +57,6 @@ unsafe fn flash_wg_fwd<
     const TH: usize,
     const SN: usize,
     const ON: usize,
-    const OVERLAP: bool,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -130,10 +115,7 @@ unsafe fn flash_wg_fwd<
             load_rows::<BK, D, TH, T>(k_tiles, k_src, 0, sk);
         }
         cp_async_commit();
-        // The overlapped loop loads V(j) in iteration j (see `overlapped_loop`).
-        if n_tiles > 0 && !OVERLAP {
-            load_rows::<BK, D, TH, T>(v_tiles, v_src, 0, sk);
-        }
+        // The loop loads V(j) in iteration j.
         cp_async_commit();
     }
     cp_async_wait::<1>();
@@ -156,143 +138,78 @@ unsafe fn flash_wg_fwd<
     let mut acc = [0.0f32; ON];
     let mut s = [0.0f32; SN];
 
-    if OVERLAP {
-        // The overlapped schedule (see the module doc): P V(j-1) runs during softmax(j).
-        let mut pf = [[0u32; 4]; 16];
-        for j in 0..n_tiles {
-            let stage = j % 2;
-            let n0 = j * BK as u32;
-            if j > 0 {
-                // K(j) and V(j-1) (this thread's newest group) have landed; every warpgroup retired
-                // S(j-1) and P V(j-2).
-                cp_async_wait::<0>();
-                fence_proxy_async();
-                sync_threads();
-            }
-            // SAFETY: see above; K(j+1) goes into the stage S(j-1) read, V(j) into the stage
-            // P V(j-2) read, both retired before the barrier above.
-            unsafe {
-                if j + 1 < n_tiles {
-                    load_rows::<BK, D, TH, T>(k_tiles.stage(1 - stage), k_src, n0 + BK as u32, sk);
-                }
-                load_rows::<BK, D, TH, T>(v_tiles.stage(stage), v_src, n0, sk);
-            }
-            cp_async_commit();
-
-            let kt = k_tiles.stage(stage);
-            fence();
-            unroll_lt!(kd < D / 16, {
-                // SAFETY: as in the plain loop.
-                unsafe {
-                    T::mma_ss(
-                        &mut s,
-                        q_tile.desc_k_major(wg_row, kd as u32),
-                        kt.desc_k_major(0, kd as u32),
-                        (kd > 0) as u32,
-                    )
-                };
-            });
-            commit();
-            if j > 0 {
-                // P V(j-1): V(j-1) landed before the barrier above; P(j-1) and the rescaled O were
-                // written before the fence above.
-                let vt = v_tiles.stage(1 - stage);
-                unroll_lt!(ks < BK / 16, {
-                    // SAFETY: the whole warpgroup; see above.
-                    unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
-                });
-                commit();
-                // S(j) retired (groups retire in order); P V(j-1) may still run.
-                s.wait::<1>();
-            } else {
-                s.wait::<0>();
-            }
-            let last_key = (n0 + BK as u32 - 1) as i32;
-            if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
-                mask(&mut s, n0, key_limit);
-            }
-            let alpha = softmax.update(&mut s);
-            acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
-            rescale(&mut acc, alpha);
-            pf = pack_p::<T, SN>(&s);
-        }
-        if n_tiles > 0 {
-            // The last P V: V(n-1) has landed (this thread's newest group); every warpgroup retired
-            // its S(n-1) before the barrier, so the epilogue may reuse the Q tile.
+    // The overlapped schedule (see the module doc): P V(j-1) runs during softmax(j).
+    let mut pf = [[0u32; 4]; 16];
+    for j in 0..n_tiles {
+        let stage = j % 2;
+        let n0 = j * BK as u32;
+        if j > 0 {
+            // K(j) and V(j-1) (this thread's newest group) have landed; every warpgroup retired
+            // S(j-1) and P V(j-2).
             cp_async_wait::<0>();
             fence_proxy_async();
             sync_threads();
-            let vt = v_tiles.stage((n_tiles - 1) % 2);
-            fence();
+        }
+        // SAFETY: see above; K(j+1) goes into the stage S(j-1) read, V(j) into the stage
+        // P V(j-2) read, both retired before the barrier above.
+        unsafe {
+            if j + 1 < n_tiles {
+                load_rows::<BK, D, TH, T>(k_tiles.stage(1 - stage), k_src, n0 + BK as u32, sk);
+            }
+            load_rows::<BK, D, TH, T>(v_tiles.stage(stage), v_src, n0, sk);
+        }
+        cp_async_commit();
+
+        let kt = k_tiles.stage(stage);
+        fence();
+        unroll_lt!(kd < D / 16, {
+            // SAFETY: as in the plain loop.
+            unsafe {
+                T::mma_ss(
+                    &mut s,
+                    q_tile.desc_k_major(wg_row, kd as u32),
+                    kt.desc_k_major(0, kd as u32),
+                    (kd > 0) as u32,
+                )
+            };
+        });
+        commit();
+        if j > 0 {
+            // P V(j-1): V(j-1) landed before the barrier above; P(j-1) and the rescaled O were
+            // written before the fence above.
+            let vt = v_tiles.stage(1 - stage);
             unroll_lt!(ks < BK / 16, {
                 // SAFETY: the whole warpgroup; see above.
                 unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
             });
             commit();
-        }
-    } else {
-        for j in 0..n_tiles {
-            let (stage, next) = (j % 2, (j + 1) % 2);
-            let n0 = j * BK as u32;
-            let more = j + 1 < n_tiles;
-            if j > 0 {
-                cp_async_wait::<1>();
-                fence_proxy_async();
-                sync_threads();
-            }
-            if more {
-                // SAFETY: see above.
-                unsafe {
-                    load_rows::<BK, D, TH, T>(k_tiles.stage(next), k_src, n0 + BK as u32, sk)
-                };
-            }
-            cp_async_commit();
-
-            let kt = k_tiles.stage(stage);
-            fence();
-            unroll_lt!(kd < D / 16, {
-                // SAFETY: the whole warpgroup issues it (no divergence above); Q and K(j) landed and were
-                // fenced before the barrier; `s` is untouched until the wait below.
-                unsafe {
-                    T::mma_ss(
-                        &mut s,
-                        q_tile.desc_k_major(wg_row, kd as u32),
-                        kt.desc_k_major(0, kd as u32),
-                        (kd > 0) as u32,
-                    )
-                };
-            });
-            commit();
+            // S(j) retired (groups retire in order); P V(j-1) may still run.
+            s.wait::<1>();
+        } else {
             s.wait::<0>();
-            acc.hold();
-
-            let last_key = (n0 + BK as u32 - 1) as i32;
-            if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
-                mask(&mut s, n0, key_limit);
-            }
-            let alpha = softmax.update(&mut s);
-            rescale(&mut acc, alpha);
-            let pf = pack_p::<T, SN>(&s);
-
-            cp_async_wait::<1>();
-            fence_proxy_async();
-            sync_threads();
-            if more {
-                // SAFETY: see above.
-                unsafe {
-                    load_rows::<BK, D, TH, T>(v_tiles.stage(next), v_src, n0 + BK as u32, sk)
-                };
-            }
-            cp_async_commit();
-
-            let vt = v_tiles.stage(stage);
-            fence();
-            unroll_lt!(ks < BK / 16, {
-                // SAFETY: as for the S wgmma; V(j) landed and was fenced before the barrier above.
-                unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
-            });
-            commit();
         }
+        let last_key = (n0 + BK as u32 - 1) as i32;
+        if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+            mask(&mut s, n0, key_limit);
+        }
+        let alpha = softmax.update(&mut s);
+        acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
+        rescale(&mut acc, alpha);
+        pf = pack_p::<T, SN>(&s);
+    }
+    if n_tiles > 0 {
+        // The last P V: V(n-1) has landed (this thread's newest group); every warpgroup retired
+        // its S(n-1) before the barrier, so the epilogue may reuse the Q tile.
+        cp_async_wait::<0>();
+        fence_proxy_async();
+        sync_threads();
+        let vt = v_tiles.stage((n_tiles - 1) % 2);
+        fence();
+        unroll_lt!(ks < BK / 16, {
+            // SAFETY: the whole warpgroup; see above.
+            unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
+        });
+        commit();
     }
     acc.wait::<0>();
 
@@ -550,7 +467,7 @@ pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON
 }
 
 macro_rules! flash_wg_entry_points {
-    ($($name:ident: $t:ty, $cfg:path, $overlap:literal;)*) => {$(
+    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
         // Warpgroups a CTA and CTAs an SM from the config: D = 128 at one CTA per SM (up to 255
         // registers: S, O and P are 160 of them), D = 64 at two (128 registers), the one-warpgroup
         // D = 64 kernel at three (shared memory allows 3).
@@ -563,7 +480,7 @@ macro_rules! flash_wg_entry_points {
         ) {
             const C: FlashWgmmaConfig = $cfg;
             unsafe {
-                flash_wg_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.threads() }, { C.block_k / 2 }, { C.head_dim / 2 }, $overlap>(
+                flash_wg_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.threads() }, { C.block_k / 2 }, { C.head_dim / 2 }>(
                     q, k, v, o, lse, shape,
                 )
             }
@@ -572,12 +489,6 @@ macro_rules! flash_wg_entry_points {
 }
 
 flash_wg_entry_points! {
-    flash_wg_fwd_d64_f16: F16, FLASH_WG_D64, false;
-    flash_wg_fwd_d64_bf16: BF16, FLASH_WG_D64, false;
-    flash_wg_fwd_d128_f16: F16, FLASH_WG_D128, false;
-    flash_wg_fwd_d128_bf16: BF16, FLASH_WG_D128, false;
-    flash_wg2_fwd_d64_f16: F16, FLASH_WG_D64, true;
-    flash_wg2_fwd_d64_bf16: BF16, FLASH_WG_D64, true;
-    flash_wg4_fwd_d64_f16: F16, FLASH_WG_D64_Q64, true;
-    flash_wg4_fwd_d64_bf16: BF16, FLASH_WG_D64_Q64, true;
+    flash_wg4_fwd_d64_f16: F16, FLASH_WG_D64_Q64;
+    flash_wg4_fwd_d64_bf16: BF16, FLASH_WG_D64_Q64;
 }

@@ -39,7 +39,7 @@ pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
     AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
     FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config,
-    flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, flash_wgmma_config, naive,
+    flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, naive,
 };
 
 use crate::DType;
@@ -410,38 +410,35 @@ pub fn flash_forward(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    let mut variant = flash_wgmma_variant(q.gpu(), &d, params);
-    if variant == FLASH_TMA_VARIANT && flash_tma_views(q, k, v, &d).is_none() {
-        variant = 1;
-    }
+    let variant = flash_wgmma_variant(q.gpu(), &d);
     flash_launch(OP, q, k, v, params, &d, scale, variant)
 }
 
 /// The FlashAttention kernel [`flash_forward`] runs (0: the `mma.sync` kernel of the sm_80 build),
-/// chosen from H100 measurements (2026-11-26, the bundles of 624c403 and 4473b4c, f16 and bf16 alike; every
-/// default row was faster than SDPA's flash backend, 1.15x to 1.26x):
-/// - D = 128: variant 1 (S2048: 1.480 ms vs the overlapped schedule's 1.537; S8192 5.712 vs 5.790).
+/// chosen from H100 measurements:
 /// - D = 64 when 128-row CTAs would not fill the chip twice over (fewer than two per SM): variant 4,
 ///   one warpgroup (64 rows) a CTA, so twice the CTAs share the SMs. Seed shape B4 H8 S512 (128
-///   CTAs of 128 rows on 132 SMs): 11.3 us vs 12.2 for 128-row CTAs with 128-key tiles, cuDNN 11.8.
-/// - D = 64 otherwise: variant 2 causal (S2048: 0.487 vs variant 1's 0.493), variant 1 unmasked
-///   (0.843 vs 0.860); variant 4 was 5-6% slower there.
-fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> u32 {
+///   CTAs of 128 rows on 132 SMs): 11.3 us vs 12.2 for 128-row CTAs with 128-key tiles, cuDNN 11.8
+///   (2026-11-26, 4473b4c).
+/// - Otherwise variant 5, the warp-specialised TMA kernel: against the `cp.async` kernels it
+///   replaced (2026-11-26, the bundles of 3963f5f and 8bc2a13 in one call, docs/PERF_NOTES.md), D = 128
+///   19%-23% faster before its consumers took turns and 3%-4% more after; D = 64 1.6%-6.4% faster
+///   at S 8192 and within 1.7% (no significant change) at S 2048.
+fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims) -> u32 {
     if gpu.ptx_arch() != "sm_90" {
         return 0;
     }
     let ctas_of_128_rows = d.seq_q.div_ceil(128) as u64 * d.heads as u64 * d.batch as u64;
     let sms = gpu.sm_count().unwrap_or(0) as u64;
-    match (d.head_dim, params.causal) {
-        (128, _) => FLASH_TMA_VARIANT,
-        (64, _) if ctas_of_128_rows < 2 * sms => 4,
-        (64, _) => FLASH_TMA_VARIANT,
+    match d.head_dim {
+        64 if ctas_of_128_rows < 2 * sms => 4,
+        64 | 128 => FLASH_TMA_VARIANT,
         _ => 0,
     }
 }
 
-/// FlashAttention variant `variant` (0: the `mma.sync` FlashAttention-2 kernel; 1..=[`FLASH_VARIANTS`]:
-/// wgmma, on a device that runs it) on validated inputs: one CTA per (query block, head, batch).
+/// FlashAttention kernel `variant` (one of [`FLASH_VARIANTS`], on a device that runs it) on
+/// validated inputs: one CTA per (query block, head, batch).
 #[allow(clippy::too_many_arguments)]
 fn flash_launch(
     op: &'static str,
@@ -507,7 +504,7 @@ fn flash_launch(
 const FLASH_TMA_VARIANT: u32 = 5;
 
 /// Q, K and V as rank-3 tensors `[batch * heads][seq][D]` for the copy engine, or `None` when it
-/// cannot read them (a base not 16-byte aligned). With no keys the kernel loads no K or V tile, and
+/// cannot read them (a base not 16-byte aligned, which validation already refuses). With no keys the kernel loads no K or V tile, and
 /// their maps describe one row of Q's memory (a map cannot be empty).
 fn flash_tma_views(
     q: &Tensor,
@@ -541,17 +538,30 @@ fn flash_tma_launch(
     (o, lse): (Tensor, Tensor),
 ) -> Result<(Tensor, Tensor)> {
     let Some(c) = flash_tma_config(d.head_dim) else {
-        unreachable!("the variant is chosen only at head dims it has")
+        return Err(Error::Invalid {
+            op,
+            msg: format!("no warp-specialised kernel at head dim {}", d.head_dim),
+        });
     };
     let name = match (d.head_dim, q.dtype()) {
         (64, DType::F16) => "flash_tma_fwd_d64_f16",
         (64, DType::BF16) => "flash_tma_fwd_d64_bf16",
         (_, DType::F16) => "flash_tma_fwd_d128_f16",
         (_, DType::BF16) => "flash_tma_fwd_d128_bf16",
-        (_, DType::F32) => unreachable!("validate accepts 16-bit dtypes only for FlashAttention"),
+        (_, DType::F32) => {
+            return Err(Error::Invalid {
+                op,
+                msg: "FlashAttention takes f16/bf16".into(),
+            });
+        }
     };
     let Some([vq, vk, vv]) = flash_tma_views(q, k, v, d) else {
-        unreachable!("the variant is chosen only where the copy engine reads Q, K and V")
+        return Err(Error::Invalid {
+            op,
+            msg: "the copy engine cannot read Q, K or V (validation requires 16-byte aligned \
+                  tensors; this is a bug)"
+                .into(),
+        });
     };
     let map_q = crate::tma::sw128_map(op, q.dtype(), &vq, c.block_q as u32)?;
     let map_k = crate::tma::sw128_map(op, q.dtype(), &vk, c.block_k as u32)?;
@@ -583,38 +593,27 @@ fn flash_tma_launch(
     Ok((o, lse))
 }
 
-/// The wgmma (Hopper) kernel of variant 1 (plain schedule, D 64 and 128), 2 (overlapped, D = 64) or
-/// 4 (overlapped, one warpgroup of 64 query rows a CTA, 128-key tiles, D = 64) for a head dim and
-/// dtype, with its config.
+/// The one-warpgroup wgmma kernel (variant 4, D = 64) for a dtype, with its config.
 fn flash_wgmma_kernel(
     variant: u32,
     head_dim: usize,
     dtype: DType,
 ) -> Option<(FlashWgmmaConfig, &'static str)> {
     let name = match (variant, head_dim, dtype) {
-        (1, 64, DType::F16) => "flash_wg_fwd_d64_f16",
-        (1, 64, DType::BF16) => "flash_wg_fwd_d64_bf16",
-        (1, 128, DType::F16) => "flash_wg_fwd_d128_f16",
-        (1, 128, DType::BF16) => "flash_wg_fwd_d128_bf16",
-        (2, 64, DType::F16) => "flash_wg2_fwd_d64_f16",
-        (2, 64, DType::BF16) => "flash_wg2_fwd_d64_bf16",
         (4, 64, DType::F16) => "flash_wg4_fwd_d64_f16",
         (4, 64, DType::BF16) => "flash_wg4_fwd_d64_bf16",
         _ => return None,
     };
-    let cfg = match (variant, head_dim) {
-        (4, 64) => FLASH_WG_D64_Q64,
-        _ => flash_wgmma_config(head_dim)?,
-    };
-    Some((cfg, name))
+    Some((FLASH_WG_D64_Q64, name))
 }
 
 /// The FlashAttention kernels [`flash_forward_variant`] can select: 0 the `mma.sync` kernel (sm_80
-/// build), 1, 2 and 4 the wgmma kernels (sm_90 build; 2 and 4 at D = 64 only). Each is what
-/// [`flash_forward`] runs for some shape; the selector lets the tests cover every kernel on every
-/// shape.
+/// build), 4 the one-warpgroup wgmma kernel (sm_90 build, D = 64) and 5 the warp-specialised TMA
+/// kernel (sm_90 build). Each is what [`flash_forward`] runs for some shape; the selector lets the
+/// tests cover every kernel on every shape. (Numbers 1 to 3 were `cp.async` wgmma kernels, deleted
+/// when measured slower: docs/PERF_NOTES.md.)
 #[doc(hidden)]
-pub const FLASH_VARIANTS: [u32; 5] = [0, 1, 2, 4, FLASH_TMA_VARIANT];
+pub const FLASH_VARIANTS: [u32; 3] = [0, 4, FLASH_TMA_VARIANT];
 
 /// Whether `gpu` runs FlashAttention kernel `variant` at head dim `head_dim`: 0 with the sm_80 build
 /// (see `Build::Portable` to run it on a 9.0 device), the wgmma kernels with the sm_90 build.
@@ -622,8 +621,7 @@ pub const FLASH_VARIANTS: [u32; 5] = [0, 1, 2, 4, FLASH_TMA_VARIANT];
 pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32, head_dim: usize) -> bool {
     match variant {
         0 => gpu.ptx_arch() == "sm_80",
-        1 => gpu.ptx_arch() == "sm_90",
-        2 | 4 => gpu.ptx_arch() == "sm_90" && head_dim == 64,
+        4 => gpu.ptx_arch() == "sm_90" && head_dim == 64,
         FLASH_TMA_VARIANT => gpu.ptx_arch() == "sm_90" && flash_tma_config(head_dim).is_some(),
         _ => false,
     }
@@ -642,14 +640,13 @@ pub fn flash_forward_variant(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward_variant";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    let tma_blocked = variant == FLASH_TMA_VARIANT && flash_tma_views(q, k, v, &d).is_none();
-    if !flash_variant_supported(q.gpu(), variant, d.head_dim) || tma_blocked {
+    if !flash_variant_supported(q.gpu(), variant, d.head_dim) {
         return Err(Error::Invalid {
             op: OP,
             msg: format!(
-                "no FlashAttention kernel {variant} at head dim {} in the {} build for these \
-                 tensors (kernels: 0 in the sm_80 build; 1 in the sm_90 build; 2 and 4 there at \
-                 head dim 64; 5 there at head dims 64 and 128 for 16-byte aligned Q, K, V)",
+                "no FlashAttention kernel {variant} at head dim {} in the {} build (kernels: 0 in \
+                 the sm_80 build; 4 in the sm_90 build at head dim 64; 5 there at head dims 64 \
+                 and 128)",
                 d.head_dim,
                 q.gpu().ptx_arch()
             ),

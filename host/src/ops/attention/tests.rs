@@ -626,18 +626,22 @@ fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
             );
         }
     }
+    // The sm_90 build's kernels: the warp-specialised one at every head dim, the one-warpgroup one
+    // at D = 64; each with the launch bound the host launches it with.
     for d in FLASH_HEAD_DIMS {
-        assert!(flash_wgmma_config(d).is_some());
+        let tma = flash_tma_config(d).unwrap();
+        assert_eq!(tma.head_dim, d);
         for dt in [DType::F16, DType::BF16] {
-            for variant in [1, 2, 4] {
-                let Some((cfg, name)) = flash_wgmma_kernel(variant, d, dt) else {
-                    assert!(
-                        variant != 1 && d != 64,
-                        "variant {variant} D {d} has no kernel"
-                    );
-                    continue;
-                };
-                assert_eq!(cfg.head_dim, d);
+            let name = format!("flash_tma_fwd_d{d}_{dt}");
+            assert!(
+                in_build(&name, "sm_90") && !in_build(&name, "sm_80"),
+                "{name}"
+            );
+            let bound = crate::modules::launch_bounds(&name, "sm_90");
+            assert_eq!(bound, Some((FLASH_TMA_THREADS as u32, 1)), "{name}");
+            let wg4 = flash_wgmma_kernel(4, d, dt);
+            assert_eq!(wg4.is_some(), d == 64, "variant 4 at D {d}");
+            if let Some((cfg, name)) = wg4 {
                 assert!(
                     in_build(name, "sm_90") && !in_build(name, "sm_80"),
                     "{name}"
