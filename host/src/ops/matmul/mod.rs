@@ -768,6 +768,16 @@ fn tma_eligible(
 /// wgmma) on the sm_90 build when every row is 16-byte aligned (N too), `matmul_tc_*`
 /// (`mma.sync`) otherwise. For reading a profile, or checking that a shape takes the fast path.
 /// (A fresh output is 256-byte aligned, so only N decides for C.)
+///
+/// ```no_run
+/// use host::ops::matmul::{Transpose, matmul_kernel};
+/// use host::{DType, Gpu, Tensor};
+/// let gpu = Gpu::new(0)?;
+/// let a = Tensor::empty(&gpu, &[4096, 4096], DType::F16)?;
+/// // "matmul_tma_nn_f16" on an H100 or H200, "matmul_tc_nn_f16" elsewhere.
+/// println!("{}", matmul_kernel(&a, &a, Transpose::No, Transpose::No)?);
+/// # Ok::<(), host::Error>(())
+/// ```
 pub fn matmul_kernel(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Result<&'static str> {
     const OP: &str = "matmul_kernel";
     same_device_and_dtype(OP, a, b)?;
