@@ -39,7 +39,9 @@ use crate::params::attention::{
 };
 use crate::{unroll, unroll_lt};
 
-use super::flash_wgmma::{OnlineSoftmax, key_limits, mask, pack_p, rescale, store_output};
+use super::flash_wgmma::{
+    OnlineSoftmax, QueryBlock, issue_pv, issue_s, key_limits, mask, pack_p, rescale, store_output,
+};
 
 /// K/V ring depth.
 const STAGES: usize = 2;
@@ -70,16 +72,12 @@ unsafe fn flash_tma_fwd<
     const { assert!(BQ == 128 && SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 128) };
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
-    let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-    let bh = block_idx_z() * p.heads + block_idx_y();
-    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
-    let rows_here = (sq - m0).min(BQ as u32);
-    let key_end = if causal {
-        (m0 as i32 + rows_here as i32 + diag).clamp(0, sk as i32) as u32
-    } else {
-        sk
-    };
-    let n_tiles = key_end.div_ceil(BK as u32);
+    let QueryBlock {
+        m0,
+        bh,
+        diag,
+        n_tiles,
+    } = QueryBlock::of::<BQ, BK>(&p);
 
     // Q, the K ring, the V ring (each whole 1024-byte atoms), then Q's barrier.
     let base = dynamic_base();
@@ -166,27 +164,14 @@ unsafe fn flash_tma_fwd<
             unsafe { named_barrier(TURN + wg, 256) };
         }
         fence();
-        unroll_lt!(kd < D / 16, {
-            // SAFETY: the whole warpgroup; Q and K(j) have landed (their barriers) and stay until
-            // this warpgroup releases K(j) after the wait below.
-            unsafe {
-                T::mma_ss(
-                    &mut s,
-                    q_tile.desc_k_major(wg_row, kd as u32),
-                    kt.desc_k_major(0, kd as u32),
-                    (kd > 0) as u32,
-                )
-            };
-        });
-        commit();
+        // SAFETY: the whole warpgroup; Q and K(j) have landed (their barriers) and stay until this
+        // warpgroup releases K(j) after the wait below.
+        unsafe { issue_s::<T, BQ, BK, D, SN>(&mut s, q_tile, wg_row, kt) };
         if j > 0 {
             let vt = v_ring.consumer_wait(vs);
-            unroll_lt!(ks_ < BK / 16, {
-                // SAFETY: the whole warpgroup; V(j-1) has landed; P(j-1) and the rescaled O were
-                // written before the `fence` above.
-                unsafe { T::mma_rs_tb(&mut acc, &pf[ks_], vt.desc_mn_major(ks_ as u32)) };
-            });
-            commit();
+            // SAFETY: the whole warpgroup; V(j-1) has landed; P(j-1) and the rescaled O were
+            // written before the `fence` above.
+            unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, vt) };
             // SAFETY: as above.
             unsafe { named_barrier_arrive(TURN + 1 - wg, 256) };
             // S(j) retired (groups retire in order); P V(j-1) may still run.
@@ -224,11 +209,8 @@ unsafe fn flash_tma_fwd<
     if n_tiles > 0 {
         let vt = v_ring.consumer_wait(vs);
         fence();
-        unroll_lt!(ks_ < BK / 16, {
-            // SAFETY: as in the loop.
-            unsafe { T::mma_rs_tb(&mut acc, &pf[ks_], vt.desc_mn_major(ks_ as u32)) };
-        });
-        commit();
+        // SAFETY: as in the loop.
+        unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, vt) };
     }
     acc.wait::<0>();
     if n_tiles > 0 && elected {

@@ -72,17 +72,13 @@ unsafe fn flash_wg_fwd<
     let cfg: FlashWgmmaConfig = const { checked_config::<D, BQ, BK, TH, SN, ON>() };
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
-    // Query block, heaviest first: under a causal mask later blocks see more keys.
-    let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
-    let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
-    let rows_here = (sq - m0).min(BQ as u32);
-    let key_end = if causal {
-        (m0 as i32 + rows_here as i32 + diag).clamp(0, sk as i32) as u32
-    } else {
-        sk
-    };
-    let n_tiles = key_end.div_ceil(BK as u32);
+    let QueryBlock {
+        m0,
+        bh,
+        diag,
+        n_tiles,
+    } = QueryBlock::of::<BQ, BK>(&p);
+    let bh = bh as u64;
     check_index(
         ((bh + 1) * sq as u64 * D as u64) as usize,
         q.len as usize + 1,
@@ -160,29 +156,15 @@ unsafe fn flash_wg_fwd<
         }
         cp_async_commit();
 
-        let kt = k_tiles.stage(stage);
         fence();
-        unroll_lt!(kd < D / 16, {
-            // SAFETY: as in the plain loop.
-            unsafe {
-                T::mma_ss(
-                    &mut s,
-                    q_tile.desc_k_major(wg_row, kd as u32),
-                    kt.desc_k_major(0, kd as u32),
-                    (kd > 0) as u32,
-                )
-            };
-        });
-        commit();
+        // SAFETY: the whole warpgroup issues it (no divergence above); Q and K(j) landed and were
+        // fenced before the barrier; `s` is untouched until the wait below.
+        unsafe { issue_s::<T, BQ, BK, D, SN>(&mut s, q_tile, wg_row, k_tiles.stage(stage)) };
         if j > 0 {
             // P V(j-1): V(j-1) landed before the barrier above; P(j-1) and the rescaled O were
             // written before the fence above.
-            let vt = v_tiles.stage(1 - stage);
-            unroll_lt!(ks < BK / 16, {
-                // SAFETY: the whole warpgroup; see above.
-                unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
-            });
-            commit();
+            // SAFETY: the whole warpgroup; see above.
+            unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, v_tiles.stage(1 - stage)) };
             // S(j) retired (groups retire in order); P V(j-1) may still run.
             s.wait::<1>();
         } else {
@@ -203,18 +185,98 @@ unsafe fn flash_wg_fwd<
         cp_async_wait::<0>();
         fence_proxy_async();
         sync_threads();
-        let vt = v_tiles.stage((n_tiles - 1) % 2);
         fence();
-        unroll_lt!(ks < BK / 16, {
-            // SAFETY: the whole warpgroup; see above.
-            unsafe { T::mma_rs_tb(&mut acc, &pf[ks], vt.desc_mn_major(ks as u32)) };
-        });
-        commit();
+        // SAFETY: the whole warpgroup; see above.
+        unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, v_tiles.stage((n_tiles - 1) % 2)) };
     }
     acc.wait::<0>();
 
     let out_row0 = bh * sq as u64 + m0 as u64 + warp_row as u64;
     store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, sq - m0, o, lse, out_row0);
+}
+
+/// The query block a CTA computes and the key tiles it visits: block `blockIdx.x` from the last
+/// (heaviest first: under a causal mask later blocks see more keys), head `blockIdx.y`, batch
+/// `blockIdx.z`; `n_tiles` tiles of `BK` keys up to the last key this block's last row sees.
+pub(super) struct QueryBlock {
+    /// The block's first query row.
+    pub m0: u32,
+    /// The (batch, head) index, `batch * heads + head`.
+    pub bh: u32,
+    /// Query `i` sees key `j` iff `j <= i + diag` (causal).
+    pub diag: i32,
+    pub n_tiles: u32,
+}
+
+impl QueryBlock {
+    #[inline(always)]
+    pub(super) fn of<const BQ: usize, const BK: usize>(p: &AttentionShape) -> Self {
+        let (sq, sk) = (p.seq_q, p.seq_k);
+        let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
+        let bh = block_idx_z() * p.heads + block_idx_y();
+        let diag = sk as i32 - sq as i32;
+        let rows_here = (sq - m0).min(BQ as u32);
+        let key_end = if p.mask == MaskKind::Causal {
+            (m0 as i32 + rows_here as i32 + diag).clamp(0, sk as i32) as u32
+        } else {
+            sk
+        };
+        Self {
+            m0,
+            bh,
+            diag,
+            n_tiles: key_end.div_ceil(BK as u32),
+        }
+    }
+}
+
+/// Issues `S = Q K^T` for the warpgroup whose query rows start at `wg_row` of `q_tile`: `D / 16`
+/// wgmma k-steps against `k_tile` in one committed group (the caller fenced and later waits).
+///
+/// # Safety
+/// The whole warpgroup calls it; both tiles have landed and are fenced for the async proxy, and stay
+/// until a wait covering this group; `s` is untouched until then.
+#[inline(always)]
+pub(super) unsafe fn issue_s<T, const BQ: usize, const BK: usize, const D: usize, const SN: usize>(
+    s: &mut [f32; SN],
+    q_tile: SwizzledTile<BQ, D>,
+    wg_row: u32,
+    k_tile: SwizzledTile<BK, D>,
+) where
+    T: Wgmma<[f32; SN]>,
+{
+    unroll_lt!(kd < D / 16, {
+        // SAFETY: the caller's.
+        unsafe {
+            T::mma_ss(
+                s,
+                q_tile.desc_k_major(wg_row, kd as u32),
+                k_tile.desc_k_major(0, kd as u32),
+                (kd > 0) as u32,
+            )
+        };
+    });
+    commit();
+}
+
+/// Issues `O += P V` from the packed P fragments `pf` and `v_tile`: `BK / 16` wgmma in one
+/// committed group.
+///
+/// # Safety
+/// As for [`issue_s`], with `acc` for `s`; `pf` and `acc` were written before the caller's fence.
+#[inline(always)]
+pub(super) unsafe fn issue_pv<T, const BK: usize, const D: usize, const ON: usize>(
+    acc: &mut [f32; ON],
+    pf: &[[u32; 4]; 16],
+    v_tile: SwizzledTile<BK, D>,
+) where
+    T: Wgmma<[f32; ON]>,
+{
+    unroll_lt!(ks < BK / 16, {
+        // SAFETY: the caller's.
+        unsafe { T::mma_rs_tb(acc, &pf[ks], v_tile.desc_mn_major(ks as u32)) };
+    });
+    commit();
 }
 
 /// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).

@@ -473,12 +473,7 @@ fn flash_launch(
     if d.batch * d.heads * d.seq_q == 0 {
         return Ok((o, lse));
     }
-    let q_blocks = u32::try_from(d.seq_q.div_ceil(block_q)).map_err(|_| Error::TooLarge {
-        op,
-        what: "query blocks",
-        given: d.seq_q.div_ceil(block_q) as u64,
-        max: u32::MAX as u64,
-    })?;
+    let q_blocks = query_blocks(op, d, block_q)?;
     let launch = LaunchConfig {
         grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
         block_dim: (threads as u32, 1, 1),
@@ -498,6 +493,17 @@ fn flash_launch(
         ],
     )?;
     Ok((o, lse))
+}
+
+/// Query blocks of `block_q` rows (a forward launch's grid x), or an error past u32.
+fn query_blocks(op: &'static str, d: &Dims, block_q: usize) -> Result<u32> {
+    let blocks = d.seq_q.div_ceil(block_q);
+    u32::try_from(blocks).map_err(|_| Error::TooLarge {
+        op,
+        what: "query blocks",
+        given: blocks as u64,
+        max: u32::MAX as u64,
+    })
 }
 
 /// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`).
@@ -566,12 +572,7 @@ fn flash_tma_launch(
     let map_q = crate::tma::sw128_map(op, q.dtype(), &vq, c.block_q as u32)?;
     let map_k = crate::tma::sw128_map(op, q.dtype(), &vk, c.block_k as u32)?;
     let map_v = crate::tma::sw128_map(op, q.dtype(), &vv, c.block_k as u32)?;
-    let q_blocks = u32::try_from(d.seq_q.div_ceil(c.block_q)).map_err(|_| Error::TooLarge {
-        op,
-        what: "query blocks",
-        given: d.seq_q.div_ceil(c.block_q) as u64,
-        max: u32::MAX as u64,
-    })?;
+    let q_blocks = query_blocks(op, d, c.block_q)?;
     let launch = LaunchConfig {
         grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
         block_dim: (FLASH_TMA_THREADS as u32, 1, 1),
