@@ -71,6 +71,9 @@ SDPA_BACKENDS = [                  # (peer name, torch.nn.attention.SDPBackend m
 ATTN_SHAPES = [(4, 8, 512, 64), (16, 16, 2048, 64), (16, 16, 2048, 128),
                (4, 16, 8192, 64), (4, 16, 8192, 128)]
 ATTN_BWD_SHAPES = ATTN_SHAPES[1:]  # the training shapes (benches/benches/ops.rs attention_backward)
+# The forward also at S 1k, 4k and 16k, D64 and D128 (benches/benches/ops.rs attention).
+ATTN_FWD_SHAPES = ATTN_SHAPES + [(16, 16, 1024, 64), (16, 16, 1024, 128), (8, 16, 4096, 64),
+                                 (8, 16, 4096, 128), (2, 16, 16384, 64), (2, 16, 16384, 128)]
 SDPA_BWD_BACKENDS = SDPA_BACKENDS[:3]  # math materialises B H S^2 scores: tens of GiB here
 
 
@@ -736,7 +739,7 @@ def build_cases(quick):
               embedding_case(50257, 1024, 65536), embedding_bwd_case(50257, 1024, 65536)]
     cases += [sgemm_case(4096, 4096, 4096), lrp_case(64, 4096, 4096), lrp_case(1024, 4096, 4096)]
     cases += [attn_case(tag, b, h, s, d, causal)
-              for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_SHAPES
+              for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_FWD_SHAPES
               for causal in (False, True)]
     cases += [attn_bwd_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES

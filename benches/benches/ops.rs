@@ -679,7 +679,8 @@ fn attention_mask_and_flops(
     }
 }
 
-/// FlashAttention forward at the shapes of bench/peers.py (ATTN_SHAPES), both masks, f16 and bf16.
+/// FlashAttention forward at the shapes of bench/peers.py (ATTN_FWD_SHAPES: ATTN_SHAPES, then S 1k,
+/// 4k and 16k at D64 and D128), both masks, f16 and bf16.
 /// FLOPs `4 B H S^2 D`, halved when causal (docs/math/attention.md).
 fn attention(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
@@ -692,6 +693,12 @@ fn attention(b: &mut Bencher) {
             (16, 16, 2048, 128),
             (4, 16, 8192, 64),
             (4, 16, 8192, 128),
+            (16, 16, 1024, 64),
+            (16, 16, 1024, 128),
+            (8, 16, 4096, 64),
+            (8, 16, 4096, 128),
+            (2, 16, 16384, 64),
+            (2, 16, 16384, 128),
         ]
     };
     for dtype in [DType::F16, DType::BF16] {
