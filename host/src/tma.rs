@@ -106,6 +106,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_kernel_parameter_holds_a_whole_driver_tensor_map() {
+        assert_eq!(
+            std::mem::size_of::<TensorMapParam>(),
+            std::mem::size_of::<sys::CUtensorMap>()
+        );
+    }
+
+    #[test]
     fn readable_tensors_need_aligned_base_strides_and_dims() {
         let t = Tensor3 {
             ptr: 1 << 20,

@@ -1,7 +1,9 @@
 //! The launch ABI: parameter structs are passed by value as raw bytes, so their layout must be the one
 //! the nvptx64 kernels were compiled with. Both targets are 64-bit little-endian with the same C layout
 //! rules; these tests pin the sizes so an edit that adds padding or reorders fields is caught here.
-use gpu::params::{Broadcast2, MAX_DIMS, MatmulTc, RawSlice, ReduceTo, RowAccess};
+use gpu::params::{
+    Broadcast2, MAX_DIMS, MatmulTc, MatmulTma, RawSlice, ReduceTo, RowAccess, TensorMapParam,
+};
 
 #[test]
 fn parameter_structs_have_the_kernel_layout() {
@@ -14,6 +16,34 @@ fn parameter_structs_have_the_kernel_layout() {
     assert_eq!(std::mem::size_of::<MatmulTc>(), 6 * 4 + 6 * 8);
     assert_eq!(std::mem::align_of::<MatmulTc>(), 8);
     assert_eq!(std::mem::offset_of!(MatmulTc, lda), 24);
+    // Eight u32: M, N, K, batch, the tile counts and the two batched flags.
+    assert_eq!(std::mem::size_of::<MatmulTma>(), 8 * 4);
+    // The driver's CUtensorMap: 128 opaque bytes. The kernel-side parameter is declared 16-byte
+    // aligned by rustc and re-declared 64-byte aligned by the PTX builder; its size is what matters.
+    // (host/src/tma.rs checks it against cudarc's `CUtensorMap`.)
+    assert_eq!(std::mem::size_of::<TensorMapParam>(), 128);
+}
+
+/// The Hopper matmul's entry points exist in the sm_90 build only, each with its launch bound (384
+/// threads, one CTA an SM, the register cap `setmaxnreg` needs).
+#[test]
+fn hopper_matmul_entry_points_exist_in_the_sm90_build_only() {
+    for dtype in ["f16", "bf16"] {
+        for t in ["nn", "nt", "tn", "tt"] {
+            let name = format!("matmul_tma_{t}_{dtype}");
+            assert_eq!(
+                host::Family::of(&name),
+                Some(host::Family::Matmul),
+                "{name}"
+            );
+            assert_eq!(
+                host::modules::launch_bounds(&name, "sm_90"),
+                Some((gpu::params::matmul_tma::THREADS, 1)),
+                "{name}"
+            );
+            assert_eq!(host::modules::launch_bounds(&name, "sm_80"), None, "{name}");
+        }
+    }
 }
 
 #[test]
