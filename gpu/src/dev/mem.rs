@@ -91,20 +91,6 @@ pub unsafe fn store_u16(p: *mut u16, i: u64, v: u16) {
     }
 }
 
-/// Stores one 32-bit word (two packed 16-bit elements).
-///
-/// # Safety
-/// `p.add(i)` must be inside a live allocation this thread may write (4-byte aligned by the type).
-#[inline(always)]
-pub unsafe fn store_u32(p: *mut u32, i: u64, v: u32) {
-    unsafe {
-        core::arch::asm!(
-            "st.global.b32 [{p}], {v};",
-            p = in(reg64) p.add(i as usize), v = in(reg32) v, options(nostack)
-        )
-    }
-}
-
 /// Read-only (non-coherent cache) f32 load, `ld.global.nc.f32`.
 ///
 /// # Safety
