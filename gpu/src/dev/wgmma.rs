@@ -100,7 +100,11 @@ pub trait Wgmma<Acc>: MmaElem {
     /// All 128 threads of the warpgroup call it together (same descriptors); the descriptors describe
     /// shared memory this CTA owns, written and fenced ([`fence_proxy_async`] + barrier) before, and
     /// not written until a wait covering this wgmma; `d` is not touched until that wait.
-    unsafe fn mma_ss(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32);
+    #[inline(always)]
+    unsafe fn mma_ss(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32) {
+        // SAFETY: the caller's.
+        unsafe { Self::mma_ss_t::<0, 0>(d, a_desc, b_desc, scale_d) }
+    }
     /// # Safety
     /// As for [`Wgmma::mma_ss`]; `a` holds this thread's A fragment.
     unsafe fn mma_rs_tb(d: &mut Acc, a: &[u32; 4], b_desc: u64);
@@ -110,7 +114,11 @@ pub trait Wgmma<Acc>: MmaElem {
     ///
     /// # Safety
     /// As for [`Wgmma::mma_ss`].
-    unsafe fn mma_ss_tt(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32);
+    #[inline(always)]
+    unsafe fn mma_ss_tt(d: &mut Acc, a_desc: u64, b_desc: u64, scale_d: u32) {
+        // SAFETY: the caller's.
+        unsafe { Self::mma_ss_t::<1, 1>(d, a_desc, b_desc, scale_d) }
+    }
     /// `D (64 x N) = A B + (scale_d != 0 ? D : 0)` with both operands from descriptors and their
     /// majorness chosen at compile time (wgmma's `imm-trans-a`, `imm-trans-b`): `TA = 1` for an MN-major A
     /// (stored `[k][m]`), `TB = 1` for an MN-major B (stored `[k][n]`); 0 for K-major (A `[m][k]`,
@@ -160,34 +168,9 @@ macro_rules! accumulator {
     };
 }
 
-/// One both-operands-from-descriptors wgmma method (`mma_ss`, `mma_ss_tt`): `$trans` is the PTX
-/// `imm-trans-a, imm-trans-b` pair.
-macro_rules! wgmma_ss {
-    ($name:ident, $trans:literal, $ptx:literal, $n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
-        #[inline(always)]
-        unsafe fn $name(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
-            unsafe {
-                core::arch::asm!(
-                    "{{",
-                    ".reg .pred p;",
-                    "setp.ne.b32 p, {sd}, 0;",
-                    concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k16.f32.", $ptx, ".", $ptx, " ",
-                        "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1, ", $trans, ";"),
-                    "}}",
-                    inout(reg32) d[$first], $(inout(reg32) d[$i],)*
-                    a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
-                    options(nostack)
-                )
-            }
-        }
-    };
-}
-
 macro_rules! wgmma_impl {
     ($t:ty, $ptx:literal, $n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
         impl Wgmma<[f32; $n]> for $t {
-            wgmma_ss!(mma_ss, "0, 0", $ptx, $n, $nn, $first $(, $i)*);
-            wgmma_ss!(mma_ss_tt, "1, 1", $ptx, $n, $nn, $first $(, $i)*);
             #[inline(always)]
             unsafe fn mma_ss_t<const TA: u32, const TB: u32>(d: &mut [f32; $n], a_desc: u64, b_desc: u64, scale_d: u32) {
                 unsafe {
