@@ -434,22 +434,37 @@ fn row_access(base_aligned16: bool, ld: u64, stride: u64) -> RowAccess {
 
 /// The tensor-core entry point for a 16-bit dtype and storage combination (`None` for f32).
 fn tc_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str> {
-    const NAMES: [&str; 8] = [
-        "matmul_tc_nn_f16",
-        "matmul_tc_nt_f16",
-        "matmul_tc_tn_f16",
-        "matmul_tc_tt_f16",
-        "matmul_tc_nn_bf16",
-        "matmul_tc_nt_bf16",
-        "matmul_tc_tn_bf16",
-        "matmul_tc_tt_bf16",
-    ];
+    entry_of(
+        [
+            "matmul_tc_nn_f16",
+            "matmul_tc_nt_f16",
+            "matmul_tc_tn_f16",
+            "matmul_tc_tt_f16",
+            "matmul_tc_nn_bf16",
+            "matmul_tc_nt_bf16",
+            "matmul_tc_tn_bf16",
+            "matmul_tc_tt_bf16",
+        ],
+        dtype,
+        ta,
+        tb,
+    )
+}
+
+/// The entry of a 16-bit kernel family listed as `{nn,nt,tn,tt}_f16` then `{nn,nt,tn,tt}_bf16`
+/// for a dtype and storage combination (`None` for f32).
+fn entry_of(
+    names: [&'static str; 8],
+    dtype: DType,
+    ta: Transpose,
+    tb: Transpose,
+) -> Option<&'static str> {
     let d = match dtype {
         DType::F16 => 0,
         DType::BF16 => 4,
         DType::F32 => return None,
     };
-    Some(NAMES[d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize])
+    Some(names[d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize])
 }
 
 /// `op(a) op(b)`: a is `(M, K)` (or `(K, M)` with `ta = Yes`), b is `(K, N)` (or `(N, K)`), each
@@ -677,22 +692,21 @@ fn tc_launch(
 
 /// The Hopper entry point (TMA + wgmma, sm_90 build) for a 16-bit dtype and storage combination.
 fn tma_kernel(dtype: DType, ta: Transpose, tb: Transpose) -> Option<&'static str> {
-    const NAMES: [&str; 8] = [
-        "matmul_tma_nn_f16",
-        "matmul_tma_nt_f16",
-        "matmul_tma_tn_f16",
-        "matmul_tma_tt_f16",
-        "matmul_tma_nn_bf16",
-        "matmul_tma_nt_bf16",
-        "matmul_tma_tn_bf16",
-        "matmul_tma_tt_bf16",
-    ];
-    let d = match dtype {
-        DType::F16 => 0,
-        DType::BF16 => 4,
-        DType::F32 => return None,
-    };
-    Some(NAMES[d + 2 * (ta == Transpose::Yes) as usize + (tb == Transpose::Yes) as usize])
+    entry_of(
+        [
+            "matmul_tma_nn_f16",
+            "matmul_tma_nt_f16",
+            "matmul_tma_tn_f16",
+            "matmul_tma_tt_f16",
+            "matmul_tma_nn_bf16",
+            "matmul_tma_nt_bf16",
+            "matmul_tma_tn_bf16",
+            "matmul_tma_tt_bf16",
+        ],
+        dtype,
+        ta,
+        tb,
+    )
 }
 
 /// The stored operands of a product of shape `d` as rank-3 tensors for the copy engine (A, B, then
