@@ -24,45 +24,32 @@ fn parameter_structs_have_the_kernel_layout() {
     assert_eq!(std::mem::size_of::<TensorMapParam>(), 128);
 }
 
-/// The Hopper matmul's entry points exist in the sm_90 build only, each with its launch bound (384
-/// threads, one CTA an SM, the register cap `setmaxnreg` needs).
-#[test]
-fn hopper_matmul_entry_points_exist_in_the_sm90_build_only() {
-    for dtype in ["f16", "bf16"] {
-        for t in ["nn", "nt", "tn", "tt"] {
-            let name = format!("matmul_tma_{t}_{dtype}");
-            assert_eq!(
-                host::Family::of(&name),
-                Some(host::Family::Matmul),
-                "{name}"
-            );
-            assert_eq!(
-                host::modules::launch_bounds(&name, "sm_90"),
-                Some((gpu::params::matmul_tma::THREADS, 1)),
-                "{name}"
-            );
-            assert_eq!(host::modules::launch_bounds(&name, "sm_80"), None, "{name}");
-        }
-    }
-}
-
+/// Every 16-bit matmul kernel has an entry per dtype and transpose, with the launch bound the host
+/// launches it with in each build that has it: `matmul_tc_*` in both builds (256 threads, one block
+/// per SM), `matmul_tma_*` (the Hopper kernel) in the sm_90 build only (384 threads, one CTA an SM,
+/// the register cap `setmaxnreg` needs).
 #[test]
 fn tensor_core_matmul_entry_points_exist_for_every_dtype_and_transpose() {
-    for dtype in ["f16", "bf16"] {
-        for t in ["nn", "nt", "tn", "tt"] {
-            let name = format!("matmul_tc_{t}_{dtype}");
-            assert_eq!(
-                host::Family::of(&name),
-                Some(host::Family::Matmul),
-                "{name}"
-            );
-            // The launch bound reached the entry in both builds: 256 threads, one block per SM.
-            for arch in ["sm_80", "sm_90"] {
+    let hopper = gpu::params::matmul_tma::THREADS;
+    for (prefix, sm80, sm90) in [
+        ("matmul_tc", Some((256, 1)), Some((256, 1))),
+        ("matmul_tma", None, Some((hopper, 1))),
+    ] {
+        for dtype in ["f16", "bf16"] {
+            for t in ["nn", "nt", "tn", "tt"] {
+                let name = format!("{prefix}_{t}_{dtype}");
                 assert_eq!(
-                    host::modules::launch_bounds(&name, arch),
-                    Some((256, 1)),
-                    "{name} {arch}"
+                    host::Family::of(&name),
+                    Some(host::Family::Matmul),
+                    "{name}"
                 );
+                for (arch, bound) in [("sm_80", sm80), ("sm_90", sm90)] {
+                    assert_eq!(
+                        host::modules::launch_bounds(&name, arch),
+                        bound,
+                        "{name} {arch}"
+                    );
+                }
             }
         }
     }
