@@ -755,26 +755,27 @@ fn tma_operands(
     ]
 }
 
-/// Whether `op(a) op(b)` of shape `d` (16-bit operands, the output at `c_ptr`) takes the Hopper
-/// kernel: the device runs the sm_90 build and the copy engine can read and write all three
-/// matrices (16-byte aligned bases and rows, so N a multiple of 8; no empty dim).
-fn tma_eligible(
+/// The copy engine's views of A, B and C (see [`tma_operands`]) when `op(a) op(b)` of shape `d`
+/// (16-bit operands, the output at `c_ptr`) takes the Hopper kernel: the device runs the sm_90
+/// build and the copy engine can read and write all three matrices (16-byte aligned bases and rows,
+/// so N a multiple of 8; no empty dim); `None` otherwise.
+fn tma_plan(
     a: &Tensor,
     b: &Tensor,
     d: &MatmulDims,
     ta: Transpose,
     tb: Transpose,
     c_ptr: u64,
-) -> bool {
+) -> Option<[(crate::tma::Tensor3, u32); 3]> {
     let tiles = tma::tiles(d.m as u64, d.n as u64) * d.batch.unwrap_or(1) as u64;
-    a.gpu().ptx_arch() == "sm_90"
+    let shape_ok = a.gpu().ptx_arch() == "sm_90"
         && d.m > 0
         && d.k > 0
         && tiles <= tma::MAX_TILES
-        && [d.m, d.n, d.k].iter().all(|&x| x as u64 <= tma::MAX_DIM)
-        && tma_operands(a, b, d, ta, tb, c_ptr)
-            .iter()
-            .all(|(t, _)| crate::tma::tma_readable(t))
+        && [d.m, d.n, d.k].iter().all(|&x| x as u64 <= tma::MAX_DIM);
+    let operands = tma_operands(a, b, d, ta, tb, c_ptr);
+    let readable = operands.iter().all(|(t, _)| crate::tma::tma_readable(t));
+    (shape_ok && readable).then_some(operands)
 }
 
 /// The kernel [`matmul`] launches for these operands (f16/bf16 only; an error for f32, whose kernel
@@ -806,7 +807,7 @@ pub fn matmul_kernel(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Re
         });
     };
     tc_limits(OP, &d, &tc::DEFAULT)?;
-    Ok(if tma_eligible(a, b, &d, ta, tb, 256) {
+    Ok(if tma_plan(a, b, &d, ta, tb, 256).is_some() {
         hopper
     } else {
         portable
@@ -814,7 +815,7 @@ pub fn matmul_kernel(a: &Tensor, b: &Tensor, ta: Transpose, tb: Transpose) -> Re
 }
 
 /// Runs `out = op(a) op(b)` on the Hopper kernel (`matmul_tma_*`) when the device runs the sm_90
-/// build and [`tma_eligible`] holds; returns whether it ran. `d` passed `tc_limits`.
+/// build and [`tma_plan`] finds it eligible; returns whether it ran. `d` passed `tc_limits`.
 fn tma_launch(
     a: &Tensor,
     b: &Tensor,
@@ -828,10 +829,9 @@ fn tma_launch(
     let Some(name) = tma_kernel(a.dtype(), ta, tb) else {
         return Ok(false);
     };
-    if !tma_eligible(a, b, d, ta, tb, out.raw().ptr) {
+    let Some(operands) = tma_plan(a, b, d, ta, tb, out.raw().ptr) else {
         return Ok(false);
-    }
-    let operands = tma_operands(a, b, d, ta, tb, out.raw().ptr);
+    };
     let tiles = tma::tiles(d.m as u64, d.n as u64) * batch;
     let [(a_view, a_rows), (b_view, b_rows), (c_view, c_rows)] = operands;
     let map_a = crate::tma::sw128_map(OP, a.dtype(), &a_view, a_rows)?;
