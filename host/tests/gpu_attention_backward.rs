@@ -424,6 +424,10 @@ fn flash_cases() -> Vec<Case> {
         case(1, 1, 17, 1025, 128, Yes, F16),
         case(1, 2, 1, 1025, 128, No, F16),
         case(1, 2, 1025, 1, 64, Yes, BF16),
+        // 68 key blocks of 128: more than half of an H100's 132 SMs, so the deterministic dQ
+        // takes the ascending order (shorter heads take the rotated one).
+        case(1, 2, 200, 8600, 128, No, F16),
+        case(1, 1, 1025, 8600, 64, Yes, BF16),
     ]);
     cases
 }
@@ -532,7 +536,9 @@ fn flash_backward_is_bit_identical_over_100_runs() {
         return;
     };
     let mut rng = rng("flash_backward_repeat");
-    // 17 key blocks add to every query block of the second case: the turn order is exercised.
+    // 17 key blocks add to every query block of the second case: the turn order is exercised
+    // (the rotated order on a GPU of at least 34 SMs); the third has 68 key blocks, which take the
+    // ascending order on an H100 (more than half its SMs).
     for c in [
         case(
             2,
@@ -549,6 +555,15 @@ fn flash_backward_is_bit_identical_over_100_runs() {
             scaled(700, 97),
             scaled(2100, 300),
             64,
+            Causal::No,
+            DType::F16,
+        ),
+        case(
+            1,
+            2,
+            scaled(600, 97),
+            scaled(8600, 300),
+            128,
             Causal::No,
             DType::F16,
         ),

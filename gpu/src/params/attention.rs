@@ -298,6 +298,125 @@ pub const FLASH_BWD_PRE_ROWS: usize = 128;
 /// order, so no block barrier stands between a warp's additions and its release).
 pub const FLASH_BWD_TURN_ROWS: usize = 8;
 
+/// The order in which the wgmma backward adds the key blocks' partial dQ blocks (its last kernel
+/// argument). `DQ_ORDER_ARRIVAL`: as they arrive, nondeterministic. The two deterministic orders
+/// (`gpu/src/kernels/attention/flash_bwd.rs` has the argument for each):
+/// `DQ_ORDER_ASCENDING`: every CTA of a head walks the query blocks last-first and adds in
+/// ascending key-block order, so a CTA waits only for CTAs started before it (any grid);
+/// `DQ_ORDER_ROTATED`: CTA j starts its walk at query block `j * n_qblocks / n_kblocks` (under
+/// the causal mask at its first visible block) and walks upward, and each block takes its
+/// additions in the order the CTAs reach it, so in step with one another no CTA waits; a CTA may
+/// wait for a later-started CTA of its head, so the host takes it only when a head's CTAs fit on
+/// the GPU at once.
+pub const DQ_ORDER_ARRIVAL: u32 = 0;
+pub const DQ_ORDER_ASCENDING: u32 = 1;
+pub const DQ_ORDER_ROTATED: u32 = 2;
+// The causal turn divides an i64 by `block_k`: a constant in the kernels (a shift), never a call.
+
+/// What fixes a head's dQ walks and turns: its query and key blocks (`ceil(seq / block)`), the
+/// mask, and the causal diagonal `seq_k - seq_q` (query q sees key k iff `k <= q + diag`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DqWalk {
+    pub n_qblocks: u32,
+    pub n_kblocks: u32,
+    pub block_q: u32,
+    pub block_k: u32,
+    pub causal: bool,
+    pub diag: i32,
+}
+
+impl DqWalk {
+    /// The first query block that sees key block `j`: 0, or under the causal mask the block of
+    /// the first query that sees its first key.
+    pub const fn first_qblock(&self, j: u32) -> u32 {
+        if self.causal {
+            let first = j as i64 * self.block_k as i64 - self.diag as i64;
+            (if first > 0 { first as u32 } else { 0 }) / self.block_q
+        } else {
+            0
+        }
+    }
+}
+
+/// The query block that key block `j` walks at step `step` (< `n_qblocks - first_qblock(j)`) in
+/// dQ order `order`: last-first, except in the rotated order (see [`dq_turn_at`]).
+#[inline(always)]
+pub const fn dq_block_at(w: &DqWalk, j: u32, step: u32, order: u32) -> u32 {
+    // Every order's block is computed and one selected: branches around the arithmetic, which
+    // the kernels run while wgmma are in flight, made ptxas serialise those.
+    let last_first = w.n_qblocks.wrapping_sub(1).wrapping_sub(step);
+    let causal = w.first_qblock(j).wrapping_add(step);
+    // u32 arithmetic ([`dq_rotated_fits`]): a 64-bit division is a call in the PTX.
+    let start = j.wrapping_mul(w.n_qblocks) / max1(w.n_kblocks);
+    let i = start.wrapping_add(step);
+    let wrapped = if i >= w.n_qblocks {
+        i.wrapping_sub(w.n_qblocks)
+    } else {
+        i
+    };
+    let rotated = if w.causal { causal } else { wrapped };
+    if order == DQ_ORDER_ROTATED {
+        rotated
+    } else {
+        last_first
+    }
+}
+
+const fn max1(x: u32) -> u32 {
+    if x > 1 { x } else { 1 }
+}
+
+/// Whether a head's blocks allow the rotated order: its walk and turns use 32-bit arithmetic.
+pub const fn dq_rotated_fits(n_qblocks: u32, n_kblocks: u32) -> bool {
+    (n_qblocks as u64 + 1) * (n_kblocks as u64 + 1) < 1 << 32
+}
+
+/// The turn (how many key blocks add to query block `i` before it) of key block `j`, which walks
+/// block `i`, in dQ order `order`. Ascending: `j`, for the key blocks that meet block i are
+/// exactly `0..=j_max(i)`. Rotated: each block takes its additions in the order of the steps at
+/// which the key blocks walk it. Without a mask block j walks up from `s_j = j n_q / n_k`
+/// (wrapping), so it meets block i at step `(i - s_j) mod n_q`: the block with the latest start
+/// `s_J <= i` meets it first, then J - 1, ..., 0, then n_k - 1, ..., J + 1 (blocks with equal
+/// starts meet it at the same step and go highest first too): turn `(J - j) mod n_k`, with
+/// `J = ((i + 1) n_k - 1) / n_q`, the largest j with `j n_q < (i + 1) n_k`. Under the causal mask
+/// block j walks up from its first visible block `f_j` (non-decreasing in j) and meets block i at
+/// step `i - f_j`: the blocks meeting block i are `0..=J` with `J` the largest j with `f_j <= i`,
+/// i.e. `j BK - diag <= (i + 1) BQ - 1`, met highest first: turn `J - j`.
+#[inline(always)]
+pub const fn dq_turn_at(w: &DqWalk, j: u32, i: u32, order: u32) -> u32 {
+    // Computed whole and selected, as in [`dq_block_at`].
+    let n_k = w.n_kblocks;
+    let bound = (i as i64 + 1) * w.block_q as i64 + w.diag as i64 - 1;
+    // Block j meets block i, so `j BK <= bound`: the quotient is >= j >= 0.
+    let last_causal = bound / w.block_k as i64;
+    let last_causal = if last_causal > n_k as i64 - 1 {
+        n_k.wrapping_sub(1)
+    } else {
+        last_causal as u32
+    };
+    let last = (i.wrapping_add(1).wrapping_mul(n_k).wrapping_sub(1)) / max1(w.n_qblocks);
+    let last = if last > n_k.wrapping_sub(1) {
+        n_k.wrapping_sub(1)
+    } else {
+        last
+    };
+    let wrapped = if last >= j {
+        last.wrapping_sub(j)
+    } else {
+        last.wrapping_add(n_k).wrapping_sub(j)
+    };
+    let rotated = if w.causal {
+        last_causal.wrapping_sub(j)
+    } else {
+        wrapped
+    };
+    if order == DQ_ORDER_ROTATED {
+        rotated
+    } else {
+        j
+    }
+}
+
 /// Design notes (no measurements yet; the H100 benchmark is the judge):
 /// - 128 keys a CTA (8 warps, 16 keys each): every Q and dO block brought into shared memory feeds
 ///   128 keys, and each dQ partial block added to the f32 accumulator covers 128 keys, halving the

@@ -43,6 +43,22 @@
 //! mask a first-to-last walk would make the CTA of K block j (which starts further down) wait for
 //! block j-1 to walk the blocks above, holding its SM idle.
 //!
+//! The wgmma kernel (`flash_wg_bwd.rs`) also has a **rotated order** (`DQ_ORDER_ROTATED`), which
+//! takes the start-up waits away. In the ascending order a head's CTAs start together at the last
+//! block and CTA j waits for j additions (each a release, an acquire and a round trip to L2 long)
+//! before its first; measured, that cost the deterministic mode 1.2x-1.45x of the nondeterministic
+//! one (docs/PERF_NOTES.md). Rotated, CTA j starts at query block `j n_q / n_k` and walks upward
+//! (wrapping), under the causal mask from its first visible block, and each block takes the CTAs'
+//! additions in the order of the steps at which they reach it (`KeyBlockWalk::turn_at`): the CTA
+//! a CTA waits for reached the block `n_q / n_k` steps earlier (at least one), so CTAs that run in
+//! step never wait. The order is still a function of (i, j) alone: the same bits every run. The
+//! price is the deadlock argument: a CTA now waits for the CTA of the next key block (cyclically),
+//! which may have started after it. The CTAs of heads started earlier wait only within their
+//! heads and finish, so a head's CTAs all run at once as long as the GPU holds `n_k` CTAs at once;
+//! the host takes the rotated order only where `n_k` is at most half the SM count (one CTA an
+//! SM), else the ascending one, and the bounded wait turns a broken assumption into a launch
+//! error rather than a hang.
+//!
 //! Extra memory is O((S_q + S_k) D): the f32 dQ accumulator, two f32 per query row and one counter per
 //! 8 query rows.
 use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
@@ -62,8 +78,8 @@ use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
-    AttentionShape, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS,
-    FlashBwdConfig, MaskKind, flash_bwd, flash_bwd_config,
+    AttentionShape, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS,
+    FlashBwdConfig, MaskKind, dq_block_at, dq_turn_at, flash_bwd, flash_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
@@ -357,6 +373,11 @@ pub(super) struct KeyBlockWalk {
     /// The first query block that sees keys of this block: 0, or under the causal mask the block
     /// of the first query that sees key n0 (n0 < sk, so that query is < sq).
     pub first_qblock: u32,
+    /// Key blocks (CTAs) of the head.
+    pub n_kblocks: u32,
+    /// Block sizes, for the rotated order's arithmetic.
+    pub block_k: u32,
+    pub block_q: u32,
 }
 
 impl KeyBlockWalk {
@@ -394,6 +415,9 @@ impl KeyBlockWalk {
             } else {
                 0
             },
+            n_kblocks: sk.div_ceil(BK as u32),
+            block_k: BK as u32,
+            block_q: BQ as u32,
         };
         check_index(
             ((bh + 1) * sq as u64 * D as u64) as usize,
@@ -412,6 +436,39 @@ impl KeyBlockWalk {
             turns_len as usize + 1,
         );
         walk
+    }
+
+    /// Query blocks this CTA walks: those that see its keys.
+    #[inline(always)]
+    pub(super) fn steps(&self) -> u32 {
+        self.n_qblocks - self.first_qblock
+    }
+
+    /// The query block of step `step` (< [`Self::steps`]) in dQ order `order` ([`dq_block_at`]).
+    #[inline(always)]
+    pub(super) fn block_at(&self, step: u32, order: u32) -> u32 {
+        let w = self.dq_walk();
+        dq_block_at(&w, self.j, step, order)
+    }
+
+    /// The turn at which this CTA adds its part of query block `i` in dQ order `order`
+    /// ([`dq_turn_at`]).
+    #[inline(always)]
+    pub(super) fn turn_at(&self, i: u32, order: u32) -> u32 {
+        let w = self.dq_walk();
+        dq_turn_at(&w, self.j, i, order)
+    }
+
+    #[inline(always)]
+    fn dq_walk(&self) -> DqWalk {
+        DqWalk {
+            n_qblocks: self.n_qblocks,
+            n_kblocks: self.n_kblocks,
+            block_q: self.block_q,
+            block_k: self.block_k,
+            causal: self.causal,
+            diag: self.diag,
+        }
     }
 
     /// For keys `key` and `key + 8` of this block, in the query block starting at row `m0`: the

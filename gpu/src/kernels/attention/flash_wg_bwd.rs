@@ -6,8 +6,9 @@
 //! One CTA of two warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys
 //! `64 w..64 w + 64`, the M = 64 of its products, and keeps their dK and dV rows in registers (wgmma
 //! accumulators). K and V stay in shared memory; the CTA walks the query blocks that see its keys
-//! last-first, Q_i, dO_i and their statistics pipelined by `cp.async` (2 stages, 3 with
-//! `defer_dq`). Per query block i (D = 128, [`FlashWgBwdConfig::defer_dq`] false):
+//! in the order its dQ order asks (`KeyBlockWalk::block_at`: last-first, or rotated), Q_i, dO_i
+//! and their statistics pipelined by `cp.async` (2 stages, 3 with `defer_dq`). Per query block i
+//! (D = 128, [`FlashWgBwdConfig::defer_dq`] false):
 //! ```text
 //! wait, proxy fence, barrier      Q_i/dO_i landed; every warpgroup retired step i+1's products
 //! load Q/dO of block i-1 into the other stage
@@ -29,7 +30,7 @@
 //! back read) and Q/dO take 3 stages (a step's last dV/dK products retire only in the next step,
 //! after that step's loads were issued). D = 128 keeps the plain order: its dK and dV take 128
 //! registers, and ptxas serialised the wgmma for lack of registers to keep 32 more in flight.
-//! The nondeterministic mode (`ordered` = 0, `BackwardMode::Nondeterministic` on the host) skips
+//! The nondeterministic mode (`DQ_ORDER_ARRIVAL`, `BackwardMode::Nondeterministic` on the host) skips
 //! the turn waits and releases: each warp adds its part as soon as it has it, so the f32 sums of
 //! a dQ element happen in arrival order.
 //!
@@ -54,7 +55,8 @@ use crate::dev::thread::{lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128, FlashWgBwdConfig, flash_wg_bwd_config,
+    AttentionShape, DQ_ORDER_ARRIVAL, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128, FlashWgBwdConfig,
+    flash_wg_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
@@ -83,7 +85,7 @@ unsafe fn flash_wg_bwd<
     dk: SliceMut<T>,
     dv: SliceMut<T>,
     p: AttentionShape,
-    ordered: bool,
+    order: u32,
 ) where
     T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
     [f32; ON]: Accumulator,
@@ -102,17 +104,15 @@ unsafe fn flash_wg_bwd<
     let KeyBlockWalk {
         sq,
         sk,
-        j,
         n0,
         bh,
-        n_qblocks,
         sq_pad,
         n_turns,
         turn_step,
         heads_total,
-        first_qblock,
         ..
     } = walk;
+    let n_steps = walk.steps();
     check_index(
         ((bh + 1) * sq as u64 * D as u64) as usize,
         dq_acc.len as usize + 1,
@@ -173,13 +173,13 @@ unsafe fn flash_wg_bwd<
     };
 
     // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0.
-    if n_qblocks > first_qblock {
+    if n_steps > 0 {
         // SAFETY: rows past seq_k are zero-filled without reading; nothing has touched the tiles.
         unsafe {
             load_rows::<BK, D, TH, T>(k_tile, k_src, n0, sk);
             load_rows::<BK, D, TH, T>(v_tile, v_src, n0, sk);
         }
-        load_qblock(n_qblocks - 1, 0);
+        load_qblock(walk.block_at(0, order), 0);
     }
     cp_async_commit();
     if cfg.defer_dq {
@@ -191,10 +191,11 @@ unsafe fn flash_wg_bwd<
     let c = p.scale * LOG2_E;
     let mut dk_acc = [0.0f32; ON];
     let mut dv_acc = [0.0f32; ON];
-    let mut i = n_qblocks;
+    let mut i = 0u32; // the step's query block
+    let mut prev = 0u32; // the previous step's
     let mut step = 0u32;
-    while i > first_qblock {
-        i -= 1;
+    while step < n_steps {
+        i = walk.block_at(step, order);
         let m0 = i * BQ as u32;
         let (stage, ds_stage) = (step % STAGES as u32, step % 2);
         // Per-thread indices are recomputed each step (`opaque_dep_u32`), not kept in registers
@@ -213,8 +214,8 @@ unsafe fn flash_wg_bwd<
         cp_async_wait::<0>();
         fence_proxy_async();
         sync_threads();
-        if i > first_qblock {
-            load_qblock(i - 1, (step + 1) % STAGES as u32);
+        if step + 1 < n_steps {
+            load_qblock(walk.block_at(step + 1, order), (step + 1) % STAGES as u32);
         }
         cp_async_commit();
         let (qt, dot, ds_tile) = (
@@ -287,11 +288,11 @@ unsafe fn flash_wg_bwd<
                         sq,
                         n_turns,
                         turn_step,
-                        i + 1,
-                        j,
+                        prev,
+                        walk.turn_at(prev, order),
                         tid,
                         cfg,
-                        ordered,
+                        order,
                     );
                 }
             }
@@ -363,9 +364,21 @@ unsafe fn flash_wg_bwd<
             dv_acc.hold();
             dk_acc.hold();
             add_dq_in_turn(
-                &dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered,
+                &dq,
+                dq_acc,
+                turns,
+                bh,
+                sq,
+                n_turns,
+                turn_step,
+                i,
+                walk.turn_at(i, order),
+                tid,
+                cfg,
+                order,
             );
         }
+        prev = i;
         step += 1;
     }
     if cfg.defer_dq {
@@ -394,7 +407,18 @@ unsafe fn flash_wg_bwd<
         dv_acc.hold();
         dk_acc.hold();
         add_dq_in_turn(
-            &dq, dq_acc, turns, bh, sq, n_turns, turn_step, i, j, tid, cfg, ordered,
+            &dq,
+            dq_acc,
+            turns,
+            bh,
+            sq,
+            n_turns,
+            turn_step,
+            i,
+            walk.turn_at(i, order),
+            tid,
+            cfg,
+            order,
         );
     }
     // The K/V tiles are free: every copy was waited for, every product retired.
@@ -463,11 +487,12 @@ fn zero_tile<const ROWS: usize, const COLS: usize, const TH: usize>(
     });
 }
 
-/// This warp's part of query block `i`'s dQ half (thread `tid`), added in its turn when `ordered`
-/// (else as soon as it is ready, in whatever order the CTAs arrive): the same warp of K blocks
-/// 0..j has added its part (see flash_bwd.rs's module doc; each warp adds a part of
-/// the block no other warp of the CTA touches, behind a counter of its own, released right after
-/// its additions). Every lane polls the same word, so the warp leaves the wait together.
+/// This warp's part of query block `i`'s dQ half (thread `tid`), added at turn `turn` of the dQ
+/// order `order` (`KeyBlockWalk::turn_at`; in `DQ_ORDER_ARRIVAL` as soon as it is ready, in
+/// whatever order the CTAs arrive): the same warp of the `turn` key blocks ahead of this one has
+/// added its part (see flash_bwd.rs's module doc; each warp adds a part of the block no other warp
+/// of the CTA touches, behind a counter of its own, released right after its additions). Every
+/// lane polls the same word, so the warp leaves the wait together.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn add_dq_in_turn(
@@ -479,11 +504,12 @@ fn add_dq_in_turn(
     n_turns: u32,
     turn_step: u32,
     i: u32,
-    j: u32,
+    turn: u32,
     tid: u32,
     cfg: FlashWgBwdConfig,
-    ordered: bool,
+    order: u32,
 ) {
+    let ordered = order != DQ_ORDER_ARRIVAL;
     let (wg, warp) = (tid / 128, tid / 32);
     let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
     let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
@@ -491,10 +517,10 @@ fn add_dq_in_turn(
     check_index(at, turns.len as usize);
     // SAFETY: the counter of this warp in this head's block i, in `turns` (launcher-sized:
     // block_q / 8 >= 8 counters a block, config asserts; checked builds re-check).
-    let turn = unsafe { turns.ptr.add(at) };
+    let counter = unsafe { turns.ptr.add(at) };
     if ordered {
         // SAFETY: as above.
-        unsafe { wait_for_turn(turn, j) };
+        unsafe { wait_for_turn(counter, turn) };
         sync_warp(FULL_MASK);
     }
     let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
@@ -503,7 +529,7 @@ fn add_dq_in_turn(
     sync_warp(FULL_MASK);
     if ordered && tid % 32 == 0 {
         // SAFETY: as above.
-        unsafe { add_release_u32(turn, 1) };
+        unsafe { add_release_u32(counter, 1) };
     }
 }
 
@@ -621,19 +647,19 @@ macro_rules! flash_wg_bwd_entry_points {
     ($($name:ident: $t:ty, $cfg:path;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
-        /// `ordered` != 0: dQ blocks added in the deterministic turn order; 0: in arrival order
-        /// (the explicit nondeterministic mode).
+        /// `order`: how the dQ blocks are summed (`DQ_ORDER_*`; arrival order is the explicit
+        /// nondeterministic mode).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: SliceMut<$t>, dv: SliceMut<$t>,
-            shape: AttentionShape, ordered: u32,
+            shape: AttentionShape, order: u32,
         ) {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
                     { C.head_dim / 2 }, { C.stages }>(
-                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, ordered != 0,
+                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order,
                 )
             }
         }

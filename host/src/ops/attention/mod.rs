@@ -37,9 +37,10 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
-    FlashWgmmaConfig, MAX_SEQ, MaskKind, flash_bwd, flash_bwd_config, flash_config,
-    flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, naive,
+    AttentionShape, DQ_ORDER_ARRIVAL, DQ_ORDER_ASCENDING, DQ_ORDER_ROTATED, FLASH_BWD_PRE_ROWS,
+    FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
+    dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tma_config,
+    flash_tma_smem_bytes, flash_wg_bwd_config, naive,
 };
 
 use crate::DType;
@@ -700,8 +701,10 @@ pub fn flash_backward(
 /// How [`flash_backward_with`] sums the partial dQ blocks of the key blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BackwardMode {
-    /// In ascending key-block order behind turn counters: the same bits on every run (what
-    /// [`flash_backward`] does).
+    /// In a fixed key-block order behind turn counters: the same bits on every run (what
+    /// [`flash_backward`] does). The order depends on the shape and the GPU's SM count (see
+    /// `gpu/src/kernels/attention/flash_bwd.rs`), so bits agree between runs of one shape on one
+    /// GPU model.
     #[default]
     Deterministic,
     /// In the order the key blocks arrive (f32 additions whose order varies): dQ may differ in its
@@ -801,7 +804,7 @@ pub fn flash_backward_with(
     // With seq_q = 0 the main kernel still runs: no query block to walk, dK = dV = 0 written.
     if d.seq_k > 0 {
         // The wgmma kernel's dQ order (its last argument; the mma.sync kernel has none).
-        let ordered = (mode == BackwardMode::Deterministic) as u32;
+        let order = dq_order(gpu, mode, d.seq_q.div_ceil(names.block_q), n_kblocks);
         let (q_, k_, v_, do_) = (
             ByValue(q.raw()),
             ByValue(k.raw()),
@@ -817,7 +820,7 @@ pub fn flash_backward_with(
         );
         let shape_ = ByValue(shape);
         let args: [&dyn crate::launch::ArgPush; 11] = [
-            &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &ordered,
+            &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &order,
         ];
         let n_args = if names.main.starts_with("flash_wg_bwd_") {
             11
@@ -854,14 +857,33 @@ pub fn flash_backward_with(
     Ok(grads)
 }
 
+/// The wgmma backward's dQ order for a head of `n_kblocks` key blocks (CTAs). Deterministic calls
+/// take the rotated order, which spares the CTAs the start-up waits of the ascending one
+/// (docs/PERF_NOTES.md has both), where a head's CTAs fit on half the SMs (one CTA an SM): a CTA
+/// of the rotated order may wait for one of its head started after it, so all of them must be
+/// able to run at once, with room left for whatever else runs on the GPU. Longer heads keep the
+/// ascending order, in which a CTA waits only for CTAs started before it.
+fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, n_qblocks: usize, n_kblocks: usize) -> u32 {
+    if mode == BackwardMode::Nondeterministic {
+        return DQ_ORDER_ARRIVAL;
+    }
+    let sms = gpu.sm_count().unwrap_or(0) as usize;
+    if n_kblocks <= sms / 2 && dq_rotated_fits(n_qblocks as u32, n_kblocks as u32) {
+        DQ_ORDER_ROTATED
+    } else {
+        DQ_ORDER_ASCENDING
+    }
+}
+
 /// The three kernels of one [`flash_backward`] call, with the main kernel's launch shape.
 #[derive(Clone, Copy, Debug)]
 struct FlashBwdKernels {
     pre: &'static str,
     main: &'static str,
     convert: &'static str,
-    /// Keys per CTA of the main kernel, its threads and dynamic shared memory.
+    /// Keys per CTA of the main kernel, query rows a step, its threads and dynamic shared memory.
     block_k: usize,
+    block_q: usize,
     threads: u32,
     smem_bytes: u32,
 }
@@ -887,18 +909,19 @@ fn flash_bwd_kernels(head_dim: usize, dtype: DType, ptx_arch: &str) -> Option<Fl
         (true, 128, DType::BF16) => "flash_wg_bwd_d128_bf16",
         _ => return None,
     };
-    let (block_k, threads, smem_bytes) = if wgmma {
+    let (block_k, block_q, threads, smem_bytes) = if wgmma {
         let c = flash_wg_bwd_config(head_dim)?;
-        (c.block_k, c.threads(), c.smem_bytes())
+        (c.block_k, c.block_q, c.threads(), c.smem_bytes())
     } else {
         let c = flash_bwd_config(head_dim)?;
-        (c.block_k, c.threads(), c.smem_bytes())
+        (c.block_k, c.block_q, c.threads(), c.smem_bytes())
     };
     Some(FlashBwdKernels {
         pre,
         main,
         convert,
         block_k,
+        block_q,
         threads: threads as u32,
         smem_bytes: smem_bytes as u32,
     })

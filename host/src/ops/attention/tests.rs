@@ -829,3 +829,84 @@ fn naive_same_precision_backward_rounds_like_the_dtype() {
         }
     }
 }
+
+/// The dQ orders of the wgmma backward, simulated on the CPU for every CTA of a head: each CTA
+/// walks exactly the query blocks that see its keys, once; each block's turns are 0..count, one
+/// per CTA that meets it (so the counter reaches every turn: no CTA waits forever in a complete
+/// grid); and the CTA a CTA waits for meets the block no later in its own walk (rotated: strictly
+/// earlier once there are at least as many query blocks as key blocks), so CTAs that run in step
+/// never wait, and in the ascending order CTA j waits only for CTAs below it.
+#[test]
+fn dq_orders_walk_every_visible_block_once_and_take_turns_in_step_order() {
+    use gpu::params::attention::{DqWalk, dq_block_at, dq_turn_at};
+    let mut cases = 0;
+    for (bq, bk) in [(64u32, 128u32), (128, 128)] {
+        for sq in [1u32, 17, 64, 97, 128, 200, 1025, 2048, 4096] {
+            for sk in [1u32, 17, 97, 128, 200, 1025, 2048, 8192] {
+                for causal in [false, true] {
+                    let w = DqWalk {
+                        n_qblocks: sq.div_ceil(bq),
+                        n_kblocks: sk.div_ceil(bk),
+                        block_q: bq,
+                        block_k: bk,
+                        causal,
+                        diag: sk as i32 - sq as i32,
+                    };
+                    // Which key blocks meet query block i, from the mask itself.
+                    let meets = |i: u32, j: u32| {
+                        !causal || {
+                            let last_query = ((i + 1) * bq).min(sq) as i64 - 1;
+                            (j * bk) as i64 <= last_query + w.diag as i64
+                        }
+                    };
+                    for order in [DQ_ORDER_ASCENDING, DQ_ORDER_ROTATED] {
+                        // (turn, step, j) of every CTA meeting each block.
+                        let mut at: Vec<Vec<(u32, u32, u32)>> = vec![vec![]; w.n_qblocks as usize];
+                        for j in 0..w.n_kblocks {
+                            let first = w.first_qblock(j);
+                            let mut seen = vec![false; w.n_qblocks as usize];
+                            for step in 0..w.n_qblocks - first {
+                                let i = dq_block_at(&w, j, step, order);
+                                assert!(
+                                    !seen[i as usize],
+                                    "{w:?} order {order}: j {j} walks {i} twice"
+                                );
+                                seen[i as usize] = true;
+                                at[i as usize].push((dq_turn_at(&w, j, i, order), step, j));
+                            }
+                            for i in 0..w.n_qblocks {
+                                assert_eq!(
+                                    seen[i as usize],
+                                    meets(i, j),
+                                    "{w:?} order {order}: j {j}, block {i}"
+                                );
+                            }
+                        }
+                        for (i, mut v) in at.into_iter().enumerate() {
+                            v.sort();
+                            for (t, pair) in v.iter().enumerate() {
+                                assert_eq!(
+                                    pair.0, t as u32,
+                                    "{w:?} order {order}: block {i} turns {v:?}"
+                                );
+                            }
+                            for p in v.windows(2) {
+                                let ((_, s0, j0), (_, s1, j1)) = (p[0], p[1]);
+                                if order == DQ_ORDER_ASCENDING {
+                                    assert!(j0 < j1 && s0 == s1, "{w:?}: block {i} {v:?}");
+                                } else {
+                                    assert!(s0 <= s1, "{w:?}: block {i} {v:?}");
+                                    if !causal && w.n_qblocks >= w.n_kblocks {
+                                        assert!(s0 < s1, "{w:?}: block {i} {v:?}");
+                                    }
+                                }
+                            }
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 2 * 9 * 8 * 2 * 2);
+}
