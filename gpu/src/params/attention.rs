@@ -298,19 +298,24 @@ pub const FLASH_BWD_PRE_ROWS: usize = 128;
 /// order, so no block barrier stands between a warp's additions and its release).
 pub const FLASH_BWD_TURN_ROWS: usize = 8;
 
-/// The order in which the wgmma backward adds the key blocks' partial dQ blocks (its last kernel
-/// argument). `DQ_ORDER_ARRIVAL`: as they arrive, nondeterministic. The two deterministic orders
-/// (`gpu/src/kernels/attention/flash_bwd.rs` has the argument for each):
-/// `DQ_ORDER_ASCENDING`: every CTA of a head walks the query blocks last-first and adds in
-/// ascending key-block order, so a CTA waits only for CTAs started before it (any grid);
-/// `DQ_ORDER_ROTATED`: CTA j starts its walk at query block `j * n_qblocks / n_kblocks` (under
-/// the causal mask at its first visible block) and walks upward, and each block takes its
-/// additions in the order the CTAs reach it, so in step with one another no CTA waits; a CTA may
-/// wait for a later-started CTA of its head, so the host takes it only when a head's CTAs fit on
-/// the GPU at once.
-pub const DQ_ORDER_ARRIVAL: u32 = 0;
-pub const DQ_ORDER_ASCENDING: u32 = 1;
-pub const DQ_ORDER_ROTATED: u32 = 2;
+/// How the wgmma backward walks the query blocks and adds the key blocks' partial dQ blocks (its
+/// last kernel argument): an OR of these flags (`gpu/src/kernels/attention/flash_bwd.rs` has the
+/// argument for each order).
+/// - `DQ_ORDERED`: each addition waits for its turn (deterministic); without it the blocks are
+///   added as they arrive (the explicit nondeterministic mode).
+/// - `DQ_ROTATED`: CTA j starts its walk at query block `j * n_qblocks / n_kblocks` (under the
+///   causal mask at its first visible block) and walks upward, and each block takes its additions
+///   in the order the CTAs reach it, so CTAs in step with one another never wait; a CTA may wait
+///   for a later-started CTA of its head, so the host takes it only when a head's CTAs fit on the
+///   GPU at once. Without it every CTA walks last-first and the turns ascend with the key block,
+///   so a CTA waits only for CTAs started before it (any grid).
+/// - `DQ_LATE_RELEASE` (with both): a warp releases its turn on a block not right after its
+///   additions but one step later, before its next turn: by then the additions have landed, so the
+///   release's memory barrier does not stall the warp. Only where the CTA that waits for the
+///   release reaches the block at a later step (rotated, no two CTAs starting at one block).
+pub const DQ_ORDERED: u32 = 1;
+pub const DQ_ROTATED: u32 = 2;
+pub const DQ_LATE_RELEASE: u32 = 4;
 // The causal turn divides an i64 by `block_k`: a constant in the kernels (a shift), never a call.
 
 /// What fixes a head's dQ walks and turns: its query and key blocks (`ceil(seq / block)`), the
@@ -355,7 +360,7 @@ pub const fn dq_block_at(w: &DqWalk, j: u32, step: u32, order: u32) -> u32 {
         i
     };
     let rotated = if w.causal { causal } else { wrapped };
-    if order == DQ_ORDER_ROTATED {
+    if order & DQ_ROTATED != 0 {
         rotated
     } else {
         last_first
@@ -364,6 +369,19 @@ pub const fn dq_block_at(w: &DqWalk, j: u32, step: u32, order: u32) -> u32 {
 
 const fn max1(x: u32) -> u32 {
     if x > 1 { x } else { 1 }
+}
+
+/// Whether the rotated walk of `w` has every CTA that meets a query block reach it at a step of
+/// its own walk strictly after the CTA whose turn comes before its own, so that `DQ_LATE_RELEASE`
+/// holds no CTA back: without a mask, at least as many query blocks as key blocks (distinct
+/// starts); under the causal mask, `seq_k <= seq_q` and key blocks at least as long as query blocks
+/// (distinct first visible blocks).
+pub const fn dq_late_release_fits(w: &DqWalk) -> bool {
+    if w.causal {
+        w.diag <= 0 && w.block_k >= w.block_q
+    } else {
+        w.n_qblocks >= w.n_kblocks
+    }
 }
 
 /// Whether a head's blocks allow the rotated order: its walk and turns use 32-bit arithmetic.
@@ -410,11 +428,7 @@ pub const fn dq_turn_at(w: &DqWalk, j: u32, i: u32, order: u32) -> u32 {
     } else {
         wrapped
     };
-    if order == DQ_ORDER_ROTATED {
-        rotated
-    } else {
-        j
-    }
+    if order & DQ_ROTATED != 0 { rotated } else { j }
 }
 
 /// Design notes (no measurements yet; the H100 benchmark is the judge):

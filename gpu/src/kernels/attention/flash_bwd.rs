@@ -59,6 +59,16 @@
 //! SM), else the ascending one, and the bounded wait turns a broken assumption into a launch
 //! error rather than a hang.
 //!
+//! Rotation alone did not remove the cost (docs/PERF_NOTES.md): the release (`red.release.gpu`)
+//! waits for the warp's reductions to reach L2, about a microsecond a step, in every warp. Where
+//! the waiting CTA reaches the block at a later step than the releasing one
+//! (`dq_late_release_fits`), the rotated order releases a block's turn one step late
+//! (`DQ_LATE_RELEASE`): just before the warp's next turn (D = 128) or at the top of the next
+//! step (D = 64, whose additions run early in a step), when the reductions have landed. A
+//! release still precedes the warp's next wait, so every wait depends only on additions made
+//! at an earlier step of the waited-for CTA's walk, and the walks cannot deadlock among
+//! themselves.
+//!
 //! Extra memory is O((S_q + S_k) D): the f32 dQ accumulator, two f32 per query row and one counter per
 //! 8 query rows.
 use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};

@@ -55,8 +55,8 @@ use crate::dev::thread::{lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, DQ_ORDER_ARRIVAL, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128, FlashWgBwdConfig,
-    flash_wg_bwd_config,
+    AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128,
+    FlashWgBwdConfig, flash_wg_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
@@ -113,6 +113,15 @@ unsafe fn flash_wg_bwd<
         ..
     } = walk;
     let n_steps = walk.steps();
+    let sink = DqSink {
+        acc: dq_acc,
+        turns,
+        bh,
+        sq,
+        n_turns,
+        turn_step,
+        order,
+    };
     check_index(
         ((bh + 1) * sq as u64 * D as u64) as usize,
         dq_acc.len as usize + 1,
@@ -214,6 +223,11 @@ unsafe fn flash_wg_bwd<
         cp_async_wait::<0>();
         fence_proxy_async();
         sync_threads();
+        if cfg.defer_dq && sink.late() && step > 1 {
+            // The additions of the previous step (block `step - 2`, deferred: added during step
+            // `step - 1`), most of a step ago, before this step's turn.
+            sink.release(walk.block_at(step - 2, order), tid);
+        }
         if step + 1 < n_steps {
             load_qblock(walk.block_at(step + 1, order), (step + 1) % STAGES as u32);
         }
@@ -280,20 +294,7 @@ unsafe fn flash_wg_bwd<
                 dv_acc.hold();
                 dk_acc.hold();
                 if step > 0 {
-                    add_dq_in_turn(
-                        &dq,
-                        dq_acc,
-                        turns,
-                        bh,
-                        sq,
-                        n_turns,
-                        turn_step,
-                        prev,
-                        walk.turn_at(prev, order),
-                        tid,
-                        cfg,
-                        order,
-                    );
+                    sink.add(&dq, prev, walk.turn_at(prev, order), tid, cfg, false);
                 }
             }
             // Retires the previous sub-block's dV/dK products too (groups retire in order).
@@ -363,20 +364,12 @@ unsafe fn flash_wg_bwd<
             dq.wait::<0>();
             dv_acc.hold();
             dk_acc.hold();
-            add_dq_in_turn(
-                &dq,
-                dq_acc,
-                turns,
-                bh,
-                sq,
-                n_turns,
-                turn_step,
-                i,
-                walk.turn_at(i, order),
-                tid,
-                cfg,
-                order,
-            );
+            if sink.late() && step > 0 {
+                // The previous step's additions (a step ago: landed) before this turn. Its block
+                // is recomputed: kept through the step, ptxas spilled.
+                sink.release(walk.block_at(step - 1, order), tid);
+            }
+            sink.add(&dq, i, walk.turn_at(i, order), tid, cfg, false);
         }
         prev = i;
         step += 1;
@@ -406,20 +399,16 @@ unsafe fn flash_wg_bwd<
         dq.wait::<0>();
         dv_acc.hold();
         dk_acc.hold();
-        add_dq_in_turn(
-            &dq,
-            dq_acc,
-            turns,
-            bh,
-            sq,
-            n_turns,
-            turn_step,
-            i,
-            walk.turn_at(i, order),
-            tid,
-            cfg,
-            order,
-        );
+        if sink.late() && step > 1 {
+            // The additions of the loop's last step (block `step - 2`), before this turn.
+            sink.release(walk.block_at(step - 2, order), tid);
+        }
+        sink.add(&dq, i, walk.turn_at(i, order), tid, cfg, true);
+    }
+    if sink.late() && !cfg.defer_dq && step > 0 {
+        // The last step's additions.
+        let last = walk.block_at(step - 1, order);
+        sink.release(last, opaque_dep_u32(thread_idx_x(), last));
     }
     // The K/V tiles are free: every copy was waited for, every product retired.
     cp_async_wait::<0>();
@@ -487,49 +476,85 @@ fn zero_tile<const ROWS: usize, const COLS: usize, const TH: usize>(
     });
 }
 
-/// This warp's part of query block `i`'s dQ half (thread `tid`), added at turn `turn` of the dQ
-/// order `order` (`KeyBlockWalk::turn_at`; in `DQ_ORDER_ARRIVAL` as soon as it is ready, in
-/// whatever order the CTAs arrive): the same warp of the `turn` key blocks ahead of this one has
-/// added its part (see flash_bwd.rs's module doc; each warp adds a part of the block no other warp
-/// of the CTA touches, behind a counter of its own, released right after its additions). Every
-/// lane polls the same word, so the warp leaves the wait together.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn add_dq_in_turn(
-    dq: &[f32; 32],
+/// Where a CTA's partial dQ blocks go and in which order: the f32 accumulator, the turn counters
+/// (`n_turns` a head, `turn_step` a query block, one a warp), the head, and the dQ order flags
+/// (`DQ_*`).
+#[derive(Clone, Copy)]
+struct DqSink {
     acc: SliceMut<f32>,
     turns: SliceMut<u32>,
     bh: u64,
     sq: u32,
     n_turns: u32,
     turn_step: u32,
-    i: u32,
-    turn: u32,
-    tid: u32,
-    cfg: FlashWgBwdConfig,
     order: u32,
-) {
-    let ordered = order != DQ_ORDER_ARRIVAL;
-    let (wg, warp) = (tid / 128, tid / 32);
-    let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
-    let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
-    let at = (bh * n_turns as u64) as usize + (i * turn_step + warp) as usize;
-    check_index(at, turns.len as usize);
-    // SAFETY: the counter of this warp in this head's block i, in `turns` (launcher-sized:
-    // block_q / 8 >= 8 counters a block, config asserts; checked builds re-check).
-    let counter = unsafe { turns.ptr.add(at) };
-    if ordered {
-        // SAFETY: as above.
-        unsafe { wait_for_turn(counter, turn) };
-        sync_warp(FULL_MASK);
+}
+
+impl DqSink {
+    fn ordered(&self) -> bool {
+        self.order & DQ_ORDERED != 0
     }
-    let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
-    add_dq_half(dq, acc, bh, sq, row0, dq_col0, cfg.head_dim);
-    // Every lane's additions, then the release (cumulative over the warp barrier).
-    sync_warp(FULL_MASK);
-    if ordered && tid % 32 == 0 {
-        // SAFETY: as above.
-        unsafe { add_release_u32(counter, 1) };
+
+    /// Whether a warp releases its turn on a block one step after its additions
+    /// (`DQ_LATE_RELEASE`): the caller then calls [`Self::release`] before the warp's next turn.
+    fn late(&self) -> bool {
+        self.ordered() && self.order & DQ_LATE_RELEASE != 0
+    }
+
+    /// The turn counter of warp `warp` on query block `i`.
+    fn counter(&self, i: u32, warp: u32) -> *mut u32 {
+        let at = (self.bh * self.n_turns as u64) as usize + (i * self.turn_step + warp) as usize;
+        check_index(at, self.turns.len as usize);
+        // SAFETY: the counter of this warp in this head's block i, in `turns` (launcher-sized:
+        // block_q / 8 >= 8 counters a block, config asserts; checked builds re-check).
+        unsafe { self.turns.ptr.add(at) }
+    }
+
+    /// This warp's part of query block `i`'s dQ half (thread `tid`), added at turn `turn`
+    /// (`KeyBlockWalk::turn_at`; without `DQ_ORDERED` as soon as it is ready, in whatever order
+    /// the CTAs arrive): the same warp of the `turn` key blocks ahead of this one has added its
+    /// part (see flash_bwd.rs's module doc; each warp adds a part of the block no other warp of
+    /// the CTA touches, behind a counter of its own). The turn is released right after the
+    /// additions, or with `DQ_LATE_RELEASE` by the caller's later [`Self::release`] (unless
+    /// `release_now`). Every lane polls the same word, so the warp leaves the wait together.
+    #[inline(always)]
+    fn add(
+        &self,
+        dq: &[f32; 32],
+        i: u32,
+        turn: u32,
+        tid: u32,
+        cfg: FlashWgBwdConfig,
+        release_now: bool,
+    ) {
+        let (wg, warp) = (tid / 128, tid / 32);
+        let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
+        let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
+        let counter = self.counter(i, warp);
+        if self.ordered() {
+            // SAFETY: a live counter (above).
+            unsafe { wait_for_turn(counter, turn) };
+            sync_warp(FULL_MASK);
+        }
+        let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
+        add_dq_half(dq, self.acc, self.bh, self.sq, row0, dq_col0, cfg.head_dim);
+        // Every lane's additions, then the release (cumulative over the warp barrier).
+        sync_warp(FULL_MASK);
+        if self.ordered() && (release_now || !self.late()) && tid % 32 == 0 {
+            // SAFETY: as above.
+            unsafe { add_release_u32(counter, 1) };
+        }
+    }
+
+    /// Releases warp `tid / 32`'s turn on block `i`, whose additions it made earlier (after a
+    /// warp barrier, so the release covers every lane's; [`Self::late`] only).
+    #[inline(always)]
+    fn release(&self, i: u32, tid: u32) {
+        let counter = self.counter(i, tid / 32);
+        if tid % 32 == 0 {
+            // SAFETY: a live counter; the warp barrier after the additions orders them first.
+            unsafe { add_release_u32(counter, 1) };
+        }
     }
 }
 

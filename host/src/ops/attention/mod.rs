@@ -37,10 +37,10 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, DQ_ORDER_ARRIVAL, DQ_ORDER_ASCENDING, DQ_ORDER_ROTATED, FLASH_BWD_PRE_ROWS,
+    AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS,
     FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
-    dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tma_config,
-    flash_tma_smem_bytes, flash_wg_bwd_config, naive,
+    dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
+    flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, naive,
 };
 
 use crate::DType;
@@ -804,7 +804,15 @@ pub fn flash_backward_with(
     // With seq_q = 0 the main kernel still runs: no query block to walk, dK = dV = 0 written.
     if d.seq_k > 0 {
         // The wgmma kernel's dQ order (its last argument; the mma.sync kernel has none).
-        let order = dq_order(gpu, mode, d.seq_q.div_ceil(names.block_q), n_kblocks);
+        let walk = DqWalk {
+            n_qblocks: d.seq_q.div_ceil(names.block_q) as u32,
+            n_kblocks: n_kblocks as u32,
+            block_q: names.block_q as u32,
+            block_k: names.block_k as u32,
+            causal: params.causal == Causal::Yes,
+            diag: d.seq_k as i32 - d.seq_q as i32,
+        };
+        let order = dq_order(gpu, mode, &walk);
         let (q_, k_, v_, do_) = (
             ByValue(q.raw()),
             ByValue(k.raw()),
@@ -857,22 +865,25 @@ pub fn flash_backward_with(
     Ok(grads)
 }
 
-/// The wgmma backward's dQ order for a head of `n_kblocks` key blocks (CTAs). Deterministic calls
-/// take the rotated order, which spares the CTAs the start-up waits of the ascending one
-/// (docs/PERF_NOTES.md has both), where a head's CTAs fit on half the SMs (one CTA an SM): a CTA
-/// of the rotated order may wait for one of its head started after it, so all of them must be
-/// able to run at once, with room left for whatever else runs on the GPU. Longer heads keep the
-/// ascending order, in which a CTA waits only for CTAs started before it.
-fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, n_qblocks: usize, n_kblocks: usize) -> u32 {
-    if mode == BackwardMode::Nondeterministic {
-        return DQ_ORDER_ARRIVAL;
+/// The wgmma backward's dQ order flags (`DQ_*`) for a head walked as `w`. Deterministic calls wait
+/// for turns; the walk is rotated, which spares the CTAs the start-up waits of the ascending order,
+/// where a head's CTAs fit on half the SMs (one CTA an SM): a CTA of the rotated order may wait
+/// for one of its head started after it, so all of them must be able to run at once, with room
+/// left for whatever else runs on the GPU. Longer heads keep the ascending order, in which a CTA
+/// waits only for CTAs started before it. Rotated walks release turns a step late where that holds
+/// no CTA back (docs/PERF_NOTES.md has what each costs). The nondeterministic mode walks as the
+/// deterministic one would, so its dK and dV are the same bits.
+fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, w: &DqWalk) -> u32 {
+    let sms = gpu.sm_count().unwrap_or(0);
+    let rotated = w.n_kblocks <= sms / 2 && dq_rotated_fits(w.n_qblocks, w.n_kblocks);
+    let mut order = if rotated { DQ_ROTATED } else { 0 };
+    if mode == BackwardMode::Deterministic {
+        order |= DQ_ORDERED;
+        if rotated && dq_late_release_fits(w) {
+            order |= DQ_LATE_RELEASE;
+        }
     }
-    let sms = gpu.sm_count().unwrap_or(0) as usize;
-    if n_kblocks <= sms / 2 && dq_rotated_fits(n_qblocks as u32, n_kblocks as u32) {
-        DQ_ORDER_ROTATED
-    } else {
-        DQ_ORDER_ASCENDING
-    }
+    order
 }
 
 /// The three kernels of one [`flash_backward`] call, with the main kernel's launch shape.

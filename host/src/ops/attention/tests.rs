@@ -838,7 +838,9 @@ fn naive_same_precision_backward_rounds_like_the_dtype() {
 /// never wait, and in the ascending order CTA j waits only for CTAs below it.
 #[test]
 fn dq_orders_walk_every_visible_block_once_and_take_turns_in_step_order() {
-    use gpu::params::attention::{DqWalk, dq_block_at, dq_turn_at};
+    use gpu::params::attention::{
+        DQ_ORDERED, DQ_ROTATED, DqWalk, dq_block_at, dq_late_release_fits, dq_turn_at,
+    };
     let mut cases = 0;
     for (bq, bk) in [(64u32, 128u32), (128, 128)] {
         for sq in [1u32, 17, 64, 97, 128, 200, 1025, 2048, 4096] {
@@ -859,7 +861,7 @@ fn dq_orders_walk_every_visible_block_once_and_take_turns_in_step_order() {
                             (j * bk) as i64 <= last_query + w.diag as i64
                         }
                     };
-                    for order in [DQ_ORDER_ASCENDING, DQ_ORDER_ROTATED] {
+                    for order in [DQ_ORDERED, DQ_ORDERED | DQ_ROTATED] {
                         // (turn, step, j) of every CTA meeting each block.
                         let mut at: Vec<Vec<(u32, u32, u32)>> = vec![vec![]; w.n_qblocks as usize];
                         for j in 0..w.n_kblocks {
@@ -892,11 +894,11 @@ fn dq_orders_walk_every_visible_block_once_and_take_turns_in_step_order() {
                             }
                             for p in v.windows(2) {
                                 let ((_, s0, j0), (_, s1, j1)) = (p[0], p[1]);
-                                if order == DQ_ORDER_ASCENDING {
+                                if order == DQ_ORDERED {
                                     assert!(j0 < j1 && s0 == s1, "{w:?}: block {i} {v:?}");
                                 } else {
                                     assert!(s0 <= s1, "{w:?}: block {i} {v:?}");
-                                    if !causal && w.n_qblocks >= w.n_kblocks {
+                                    if dq_late_release_fits(&w) {
                                         assert!(s0 < s1, "{w:?}: block {i} {v:?}");
                                     }
                                 }
