@@ -313,9 +313,14 @@ pub const FLASH_BWD_TURN_ROWS: usize = 8;
 ///   additions but one step later, before its next turn: by then the additions have landed, so the
 ///   release's memory barrier does not stall the warp. Only where the CTA that waits for the
 ///   release reaches the block at a later step (rotated, no two CTAs starting at one block).
+/// - `DQ_REVERSED_GRID` (with `DQ_ROTATED`, causal): CTA `x` of the grid takes key block
+///   `n_k - 1 - x`. Under the causal mask a rotated CTA waits only for the CTA of the next key
+///   block (never cyclically), so with the grid reversed every CTA waits only for CTAs started
+///   before it, and the rotated order needs no co-residency: it serves any length.
 pub const DQ_ORDERED: u32 = 1;
 pub const DQ_ROTATED: u32 = 2;
 pub const DQ_LATE_RELEASE: u32 = 4;
+pub const DQ_REVERSED_GRID: u32 = 8;
 // The causal turn divides an i64 by `block_k`: a constant in the kernels (a shift), never a call.
 
 /// What fixes a head's dQ walks and turns: its query and key blocks (`ceil(seq / block)`), the

@@ -59,6 +59,12 @@
 //! SM), else the ascending one, and the bounded wait turns a broken assumption into a launch
 //! error rather than a hang.
 //!
+//! Under the causal mask the rotated waits are not cyclic: CTA j waits only for CTA j + 1 (the
+//! blocks meeting block i are `0..=J`, met highest first). Launched with the grid reversed
+//! (`DQ_REVERSED_GRID`: CTA x takes key block `n_k - 1 - x`), every CTA waits only for CTAs
+//! started before it, the ascending order's argument holds, and causal calls take the rotated
+//! order at any length.
+//!
 //! Rotation alone did not remove the cost (docs/PERF_NOTES.md): the release (`red.release.gpu`)
 //! waits for the warp's reductions to reach L2, about a microsecond a step, in every warp. Where
 //! the waiting CTA reaches the block at a later step than the releasing one
@@ -88,8 +94,9 @@ use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
-    AttentionShape, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS,
-    FlashBwdConfig, MaskKind, dq_block_at, dq_turn_at, flash_bwd, flash_bwd_config,
+    AttentionShape, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS,
+    FLASH_BWD_TURN_ROWS, FlashBwdConfig, MaskKind, dq_block_at, dq_turn_at, flash_bwd,
+    flash_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
@@ -136,6 +143,7 @@ unsafe fn flash_bwd<
         k.len.min(v.len),
         stats.len,
         turns.len,
+        0,
     );
     let KeyBlockWalk {
         sq,
@@ -400,11 +408,19 @@ impl KeyBlockWalk {
         kv_len: u64,
         stats_len: u64,
         turns_len: u64,
+        order: u32,
     ) -> Self {
         let (sq, sk) = (p.seq_q, p.seq_k);
         let causal = p.mask == MaskKind::Causal;
         let diag = sk as i32 - sq as i32;
-        let n0 = block_idx_x() * BK as u32;
+        let n_kblocks = sk.div_ceil(BK as u32);
+        // The grid covers the key blocks exactly; reversed, CTA x takes block n_k - 1 - x.
+        let j = if order & DQ_REVERSED_GRID != 0 {
+            n_kblocks - 1 - block_idx_x()
+        } else {
+            block_idx_x()
+        };
+        let n0 = j * BK as u32;
         let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
         let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
         let walk = Self {
@@ -412,7 +428,7 @@ impl KeyBlockWalk {
             sk,
             causal,
             diag,
-            j: block_idx_x(),
+            j,
             n0,
             bh,
             n_qblocks: sq.div_ceil(BQ as u32),
@@ -425,7 +441,7 @@ impl KeyBlockWalk {
             } else {
                 0
             },
-            n_kblocks: sk.div_ceil(BK as u32),
+            n_kblocks,
             block_k: BK as u32,
             block_q: BQ as u32,
         };

@@ -100,6 +100,7 @@ unsafe fn flash_wg_bwd<
         k.len.min(v.len),
         stats.len,
         turns.len,
+        order,
     );
     let KeyBlockWalk {
         sq,

@@ -37,10 +37,10 @@
 use cudarc::driver::LaunchConfig;
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS,
-    FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64, FlashWgmmaConfig, MAX_SEQ, MaskKind,
-    dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
-    flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, naive,
+    AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED, DqWalk,
+    FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64, FlashWgmmaConfig,
+    MAX_SEQ, MaskKind, dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config,
+    flash_config, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, naive,
 };
 
 use crate::DType;
@@ -866,17 +866,23 @@ pub fn flash_backward_with(
 }
 
 /// The wgmma backward's dQ order flags (`DQ_*`) for a head walked as `w`. Deterministic calls wait
-/// for turns; the walk is rotated, which spares the CTAs the start-up waits of the ascending order,
-/// where a head's CTAs fit on half the SMs (one CTA an SM): a CTA of the rotated order may wait
-/// for one of its head started after it, so all of them must be able to run at once, with room
-/// left for whatever else runs on the GPU. Longer heads keep the ascending order, in which a CTA
-/// waits only for CTAs started before it. Rotated walks release turns a step late where that holds
+/// for turns. The walk is rotated, which spares the CTAs the start-up waits of the ascending order:
+/// under the causal mask always, with the grid reversed so that a CTA waits only for CTAs started
+/// before it; without a mask where a head's CTAs fit on half the SMs (one CTA an SM), for there a
+/// CTA may wait for one of its head started after it, so all of them must be able to run at once,
+/// with room left for whatever else runs on the GPU. Longer unmasked heads keep the ascending
+/// order, in which a CTA waits only for CTAs started before it. Rotated walks release turns a step late where that holds
 /// no CTA back (docs/PERF_NOTES.md has what each costs). The nondeterministic mode walks as the
 /// deterministic one would, so its dK and dV are the same bits.
 fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, w: &DqWalk) -> u32 {
     let sms = gpu.sm_count().unwrap_or(0);
-    let rotated = w.n_kblocks <= sms / 2 && dq_rotated_fits(w.n_qblocks, w.n_kblocks);
-    let mut order = if rotated { DQ_ROTATED } else { 0 };
+    // Causal rotated waits point to the next key block only; a reversed grid starts it first.
+    let rotated = (w.causal || w.n_kblocks <= sms / 2) && dq_rotated_fits(w.n_qblocks, w.n_kblocks);
+    let mut order = match (rotated, w.causal) {
+        (false, _) => 0,
+        (true, false) => DQ_ROTATED,
+        (true, true) => DQ_ROTATED | DQ_REVERSED_GRID,
+    };
     if mode == BackwardMode::Deterministic {
         order |= DQ_ORDERED;
         if rotated && dq_late_release_fits(w) {

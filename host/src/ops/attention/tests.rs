@@ -901,6 +901,11 @@ fn dq_orders_walk_every_visible_block_once_and_take_turns_in_step_order() {
                                     if dq_late_release_fits(&w) {
                                         assert!(s0 < s1, "{w:?}: block {i} {v:?}");
                                     }
+                                    // Causal: a CTA waits for the next key block's only, which
+                                    // the reversed grid starts before it.
+                                    if causal {
+                                        assert_eq!(j0, j1 + 1, "{w:?}: block {i} {v:?}");
+                                    }
                                 }
                             }
                         }
