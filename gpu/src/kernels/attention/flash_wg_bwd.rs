@@ -361,16 +361,19 @@ unsafe fn flash_wg_bwd<
             // the K tile before the one at the top; neither is written until the wait below;
             // `dq` is untouched until then.
             unsafe { issue_dq::<T, BK, D, BQ>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0) };
-            // Every group of this warpgroup retires here (in order): dV and dK too.
-            dq.wait::<0>();
-            dv_acc.hold();
-            dk_acc.hold();
             if sink.late() && step > 0 {
                 // The previous step's additions (a step ago: landed) before this turn. Its block
                 // is recomputed: kept through the step, ptxas spilled.
                 sink.release(walk.block_at(step - 1, order), tid);
             }
-            sink.add(&dq, i, walk.turn_at(i, order), tid, cfg, false);
+            // The turn is awaited while the tensor cores compute the dQ half: the poll's round
+            // trip to L2 is off the step's critical path.
+            sink.wait(i, walk.turn_at(i, order), tid);
+            // Every group of this warpgroup retires here (in order): dV and dK too.
+            dq.wait::<0>();
+            dv_acc.hold();
+            dk_acc.hold();
+            sink.add_waited(&dq, i, tid, cfg, false);
         }
         prev = i;
         step += 1;
@@ -528,15 +531,35 @@ impl DqSink {
         cfg: FlashWgBwdConfig,
         release_now: bool,
     ) {
+        self.wait(i, turn, tid);
+        self.add_waited(dq, i, tid, cfg, release_now);
+    }
+
+    /// The wait of [`Self::add`] alone: until warp `tid / 32`'s turn `turn` on block `i` has
+    /// come (nothing without `DQ_ORDERED`).
+    #[inline(always)]
+    fn wait(&self, i: u32, turn: u32, tid: u32) {
+        if self.ordered() {
+            // SAFETY: a live counter.
+            unsafe { wait_for_turn(self.counter(i, tid / 32), turn) };
+            sync_warp(FULL_MASK);
+        }
+    }
+
+    /// The rest of [`Self::add`], after [`Self::wait`]: the additions and the release.
+    #[inline(always)]
+    fn add_waited(
+        &self,
+        dq: &[f32; 32],
+        i: u32,
+        tid: u32,
+        cfg: FlashWgBwdConfig,
+        release_now: bool,
+    ) {
         let (wg, warp) = (tid / 128, tid / 32);
         let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
         let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
         let counter = self.counter(i, warp);
-        if self.ordered() {
-            // SAFETY: a live counter (above).
-            unsafe { wait_for_turn(counter, turn) };
-            sync_warp(FULL_MASK);
-        }
         let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
         add_dq_half(dq, self.acc, self.bh, self.sq, row0, dq_col0, cfg.head_dim);
         // Every lane's additions, then the release (cumulative over the warp barrier).
