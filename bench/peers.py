@@ -744,8 +744,9 @@ def build_cases(quick):
     cases += [attn_bwd_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
               for causal in (False, True)]
-    cases += [attn_bwd_case("f16", b, h, s, d, causal, forward_too=True)
-              for (b, h, s, d) in ATTN_BWD_SHAPES for causal in (False, True)]
+    cases += [attn_bwd_case(tag, b, h, s, d, causal, forward_too=True)
+              for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
+              for causal in (False, True)]
     # The long sequence of benches/benches/ops.rs attention_backward_long, with peak memory.
     cases += [attn_bwd_case("f16", 1, 16, 32768, 128, causal, peak_memory=True)
               for causal in (False, True)]

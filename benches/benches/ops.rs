@@ -736,7 +736,7 @@ fn attention(b: &mut Bencher) {
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
 /// both masks; f16 and bf16 for the backward in both modes (`attn_bwd`, the deterministic default;
-/// `attn_bwd_nondet`), f16 for forward + backward. FLOPs: the backward 2.5x
+/// `attn_bwd_nondet`) and for forward + backward. FLOPs: the backward 2.5x
 /// the forward's `4 B H S^2 D` (halved when causal), forward + backward 3.5x (docs/math/attention.md).
 /// Bytes: the backward reads Q, K, V, O, dO and writes dQ, dK, dV (8 tensors); forward + backward
 /// adds the forward's 4.
@@ -884,9 +884,6 @@ fn attention_backward(b: &mut Bencher) {
                                 .expect("flash_backward_with");
                         },
                     );
-                }
-                if dtype != DType::F16 {
-                    continue;
                 }
                 let (x, make_x) = (inputs.clone(), make.clone());
                 b.bench_prepared(
