@@ -722,8 +722,8 @@ fn tma_operands(
     c_ptr: u64,
 ) -> [(crate::tma::Tensor3, u32); 3] {
     let batch = d.batch.unwrap_or(1) as u64;
-    let view = |t: &Tensor, (rows, cols): (usize, usize), batched: bool| crate::tma::Tensor3 {
-        ptr: t.raw().ptr,
+    let view = |ptr: u64, (rows, cols): (usize, usize), batched: bool| crate::tma::Tensor3 {
+        ptr,
         inner: cols as u64,
         outer: rows as u64,
         batch: if batched { batch } else { 1 },
@@ -740,18 +740,10 @@ fn tma_operands(
     } else {
         tma::BK
     };
-    let c = crate::tma::Tensor3 {
-        ptr: c_ptr,
-        inner: d.n as u64,
-        outer: d.m as u64,
-        batch,
-        outer_stride: d.n as u64,
-        batch_stride: (d.m * d.n) as u64,
-    };
     [
-        (view(a, d.a, d.a_batched), a_rows),
-        (view(b, d.b, d.b_batched), b_rows),
-        (c, 64),
+        (view(a.raw().ptr, d.a, d.a_batched), a_rows),
+        (view(b.raw().ptr, d.b, d.b_batched), b_rows),
+        (view(c_ptr, (d.m, d.n), true), 64),
     ]
 }
 
