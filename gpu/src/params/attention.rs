@@ -321,7 +321,6 @@ pub const DQ_ORDERED: u32 = 1;
 pub const DQ_ROTATED: u32 = 2;
 pub const DQ_LATE_RELEASE: u32 = 4;
 pub const DQ_REVERSED_GRID: u32 = 8;
-// The causal turn divides an i64 by `block_k`: a constant in the kernels (a shift), never a call.
 
 /// What fixes a head's dQ walks and turns: its query and key blocks (`ceil(seq / block)`), the
 /// mask, and the causal diagonal `seq_k - seq_q` (query q sees key k iff `k <= q + diag`).
@@ -337,10 +336,11 @@ pub struct DqWalk {
 
 impl DqWalk {
     /// The first query block that sees key block `j`: 0, or under the causal mask the block of
-    /// the first query that sees its first key.
+    /// the first query that sees its first key (i32 arithmetic: a key block's first key and the
+    /// diagonal are within [`MAX_SEQ`] < 2^30 in magnitude).
     pub const fn first_qblock(&self, j: u32) -> u32 {
         if self.causal {
-            let first = j as i64 * self.block_k as i64 - self.diag as i64;
+            let first = (j * self.block_k) as i32 - self.diag;
             (if first > 0 { first as u32 } else { 0 }) / self.block_q
         } else {
             0
@@ -410,7 +410,8 @@ pub const fn dq_turn_at(w: &DqWalk, j: u32, i: u32, order: u32) -> u32 {
     // Computed whole and selected, as in [`dq_block_at`].
     let n_k = w.n_kblocks;
     let bound = (i as i64 + 1) * w.block_q as i64 + w.diag as i64 - 1;
-    // Block j meets block i, so `j BK <= bound`: the quotient is >= j >= 0.
+    // Block j meets block i, so `j BK <= bound`: the quotient is >= j >= 0. `block_k` is a
+    // constant in the kernels: the i64 division is a shift there, never a call.
     let last_causal = bound / w.block_k as i64;
     let last_causal = if last_causal > n_k as i64 - 1 {
         n_k.wrapping_sub(1)

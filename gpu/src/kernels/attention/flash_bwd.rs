@@ -43,7 +43,7 @@
 //! mask a first-to-last walk would make the CTA of K block j (which starts further down) wait for
 //! block j-1 to walk the blocks above, holding its SM idle.
 //!
-//! The wgmma kernel (`flash_wg_bwd.rs`) also has a **rotated order** (`DQ_ORDER_ROTATED`), which
+//! The wgmma kernel (`flash_wg_bwd.rs`) also has a **rotated order** (`DQ_ROTATED`), which
 //! takes the start-up waits away. In the ascending order a head's CTAs start together at the last
 //! block and CTA j waits for j additions (each a release, an acquire and a round trip to L2 long)
 //! before its first; measured, that cost the deterministic mode 1.2x-1.45x of the nondeterministic
@@ -151,7 +151,6 @@ unsafe fn flash_bwd<
         j,
         n0,
         bh,
-        n_qblocks,
         sq_pad,
         n_turns,
         turn_step,
@@ -159,6 +158,7 @@ unsafe fn flash_bwd<
         first_qblock,
         ..
     } = walk;
+    let n_qblocks = walk.dq.n_qblocks;
     // SAFETY: the launcher validated that k/v hold batch*heads*seq_k rows of D elements (checked
     // builds re-check above), so these are the starts of this head's rows.
     let (k_src, v_src) = unsafe {
@@ -372,15 +372,14 @@ unsafe fn flash_bwd<
 pub(super) struct KeyBlockWalk {
     pub sq: u32,
     pub sk: u32,
-    pub causal: bool,
-    /// Query i sees key j iff j <= i + diag (causal).
-    pub diag: i32,
+    /// The head's query and key blocks, mask and causal diagonal (query i sees key j iff
+    /// j <= i + diag): what fixes the walks and turns of its CTAs.
+    pub dq: DqWalk,
     /// The key block (this CTA) and its first key.
     pub j: u32,
     pub n0: u32,
     /// The head (batch * heads + head).
     pub bh: u64,
-    pub n_qblocks: u32,
     /// The statistics' padded rows per head.
     pub sq_pad: u32,
     /// Turn counters per head (padded like the statistics, so every block's counters are its
@@ -388,14 +387,9 @@ pub(super) struct KeyBlockWalk {
     pub n_turns: u32,
     pub turn_step: u32,
     pub heads_total: u64,
-    /// The first query block that sees keys of this block: 0, or under the causal mask the block
-    /// of the first query that sees key n0 (n0 < sk, so that query is < sq).
+    /// The first query block that sees keys of this block ([`DqWalk::first_qblock`]; n0 < sk, so
+    /// under the causal mask that block is < n_qblocks).
     pub first_qblock: u32,
-    /// Key blocks (CTAs) of the head.
-    pub n_kblocks: u32,
-    /// Block sizes, for the rotated order's arithmetic.
-    pub block_k: u32,
-    pub block_q: u32,
 }
 
 impl KeyBlockWalk {
@@ -423,27 +417,26 @@ impl KeyBlockWalk {
         let n0 = j * BK as u32;
         let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
         let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
+        let dq = DqWalk {
+            n_qblocks: sq.div_ceil(BQ as u32),
+            n_kblocks,
+            block_q: BQ as u32,
+            block_k: BK as u32,
+            causal,
+            diag,
+        };
         let walk = Self {
             sq,
             sk,
-            causal,
-            diag,
+            dq,
             j,
             n0,
             bh,
-            n_qblocks: sq.div_ceil(BQ as u32),
             sq_pad,
             n_turns: sq_pad / FLASH_BWD_TURN_ROWS as u32,
             turn_step: (BQ / FLASH_BWD_TURN_ROWS) as u32,
             heads_total: (p.batch * p.heads) as u64,
-            first_qblock: if causal {
-                (n0 as i32 - diag).max(0) as u32 / BQ as u32
-            } else {
-                0
-            },
-            n_kblocks,
-            block_k: BK as u32,
-            block_q: BQ as u32,
+            first_qblock: dq.first_qblock(j),
         };
         check_index(
             ((bh + 1) * sq as u64 * D as u64) as usize,
@@ -467,34 +460,20 @@ impl KeyBlockWalk {
     /// Query blocks this CTA walks: those that see its keys.
     #[inline(always)]
     pub(super) fn steps(&self) -> u32 {
-        self.n_qblocks - self.first_qblock
+        self.dq.n_qblocks - self.first_qblock
     }
 
     /// The query block of step `step` (< [`Self::steps`]) in dQ order `order` ([`dq_block_at`]).
     #[inline(always)]
     pub(super) fn block_at(&self, step: u32, order: u32) -> u32 {
-        let w = self.dq_walk();
-        dq_block_at(&w, self.j, step, order)
+        dq_block_at(&self.dq, self.j, step, order)
     }
 
     /// The turn at which this CTA adds its part of query block `i` in dQ order `order`
     /// ([`dq_turn_at`]).
     #[inline(always)]
     pub(super) fn turn_at(&self, i: u32, order: u32) -> u32 {
-        let w = self.dq_walk();
-        dq_turn_at(&w, self.j, i, order)
-    }
-
-    #[inline(always)]
-    fn dq_walk(&self) -> DqWalk {
-        DqWalk {
-            n_qblocks: self.n_qblocks,
-            n_kblocks: self.n_kblocks,
-            block_q: self.block_q,
-            block_k: self.block_k,
-            causal: self.causal,
-            diag: self.diag,
-        }
+        dq_turn_at(&self.dq, self.j, i, order)
     }
 
     /// For keys `key` and `key + 8` of this block, in the query block starting at row `m0`: the
@@ -504,14 +483,14 @@ impl KeyBlockWalk {
     #[inline(always)]
     pub(super) fn first_queries<const BK: usize>(&self, m0: u32, key: u32) -> [i32; 2] {
         let whole = self.n0 + BK as u32 <= self.sk
-            && !(self.causal && (self.n0 + BK as u32 - 1) as i32 > m0 as i32 + self.diag);
+            && !(self.dq.causal && (self.n0 + BK as u32 - 1) as i32 > m0 as i32 + self.dq.diag);
         let first_query = |kk: i32| {
             if whole {
                 i32::MIN
             } else if kk >= self.sk as i32 {
                 i32::MAX
-            } else if self.causal {
-                kk - (m0 as i32 + self.diag)
+            } else if self.dq.causal {
+                kk - (m0 as i32 + self.dq.diag)
             } else {
                 i32::MIN
             }

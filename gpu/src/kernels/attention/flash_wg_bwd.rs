@@ -10,8 +10,8 @@
 //! and their statistics pipelined by `cp.async` (2 stages, 3 with `defer_dq`). Per query block i
 //! (D = 128, [`FlashWgBwdConfig::defer_dq`] false):
 //! ```text
-//! wait, proxy fence, barrier      Q_i/dO_i landed; every warpgroup retired step i+1's products
-//! load Q/dO of block i-1 into the other stage
+//! wait, proxy fence, barrier      Q_i/dO_i landed; every warpgroup retired the last step's products
+//! load Q/dO of the next block of the walk into the other stage
 //! per sub-block of 64 queries (one at D = 128, two at D = 64):
 //!   S^T = K_w Q^T, dP^T = V_w dO^T    (ss wgmma, K-major both; one group; the wait also retires
 //!                                      the previous sub-block's dV/dK products)
@@ -30,7 +30,7 @@
 //! back read) and Q/dO take 3 stages (a step's last dV/dK products retire only in the next step,
 //! after that step's loads were issued). D = 128 keeps the plain order: its dK and dV take 128
 //! registers, and ptxas serialised the wgmma for lack of registers to keep 32 more in flight.
-//! The nondeterministic mode (`DQ_ORDER_ARRIVAL`, `BackwardMode::Nondeterministic` on the host) skips
+//! The nondeterministic mode (no `DQ_ORDERED`, `BackwardMode::Nondeterministic` on the host) skips
 //! the turn waits and releases: each warp adds its part as soon as it has it, so the f32 sums of
 //! a dQ element happen in arrival order.
 //!
@@ -696,8 +696,8 @@ macro_rules! flash_wg_bwd_entry_points {
     ($($name:ident: $t:ty, $cfg:path;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
-        /// `order`: how the dQ blocks are summed (`DQ_ORDER_*`; arrival order is the explicit
-        /// nondeterministic mode).
+        /// `order`: how the dQ blocks are walked and summed (`DQ_*` flags; without `DQ_ORDERED`
+        /// in arrival order, the explicit nondeterministic mode).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
