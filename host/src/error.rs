@@ -102,6 +102,19 @@ pub enum Error {
         id: u32,
     },
 
+    /// The NCCL library (multi-GPU, [`crate::dist`]) could not be loaded.
+    #[error("NCCL unavailable: {reason}")]
+    NcclUnavailable { reason: String },
+
+    /// A multi-GPU group failed: which rank saw it and why (an NCCL error, a timeout, or another
+    /// rank's failure, named).
+    #[error("dist rank {rank} of {world}: {what}")]
+    Dist {
+        rank: usize,
+        world: usize,
+        what: String,
+    },
+
     /// Tensors from different devices/contexts.
     #[error("{op}: tensors live on different GPUs")]
     DeviceMismatch { op: &'static str },

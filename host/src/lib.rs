@@ -25,6 +25,7 @@
 //! assert!((p.data.iter().sum::<f32>() - 1.0).abs() < 1e-6);
 //! ```
 pub mod device;
+pub mod dist;
 pub mod dtype;
 pub mod error;
 pub mod launch;

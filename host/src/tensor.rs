@@ -296,6 +296,76 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Entry `i` of dim 0 of a contiguous tensor, as a view of shape `shape[1..]` (no copy): the
+    /// chunks of a ring-attention shard, one layer's slice of a stacked weight.
+    pub fn index0(&self, i: usize) -> Result<Tensor> {
+        self.require_contiguous("index0", "input")?;
+        if self.shape.is_empty() || i >= self.shape[0] {
+            return Err(Error::Invalid {
+                op: "index0",
+                msg: format!("index {i} out of range for shape {:?}", self.shape),
+            });
+        }
+        let mut t = self.clone();
+        t.shape = self.shape[1..].to_vec();
+        t.strides = contiguous_strides(&t.shape);
+        t.offset = self.offset + i * self.strides[0];
+        Ok(t)
+    }
+
+    /// Rows `start..start + len` of dim 0 of a contiguous tensor, as a view (no copy).
+    pub fn narrow(&self, start: usize, len: usize) -> Result<Tensor> {
+        self.require_contiguous("narrow", "input")?;
+        if self.shape.is_empty() || start.checked_add(len).is_none_or(|e| e > self.shape[0]) {
+            return Err(Error::Invalid {
+                op: "narrow",
+                msg: format!("rows {start}..{start}+{len} out of range for shape {:?}", self.shape),
+            });
+        }
+        let mut t = self.clone();
+        t.shape[0] = len;
+        t.offset = self.offset + start * self.strides[0];
+        Ok(t)
+    }
+
+    /// Overwrites this contiguous tensor with `src` (same dtype and element count), device to device,
+    /// queued on the stream.
+    pub fn copy_from(&self, src: &Tensor) -> Result<()> {
+        self.require_contiguous("copy_from", "destination")?;
+        src.require_contiguous("copy_from", "source")?;
+        if src.dtype != self.dtype {
+            return Err(Error::DType {
+                op: "copy_from",
+                expected: format!("the destination's {}", self.dtype),
+                got: src.dtype,
+            });
+        }
+        if src.numel() != self.numel() {
+            return Err(Error::Length {
+                what: "copy_from (source vs destination)",
+                expected: self.numel(),
+                got: src.numel(),
+            });
+        }
+        if !self.gpu.same_device(&src.gpu) {
+            return Err(Error::DeviceMismatch { op: "copy_from" });
+        }
+        if self.numel() == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges lie inside their buffers (contiguous, numel elements from offset), which
+        // the tensors keep alive; the copy is stream-ordered with the kernels.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                self.device_ptr(),
+                src.device_ptr(),
+                self.size_bytes(),
+                self.gpu.stream().cu_stream(),
+            )
+            .map_err(|e| Error::driver(e, "copy device -> device"))
+        }
+    }
+
     /// A contiguous copy of a view (or the tensor itself if already contiguous).
     pub fn contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous() {

@@ -206,6 +206,26 @@ pub fn batch(cfg: &Config, seed: u64) -> Batch {
 
 /// The loss of one batch and the gradient of every parameter.
 pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Result<(f64, Grads)> {
+    loss_and_grads_with(ex, cfg, p, batch, &mut |_, _| Ok(()))
+}
+
+/// The parameter names in the order the backward produces their gradients (the order
+/// [`loss_and_grads_with`] reports them in).
+pub const BACKWARD_ORDER: [&str; 15] = [
+    "w_out", "b2", "w2", "b1", "w1", "ln2_gamma", "ln2_beta", "wo", "wq", "wk", "wv", "ln1_gamma",
+    "ln1_beta", "pos_emb", "tok_emb",
+];
+
+/// [`loss_and_grads`], calling `on_grad(name, grad)` for each parameter as soon as the backward has
+/// its gradient (in [`BACKWARD_ORDER`]): data-parallel training starts reducing a bucket of
+/// gradients while the backward goes on.
+pub fn loss_and_grads_with(
+    ex: &Exec,
+    cfg: &Config,
+    p: &Params,
+    batch: &Batch,
+    on_grad: &mut dyn FnMut(&'static str, &HostTensor) -> Result<()>,
+) -> Result<(f64, Grads)> {
     let (b, s, d) = (cfg.batch, cfg.seq, cfg.d_model);
     let n = cfg.tokens();
     for (what, len) in [
@@ -256,20 +276,28 @@ pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Res
     let dlogits = ex.loss_backward(&lp, &batch.targets)?;
     let dx2 = ex.matmul(&dlogits, &p.w_out, No, Yes)?;
     let dw_out = ex.matmul(&x2, &dlogits, Yes, No)?;
+    on_grad("w_out", &dw_out)?;
     let (dx1_res, dz1) = ex.add_backward(&x1, &z1, &dx2)?;
     let (dz, db2) = ex.add_backward(&z, &p.b2, &dz1)?;
+    on_grad("b2", &db2)?;
     let dg = ex.matmul(&dz, &p.w2, No, Yes)?;
     let dw2 = ex.matmul(&g, &dz, Yes, No)?;
+    on_grad("w2", &dw2)?;
     let du1 = ex.gelu_backward(&u1, &dg)?;
     let (du, db1) = ex.add_backward(&u, &p.b1, &du1)?;
+    on_grad("b1", &db1)?;
     let dc = ex.matmul(&du, &p.w1, No, Yes)?;
     let dw1 = ex.matmul(&c, &du, Yes, No)?;
+    on_grad("w1", &dw1)?;
     let (dx1_mlp, dln2_gamma, dln2_beta) =
         ex.layer_norm_backward(&x1, &p.ln2_gamma, &m2, &r2, &dc)?;
+    on_grad("ln2_gamma", &dln2_gamma)?;
+    on_grad("ln2_beta", &dln2_beta)?;
     let dx1 = ex.add(&dx1_res, &dx1_mlp)?;
     let (dx0_res, datt) = ex.add_backward(&x0, &att, &dx1)?;
     let do2 = ex.matmul(&datt, &p.wo, No, Yes)?;
     let dwo = ex.matmul(&o, &datt, Yes, No)?;
+    on_grad("wo", &dwo)?;
     let do3 = reshape(&do2, &[b, s, do2.shape[1]])?;
     let (dq, dk, dv) = ex.causal_attention_backward(&q, &k, &v, &core, &do3, scale)?;
     let (dq, dk, dv) = (
@@ -278,19 +306,26 @@ pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Res
         reshape(&dv, &v2.shape)?,
     );
     let dwq = ex.matmul(&a, &dq, Yes, No)?;
+    on_grad("wq", &dwq)?;
     let dwk = ex.matmul(&a, &dk, Yes, No)?;
+    on_grad("wk", &dwk)?;
     let dwv = ex.matmul(&a, &dv, Yes, No)?;
+    on_grad("wv", &dwv)?;
     let da_q = ex.matmul(&dq, &p.wq, No, Yes)?;
     let da_k = ex.matmul(&dk, &p.wk, No, Yes)?;
     let da_v = ex.matmul(&dv, &p.wv, No, Yes)?;
     let da = ex.add(&ex.add(&da_q, &da_k)?, &da_v)?;
     let (dx0_attn, dln1_gamma, dln1_beta) =
         ex.layer_norm_backward(&x0, &p.ln1_gamma, &m1, &r1, &da)?;
+    on_grad("ln1_gamma", &dln1_gamma)?;
+    on_grad("ln1_beta", &dln1_beta)?;
     let dx0 = ex.add(&dx0_res, &dx0_attn)?;
     let dx0 = reshape(&dx0, &h0.shape)?;
     let (dh0, dpos_emb) = ex.add_backward(&h0, &p.pos_emb, &dx0)?;
+    on_grad("pos_emb", &dpos_emb)?;
     let dh0 = reshape(&dh0, &[n, dh0.shape[2]])?;
     let dtok_emb = ex.embedding_backward(&batch.tokens, &dh0, p.tok_emb.shape[0])?;
+    on_grad("tok_emb", &dtok_emb)?;
 
     Ok((
         loss,

@@ -3,7 +3,8 @@
 //! kernel would never run there), its warp-specialised TMA form (`flash_tma`, sm_90 build) and the
 //! naive reference ([`naive`], both builds). Backward:
 //! FlashAttention-2 on `mma.sync` ([`flash_bwd`], both builds until a wgmma form exists) and the
-//! naive reference.
+//! naive reference. Ring (context-parallel) attention's LSE merge and gradient accumulation:
+//! [`ring`].
 //! Semantics, layouts and the causal convention: `params::attention`.
 #[cfg(not(target_feature = "sm_90a"))]
 mod flash;
@@ -15,3 +16,4 @@ mod flash_wg_bwd;
 #[cfg(target_feature = "sm_90a")]
 mod flash_wgmma;
 mod naive;
+mod ring;

@@ -1,0 +1,210 @@
+//! Data-parallel training of the transformer block of [`crate::replace::model`]: every rank holds the
+//! same parameters, trains on its share of the global batch, and the gradients are averaged over the
+//! ranks (NCCL all-reduce, `Avg`) before the SGD update, so every rank applies the same update and
+//! the loss curve is one GPU's at the global batch.
+//!
+//! **Buckets, overlapped with the backward.** The gradients live in one f32 device buffer laid out in
+//! the order the backward produces them ([`BACKWARD_ORDER`]), cut into buckets of about
+//! [`Settings::bucket_bytes`]. The backward reports each gradient as soon as it has it
+//! ([`loss_and_grads_with`]); it is copied into its slot, and a bucket whose gradients have all
+//! arrived is all-reduced on the rank's communication stream at once, while the backward goes on
+//! computing the earlier layers' gradients. After the backward the rank waits for the last
+//! buckets, reads the averaged gradients back and updates its parameters.
+//!
+//! **Identical parameters.** NCCL's all-reduce leaves the same bits on every rank, and the update is
+//! the same f32 arithmetic on the same values, so parameters stay bit-identical across ranks (the
+//! GPU tests check it after every step).
+use crate::dist::{Pending, ReduceOp, Rank};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::replace::exec::Exec;
+use crate::replace::model::{
+    BACKWARD_ORDER, Batch, Config, Grads, Params, loss_and_grads_with, sgd,
+};
+use crate::tensor::{HostTensor, Tensor};
+
+/// How gradients are reduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// A bucket is closed once it holds at least this many bytes of gradients (the last one may hold
+    /// fewer). Smaller buckets start reducing earlier; each costs one collective's latency.
+    pub bucket_bytes: usize,
+}
+
+impl Default for Settings {
+    /// 4 MiB: at NVLink bandwidth (~300 GB/s bus) about 15 us of transfer, several times one
+    /// collective's fixed latency, and small enough that the block's largest gradients (the
+    /// embedding and output tables) do not wait for the whole backward.
+    fn default() -> Self {
+        Settings {
+            bucket_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Rank `rank`'s share of a global batch: sequences `rank * B / world ..`, and the config with the
+/// local batch size. The global batch must split evenly (equal shares keep the average of the ranks'
+/// mean losses equal to the global mean).
+pub fn split_batch(cfg: &Config, batch: &Batch, world: usize, rank: usize) -> Result<(Config, Batch)> {
+    const OP: &str = "data_parallel::split_batch";
+    if world == 0 || cfg.batch % world != 0 || rank >= world {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "the global batch of {} sequences must split evenly over {world} ranks (rank {rank})",
+                cfg.batch
+            ),
+        });
+    }
+    let local = cfg.batch / world;
+    let tokens = local * cfg.seq;
+    let range = rank * tokens..(rank + 1) * tokens;
+    let (Some(tok), Some(tgt)) = (batch.tokens.get(range.clone()), batch.targets.get(range)) else {
+        return Err(Error::Length {
+            what: "data_parallel::split_batch (batch tokens vs B * S)",
+            expected: cfg.tokens(),
+            got: batch.tokens.len().min(batch.targets.len()),
+        });
+    };
+    Ok((
+        Config {
+            batch: local,
+            ..*cfg
+        },
+        Batch {
+            tokens: tok.to_vec(),
+            targets: tgt.to_vec(),
+        },
+    ))
+}
+
+/// Where each gradient sits in the flat buffer, and the buckets.
+struct Layout {
+    /// (name, offset, len) in [`BACKWARD_ORDER`].
+    slots: Vec<(&'static str, usize, usize)>,
+    /// (first slot, end slot) of each bucket.
+    buckets: Vec<(usize, usize)>,
+    total: usize,
+}
+
+fn layout(p: &Params, bucket_bytes: usize) -> Layout {
+    let named = p.named();
+    let mut slots = Vec::new();
+    let mut off = 0;
+    for name in BACKWARD_ORDER {
+        let len = named
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| t.numel())
+            .unwrap_or(0);
+        slots.push((name, off, len));
+        off += len;
+    }
+    let mut buckets = Vec::new();
+    let (mut first, mut bytes) = (0, 0);
+    for (i, (_, _, len)) in slots.iter().enumerate() {
+        bytes += len * 4;
+        if bytes >= bucket_bytes.max(1) || i + 1 == slots.len() {
+            buckets.push((first, i + 1));
+            first = i + 1;
+            bytes = 0;
+        }
+    }
+    Layout {
+        slots,
+        buckets,
+        total: off,
+    }
+}
+
+/// One data-parallel step's result.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The global batch's mean loss (the mean of the ranks' losses), before the update.
+    pub loss: f64,
+    /// This rank's own loss.
+    pub local_loss: f64,
+    /// The averaged gradients applied.
+    pub grads: Grads,
+    /// Buckets reduced while the backward was still running (the rest after it).
+    pub overlapped_buckets: usize,
+    pub buckets: usize,
+}
+
+/// One SGD step of data-parallel training: this rank's loss and gradients on its `batch` (its share,
+/// see [`split_batch`]; `cfg` the local config), gradients averaged over the group in buckets
+/// overlapped with the backward, then `params -= cfg.lr * grads`. Every rank must call it.
+pub fn step(
+    rank: &Rank,
+    ex: &Exec,
+    cfg: &Config,
+    params: &mut Params,
+    batch: &Batch,
+    settings: &Settings,
+) -> Result<Step> {
+    let gpu = rank.gpu();
+    let lay = layout(params, settings.bucket_bytes);
+    let flat = Tensor::empty(gpu, &[lay.total.max(1)], DType::F32)?;
+    let mut arrived = vec![false; lay.slots.len()];
+    let mut launched = vec![false; lay.buckets.len()];
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut overlapped = 0usize;
+    let (local_loss, _) = {
+        let mut on_grad = |name: &'static str, g: &HostTensor| -> Result<()> {
+            let Some(i) = lay.slots.iter().position(|s| s.0 == name) else {
+                return Ok(());
+            };
+            let (_, off, len) = lay.slots[i];
+            flat.narrow(off, len)?.copy_from_f32(&g.data)?;
+            arrived[i] = true;
+            for (b, &(s, e)) in lay.buckets.iter().enumerate() {
+                if !launched[b] && arrived[s..e].iter().all(|&a| a) {
+                    let (o0, o1) = (lay.slots[s].1, lay.slots[e - 1].1 + lay.slots[e - 1].2);
+                    pending.push(rank.all_reduce_start(&flat.narrow(o0, o1 - o0)?, ReduceOp::Avg)?);
+                    launched[b] = true;
+                    overlapped += 1;
+                }
+            }
+            Ok(())
+        };
+        loss_and_grads_with(ex, cfg, params, batch, &mut on_grad)?
+    };
+    // The last gradient closes the last bucket inside the backward; count it as not overlapped.
+    overlapped = overlapped.saturating_sub(1);
+    if let Some(b) = launched.iter().position(|l| !l) {
+        return Err(rank.error(format!(
+            "bucket {b} never filled: the backward did not report every gradient"
+        )));
+    }
+    for p in pending {
+        p.finish()?;
+    }
+    // The global loss: every rank's local loss (as an f32 pair, hi + lo, so no precision is lost).
+    let hi = local_loss as f32;
+    let lo = (local_loss - hi as f64) as f32;
+    let mine = Tensor::from_f32(gpu, &[hi, lo], &[2], DType::F32)?;
+    let all = Tensor::empty(gpu, &[2 * rank.world()], DType::F32)?;
+    rank.all_gather(&mine, &all)?;
+    rank.synchronize()?;
+    let losses = all.to_vec()?;
+    let loss = losses
+        .chunks(2)
+        .map(|p| p[0] as f64 + p[1] as f64)
+        .sum::<f64>()
+        / rank.world() as f64;
+    let values = flat.to_vec()?;
+    let mut grads = params.clone();
+    for (name, g) in grads.named_mut() {
+        if let Some(&(_, off, len)) = lay.slots.iter().find(|s| s.0 == name) {
+            g.data.copy_from_slice(&values[off..off + len]);
+        }
+    }
+    sgd(params, &grads, cfg.lr)?;
+    Ok(Step {
+        loss,
+        local_loss,
+        grads,
+        overlapped_buckets: overlapped,
+        buckets: lay.buckets.len(),
+    })
+}

@@ -1,0 +1,721 @@
+//! Past one GPU: a communicator over the GPUs of one host, NCCL collectives on our streams, ring
+//! (context-parallel) attention ([`ring_attention`]) and data-parallel training ([`data_parallel`]).
+//!
+//! **One process, one thread per GPU.** [`run`] opens a [`Gpu`] per device, starts a thread for each
+//! and hands every thread its [`Rank`]: its GPU, its place in the group and an NCCL communicator over
+//! all of them. Threads (not processes) because the library's users are Rust programs that own their
+//! GPUs; nothing has to be launched by a wrapper, and a failing rank is seen by the others at once.
+//!
+//! ```no_run
+//! use host::{DType, Tensor, dist};
+//! # fn main() -> host::Result<()> {
+//! let n = dist::gpu_count();
+//! let sums = dist::run(n, dist::Settings::default(), |rank| {
+//!     let x = Tensor::from_f32(rank.gpu(), &[rank.rank() as f32; 4], &[4], DType::F32)?;
+//!     rank.all_reduce(&x, dist::ReduceOp::Sum)?;
+//!     rank.synchronize()?;
+//!     Ok(x.to_vec()?[0])
+//! })?;
+//! assert!(sums.iter().all(|&s| s == (0..n).sum::<usize>() as f32));
+//! # Ok(()) }
+//! ```
+//!
+//! **Streams.** Ops run on the GPU's stream ([`Gpu::stream`]); collectives run on a second stream of
+//! the rank's own, ordered after everything queued on the GPU's stream before them. The blocking forms
+//! ([`Rank::all_reduce`], ...) make the GPU's stream wait for the collective (the host does not wait);
+//! the `_start` forms return a [`Pending`] and let kernels queued meanwhile overlap the transfer until
+//! [`Pending::finish`].
+//!
+//! **Failures never hang.** Every wait through a [`Rank`] ([`Rank::synchronize`], a collective's
+//! set-up) polls: it returns [`Error::Dist`] when the wait passes [`Settings::timeout`], when NCCL
+//! reports an error, or when another rank failed. A rank whose closure returns an error (or panics)
+//! marks the group failed; [`run`] then aborts every rank's communicator (`ncclCommAbort`), which ends
+//! the collectives the others are waiting in, and returns the first rank's error. Waits outside the
+//! rank ([`Gpu::synchronize`], [`Tensor::to_host`]) are not polled: call [`Rank::synchronize`] before
+//! reading results back.
+pub mod data_parallel;
+mod nccl;
+pub mod ring_attention;
+#[cfg(test)]
+mod tests;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::{self, CUevent, CUstream};
+
+use crate::device::Gpu;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use nccl::{DataType, Nccl, NcclComm, RedOp};
+
+/// How a group runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// The longest a rank waits for one thing (a communicator's set-up, a collective to be queued,
+    /// [`Rank::synchronize`]) before it gives up with [`Error::Dist`] and fails the group.
+    pub timeout: Duration,
+}
+
+impl Default for Settings {
+    /// A 120 s timeout: above any single step of the benches (the longest, ring attention backward
+    /// at 256k tokens, is under 2 s), below what a user waits before suspecting a hang.
+    fn default() -> Self {
+        Settings {
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The reduction of [`Rank::all_reduce`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// The sum divided by the number of ranks.
+    Avg,
+    Max,
+}
+
+impl ReduceOp {
+    fn nccl(self) -> RedOp {
+        match self {
+            ReduceOp::Sum => RedOp::Sum,
+            ReduceOp::Avg => RedOp::Avg,
+            ReduceOp::Max => RedOp::Max,
+        }
+    }
+}
+
+/// GPUs visible to this process (0 without a driver).
+pub fn gpu_count() -> usize {
+    if !crate::device::driver_present() {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
+}
+
+/// The NCCL library this process loads: its version and the name it was loaded by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NcclInfo {
+    pub version: (u32, u32, u32),
+    pub library: String,
+}
+
+/// Which NCCL [`run`] uses, or why none can be loaded ([`Error::NcclUnavailable`]).
+pub fn nccl_info() -> Result<NcclInfo> {
+    let lib = nccl::nccl().map_err(|reason| Error::NcclUnavailable { reason })?;
+    Ok(NcclInfo {
+        version: lib.version(),
+        library: lib.path.clone(),
+    })
+}
+
+/// What the ranks of one [`run`] share: whether the group failed, and the first failure.
+struct Shared {
+    world: usize,
+    failed: AtomicBool,
+    first: Mutex<Option<(usize, String)>>,
+    /// Each rank's communicator, so that [`run`] can abort them all once the group failed.
+    comms: Vec<Mutex<CommSlot>>,
+}
+
+/// A communicator handle that [`run`]'s watchdog may abort from its thread: every NCCL call on it
+/// holds the lock (calls on a non-blocking communicator return at once), so an abort never races a
+/// call, and a call after an abort sees `comm` null and fails.
+struct CommSlot {
+    comm: NcclComm,
+    aborted: bool,
+}
+
+// SAFETY: the raw communicator is only touched under the slot's mutex.
+unsafe impl Send for CommSlot {}
+
+impl Shared {
+    fn fail(&self, rank: usize, what: String) {
+        let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_none() {
+            *first = Some((rank, what));
+        }
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
+    fn failure(&self) -> Option<(usize, String)> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn abort_all(&self, nccl: &Nccl) {
+        for slot in &self.comms {
+            let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if !s.comm.is_null() && !s.aborted {
+                // SAFETY: a live communicator, not in use (we hold its lock).
+                unsafe { (nccl.comm_abort)(s.comm) };
+                s.aborted = true;
+                s.comm = std::ptr::null_mut();
+            }
+        }
+    }
+}
+
+/// One GPU's place in a [`run`]: its device, its rank and the communicator over the group.
+pub struct Rank {
+    rank: usize,
+    gpu: Gpu,
+    comm_stream: CUstream,
+    shared: Arc<Shared>,
+    settings: Settings,
+    nccl: &'static Nccl,
+}
+
+/// A collective queued on a rank's communication stream by a `_start` call: the tensors it reads
+/// and writes are kept alive here until the GPU's stream has been ordered after it. Dropping it
+/// without [`Pending::finish`] orders the stream the same way (and reports no error).
+#[must_use = "the GPU's stream is ordered after the transfer only by finish (or drop)"]
+pub struct Pending<'r> {
+    rank: &'r Rank,
+    done: CUevent,
+    _keep: Vec<Tensor>,
+}
+
+impl Pending<'_> {
+    /// Makes the GPU's stream wait for the transfer (the host does not wait).
+    pub fn finish(mut self) -> Result<()> {
+        self.order()
+    }
+
+    fn order(&mut self) -> Result<()> {
+        if self.done.is_null() {
+            return Ok(());
+        }
+        let e = std::mem::replace(&mut self.done, std::ptr::null_mut());
+        wait_event(self.rank.gpu.stream().cu_stream(), e)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let _ = self.order();
+    }
+}
+
+fn drv(r: sys::CUresult, during: &str) -> Result<()> {
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(Error::driver(cudarc::driver::DriverError(e), during)),
+    }
+}
+
+/// `stream` waits for `event` (destroyed here: the driver keeps it until the wait is done).
+fn wait_event(stream: CUstream, event: CUevent) -> Result<()> {
+    // SAFETY: both handles are live; destroying a recorded event after queueing a wait on it is
+    // allowed (its resources are freed once it completes).
+    unsafe {
+        let r = drv(
+            sys::cuStreamWaitEvent(stream, event, 0),
+            "ordering two streams",
+        );
+        sys::cuEventDestroy_v2(event);
+        r
+    }
+}
+
+/// An event recorded on `stream` now.
+fn record(stream: CUstream) -> Result<CUevent> {
+    let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: creates and records an event on a live stream.
+    unsafe {
+        drv(
+            sys::cuEventCreate(
+                &mut e,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            ),
+            "creating an event",
+        )?;
+        if let Err(err) = drv(sys::cuEventRecord(e, stream), "recording an event") {
+            sys::cuEventDestroy_v2(e);
+            return Err(err);
+        }
+    }
+    Ok(e)
+}
+
+fn nccl_type(op: &'static str, t: &Tensor) -> Result<DataType> {
+    Ok(match t.dtype() {
+        DType::F32 => DataType::Float32,
+        DType::F16 => DataType::Float16,
+        DType::BF16 => DataType::Bfloat16,
+    })
+    .and_then(|d| {
+        t.require_contiguous(op, "tensor")?;
+        Ok(d)
+    })
+}
+
+impl Rank {
+    /// This rank's index, `0..world()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// The number of ranks (GPUs) in the group.
+    pub fn world(&self) -> usize {
+        self.shared.world
+    }
+    /// This rank's GPU (ordinal `rank()`).
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+    /// The group's settings.
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    fn error(&self, what: impl Into<String>) -> Error {
+        Error::Dist {
+            rank: self.rank,
+            world: self.world(),
+            what: what.into(),
+        }
+    }
+
+    /// Fails this rank (and so the group) with `what`.
+    fn give_up(&self, what: String) -> Error {
+        self.shared.fail(self.rank, what.clone());
+        self.error(what)
+    }
+
+    /// The error to return when another rank failed first.
+    fn peer_failed(&self) -> Option<Error> {
+        if !self.shared.failed.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(match self.shared.failure() {
+            Some((r, what)) if r != self.rank => {
+                self.error(format!("gave up because rank {r} failed: {what}"))
+            }
+            Some((_, what)) => self.error(what),
+            None => self.error("the group failed"),
+        })
+    }
+
+    /// Runs `f` on the communicator under its lock; fails if it was aborted.
+    fn with_comm<T>(&self, f: impl FnOnce(NcclComm) -> T) -> Result<T> {
+        let slot = self.shared.comms[self.rank]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if slot.comm.is_null() {
+            drop(slot);
+            return Err(self
+                .peer_failed()
+                .unwrap_or_else(|| self.error("the communicator was aborted")));
+        }
+        Ok(f(slot.comm))
+    }
+
+    /// Polls until NCCL has finished queueing the last call (`ncclInProgress` -> success), with the
+    /// timeout and the group's failure checked between polls.
+    fn settle(&self, what: &str, first: i32) -> Result<()> {
+        if first != nccl::SUCCESS && first != nccl::IN_PROGRESS {
+            let msg = self.with_comm(|c| self.nccl.describe(first, c))?;
+            return Err(self.give_up(format!("{what}: {msg}")));
+        }
+        let start = Instant::now();
+        let mut state = first;
+        let mut polls = 0u32;
+        while state == nccl::IN_PROGRESS {
+            if let Some(e) = self.peer_failed() {
+                return Err(e);
+            }
+            if start.elapsed() > self.settings.timeout {
+                return Err(self.give_up(format!(
+                    "{what}: timed out after {:.1} s (Settings::timeout); a peer rank never joined",
+                    self.settings.timeout.as_secs_f64()
+                )));
+            }
+            backoff(&mut polls);
+            state = self.with_comm(|c| {
+                let mut s = nccl::SUCCESS;
+                // SAFETY: a live communicator; writes one int.
+                let r = unsafe { (self.nccl.comm_get_async_error)(c, &mut s) };
+                if r != nccl::SUCCESS { r } else { s }
+            })?;
+        }
+        if state != nccl::SUCCESS {
+            let msg = self.with_comm(|c| self.nccl.describe(state, c))?;
+            return Err(self.give_up(format!("{what}: {msg}")));
+        }
+        Ok(())
+    }
+
+    /// Queues `call` on the communication stream, after the work queued so far on the GPU's stream.
+    fn enqueue(
+        &self,
+        what: &str,
+        tensors: &[&Tensor],
+        call: impl FnOnce(NcclComm, CUstream) -> i32,
+    ) -> Result<Pending<'_>> {
+        if let Some(e) = self.peer_failed() {
+            return Err(e);
+        }
+        for t in tensors {
+            if !t.gpu().same_device(&self.gpu) {
+                return Err(Error::DeviceMismatch { op: "dist" });
+            }
+        }
+        self.gpu.context().bind_to_thread().map_err(|e| Error::driver(e, "binding the context"))?;
+        wait_event(self.comm_stream, record(self.gpu.stream().cu_stream())?)?;
+        let first = self.with_comm(|c| call(c, self.comm_stream))?;
+        self.settle(what, first)?;
+        Ok(Pending {
+            rank: self,
+            done: record(self.comm_stream)?,
+            _keep: tensors.iter().map(|t| (*t).clone()).collect(),
+        })
+    }
+
+    /// In-place all-reduce of `t` (contiguous, f32/f16/bf16) over every rank; the GPU's stream waits
+    /// for it. Every rank must call it with the same shape, dtype and op.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        self.all_reduce_start(t, op)?.finish()
+    }
+
+    /// [`Rank::all_reduce`] without ordering the GPU's stream after it: kernels queued before
+    /// [`Pending::finish`] overlap the transfer (and must not touch `t`).
+    pub fn all_reduce_start(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<'_>> {
+        const OP: &str = "dist::all_reduce";
+        let dt = nccl_type(OP, t)?;
+        let (p, n) = (t.device_ptr(), t.numel());
+        self.enqueue(OP, &[t], |c, s| {
+            // SAFETY: `t` is contiguous with `n` elements at `p`; in place is allowed by NCCL.
+            unsafe {
+                (self.nccl.all_reduce)(
+                    p as *const _,
+                    p as *mut _,
+                    n,
+                    dt,
+                    op.nccl(),
+                    c,
+                    s as *mut _,
+                )
+            }
+        })
+    }
+
+    /// `dst` (`world()` times `src`'s elements, same dtype) receives every rank's `src`, rank order.
+    pub fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        const OP: &str = "dist::all_gather";
+        let dt = nccl_type(OP, src)?;
+        nccl_type(OP, dst)?;
+        if dst.dtype() != src.dtype() {
+            return Err(Error::DType {
+                op: OP,
+                expected: format!("dst of src's dtype {}", src.dtype()),
+                got: dst.dtype(),
+            });
+        }
+        if dst.numel() != src.numel() * self.world() {
+            return Err(Error::Length {
+                what: "dist::all_gather dst (world x src elements)",
+                expected: src.numel() * self.world(),
+                got: dst.numel(),
+            });
+        }
+        let (ps, pd, n) = (src.device_ptr(), dst.device_ptr(), src.numel());
+        self.enqueue(OP, &[src, dst], |c, s| {
+            // SAFETY: sizes checked above; both contiguous.
+            unsafe { (self.nccl.all_gather)(ps as *const _, pd as *mut _, n, dt, c, s as *mut _) }
+        })?
+        .finish()
+    }
+
+    /// Sends each `sends[i].0` to rank `sends[i].1` and receives each `recvs[j].0` from rank
+    /// `recvs[j].1`, all in one NCCL group (so a ring exchange cannot deadlock). The peer's matching
+    /// tensor must have the same element count and dtype. Returns a [`Pending`]: kernels queued before
+    /// its `finish` overlap the transfer; they must not write a sent tensor nor touch a received one.
+    pub fn exchange_start(
+        &self,
+        sends: &[(&Tensor, usize)],
+        recvs: &[(&Tensor, usize)],
+    ) -> Result<Pending<'_>> {
+        const OP: &str = "dist::exchange";
+        let mut plan = Vec::new();
+        for (send, list) in [(true, sends), (false, recvs)] {
+            for &(t, peer) in list {
+                if peer >= self.world() {
+                    return Err(Error::Invalid {
+                        op: OP,
+                        msg: format!("peer rank {peer} out of range for a group of {}", self.world()),
+                    });
+                }
+                plan.push((send, nccl_type(OP, t)?, t.device_ptr(), t.numel(), peer as i32));
+            }
+        }
+        let mut keep: Vec<&Tensor> = sends.iter().map(|s| s.0).collect();
+        keep.extend(recvs.iter().map(|r| r.0));
+        self.enqueue(OP, &keep, |c, s| {
+            // SAFETY: every buffer is contiguous with the counted elements; grouped calls are queued
+            // together at group end.
+            unsafe {
+                let r = (self.nccl.group_start)();
+                if r != nccl::SUCCESS {
+                    return r;
+                }
+                for &(send, dt, p, n, peer) in &plan {
+                    let r = if send {
+                        (self.nccl.send)(p as *const _, n, dt, peer, c, s as *mut _)
+                    } else {
+                        (self.nccl.recv)(p as *mut _, n, dt, peer, c, s as *mut _)
+                    };
+                    if r != nccl::SUCCESS && r != nccl::IN_PROGRESS {
+                        (self.nccl.group_end)();
+                        return r;
+                    }
+                }
+                (self.nccl.group_end)()
+            }
+        })
+    }
+
+    /// Waits (host) for everything queued on this rank's streams, polling: returns [`Error::Dist`] on
+    /// timeout or when another rank failed, a typed driver error if a kernel faulted.
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.context().bind_to_thread().map_err(|e| Error::driver(e, "binding the context"))?;
+        let start = Instant::now();
+        let mut polls = 0u32;
+        for stream in [self.comm_stream, self.gpu.stream().cu_stream()] {
+            loop {
+                // SAFETY: a live stream.
+                let r = unsafe { sys::cuStreamQuery(stream) };
+                match r {
+                    sys::CUresult::CUDA_SUCCESS => break,
+                    sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                    e => {
+                        let err = Error::driver(cudarc::driver::DriverError(e), "dist: waiting for the streams");
+                        self.shared.fail(self.rank, err.to_string());
+                        return Err(err);
+                    }
+                }
+                if let Some(e) = self.peer_failed() {
+                    return Err(e);
+                }
+                if start.elapsed() > self.settings.timeout {
+                    return Err(self.give_up(format!(
+                        "synchronize: timed out after {:.1} s (Settings::timeout) with work still queued; \
+                         a peer rank did not take part in a collective",
+                        self.settings.timeout.as_secs_f64()
+                    )));
+                }
+                backoff(&mut polls);
+            }
+        }
+        Ok(())
+    }
+
+    /// All ranks reach this point before any leaves it (an all-reduce of one value, then
+    /// [`Rank::synchronize`]).
+    pub fn barrier(&self) -> Result<()> {
+        let t = Tensor::from_f32(&self.gpu, &[1.0], &[1], DType::F32)?;
+        self.all_reduce(&t, ReduceOp::Sum)?;
+        self.synchronize()
+    }
+}
+
+/// Spin briefly, then sleep: waits are short on a healthy group (microseconds) and the host thread
+/// should not burn a core through a long kernel.
+fn backoff(polls: &mut u32) {
+    *polls += 1;
+    if *polls < 200 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        let _ = self.gpu.context().bind_to_thread();
+        let mut slot = self.shared.comms[self.rank]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !slot.comm.is_null() {
+            let c = slot.comm;
+            // A healthy group finalises (flushes) before destroying; a failed one aborts.
+            // SAFETY: a live communicator owned by this rank.
+            unsafe {
+                let mut ok = !self.shared.failed.load(Ordering::SeqCst)
+                    && (self.nccl.comm_finalize)(c) <= nccl::IN_PROGRESS;
+                let start = Instant::now();
+                let mut polls = 0;
+                while ok {
+                    let mut s = nccl::SUCCESS;
+                    (self.nccl.comm_get_async_error)(c, &mut s);
+                    if s == nccl::SUCCESS {
+                        break;
+                    }
+                    if s != nccl::IN_PROGRESS
+                        || start.elapsed() > self.settings.timeout
+                        || self.shared.failed.load(Ordering::SeqCst)
+                    {
+                        ok = false;
+                    }
+                    backoff(&mut polls);
+                }
+                if ok {
+                    (self.nccl.comm_destroy)(c);
+                } else {
+                    (self.nccl.comm_abort)(c);
+                }
+            }
+            slot.comm = std::ptr::null_mut();
+        }
+        drop(slot);
+        // SAFETY: the stream was created by this rank; the driver frees it once its work is done.
+        unsafe { sys::cuStreamDestroy_v2(self.comm_stream) };
+    }
+}
+
+/// Runs `f` on `world` GPUs (ordinals `0..world`), one thread each, every thread with its [`Rank`];
+/// returns the results in rank order, or the first rank's error (see the module doc: a failing rank
+/// fails the group, never a hang).
+pub fn run<T, F>(world: usize, settings: Settings, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(&Rank) -> Result<T> + Sync,
+{
+    const OP: &str = "dist::run";
+    if world == 0 {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: "a group needs at least one GPU, got world = 0".into(),
+        });
+    }
+    let visible = gpu_count();
+    if world > visible {
+        return Err(Error::NoDevice {
+            reason: format!("dist::run: {world} GPUs requested, {visible} visible"),
+        });
+    }
+    let nccl = nccl::nccl().map_err(|reason| Error::NcclUnavailable { reason })?;
+    let mut id = nccl::UniqueId { internal: [0; 128] };
+    // SAFETY: writes the 128-byte id.
+    let r = unsafe { (nccl.get_unique_id)(&mut id) };
+    if r != nccl::SUCCESS {
+        return Err(Error::Dist {
+            rank: 0,
+            world,
+            what: format!("ncclGetUniqueId: {}", nccl.describe(r, std::ptr::null_mut())),
+        });
+    }
+    let shared = Arc::new(Shared {
+        world,
+        failed: AtomicBool::new(false),
+        first: Mutex::new(None),
+        comms: (0..world)
+            .map(|_| {
+                Mutex::new(CommSlot {
+                    comm: std::ptr::null_mut(),
+                    aborted: false,
+                })
+            })
+            .collect(),
+    });
+    let results: Vec<Option<T>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let shared = shared.clone();
+                let f = &f;
+                scope.spawn(move || {
+                    let out = catch_unwind(AssertUnwindSafe(|| {
+                        let r = join(rank, &shared, settings, nccl, id)?;
+                        f(&r)
+                    }));
+                    match out {
+                        Ok(Ok(v)) => Some(v),
+                        Ok(Err(e)) => {
+                            shared.fail(rank, e.to_string());
+                            None
+                        }
+                        Err(panic) => {
+                            let msg = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "a panic".into());
+                            shared.fail(rank, format!("panicked: {msg}"));
+                            None
+                        }
+                    }
+                })
+            })
+            .collect();
+        // The watchdog: once a rank failed, abort every communicator so that no rank stays in a
+        // collective waiting for it.
+        let mut aborted = false;
+        while handles.iter().any(|h| !h.is_finished()) {
+            if !aborted && shared.failed.load(Ordering::SeqCst) {
+                shared.abort_all(nccl);
+                aborted = true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().ok().flatten())
+            .collect()
+    });
+    if let Some((rank, what)) = shared.failure() {
+        return Err(Error::Dist { rank, world, what });
+    }
+    Ok(results.into_iter().map(|r| r.expect("no failure recorded")).collect())
+}
+
+/// Opens rank `rank`'s GPU, its stream and its communicator (non-blocking set-up, polled).
+fn join(
+    rank: usize,
+    shared: &Arc<Shared>,
+    settings: Settings,
+    nccl: &'static Nccl,
+    id: nccl::UniqueId,
+) -> Result<Rank> {
+    let gpu = Gpu::new(rank)?;
+    gpu.context()
+        .bind_to_thread()
+        .map_err(|e| Error::driver(e, "binding the context"))?;
+    let mut stream: CUstream = std::ptr::null_mut();
+    // SAFETY: creates a stream in the bound context.
+    unsafe {
+        drv(
+            sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            "creating the communication stream",
+        )?;
+    }
+    let mut comm: NcclComm = std::ptr::null_mut();
+    let mut config = nccl::Config::non_blocking();
+    // SAFETY: the device is current on this thread; NCCL writes the handle.
+    let r = unsafe {
+        (nccl.comm_init_rank_config)(&mut comm, shared.world as i32, id, rank as i32, &mut config)
+    };
+    shared.comms[rank]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .comm = comm;
+    let me = Rank {
+        rank,
+        gpu,
+        comm_stream: stream,
+        shared: shared.clone(),
+        settings,
+        nccl,
+    };
+    if comm.is_null() {
+        return Err(me.give_up(format!(
+            "ncclCommInitRankConfig: {}",
+            nccl.describe(r, std::ptr::null_mut())
+        )));
+    }
+    me.settle("ncclCommInitRankConfig", r)?;
+    Ok(me)
+}

@@ -1,0 +1,533 @@
+//! Ring attention: attention over a sequence sharded across the ranks of a [`Rank`] group, forward
+//! and backward, each rank holding `S / world` of the queries, keys and values.
+//!
+//! **Zig-zag sharding.** The sequence is cut into `2 world` equal chunks; rank `r` holds chunks `r`
+//! and `2 world - 1 - r` ([`zigzag_chunks`]). A rank's tensors are `[2, B, H, S / (2 world), D]`:
+//! entry 0 its early chunk, entry 1 its late one ([`shard`] / [`unshard`] convert from and to
+//! `[B, H, S, D]`). Under a causal mask every rank then does the same work at every ring step:
+//!
+//! - step 0 (its own keys): early queries x early keys (causal), late x early (full), late x late
+//!   (causal);
+//! - keys from a lower rank: both query chunks x the visitor's early chunk (full), nothing with its
+//!   late chunk (it lies after both);
+//! - keys from a higher rank: the late query chunk x both of the visitor's chunks (full).
+//!
+//! Each is `2 c^2` query-key products (`c` the chunk length), so no rank waits for another.
+//! Without a mask every step computes all four chunk pairs.
+//!
+//! **The ring.** At step `s` rank `r` holds the keys and values of rank `r - s`; it sends them on to
+//! `r + 1` and receives the next from `r - 1` ([`Rank::exchange_start`]) while the flash kernels run
+//! on the ones it holds. The forward folds each pair's `(O, LSE)` into an f32 accumulator through
+//! the LSEs (`ring_merge_*`: the softmax over the union of key sets). The backward sends each key
+//! block's dK/dV accumulator (f32) around with it: every rank adds its pairs' gradients (computed
+//! with the final O and LSE, so each pair's `P = exp(S - LSE)` is already the global softmax) and
+//! passes it on; one last exchange brings it home. dQ stays local. Partial gradients arrive in the
+//! input dtype from the flash backward and are summed in f32, rounded once at the end.
+use crate::dist::{Pending, Rank};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::launch::{ByValue, grid_blocks, launch};
+use crate::ops::attention::{self, AttentionGrads, AttentionParams, Causal};
+use crate::ops::elementwise;
+use crate::tensor::{HostTensor, Tensor};
+
+/// The two chunks (of `2 world`) rank `rank` holds: `[rank, 2 world - 1 - rank]`.
+pub fn zigzag_chunks(world: usize, rank: usize) -> [usize; 2] {
+    [rank, 2 * world - 1 - rank]
+}
+
+/// One flash call of a ring step: the rank's query chunk `q` (0 early, 1 late) against the visiting
+/// rank's key chunk `kv`, with or without the causal mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pair {
+    pub q: usize,
+    pub kv: usize,
+    pub causal: bool,
+}
+
+/// The pairs rank `rank` computes at ring step `step` (see the module doc).
+pub fn step_pairs(world: usize, rank: usize, step: usize, causal: bool) -> Vec<Pair> {
+    let p = |q, kv, causal| Pair { q, kv, causal };
+    if !causal {
+        return vec![p(0, 0, false), p(0, 1, false), p(1, 0, false), p(1, 1, false)];
+    }
+    let src = (rank + world - step % world) % world;
+    if src == rank {
+        vec![p(0, 0, true), p(1, 0, false), p(1, 1, true)]
+    } else if src < rank {
+        vec![p(0, 0, false), p(1, 0, false)]
+    } else {
+        vec![p(1, 0, false), p(1, 1, false)]
+    }
+}
+
+fn shard_dims(op: &'static str, shape: &[usize], world: usize) -> Result<(usize, usize)> {
+    if shape.len() < 3 || world == 0 {
+        return Err(Error::Shape {
+            op,
+            what: format!("a [B, H, S, ...] tensor and world >= 1 (world = {world})"),
+            expected: "rank >= 3".into(),
+            got: shape.to_vec(),
+        });
+    }
+    let s = shape[2];
+    if s % (2 * world) != 0 {
+        return Err(Error::Shape {
+            op,
+            what: format!(
+                "the sequence (dim 2) must split into 2 x world = {} equal chunks",
+                2 * world
+            ),
+            expected: format!("a multiple of {}", 2 * world),
+            got: shape.to_vec(),
+        });
+    }
+    Ok((s, s / (2 * world)))
+}
+
+/// Rank `rank`'s zig-zag shard of `x` (`[B, H, S, ...]`: Q, K, V, dO as `[B, H, S, D]`, an LSE as
+/// `[B, H, S]`): `[2, B, H, S / (2 world), ...]`.
+pub fn shard(x: &HostTensor, world: usize, rank: usize) -> Result<HostTensor> {
+    const OP: &str = "ring_attention::shard";
+    let (s, c) = shard_dims(OP, &x.shape, world)?;
+    if rank >= world {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("rank {rank} out of range for world {world}"),
+        });
+    }
+    let outer: usize = x.shape[..2].iter().product();
+    let inner: usize = x.shape[3..].iter().product();
+    let mut data = Vec::with_capacity(x.numel() / world);
+    for chunk in zigzag_chunks(world, rank) {
+        for o in 0..outer {
+            let start = (o * s + chunk * c) * inner;
+            data.extend_from_slice(&x.data[start..start + c * inner]);
+        }
+    }
+    let mut shape = vec![2];
+    shape.extend_from_slice(&x.shape);
+    shape[3] = c;
+    Ok(HostTensor {
+        data,
+        shape,
+        dtype: x.dtype,
+    })
+}
+
+/// The inverse of [`shard`]: every rank's shard, in rank order, back to `[B, H, S, ...]`.
+pub fn unshard(parts: &[HostTensor]) -> Result<HostTensor> {
+    const OP: &str = "ring_attention::unshard";
+    let world = parts.len();
+    let Some(first) = parts.first() else {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: "no shards given".into(),
+        });
+    };
+    if first.shape.len() < 4 || first.shape[0] != 2 || parts.iter().any(|p| p.shape != first.shape)
+    {
+        return Err(Error::Shape {
+            op: OP,
+            what: "every shard [2, B, H, chunk, ...] of one shape".into(),
+            expected: "[2, B, H, chunk, ...]".into(),
+            got: first.shape.clone(),
+        });
+    }
+    let c = first.shape[3];
+    let s = c * 2 * world;
+    let outer: usize = first.shape[1..3].iter().product();
+    let inner: usize = first.shape[4..].iter().product();
+    let mut data = vec![0f32; outer * s * inner];
+    for (rank, part) in parts.iter().enumerate() {
+        for (e, chunk) in zigzag_chunks(world, rank).into_iter().enumerate() {
+            for o in 0..outer {
+                let src = ((e * outer + o) * c) * inner;
+                let dst = (o * s + chunk * c) * inner;
+                data[dst..dst + c * inner].copy_from_slice(&part.data[src..src + c * inner]);
+            }
+        }
+    }
+    let mut shape = first.shape[1..].to_vec();
+    shape[2] = s;
+    Ok(HostTensor {
+        data,
+        shape,
+        dtype: first.dtype,
+    })
+}
+
+/// The local `[2, B, H, c, D]` operands checked, with the per-chunk attention dims.
+fn local_dims(op: &'static str, named: &[(&str, &Tensor)]) -> Result<()> {
+    let (_, q) = named[0];
+    if q.shape().len() != 5 || q.shape()[0] != 2 {
+        return Err(Error::Shape {
+            op,
+            what: "q must be a zig-zag shard [2, batch, heads, chunk, head_dim] (see ring_attention::shard)"
+                .into(),
+            expected: "[2, B, H, c, D]".into(),
+            got: q.shape().to_vec(),
+        });
+    }
+    for &(name, t) in &named[1..] {
+        let want: Vec<usize> = if name == "lse" {
+            q.shape()[..4].to_vec()
+        } else {
+            q.shape().to_vec()
+        };
+        if t.shape() != want.as_slice() {
+            return Err(Error::Shape {
+                op,
+                what: format!(
+                    "{name} must match q's shard shape (ring attention needs equal chunks on every rank)"
+                ),
+                expected: format!("{want:?}"),
+                got: t.shape().to_vec(),
+            });
+        }
+        let dtype = if name == "lse" { DType::F32 } else { q.dtype() };
+        if t.dtype() != dtype {
+            return Err(Error::DType {
+                op,
+                expected: format!("{dtype} for {name}"),
+                got: t.dtype(),
+            });
+        }
+        t.require_contiguous(op, "operand")?;
+    }
+    q.require_contiguous(op, "q")?;
+    if q.dtype() == DType::F32 {
+        return Err(Error::DType {
+            op,
+            expected: "f16 or bf16 (the flash kernels' dtypes)".into(),
+            got: q.dtype(),
+        });
+    }
+    Ok(())
+}
+
+fn merge_kernel(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "ring_merge_bf16",
+        _ => "ring_merge_f16",
+    }
+}
+
+fn accumulate_kernel(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "ring_accumulate_bf16",
+        _ => "ring_accumulate_f16",
+    }
+}
+
+const BLOCK: u32 = 256;
+
+/// `(o_acc, lse_acc) <- merge((o_acc, lse_acc), (o_part, lse_part))`, the new LSE written to `lse_out`.
+fn merge(
+    o_acc: &Tensor,
+    lse_acc: &Tensor,
+    o_part: &Tensor,
+    lse_part: &Tensor,
+    lse_out: &Tensor,
+    first: bool,
+) -> Result<()> {
+    let head_dim = *o_part.shape().last().unwrap_or(&1) as u64;
+    let first = first as u32;
+    launch(
+        o_acc.gpu(),
+        merge_kernel(o_part.dtype()),
+        grid_blocks(o_part.numel() as u64, BLOCK as u64),
+        BLOCK,
+        &[
+            &ByValue(o_acc.raw()),
+            &ByValue(lse_acc.raw()),
+            &ByValue(o_part.raw()),
+            &ByValue(lse_part.raw()),
+            &ByValue(lse_out.raw()),
+            &head_dim,
+            &first,
+        ],
+    )
+}
+
+/// `acc += x` in f32 (`acc = x` when `first`).
+fn accumulate(acc: &Tensor, x: &Tensor, first: bool) -> Result<()> {
+    let first = first as u32;
+    launch(
+        acc.gpu(),
+        accumulate_kernel(x.dtype()),
+        grid_blocks(x.numel() as u64, BLOCK as u64),
+        BLOCK,
+        &[
+            &ByValue(acc.raw()),
+            &ByValue(x.raw()),
+            &first,
+        ],
+    )
+}
+
+fn pair_params(scale: f32, causal: bool) -> AttentionParams {
+    AttentionParams {
+        causal: if causal { Causal::Yes } else { Causal::No },
+        scale: Some(scale),
+    }
+}
+
+/// Ring attention forward on this rank's shards (`[2, B, H, c, D]` f16/bf16, see [`shard`]):
+/// returns this rank's `O` (`[2, B, H, c, D]`, input dtype) and LSE (`[2, B, H, c]`, f32), equal
+/// within rounding to the same rows of one GPU's [`attention::flash_forward`] on the whole sequence.
+/// `params.causal` masks by global position. Every rank of the group must call it.
+pub fn forward(
+    rank: &Rank,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "ring_attention::forward";
+    local_dims(OP, &[("q", q), ("k", k), ("v", v)])?;
+    let gpu = rank.gpu();
+    let shape = q.shape().to_vec();
+    let scale = attention::scale(OP, params, shape[4])?;
+    let causal = params.causal == Causal::Yes;
+    let (world, me) = (rank.world(), rank.rank());
+    let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
+
+    let o_acc = Tensor::empty(gpu, &shape, DType::F32)?;
+    // Two LSE buffers per query chunk: a merge reads one and writes the other.
+    let lse = [
+        [Tensor::empty(gpu, &shape[1..4], DType::F32)?, Tensor::empty(gpu, &shape[1..4], DType::F32)?],
+        [Tensor::empty(gpu, &shape[1..4], DType::F32)?, Tensor::empty(gpu, &shape[1..4], DType::F32)?],
+    ];
+    let mut current = [0usize; 2];
+    let mut started = [false; 2];
+    let recv = if world > 1 {
+        vec![
+            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
+            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
+        ]
+    } else {
+        Vec::new()
+    };
+    let (mut kc, mut vc) = (k.clone(), v.clone());
+    for step in 0..world {
+        let pending: Option<Pending> = if step + 1 < world {
+            let (kr, vr) = &recv[step % 2];
+            Some(rank.exchange_start(&[(&kc, next), (&vc, next)], &[(kr, prev), (vr, prev)])?)
+        } else {
+            None
+        };
+        for pair in step_pairs(world, me, step, causal) {
+            let (o_p, lse_p) = attention::flash_forward(
+                &q.index0(pair.q)?,
+                &kc.index0(pair.kv)?,
+                &vc.index0(pair.kv)?,
+                &pair_params(scale, pair.causal),
+            )?;
+            let i = pair.q;
+            merge(
+                &o_acc.index0(i)?,
+                &lse[i][current[i]],
+                &o_p,
+                &lse_p,
+                &lse[i][1 - current[i]],
+                !started[i],
+            )?;
+            current[i] = 1 - current[i];
+            started[i] = true;
+        }
+        if let Some(p) = pending {
+            p.finish()?;
+            let (kr, vr) = &recv[step % 2];
+            (kc, vc) = (kr.clone(), vr.clone());
+        }
+    }
+    let o = elementwise::cast(&o_acc, q.dtype())?;
+    let lse_out = Tensor::empty(gpu, &shape[..4], DType::F32)?;
+    for i in 0..2 {
+        lse_out.index0(i)?.copy_from(&lse[i][current[i]])?;
+    }
+    Ok((o, lse_out))
+}
+
+/// Ring attention backward: this rank's dQ, dK, dV (`[2, B, H, c, D]`, input dtype) from its shards
+/// of Q, K, V, the forward's O and LSE, and dO. Every rank of the group must call it.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    rank: &Rank,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: &Tensor,
+    d_o: &Tensor,
+    params: &AttentionParams,
+) -> Result<AttentionGrads> {
+    const OP: &str = "ring_attention::backward";
+    local_dims(
+        OP,
+        &[("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("d_o", d_o)],
+    )?;
+    let gpu = rank.gpu();
+    let shape = q.shape().to_vec();
+    let scale = attention::scale(OP, params, shape[4])?;
+    let causal = params.causal == Causal::Yes;
+    let (world, me) = (rank.world(), rank.rank());
+    let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
+
+    let dq_acc = Tensor::empty(gpu, &shape, DType::F32)?;
+    // The travelling dK/dV accumulators: the one finished last step is sent on while the next
+    // visitor's arrives in the other.
+    let dkv = [
+        (Tensor::empty(gpu, &shape, DType::F32)?, Tensor::empty(gpu, &shape, DType::F32)?),
+        (Tensor::empty(gpu, &shape, DType::F32)?, Tensor::empty(gpu, &shape, DType::F32)?),
+    ];
+    let recv = if world > 1 {
+        vec![
+            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
+            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
+        ]
+    } else {
+        Vec::new()
+    };
+    let (mut kc, mut vc) = (k.clone(), v.clone());
+    let mut dq_started = [false; 2];
+    for step in 0..world {
+        // This step's accumulator: dkv[step % 2]; it arrives from `prev` (step > 0) while last step's
+        // goes to `next`.
+        let (dk_in, dv_in) = &dkv[step % 2];
+        let (dk_out, dv_out) = &dkv[(step + 1) % 2];
+        let mut sends: Vec<(&Tensor, usize)> = Vec::new();
+        let mut recvs: Vec<(&Tensor, usize)> = Vec::new();
+        if step + 1 < world {
+            let (kr, vr) = &recv[step % 2];
+            sends.extend([(&kc, next), (&vc, next)]);
+            recvs.extend([(kr, prev), (vr, prev)]);
+        }
+        if step > 0 {
+            sends.extend([(dk_out, next), (dv_out, next)]);
+            recvs.extend([(dk_in, prev), (dv_in, prev)]);
+        }
+        let pending = if sends.is_empty() {
+            None
+        } else {
+            Some(rank.exchange_start(&sends, &recvs)?)
+        };
+        let mut partials = Vec::new();
+        for pair in step_pairs(world, me, step, causal) {
+            let g = attention::flash_backward(
+                &q.index0(pair.q)?,
+                &kc.index0(pair.kv)?,
+                &vc.index0(pair.kv)?,
+                &o.index0(pair.q)?,
+                &lse.index0(pair.q)?,
+                &d_o.index0(pair.q)?,
+                &pair_params(scale, pair.causal),
+            )?;
+            accumulate(&dq_acc.index0(pair.q)?, &g.dq, !dq_started[pair.q])?;
+            dq_started[pair.q] = true;
+            partials.push((pair.kv, g.dk, g.dv));
+        }
+        if let Some(p) = pending {
+            p.finish()?;
+        }
+        // Step 0 starts the rank's own accumulator (both chunks are touched at step 0); later steps
+        // add into the one that arrived.
+        let mut started = [step > 0; 2];
+        for (j, dk_p, dv_p) in &partials {
+            accumulate(&dk_in.index0(*j)?, dk_p, !started[*j])?;
+            accumulate(&dv_in.index0(*j)?, dv_p, !started[*j])?;
+            started[*j] = true;
+        }
+        if step + 1 < world {
+            let (kr, vr) = &recv[step % 2];
+            (kc, vc) = (kr.clone(), vr.clone());
+        }
+    }
+    // The last accumulator belongs to rank `next`: send it home, and receive ours.
+    let last = (world - 1) % 2;
+    let home = if world > 1 {
+        let (dk_l, dv_l) = &dkv[last];
+        let (dk_h, dv_h) = &dkv[1 - last];
+        rank.exchange_start(&[(dk_l, next), (dv_l, next)], &[(dk_h, prev), (dv_h, prev)])?
+            .finish()?;
+        1 - last
+    } else {
+        last
+    };
+    Ok(AttentionGrads {
+        dq: elementwise::cast(&dq_acc, q.dtype())?,
+        dk: elementwise::cast(&dkv[home].0, q.dtype())?,
+        dv: elementwise::cast(&dkv[home].1, q.dtype())?,
+    })
+}
+
+/// CPU references for the ring's pieces (f64), for tests that run without a GPU.
+pub mod reference {
+    /// The LSE merge of two partial attention results over disjoint key sets, row by row
+    /// (`o`: `[.., D]` rows, `lse`: one value a row).
+    pub fn merge(
+        o_a: &[f32],
+        lse_a: &[f32],
+        o_b: &[f32],
+        lse_b: &[f32],
+        head_dim: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut o = vec![0f32; o_a.len()];
+        let mut lse = vec![f32::NEG_INFINITY; lse_a.len()];
+        for r in 0..lse_a.len() {
+            let (la, lb) = (lse_a[r] as f64, lse_b[r] as f64);
+            let m = la.max(lb);
+            if m == f64::NEG_INFINITY {
+                continue;
+            }
+            let l = m + ((la - m).exp() + (lb - m).exp()).ln();
+            let (wa, wb) = ((la - l).exp(), (lb - l).exp());
+            for c in 0..head_dim {
+                let i = r * head_dim + c;
+                let a = if wa == 0.0 { 0.0 } else { o_a[i] as f64 * wa };
+                let b = if wb == 0.0 { 0.0 } else { o_b[i] as f64 * wb };
+                o[i] = (a + b) as f32;
+            }
+            lse[r] = l as f32;
+        }
+        (o, lse)
+    }
+
+    /// One pair's gradients given the *final* O and LSE of its query rows (what the ring backward
+    /// computes per pair): `P = exp(scale q k^T - lse)`, `dS = P (dO v^T - rowsum(dO o))`,
+    /// `dq = scale dS k`, `dk = scale dS^T q`, `dv = P^T dO`. All `[rows, D]` of one head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pair_backward(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        o: &[f32],
+        lse: &[f32],
+        d_o: &[f32],
+        d: usize,
+        scale: f64,
+        causal: bool,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (nq, nk) = (q.len() / d, k.len() / d);
+        let (mut dq, mut dk, mut dv) = (vec![0f64; q.len()], vec![0f64; k.len()], vec![0f64; v.len()]);
+        for i in 0..nq {
+            let delta: f64 = (0..d).map(|c| d_o[i * d + c] as f64 * o[i * d + c] as f64).sum();
+            for j in 0..nk {
+                if causal && j + nq > i + nk {
+                    continue;
+                }
+                let s: f64 = (0..d).map(|c| q[i * d + c] as f64 * k[j * d + c] as f64).sum::<f64>() * scale;
+                let p = (s - lse[i] as f64).exp();
+                let dp: f64 = (0..d).map(|c| d_o[i * d + c] as f64 * v[j * d + c] as f64).sum();
+                let ds = p * (dp - delta);
+                for c in 0..d {
+                    dq[i * d + c] += scale * ds * k[j * d + c] as f64;
+                    dk[j * d + c] += scale * ds * q[i * d + c] as f64;
+                    dv[j * d + c] += p * d_o[i * d + c] as f64;
+                }
+            }
+        }
+        (dq, dk, dv)
+    }
+}
