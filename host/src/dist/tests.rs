@@ -9,14 +9,10 @@ use crate::ops::attention::{self as attn, AttentionParams, Causal};
 use crate::replace::model::{self, BACKWARD_ORDER, Config};
 use crate::tensor::HostTensor;
 
-fn seed() -> u64 {
-    let s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
-    println!("seed {s}");
-    s
+fn seed_for(test: &str) -> u64 {
+    crate::testing::seed(test)
 }
+
 
 fn random(shape: &[usize], rng: &mut u64) -> HostTensor {
     let n: usize = shape.iter().product();
@@ -31,7 +27,7 @@ fn random(shape: &[usize], rng: &mut u64) -> HostTensor {
 
 #[test]
 fn zigzag_shards_cover_the_sequence_once_and_unshard_inverts_them() {
-    let mut rng = seed();
+    let mut rng = seed_for("zigzag_shards_cover_the_sequence_once_and_unshard_inverts_them");
     for world in 1..=5 {
         let mut seen = vec![0; 2 * world];
         for r in 0..world {
@@ -104,7 +100,7 @@ fn ring_steps_compute_every_visible_chunk_pair_once_with_equal_work() {
 
 #[test]
 fn lse_merge_equals_the_softmax_over_both_key_sets_and_ignores_empty_sides() {
-    let mut rng = seed();
+    let mut rng = seed_for("lse_merge_equals_the_softmax_over_both_key_sets_and_ignores_empty_sides");
     let (rows, d, ka, kb) = (5, 4, 7, 3);
     let q = random(&[1, 1, rows, d], &mut rng);
     let k = random(&[1, 1, ka + kb, d], &mut rng);
@@ -142,7 +138,7 @@ fn chunk(t: &HostTensor, j: usize) -> HostTensor {
 /// sequence's gradients.
 #[test]
 fn ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence() {
-    let mut rng = seed();
+    let mut rng = seed_for("ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence");
     for (world, causal) in [(1, true), (2, true), (3, true), (3, false), (4, true)] {
         let (b, h, c, d) = (1, 2, 3, 4);
         let s = 2 * world * c;
@@ -232,7 +228,7 @@ fn split_batch_gives_each_rank_its_sequences_and_rejects_uneven_splits() {
         batch: 6,
         ..Config::default()
     };
-    let batch = model::batch(&cfg, seed());
+    let batch = model::batch(&cfg, seed_for("split_batch_gives_each_rank_its_sequences_and_rejects_uneven_splits"));
     let parts: Vec<_> = (0..3).map(|r| split_batch(&cfg, &batch, 3, r).unwrap()).collect();
     assert!(parts.iter().all(|(c, _)| c.batch == 2));
     let tokens: Vec<u32> = parts.iter().flat_map(|(_, b)| b.tokens.clone()).collect();
@@ -247,7 +243,7 @@ fn split_batch_gives_each_rank_its_sequences_and_rejects_uneven_splits() {
 #[test]
 fn the_backward_reports_every_gradient_once_in_backward_order() {
     let cfg = Config::default();
-    let p = model::init(&cfg, seed());
+    let p = model::init(&cfg, seed_for("the_backward_reports_every_gradient_once_in_backward_order"));
     let batch = model::batch(&cfg, 3);
     let device = crate::replace::Device::None;
     let ex = crate::replace::Exec::new(crate::replace::Plan::all_reference(), &device);
