@@ -14,11 +14,15 @@
 #                                         this call, then bench-compare base against ours
 #   BASE_DEMO=1                           that bundle's demo with an empty JIT cache, timed (its start-up)
 #   FLOOR=1                               scripts/start_floor.py: the driver's and PyTorch's own start
+#   DIST=1 DIST_FLAGS="--quick"           xtask dist: multi-GPU tests, benches and PyTorch's all-reduce on
+#                                         every GPU (T_DIST limit)
 #   T_TEST / T_SAN / T_BENCH / T_PEERS    per-stage limits in seconds
 # Usage: scripts/device_run.sh OUT_DIR. Logs go to /tmp/o and come back as OUT_DIR/o.tgz with
 # OUT_DIR/summary.txt beside it (a device call returns at most 8 files), packed also when the call is
 # interrupted.
 set -u
+# NVLink multicast stays off: the multi-GPU hosts are shared.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 final="$1"; mkdir -p "$final"
 out=/tmp/o; rm -rf "$out"; mkdir -p "$out"
 finish() { cp "$out/summary.txt" "$final/" 2>/dev/null; tar czf "$final/o.tgz" -C /tmp o 2>/dev/null; }
@@ -61,6 +65,12 @@ fi
 if [ -n "${DEMO:-}" ]; then
   stage demo
   timeout 300 "$b/demo" > "$out/demo.log" 2>&1; echo "demo rc=$?" | tee -a "$sum"; tail -5 "$out/demo.log" | tee -a "$sum"
+fi
+if [ -n "${DIST:-}" ]; then
+  stage dist
+  timeout "${T_DIST:-500}" "$b/xtask" dist --bins "$b" --out /tmp/dist ${DIST_FLAGS:-} > "$out/dist.log" 2>&1
+  echo "dist rc=$?" | tee -a "$sum"; tail -40 "$out/dist.log" | tee -a "$sum"
+  cp /tmp/dist/* "$out/" 2>/dev/null
 fi
 tests="${TESTS:-}"; [ "$tests" = all ] && tests=$(ls "$b/tests")
 for t in $tests; do

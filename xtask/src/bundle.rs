@@ -3,13 +3,14 @@
 //! ```text
 //! bundle/
 //!   run.sh            ./run.sh OUT_DIR [stages]   (stages: doctor tests sanitize bench; default all)
-//!   xtask             this tool (sanitize, bench, profile, doctor run from the bundle)
+//!   xtask             this tool (sanitize, bench, dist, profile, doctor run from the bundle)
 //!   tests/<name>      release test binaries (kernel modules embedded)
-//!   bench/ops         the criterion bench binary; bench/peers.py, bench/report.py
+//!   bench/ops         the criterion bench binary; bench/peers.py, bench/report.py, bench/dist_peers.py
 //!   demo              the README's demo
 //!   cold_start        the cold-start probe (`xtask coldstart` runs it in fresh processes)
 //!   clifford_breakdown  one Clifford layer forward + backward twice, for a per-kernel profile
 //!                     (scripts/clifford_breakdown.py)
+//!   dist_bench        the multi-GPU benches (`xtask dist` runs it with tests/gpu_dist and PyTorch's peer)
 //!   ptx/              each op family's module per arch (PTX, and cubin where ptxas ran), for inspection
 //! ```
 use std::path::{Path, PathBuf};
@@ -18,7 +19,8 @@ use std::process::Command;
 use crate::util::{Args, Flag, Spec, build_test_binaries, run_checked, workspace_root};
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [coldstart] [demo] [tests] [sanitize] [bench] [bench-quick] [compare] [profile] [bisect]
+# Runs the GPU checks of this bundle: ./run.sh OUT_DIR [doctor] [coldstart] [demo] [tests] [sanitize] [bench] [bench-quick] [compare] [profile] [bisect] [dist]
+# (dist: the multi-GPU tests and benches on every GPU of the machine; DIST_FLAGS="--quick" for a smoke run)
 # Logs go to OUT_DIR. Exit status: non-zero if any stage failed.
 # SANITIZE_TOOLS=memcheck,racecheck limits the sanitizer tools, SANITIZE_ONLY=gpu_lrp,gpu_matmul the test binaries; BENCH_FLAGS="--quick --no-peers" etc.
 set -u
@@ -64,6 +66,7 @@ for s in $stages; do
         echo "--- bisect $v" | tee -a "$out/bisect.log"
         "$here/xtask" bisect $v 2>&1 | tee -a "$out/bisect.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
+    dist) stage dist; "$here/xtask" dist --bins "$here" --out "$out/dist" ${DIST_FLAGS:-} 2>&1 | tee "$out/dist.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     profile) stage profile; for k in ${PROFILE_KERNELS:-softmax_f32 max_partials_f32}; do "$here/xtask" profile "$k" --bins "$here" 2>&1 | tee -a "$out/profile.log"; done ;;
     bench-quick) stage bench-quick; "$here/xtask" bench --bins "$here" --out "$out/bench" --quick 2>&1 | tee "$out/bench.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $s"; status=2 ;;
@@ -117,9 +120,11 @@ pub fn run(args: &Args) -> Result<(), String> {
         "cold_start",
         "--example",
         "clifford_breakdown",
+        "--example",
+        "dist_bench",
     ]))?;
     copy(&root.join("target/release/xtask"), &out.join("xtask"))?;
-    for example in ["demo", "cold_start", "clifford_breakdown"] {
+    for example in ["demo", "cold_start", "clifford_breakdown", "dist_bench"] {
         copy(
             &root.join("target/release/examples").join(example),
             &out.join(example),
@@ -140,7 +145,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         &crate::bench::build_bench_binary(&root)?,
         &out.join("bench/ops"),
     )?;
-    for script in ["peers.py", "report.py"] {
+    for script in ["peers.py", "report.py", "dist_peers.py"] {
         copy(
             &root.join("bench").join(script),
             &out.join("bench").join(script),

@@ -1,6 +1,6 @@
 //! `cargo xtask <task>`: the project's workflow tool. One module per task; this file is the dispatch.
 //!
-//! Tasks that need a GPU (`sanitize`, `bench`, `profile`, `doctor`, `bisect`) also run from a bundle made by
+//! Tasks that need a GPU (`sanitize`, `bench`, `dist`, `profile`, `doctor`, `bisect`) also run from a bundle made by
 //! `bundle`, on a GPU machine without Rust: the bundle carries this binary, prebuilt.
 //!
 //! Each task declares its command line as a [`util::Spec`] table; `main` parses it with the one shared
@@ -13,6 +13,7 @@ mod bisect;
 mod build_ptx;
 mod bundle;
 mod coldstart;
+mod dist;
 mod doctor;
 mod profile;
 mod sanitize;
@@ -36,13 +37,14 @@ macro_rules! tasks {
 }
 
 /// Every task, in the order `cargo xtask help` lists them.
-const TASKS: [Task; 10] = tasks![
+const TASKS: [Task; 11] = tasks![
     build_ptx,
     sanitize,
     bundle,
     bench,
     bench_compare,
     coldstart,
+    dist,
     profile,
     doctor,
     bisect,

@@ -1,0 +1,321 @@
+//! Multi-GPU benchmarks over every visible GPU, each beside its one-GPU baseline in the same process:
+//!
+//! - **all-reduce**: f32 sum, in place, 1 MiB to 1 GiB; bus bandwidth as nccl-tests defines it
+//!   (`bytes * 2 (n - 1) / n / time`), timed with CUDA events around 20 back-to-back calls;
+//! - **ring attention**: causal, B1 H16 D128 f16, per-GPU length L (total `S = n L`), forward and
+//!   forward + backward; parallel efficiency `n T1(L) / Tn(n L)` where `T1(L)` is one GPU's
+//!   `flash_forward` (+ `flash_backward`) at length L: the n GPUs do n times one GPU's work at L
+//!   (causal work grows as S^2), so perfect scaling takes the same time;
+//! - **data-parallel step** of the `replace` transformer block: a fixed batch per GPU; scaling
+//!   efficiency `T1 / Tn` with `T1` one GPU's plain training step (no NCCL) at that batch.
+//!
+//! Times are medians over iterations; a multi-GPU iteration is the slowest rank's wall time between
+//! a barrier and its `synchronize`. `cargo run --release -p host --example dist_bench -- [--quick]
+//! [--only allreduce,ring,dp] [--out FILE.json]`; `cargo xtask dist` runs it with PyTorch's NCCL
+//! all-reduce as the peer.
+use std::time::{Duration, Instant};
+
+use host::dist::{self, ReduceOp, Settings, data_parallel, ring_attention};
+use host::ops::attention::{self, AttentionParams, Causal};
+use host::replace::{Device, Exec, Plan, model};
+use host::{DType, Gpu, HostTensor, Tensor};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let only = value("--only").unwrap_or_else(|| "allreduce,ring,dp".into());
+    let out = value("--out");
+    match run(quick, &only) {
+        Ok(json) => {
+            if let Some(path) = out {
+                if let Err(e) = std::fs::write(&path, &json) {
+                    eprintln!("dist_bench: cannot write {path}: {e}");
+                    std::process::exit(1);
+                }
+                println!("wrote {path}");
+            }
+        }
+        Err(e) => {
+            eprintln!("dist_bench: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Deterministic inputs in [-1, 1) (the values do not change the timing).
+fn inputs(shape: &[usize], dtype: DType, salt: u64) -> host::Result<HostTensor> {
+    let n: usize = shape.iter().product();
+    let data = (0..n as u64)
+        .map(|i| {
+            ((i ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    HostTensor::new(data, shape, dtype)
+}
+
+/// Per-iteration slowest-rank times (s) of `iters` iterations after `warm` untimed ones.
+fn time_group<F>(world: usize, warm: usize, iters: usize, f: F) -> host::Result<Vec<f64>>
+where
+    F: Fn(&dist::Rank, usize) -> host::Result<()> + Sync,
+{
+    let settings = Settings {
+        timeout: Duration::from_secs(300),
+    };
+    let per_rank = dist::run(world, settings, |rank| {
+        let mut times = Vec::new();
+        for i in 0..warm + iters {
+            rank.barrier()?;
+            let t = Instant::now();
+            f(rank, i)?;
+            rank.synchronize()?;
+            if i >= warm {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(times)
+    })?;
+    Ok((0..iters)
+        .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
+        .collect())
+}
+
+fn run(quick: bool, only: &str) -> host::Result<String> {
+    let world = dist::gpu_count();
+    let info = dist::nccl_info()?;
+    let gpu0 = Gpu::new(0)?;
+    println!(
+        "dist_bench: {world} x {}, NCCL {}.{}.{} ({})",
+        gpu0.name(),
+        info.version.0,
+        info.version.1,
+        info.version.2,
+        info.library
+    );
+    let mut json = Vec::new();
+    if only.contains("allreduce") {
+        json.push(all_reduce(world, quick)?);
+    }
+    if only.contains("ring") {
+        json.push(ring(world, &gpu0, quick)?);
+    }
+    if only.contains("dp") {
+        json.push(data_parallel_step(world, &gpu0, quick)?);
+    }
+    Ok(format!(
+        "{{\"world\": {world}, \"device\": \"{}\", \"nccl\": \"{}.{}.{}\", {}}}",
+        gpu0.name(),
+        info.version.0,
+        info.version.1,
+        info.version.2,
+        json.join(", ")
+    ))
+}
+
+fn all_reduce(world: usize, quick: bool) -> host::Result<String> {
+    let sizes: &[usize] = if quick {
+        &[1 << 20, 64 << 20]
+    } else {
+        &[1 << 20, 8 << 20, 64 << 20, 256 << 20, 1 << 30]
+    };
+    println!("\n| all-reduce f32 sum | time us | bus GB/s |\n|---|---|---|");
+    let mut rows = Vec::new();
+    for &bytes in sizes {
+        let n = bytes / 4;
+        let iters = 20;
+        let per_rank = dist::run(world, Settings::default(), |rank| {
+            let x = Tensor::from_host(rank.gpu(), &inputs(&[n], DType::F32, rank.rank() as u64)?)?;
+            // Values stay finite: an average keeps them in range over repeated calls.
+            for _ in 0..5 {
+                rank.all_reduce(&x, ReduceOp::Avg)?;
+            }
+            rank.synchronize()?;
+            rank.barrier()?;
+            let s = rank.gpu().stream();
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let e0 = s.record_event(flags).map_err(|e| host::Error::Invalid { op: "bench", msg: format!("{e:?}") })?;
+            for _ in 0..iters {
+                rank.all_reduce(&x, ReduceOp::Avg)?;
+            }
+            let e1 = s.record_event(flags).map_err(|e| host::Error::Invalid { op: "bench", msg: format!("{e:?}") })?;
+            rank.synchronize()?;
+            let ms = e0.elapsed_ms(&e1).map_err(|e| host::Error::Invalid { op: "bench", msg: format!("{e:?}") })?;
+            Ok(ms as f64 / 1e3 / iters as f64)
+        })?;
+        let t = per_rank.iter().cloned().fold(0.0, f64::max);
+        let bus = bytes as f64 * 2.0 * (world as f64 - 1.0) / world as f64 / t / 1e9;
+        println!("| {} MiB | {:.1} | {:.1} |", bytes >> 20, t * 1e6, bus);
+        rows.push(format!("{{\"bytes\": {bytes}, \"time_s\": {t:.9}, \"bus_gbps\": {bus:.3}}}"));
+    }
+    Ok(format!("\"all_reduce\": [{}]", rows.join(", ")))
+}
+
+fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
+    let (b, h, d) = (1, 16, 128);
+    let lengths: &[usize] = if quick { &[8192] } else { &[32768, 65536, 131072] };
+    let (warm, iters) = if quick { (1, 3) } else { (2, 5) };
+    let params = AttentionParams {
+        causal: Causal::Yes,
+        scale: None,
+    };
+    println!(
+        "\n| ring attention causal B{b} H{h} D{d} f16 | S total | one GPU at L ms | {world} GPUs ms | efficiency |\n|---|---|---|---|---|"
+    );
+    let mut rows = Vec::new();
+    for &l in lengths {
+        // One GPU at the per-GPU length.
+        let shape = [b, h, l, d];
+        let [q, k, v, d_o] = [1u64, 2, 3, 4].map(|s| inputs(&shape, DType::F16, s).and_then(|t| Tensor::from_host(gpu0, &t)));
+        let (q, k, v, d_o) = (q?, k?, v?, d_o?);
+        let mut one = [Vec::new(), Vec::new()];
+        for i in 0..warm + iters {
+            gpu0.synchronize()?;
+            let t = Instant::now();
+            let (o, lse) = attention::flash_forward(&q, &k, &v, &params)?;
+            gpu0.synchronize()?;
+            let t_fwd = t.elapsed().as_secs_f64();
+            let g = attention::flash_backward(&q, &k, &v, &o, &lse, &d_o, &params)?;
+            gpu0.synchronize()?;
+            let t_all = t.elapsed().as_secs_f64();
+            drop(g);
+            if i >= warm {
+                one[0].push(t_fwd);
+                one[1].push(t_all);
+            }
+        }
+        drop((q, k, v, d_o));
+        // n GPUs at n L.
+        let s = world * l;
+        let full = [b, h, s, d];
+        let host_in: Vec<HostTensor> = [1u64, 2, 3, 4]
+            .iter()
+            .map(|&salt| inputs(&full, DType::F16, salt))
+            .collect::<host::Result<_>>()?;
+        let shards: Vec<Vec<HostTensor>> = (0..world)
+            .map(|r| host_in.iter().map(|t| ring_attention::shard(t, world, r)).collect())
+            .collect::<host::Result<_>>()?;
+        let settings = Settings {
+            timeout: Duration::from_secs(300),
+        };
+        let per_rank = dist::run(world, settings, |rank| {
+            let g = rank.gpu();
+            let x: Vec<Tensor> = shards[rank.rank()]
+                .iter()
+                .map(|t| Tensor::from_host(g, t))
+                .collect::<host::Result<_>>()?;
+            let mut times = [Vec::new(), Vec::new()];
+            for i in 0..warm + iters {
+                rank.barrier()?;
+                let t = Instant::now();
+                let (o, lse) = ring_attention::forward(rank, &x[0], &x[1], &x[2], &params)?;
+                rank.synchronize()?;
+                let t_fwd = t.elapsed().as_secs_f64();
+                let gr = ring_attention::backward(rank, &x[0], &x[1], &x[2], &o, &lse, &x[3], &params)?;
+                rank.synchronize()?;
+                let t_all = t.elapsed().as_secs_f64();
+                drop(gr);
+                if i >= warm {
+                    times[0].push(t_fwd);
+                    times[1].push(t_all);
+                }
+            }
+            Ok(times)
+        })?;
+        for (which, name) in [(0, "forward"), (1, "forward+backward")] {
+            let t1 = median(one[which].clone());
+            let tn = median(
+                (0..iters)
+                    .map(|i| per_rank.iter().map(|t| t[which][i]).fold(0.0, f64::max))
+                    .collect(),
+            );
+            let eff = world as f64 * t1 / tn;
+            println!(
+                "| {name} L={l} | {s} | {:.2} | {:.2} | {:.3} |",
+                t1 * 1e3,
+                tn * 1e3,
+                eff
+            );
+            rows.push(format!(
+                "{{\"pass\": \"{name}\", \"per_gpu_len\": {l}, \"total_len\": {s}, \"one_gpu_s\": {t1:.6}, \"n_gpu_s\": {tn:.6}, \"efficiency\": {eff:.4}}}"
+            ));
+        }
+    }
+    Ok(format!("\"ring_attention\": [{}]", rows.join(", ")))
+}
+
+fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
+    let per_gpu = 8;
+    let cfg_local = model::Config {
+        vocab: 4096,
+        seq: 256,
+        d_model: 128,
+        d_ff: 512,
+        batch: per_gpu,
+        lr: 0.05,
+    };
+    let cfg_global = model::Config {
+        batch: per_gpu * world,
+        ..cfg_local
+    };
+    let (warm, iters) = if quick { (1, 3) } else { (2, 7) };
+    let params0 = model::init(&cfg_local, 11);
+    let batch = model::batch(&cfg_global, 12);
+    // One GPU, no NCCL, its own share of the batch.
+    let (_, b0) = data_parallel::split_batch(&cfg_global, &batch, world, 0)?;
+    let device = Device::Gpu(gpu0.clone());
+    let ex = Exec::new(Plan::all_gpu(), &device);
+    let mut p = params0.clone();
+    let mut one = Vec::new();
+    for i in 0..warm + iters {
+        let t = Instant::now();
+        let (_, g) = model::loss_and_grads(&ex, &cfg_local, &p, &b0)?;
+        model::sgd(&mut p, &g, cfg_local.lr)?;
+        if i >= warm {
+            one.push(t.elapsed().as_secs_f64());
+        }
+    }
+    let t1 = median(one);
+    let settings = data_parallel::Settings::default();
+    let mut rows = Vec::new();
+    println!(
+        "\n| data-parallel step, {per_gpu} x {} tokens a GPU | GPUs | ms | scaling efficiency |\n|---|---|---|---|",
+        cfg_local.seq
+    );
+    println!("| one GPU, no NCCL | 1 | {:.2} | 1 |", t1 * 1e3);
+    for n in [1, world] {
+        let global = model::Config {
+            batch: per_gpu * n,
+            ..cfg_local
+        };
+        let batch_n = model::batch(&global, 12);
+        let params = std::sync::Mutex::new(vec![params0.clone(); n]);
+        let times = time_group(n, warm, iters, |rank, _| {
+            let (c, b) = data_parallel::split_batch(&global, &batch_n, n, rank.rank())?;
+            let device = Device::Gpu(rank.gpu().clone());
+            let ex = Exec::new(Plan::all_gpu(), &device);
+            let mut p = params.lock().unwrap()[rank.rank()].clone();
+            data_parallel::step(rank, &ex, &c, &mut p, &b, &settings)?;
+            params.lock().unwrap()[rank.rank()] = p;
+            Ok(())
+        })?;
+        let tn = median(times);
+        println!("| data parallel | {n} | {:.2} | {:.3} |", tn * 1e3, t1 / tn);
+        rows.push(format!(
+            "{{\"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}}}",
+            t1 / tn
+        ));
+        if world == 1 {
+            break;
+        }
+    }
+    Ok(format!("\"data_parallel\": [{}]", rows.join(", ")))
+}
