@@ -285,6 +285,16 @@ fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<Str
         cfg_local.seq
     );
     println!("| one GPU, no NCCL | 1 | {:.2} | 1 |", t1 * 1e3);
+    // The plain step on a group's thread and GPU handle (no NCCL call): what the group machinery
+    // alone costs.
+    let plain = time_group(1, warm, iters, |rank, _| {
+        let device = Device::Gpu(rank.gpu().clone());
+        let ex = Exec::new(Plan::all_gpu(), &device);
+        let mut p = params0.clone();
+        let (_, g) = model::loss_and_grads(&ex, &cfg_local, &p, &b0)?;
+        model::sgd(&mut p, &g, cfg_local.lr)
+    })?;
+    println!("| one GPU, no NCCL, on a rank's thread | 1 | {:.2} | {:.3} |", median(plain.clone()) * 1e3, t1 / median(plain));
     for n in [1, world] {
         let global = model::Config {
             batch: per_gpu * n,
@@ -292,19 +302,29 @@ fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<Str
         };
         let batch_n = model::batch(&global, 12);
         let params = std::sync::Mutex::new(vec![params0.clone(); n]);
+        let split = std::sync::Mutex::new(Vec::new());
         let times = time_group(n, warm, iters, |rank, _| {
             let (c, b) = data_parallel::split_batch(&global, &batch_n, n, rank.rank())?;
             let device = Device::Gpu(rank.gpu().clone());
             let ex = Exec::new(Plan::all_gpu(), &device);
             let mut p = params.lock().unwrap()[rank.rank()].clone();
-            data_parallel::step(rank, &ex, &c, &mut p, &b, &settings)?;
+            let s = data_parallel::step(rank, &ex, &c, &mut p, &b, &settings)?;
+            split.lock().unwrap().push((s.backward_s, s.after_backward_s, s.overlapped_buckets, s.buckets));
             params.lock().unwrap()[rank.rank()] = p;
             Ok(())
         })?;
         let tn = median(times);
-        println!("| data parallel | {n} | {:.2} | {:.3} |", tn * 1e3, t1 / tn);
+        let parts = split.into_inner().unwrap();
+        let (bw, after) = (
+            median(parts.iter().map(|p| p.0).collect()),
+            median(parts.iter().map(|p| p.1).collect()),
+        );
+        println!(
+            "| data parallel (backward {:.2} ms, after it {:.2} ms; {} of {} buckets overlapped) | {n} | {:.2} | {:.3} |",
+            bw * 1e3, after * 1e3, parts[0].2, parts[0].3, tn * 1e3, t1 / tn
+        );
         rows.push(format!(
-            "{{\"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}}}",
+            "{{\"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}, \"backward_s\": {bw:.6}, \"after_backward_s\": {after:.6}}}",
             t1 / tn
         ));
         if world == 1 {

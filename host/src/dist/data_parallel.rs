@@ -129,6 +129,11 @@ pub struct Step {
     /// Buckets reduced while the backward was still running (the rest after it).
     pub overlapped_buckets: usize,
     pub buckets: usize,
+    /// Wall time of the forward and backward, gradient copies and bucket launches included.
+    pub backward_s: f64,
+    /// Wall time from the backward's end to the update's end: the last buckets, the loss gather, the
+    /// read-back and the update.
+    pub after_backward_s: f64,
 }
 
 /// One SGD step of data-parallel training: this rank's loss and gradients on its `batch` (its share,
@@ -149,6 +154,7 @@ pub fn step(
     let mut launched = vec![false; lay.buckets.len()];
     let mut pending: Vec<Pending> = Vec::new();
     let mut overlapped = 0usize;
+    let t0 = std::time::Instant::now();
     let (local_loss, _) = {
         let mut on_grad = |name: &'static str, g: &HostTensor| -> Result<()> {
             let Some(i) = lay.slots.iter().position(|s| s.0 == name) else {
@@ -169,6 +175,7 @@ pub fn step(
         };
         loss_and_grads_with(ex, cfg, params, batch, &mut on_grad)?
     };
+    let backward_s = t0.elapsed().as_secs_f64();
     // The last gradient closes the last bucket inside the backward; count it as not overlapped.
     overlapped = overlapped.saturating_sub(1);
     if let Some(b) = launched.iter().position(|l| !l) {
@@ -206,5 +213,7 @@ pub fn step(
         grads,
         overlapped_buckets: overlapped,
         buckets: lay.buckets.len(),
+        backward_s,
+        after_backward_s: t0.elapsed().as_secs_f64() - backward_s,
     })
 }

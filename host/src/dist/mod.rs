@@ -122,6 +122,13 @@ struct Shared {
     first: Mutex<Option<(usize, String)>>,
     /// Each rank's communicator, so that [`run`] can abort them all once the group failed.
     comms: Vec<Mutex<CommSlot>>,
+    /// Ranks done with their work (their closure returned, or their set-up failed): a rank's drop
+    /// ends its communicator only once all are.
+    finished: std::sync::atomic::AtomicUsize,
+    /// Ranks that reached the communicator set-up (see [`join`]).
+    arrived: std::sync::atomic::AtomicUsize,
+    /// Whether communicators are blocking (see [`join`]).
+    blocking: bool,
 }
 
 /// A communicator handle that [`run`]'s watchdog may abort from its thread: every NCCL call on it
@@ -535,30 +542,38 @@ fn backoff(polls: &mut u32) {
 }
 
 impl Drop for Rank {
+    /// Ends the communicator once every rank is done with it: a healthy group finalises (flushes)
+    /// and destroys, which may wait for the peers, so it starts only when all ranks have finished
+    /// their work; a failed group aborts, which waits for nobody.
     fn drop(&mut self) {
         let _ = self.gpu.context().bind_to_thread();
-        let mut slot = self.shared.comms[self.rank]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if !slot.comm.is_null() {
-            let c = slot.comm;
-            // A healthy group finalises (flushes) before destroying; a failed one aborts.
-            // SAFETY: a live communicator owned by this rank.
+        let shared = &self.shared;
+        let mut polls = 0u32;
+        while !shared.failed.load(Ordering::SeqCst)
+            && shared.finished.load(Ordering::SeqCst) < shared.world
+        {
+            backoff(&mut polls);
+        }
+        // Taken out of the slot first: the watchdog never aborts it under our hands.
+        let c = {
+            let mut slot = shared.comms[self.rank]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            std::mem::replace(&mut slot.comm, std::ptr::null_mut())
+        };
+        if !c.is_null() {
+            // SAFETY: a live communicator that only this rank holds now.
             unsafe {
-                let mut ok = !self.shared.failed.load(Ordering::SeqCst)
+                let mut ok = !shared.failed.load(Ordering::SeqCst)
                     && (self.nccl.comm_finalize)(c) <= nccl::IN_PROGRESS;
                 let start = Instant::now();
-                let mut polls = 0;
                 while ok {
-                    let mut s = nccl::SUCCESS;
-                    (self.nccl.comm_get_async_error)(c, &mut s);
-                    if s == nccl::SUCCESS {
+                    let mut st = nccl::SUCCESS;
+                    (self.nccl.comm_get_async_error)(c, &mut st);
+                    if st == nccl::SUCCESS {
                         break;
                     }
-                    if s != nccl::IN_PROGRESS
-                        || start.elapsed() > self.settings.timeout
-                        || self.shared.failed.load(Ordering::SeqCst)
-                    {
+                    if st != nccl::IN_PROGRESS || start.elapsed() > self.settings.timeout {
                         ok = false;
                     }
                     backoff(&mut polls);
@@ -569,9 +584,7 @@ impl Drop for Rank {
                     (self.nccl.comm_abort)(c);
                 }
             }
-            slot.comm = std::ptr::null_mut();
         }
-        drop(slot);
         // SAFETY: the stream was created by this rank; the driver frees it once its work is done.
         unsafe { sys::cuStreamDestroy_v2(self.comm_stream) };
     }
@@ -598,6 +611,14 @@ where
             reason: format!("dist::run: {world} GPUs requested, {visible} visible"),
         });
     }
+    if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+        // Collective connections are made during set-up (while every rank is known to be there),
+        // not lazily at a collective's first use, where a blocking call would wait for the peer.
+        // SAFETY: read by NCCL once, at its first communicator set-up; set before any rank thread
+        // of this group starts (another thread of the program reading the environment at this
+        // instant is the documented hazard of set_var).
+        unsafe { std::env::set_var("NCCL_RUNTIME_CONNECT", "0") };
+    }
     let nccl = nccl::nccl().map_err(|reason| Error::NcclUnavailable { reason })?;
     let mut id = nccl::UniqueId { internal: [0; 128] };
     // SAFETY: writes the 128-byte id.
@@ -621,6 +642,9 @@ where
                 })
             })
             .collect(),
+        arrived: std::sync::atomic::AtomicUsize::new(0),
+        finished: std::sync::atomic::AtomicUsize::new(0),
+        blocking: std::env::var("RGK_DIST_NONBLOCKING").map_or(true, |v| v != "1"),
     });
     let results: Vec<Option<T>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..world)
@@ -628,11 +652,19 @@ where
                 let shared = shared.clone();
                 let f = &f;
                 scope.spawn(move || {
-                    let out = catch_unwind(AssertUnwindSafe(|| {
-                        let r = join(rank, &shared, settings, nccl, id)?;
-                        f(&r)
-                    }));
-                    match out {
+                    // The outcome is recorded before the rank is dropped: its drop waits for the
+                    // other ranks unless the group has failed.
+                    let r = match join(rank, &shared, settings, nccl, id) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            shared.fail(rank, e.to_string());
+                            // A rank that never joined still counts as finished.
+                            shared.finished.fetch_add(1, Ordering::SeqCst);
+                            return None;
+                        }
+                    };
+                    let out = catch_unwind(AssertUnwindSafe(|| f(&r)));
+                    let v = match out {
                         Ok(Ok(v)) => Some(v),
                         Ok(Err(e)) => {
                             shared.fail(rank, e.to_string());
@@ -647,7 +679,10 @@ where
                             shared.fail(rank, format!("panicked: {msg}"));
                             None
                         }
-                    }
+                    };
+                    shared.finished.fetch_add(1, Ordering::SeqCst);
+                    drop(r);
+                    v
                 })
             })
             .collect();
@@ -692,16 +727,6 @@ fn join(
             "creating the communication stream",
         )?;
     }
-    let mut comm: NcclComm = std::ptr::null_mut();
-    let mut config = nccl::Config::non_blocking();
-    // SAFETY: the device is current on this thread; NCCL writes the handle.
-    let r = unsafe {
-        (nccl.comm_init_rank_config)(&mut comm, shared.world as i32, id, rank as i32, &mut config)
-    };
-    shared.comms[rank]
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .comm = comm;
     let me = Rank {
         rank,
         gpu,
@@ -710,6 +735,33 @@ fn join(
         settings,
         nccl,
     };
+    // Blocking set-up waits for every rank inside NCCL: start it only once every rank is here (a
+    // rank that failed before this point fails the others here, polled, instead of in NCCL).
+    shared.arrived.fetch_add(1, Ordering::SeqCst);
+    let start = Instant::now();
+    let mut polls = 0u32;
+    while shared.arrived.load(Ordering::SeqCst) < shared.world {
+        if let Some(e) = me.peer_failed() {
+            return Err(e);
+        }
+        if start.elapsed() > settings.timeout {
+            return Err(me.give_up(format!(
+                "set-up: timed out after {:.1} s waiting for the other ranks to start",
+                settings.timeout.as_secs_f64()
+            )));
+        }
+        backoff(&mut polls);
+    }
+    let mut comm: NcclComm = std::ptr::null_mut();
+    let mut config = nccl::Config::with_blocking(shared.blocking);
+    // SAFETY: the device is current on this thread; NCCL writes the handle.
+    let r = unsafe {
+        (nccl.comm_init_rank_config)(&mut comm, shared.world as i32, id, rank as i32, &mut config)
+    };
+    shared.comms[rank]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .comm = comm;
     if comm.is_null() {
         return Err(me.give_up(format!(
             "ncclCommInitRankConfig: {}",
@@ -717,5 +769,25 @@ fn join(
         )));
     }
     me.settle("ncclCommInitRankConfig", r)?;
+    if shared.blocking && shared.world > 1 {
+        // Connect every pair now, while every rank is here: a blocking send/recv to a peer not yet
+        // connected waits inside NCCL for that peer, which a later exchange must not do.
+        let one = Tensor::empty(&me.gpu, &[shared.world], DType::F32)?;
+        one.fill_bytes(0)?;
+        let got = Tensor::empty(&me.gpu, &[shared.world], DType::F32)?;
+        let views: Vec<(Tensor, Tensor)> = (0..shared.world)
+            .map(|p| Ok((one.narrow(p, 1)?, got.narrow(p, 1)?)))
+            .collect::<Result<_>>()?;
+        let sends: Vec<(&Tensor, usize)> = (0..shared.world)
+            .filter(|&p| p != rank)
+            .map(|p| (&views[p].0, p))
+            .collect();
+        let recvs: Vec<(&Tensor, usize)> = (0..shared.world)
+            .filter(|&p| p != rank)
+            .map(|p| (&views[p].1, p))
+            .collect();
+        me.exchange_start(&sends, &recvs)?.finish()?;
+        me.synchronize()?;
+    }
     Ok(me)
 }

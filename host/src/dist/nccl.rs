@@ -41,13 +41,13 @@ pub(crate) struct Config {
 const UNDEF_INT: c_int = c_int::MIN;
 
 impl Config {
-    /// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`.
-    pub(crate) fn non_blocking() -> Config {
+    /// `NCCL_CONFIG_INITIALIZER` with `blocking` set.
+    pub(crate) fn with_blocking(blocking: bool) -> Config {
         Config {
             size: std::mem::size_of::<Config>(),
             magic: 0xcafe_beef,
             version: 2 * 10000 + 17 * 100,
-            blocking: 0,
+            blocking: blocking as c_int,
             cga_cluster_size: UNDEF_INT,
             min_ctas: UNDEF_INT,
             max_ctas: UNDEF_INT,
