@@ -1001,3 +1001,80 @@ fn check_against_central_differences(
     }
     Ok(checked)
 }
+
+/// `flash_backward_add` adds the unrounded gradients into f32 accumulators: accumulator after minus
+/// before meets the backward's rule against the f64 reference, in both builds; accumulators of the
+/// wrong dtype or shape are refused before any launch.
+#[test]
+fn flash_backward_add_adds_gradients_into_f32_accumulators() {
+    let Some(gpu) = gpu_or_skip("flash_backward_add_adds_gradients_into_f32_accumulators") else {
+        return;
+    };
+    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
+    portable.set_poison_outputs(gpu.poison_outputs());
+    let mut rng = rng("flash_backward_add");
+    let cases = [
+        case(1, 2, 97, 130, 64, Causal::Yes, DType::F16),
+        case(2, 1, 64, 64, 128, Causal::No, DType::BF16),
+        case(1, 1, 200, 77, 128, Causal::Yes, DType::F16),
+    ];
+    for g in [&gpu, &portable] {
+        for c in &cases {
+            let x = inputs(&mut rng, c);
+            let p = params(c);
+            let dev = upload(g, &x);
+            let (o, lse) = attention::flash_forward(&dev[0], &dev[1], &dev[2], &p).unwrap();
+            let kv = [c.batch, c.heads, c.seq_k, c.head_dim];
+            let before = [
+                uniform(&mut rng, &x[0].shape, -1.0, 1.0, DType::F32),
+                uniform(&mut rng, &kv, -1.0, 1.0, DType::F32),
+                uniform(&mut rng, &kv, -1.0, 1.0, DType::F32),
+            ];
+            let acc = AttentionGrads {
+                dq: Tensor::from_host(g, &before[0]).unwrap(),
+                dk: Tensor::from_host(g, &before[1]).unwrap(),
+                dv: Tensor::from_host(g, &before[2]).unwrap(),
+            };
+            attention::flash_backward_add(&dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p, &acc)
+                .unwrap();
+            let want = reference::backward_and_naive(&x[0], &x[1], &x[2], &x[3], &p).unwrap();
+            for (what, t, b, exact, naive) in [
+                ("dQ", &acc.dq, &before[0], &want.exact.dq, &want.naive.dq),
+                ("dK", &acc.dk, &before[1], &want.exact.dk, &want.naive.dk),
+                ("dV", &acc.dv, &before[2], &want.exact.dv, &want.naive.dv),
+            ] {
+                let added: Vec<f32> = t
+                    .to_vec()
+                    .unwrap()
+                    .iter()
+                    .zip(&b.data)
+                    .map(|(a, b)| a - b)
+                    .collect();
+                let err = max_abs_err(&added, &exact.data);
+                let bound = 2.0 * max_abs_err(&naive.data, &exact.data) + 1e-5;
+                assert!(
+                    err <= bound,
+                    "{} {c:?} {what}: max|added - ref| = {err:.3e} > {bound:.3e}",
+                    g.ptx_arch()
+                );
+            }
+            // Refused before any launch: a half accumulator, a dQ accumulator of K's shape.
+            let half = AttentionGrads {
+                dq: Tensor::empty(g, &x[0].shape, c.dtype).unwrap(),
+                ..acc.clone()
+            };
+            let e = attention::flash_backward_add(&dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p, &half)
+                .unwrap_err();
+            assert!(matches!(e, host::Error::DType { .. }), "{e}");
+            let wrong = AttentionGrads {
+                dq: Tensor::empty(g, &kv, DType::F32).unwrap(),
+                ..acc.clone()
+            };
+            if kv != x[0].shape.as_slice() {
+                let e = attention::flash_backward_add(&dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p, &wrong)
+                    .unwrap_err();
+                assert!(matches!(e, host::Error::Shape { .. }), "{e}");
+            }
+        }
+    }
+}

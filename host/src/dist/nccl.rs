@@ -2,10 +2,9 @@
 //! as `nvidia/nccl/lib/libnccl.so.2`; `RGK_NCCL_LIB` names another file). Only the C ABI of
 //! `nccl.h` is used, and only entry points present since NCCL 2.18, so any 2.18+ library works.
 //!
-//! Communicators are created **non-blocking** (`ncclConfig_t::blocking = 0`): every call returns at
-//! once, possibly with `ncclInProgress`, and the caller polls `ncclCommGetAsyncError`. That is what
-//! lets a rank give up on a peer that never arrives (a timeout, or a peer that failed) instead of
-//! hanging inside NCCL.
+//! Communicators are created with an explicit `ncclConfig_t` (blocking; see `dist::join` for why and
+//! how no call then waits for a peer); a call that returns `ncclInProgress` is still polled through
+//! `ncclCommGetAsyncError`, so a non-blocking configuration would work unchanged.
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
@@ -41,13 +40,13 @@ pub(crate) struct Config {
 const UNDEF_INT: c_int = c_int::MIN;
 
 impl Config {
-    /// `NCCL_CONFIG_INITIALIZER` with `blocking` set.
-    pub(crate) fn with_blocking(blocking: bool) -> Config {
+    /// `NCCL_CONFIG_INITIALIZER` (blocking calls).
+    pub(crate) fn blocking() -> Config {
         Config {
             size: std::mem::size_of::<Config>(),
             magic: 0xcafe_beef,
             version: 2 * 10000 + 17 * 100,
-            blocking: blocking as c_int,
+            blocking: 1,
             cga_cluster_size: UNDEF_INT,
             min_ctas: UNDEF_INT,
             max_ctas: UNDEF_INT,

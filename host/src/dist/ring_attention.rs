@@ -213,13 +213,6 @@ fn merge_kernel(dtype: DType) -> &'static str {
     }
 }
 
-fn accumulate_kernel(dtype: DType) -> &'static str {
-    match dtype {
-        DType::BF16 => "ring_accumulate_bf16",
-        _ => "ring_accumulate_f16",
-    }
-}
-
 const BLOCK: u32 = 256;
 
 /// `(o_acc, lse_acc) <- merge((o_acc, lse_acc), (o_part, lse_part))`, the new LSE written to `lse_out`.
@@ -250,19 +243,14 @@ fn merge(
     )
 }
 
-/// `acc += x` in f32 (`acc = x` when `first`).
-fn accumulate(acc: &Tensor, x: &Tensor, first: bool) -> Result<()> {
-    let first = first as u32;
+/// `acc += x`, both f32 and contiguous.
+fn accumulate(acc: &Tensor, x: &Tensor) -> Result<()> {
     launch(
         acc.gpu(),
-        accumulate_kernel(x.dtype()),
+        "ring_accumulate_f32",
         grid_blocks(x.numel() as u64, BLOCK as u64),
         BLOCK,
-        &[
-            &ByValue(acc.raw()),
-            &ByValue(x.raw()),
-            &first,
-        ],
+        &[&ByValue(acc.raw()), &ByValue(x.raw())],
     )
 }
 
@@ -375,13 +363,17 @@ pub fn backward(
     let (world, me) = (rank.world(), rank.rank());
     let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
 
+    // f32 accumulators: the flash backward adds each pair's gradients into them (no rounding until
+    // the end). dQ stays here; dK/dV travel with the keys and values: the one finished last step is
+    // sent on while the next visitor's arrives in the other, and this step's pairs add into a local
+    // pair (`step_kv`) that joins the arrived one once it is in.
     let dq_acc = Tensor::empty(gpu, &shape, DType::F32)?;
-    // The travelling dK/dV accumulators: the one finished last step is sent on while the next
-    // visitor's arrives in the other.
-    let dkv = [
-        (Tensor::empty(gpu, &shape, DType::F32)?, Tensor::empty(gpu, &shape, DType::F32)?),
-        (Tensor::empty(gpu, &shape, DType::F32)?, Tensor::empty(gpu, &shape, DType::F32)?),
-    ];
+    dq_acc.fill_bytes(0)?;
+    let f32_pair = || -> Result<(Tensor, Tensor)> {
+        Ok((Tensor::empty(gpu, &shape, DType::F32)?, Tensor::empty(gpu, &shape, DType::F32)?))
+    };
+    let dkv = [f32_pair()?, f32_pair()?];
+    let step_kv = if world > 1 { Some(f32_pair()?) } else { None };
     let recv = if world > 1 {
         vec![
             (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
@@ -391,10 +383,7 @@ pub fn backward(
         Vec::new()
     };
     let (mut kc, mut vc) = (k.clone(), v.clone());
-    let mut dq_started = [false; 2];
     for step in 0..world {
-        // This step's accumulator: dkv[step % 2]; it arrives from `prev` (step > 0) while last step's
-        // goes to `next`.
         let (dk_in, dv_in) = &dkv[step % 2];
         let (dk_out, dv_out) = &dkv[(step + 1) % 2];
         let mut sends: Vec<(&Tensor, usize)> = Vec::new();
@@ -413,9 +402,21 @@ pub fn backward(
         } else {
             Some(rank.exchange_start(&sends, &recvs)?)
         };
-        let mut partials = Vec::new();
+        // Step 0 adds straight into this rank's own accumulator (nothing arrives for it); later
+        // steps into the local pair, while the visitor's accumulator is still arriving.
+        let (tk, tv) = match (step, &step_kv) {
+            (0, _) | (_, None) => (dk_in, dv_in),
+            (_, Some((sk, sv))) => (sk, sv),
+        };
+        tk.fill_bytes(0)?;
+        tv.fill_bytes(0)?;
         for pair in step_pairs(world, me, step, causal) {
-            let g = attention::flash_backward(
+            let acc = AttentionGrads {
+                dq: dq_acc.index0(pair.q)?,
+                dk: tk.index0(pair.kv)?,
+                dv: tv.index0(pair.kv)?,
+            };
+            attention::flash_backward_add(
                 &q.index0(pair.q)?,
                 &kc.index0(pair.kv)?,
                 &vc.index0(pair.kv)?,
@@ -423,21 +424,15 @@ pub fn backward(
                 &lse.index0(pair.q)?,
                 &d_o.index0(pair.q)?,
                 &pair_params(scale, pair.causal),
+                &acc,
             )?;
-            accumulate(&dq_acc.index0(pair.q)?, &g.dq, !dq_started[pair.q])?;
-            dq_started[pair.q] = true;
-            partials.push((pair.kv, g.dk, g.dv));
         }
         if let Some(p) = pending {
             p.finish()?;
         }
-        // Step 0 starts the rank's own accumulator (both chunks are touched at step 0); later steps
-        // add into the one that arrived.
-        let mut started = [step > 0; 2];
-        for (j, dk_p, dv_p) in &partials {
-            accumulate(&dk_in.index0(*j)?, dk_p, !started[*j])?;
-            accumulate(&dv_in.index0(*j)?, dv_p, !started[*j])?;
-            started[*j] = true;
+        if step > 0 {
+            accumulate(dk_in, tk)?;
+            accumulate(dv_in, tv)?;
         }
         if step + 1 < world {
             let (kr, vr) = &recv[step % 2];

@@ -130,8 +130,8 @@ unsafe fn flash_bwd<
     stats: Slice<f32>,
     dq_acc: SliceMut<f32>,
     turns: SliceMut<u32>,
-    dk: SliceMut<T>,
-    dv: SliceMut<T>,
+    dk: impl KvOut<T>,
+    dv: impl KvOut<T>,
     p: AttentionShape,
 ) {
     let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ, DSC>() };
@@ -361,8 +361,85 @@ unsafe fn flash_bwd<
     });
     let out_row0 = hb * sk as u64 + n0 as u64 + key_row as u64;
     let rows_left = sk - n0;
-    store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, dv, out_row0);
-    store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, dk, out_row0);
+    if let Some(out) = dv.rounded() {
+        store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, out, out_row0);
+    }
+    if let Some(out) = dk.rounded() {
+        store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, out, out_row0);
+    }
+    if let Some(out) = dv.added() {
+        add_rows_f32::<D, NO, 1>(|n| dv_acc[n], key_row, rows_left, out, out_row0);
+    }
+    if let Some(out) = dk.added() {
+        add_rows_f32::<D, NO, 1>(|n| dk_acc[n], key_row, rows_left, out, out_row0);
+    }
+}
+
+/// Where a backward kernel puts dK and dV: rounded to the input type (a `SliceMut<T>`, what
+/// `flash_backward` returns) or added into f32 accumulators ([`AddF32`]: ring attention sums the
+/// key blocks' gradients over ring steps, rounding once at the end). Known at compile time: each
+/// entry point takes one.
+pub(super) trait KvOut<T>: Copy {
+    fn rounded(self) -> Option<SliceMut<T>>;
+    fn added(self) -> Option<SliceMut<f32>>;
+}
+
+impl<T: Copy> KvOut<T> for SliceMut<T> {
+    #[inline(always)]
+    fn rounded(self) -> Option<SliceMut<T>> {
+        Some(self)
+    }
+    #[inline(always)]
+    fn added(self) -> Option<SliceMut<f32>> {
+        None
+    }
+}
+
+/// An f32 gradient accumulator the kernel adds its block's rows into (`out += grad`; each row has
+/// one writer per launch). Passed as the `SliceMut<f32>` it wraps.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct AddF32(pub SliceMut<f32>);
+
+impl<T> KvOut<T> for AddF32 {
+    #[inline(always)]
+    fn rounded(self) -> Option<SliceMut<T>> {
+        None
+    }
+    #[inline(always)]
+    fn added(self) -> Option<SliceMut<f32>> {
+        Some(self.0)
+    }
+}
+
+/// Adds this warp's 16 rows of an accumulator (`quad(n)`, `n < VALUES / PER_QUAD`: rows `g` and
+/// `g + 8`, columns `8 n + 2 t` and the next, of lane `4 g + t`: the layout of both the `mma.sync`
+/// (`VALUES` fragments of 4, `PER_QUAD` 1) and the wgmma accumulators (`VALUES` f32, 4 a quad)) into
+/// rows `out_row0..` of the f32 `out`. `rows_left` = valid rows from the CTA's first row
+/// (`warp_row` is the warp's first row in the block).
+#[inline(always)]
+pub(super) fn add_rows_f32<const D: usize, const VALUES: usize, const PER_QUAD: usize>(
+    quad: impl Fn(usize) -> [f32; 4],
+    warp_row: u32,
+    rows_left: u32,
+    out: SliceMut<f32>,
+    out_row0: u64,
+) {
+    let (g, t) = (lane_id() / 4, lane_id() % 4);
+    unroll_lt!(n < VALUES / PER_QUAD, {
+        let col = (8 * n) as u64 + 2 * t as u64;
+        let a = quad(n);
+        if warp_row + g < rows_left {
+            let at = (out_row0 + g as u64) * D as u64 + col;
+            out.set(at, out.get(at) + a[0]);
+            out.set(at + 1, out.get(at + 1) + a[1]);
+        }
+        if warp_row + g + 8 < rows_left {
+            let at = (out_row0 + g as u64 + 8) * D as u64 + col;
+            out.set(at, out.get(at) + a[2]);
+            out.set(at + 1, out.get(at + 1) + a[3]);
+        }
+    });
 }
 
 /// Where a main backward CTA stands: its block of `BK` keys of one head (grid: key blocks, heads,
@@ -858,6 +935,66 @@ flash_bwd_entry_points! {
     flash_bwd_d128_f16: F16, FLASH_BWD_D128;
     flash_bwd_d128_bf16: BF16, FLASH_BWD_D128;
 }
+
+macro_rules! flash_bwd_add_entry_points {
+    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
+        /// The main kernel adding dK and dV into f32 accumulators ([`AddF32`]) instead of storing
+        /// them rounded; the sm_80 build only (the sm_90 build runs `flash_wg_bwd_*_add`).
+        #[cfg(not(target_feature = "sm_90a"))]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
+            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: AddF32, dv: AddF32,
+            shape: AttentionShape,
+        ) {
+            const C: FlashBwdConfig = $cfg;
+            unsafe {
+                flash_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q }, { C.head_dim / 16 },
+                    { C.block_q / 8 }, { C.block_q / 16 }, { C.head_dim / 8 }, { C.head_dim / 8 / C.dq_col_split() },
+                    { C.threads() }, { C.ds_cols() }>(
+                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape,
+                )
+            }
+        }
+        #[cfg(not(target_feature = "sm_90a"))]
+        crate::launch_bounds!($name, { $cfg.threads() }, { $cfg.min_blocks });
+    )*};
+}
+
+flash_bwd_add_entry_points! {
+    flash_bwd_d64_f16_add: F16, FLASH_BWD_D64;
+    flash_bwd_d64_bf16_add: BF16, FLASH_BWD_D64;
+    flash_bwd_d128_f16_add: F16, FLASH_BWD_D128;
+    flash_bwd_d128_bf16_add: BF16, FLASH_BWD_D128;
+}
+
+/// `dq += scale * acc` in f32, 8 elements a thread, grid-stride (the dQ of an accumulating call).
+#[inline(always)]
+fn add_dq(acc: Slice<f32>, dq: SliceMut<f32>, n8: u64, scale: f32) {
+    let mut i = global_index_x();
+    while i < n8 {
+        unroll!(h in [0, 1] {
+            let at = 8 * i + 4 * h as u64;
+            let a = acc.get4_ro(at);
+            // Each element is read and written by this thread only.
+            let was = [0, 1, 2, 3].map(|j| dq.get(at + j));
+            dq.set4(at, [0, 1, 2, 3].map(|j| was[j as usize] + a[j as usize] * scale));
+        });
+        i += grid_threads_x();
+    }
+}
+
+/// FlashAttention backward: the f32 dQ accumulator, times `scale`, added into an f32 dQ.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn flash_bwd_dq_add_f32(
+    acc: Slice<f32>,
+    dq: SliceMut<f32>,
+    n8: u64,
+    scale: f32,
+) {
+    add_dq(acc, dq, n8, scale)
+}
+crate::launch_bounds!(flash_bwd_dq_add_f32, { flash_bwd::CONVERT_THREADS }, 1);
 
 macro_rules! flash_bwd_helper_entry_points {
     ($($pre:ident, $convert:ident: $t:ty;)*) => {$(

@@ -60,7 +60,7 @@ use crate::params::attention::{
 };
 use crate::{unroll, unroll_lt};
 
-use super::flash_bwd::KeyBlockWalk;
+use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, add_rows_f32};
 use super::flash_wgmma::{load_rows, pack_p};
 
 /// The main backward kernel. `ON = D / 2`: f32 a thread of dK and of dV (checked against the
@@ -82,8 +82,8 @@ unsafe fn flash_wg_bwd<
     stats: Slice<f32>,
     dq_acc: SliceMut<f32>,
     turns: SliceMut<u32>,
-    dk: SliceMut<T>,
-    dv: SliceMut<T>,
+    dk: impl KvOut<T>,
+    dv: impl KvOut<T>,
     p: AttentionShape,
     order: u32,
 ) where
@@ -422,8 +422,20 @@ unsafe fn flash_wg_bwd<
     let warp_key = 16 * (thread_idx_x() / 32); // this warp's first key in the block
     let out_row0 = bh * sk as u64 + n0 as u64 + warp_key as u64;
     let rows_left = sk - n0;
-    store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, dv, out_row0);
-    store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, dk, out_row0);
+    if let Some(out) = dv.rounded() {
+        store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, out_row0);
+    }
+    if let Some(out) = dk.rounded() {
+        store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, out_row0);
+    }
+    if let Some(out) = dv.added() {
+        let q = |n: usize| [dv_acc[4 * n], dv_acc[4 * n + 1], dv_acc[4 * n + 2], dv_acc[4 * n + 3]];
+        add_rows_f32::<D, ON, 4>(q, warp_key, rows_left, out, out_row0);
+    }
+    if let Some(out) = dk.added() {
+        let q = |n: usize| [dk_acc[4 * n], dk_acc[4 * n + 1], dk_acc[4 * n + 2], dk_acc[4 * n + 3]];
+        add_rows_f32::<D, ON, 4>(q, warp_key, rows_left, out, out_row0);
+    }
 }
 
 /// Issues (fence, products, commit) this warpgroup's dQ half `dq = dS K`: query rows `dq_row0..`
@@ -693,7 +705,7 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
 }
 
 macro_rules! flash_wg_bwd_entry_points {
-    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
+    ($($name:ident: $t:ty, $out:ty, $cfg:path;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
         /// `order`: how the dQ blocks are walked and summed (`DQ_*` flags; without `DQ_ORDERED`
@@ -701,7 +713,7 @@ macro_rules! flash_wg_bwd_entry_points {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
-            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: SliceMut<$t>, dv: SliceMut<$t>,
+            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: $out, dv: $out,
             shape: AttentionShape, order: u32,
         ) {
             const C: FlashWgBwdConfig = $cfg;
@@ -717,8 +729,13 @@ macro_rules! flash_wg_bwd_entry_points {
 }
 
 flash_wg_bwd_entry_points! {
-    flash_wg_bwd_d64_f16: F16, FLASH_WG_BWD_D64;
-    flash_wg_bwd_d64_bf16: BF16, FLASH_WG_BWD_D64;
-    flash_wg_bwd_d128_f16: F16, FLASH_WG_BWD_D128;
-    flash_wg_bwd_d128_bf16: BF16, FLASH_WG_BWD_D128;
+    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64;
+    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64;
+    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128;
+    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128;
+    // dK and dV added into f32 accumulators (ring attention's steps).
+    flash_wg_bwd_d64_f16_add: F16, AddF32, FLASH_WG_BWD_D64;
+    flash_wg_bwd_d64_bf16_add: BF16, AddF32, FLASH_WG_BWD_D64;
+    flash_wg_bwd_d128_f16_add: F16, AddF32, FLASH_WG_BWD_D128;
+    flash_wg_bwd_d128_bf16_add: BF16, AddF32, FLASH_WG_BWD_D128;
 }

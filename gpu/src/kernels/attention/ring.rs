@@ -3,10 +3,10 @@
 //! - `ring_merge_*`: folds one partial attention output into an f32 accumulator through the LSEs,
 //!   `o = o_acc e^(lse_acc - m) + o_part e^(lse_part - m)` with `m = ln(e^lse_acc + e^lse_part)` per
 //!   query row (the softmax over the union of two key sets, from the two partial softmaxes);
-//! - `ring_accumulate_*`: adds a half-precision partial gradient into an f32 accumulator, so the sum
-//!   over ring steps rounds once, at the end.
+//! - `ring_accumulate_f32`: adds one f32 gradient accumulator into another (a ring step's key-block
+//!   gradients into the accumulator that travels with the key block).
 //!
-//! `first` != 0 starts an accumulator: it is written without being read (no memset pass before it).
+//! `first` != 0 starts a merge accumulator: it is written without being read (no memset pass).
 use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::math;
 use crate::dev::mem::{Slice, SliceMut};
@@ -55,20 +55,19 @@ unsafe fn merge<T: Elem>(
     }
 }
 
-/// `acc += x` (or `acc = x` when `first`), f32 accumulator, half input.
-#[inline(always)]
-unsafe fn accumulate<T: Elem>(acc: SliceMut<f32>, x: Slice<T>, first: u32) {
+/// `acc += x`, f32.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn ring_accumulate_f32(acc: SliceMut<f32>, x: Slice<f32>) {
     let step = grid_threads_x();
     let mut i = global_index_x();
     while i < x.len {
-        let base = if first != 0 { 0.0 } else { acc.get(i) };
-        acc.set(i, base + x.get(i));
+        acc.set(i, acc.get(i) + x.get_ro(i));
         i += step;
     }
 }
 
 macro_rules! ring_entry_points {
-    ($($merge:ident, $acc:ident: $t:ty;)*) => {$(
+    ($($merge:ident: $t:ty;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $merge(
             o_acc: SliceMut<f32>,
@@ -81,14 +80,10 @@ macro_rules! ring_entry_points {
         ) {
             unsafe { merge(o_acc, lse_acc, o_part, lse_part, lse_out, head_dim, first) }
         }
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $acc(acc: SliceMut<f32>, x: Slice<$t>, first: u32) {
-            unsafe { accumulate(acc, x, first) }
-        }
     )*};
 }
 
 ring_entry_points! {
-    ring_merge_f16, ring_accumulate_f16: F16;
-    ring_merge_bf16, ring_accumulate_bf16: BF16;
+    ring_merge_f16: F16;
+    ring_merge_bf16: BF16;
 }

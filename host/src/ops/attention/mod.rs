@@ -728,13 +728,90 @@ pub fn flash_backward_with(
 ) -> Result<AttentionGrads> {
     const OP: &str = "attention::flash_backward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    let grads = empty_grads(q, &d)?;
+    flash_backward_launch(OP, [q, k, v, o, lse, d_o], (params, d, scale), mode, GradsOut::Rounded(&grads))?;
+    Ok(grads)
+}
+
+/// [`flash_backward`] adding its gradients into the f32 accumulators `acc` (dQ of q's shape, dK and
+/// dV of k's; f32, contiguous, 16-byte aligned) instead of returning them rounded to the input
+/// type: for callers that sum the gradients of several calls and round once (ring attention sums
+/// each key block's dK/dV over the ring's steps). Deterministic, as [`flash_backward`].
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward_add(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: &Tensor,
+    d_o: &Tensor,
+    params: &AttentionParams,
+    acc: &AttentionGrads,
+) -> Result<()> {
+    const OP: &str = "attention::flash_backward_add";
+    let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    let kv = [d.batch, d.heads, d.seq_k, d.head_dim];
+    for (name, t, shape) in [("acc.dq", &acc.dq, q.shape()), ("acc.dk", &acc.dk, &kv[..]), ("acc.dv", &acc.dv, &kv[..])] {
+        if !q.gpu().same_device(t.gpu()) {
+            return Err(Error::DeviceMismatch { op: OP });
+        }
+        if t.shape() != shape {
+            return Err(Error::Shape {
+                op: OP,
+                what: format!("{name} (an f32 accumulator) must have the shape of its gradient"),
+                expected: format!("{shape:?}"),
+                got: t.shape().to_vec(),
+            });
+        }
+        if t.dtype() != DType::F32 {
+            return Err(Error::DType {
+                op: OP,
+                expected: format!("f32 for {name} (the accumulators are f32)"),
+                got: t.dtype(),
+            });
+        }
+        t.require_contiguous(OP, "accumulator")?;
+        if !aligned16(&[t]) {
+            return Err(Error::Invalid {
+                op: OP,
+                msg: format!("{name} must start at a 16-byte aligned address"),
+            });
+        }
+    }
+    flash_backward_launch(
+        OP,
+        [q, k, v, o, lse, d_o],
+        (params, d, scale),
+        BackwardMode::Deterministic,
+        GradsOut::AddF32(acc),
+    )
+}
+
+/// Where a backward call's gradients go.
+#[derive(Clone, Copy)]
+enum GradsOut<'a> {
+    /// Stored in these input-dtype tensors.
+    Rounded(&'a AttentionGrads),
+    /// Added into these f32 tensors.
+    AddF32(&'a AttentionGrads),
+}
+
+/// The backward's launches for validated Q, K, V (`x` = q, k, v, o, lse, d_o).
+fn flash_backward_launch(
+    op: &'static str,
+    x: [&Tensor; 6],
+    (params, d, scale): (&AttentionParams, Dims, f32),
+    mode: BackwardMode,
+    out: GradsOut,
+) -> Result<()> {
+    let [q, k, v, o, lse, d_o] = x;
     for x in [o, lse, d_o] {
         if !q.gpu().same_device(x.gpu()) {
-            return Err(Error::DeviceMismatch { op: OP });
+            return Err(Error::DeviceMismatch { op });
         }
     }
     validate_backward_operands(
-        OP,
+        op,
         &d,
         &[
             Operand::of("q", q),
@@ -747,11 +824,14 @@ pub fn flash_backward_with(
     let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch()) else {
         unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
-    let grads = empty_grads(q, &d)?;
     let heads_total = d.batch * d.heads;
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
-        return Ok(grads);
+        return Ok(());
     }
+    let (grads, main, add) = match out {
+        GradsOut::Rounded(g) => (g, names.main, false),
+        GradsOut::AddF32(g) => (g, names.main_add, true),
+    };
     let pre_blocks = d.seq_q.div_ceil(FLASH_BWD_PRE_ROWS);
     let n_kblocks = d.seq_k.div_ceil(names.block_k);
     // The LSE in log2 units and D per query row (f32, padded to whole pre-pass blocks), a turn
@@ -771,7 +851,7 @@ pub fn flash_backward_with(
     let shape = shape_param(&d, params, scale, 0);
     let grid = |blocks: usize, what: &'static str| {
         u32::try_from(blocks).map_err(|_| Error::TooLarge {
-            op: OP,
+            op: op,
             what,
             given: blocks as u64,
             max: u32::MAX as u64,
@@ -830,14 +910,14 @@ pub fn flash_backward_with(
         let args: [&dyn crate::launch::ArgPush; 11] = [
             &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &order,
         ];
-        let n_args = if names.main.starts_with("flash_wg_bwd_") {
+        let n_args = if main.starts_with("flash_wg_bwd_") {
             11
         } else {
             10
         };
         launch_cfg_large_smem(
             gpu,
-            names.main,
+            main,
             LaunchConfig {
                 grid_dim: (kb, d.heads as u32, d.batch as u32),
                 block_dim: (names.threads, 1, 1),
@@ -851,7 +931,7 @@ pub fn flash_backward_with(
     if n8 > 0 {
         launch(
             gpu,
-            names.convert,
+            if add { "flash_bwd_dq_add_f32" } else { names.convert },
             grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
             flash_bwd::CONVERT_THREADS,
             &[
@@ -862,7 +942,7 @@ pub fn flash_backward_with(
             ],
         )?;
     }
-    Ok(grads)
+    Ok(())
 }
 
 /// The wgmma backward's dQ order flags (`DQ_*`) for a head walked as `w`. Deterministic calls wait
@@ -897,6 +977,8 @@ fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, w: &DqWalk) -> u32 {
 struct FlashBwdKernels {
     pre: &'static str,
     main: &'static str,
+    /// The main kernel adding dK and dV into f32 accumulators.
+    main_add: &'static str,
     convert: &'static str,
     /// Keys per CTA of the main kernel, query rows a step, its threads and dynamic shared memory.
     block_k: usize,
@@ -915,15 +997,15 @@ fn flash_bwd_kernels(head_dim: usize, dtype: DType, ptx_arch: &str) -> Option<Fl
         DType::F32 => return None,
     };
     let wgmma = ptx_arch == "sm_90";
-    let main = match (wgmma, head_dim, dtype) {
-        (false, 64, DType::F16) => "flash_bwd_d64_f16",
-        (false, 64, DType::BF16) => "flash_bwd_d64_bf16",
-        (false, 128, DType::F16) => "flash_bwd_d128_f16",
-        (false, 128, DType::BF16) => "flash_bwd_d128_bf16",
-        (true, 64, DType::F16) => "flash_wg_bwd_d64_f16",
-        (true, 64, DType::BF16) => "flash_wg_bwd_d64_bf16",
-        (true, 128, DType::F16) => "flash_wg_bwd_d128_f16",
-        (true, 128, DType::BF16) => "flash_wg_bwd_d128_bf16",
+    let (main, main_add) = match (wgmma, head_dim, dtype) {
+        (false, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_d64_f16_add"),
+        (false, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_d64_bf16_add"),
+        (false, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_d128_f16_add"),
+        (false, 128, DType::BF16) => ("flash_bwd_d128_bf16", "flash_bwd_d128_bf16_add"),
+        (true, 64, DType::F16) => ("flash_wg_bwd_d64_f16", "flash_wg_bwd_d64_f16_add"),
+        (true, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_d64_bf16_add"),
+        (true, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_d128_f16_add"),
+        (true, 128, DType::BF16) => ("flash_wg_bwd_d128_bf16", "flash_wg_bwd_d128_bf16_add"),
         _ => return None,
     };
     let (block_k, block_q, threads, smem_bytes) = if wgmma {
@@ -936,6 +1018,7 @@ fn flash_bwd_kernels(head_dim: usize, dtype: DType, ptx_arch: &str) -> Option<Fl
     Some(FlashBwdKernels {
         pre,
         main,
+        main_add,
         convert,
         block_k,
         block_q,
