@@ -6,8 +6,9 @@
 //!   forward + backward; parallel efficiency `n T1(L) / Tn(n L)` where `T1(L)` is one GPU's
 //!   `flash_forward` (+ `flash_backward`) at length L: the n GPUs do n times one GPU's work at L
 //!   (causal work grows as S^2), so perfect scaling takes the same time;
-//! - **data-parallel step** of the `replace` transformer block: a fixed batch per GPU; scaling
-//!   efficiency `T1 / Tn` with `T1` one GPU's plain training step (no NCCL) at that batch.
+//! - **data-parallel step** of the `replace` transformer block, resident on the GPU: a fixed batch
+//!   per GPU; scaling efficiency `T1 / Tn` with `T1` one GPU's step of the same block (no NCCL) at
+//!   that batch.
 //!
 //! Times are medians over iterations; a multi-GPU iteration is the slowest rank's wall time between
 //! a barrier and its `synchronize`. `cargo run --release -p host --example dist_bench -- [--quick]
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use host::dist::{self, ReduceOp, Settings, data_parallel, ring_attention};
 use host::ops::attention::{self, AttentionParams, Causal};
-use host::replace::{Device, Exec, Plan, model};
+use host::replace::model;
+use host::replace::model::resident::Block;
 use host::{DType, Gpu, HostTensor, Tensor};
 
 fn main() {
@@ -57,36 +59,11 @@ fn inputs(shape: &[usize], dtype: DType, salt: u64) -> host::Result<HostTensor> 
     let n: usize = shape.iter().product();
     let data = (0..n as u64)
         .map(|i| {
-            ((i ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            ((i ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 23) as f32
+                - 1.0
         })
         .collect();
     HostTensor::new(data, shape, dtype)
-}
-
-/// Per-iteration slowest-rank times (s) of `iters` iterations after `warm` untimed ones.
-fn time_group<F>(world: usize, warm: usize, iters: usize, f: F) -> host::Result<Vec<f64>>
-where
-    F: Fn(&dist::Rank, usize) -> host::Result<()> + Sync,
-{
-    let settings = Settings {
-        timeout: Duration::from_secs(300),
-    };
-    let per_rank = dist::run(world, settings, |rank| {
-        let mut times = Vec::new();
-        for i in 0..warm + iters {
-            rank.barrier()?;
-            let t = Instant::now();
-            f(rank, i)?;
-            rank.synchronize()?;
-            if i >= warm {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        Ok(times)
-    })?;
-    Ok((0..iters)
-        .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
-        .collect())
 }
 
 fn run(quick: bool, only: &str) -> host::Result<String> {
@@ -142,26 +119,41 @@ fn all_reduce(world: usize, quick: bool) -> host::Result<String> {
             rank.barrier()?;
             let s = rank.gpu().stream();
             let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let e0 = s.record_event(flags).map_err(|e| host::Error::Invalid { op: "bench", msg: format!("{e:?}") })?;
+            let e0 = s.record_event(flags).map_err(|e| host::Error::Invalid {
+                op: "bench",
+                msg: format!("{e:?}"),
+            })?;
             for _ in 0..iters {
                 rank.all_reduce(&x, ReduceOp::Avg)?;
             }
-            let e1 = s.record_event(flags).map_err(|e| host::Error::Invalid { op: "bench", msg: format!("{e:?}") })?;
+            let e1 = s.record_event(flags).map_err(|e| host::Error::Invalid {
+                op: "bench",
+                msg: format!("{e:?}"),
+            })?;
             rank.synchronize()?;
-            let ms = e0.elapsed_ms(&e1).map_err(|e| host::Error::Invalid { op: "bench", msg: format!("{e:?}") })?;
+            let ms = e0.elapsed_ms(&e1).map_err(|e| host::Error::Invalid {
+                op: "bench",
+                msg: format!("{e:?}"),
+            })?;
             Ok(ms as f64 / 1e3 / iters as f64)
         })?;
         let t = per_rank.iter().cloned().fold(0.0, f64::max);
         let bus = bytes as f64 * 2.0 * (world as f64 - 1.0) / world as f64 / t / 1e9;
         println!("| {} MiB | {:.1} | {:.1} |", bytes >> 20, t * 1e6, bus);
-        rows.push(format!("{{\"bytes\": {bytes}, \"time_s\": {t:.9}, \"bus_gbps\": {bus:.3}}}"));
+        rows.push(format!(
+            "{{\"bytes\": {bytes}, \"time_s\": {t:.9}, \"bus_gbps\": {bus:.3}}}"
+        ));
     }
     Ok(format!("\"all_reduce\": [{}]", rows.join(", ")))
 }
 
 fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
     let (b, h, d) = (1, 16, 128);
-    let lengths: &[usize] = if quick { &[8192] } else { &[32768, 65536, 131072] };
+    let lengths: &[usize] = if quick {
+        &[8192]
+    } else {
+        &[32768, 65536, 131072]
+    };
     let (warm, iters) = if quick { (1, 3) } else { (2, 5) };
     let params = AttentionParams {
         causal: Causal::Yes,
@@ -174,7 +166,8 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
     for &l in lengths {
         // One GPU at the per-GPU length.
         let shape = [b, h, l, d];
-        let [q, k, v, d_o] = [1u64, 2, 3, 4].map(|s| inputs(&shape, DType::F16, s).and_then(|t| Tensor::from_host(gpu0, &t)));
+        let [q, k, v, d_o] = [1u64, 2, 3, 4]
+            .map(|s| inputs(&shape, DType::F16, s).and_then(|t| Tensor::from_host(gpu0, &t)));
         let (q, k, v, d_o) = (q?, k?, v?, d_o?);
         let mut one = [Vec::new(), Vec::new()];
         for i in 0..warm + iters {
@@ -204,7 +197,12 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
             let g = rank.gpu();
             let x: Vec<Tensor> = [1u64, 2, 3, 4]
                 .iter()
-                .map(|&salt| Tensor::from_host(g, &inputs(&local, DType::F16, salt + 8 * rank.rank() as u64)?))
+                .map(|&salt| {
+                    Tensor::from_host(
+                        g,
+                        &inputs(&local, DType::F16, salt + 8 * rank.rank() as u64)?,
+                    )
+                })
                 .collect::<host::Result<_>>()?;
             let mut times = [Vec::new(), Vec::new()];
             for i in 0..warm + iters {
@@ -213,7 +211,8 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
                 let (o, lse) = ring_attention::forward(rank, &x[0], &x[1], &x[2], &params)?;
                 rank.synchronize()?;
                 let t_fwd = t.elapsed().as_secs_f64();
-                let gr = ring_attention::backward(rank, &x[0], &x[1], &x[2], &o, &lse, &x[3], &params)?;
+                let gr =
+                    ring_attention::backward(rank, &x[0], &x[1], &x[2], &o, &lse, &x[3], &params)?;
                 rank.synchronize()?;
                 let t_all = t.elapsed().as_secs_f64();
                 drop(gr);
@@ -256,27 +255,23 @@ fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<Str
         batch: per_gpu,
         lr: 0.05,
     };
-    let cfg_global = model::Config {
-        batch: per_gpu * world,
-        ..cfg_local
-    };
-    let (warm, iters) = if quick { (1, 3) } else { (2, 7) };
+    let (warm, iters) = if quick { (2, 5) } else { (3, 15) };
     let params0 = model::init(&cfg_local, 11);
-    let batch = model::batch(&cfg_global, 12);
-    // One GPU, no NCCL, its own share of the batch.
-    let (_, b0) = data_parallel::split_batch(&cfg_global, &batch, world, 0)?;
-    let device = Device::Gpu(gpu0.clone());
-    let ex = Exec::new(Plan::all_gpu(), &device);
-    let mut p = params0.clone();
+    let batch0 = model::batch(&cfg_local, 12);
+    // One GPU, no NCCL: the resident block's step at the per-GPU batch.
+    let mut block = Block::new(gpu0, &cfg_local, &params0)?;
     let mut one = Vec::new();
     for i in 0..warm + iters {
+        gpu0.synchronize()?;
         let t = Instant::now();
-        let (_, g) = model::loss_and_grads(&ex, &cfg_local, &p, &b0)?;
-        model::sgd(&mut p, &g, cfg_local.lr)?;
+        let (_, g) = block.loss_and_grads(&batch0, &mut |_, _| Ok(()))?;
+        block.sgd(&g, cfg_local.lr)?;
+        gpu0.synchronize()?;
         if i >= warm {
             one.push(t.elapsed().as_secs_f64());
         }
     }
+    drop(block);
     let t1 = median(one);
     let settings = data_parallel::Settings::default();
     let mut rows = Vec::new();
@@ -284,48 +279,44 @@ fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<Str
         "\n| data-parallel step, {per_gpu} x {} tokens a GPU | GPUs | ms | scaling efficiency |\n|---|---|---|---|",
         cfg_local.seq
     );
-    println!("| one GPU, no NCCL | 1 | {:.2} | 1 |", t1 * 1e3);
-    // The plain step on a group's thread and GPU handle (no NCCL call): what the group machinery
-    // alone costs.
-    let plain = time_group(1, warm, iters, |rank, _| {
-        let device = Device::Gpu(rank.gpu().clone());
-        let ex = Exec::new(Plan::all_gpu(), &device);
-        let mut p = params0.clone();
-        let (_, g) = model::loss_and_grads(&ex, &cfg_local, &p, &b0)?;
-        model::sgd(&mut p, &g, cfg_local.lr)
-    })?;
-    println!("| one GPU, no NCCL, on a rank's thread | 1 | {:.2} | {:.3} |", median(plain.clone()) * 1e3, t1 / median(plain));
+    println!("| one GPU, no NCCL | 1 | {:.3} | 1 |", t1 * 1e3);
     for n in [1, world] {
         let global = model::Config {
             batch: per_gpu * n,
             ..cfg_local
         };
         let batch_n = model::batch(&global, 12);
-        let params = std::sync::Mutex::new(vec![params0.clone(); n]);
-        let split = std::sync::Mutex::new(Vec::new());
-        let times = time_group(n, warm, iters, |rank, _| {
+        let runs = dist::run(n, Settings::default(), |rank| {
             let (c, b) = data_parallel::split_batch(&global, &batch_n, n, rank.rank())?;
-            let device = Device::Gpu(rank.gpu().clone());
-            let ex = Exec::new(Plan::all_gpu(), &device);
-            let mut p = params.lock().unwrap()[rank.rank()].clone();
-            let s = data_parallel::step(rank, &ex, &c, &mut p, &b, &settings)?;
-            split.lock().unwrap().push((s.backward_s, s.after_backward_s, s.overlapped_buckets, s.buckets));
-            params.lock().unwrap()[rank.rank()] = p;
-            Ok(())
+            let mut dp = data_parallel::DataParallel::new(rank, &c, &params0, &settings)?;
+            let mut out = Vec::new();
+            for i in 0..warm + iters {
+                rank.barrier()?;
+                let t = Instant::now();
+                let s = dp.step(&b)?;
+                rank.synchronize()?;
+                if i >= warm {
+                    out.push((t.elapsed().as_secs_f64(), s));
+                }
+            }
+            Ok(out)
         })?;
-        let tn = median(times);
-        let parts = split.into_inner().unwrap();
-        let (bw, after) = (
-            median(parts.iter().map(|p| p.0).collect()),
-            median(parts.iter().map(|p| p.1).collect()),
+        let tn = median(
+            (0..iters)
+                .map(|i| runs.iter().map(|r| r[i].0).fold(0.0, f64::max))
+                .collect(),
         );
+        let s = &runs[0][iters - 1].1;
         println!(
-            "| data parallel (backward {:.2} ms, after it {:.2} ms; {} of {} buckets overlapped) | {n} | {:.2} | {:.3} |",
-            bw * 1e3, after * 1e3, parts[0].2, parts[0].3, tn * 1e3, t1 / tn
+            "| data parallel ({} of {} buckets queued during the backward) | {n} | {:.3} | {:.3} |",
+            s.overlapped_buckets,
+            s.buckets,
+            tn * 1e3,
+            t1 / tn
         );
         rows.push(format!(
-            "{{\"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}, \"backward_s\": {bw:.6}, \"after_backward_s\": {after:.6}}}",
-            t1 / tn
+            "{{\"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}, \"buckets\": {}, \"overlapped\": {}}}",
+            t1 / tn, s.buckets, s.overlapped_buckets
         ));
         if world == 1 {
             break;

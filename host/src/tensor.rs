@@ -319,7 +319,10 @@ impl Tensor {
         if self.shape.is_empty() || start.checked_add(len).is_none_or(|e| e > self.shape[0]) {
             return Err(Error::Invalid {
                 op: "narrow",
-                msg: format!("rows {start}..{start}+{len} out of range for shape {:?}", self.shape),
+                msg: format!(
+                    "rows {start}..{start}+{len} out of range for shape {:?}",
+                    self.shape
+                ),
             });
         }
         let mut t = self.clone();

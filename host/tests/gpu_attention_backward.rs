@@ -1063,16 +1063,20 @@ fn flash_backward_add_adds_gradients_into_f32_accumulators() {
                 dq: Tensor::empty(g, &x[0].shape, c.dtype).unwrap(),
                 ..acc.clone()
             };
-            let e = attention::flash_backward_add(&dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p, &half)
-                .unwrap_err();
+            let e = attention::flash_backward_add(
+                &dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p, &half,
+            )
+            .unwrap_err();
             assert!(matches!(e, host::Error::DType { .. }), "{e}");
             let wrong = AttentionGrads {
                 dq: Tensor::empty(g, &kv, DType::F32).unwrap(),
                 ..acc.clone()
             };
             if kv != x[0].shape.as_slice() {
-                let e = attention::flash_backward_add(&dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p, &wrong)
-                    .unwrap_err();
+                let e = attention::flash_backward_add(
+                    &dev[0], &dev[1], &dev[2], &o, &lse, &dev[3], &p, &wrong,
+                )
+                .unwrap_err();
                 assert!(matches!(e, host::Error::Shape { .. }), "{e}");
             }
         }

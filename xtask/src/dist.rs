@@ -53,7 +53,12 @@ fn binaries(args: &Args) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     }
     let root = workspace_root().ok_or("dist needs the source tree or --bins")?;
     run_checked(Command::new(cargo()).current_dir(&root).args([
-        "build", "--release", "-p", "host", "--example", "dist_bench",
+        "build",
+        "--release",
+        "-p",
+        "host",
+        "--example",
+        "dist_bench",
     ]))?;
     let tests = crate::util::build_test_binaries(&root)?
         .into_iter()
@@ -98,7 +103,10 @@ pub fn run(args: &Args) -> Result<(), String> {
             .status()
             .map_err(|e| format!("could not run {}: {e}", tests.display()))?;
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        for line in text.lines().filter(|l| l.contains("test result") || l.contains("SKIP")) {
+        for line in text
+            .lines()
+            .filter(|l| l.contains("test result") || l.contains("SKIP"))
+        {
             println!("  {line}");
         }
         if !status.success() {
@@ -173,18 +181,31 @@ fn report(ours: &Path, peers: &Path) -> Result<String, String> {
                     .find(|x| x["bytes"].as_u64() == Some(bytes))
                     .cloned()
             });
-            let (ot, ob) = (r["time_s"].as_f64().unwrap_or(0.0), r["bus_gbps"].as_f64().unwrap_or(0.0));
+            let (ot, ob) = (
+                r["time_s"].as_f64().unwrap_or(0.0),
+                r["bus_gbps"].as_f64().unwrap_or(0.0),
+            );
             match peer {
                 Some(x) => {
-                    let (pt, pb) = (x["time_s"].as_f64().unwrap_or(0.0), x["bus_gbps"].as_f64().unwrap_or(0.0));
+                    let (pt, pb) = (
+                        x["time_s"].as_f64().unwrap_or(0.0),
+                        x["bus_gbps"].as_f64().unwrap_or(0.0),
+                    );
                     s.push_str(&format!(
                         "| {} MiB | {:.1} | {:.1} | {:.1} | {:.1} | {:.3}x |\n",
-                        bytes >> 20, ot * 1e6, ob, pt * 1e6, pb, ob / pb
+                        bytes >> 20,
+                        ot * 1e6,
+                        ob,
+                        pt * 1e6,
+                        pb,
+                        ob / pb
                     ));
                 }
                 None => s.push_str(&format!(
                     "| {} MiB | {:.1} | {:.1} | - | - | - |\n",
-                    bytes >> 20, ot * 1e6, ob
+                    bytes >> 20,
+                    ot * 1e6,
+                    ob
                 )),
             }
         }

@@ -218,12 +218,24 @@ fn sanitize_once(cs: &Path, bin: &Path, tool: &str, test: Option<&str>) -> Resul
         "99",
         "--target-processes",
         "all",
-    ])
-    .arg(bin)
-    .args(["--test-threads=1"])
-    .env("RGK_SANITIZE", "1")
-    .env("RGK_SANITIZE_TOOL", tool)
-    .env("RGK_FUZZ_CASES", "3");
+    ]);
+    if bin
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("gpu_dist"))
+    {
+        // NCCL's communicator set-up asks the runtime for the attributes of each of its kernels
+        // and skips those built for other architectures; each "no kernel image" answer is a CUDA
+        // API error that memcheck would count (168 in one run of gpu_dist on two H200s,
+        // 2026-11-26, all from ncclInitKernelsForDevice). Memory errors are still reported; our
+        // own driver calls return typed errors that the tests check.
+        cmd.args(["--report-api-errors", "no"]);
+    }
+    cmd.arg(bin)
+        .args(["--test-threads=1"])
+        .env("RGK_SANITIZE", "1")
+        .env("RGK_SANITIZE_TOOL", tool)
+        .env("RGK_FUZZ_CASES", "3");
     if let Some(t) = test {
         cmd.args(["--exact", t]);
     }

@@ -1,27 +1,27 @@
-//! Data-parallel training of the transformer block of [`crate::replace::model`]: every rank holds the
-//! same parameters, trains on its share of the global batch, and the gradients are averaged over the
-//! ranks (NCCL all-reduce, `Avg`) before the SGD update, so every rank applies the same update and
-//! the loss curve is one GPU's at the global batch.
+//! Data-parallel training of the transformer block of [`crate::replace::model`], resident on the
+//! GPU ([`Block`]): every rank holds the same parameters, trains on its share of the global batch,
+//! and the gradients are averaged over the ranks (NCCL all-reduce, `Avg`) before the SGD update, so
+//! every rank applies the same update and the loss curve is one GPU's at the global batch.
 //!
 //! **Buckets, overlapped with the backward.** The gradients live in one f32 device buffer laid out in
 //! the order the backward produces them ([`BACKWARD_ORDER`]), cut into buckets of about
-//! [`Settings::bucket_bytes`]. The backward reports each gradient as soon as it has it
-//! ([`loss_and_grads_with`]); it is copied into its slot, and a bucket whose gradients have all
-//! arrived is all-reduced on the rank's communication stream at once, while the backward goes on
-//! computing the earlier layers' gradients. After the backward the rank waits for the last
-//! buckets, reads the averaged gradients back and updates its parameters.
+//! [`Settings::bucket_bytes`]. The backward reports each gradient as soon as it has it; it is
+//! copied into its slot (device to device), and a bucket whose gradients have all arrived is
+//! all-reduced on the rank's communication stream at once, while the backward's kernels for the
+//! earlier layers run on the GPU's stream. After the backward the update waits for the last
+//! buckets (stream order, no host wait) and reads the averaged gradients in place.
 //!
 //! **Identical parameters.** NCCL's all-reduce leaves the same bits on every rank, and the update is
 //! the same f32 arithmetic on the same values, so parameters stay bit-identical across ranks (the
 //! GPU tests check it after every step).
-use crate::dist::{Pending, ReduceOp, Rank};
+use std::time::Instant;
+
+use crate::dist::{Pending, Rank, ReduceOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::replace::exec::Exec;
-use crate::replace::model::{
-    BACKWARD_ORDER, Batch, Config, Grads, Params, loss_and_grads_with, sgd,
-};
-use crate::tensor::{HostTensor, Tensor};
+use crate::replace::model::resident::Block;
+use crate::replace::model::{BACKWARD_ORDER, Batch, Config, Params};
+use crate::tensor::Tensor;
 
 /// How gradients are reduced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,9 +45,14 @@ impl Default for Settings {
 /// Rank `rank`'s share of a global batch: sequences `rank * B / world ..`, and the config with the
 /// local batch size. The global batch must split evenly (equal shares keep the average of the ranks'
 /// mean losses equal to the global mean).
-pub fn split_batch(cfg: &Config, batch: &Batch, world: usize, rank: usize) -> Result<(Config, Batch)> {
+pub fn split_batch(
+    cfg: &Config,
+    batch: &Batch,
+    world: usize,
+    rank: usize,
+) -> Result<(Config, Batch)> {
     const OP: &str = "data_parallel::split_batch";
-    if world == 0 || cfg.batch % world != 0 || rank >= world {
+    if world == 0 || !cfg.batch.is_multiple_of(world) || rank >= world {
         return Err(Error::Invalid {
             op: OP,
             msg: format!(
@@ -80,8 +85,8 @@ pub fn split_batch(cfg: &Config, batch: &Batch, world: usize, rank: usize) -> Re
 
 /// Where each gradient sits in the flat buffer, and the buckets.
 struct Layout {
-    /// (name, offset, len) in [`BACKWARD_ORDER`].
-    slots: Vec<(&'static str, usize, usize)>,
+    /// (name, offset, len, shape) in [`BACKWARD_ORDER`].
+    slots: Vec<(&'static str, usize, usize, Vec<usize>)>,
     /// (first slot, end slot) of each bucket.
     buckets: Vec<(usize, usize)>,
     total: usize,
@@ -92,18 +97,19 @@ fn layout(p: &Params, bucket_bytes: usize) -> Layout {
     let mut slots = Vec::new();
     let mut off = 0;
     for name in BACKWARD_ORDER {
-        let len = named
+        let shape = named
             .iter()
             .find(|(n, _)| *n == name)
-            .map(|(_, t)| t.numel())
-            .unwrap_or(0);
-        slots.push((name, off, len));
+            .map(|(_, t)| t.shape.clone())
+            .unwrap_or_default();
+        let len = shape.iter().product::<usize>();
+        slots.push((name, off, len, shape));
         off += len;
     }
     let mut buckets = Vec::new();
     let (mut first, mut bytes) = (0, 0);
-    for (i, (_, _, len)) in slots.iter().enumerate() {
-        bytes += len * 4;
+    for (i, slot) in slots.iter().enumerate() {
+        bytes += slot.2 * 4;
         if bytes >= bucket_bytes.max(1) || i + 1 == slots.len() {
             buckets.push((first, i + 1));
             first = i + 1;
@@ -124,96 +130,118 @@ pub struct Step {
     pub loss: f64,
     /// This rank's own loss.
     pub local_loss: f64,
-    /// The averaged gradients applied.
-    pub grads: Grads,
-    /// Buckets reduced while the backward was still running (the rest after it).
+    /// Buckets whose all-reduce was queued while the backward was still running (the last one
+    /// closes with the backward's last gradient).
     pub overlapped_buckets: usize,
     pub buckets: usize,
-    /// Wall time of the forward and backward, gradient copies and bucket launches included.
+    /// Host wall time of the forward and backward (kernels queued, gradient copies and bucket
+    /// launches included).
     pub backward_s: f64,
-    /// Wall time from the backward's end to the update's end: the last buckets, the loss gather, the
-    /// read-back and the update.
+    /// Host wall time from the backward's end to the update's end.
     pub after_backward_s: f64,
 }
 
-/// One SGD step of data-parallel training: this rank's loss and gradients on its `batch` (its share,
-/// see [`split_batch`]; `cfg` the local config), gradients averaged over the group in buckets
-/// overlapped with the backward, then `params -= cfg.lr * grads`. Every rank must call it.
-pub fn step(
-    rank: &Rank,
-    ex: &Exec,
-    cfg: &Config,
-    params: &mut Params,
-    batch: &Batch,
-    settings: &Settings,
-) -> Result<Step> {
-    let gpu = rank.gpu();
-    let lay = layout(params, settings.bucket_bytes);
-    let flat = Tensor::empty(gpu, &[lay.total.max(1)], DType::F32)?;
-    let mut arrived = vec![false; lay.slots.len()];
-    let mut launched = vec![false; lay.buckets.len()];
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut overlapped = 0usize;
-    let t0 = std::time::Instant::now();
-    let (local_loss, _) = {
-        let mut on_grad = |name: &'static str, g: &HostTensor| -> Result<()> {
-            let Some(i) = lay.slots.iter().position(|s| s.0 == name) else {
-                return Ok(());
-            };
-            let (_, off, len) = lay.slots[i];
-            flat.narrow(off, len)?.copy_from_f32(&g.data)?;
-            arrived[i] = true;
-            for (b, &(s, e)) in lay.buckets.iter().enumerate() {
-                if !launched[b] && arrived[s..e].iter().all(|&a| a) {
-                    let (o0, o1) = (lay.slots[s].1, lay.slots[e - 1].1 + lay.slots[e - 1].2);
-                    pending.push(rank.all_reduce_start(&flat.narrow(o0, o1 - o0)?, ReduceOp::Avg)?);
-                    launched[b] = true;
-                    overlapped += 1;
+/// A rank's data-parallel trainer: the block on its GPU and the gradient buffer.
+pub struct DataParallel<'r> {
+    rank: &'r Rank,
+    block: Block,
+    cfg: Config,
+    lay: Layout,
+    flat: Tensor,
+}
+
+impl<'r> DataParallel<'r> {
+    /// Uploads `params` to the rank's GPU. `cfg` is the local config (see [`split_batch`]); every
+    /// rank must pass the same parameters.
+    pub fn new(rank: &'r Rank, cfg: &Config, params: &Params, settings: &Settings) -> Result<Self> {
+        let lay = layout(params, settings.bucket_bytes);
+        Ok(DataParallel {
+            rank,
+            block: Block::new(rank.gpu(), cfg, params)?,
+            cfg: *cfg,
+            flat: Tensor::empty(rank.gpu(), &[lay.total.max(1)], DType::F32)?,
+            lay,
+        })
+    }
+
+    /// The block's current parameters, read back.
+    pub fn params(&self) -> Result<Params> {
+        self.rank.synchronize()?;
+        self.block.params()
+    }
+
+    /// One SGD step on this rank's share `batch`: loss and gradients, gradients averaged over the
+    /// group in buckets overlapped with the backward, then `params -= cfg.lr * grads`. Every rank
+    /// must call it.
+    pub fn step(&mut self, batch: &Batch) -> Result<Step> {
+        let rank = self.rank;
+        let lay = &self.lay;
+        let flat = &self.flat;
+        let mut arrived = vec![false; lay.slots.len()];
+        let mut launched = vec![false; lay.buckets.len()];
+        let mut pending: Vec<Pending> = Vec::new();
+        let mut overlapped = 0usize;
+        let t0 = Instant::now();
+        let (local_loss, _) = {
+            let mut on_grad = |name: &'static str, g: &Tensor| -> Result<()> {
+                let Some(i) = lay.slots.iter().position(|s| s.0 == name) else {
+                    return Ok(());
+                };
+                let (_, off, len, _) = &lay.slots[i];
+                flat.narrow(*off, *len)?.copy_from(&g.reshape(&[*len])?)?;
+                arrived[i] = true;
+                for (b, &(s, e)) in lay.buckets.iter().enumerate() {
+                    if !launched[b] && arrived[s..e].iter().all(|&a| a) {
+                        let (o0, o1) = (lay.slots[s].1, lay.slots[e - 1].1 + lay.slots[e - 1].2);
+                        pending.push(
+                            rank.all_reduce_start(&flat.narrow(o0, o1 - o0)?, ReduceOp::Avg)?,
+                        );
+                        launched[b] = true;
+                        overlapped += 1;
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            };
+            self.block.loss_and_grads(batch, &mut on_grad)?
         };
-        loss_and_grads_with(ex, cfg, params, batch, &mut on_grad)?
-    };
-    let backward_s = t0.elapsed().as_secs_f64();
-    // The last gradient closes the last bucket inside the backward; count it as not overlapped.
-    overlapped = overlapped.saturating_sub(1);
-    if let Some(b) = launched.iter().position(|l| !l) {
-        return Err(rank.error(format!(
-            "bucket {b} never filled: the backward did not report every gradient"
-        )));
-    }
-    for p in pending {
-        p.finish()?;
-    }
-    // The global loss: every rank's local loss (as an f32 pair, hi + lo, so no precision is lost).
-    let hi = local_loss as f32;
-    let lo = (local_loss - hi as f64) as f32;
-    let mine = Tensor::from_f32(gpu, &[hi, lo], &[2], DType::F32)?;
-    let all = Tensor::empty(gpu, &[2 * rank.world()], DType::F32)?;
-    rank.all_gather(&mine, &all)?;
-    rank.synchronize()?;
-    let losses = all.to_vec()?;
-    let loss = losses
-        .chunks(2)
-        .map(|p| p[0] as f64 + p[1] as f64)
-        .sum::<f64>()
-        / rank.world() as f64;
-    let values = flat.to_vec()?;
-    let mut grads = params.clone();
-    for (name, g) in grads.named_mut() {
-        if let Some(&(_, off, len)) = lay.slots.iter().find(|s| s.0 == name) {
-            g.data.copy_from_slice(&values[off..off + len]);
+        let backward_s = t0.elapsed().as_secs_f64();
+        // The last gradient closes the last bucket inside the backward; count it as not overlapped.
+        overlapped = overlapped.saturating_sub(1);
+        if let Some(b) = launched.iter().position(|l| !l) {
+            return Err(rank.error(format!(
+                "bucket {b} never filled: the backward did not report every gradient"
+            )));
         }
+        for p in pending {
+            p.finish()?;
+        }
+        let averaged = lay
+            .slots
+            .iter()
+            .map(|(name, off, len, shape)| Ok((*name, flat.narrow(*off, *len)?.reshape(shape)?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.block.sgd(&averaged, self.cfg.lr)?;
+        // The global loss: every rank's local loss (as an f32 pair, hi + lo, so no precision is lost).
+        let hi = local_loss as f32;
+        let lo = (local_loss - hi as f64) as f32;
+        let gpu = rank.gpu();
+        let mine = Tensor::from_f32(gpu, &[hi, lo], &[2], DType::F32)?;
+        let all = Tensor::empty(gpu, &[2 * rank.world()], DType::F32)?;
+        rank.all_gather(&mine, &all)?;
+        rank.synchronize()?;
+        let losses = all.to_vec()?;
+        let loss = losses
+            .chunks(2)
+            .map(|p| p[0] as f64 + p[1] as f64)
+            .sum::<f64>()
+            / rank.world() as f64;
+        Ok(Step {
+            loss,
+            local_loss,
+            overlapped_buckets: overlapped,
+            buckets: lay.buckets.len(),
+            backward_s,
+            after_backward_s: t0.elapsed().as_secs_f64() - backward_s,
+        })
     }
-    sgd(params, &grads, cfg.lr)?;
-    Ok(Step {
-        loss,
-        local_loss,
-        grads,
-        overlapped_buckets: overlapped,
-        buckets: lay.buckets.len(),
-        backward_s,
-        after_backward_s: t0.elapsed().as_secs_f64() - backward_s,
-    })
 }

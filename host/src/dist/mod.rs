@@ -235,10 +235,7 @@ fn record(stream: CUstream) -> Result<CUevent> {
     // SAFETY: creates and records an event on a live stream.
     unsafe {
         drv(
-            sys::cuEventCreate(
-                &mut e,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            ),
+            sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32),
             "creating an event",
         )?;
         if let Err(err) = drv(sys::cuEventRecord(e, stream), "recording an event") {
@@ -371,7 +368,10 @@ impl Rank {
                 return Err(Error::DeviceMismatch { op: "dist" });
             }
         }
-        self.gpu.context().bind_to_thread().map_err(|e| Error::driver(e, "binding the context"))?;
+        self.gpu
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::driver(e, "binding the context"))?;
         wait_event(self.comm_stream, record(self.gpu.stream().cu_stream())?)?;
         let first = self.with_comm(|c| call(c, self.comm_stream))?;
         self.settle(what, first)?;
@@ -397,15 +397,7 @@ impl Rank {
         self.enqueue(OP, &[t], |c, s| {
             // SAFETY: `t` is contiguous with `n` elements at `p`; in place is allowed by NCCL.
             unsafe {
-                (self.nccl.all_reduce)(
-                    p as *const _,
-                    p as *mut _,
-                    n,
-                    dt,
-                    op.nccl(),
-                    c,
-                    s as *mut _,
-                )
+                (self.nccl.all_reduce)(p as *const _, p as *mut _, n, dt, op.nccl(), c, s as *mut _)
             }
         })
     }
@@ -453,10 +445,19 @@ impl Rank {
                 if peer >= self.world() {
                     return Err(Error::Invalid {
                         op: OP,
-                        msg: format!("peer rank {peer} out of range for a group of {}", self.world()),
+                        msg: format!(
+                            "peer rank {peer} out of range for a group of {}",
+                            self.world()
+                        ),
                     });
                 }
-                plan.push((send, nccl_type(OP, t)?, t.device_ptr(), t.numel(), peer as i32));
+                plan.push((
+                    send,
+                    nccl_type(OP, t)?,
+                    t.device_ptr(),
+                    t.numel(),
+                    peer as i32,
+                ));
             }
         }
         let mut keep: Vec<&Tensor> = sends.iter().map(|s| s.0).collect();
@@ -488,7 +489,10 @@ impl Rank {
     /// Waits (host) for everything queued on this rank's streams, polling: returns [`Error::Dist`] on
     /// timeout or when another rank failed, a typed driver error if a kernel faulted.
     pub fn synchronize(&self) -> Result<()> {
-        self.gpu.context().bind_to_thread().map_err(|e| Error::driver(e, "binding the context"))?;
+        self.gpu
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::driver(e, "binding the context"))?;
         let start = Instant::now();
         let mut polls = 0u32;
         for stream in [self.comm_stream, self.gpu.stream().cu_stream()] {
@@ -499,7 +503,10 @@ impl Rank {
                     sys::CUresult::CUDA_SUCCESS => break,
                     sys::CUresult::CUDA_ERROR_NOT_READY => {}
                     e => {
-                        let err = Error::driver(cudarc::driver::DriverError(e), "dist: waiting for the streams");
+                        let err = Error::driver(
+                            cudarc::driver::DriverError(e),
+                            "dist: waiting for the streams",
+                        );
                         self.shared.fail(self.rank, err.to_string());
                         return Err(err);
                     }
@@ -626,7 +633,10 @@ where
         return Err(Error::Dist {
             rank: 0,
             world,
-            what: format!("ncclGetUniqueId: {}", nccl.describe(r, std::ptr::null_mut())),
+            what: format!(
+                "ncclGetUniqueId: {}",
+                nccl.describe(r, std::ptr::null_mut())
+            ),
         });
     }
     let shared = Arc::new(Shared {
@@ -702,7 +712,10 @@ where
     if let Some((rank, what)) = shared.failure() {
         return Err(Error::Dist { rank, world, what });
     }
-    Ok(results.into_iter().map(|r| r.expect("no failure recorded")).collect())
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("no failure recorded"))
+        .collect())
 }
 
 /// Opens rank `rank`'s GPU, its stream and its communicator.
@@ -732,7 +745,10 @@ fn join(
     // SAFETY: creates a stream in the bound context.
     unsafe {
         drv(
-            sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            ),
             "creating the communication stream",
         )?;
     }

@@ -99,10 +99,18 @@ pub(crate) struct Nccl {
         NcclComm,
         CudaStream,
     ) -> Res,
-    pub all_gather:
-        unsafe extern "C" fn(*const c_void, *mut c_void, usize, DataType, NcclComm, CudaStream) -> Res,
-    pub send: unsafe extern "C" fn(*const c_void, usize, DataType, c_int, NcclComm, CudaStream) -> Res,
-    pub recv: unsafe extern "C" fn(*mut c_void, usize, DataType, c_int, NcclComm, CudaStream) -> Res,
+    pub all_gather: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        DataType,
+        NcclComm,
+        CudaStream,
+    ) -> Res,
+    pub send:
+        unsafe extern "C" fn(*const c_void, usize, DataType, c_int, NcclComm, CudaStream) -> Res,
+    pub recv:
+        unsafe extern "C" fn(*mut c_void, usize, DataType, c_int, NcclComm, CudaStream) -> Res,
     pub group_start: unsafe extern "C" fn() -> Res,
     pub group_end: unsafe extern "C" fn() -> Res,
 }
@@ -140,8 +148,9 @@ fn resolve(lib: libloading::Library, path: String) -> Result<Nccl, String> {
     macro_rules! sym {
         ($name:literal) => {
             // SAFETY: the symbol's type is the one nccl.h declares for it.
-            *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
-                .map_err(|e| format!("{path} has no `{}`: {e} (NCCL 2.18 or newer needed)", $name))?
+            *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|e| {
+                format!("{path} has no `{}`: {e} (NCCL 2.18 or newer needed)", $name)
+            })?
         };
     }
     Ok(Nccl {

@@ -49,7 +49,12 @@ pub struct Pair {
 pub fn step_pairs(world: usize, rank: usize, step: usize, causal: bool) -> Vec<Pair> {
     let p = |q, kv, causal| Pair { q, kv, causal };
     if !causal {
-        return vec![p(0, 0, false), p(0, 1, false), p(1, 0, false), p(1, 1, false)];
+        return vec![
+            p(0, 0, false),
+            p(0, 1, false),
+            p(1, 0, false),
+            p(1, 1, false),
+        ];
     }
     let src = (rank + world - step % world) % world;
     if src == rank {
@@ -71,7 +76,7 @@ fn shard_dims(op: &'static str, shape: &[usize], world: usize) -> Result<(usize,
         });
     }
     let s = shape[2];
-    if s % (2 * world) != 0 {
+    if !s.is_multiple_of(2 * world) {
         return Err(Error::Shape {
             op,
             what: format!(
@@ -284,15 +289,27 @@ pub fn forward(
     let o_acc = Tensor::empty(gpu, &shape, DType::F32)?;
     // Two LSE buffers per query chunk: a merge reads one and writes the other.
     let lse = [
-        [Tensor::empty(gpu, &shape[1..4], DType::F32)?, Tensor::empty(gpu, &shape[1..4], DType::F32)?],
-        [Tensor::empty(gpu, &shape[1..4], DType::F32)?, Tensor::empty(gpu, &shape[1..4], DType::F32)?],
+        [
+            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
+            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
+        ],
+        [
+            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
+            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
+        ],
     ];
     let mut current = [0usize; 2];
     let mut started = [false; 2];
     let recv = if world > 1 {
         vec![
-            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
-            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
+            (
+                Tensor::empty(gpu, &shape, q.dtype())?,
+                Tensor::empty(gpu, &shape, q.dtype())?,
+            ),
+            (
+                Tensor::empty(gpu, &shape, q.dtype())?,
+                Tensor::empty(gpu, &shape, q.dtype())?,
+            ),
         ]
     } else {
         Vec::new()
@@ -354,7 +371,14 @@ pub fn backward(
     const OP: &str = "ring_attention::backward";
     local_dims(
         OP,
-        &[("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("d_o", d_o)],
+        &[
+            ("q", q),
+            ("k", k),
+            ("v", v),
+            ("o", o),
+            ("lse", lse),
+            ("d_o", d_o),
+        ],
     )?;
     let gpu = rank.gpu();
     let shape = q.shape().to_vec();
@@ -370,14 +394,23 @@ pub fn backward(
     let dq_acc = Tensor::empty(gpu, &shape, DType::F32)?;
     dq_acc.fill_bytes(0)?;
     let f32_pair = || -> Result<(Tensor, Tensor)> {
-        Ok((Tensor::empty(gpu, &shape, DType::F32)?, Tensor::empty(gpu, &shape, DType::F32)?))
+        Ok((
+            Tensor::empty(gpu, &shape, DType::F32)?,
+            Tensor::empty(gpu, &shape, DType::F32)?,
+        ))
     };
     let dkv = [f32_pair()?, f32_pair()?];
     let step_kv = if world > 1 { Some(f32_pair()?) } else { None };
     let recv = if world > 1 {
         vec![
-            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
-            (Tensor::empty(gpu, &shape, q.dtype())?, Tensor::empty(gpu, &shape, q.dtype())?),
+            (
+                Tensor::empty(gpu, &shape, q.dtype())?,
+                Tensor::empty(gpu, &shape, q.dtype())?,
+            ),
+            (
+                Tensor::empty(gpu, &shape, q.dtype())?,
+                Tensor::empty(gpu, &shape, q.dtype())?,
+            ),
         ]
     } else {
         Vec::new()
@@ -505,16 +538,27 @@ pub mod reference {
         causal: bool,
     ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let (nq, nk) = (q.len() / d, k.len() / d);
-        let (mut dq, mut dk, mut dv) = (vec![0f64; q.len()], vec![0f64; k.len()], vec![0f64; v.len()]);
+        let (mut dq, mut dk, mut dv) = (
+            vec![0f64; q.len()],
+            vec![0f64; k.len()],
+            vec![0f64; v.len()],
+        );
         for i in 0..nq {
-            let delta: f64 = (0..d).map(|c| d_o[i * d + c] as f64 * o[i * d + c] as f64).sum();
+            let delta: f64 = (0..d)
+                .map(|c| d_o[i * d + c] as f64 * o[i * d + c] as f64)
+                .sum();
             for j in 0..nk {
                 if causal && j + nq > i + nk {
                     continue;
                 }
-                let s: f64 = (0..d).map(|c| q[i * d + c] as f64 * k[j * d + c] as f64).sum::<f64>() * scale;
+                let s: f64 = (0..d)
+                    .map(|c| q[i * d + c] as f64 * k[j * d + c] as f64)
+                    .sum::<f64>()
+                    * scale;
                 let p = (s - lse[i] as f64).exp();
-                let dp: f64 = (0..d).map(|c| d_o[i * d + c] as f64 * v[j * d + c] as f64).sum();
+                let dp: f64 = (0..d)
+                    .map(|c| d_o[i * d + c] as f64 * v[j * d + c] as f64)
+                    .sum();
                 let ds = p * (dp - delta);
                 for c in 0..d {
                     dq[i * d + c] += scale * ds * k[j * d + c] as f64;

@@ -13,12 +13,13 @@ fn seed_for(test: &str) -> u64 {
     crate::testing::seed(test)
 }
 
-
 fn random(shape: &[usize], rng: &mut u64) -> HostTensor {
     let n: usize = shape.iter().product();
     let data = (0..n)
         .map(|_| {
-            *rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            *rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((*rng >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect();
@@ -75,14 +76,23 @@ fn ring_steps_compute_every_visible_chunk_pair_once_with_equal_work() {
                 for step in 0..world {
                     let src = (r + world - step) % world;
                     let pairs = step_pairs(world, r, step, causal);
-                    let work: f64 = pairs
-                        .iter()
-                        .map(|p| if p.causal { 0.5 } else { 1.0 })
-                        .sum();
-                    assert_eq!(work, if causal { 2.0 } else { 4.0 }, "world {world} rank {r} step {step}");
-                    for Pair { q, kv, causal: masked } in pairs {
+                    let work: f64 = pairs.iter().map(|p| if p.causal { 0.5 } else { 1.0 }).sum();
+                    assert_eq!(
+                        work,
+                        if causal { 2.0 } else { 4.0 },
+                        "world {world} rank {r} step {step}"
+                    );
+                    for Pair {
+                        q,
+                        kv,
+                        causal: masked,
+                    } in pairs
+                    {
                         let (gq, gk) = (zigzag_chunks(world, r)[q], zigzag_chunks(world, src)[kv]);
-                        assert!(!causal || gk <= gq, "world {world}: q chunk {gq} sees later k chunk {gk}");
+                        assert!(
+                            !causal || gk <= gq,
+                            "world {world}: q chunk {gq} sees later k chunk {gk}"
+                        );
                         assert_eq!(masked, causal && gk == gq);
                         count[gq][gk] += 1;
                     }
@@ -100,16 +110,23 @@ fn ring_steps_compute_every_visible_chunk_pair_once_with_equal_work() {
 
 #[test]
 fn lse_merge_equals_the_softmax_over_both_key_sets_and_ignores_empty_sides() {
-    let mut rng = seed_for("lse_merge_equals_the_softmax_over_both_key_sets_and_ignores_empty_sides");
+    let mut rng =
+        seed_for("lse_merge_equals_the_softmax_over_both_key_sets_and_ignores_empty_sides");
     let (rows, d, ka, kb) = (5, 4, 7, 3);
     let q = random(&[1, 1, rows, d], &mut rng);
     let k = random(&[1, 1, ka + kb, d], &mut rng);
     let v = random(&[1, 1, ka + kb, d], &mut rng);
     let p = AttentionParams::default();
     let split = |t: &HostTensor, lo: usize, hi: usize| {
-        HostTensor::new(t.data[lo * d..hi * d].to_vec(), &[1, 1, hi - lo, d], DType::F32).unwrap()
+        HostTensor::new(
+            t.data[lo * d..hi * d].to_vec(),
+            &[1, 1, hi - lo, d],
+            DType::F32,
+        )
+        .unwrap()
     };
-    let (o_a, l_a) = attn::reference::forward(&q, &split(&k, 0, ka), &split(&v, 0, ka), &p).unwrap();
+    let (o_a, l_a) =
+        attn::reference::forward(&q, &split(&k, 0, ka), &split(&v, 0, ka), &p).unwrap();
     let (o_b, l_b) =
         attn::reference::forward(&q, &split(&k, ka, ka + kb), &split(&v, ka, ka + kb), &p).unwrap();
     let (o, l) = attn::reference::forward(&q, &k, &v, &p).unwrap();
@@ -129,7 +146,12 @@ fn lse_merge_equals_the_softmax_over_both_key_sets_and_ignores_empty_sides() {
 /// Chunk `j` of a shard `[2, B, H, c, D]` as a `[B, H, c, D]` tensor.
 fn chunk(t: &HostTensor, j: usize) -> HostTensor {
     let per = t.numel() / 2;
-    HostTensor::new(t.data[j * per..(j + 1) * per].to_vec(), &t.shape[1..], t.dtype).unwrap()
+    HostTensor::new(
+        t.data[j * per..(j + 1) * per].to_vec(),
+        &t.shape[1..],
+        t.dtype,
+    )
+    .unwrap()
 }
 
 /// The whole ring on the CPU: each rank's steps with the pair schedule, the f64 attention reference per
@@ -152,7 +174,11 @@ fn ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence() {
         };
         let (o_full, lse_full) = attn::reference::forward(&q, &k, &v, &params).unwrap();
         let g_full = attn::reference::backward(&q, &k, &v, &d_o, &params).unwrap();
-        let sh = |t: &HostTensor| (0..world).map(|r| shard(t, world, r).unwrap()).collect::<Vec<_>>();
+        let sh = |t: &HostTensor| {
+            (0..world)
+                .map(|r| shard(t, world, r).unwrap())
+                .collect::<Vec<_>>()
+        };
         let (qs, ks, vs, dos) = (sh(&q), sh(&k), sh(&v), sh(&d_o));
         let (os, ls) = (sh(&o_full), sh(&lse_full));
         let scale = 1.0 / (d as f64).sqrt();
@@ -160,7 +186,8 @@ fn ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence() {
         let mut outs = Vec::new();
         let mut lses = Vec::new();
         let mut dq_all = Vec::new();
-        let mut dkv: Vec<(Vec<f64>, Vec<f64>)> = vec![(vec![0.0; 2 * rows * d], vec![0.0; 2 * rows * d]); world];
+        let mut dkv: Vec<(Vec<f64>, Vec<f64>)> =
+            vec![(vec![0.0; 2 * rows * d], vec![0.0; 2 * rows * d]); world];
         for r in 0..world {
             let mut acc: [Option<(Vec<f32>, Vec<f32>)>; 2] = [None, None];
             let mut dq = vec![0f64; 2 * rows * d];
@@ -171,19 +198,31 @@ fn ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence() {
                         causal: if p.causal { Causal::Yes } else { Causal::No },
                         scale: None,
                     };
-                    let (qc, kc, vc) = (chunk(&qs[r], p.q), chunk(&ks[src], p.kv), chunk(&vs[src], p.kv));
+                    let (qc, kc, vc) = (
+                        chunk(&qs[r], p.q),
+                        chunk(&ks[src], p.kv),
+                        chunk(&vs[src], p.kv),
+                    );
                     let (o, l) = attn::reference::forward(&qc, &kc, &vc, &pp).unwrap();
                     acc[p.q] = Some(match acc[p.q].take() {
                         None => (o.data, l.data),
                         Some((oa, la)) => reference::merge(&oa, &la, &o.data, &l.data, d),
                     });
                     // Backward, head by head.
-                    let (oc, lc, doc) = (chunk(&os[r], p.q), chunk(&ls[r], p.q), chunk(&dos[r], p.q));
+                    let (oc, lc, doc) =
+                        (chunk(&os[r], p.q), chunk(&ls[r], p.q), chunk(&dos[r], p.q));
                     for hh in 0..b * h {
                         let (x, y) = (hh * c * d, (hh + 1) * c * d);
                         let (gq, gk, gv) = reference::pair_backward(
-                            &qc.data[x..y], &kc.data[x..y], &vc.data[x..y], &oc.data[x..y],
-                            &lc.data[hh * c..(hh + 1) * c], &doc.data[x..y], d, scale, p.causal,
+                            &qc.data[x..y],
+                            &kc.data[x..y],
+                            &vc.data[x..y],
+                            &oc.data[x..y],
+                            &lc.data[hh * c..(hh + 1) * c],
+                            &doc.data[x..y],
+                            d,
+                            scale,
+                            p.causal,
                         );
                         let (qo, ko) = (p.q * rows * d + x, p.kv * rows * d + x);
                         for i in 0..c * d {
@@ -194,18 +233,40 @@ fn ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence() {
                     }
                 }
             }
-            let [Some(a0), Some(a1)] = acc else { panic!("a query chunk saw no keys") };
+            let [Some(a0), Some(a1)] = acc else {
+                panic!("a query chunk saw no keys")
+            };
             let mut shape = vec![2];
             shape.extend_from_slice(&q.shape);
             shape[3] = c;
-            outs.push(HostTensor { data: [a0.0, a1.0].concat(), shape: shape.clone(), dtype: DType::F32 });
-            lses.push(HostTensor { data: [a0.1, a1.1].concat(), shape: shape[..4].to_vec(), dtype: DType::F32 });
-            dq_all.push(HostTensor { data: dq.iter().map(|&x| x as f32).collect(), shape, dtype: DType::F32 });
+            outs.push(HostTensor {
+                data: [a0.0, a1.0].concat(),
+                shape: shape.clone(),
+                dtype: DType::F32,
+            });
+            lses.push(HostTensor {
+                data: [a0.1, a1.1].concat(),
+                shape: shape[..4].to_vec(),
+                dtype: DType::F32,
+            });
+            dq_all.push(HostTensor {
+                data: dq.iter().map(|&x| x as f32).collect(),
+                shape,
+                dtype: DType::F32,
+            });
         }
         let close = |a: &HostTensor, b: &HostTensor, tol: f32, what: &str| {
             assert_eq!(a.shape, b.shape, "{what}");
-            let m = a.data.iter().zip(&b.data).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(m < tol, "world {world} causal {causal}: {what} max diff {m}");
+            let m = a
+                .data
+                .iter()
+                .zip(&b.data)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                m < tol,
+                "world {world} causal {causal}: {what} max diff {m}"
+            );
         };
         close(&unshard(&outs).unwrap(), &o_full, 1e-5, "O");
         close(&unshard(&lses).unwrap(), &lse_full, 1e-5, "LSE");
@@ -228,14 +289,25 @@ fn split_batch_gives_each_rank_its_sequences_and_rejects_uneven_splits() {
         batch: 6,
         ..Config::default()
     };
-    let batch = model::batch(&cfg, seed_for("split_batch_gives_each_rank_its_sequences_and_rejects_uneven_splits"));
-    let parts: Vec<_> = (0..3).map(|r| split_batch(&cfg, &batch, 3, r).unwrap()).collect();
+    let batch = model::batch(
+        &cfg,
+        seed_for("split_batch_gives_each_rank_its_sequences_and_rejects_uneven_splits"),
+    );
+    let parts: Vec<_> = (0..3)
+        .map(|r| split_batch(&cfg, &batch, 3, r).unwrap())
+        .collect();
     assert!(parts.iter().all(|(c, _)| c.batch == 2));
     let tokens: Vec<u32> = parts.iter().flat_map(|(_, b)| b.tokens.clone()).collect();
     let targets: Vec<u32> = parts.iter().flat_map(|(_, b)| b.targets.clone()).collect();
-    assert_eq!((tokens, targets), (batch.tokens.clone(), batch.targets.clone()));
+    assert_eq!(
+        (tokens, targets),
+        (batch.tokens.clone(), batch.targets.clone())
+    );
     let e = split_batch(&cfg, &batch, 4, 0).unwrap_err();
-    assert!(matches!(&e, Error::Invalid { msg, .. } if msg.contains("split evenly")), "{e}");
+    assert!(
+        matches!(&e, Error::Invalid { msg, .. } if msg.contains("split evenly")),
+        "{e}"
+    );
 }
 
 /// The data-parallel step's bucket schedule depends on the backward reporting every parameter once,
@@ -243,7 +315,10 @@ fn split_batch_gives_each_rank_its_sequences_and_rejects_uneven_splits() {
 #[test]
 fn the_backward_reports_every_gradient_once_in_backward_order() {
     let cfg = Config::default();
-    let p = model::init(&cfg, seed_for("the_backward_reports_every_gradient_once_in_backward_order"));
+    let p = model::init(
+        &cfg,
+        seed_for("the_backward_reports_every_gradient_once_in_backward_order"),
+    );
     let batch = model::batch(&cfg, 3);
     let device = crate::replace::Device::None;
     let ex = crate::replace::Exec::new(crate::replace::Plan::all_reference(), &device);
@@ -253,17 +328,26 @@ fn the_backward_reports_every_gradient_once_in_backward_order() {
         Ok(())
     })
     .unwrap();
-    assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), BACKWARD_ORDER.to_vec());
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        BACKWARD_ORDER.to_vec()
+    );
     for (name, g) in grads.named() {
         let reported = &seen.iter().find(|s| s.0 == name).unwrap().1;
-        assert_eq!(reported, g, "{name}: the reported gradient is the returned one");
+        assert_eq!(
+            reported, g,
+            "{name}: the reported gradient is the returned one"
+        );
     }
 }
 
 #[test]
 fn a_group_that_cannot_start_says_why() {
     let e = super::run(0, super::Settings::default(), |_| Ok(())).unwrap_err();
-    assert!(matches!(&e, Error::Invalid { msg, .. } if msg.contains("at least one GPU")), "{e}");
+    assert!(
+        matches!(&e, Error::Invalid { msg, .. } if msg.contains("at least one GPU")),
+        "{e}"
+    );
     let visible = super::gpu_count();
     let e = super::run(visible + 1, super::Settings::default(), |_| Ok(())).unwrap_err();
     assert!(
@@ -277,7 +361,10 @@ fn a_missing_nccl_library_is_a_typed_error_naming_what_was_tried() {
     // Only meaningful where NCCL is absent (CI); where it loads, its version must be 2.18 or newer.
     match super::nccl_info() {
         Err(Error::NcclUnavailable { reason }) => {
-            assert!(reason.contains("libnccl.so.2") && reason.contains("LD_LIBRARY_PATH"), "{reason}")
+            assert!(
+                reason.contains("libnccl.so.2") && reason.contains("LD_LIBRARY_PATH"),
+                "{reason}"
+            )
         }
         Err(e) => panic!("unexpected error {e}"),
         Ok(info) => assert!(info.version >= (2, 18, 0), "{info:?}"),

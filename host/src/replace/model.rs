@@ -212,8 +212,21 @@ pub fn loss_and_grads(ex: &Exec, cfg: &Config, p: &Params, batch: &Batch) -> Res
 /// The parameter names in the order the backward produces their gradients (the order
 /// [`loss_and_grads_with`] reports them in).
 pub const BACKWARD_ORDER: [&str; 15] = [
-    "w_out", "b2", "w2", "b1", "w1", "ln2_gamma", "ln2_beta", "wo", "wq", "wk", "wv", "ln1_gamma",
-    "ln1_beta", "pos_emb", "tok_emb",
+    "w_out",
+    "b2",
+    "w2",
+    "b1",
+    "w1",
+    "ln2_gamma",
+    "ln2_beta",
+    "wo",
+    "wq",
+    "wk",
+    "wv",
+    "ln1_gamma",
+    "ln1_beta",
+    "pos_emb",
+    "tok_emb",
 ];
 
 /// [`loss_and_grads`], calling `on_grad(name, grad)` for each parameter as soon as the backward has
@@ -378,5 +391,6 @@ pub fn train(
     Ok(out)
 }
 
+pub mod resident;
 #[cfg(test)]
 mod tests;

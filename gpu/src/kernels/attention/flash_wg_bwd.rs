@@ -429,11 +429,25 @@ unsafe fn flash_wg_bwd<
         store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, out_row0);
     }
     if let Some(out) = dv.added() {
-        let q = |n: usize| [dv_acc[4 * n], dv_acc[4 * n + 1], dv_acc[4 * n + 2], dv_acc[4 * n + 3]];
+        let q = |n: usize| {
+            [
+                dv_acc[4 * n],
+                dv_acc[4 * n + 1],
+                dv_acc[4 * n + 2],
+                dv_acc[4 * n + 3],
+            ]
+        };
         add_rows_f32::<D, ON, 4>(q, warp_key, rows_left, out, out_row0);
     }
     if let Some(out) = dk.added() {
-        let q = |n: usize| [dk_acc[4 * n], dk_acc[4 * n + 1], dk_acc[4 * n + 2], dk_acc[4 * n + 3]];
+        let q = |n: usize| {
+            [
+                dk_acc[4 * n],
+                dk_acc[4 * n + 1],
+                dk_acc[4 * n + 2],
+                dk_acc[4 * n + 3],
+            ]
+        };
         add_rows_f32::<D, ON, 4>(q, warp_key, rows_left, out, out_row0);
     }
 }

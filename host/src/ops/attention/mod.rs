@@ -729,7 +729,13 @@ pub fn flash_backward_with(
     const OP: &str = "attention::flash_backward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
     let grads = empty_grads(q, &d)?;
-    flash_backward_launch(OP, [q, k, v, o, lse, d_o], (params, d, scale), mode, GradsOut::Rounded(&grads))?;
+    flash_backward_launch(
+        OP,
+        [q, k, v, o, lse, d_o],
+        (params, d, scale),
+        mode,
+        GradsOut::Rounded(&grads),
+    )?;
     Ok(grads)
 }
 
@@ -751,7 +757,11 @@ pub fn flash_backward_add(
     const OP: &str = "attention::flash_backward_add";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
     let kv = [d.batch, d.heads, d.seq_k, d.head_dim];
-    for (name, t, shape) in [("acc.dq", &acc.dq, q.shape()), ("acc.dk", &acc.dk, &kv[..]), ("acc.dv", &acc.dv, &kv[..])] {
+    for (name, t, shape) in [
+        ("acc.dq", &acc.dq, q.shape()),
+        ("acc.dk", &acc.dk, &kv[..]),
+        ("acc.dv", &acc.dv, &kv[..]),
+    ] {
         if !q.gpu().same_device(t.gpu()) {
             return Err(Error::DeviceMismatch { op: OP });
         }
@@ -851,7 +861,7 @@ fn flash_backward_launch(
     let shape = shape_param(&d, params, scale, 0);
     let grid = |blocks: usize, what: &'static str| {
         u32::try_from(blocks).map_err(|_| Error::TooLarge {
-            op: op,
+            op,
             what,
             given: blocks as u64,
             max: u32::MAX as u64,
@@ -931,7 +941,11 @@ fn flash_backward_launch(
     if n8 > 0 {
         launch(
             gpu,
-            if add { "flash_bwd_dq_add_f32" } else { names.convert },
+            if add {
+                "flash_bwd_dq_add_f32"
+            } else {
+                names.convert
+            },
             grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
             flash_bwd::CONVERT_THREADS,
             &[
