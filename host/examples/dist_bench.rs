@@ -246,10 +246,11 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
 }
 
 fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
-    let per_gpu = 8;
+    // 16 sequences of 1024 tokens a GPU: enough work that a step is the GPU's, not the launches'.
+    let per_gpu = 16;
     let cfg_local = model::Config {
         vocab: 4096,
-        seq: 256,
+        seq: 1024,
         d_model: 128,
         d_ff: 512,
         batch: per_gpu,

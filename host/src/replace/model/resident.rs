@@ -9,7 +9,8 @@
 //!   lookup), not built on the host: `dlogits = (p - onehot) / N`, and the loss is
 //!   `-mean ln sum(p * onehot)`, read back as one value a row;
 //! - the attention core's dO scale (a power of two bringing `max |dO|` into [0.5, 1) before the
-//!   f16 rounding, see the core's module) comes from a device max of `dO` and `-dO`.
+//!   f16 rounding, see the core's module) comes from a device max of `dO` and `-dO`; reading it is
+//!   the step's one wait for the GPU before its end (the loss is read after the backward is queued).
 //!
 //! [`Plan::all_gpu`]: crate::replace::Plan::all_gpu
 use crate::device::Gpu;
@@ -135,13 +136,8 @@ impl Block {
         let logits = matmul::matmul(&x2, p("w_out")?, No, No)?;
         let probs = softmax::softmax(&logits)?;
         let onehot = embedding::embedding(&self.eye, &batch.targets[..])?;
+        // Read back after the backward is queued: a read here would stall the GPU mid-step.
         let p_target = reduce::sum(&elementwise::mul(&probs, &onehot)?, reduce::Axis::Last)?;
-        let loss = p_target
-            .to_vec()?
-            .iter()
-            .map(|&x| -(x as f64).ln())
-            .sum::<f64>()
-            / n.max(1) as f64;
 
         // Backward.
         let mut grads: Vec<(&'static str, Tensor)> = Vec::with_capacity(BACKWARD_ORDER.len());
@@ -207,6 +203,12 @@ impl Block {
             self.cfg.vocab,
         )?;
         emit("tok_emb", dtok)?;
+        let loss = p_target
+            .to_vec()?
+            .iter()
+            .map(|&x| -(x as f64).ln())
+            .sum::<f64>()
+            / n.max(1) as f64;
         Ok((loss, grads))
     }
 
