@@ -246,8 +246,24 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
 }
 
 fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
-    // 16 sequences of 1024 tokens a GPU: enough work that a step is the GPU's, not the launches'.
-    let per_gpu = 16;
+    // 16 and 32 sequences of 1024 tokens a GPU: enough work that a step is the GPU's, not the
+    // launches'.
+    let mut rows = Vec::new();
+    println!(
+        "\n| data-parallel step, sequences x tokens a GPU | GPUs | ms | scaling efficiency |\n|---|---|---|---|"
+    );
+    for per_gpu in if quick { vec![4] } else { vec![16, 32] } {
+        rows.extend(data_parallel_case(world, gpu0, quick, per_gpu)?);
+    }
+    Ok(format!("\"data_parallel\": [{}]", rows.join(", ")))
+}
+
+fn data_parallel_case(
+    world: usize,
+    gpu0: &Gpu,
+    quick: bool,
+    per_gpu: usize,
+) -> host::Result<Vec<String>> {
     let cfg_local = model::Config {
         vocab: 4096,
         seq: 1024,
@@ -276,11 +292,8 @@ fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<Str
     let t1 = median(one);
     let settings = data_parallel::Settings::default();
     let mut rows = Vec::new();
-    println!(
-        "\n| data-parallel step, {per_gpu} x {} tokens a GPU | GPUs | ms | scaling efficiency |\n|---|---|---|---|",
-        cfg_local.seq
-    );
-    println!("| one GPU, no NCCL | 1 | {:.3} | 1 |", t1 * 1e3);
+    let tokens = format!("{per_gpu} x {}", cfg_local.seq);
+    println!("| {tokens}: one GPU, no NCCL | 1 | {:.3} | 1 |", t1 * 1e3);
     for n in [1, world] {
         let global = model::Config {
             batch: per_gpu * n,
@@ -316,12 +329,12 @@ fn data_parallel_step(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<Str
             t1 / tn
         );
         rows.push(format!(
-            "{{\"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}, \"buckets\": {}, \"overlapped\": {}}}",
-            t1 / tn, s.buckets, s.overlapped_buckets
+            "{{\"sequences\": {per_gpu}, \"seq\": {}, \"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}, \"buckets\": {}, \"overlapped\": {}}}",
+            cfg_local.seq, t1 / tn, s.buckets, s.overlapped_buckets
         ));
         if world == 1 {
             break;
         }
     }
-    Ok(format!("\"data_parallel\": [{}]", rows.join(", ")))
+    Ok(rows)
 }

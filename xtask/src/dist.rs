@@ -225,10 +225,12 @@ fn report(ours: &Path, peers: &Path) -> Result<String, String> {
         }
     }
     if let Some(rows) = o["data_parallel"].as_array() {
-        s.push_str("\n## Data-parallel step of the transformer block (goal: scaling efficiency >= 0.9)\n\n| GPUs | one GPU (no NCCL) ms | data-parallel step ms | efficiency T1 / Tn |\n|---|---|---|---|\n");
+        s.push_str("\n## Data-parallel step of the transformer block, resident on the GPU (goal: scaling efficiency >= 0.9)\n\n| sequences x tokens a GPU | GPUs | one GPU (no NCCL) ms | data-parallel step ms | efficiency T1 / Tn |\n|---|---|---|---|---|\n");
         for r in rows {
             s.push_str(&format!(
-                "| {} | {:.2} | {:.2} | {:.3} |\n",
+                "| {} x {} | {} | {:.2} | {:.2} | {:.3} |\n",
+                r["sequences"],
+                r["seq"],
                 r["gpus"],
                 r["one_gpu_s"].as_f64().unwrap_or(0.0) * 1e3,
                 r["step_s"].as_f64().unwrap_or(0.0) * 1e3,
