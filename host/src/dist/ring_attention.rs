@@ -21,8 +21,29 @@
 //! the LSEs (`ring_merge_*`: the softmax over the union of key sets). The backward sends each key
 //! block's dK/dV accumulator (f32) around with it: every rank adds its pairs' gradients (computed
 //! with the final O and LSE, so each pair's `P = exp(S - LSE)` is already the global softmax) and
-//! passes it on; one last exchange brings it home. dQ stays local. Partial gradients arrive in the
-//! input dtype from the flash backward and are summed in f32, rounded once at the end.
+//! passes it on; one last exchange brings it home. dQ stays local. The flash backward adds each
+//! pair's gradients into f32 accumulators ([`attention::flash_backward_add`]), so every gradient
+//! is rounded to the input dtype once, at the end (rounding each pair's gradients first measured up
+//! to 1.06 of the flash rule's bound for dV on two H200s, 2026-11-26; summed in f32, 0.23-0.59).
+//!
+//! ```no_run
+//! use host::{DType, Tensor, dist::{self, ReduceOp, Settings, ring_attention}};
+//! use host::ops::attention::{AttentionParams, Causal};
+//! let n = dist::gpu_count();
+//! let s = 4096 * 2 * n;                                    // the sequence splits into 2n equal chunks
+//! let x = host::HostTensor::new(vec![0.5; 2 * s * 64], &[1, 2, s, 64], DType::F16)?;
+//! let outs = dist::run(n, Settings::default(), |rank| {
+//!     let shard = Tensor::from_host(rank.gpu(), &ring_attention::shard(&x, n, rank.rank())?)?;
+//!     let p = AttentionParams { causal: Causal::Yes, scale: None };
+//!     let (o, _lse) = ring_attention::forward(rank, &shard, &shard, &shard, &p)?;
+//!     let total = Tensor::from_f32(rank.gpu(), &[1.0], &[1], DType::F32)?;
+//!     rank.all_reduce(&total, ReduceOp::Sum)?;              // n on every rank
+//!     rank.synchronize()?;                                  // polled: never hangs on a lost peer
+//!     o.to_host()
+//! })?;
+//! let o = ring_attention::unshard(&outs)?;                  // [1, 2, s, 64], as flash_forward on one GPU
+//! # Ok::<(), host::Error>(())
+//! ```
 use crate::dist::{Pending, Rank};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
