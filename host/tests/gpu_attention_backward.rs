@@ -433,17 +433,6 @@ fn flash_cases() -> Vec<Case> {
 }
 
 /// `max |out - ref|`; +inf on any NaN or infinity in `out`.
-fn max_abs_err(out: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    out.iter().zip(reference).fold(0f64, |m, (&o, &r)| {
-        if !o.is_finite() {
-            f64::INFINITY
-        } else {
-            m.max((o as f64 - r as f64).abs())
-        }
-    })
-}
-
 /// The forward on the GPU (its O and LSE are what the backward takes), then the backward.
 fn flash_run(x: &[Tensor; 4], p: &AttentionParams) -> AttentionGrads {
     let (o, lse) = attention::flash_forward(&x[0], &x[1], &x[2], p).unwrap();

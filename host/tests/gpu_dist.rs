@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{rng, uniform};
+use common::{max_abs_err, rng, uniform};
 use host::dist::{self, ReduceOp, Settings, data_parallel, ring_attention};
 use host::ops::attention::{self, AttentionParams, Causal, reference};
 use host::replace::model::resident::{self, Block};
@@ -32,17 +32,6 @@ fn world_or_skip(test: &str, min: usize) -> Option<usize> {
         }
     }
     Some(n)
-}
-
-fn max_abs_err(out: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    out.iter().zip(reference).fold(0f64, |m, (&o, &r)| {
-        if !o.is_finite() {
-            f64::INFINITY
-        } else {
-            m.max((o as f64 - r as f64).abs())
-        }
-    })
 }
 
 #[test]

@@ -241,6 +241,14 @@ fn merge_kernel(dtype: DType) -> &'static str {
 
 const BLOCK: u32 = 256;
 
+/// Two tensors of one shape and dtype: a key/value or dK/dV buffer pair.
+fn pair(gpu: &crate::Gpu, shape: &[usize], dtype: DType) -> Result<(Tensor, Tensor)> {
+    Ok((
+        Tensor::empty(gpu, shape, dtype)?,
+        Tensor::empty(gpu, shape, dtype)?,
+    ))
+}
+
 /// `(o_acc, lse_acc) <- merge((o_acc, lse_acc), (o_part, lse_part))`, the new LSE written to `lse_out`.
 fn merge(
     o_acc: &Tensor,
@@ -321,17 +329,9 @@ pub fn forward(
     ];
     let mut current = [0usize; 2];
     let mut started = [false; 2];
+    // Where the next visitor's keys and values arrive, two sets used in turn (none for a ring of one).
     let recv = if world > 1 {
-        vec![
-            (
-                Tensor::empty(gpu, &shape, q.dtype())?,
-                Tensor::empty(gpu, &shape, q.dtype())?,
-            ),
-            (
-                Tensor::empty(gpu, &shape, q.dtype())?,
-                Tensor::empty(gpu, &shape, q.dtype())?,
-            ),
-        ]
+        vec![pair(gpu, &shape, q.dtype())?, pair(gpu, &shape, q.dtype())?]
     } else {
         Vec::new()
     };
@@ -414,25 +414,18 @@ pub fn backward(
     // pair (`step_kv`) that joins the arrived one once it is in.
     let dq_acc = Tensor::empty(gpu, &shape, DType::F32)?;
     dq_acc.fill_bytes(0)?;
-    let f32_pair = || -> Result<(Tensor, Tensor)> {
-        Ok((
-            Tensor::empty(gpu, &shape, DType::F32)?,
-            Tensor::empty(gpu, &shape, DType::F32)?,
-        ))
+    let dkv = [
+        pair(gpu, &shape, DType::F32)?,
+        pair(gpu, &shape, DType::F32)?,
+    ];
+    let step_kv = if world > 1 {
+        Some(pair(gpu, &shape, DType::F32)?)
+    } else {
+        None
     };
-    let dkv = [f32_pair()?, f32_pair()?];
-    let step_kv = if world > 1 { Some(f32_pair()?) } else { None };
+    // Where the next visitor's keys and values arrive, two sets used in turn (none for a ring of one).
     let recv = if world > 1 {
-        vec![
-            (
-                Tensor::empty(gpu, &shape, q.dtype())?,
-                Tensor::empty(gpu, &shape, q.dtype())?,
-            ),
-            (
-                Tensor::empty(gpu, &shape, q.dtype())?,
-                Tensor::empty(gpu, &shape, q.dtype())?,
-            ),
-        ]
+        vec![pair(gpu, &shape, q.dtype())?, pair(gpu, &shape, q.dtype())?]
     } else {
         Vec::new()
     };

@@ -82,6 +82,19 @@ pub fn rel_err(out: &[f32], reference: &[f32]) -> f64 {
     }
 }
 
+/// `max |out - ref|` (f64); a non-finite output gives +inf, so NaN (an unwritten poisoned element)
+/// never passes. The attention kernels' rule compares it with the naive computation's.
+pub fn max_abs_err(out: &[f32], reference: &[f32]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    out.iter().zip(reference).fold(0f64, |m, (&o, &r)| {
+        if !o.is_finite() {
+            f64::INFINITY
+        } else {
+            m.max((o as f64 - r as f64).abs())
+        }
+    })
+}
+
 /// Per-dtype relative-norm tolerance for elementwise results (docs/math/ops.md): f32 1e-5, f16 1e-3, bf16 8e-3.
 pub fn tol(dtype: DType) -> f64 {
     match dtype {

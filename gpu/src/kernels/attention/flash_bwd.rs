@@ -907,13 +907,15 @@ fn convert_dq<T: MmaElem>(acc: Slice<f32>, dq: SliceMut<T>, n8: u64, scale: f32)
 }
 
 macro_rules! flash_bwd_entry_points {
-    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
+    ($($name:ident: $t:ty, $out:ty, $cfg:path $(, #[$attr:meta])?;)*) => {$(
         /// FlashAttention backward main kernel; launch with grid (key blocks, heads, batch) and the
-        /// block and shared memory of its config, after the pre-pass.
+        /// block and shared memory of its config, after the pre-pass. `dk`/`dv`: the input type
+        /// (stored rounded) or [`AddF32`] (added into f32 accumulators).
+        $(#[$attr])?
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
-            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: SliceMut<$t>, dv: SliceMut<$t>,
+            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: $out, dv: $out,
             shape: AttentionShape,
         ) {
             const C: FlashBwdConfig = $cfg;
@@ -925,47 +927,22 @@ macro_rules! flash_bwd_entry_points {
                 )
             }
         }
+        $(#[$attr])?
         crate::launch_bounds!($name, { $cfg.threads() }, { $cfg.min_blocks });
     )*};
 }
 
 flash_bwd_entry_points! {
-    flash_bwd_d64_f16: F16, FLASH_BWD_D64;
-    flash_bwd_d64_bf16: BF16, FLASH_BWD_D64;
-    flash_bwd_d128_f16: F16, FLASH_BWD_D128;
-    flash_bwd_d128_bf16: BF16, FLASH_BWD_D128;
-}
-
-macro_rules! flash_bwd_add_entry_points {
-    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
-        /// The main kernel adding dK and dV into f32 accumulators ([`AddF32`]) instead of storing
-        /// them rounded; the sm_80 build only (the sm_90 build runs `flash_wg_bwd_*_add`).
-        #[cfg(not(target_feature = "sm_90a"))]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
-            dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: AddF32, dv: AddF32,
-            shape: AttentionShape,
-        ) {
-            const C: FlashBwdConfig = $cfg;
-            unsafe {
-                flash_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q }, { C.head_dim / 16 },
-                    { C.block_q / 8 }, { C.block_q / 16 }, { C.head_dim / 8 }, { C.head_dim / 8 / C.dq_col_split() },
-                    { C.threads() }, { C.ds_cols() }>(
-                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape,
-                )
-            }
-        }
-        #[cfg(not(target_feature = "sm_90a"))]
-        crate::launch_bounds!($name, { $cfg.threads() }, { $cfg.min_blocks });
-    )*};
-}
-
-flash_bwd_add_entry_points! {
-    flash_bwd_d64_f16_add: F16, FLASH_BWD_D64;
-    flash_bwd_d64_bf16_add: BF16, FLASH_BWD_D64;
-    flash_bwd_d128_f16_add: F16, FLASH_BWD_D128;
-    flash_bwd_d128_bf16_add: BF16, FLASH_BWD_D128;
+    flash_bwd_d64_f16: F16, SliceMut<F16>, FLASH_BWD_D64;
+    flash_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_BWD_D64;
+    flash_bwd_d128_f16: F16, SliceMut<F16>, FLASH_BWD_D128;
+    flash_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_BWD_D128;
+    // dK and dV added into f32 accumulators; the sm_80 build only (the sm_90 build runs
+    // `flash_wg_bwd_*_add`).
+    flash_bwd_d64_f16_add: F16, AddF32, FLASH_BWD_D64, #[cfg(not(target_feature = "sm_90a"))];
+    flash_bwd_d64_bf16_add: BF16, AddF32, FLASH_BWD_D64, #[cfg(not(target_feature = "sm_90a"))];
+    flash_bwd_d128_f16_add: F16, AddF32, FLASH_BWD_D128, #[cfg(not(target_feature = "sm_90a"))];
+    flash_bwd_d128_bf16_add: BF16, AddF32, FLASH_BWD_D128, #[cfg(not(target_feature = "sm_90a"))];
 }
 
 /// `dq += scale * acc` in f32, 8 elements a thread, grid-stride (the dQ of an accumulating call).

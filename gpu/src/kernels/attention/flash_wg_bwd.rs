@@ -428,27 +428,14 @@ unsafe fn flash_wg_bwd<
     if let Some(out) = dk.rounded() {
         store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, out_row0);
     }
+    // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
+    let quad =
+        |acc: &[f32; ON], n: usize| [acc[4 * n], acc[4 * n + 1], acc[4 * n + 2], acc[4 * n + 3]];
     if let Some(out) = dv.added() {
-        let q = |n: usize| {
-            [
-                dv_acc[4 * n],
-                dv_acc[4 * n + 1],
-                dv_acc[4 * n + 2],
-                dv_acc[4 * n + 3],
-            ]
-        };
-        add_rows_f32::<D, ON, 4>(q, warp_key, rows_left, out, out_row0);
+        add_rows_f32::<D, ON, 4>(|n| quad(&dv_acc, n), warp_key, rows_left, out, out_row0);
     }
     if let Some(out) = dk.added() {
-        let q = |n: usize| {
-            [
-                dk_acc[4 * n],
-                dk_acc[4 * n + 1],
-                dk_acc[4 * n + 2],
-                dk_acc[4 * n + 3],
-            ]
-        };
-        add_rows_f32::<D, ON, 4>(q, warp_key, rows_left, out, out_row0);
+        add_rows_f32::<D, ON, 4>(|n| quad(&dk_acc, n), warp_key, rows_left, out, out_row0);
     }
 }
 
