@@ -241,6 +241,34 @@ fn merge_kernel(dtype: DType) -> &'static str {
 
 const BLOCK: u32 = 256;
 
+/// A rank's place in the ring and the call's constants, from its validated operands.
+struct Place {
+    shape: Vec<usize>,
+    scale: f32,
+    causal: bool,
+    world: usize,
+    me: usize,
+    /// The ranks it sends to and receives from.
+    next: usize,
+    prev: usize,
+}
+
+impl Place {
+    fn of(op: &'static str, rank: &Rank, q: &Tensor, params: &AttentionParams) -> Result<Place> {
+        let shape = q.shape().to_vec();
+        let (world, me) = (rank.world(), rank.rank());
+        Ok(Place {
+            scale: attention::scale(op, params, shape[4])?,
+            shape,
+            causal: params.causal == Causal::Yes,
+            world,
+            me,
+            next: (me + 1) % world,
+            prev: (me + world - 1) % world,
+        })
+    }
+}
+
 /// Two tensors of one shape and dtype: a key/value or dK/dV buffer pair.
 fn pair(gpu: &crate::Gpu, shape: &[usize], dtype: DType) -> Result<(Tensor, Tensor)> {
     Ok((
@@ -309,11 +337,15 @@ pub fn forward(
     const OP: &str = "ring_attention::forward";
     local_dims(OP, &[("q", q), ("k", k), ("v", v)])?;
     let gpu = rank.gpu();
-    let shape = q.shape().to_vec();
-    let scale = attention::scale(OP, params, shape[4])?;
-    let causal = params.causal == Causal::Yes;
-    let (world, me) = (rank.world(), rank.rank());
-    let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
+    let Place {
+        shape,
+        scale,
+        causal,
+        world,
+        me,
+        next,
+        prev,
+    } = Place::of(OP, rank, q, params)?;
 
     let o_acc = Tensor::empty(gpu, &shape, DType::F32)?;
     // Two LSE buffers per query chunk: a merge reads one and writes the other.
@@ -402,11 +434,15 @@ pub fn backward(
         ],
     )?;
     let gpu = rank.gpu();
-    let shape = q.shape().to_vec();
-    let scale = attention::scale(OP, params, shape[4])?;
-    let causal = params.causal == Causal::Yes;
-    let (world, me) = (rank.world(), rank.rank());
-    let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
+    let Place {
+        shape,
+        scale,
+        causal,
+        world,
+        me,
+        next,
+        prev,
+    } = Place::of(OP, rank, q, params)?;
 
     // f32 accumulators: the flash backward adds each pair's gradients into them (no rounding until
     // the end). dQ stays here; dK/dV travel with the keys and values: the one finished last step is
