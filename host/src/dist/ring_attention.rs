@@ -269,6 +269,20 @@ impl Place {
     }
 }
 
+impl Place {
+    /// Where the next visitor's keys and values arrive: two sets, used in turn (none for a ring of
+    /// one).
+    fn arrivals(&self, gpu: &crate::Gpu, dtype: DType) -> Result<Vec<(Tensor, Tensor)>> {
+        if self.world == 1 {
+            return Ok(Vec::new());
+        }
+        Ok(vec![
+            pair(gpu, &self.shape, dtype)?,
+            pair(gpu, &self.shape, dtype)?,
+        ])
+    }
+}
+
 /// Two tensors of one shape and dtype: a key/value or dK/dV buffer pair.
 fn pair(gpu: &crate::Gpu, shape: &[usize], dtype: DType) -> Result<(Tensor, Tensor)> {
     Ok((
@@ -337,50 +351,40 @@ pub fn forward(
     const OP: &str = "ring_attention::forward";
     local_dims(OP, &[("q", q), ("k", k), ("v", v)])?;
     let gpu = rank.gpu();
-    let Place {
-        shape,
-        scale,
-        causal,
-        world,
-        me,
-        next,
-        prev,
-    } = Place::of(OP, rank, q, params)?;
+    let pl = Place::of(OP, rank, q, params)?;
 
-    let o_acc = Tensor::empty(gpu, &shape, DType::F32)?;
+    let o_acc = Tensor::empty(gpu, &pl.shape, DType::F32)?;
     // Two LSE buffers per query chunk: a merge reads one and writes the other.
     let lse = [
         [
-            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
-            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
+            Tensor::empty(gpu, &pl.shape[1..4], DType::F32)?,
+            Tensor::empty(gpu, &pl.shape[1..4], DType::F32)?,
         ],
         [
-            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
-            Tensor::empty(gpu, &shape[1..4], DType::F32)?,
+            Tensor::empty(gpu, &pl.shape[1..4], DType::F32)?,
+            Tensor::empty(gpu, &pl.shape[1..4], DType::F32)?,
         ],
     ];
     let mut current = [0usize; 2];
     let mut started = [false; 2];
-    // Where the next visitor's keys and values arrive, two sets used in turn (none for a ring of one).
-    let recv = if world > 1 {
-        vec![pair(gpu, &shape, q.dtype())?, pair(gpu, &shape, q.dtype())?]
-    } else {
-        Vec::new()
-    };
+    let recv = pl.arrivals(gpu, q.dtype())?;
     let (mut kc, mut vc) = (k.clone(), v.clone());
-    for step in 0..world {
-        let pending: Option<Pending> = if step + 1 < world {
+    for step in 0..pl.world {
+        let pending: Option<Pending> = if step + 1 < pl.world {
             let (kr, vr) = &recv[step % 2];
-            Some(rank.exchange_start(&[(&kc, next), (&vc, next)], &[(kr, prev), (vr, prev)])?)
+            Some(rank.exchange_start(
+                &[(&kc, pl.next), (&vc, pl.next)],
+                &[(kr, pl.prev), (vr, pl.prev)],
+            )?)
         } else {
             None
         };
-        for pair in step_pairs(world, me, step, causal) {
+        for pair in step_pairs(pl.world, pl.me, step, pl.causal) {
             let (o_p, lse_p) = attention::flash_forward(
                 &q.index0(pair.q)?,
                 &kc.index0(pair.kv)?,
                 &vc.index0(pair.kv)?,
-                &pair_params(scale, pair.causal),
+                &pair_params(pl.scale, pair.causal),
             )?;
             let i = pair.q;
             merge(
@@ -401,7 +405,7 @@ pub fn forward(
         }
     }
     let o = elementwise::cast(&o_acc, q.dtype())?;
-    let lse_out = Tensor::empty(gpu, &shape[..4], DType::F32)?;
+    let lse_out = Tensor::empty(gpu, &pl.shape[..4], DType::F32)?;
     for i in 0..2 {
         lse_out.index0(i)?.copy_from(&lse[i][current[i]])?;
     }
@@ -434,51 +438,38 @@ pub fn backward(
         ],
     )?;
     let gpu = rank.gpu();
-    let Place {
-        shape,
-        scale,
-        causal,
-        world,
-        me,
-        next,
-        prev,
-    } = Place::of(OP, rank, q, params)?;
+    let pl = Place::of(OP, rank, q, params)?;
 
     // f32 accumulators: the flash backward adds each pair's gradients into them (no rounding until
     // the end). dQ stays here; dK/dV travel with the keys and values: the one finished last step is
     // sent on while the next visitor's arrives in the other, and this step's pairs add into a local
     // pair (`step_kv`) that joins the arrived one once it is in.
-    let dq_acc = Tensor::empty(gpu, &shape, DType::F32)?;
+    let dq_acc = Tensor::empty(gpu, &pl.shape, DType::F32)?;
     dq_acc.fill_bytes(0)?;
     let dkv = [
-        pair(gpu, &shape, DType::F32)?,
-        pair(gpu, &shape, DType::F32)?,
+        pair(gpu, &pl.shape, DType::F32)?,
+        pair(gpu, &pl.shape, DType::F32)?,
     ];
-    let step_kv = if world > 1 {
-        Some(pair(gpu, &shape, DType::F32)?)
+    let step_kv = if pl.world > 1 {
+        Some(pair(gpu, &pl.shape, DType::F32)?)
     } else {
         None
     };
-    // Where the next visitor's keys and values arrive, two sets used in turn (none for a ring of one).
-    let recv = if world > 1 {
-        vec![pair(gpu, &shape, q.dtype())?, pair(gpu, &shape, q.dtype())?]
-    } else {
-        Vec::new()
-    };
+    let recv = pl.arrivals(gpu, q.dtype())?;
     let (mut kc, mut vc) = (k.clone(), v.clone());
-    for step in 0..world {
+    for step in 0..pl.world {
         let (dk_in, dv_in) = &dkv[step % 2];
         let (dk_out, dv_out) = &dkv[(step + 1) % 2];
         let mut sends: Vec<(&Tensor, usize)> = Vec::new();
         let mut recvs: Vec<(&Tensor, usize)> = Vec::new();
-        if step + 1 < world {
+        if step + 1 < pl.world {
             let (kr, vr) = &recv[step % 2];
-            sends.extend([(&kc, next), (&vc, next)]);
-            recvs.extend([(kr, prev), (vr, prev)]);
+            sends.extend([(&kc, pl.next), (&vc, pl.next)]);
+            recvs.extend([(kr, pl.prev), (vr, pl.prev)]);
         }
         if step > 0 {
-            sends.extend([(dk_out, next), (dv_out, next)]);
-            recvs.extend([(dk_in, prev), (dv_in, prev)]);
+            sends.extend([(dk_out, pl.next), (dv_out, pl.next)]);
+            recvs.extend([(dk_in, pl.prev), (dv_in, pl.prev)]);
         }
         let pending = if sends.is_empty() {
             None
@@ -493,7 +484,7 @@ pub fn backward(
         };
         tk.fill_bytes(0)?;
         tv.fill_bytes(0)?;
-        for pair in step_pairs(world, me, step, causal) {
+        for pair in step_pairs(pl.world, pl.me, step, pl.causal) {
             let acc = AttentionGrads {
                 dq: dq_acc.index0(pair.q)?,
                 dk: tk.index0(pair.kv)?,
@@ -506,7 +497,7 @@ pub fn backward(
                 &o.index0(pair.q)?,
                 &lse.index0(pair.q)?,
                 &d_o.index0(pair.q)?,
-                &pair_params(scale, pair.causal),
+                &pair_params(pl.scale, pair.causal),
                 &acc,
             )?;
         }
@@ -517,18 +508,21 @@ pub fn backward(
             accumulate(dk_in, tk)?;
             accumulate(dv_in, tv)?;
         }
-        if step + 1 < world {
+        if step + 1 < pl.world {
             let (kr, vr) = &recv[step % 2];
             (kc, vc) = (kr.clone(), vr.clone());
         }
     }
     // The last accumulator belongs to rank `next`: send it home, and receive ours.
-    let last = (world - 1) % 2;
-    let home = if world > 1 {
+    let last = (pl.world - 1) % 2;
+    let home = if pl.world > 1 {
         let (dk_l, dv_l) = &dkv[last];
         let (dk_h, dv_h) = &dkv[1 - last];
-        rank.exchange_start(&[(dk_l, next), (dv_l, next)], &[(dk_h, prev), (dv_h, prev)])?
-            .finish()?;
+        rank.exchange_start(
+            &[(dk_l, pl.next), (dv_l, pl.next)],
+            &[(dk_h, pl.prev), (dv_h, pl.prev)],
+        )?
+        .finish()?;
         1 - last
     } else {
         last
