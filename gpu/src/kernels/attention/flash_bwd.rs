@@ -938,11 +938,11 @@ flash_bwd_entry_points! {
     flash_bwd_d128_f16: F16, SliceMut<F16>, FLASH_BWD_D128;
     flash_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_BWD_D128;
     // dK and dV added into f32 accumulators; the sm_80 build only (the sm_90 build runs
-    // `flash_wg_bwd_*_add`).
-    flash_bwd_d64_f16_add: F16, AddF32, FLASH_BWD_D64, #[cfg(not(target_feature = "sm_90a"))];
-    flash_bwd_d64_bf16_add: BF16, AddF32, FLASH_BWD_D64, #[cfg(not(target_feature = "sm_90a"))];
-    flash_bwd_d128_f16_add: F16, AddF32, FLASH_BWD_D128, #[cfg(not(target_feature = "sm_90a"))];
-    flash_bwd_d128_bf16_add: BF16, AddF32, FLASH_BWD_D128, #[cfg(not(target_feature = "sm_90a"))];
+    // `flash_wg_bwd_add_*`).
+    flash_bwd_add_d64_f16: F16, AddF32, FLASH_BWD_D64, #[cfg(not(target_feature = "sm_90a"))];
+    flash_bwd_add_d64_bf16: BF16, AddF32, FLASH_BWD_D64, #[cfg(not(target_feature = "sm_90a"))];
+    flash_bwd_add_d128_f16: F16, AddF32, FLASH_BWD_D128, #[cfg(not(target_feature = "sm_90a"))];
+    flash_bwd_add_d128_bf16: BF16, AddF32, FLASH_BWD_D128, #[cfg(not(target_feature = "sm_90a"))];
 }
 
 /// `dq += scale * acc` in f32, 8 elements a thread, grid-stride (the dQ of an accumulating call).

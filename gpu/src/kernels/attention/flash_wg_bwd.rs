@@ -735,8 +735,8 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128;
     flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128;
     // dK and dV added into f32 accumulators (ring attention's steps).
-    flash_wg_bwd_d64_f16_add: F16, AddF32, FLASH_WG_BWD_D64;
-    flash_wg_bwd_d64_bf16_add: BF16, AddF32, FLASH_WG_BWD_D64;
-    flash_wg_bwd_d128_f16_add: F16, AddF32, FLASH_WG_BWD_D128;
-    flash_wg_bwd_d128_bf16_add: BF16, AddF32, FLASH_WG_BWD_D128;
+    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64;
+    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64;
+    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128;
+    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128;
 }

@@ -1012,14 +1012,14 @@ fn flash_bwd_kernels(head_dim: usize, dtype: DType, ptx_arch: &str) -> Option<Fl
     };
     let wgmma = ptx_arch == "sm_90";
     let (main, main_add) = match (wgmma, head_dim, dtype) {
-        (false, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_d64_f16_add"),
-        (false, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_d64_bf16_add"),
-        (false, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_d128_f16_add"),
-        (false, 128, DType::BF16) => ("flash_bwd_d128_bf16", "flash_bwd_d128_bf16_add"),
-        (true, 64, DType::F16) => ("flash_wg_bwd_d64_f16", "flash_wg_bwd_d64_f16_add"),
-        (true, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_d64_bf16_add"),
-        (true, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_d128_f16_add"),
-        (true, 128, DType::BF16) => ("flash_wg_bwd_d128_bf16", "flash_wg_bwd_d128_bf16_add"),
+        (false, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
+        (false, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
+        (false, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),
+        (false, 128, DType::BF16) => ("flash_bwd_d128_bf16", "flash_bwd_add_d128_bf16"),
+        (true, 64, DType::F16) => ("flash_wg_bwd_d64_f16", "flash_wg_bwd_add_d64_f16"),
+        (true, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_add_d64_bf16"),
+        (true, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_add_d128_f16"),
+        (true, 128, DType::BF16) => ("flash_wg_bwd_d128_bf16", "flash_wg_bwd_add_d128_bf16"),
         _ => return None,
     };
     let (block_k, block_q, threads, smem_bytes) = if wgmma {
