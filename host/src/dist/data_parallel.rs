@@ -14,6 +14,22 @@
 //! **Identical parameters.** NCCL's all-reduce leaves the same bits on every rank, and the update is
 //! the same f32 arithmetic on the same values, so parameters stay bit-identical across ranks (the
 //! GPU tests check it after every step).
+//!
+//! ```no_run
+//! use host::dist::{self, Settings, data_parallel::{self, DataParallel}};
+//! use host::replace::model;
+//! let n = dist::gpu_count();
+//! let cfg = model::Config { vocab: 4096, seq: 1024, d_model: 128, d_ff: 512, batch: 16 * n, lr: 0.05 };
+//! let params = model::init(&cfg, 1);
+//! let batch = model::batch(&cfg, 2);                       // the global batch
+//! let losses = dist::run(n, Settings::default(), |rank| {
+//!     let (local_cfg, local) = data_parallel::split_batch(&cfg, &batch, n, rank.rank())?;
+//!     let mut dp = DataParallel::new(rank, &local_cfg, &params, &Default::default())?;
+//!     (0..10).map(|_| Ok(dp.step(&local)?.loss)).collect::<host::Result<Vec<f64>>>()
+//! })?;
+//! assert_eq!(losses[0], losses[n - 1]);                     // every rank reports the global loss
+//! # Ok::<(), host::Error>(())
+//! ```
 use std::time::Instant;
 
 use crate::dist::{Pending, Rank, ReduceOp};
