@@ -243,6 +243,9 @@ impl<'r> DataParallel<'r> {
         let hi = local_loss as f32;
         let lo = (local_loss - hi as f64) as f32;
         let gpu = rank.gpu();
+        // `from_f32` waits for the GPU's stream without polling; the stream now follows the
+        // buckets' all-reduces, so wait through the rank first (a lost peer times out there).
+        rank.synchronize()?;
         let mine = Tensor::from_f32(gpu, &[hi, lo], &[2], DType::F32)?;
         let all = Tensor::empty(gpu, &[2 * rank.world()], DType::F32)?;
         rank.all_gather(&mine, &all)?;

@@ -126,8 +126,50 @@ struct Shared {
     /// Ranks done with their work (their closure returned, or their set-up failed): a rank's drop
     /// ends its communicator only once all are.
     finished: std::sync::atomic::AtomicUsize,
-    /// Ranks that reached the communicator set-up (see [`join`]).
-    arrived: std::sync::atomic::AtomicUsize,
+    /// Where the ranks meet before the communicator set-up (see [`join`]).
+    gate: Gate,
+}
+
+/// A rendezvous that a rank may leave only while it is still closed: it opens when the last rank
+/// arrives, and from then on every rank that arrived goes through. So a rank that gives up waiting
+/// (a timeout, another rank's failure) can never leave a peer that got through waiting for it.
+#[derive(Default)]
+pub(crate) struct Gate {
+    /// (ranks here, open)
+    state: Mutex<(usize, bool)>,
+}
+
+impl Gate {
+    /// Arrives and waits until `world` ranks have: `Ok` once open, or `Err(why)` when `give_up`
+    /// returns a reason while the gate is still closed (the rank is then no longer counted).
+    pub(crate) fn pass(
+        &self,
+        world: usize,
+        mut give_up: impl FnMut() -> Option<String>,
+    ) -> std::result::Result<(), String> {
+        let lock = || self.state.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut s = lock();
+            s.0 += 1;
+            if s.0 >= world {
+                s.1 = true;
+            }
+        }
+        let mut polls = 0u32;
+        loop {
+            {
+                let mut s = lock();
+                if s.1 {
+                    return Ok(());
+                }
+                if let Some(why) = give_up() {
+                    s.0 -= 1;
+                    return Err(why);
+                }
+            }
+            backoff(&mut polls);
+        }
+    }
 }
 
 /// A communicator handle that [`run`]'s watchdog may abort from its thread: every NCCL call on it
@@ -154,9 +196,15 @@ impl Shared {
         self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Aborts every communicator whose slot is free; a slot held by its rank (a call in progress)
+    /// is tried again on the watchdog's next pass.
     fn abort_all(&self, nccl: &Nccl) {
         for slot in &self.comms {
-            let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = match slot.try_lock() {
+                Ok(s) => s,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
             if !s.comm.is_null() && !s.aborted {
                 // SAFETY: a live communicator, not in use (we hold its lock).
                 unsafe { (nccl.comm_abort)(s.comm) };
@@ -374,7 +422,14 @@ impl Rank {
             .map_err(|e| Error::driver(e, "binding the context"))?;
         wait_event(self.comm_stream, record(self.gpu.stream().cu_stream())?)?;
         let first = self.with_comm(|c| call(c, self.comm_stream))?;
-        self.settle(what, first)?;
+        if let Err(e) = self.settle(what, first) {
+            // Whatever was queued may still touch the operands: the GPU's stream (where they are
+            // freed) waits for it before the error returns.
+            if let Ok(done) = record(self.comm_stream) {
+                let _ = wait_event(self.gpu.stream().cu_stream(), done);
+            }
+            return Err(e);
+        }
         Ok(Pending {
             rank: self,
             done: record(self.comm_stream)?,
@@ -530,10 +585,21 @@ impl Rank {
     /// All ranks reach this point before any leaves it (an all-reduce of one value, then
     /// [`Rank::synchronize`]).
     pub fn barrier(&self) -> Result<()> {
-        let t = Tensor::from_f32(&self.gpu, &[1.0], &[1], DType::F32)?;
+        // Made without a host copy: `Tensor::from_f32` waits for the GPU's stream, unpolled.
+        let t = Tensor::empty(&self.gpu, &[1], DType::F32)?;
+        t.fill_bytes(0)?;
         self.all_reduce(&t, ReduceOp::Sum)?;
         self.synchronize()
     }
+}
+
+/// A panic payload's message.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 /// Spin briefly, then sleep: waits are short on a healthy group (microseconds) and the host thread
@@ -571,7 +637,10 @@ impl Drop for Rank {
             // SAFETY: a live communicator that only this rank holds now.
             unsafe {
                 let mut ok = !shared.failed.load(Ordering::SeqCst)
-                    && (self.nccl.comm_finalize)(c) <= nccl::IN_PROGRESS;
+                    && matches!(
+                        (self.nccl.comm_finalize)(c),
+                        nccl::SUCCESS | nccl::IN_PROGRESS
+                    );
                 let start = Instant::now();
                 while ok {
                     let mut st = nccl::SUCCESS;
@@ -651,7 +720,7 @@ where
                 })
             })
             .collect(),
-        arrived: std::sync::atomic::AtomicUsize::new(0),
+        gate: Gate::default(),
         finished: std::sync::atomic::AtomicUsize::new(0),
     });
     let results: Vec<Option<T>> = std::thread::scope(|scope| {
@@ -661,46 +730,46 @@ where
                 let f = &f;
                 scope.spawn(move || {
                     // The outcome is recorded before the rank is dropped: its drop waits for the
-                    // other ranks unless the group has failed.
-                    let r = match join(rank, &shared, settings, nccl, id) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            shared.fail(rank, e.to_string());
-                            // A rank that never joined still counts as finished.
-                            shared.finished.fetch_add(1, Ordering::SeqCst);
-                            return None;
-                        }
+                    // other ranks unless the group has failed. A panic anywhere (set-up included)
+                    // fails the group like an error.
+                    let body = || -> Option<T> {
+                        let r = match join(rank, &shared, settings, nccl, id) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                shared.fail(rank, e.to_string());
+                                return None;
+                            }
+                        };
+                        let v = match catch_unwind(AssertUnwindSafe(|| f(&r))) {
+                            Ok(Ok(v)) => Some(v),
+                            Ok(Err(e)) => {
+                                shared.fail(rank, e.to_string());
+                                None
+                            }
+                            Err(panic) => {
+                                shared.fail(rank, format!("panicked: {}", panic_message(&panic)));
+                                None
+                            }
+                        };
+                        shared.finished.fetch_add(1, Ordering::SeqCst);
+                        drop(r);
+                        v
                     };
-                    let out = catch_unwind(AssertUnwindSafe(|| f(&r)));
-                    let v = match out {
-                        Ok(Ok(v)) => Some(v),
-                        Ok(Err(e)) => {
-                            shared.fail(rank, e.to_string());
-                            None
-                        }
+                    match catch_unwind(AssertUnwindSafe(body)) {
+                        Ok(v) => v,
                         Err(panic) => {
-                            let msg = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "a panic".into());
-                            shared.fail(rank, format!("panicked: {msg}"));
+                            shared.fail(rank, format!("panicked: {}", panic_message(&panic)));
                             None
                         }
-                    };
-                    shared.finished.fetch_add(1, Ordering::SeqCst);
-                    drop(r);
-                    v
+                    }
                 })
             })
             .collect();
-        // The watchdog: once a rank failed, abort every communicator so that no rank stays in a
-        // collective waiting for it.
-        let mut aborted = false;
+        // The watchdog: once a rank failed, abort every communicator (each as soon as its slot is
+        // free and filled) so that no rank stays in a collective waiting for it.
         while handles.iter().any(|h| !h.is_finished()) {
-            if !aborted && shared.failed.load(Ordering::SeqCst) {
+            if shared.failed.load(Ordering::SeqCst) {
                 shared.abort_all(nccl);
-                aborted = true;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -729,7 +798,10 @@ where
 /// others in this polled wait), collective connections are made during it (`NCCL_RUNTIME_CONNECT=0`
 /// unless set), and every pair of ranks is connected for send/recv right after. From then on NCCL
 /// calls do not wait for peers; a peer missing from a collective is seen by the polled waits
-/// ([`Rank::synchronize`]) and ends in an abort.
+/// ([`Rank::synchronize`]) and ends in an abort. One window is left: a rank that fails inside
+/// NCCL's own set-up after every rank has arrived (an NCCL error on one GPU only) leaves the others
+/// inside `ncclCommInitRankConfig`, where NCCL offers no timeout (a non-blocking set-up would, at
+/// the per-call cost above).
 fn join(
     rank: usize,
     shared: &Arc<Shared>,
@@ -760,59 +832,74 @@ fn join(
         settings,
         nccl,
     };
-    // Blocking set-up waits for every rank inside NCCL: start it only once every rank is here (a
-    // rank that failed before this point fails the others here, polled, instead of in NCCL).
-    shared.arrived.fetch_add(1, Ordering::SeqCst);
-    let start = Instant::now();
-    let mut polls = 0u32;
-    while shared.arrived.load(Ordering::SeqCst) < shared.world {
-        if let Some(e) = me.peer_failed() {
-            return Err(e);
+    match connect(&me, id) {
+        Ok(()) => Ok(me),
+        Err(e) => {
+            // Recorded before `me` drops (its drop waits for the others unless the group failed).
+            shared.fail(rank, e.to_string());
+            Err(e)
         }
-        if start.elapsed() > settings.timeout {
-            return Err(me.give_up(format!(
-                "set-up: timed out after {:.1} s waiting for the other ranks to start",
-                settings.timeout.as_secs_f64()
-            )));
-        }
-        backoff(&mut polls);
     }
+}
+
+/// The communicator of `me`, and every pair of ranks connected.
+fn connect(me: &Rank, id: nccl::UniqueId) -> Result<()> {
+    let (shared, rank, world) = (&me.shared, me.rank, me.shared.world);
+    // The pair-connecting exchange's buffers, made before the rendezvous: from there to the end of
+    // the set-up nothing but NCCL should be able to fail.
+    let one = Tensor::empty(&me.gpu, &[world], DType::F32)?;
+    one.fill_bytes(0)?;
+    let got = Tensor::empty(&me.gpu, &[world], DType::F32)?;
+    let views: Vec<(Tensor, Tensor)> = (0..world)
+        .map(|p| Ok((one.narrow(p, 1)?, got.narrow(p, 1)?)))
+        .collect::<Result<_>>()?;
+    // Blocking set-up waits for every rank inside NCCL: start it only once every rank is here (a
+    // rank that failed or timed out before leaves the rendezvous, and the others see it, polled).
+    let start = Instant::now();
+    shared
+        .gate
+        .pass(world, || {
+            if let Some(e) = me.peer_failed() {
+                return Some(e.to_string());
+            }
+            (start.elapsed() > me.settings.timeout).then(|| {
+                format!(
+                    "set-up: timed out after {:.1} s waiting for the other ranks to start",
+                    me.settings.timeout.as_secs_f64()
+                )
+            })
+        })
+        .map_err(|why| me.error(why))?;
     let mut comm: NcclComm = std::ptr::null_mut();
     let mut config = nccl::Config::blocking();
     // SAFETY: the device is current on this thread; NCCL writes the handle.
     let r = unsafe {
-        (nccl.comm_init_rank_config)(&mut comm, shared.world as i32, id, rank as i32, &mut config)
+        (me.nccl.comm_init_rank_config)(&mut comm, world as i32, id, rank as i32, &mut config)
     };
     shared.comms[rank]
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .comm = comm;
     if comm.is_null() {
-        return Err(me.give_up(format!(
+        return Err(me.error(format!(
             "ncclCommInitRankConfig: {}",
-            nccl.describe(r, std::ptr::null_mut())
+            me.nccl.describe(r, std::ptr::null_mut())
         )));
     }
     me.settle("ncclCommInitRankConfig", r)?;
-    if shared.world > 1 {
+    if world > 1 {
         // Connect every pair now, while every rank is here: a blocking send/recv to a peer not yet
         // connected waits inside NCCL for that peer, which a later exchange must not do.
-        let one = Tensor::empty(&me.gpu, &[shared.world], DType::F32)?;
-        one.fill_bytes(0)?;
-        let got = Tensor::empty(&me.gpu, &[shared.world], DType::F32)?;
-        let views: Vec<(Tensor, Tensor)> = (0..shared.world)
-            .map(|p| Ok((one.narrow(p, 1)?, got.narrow(p, 1)?)))
-            .collect::<Result<_>>()?;
-        let sends: Vec<(&Tensor, usize)> = (0..shared.world)
+        let sends: Vec<(&Tensor, usize)> = (0..world)
             .filter(|&p| p != rank)
             .map(|p| (&views[p].0, p))
             .collect();
-        let recvs: Vec<(&Tensor, usize)> = (0..shared.world)
+        let recvs: Vec<(&Tensor, usize)> = (0..world)
             .filter(|&p| p != rank)
             .map(|p| (&views[p].1, p))
             .collect();
         me.exchange_start(&sends, &recvs)?.finish()?;
         me.synchronize()?;
     }
-    Ok(me)
+    Ok(())
 }

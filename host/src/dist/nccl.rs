@@ -21,7 +21,7 @@ pub(crate) struct UniqueId {
     pub internal: [c_char; 128],
 }
 
-/// `ncclConfig_t` as NCCL 2.17 laid it out. NCCL reads the first `size` bytes and gives every field a
+/// `ncclConfig_t` as NCCL 2.18 laid it out. NCCL reads the first `size` bytes and gives every field a
 /// later version added its default, so this prefix is valid for every newer library.
 #[repr(C)]
 pub(crate) struct Config {
@@ -45,7 +45,7 @@ impl Config {
         Config {
             size: std::mem::size_of::<Config>(),
             magic: 0xcafe_beef,
-            version: 2 * 10000 + 17 * 100,
+            version: 2 * 10000 + 18 * 100,
             blocking: 1,
             cga_cluster_size: UNDEF_INT,
             min_ctas: UNDEF_INT,

@@ -184,8 +184,11 @@ pub fn unshard(parts: &[HostTensor]) -> Result<HostTensor> {
 }
 
 /// The local `[2, B, H, c, D]` operands checked, with the per-chunk attention dims.
-fn local_dims(op: &'static str, named: &[(&str, &Tensor)]) -> Result<()> {
+fn local_dims(op: &'static str, rank: &Rank, named: &[(&str, &Tensor)]) -> Result<()> {
     let (_, q) = named[0];
+    if named.iter().any(|(_, t)| !t.gpu().same_device(rank.gpu())) {
+        return Err(Error::DeviceMismatch { op });
+    }
     if q.shape().len() != 5 || q.shape()[0] != 2 {
         return Err(Error::Shape {
             op,
@@ -349,7 +352,7 @@ pub fn forward(
     params: &AttentionParams,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "ring_attention::forward";
-    local_dims(OP, &[("q", q), ("k", k), ("v", v)])?;
+    local_dims(OP, rank, &[("q", q), ("k", k), ("v", v)])?;
     let gpu = rank.gpu();
     let pl = Place::of(OP, rank, q, params)?;
 
@@ -428,6 +431,7 @@ pub fn backward(
     const OP: &str = "ring_attention::backward";
     local_dims(
         OP,
+        rank,
         &[
             ("q", q),
             ("k", k),

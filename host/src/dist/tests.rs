@@ -370,3 +370,42 @@ fn a_missing_nccl_library_is_a_typed_error_naming_what_was_tried() {
         Ok(info) => assert!(info.version >= (2, 18, 0), "{info:?}"),
     }
 }
+
+/// The set-up rendezvous: all ranks through once the last arrives; a rank that gives up before that
+/// leaves it closed for a late peer (which then gives up too), never half open.
+#[test]
+fn the_rendezvous_opens_for_all_or_for_none() {
+    use super::Gate;
+    use std::time::{Duration, Instant};
+    let gate = Gate::default();
+    let ok = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3).map(|_| s.spawn(|| gate.pass(3, || None))).collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(ok.iter().all(|r| r.is_ok()), "{ok:?}");
+
+    // World 2: the first rank gives up after 30 ms; the second arrives after that and must not
+    // pass (it gives up after 60 ms of its own).
+    let gate = Gate::default();
+    let timeout = |d: Duration| {
+        let start = Instant::now();
+        move || (start.elapsed() > d).then(|| "timed out".to_string())
+    };
+    let first = gate.pass(2, timeout(Duration::from_millis(30)));
+    assert_eq!(first, Err("timed out".into()));
+    let second = gate.pass(2, timeout(Duration::from_millis(60)));
+    assert_eq!(
+        second,
+        Err("timed out".into()),
+        "a rank got through a gate its peer had left"
+    );
+    // Both gone: two new arrivals open it.
+    let both = std::thread::scope(|s| {
+        let a = s.spawn(|| gate.pass(2, || None));
+        let b = s.spawn(|| gate.pass(2, || None));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(both, (Ok(()), Ok(())));
+}
