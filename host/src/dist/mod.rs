@@ -26,14 +26,15 @@
 //! the `_start` forms return a [`Pending`] and let kernels queued meanwhile overlap the transfer until
 //! [`Pending::finish`].
 //!
-//! **Failures never hang.** Every wait through a [`Rank`] ([`Rank::synchronize`], a collective's
+//! **Failures do not hang.** Every wait through a [`Rank`] ([`Rank::synchronize`], a collective's
 //! set-up) polls: it returns [`Error::Dist`] when the wait passes [`Settings::timeout`], when NCCL
 //! reports an error, or when another rank failed. A rank whose closure returns an error (or panics)
 //! marks the group failed; [`run`] then aborts every rank's communicator (`ncclCommAbort`), which ends
 //! the collectives the others are waiting in, and returns the first rank's error. Waits outside the
 //! rank ([`Gpu::synchronize`], [`Tensor::to_host`]) are not polled (they end when another rank fails,
 //! as the abort ends the collective, but never time out): call [`Rank::synchronize`] before reading
-//! results back.
+//! results back. The one wait that cannot be polled is inside NCCL's own communicator set-up, if
+//! a rank fails there after every rank has arrived (see `join` in this file).
 pub mod data_parallel;
 mod nccl;
 pub mod ring_attention;
