@@ -113,7 +113,18 @@ pub fn run(args: &Args) -> Result<(), String> {
             failed.push("gpu_dist tests");
         }
     }
-    println!("dist: {} ...", bench.display());
+    let gpus = host::dist::gpu_count();
+    if gpus == 0 {
+        return Err(format!(
+            "dist: no GPU visible{}; the benches need at least one (two or more to measure scaling)",
+            if args.has("--no-tests") {
+                ""
+            } else {
+                " (the tests above printed SKIP)"
+            }
+        ));
+    }
+    println!("dist: {} on {gpus} GPU(s) ...", bench.display());
     let ours_json = out.join("dist_bench.json");
     let mut cmd = Command::new(&bench);
     cmd.arg("--out").arg(&ours_json);
