@@ -177,8 +177,8 @@ impl Gate {
 /// holds the lock (no call waits for a peer once the group is set up, see [`join`]), so an abort
 /// never races a call, and a call after an abort sees `comm` null and fails.
 struct CommSlot {
+    /// Null before the set-up and once aborted or ended.
     comm: NcclComm,
-    aborted: bool,
 }
 
 // SAFETY: the raw communicator is only touched under the slot's mutex.
@@ -206,10 +206,9 @@ impl Shared {
                 Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => continue,
             };
-            if !s.comm.is_null() && !s.aborted {
+            if !s.comm.is_null() {
                 // SAFETY: a live communicator, not in use (we hold its lock).
                 unsafe { (nccl.comm_abort)(s.comm) };
-                s.aborted = true;
                 s.comm = std::ptr::null_mut();
             }
         }
@@ -296,14 +295,11 @@ fn record(stream: CUstream) -> Result<CUevent> {
 }
 
 fn nccl_type(op: &'static str, t: &Tensor) -> Result<DataType> {
+    t.require_contiguous(op, "tensor")?;
     Ok(match t.dtype() {
         DType::F32 => DataType::Float32,
         DType::F16 => DataType::Float16,
         DType::BF16 => DataType::Bfloat16,
-    })
-    .and_then(|d| {
-        t.require_contiguous(op, "tensor")?;
-        Ok(d)
     })
 }
 
@@ -367,34 +363,46 @@ impl Rank {
         Ok(f(slot.comm))
     }
 
-    /// Polls until NCCL has finished queueing the last call (`ncclInProgress` -> success), with the
-    /// timeout and the group's failure checked between polls.
-    fn settle(&self, what: &str, first: i32) -> Result<()> {
-        if first != nccl::SUCCESS && first != nccl::IN_PROGRESS {
-            let msg = self.with_comm(|c| self.nccl.describe(first, c))?;
-            return Err(self.give_up(format!("{what}: {msg}")));
-        }
+    /// Polls `ready` until it says so, checking between polls for another rank's failure and for
+    /// [`Settings::timeout`] (a timeout fails the group with `what` and `meaning`).
+    fn poll_until(
+        &self,
+        what: &str,
+        meaning: &str,
+        mut ready: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
         let start = Instant::now();
-        let mut state = first;
         let mut polls = 0u32;
-        while state == nccl::IN_PROGRESS {
+        while !ready()? {
             if let Some(e) = self.peer_failed() {
                 return Err(e);
             }
             if start.elapsed() > self.settings.timeout {
                 return Err(self.give_up(format!(
-                    "{what}: timed out after {:.1} s (Settings::timeout); a peer rank never joined",
+                    "{what}: timed out after {:.1} s (Settings::timeout){meaning}",
                     self.settings.timeout.as_secs_f64()
                 )));
             }
             backoff(&mut polls);
-            state = self.with_comm(|c| {
-                let mut s = nccl::SUCCESS;
-                // SAFETY: a live communicator; writes one int.
-                let r = unsafe { (self.nccl.comm_get_async_error)(c, &mut s) };
-                if r != nccl::SUCCESS { r } else { s }
-            })?;
         }
+        Ok(())
+    }
+
+    /// Polls until NCCL has finished queueing the last call (`ncclInProgress` -> success), with the
+    /// timeout and the group's failure checked between polls.
+    fn settle(&self, what: &str, first: i32) -> Result<()> {
+        let mut state = first;
+        self.poll_until(what, "; a peer rank never joined", || {
+            if state == nccl::IN_PROGRESS {
+                state = self.with_comm(|c| {
+                    let mut s = nccl::SUCCESS;
+                    // SAFETY: a live communicator; writes one int.
+                    let r = unsafe { (self.nccl.comm_get_async_error)(c, &mut s) };
+                    if r != nccl::SUCCESS { r } else { s }
+                })?;
+            }
+            Ok(state != nccl::IN_PROGRESS)
+        })?;
         if state != nccl::SUCCESS {
             let msg = self.with_comm(|c| self.nccl.describe(state, c))?;
             return Err(self.give_up(format!("{what}: {msg}")));
@@ -549,15 +557,16 @@ impl Rank {
             .context()
             .bind_to_thread()
             .map_err(|e| Error::driver(e, "binding the context"))?;
-        let start = Instant::now();
-        let mut polls = 0u32;
-        for stream in [self.comm_stream, self.gpu.stream().cu_stream()] {
-            loop {
+        // The communication stream first, then the GPU's; one timeout for both.
+        let streams = [self.comm_stream, self.gpu.stream().cu_stream()];
+        let mut drained = 0;
+        let meaning = " with work still queued; a peer rank did not take part in a collective";
+        self.poll_until("synchronize", meaning, || {
+            while drained < streams.len() {
                 // SAFETY: a live stream.
-                let r = unsafe { sys::cuStreamQuery(stream) };
-                match r {
-                    sys::CUresult::CUDA_SUCCESS => break,
-                    sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                match unsafe { sys::cuStreamQuery(streams[drained]) } {
+                    sys::CUresult::CUDA_SUCCESS => drained += 1,
+                    sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
                     e => {
                         let err = Error::driver(
                             cudarc::driver::DriverError(e),
@@ -567,20 +576,9 @@ impl Rank {
                         return Err(err);
                     }
                 }
-                if let Some(e) = self.peer_failed() {
-                    return Err(e);
-                }
-                if start.elapsed() > self.settings.timeout {
-                    return Err(self.give_up(format!(
-                        "synchronize: timed out after {:.1} s (Settings::timeout) with work still queued; \
-                         a peer rank did not take part in a collective",
-                        self.settings.timeout.as_secs_f64()
-                    )));
-                }
-                backoff(&mut polls);
             }
-        }
-        Ok(())
+            Ok(true)
+        })
     }
 
     /// All ranks reach this point before any leaves it (an all-reduce of one value, then
@@ -717,7 +715,6 @@ where
             .map(|_| {
                 Mutex::new(CommSlot {
                     comm: std::ptr::null_mut(),
-                    aborted: false,
                 })
             })
             .collect(),

@@ -183,8 +183,9 @@ pub fn unshard(parts: &[HostTensor]) -> Result<HostTensor> {
     })
 }
 
-/// The local `[2, B, H, c, D]` operands checked, with the per-chunk attention dims.
-fn local_dims(op: &'static str, rank: &Rank, named: &[(&str, &Tensor)]) -> Result<()> {
+/// The local `[2, B, H, c, D]` operands checked: zig-zag shards of one shape on the rank's GPU, the
+/// LSE `[2, B, H, c]` f32, the rest in q's half-precision dtype, all contiguous.
+fn check_shards(op: &'static str, rank: &Rank, named: &[(&str, &Tensor)]) -> Result<()> {
     let (_, q) = named[0];
     if named.iter().any(|(_, t)| !t.gpu().same_device(rank.gpu())) {
         return Err(Error::DeviceMismatch { op });
@@ -352,7 +353,7 @@ pub fn forward(
     params: &AttentionParams,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "ring_attention::forward";
-    local_dims(OP, rank, &[("q", q), ("k", k), ("v", v)])?;
+    check_shards(OP, rank, &[("q", q), ("k", k), ("v", v)])?;
     let gpu = rank.gpu();
     let pl = Place::of(OP, rank, q, params)?;
 
@@ -429,7 +430,7 @@ pub fn backward(
     params: &AttentionParams,
 ) -> Result<AttentionGrads> {
     const OP: &str = "ring_attention::backward";
-    local_dims(
+    check_shards(
         OP,
         rank,
         &[

@@ -721,55 +721,29 @@ fn fc_stack_weights(gpu: &Gpu, alg: Algebra, weight: &Tensor) -> Result<Tensor> 
     let block = weight.numel() / alg.paths().max(1);
     let order = alg.fc_groups().into_iter().flat_map(|g| g.paths);
     for (i, p) in order.enumerate() {
-        copy_block(gpu, weight, p * block, &stacked, i * block, block)?;
+        copy_block(weight, p * block, &stacked, i * block, block)?;
     }
     Ok(stacked)
 }
 
 /// The inverse of [`fc_stack_weights`] on a gradient: block `i` of `stacked` to path `p`'s block.
-fn fc_unstack_weights(gpu: &Gpu, alg: Algebra, stacked: &Tensor, weight: &Tensor) -> Result<()> {
+fn fc_unstack_weights(alg: Algebra, stacked: &Tensor, weight: &Tensor) -> Result<()> {
     let block = weight.numel() / alg.paths().max(1);
     let order = alg.fc_groups().into_iter().flat_map(|g| g.paths);
     for (i, p) in order.enumerate() {
-        copy_block(gpu, stacked, i * block, weight, p * block, block)?;
+        copy_block(stacked, i * block, weight, p * block, block)?;
     }
     Ok(())
 }
 
-/// Copies `len` f32 from element `from` of `src` to element `to` of `dst` (device to device, on the
-/// library's stream). Callers derive the ranges from validated shapes.
-fn copy_block(
-    gpu: &Gpu,
-    src: &Tensor,
-    from: usize,
-    dst: &Tensor,
-    to: usize,
-    len: usize,
-) -> Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    let (s, t) = (src.raw(), dst.raw());
-    if (from + len) as u64 > s.len || (to + len) as u64 > t.len {
-        return Err(Error::Invalid {
-            op: "clifford fc weights",
-            msg: format!(
-                "block copy out of range: {len} elements from {from} of {} to {to} of {}",
-                s.len, t.len
-            ),
-        });
-    }
-    // SAFETY: both ranges lie inside their tensors' allocations (checked above); the copy is
-    // ordered on the library's stream with every kernel that reads or writes them.
-    unsafe {
-        cudarc::driver::result::memcpy_dtod_async(
-            t.ptr + 4 * to as u64,
-            s.ptr + 4 * from as u64,
-            4 * len,
-            gpu.stream().cu_stream(),
-        )
-        .map_err(|e| Error::driver(e, "clifford fc weights: copy device -> device"))
-    }
+/// Copies `len` elements from element `from` of `src` to element `to` of `dst` (device to device, on
+/// the library's stream), through flat views of the two contiguous tensors. Callers derive the
+/// ranges from validated shapes.
+fn copy_block(src: &Tensor, from: usize, dst: &Tensor, to: usize, len: usize) -> Result<()> {
+    let flat = |t: &Tensor| t.reshape(&[t.numel()]);
+    flat(dst)?
+        .narrow(to, len)?
+        .copy_from(&flat(src)?.narrow(from, len)?)
 }
 
 /// `u (C, B, M)`: per output grade one matrix product of its pair matrix `(count * B, paths * N)`
@@ -1016,7 +990,7 @@ pub fn fcgp_backward_with(
         )?;
         w_row += k;
     }
-    fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
+    fc_unstack_weights(alg, &grad_stacked, &grad_weight)?;
     let bn = (b * n) as u64;
     if bn > 0 {
         launch(

@@ -55,11 +55,7 @@ impl Block {
 
     /// The parameters, read back.
     pub fn params(&self) -> Result<Params> {
-        let mut out = super::init(&self.cfg, 0);
-        for (name, t) in out.named_mut() {
-            *t = self.param(name)?.to_host()?;
-        }
-        Ok(out)
+        to_params(&self.params, &self.cfg)
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -248,17 +244,23 @@ fn grad_scale(x: &Tensor) -> Result<f32> {
 
 /// Gradients read back as host tensors, in [`Params`] layout (for tests and checks).
 pub fn grads_to_host(grads: &[(&'static str, Tensor)], cfg: &Config) -> Result<Params> {
+    to_params(grads, cfg)
+}
+
+/// Named device tensors (parameters or their gradients) read back into [`Params`] layout, each in
+/// its parameter's shape.
+fn to_params(named: &[(&'static str, Tensor)], cfg: &Config) -> Result<Params> {
+    // `init` gives the layout (names and shapes); every value is replaced.
     let mut out = super::init(cfg, 0);
     for (name, t) in out.named_mut() {
-        let g = grads
+        let (_, g) = named
             .iter()
             .find(|(n, _)| *n == name)
             .ok_or_else(|| Error::Invalid {
                 op: "model::resident",
-                msg: format!("no gradient for `{name}`"),
+                msg: format!("no tensor for `{name}`"),
             })?;
-        let h: HostTensor = g.1.to_host()?;
-        *t = HostTensor::new(h.data, &t.shape.clone(), DType::F32)?;
+        *t = HostTensor::new(g.to_host()?.data, &t.shape.clone(), DType::F32)?;
     }
     Ok(out)
 }
