@@ -2,10 +2,10 @@
 //!
 //! - **all-reduce**: f32 sum, in place, 1 MiB to 1 GiB; bus bandwidth as nccl-tests defines it
 //!   (`bytes * 2 (n - 1) / n / time`), timed with CUDA events around 20 back-to-back calls;
-//! - **ring attention**: causal, B1 H16 D128 f16, per-GPU length L (total `S = n L`), forward and
-//!   forward + backward; parallel efficiency `n T1(L) / Tn(n L)` where `T1(L)` is one GPU's
-//!   `flash_forward` (+ `flash_backward`) at length L: the n GPUs do n times one GPU's work at L
-//!   (causal work grows as S^2), so perfect scaling takes the same time;
+//! - **ring attention**: causal, B1 H16 D128 f16, total length S of 64k, 128k and 256k (per-GPU
+//!   length `L = S / n`), forward and forward + backward; parallel efficiency `n T1(L) / Tn(S)`
+//!   where `T1(L)` is one GPU's `flash_forward` (+ `flash_backward`) at length L: the n GPUs do n
+//!   times one GPU's work at L (causal work grows as S^2), so perfect scaling takes the same time;
 //! - **data-parallel step** of the `replace` transformer block, resident on the GPU: a fixed batch
 //!   per GPU; scaling efficiency `T1 / Tn` with `T1` one GPU's step of the same block (no NCCL) at
 //!   that batch.
@@ -149,10 +149,11 @@ fn all_reduce(world: usize, quick: bool) -> host::Result<String> {
 
 fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
     let (b, h, d) = (1, 16, 128);
-    let lengths: &[usize] = if quick {
-        &[8192]
+    // The goal's total lengths (64k to 256k), whatever the GPU count: each GPU holds S / n.
+    let totals: &[usize] = if quick {
+        &[8192 * world]
     } else {
-        &[32768, 65536, 131072]
+        &[65536, 131072, 262144]
     };
     let (warm, iters) = if quick { (1, 3) } else { (2, 5) };
     let params = AttentionParams {
@@ -163,7 +164,8 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
         "\n| ring attention causal B{b} H{h} D{d} f16 | S total | one GPU at L ms | {world} GPUs ms | efficiency |\n|---|---|---|---|---|"
     );
     let mut rows = Vec::new();
-    for &l in lengths {
+    for &total in totals {
+        let l = total / world;
         // One GPU at the per-GPU length.
         let shape = [b, h, l, d];
         let [q, k, v, d_o] = [1u64, 2, 3, 4]
@@ -321,15 +323,23 @@ fn data_parallel_case(
                 .collect(),
         );
         let s = &runs[0][iters - 1].1;
+        // Host time to queue the forward and backward (it includes the step's one mid-step wait
+        // for the GPU), slowest rank: where it nears the step time, the step is host-bound.
+        let queue = median(
+            (0..iters)
+                .map(|i| runs.iter().map(|r| r[i].1.backward_s).fold(0.0, f64::max))
+                .collect(),
+        );
         println!(
-            "| data parallel ({} of {} buckets queued during the backward) | {n} | {:.3} | {:.3} |",
+            "| data parallel ({} of {} buckets queued during the backward; host queues the step in {:.3} ms) | {n} | {:.3} | {:.3} |",
             s.overlapped_buckets,
             s.buckets,
+            queue * 1e3,
             tn * 1e3,
             t1 / tn
         );
         rows.push(format!(
-            "{{\"sequences\": {per_gpu}, \"seq\": {}, \"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}, \"buckets\": {}, \"overlapped\": {}}}",
+            "{{\"sequences\": {per_gpu}, \"seq\": {}, \"gpus\": {n}, \"one_gpu_s\": {t1:.6}, \"step_s\": {tn:.6}, \"efficiency\": {:.4}, \"buckets\": {}, \"overlapped\": {}, \"queue_s\": {queue:.6}}}",
             cfg_local.seq, t1 / tn, s.buckets, s.overlapped_buckets
         ));
         if world == 1 {

@@ -148,6 +148,12 @@ impl Gpu {
     /// machine code where the library carries it for this device, else as PTX that the driver
     /// JIT-compiles (and caches in `~/.nv/ComputeCache` unless `CUDA_CACHE_DISABLE=1`).
     ///
+    /// Memory: tensors are allocated from the device's stream-ordered pool, and the handle keeps
+    /// the memory of dropped tensors in that pool for the next allocation instead of returning it
+    /// to the system at every synchronisation (the driver's default). This is set on the device's
+    /// pool, so it holds for every handle of the device in the process;
+    /// [`Gpu::release_cached_memory`] returns it.
+    ///
     /// `RGK_MODULE_FORMAT=ptx` in the environment loads the PTX even where machine code exists (to
     /// compare the two, or to work around a driver that refuses the cubin); `auto` or unset is the
     /// default.
@@ -197,6 +203,7 @@ impl Gpu {
         };
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let stream = ctx.default_stream();
+        keep_freed_memory(&ctx)?;
         // Read once here: the driver answers the memory-clock attribute slowly (about 0.4 ms a call
         // measured on an H100), far too slow for a launcher to ask per call.
         let peak_dram_bytes_per_s = {
@@ -288,6 +295,24 @@ impl Gpu {
                 "synchronizing the stream (an earlier kernel may have faulted)",
             )
         })
+    }
+
+    /// Gives the device memory that dropped tensors left in the driver's pool back to the system
+    /// (after waiting for the stream): freed memory is kept for the next allocation (see
+    /// [`Gpu::new`]), so other processes and allocations outside the pool (cuBLAS, NCCL)
+    /// see it as used until this runs. An allocation that finds the device full calls it and tries
+    /// once more by itself.
+    pub fn release_cached_memory(&self) -> Result<()> {
+        self.synchronize()?;
+        if !self.inner.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        let pool = device_pool(&self.inner.ctx)?;
+        // SAFETY: trims the pool of this handle's device; the stream is idle, so no pending free
+        // is skipped.
+        unsafe { cudarc::driver::sys::cuMemPoolTrimTo(pool, 0) }
+            .result()
+            .map_err(|e| Error::driver(e, "trimming the device's memory pool"))
     }
 
     /// Poison mode: every op output is filled with 0xFF bytes (NaN in every float dtype) before its kernel
@@ -458,6 +483,42 @@ impl Gpu {
     pub(crate) fn same_device(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner) || Arc::ptr_eq(&self.inner.ctx, &other.inner.ctx)
     }
+}
+
+/// The memory pool the device's stream-ordered allocations come from (tensors allocate from it).
+fn device_pool(ctx: &Arc<CudaContext>) -> Result<cudarc::driver::sys::CUmemoryPool> {
+    ctx.bind_to_thread()
+        .map_err(|e| Error::driver(e, "binding the context to this thread"))?;
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: writes the device's current pool handle into `pool`.
+    unsafe { cudarc::driver::sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .map_err(|e| Error::driver(e, "reading the device's memory pool"))?;
+    Ok(pool)
+}
+
+/// Tensors come from the driver's stream-ordered pool, whose default release threshold (0) hands
+/// every freed byte back to the system at each stream or event synchronisation: the next step's
+/// tensors then map fresh physical memory. A training step that reads its loss back each step paid
+/// that on every step, and two GPUs driven from one process paid it under one driver lock. The
+/// threshold is raised to "never" (what PyTorch's caching allocator does); [`Gpu::release_cached_memory`]
+/// gives the memory back on request, and an allocation that finds the device full does so first.
+fn keep_freed_memory(ctx: &Arc<CudaContext>) -> Result<()> {
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let pool = device_pool(ctx)?;
+    let mut threshold = u64::MAX;
+    // SAFETY: sets a u64 attribute of a live pool; `threshold` outlives the call.
+    unsafe {
+        cudarc::driver::sys::cuMemPoolSetAttribute(
+            pool,
+            cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .result()
+    .map_err(|e| Error::driver(e, "keeping freed memory in the device's pool"))
 }
 
 #[cfg(test)]

@@ -133,8 +133,17 @@ impl Tensor {
         // A zero-byte allocation is not a valid driver request; empty tensors get a token buffer.
         // SAFETY: the buffer is either poisoned below or written by the op that asked for it before
         // anything reads it (every kernel writes every output element: the poison tests check it).
-        let buf = unsafe { gpu.stream().alloc::<u8>(bytes.max(16)) }
-            .map_err(|e| Error::driver(e, format!("allocating {bytes} bytes")))?;
+        let alloc = || unsafe { gpu.stream().alloc::<u8>(bytes.max(16)) };
+        let buf = match alloc() {
+            // The pool keeps freed memory (see `Gpu::release_cached_memory`): give it back to the
+            // system and try once more before reporting the device full.
+            Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                gpu.release_cached_memory()?;
+                alloc()
+            }
+            other => other,
+        }
+        .map_err(|e| Error::driver(e, format!("allocating {bytes} bytes")))?;
         let t = Tensor {
             gpu: gpu.clone(),
             buf: Arc::new(DeviceBuf::new(buf, gpu.memory_counter())),

@@ -1,6 +1,7 @@
 //! Kernel modules load per op family, on first use, once: a fresh handle has none loaded, a softmax
 //! call loads the reduce/softmax module and nothing else, concurrent first calls from several threads
-//! load it once, and every family loads on this device in the form the library carries for it.
+//! load it once, and every family loads on this device in the form the library carries for it. The
+//! device memory pool keeps freed memory until asked to release it.
 mod common;
 use common::*;
 use host::ops::softmax;
@@ -89,4 +90,35 @@ fn every_family_loads_in_the_form_the_library_carries() {
         );
     }
     assert_eq!(gpu.loaded_modules().len(), Family::ALL.len());
+}
+
+/// The device's pool keeps a dropped tensor's memory across synchronisations (so the next step's
+/// tensors reuse it), and `release_cached_memory` gives it back. Free memory is read from the driver;
+/// the 1 GiB margins leave room for the other tests of this binary.
+#[test]
+fn freed_memory_stays_in_the_pool_until_released() {
+    let Some(_) = gpu_or_skip("freed_memory_stays_in_the_pool_until_released") else {
+        return;
+    };
+    const GIB: usize = 1 << 30;
+    let gpu = Gpu::new(0).unwrap();
+    let free = || gpu.context().mem_get_info().unwrap().0;
+    gpu.release_cached_memory().unwrap();
+    let before = free();
+    let big = Tensor::empty(&gpu, &[GIB], DType::F32).unwrap();
+    big.fill_bytes(1).unwrap();
+    drop(big);
+    gpu.synchronize().unwrap();
+    let kept = free();
+    assert!(
+        kept + 3 * GIB < before,
+        "after dropping 4 GiB and synchronising the pool should still hold it: free {before} -> {kept}"
+    );
+    gpu.release_cached_memory().unwrap();
+    let after = free();
+    assert!(
+        after + GIB > before,
+        "release_cached_memory should return the 4 GiB: free {before} -> {kept} -> {after}"
+    );
+    println!("free bytes: {before} before, {kept} after the drop, {after} after the release");
 }

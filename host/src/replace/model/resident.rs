@@ -9,8 +9,9 @@
 //!   lookup), not built on the host: `dlogits = (p - onehot) / N`, and the loss is
 //!   `-mean ln sum(p * onehot)`, read back as one value a row;
 //! - the attention core's dO scale (a power of two bringing `max |dO|` into [0.5, 1) before the
-//!   f16 rounding, see the core's module) comes from a device max of `dO` and `-dO`; reading it is
-//!   the step's one wait for the GPU before its end (the loss is read after the backward is queued).
+//!   f16 rounding, see the core's module) comes from a device max of `dO` and `-dO`; reading both
+//!   maxima (one read) is the step's one wait for the GPU before its end (the loss is read after
+//!   the backward is queued).
 //!
 //! [`Plan::all_gpu`]: crate::replace::Plan::all_gpu
 use crate::device::Gpu;
@@ -232,9 +233,15 @@ impl Block {
 /// The power of two that brings `max |x|` into [0.5, 1) (1 for zero or non-finite), as the host
 /// core's `grad_scale` computes it.
 fn grad_scale(x: &Tensor) -> Result<f32> {
-    let hi = reduce::max(x, reduce::Axis::All)?.to_vec()?[0];
-    let lo = reduce::max(&elementwise::affine(x, -1.0, 0.0)?, reduce::Axis::All)?.to_vec()?[0];
-    let max = hi.max(lo);
+    // Both maxima land in one buffer so the host waits for the GPU once, not twice.
+    let both = Tensor::empty(x.gpu(), &[2], DType::F32)?;
+    both.narrow(0, 1)?
+        .copy_from(&reduce::max(x, reduce::Axis::All)?.reshape(&[1])?)?;
+    both.narrow(1, 1)?.copy_from(
+        &reduce::max(&elementwise::affine(x, -1.0, 0.0)?, reduce::Axis::All)?.reshape(&[1])?,
+    )?;
+    let v = both.to_vec()?;
+    let max = v[0].max(v[1]);
     if max == 0.0 || !max.is_finite() {
         return Ok(1.0);
     }
