@@ -188,6 +188,34 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
             }
         }
         drop((q, k, v, d_o));
+        // The flash calls one rank makes in the ring forward (every rank does equal work), run back
+        // to back on one GPU with no exchange and no merge: what the ring's kernels cost alone.
+        let pieces = {
+            let c = l / 2;
+            let shape = [b, h, c, d];
+            let [q, k, v] = [5u64, 6, 7]
+                .map(|s| inputs(&shape, DType::F16, s).and_then(|t| Tensor::from_host(gpu0, &t)));
+            let (q, k, v) = (q?, k?, v?);
+            let mut times = Vec::new();
+            for i in 0..warm + iters {
+                gpu0.synchronize()?;
+                let t = Instant::now();
+                for step in 0..world {
+                    for pair in ring_attention::step_pairs(world, 0, step, true) {
+                        let p = AttentionParams {
+                            causal: if pair.causal { Causal::Yes } else { Causal::No },
+                            scale: None,
+                        };
+                        drop(attention::flash_forward(&q, &k, &v, &p)?);
+                    }
+                }
+                gpu0.synchronize()?;
+                if i >= warm {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            median(times)
+        };
         // n GPUs at n L: each rank makes its own shards (the values do not change the timing, and
         // the whole sequence at 256k tokens would cost gigabytes of host memory).
         let s = world * l;
@@ -233,14 +261,25 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
                     .collect(),
             );
             let eff = world as f64 * t1 / tn;
+            // Forward only: the ring's flash calls alone on one GPU.
+            let alone = if which == 0 {
+                format!(", \"pieces_alone_s\": {pieces:.6}")
+            } else {
+                String::new()
+            };
             println!(
-                "| {name} L={l} | {s} | {:.2} | {:.2} | {:.3} |",
+                "| {name} L={l} | {s} | {:.2} | {:.2} | {:.3} |{}",
                 t1 * 1e3,
                 tn * 1e3,
-                eff
+                eff,
+                if which == 0 {
+                    format!(" its flash calls alone on one GPU: {:.2} ms", pieces * 1e3)
+                } else {
+                    String::new()
+                }
             );
             rows.push(format!(
-                "{{\"pass\": \"{name}\", \"per_gpu_len\": {l}, \"total_len\": {s}, \"one_gpu_s\": {t1:.6}, \"n_gpu_s\": {tn:.6}, \"efficiency\": {eff:.4}}}"
+                "{{\"pass\": \"{name}\", \"per_gpu_len\": {l}, \"total_len\": {s}, \"one_gpu_s\": {t1:.6}, \"n_gpu_s\": {tn:.6}, \"efficiency\": {eff:.4}{alone}}}"
             ));
         }
     }

@@ -222,16 +222,19 @@ fn report(ours: &Path, peers: &Path) -> Result<String, String> {
         }
     }
     if let Some(rows) = o["ring_attention"].as_array() {
-        s.push_str("\n## Ring attention, causal, B1 H16 D128 f16 (goal: parallel efficiency >= 0.85)\n\n| pass | per-GPU L | total S | one GPU at L ms | all GPUs at S ms | efficiency n T1 / Tn |\n|---|---|---|---|---|---|\n");
+        s.push_str("\n## Ring attention, causal, B1 H16 D128 f16 (goal: parallel efficiency >= 0.85)\n\n| pass | per-GPU L | total S | one GPU at L ms | all GPUs at S ms | efficiency n T1 / Tn | a rank's flash calls alone, one GPU, ms |\n|---|---|---|---|---|---|---|\n");
         for r in rows {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.2} | {:.2} | {:.3} |\n",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.3} | {} |\n",
                 r["pass"].as_str().unwrap_or("?"),
                 r["per_gpu_len"],
                 r["total_len"],
                 r["one_gpu_s"].as_f64().unwrap_or(0.0) * 1e3,
                 r["n_gpu_s"].as_f64().unwrap_or(0.0) * 1e3,
-                r["efficiency"].as_f64().unwrap_or(0.0)
+                r["efficiency"].as_f64().unwrap_or(0.0),
+                r["pieces_alone_s"]
+                    .as_f64()
+                    .map_or("-".to_string(), |t| format!("{:.2}", t * 1e3))
             ));
         }
     }
