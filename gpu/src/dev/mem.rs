@@ -61,6 +61,23 @@ pub unsafe fn store_chunk(p: *mut Chunk16, i: u64, v: Chunk16) {
     }
 }
 
+/// 16-byte load through the coherent path (`ld.global.v4.b32`), for buffers the kernel also writes.
+///
+/// # Safety
+/// `p.add(i)` must be inside a live allocation; no other thread writes it during the kernel.
+#[inline(always)]
+pub unsafe fn load_chunk(p: *const Chunk16, i: u64) -> Chunk16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        core::arch::asm!(
+            "ld.global.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg64) p.add(i as usize), options(nostack, readonly)
+        )
+    }
+    Chunk16([a, b, c, d])
+}
+
 /// Read-only (non-coherent cache) load of one 16-bit element (its bits).
 ///
 /// # Safety
@@ -164,6 +181,20 @@ impl Slice<f32> {
 }
 
 impl SliceMut<f32> {
+    /// Reads back elements `i .. i + 4` with one `ld.global.v4.b32` (for read-modify-write
+    /// epilogues). Same conditions as [`SliceMut::set4`]; only the thread that writes them may read
+    /// them during the kernel.
+    #[inline(always)]
+    pub fn get4(&self, i: u64) -> [f32; 4] {
+        check_index(i as usize + 3, self.len as usize);
+        if cfg!(feature = "checked") && (i % 4 != 0 || self.ptr as u64 % 16 != 0) {
+            panic!();
+        }
+        // SAFETY: in range and 16-byte aligned (above); this thread is the elements' one writer.
+        let c = unsafe { load_chunk(self.ptr.add(i as usize) as *const Chunk16, 0) };
+        c.0.map(f32::from_bits)
+    }
+
     /// Stores elements `i .. i + 4` with one `st.global.v4.b32`. Same conditions as
     /// [`Slice::get4_ro`] (in range, 16-byte aligned), and each element has one writer.
     #[inline(always)]

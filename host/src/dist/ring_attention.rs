@@ -295,6 +295,24 @@ fn pair(gpu: &crate::Gpu, shape: &[usize], dtype: DType) -> Result<(Tensor, Tens
     ))
 }
 
+/// The ring's elementwise kernels move 16 bytes an access, a thread a group of `group` elements:
+/// every buffer must start 16-byte aligned and `unit` (the head dimension, or the length) must be a
+/// multiple of the group. The ring's own buffers always are (head dims are multiples of 8); this
+/// says so instead of faulting if a caller's view ever is not.
+fn vector_ready(op: &'static str, ts: &[&Tensor], unit: usize, group: usize) -> Result<()> {
+    if !unit.is_multiple_of(group) || ts.iter().any(|t| !t.device_ptr().is_multiple_of(16)) {
+        return Err(Error::Invalid {
+            op,
+            msg: format!(
+                "needs 16-byte aligned buffers and a multiple of {group} elements a row, got {unit} \
+                 and buffer addresses mod 16 {:?}",
+                ts.iter().map(|t| t.device_ptr() % 16).collect::<Vec<_>>()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// `(o_acc, lse_acc) <- merge((o_acc, lse_acc), (o_part, lse_part))`, the new LSE written to `lse_out`.
 fn merge(
     o_acc: &Tensor,
@@ -305,11 +323,17 @@ fn merge(
     first: bool,
 ) -> Result<()> {
     let head_dim = *o_part.shape().last().unwrap_or(&1) as u64;
+    vector_ready(
+        "ring_attention::merge",
+        &[o_acc, o_part],
+        head_dim as usize,
+        8,
+    )?;
     let first = first as u32;
     launch(
         o_acc.gpu(),
         merge_kernel(o_part.dtype()),
-        grid_blocks(o_part.numel() as u64, BLOCK as u64),
+        grid_blocks(o_part.numel() as u64 / 8, BLOCK as u64),
         BLOCK,
         &[
             &ByValue(o_acc.raw()),
@@ -325,10 +349,11 @@ fn merge(
 
 /// `acc += x`, both f32 and contiguous.
 fn accumulate(acc: &Tensor, x: &Tensor) -> Result<()> {
+    vector_ready("ring_attention::accumulate", &[acc, x], x.numel(), 4)?;
     launch(
         acc.gpu(),
         "ring_accumulate_f32",
-        grid_blocks(x.numel() as u64, BLOCK as u64),
+        grid_blocks(x.numel() as u64 / 4, BLOCK as u64),
         BLOCK,
         &[&ByValue(acc.raw()), &ByValue(x.raw())],
     )
