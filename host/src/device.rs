@@ -486,7 +486,7 @@ impl Gpu {
 }
 
 /// The memory pool the device's stream-ordered allocations come from (tensors allocate from it).
-fn device_pool(ctx: &Arc<CudaContext>) -> Result<cudarc::driver::sys::CUmemoryPool> {
+pub(crate) fn device_pool(ctx: &Arc<CudaContext>) -> Result<cudarc::driver::sys::CUmemoryPool> {
     ctx.bind_to_thread()
         .map_err(|e| Error::driver(e, "binding the context to this thread"))?;
     let mut pool = std::ptr::null_mut();

@@ -1,5 +1,6 @@
-//! Multi-GPU tests over every visible GPU (`host::dist`): collectives against host sums, a failing or
-//! absent rank ending the group with a clear error instead of a hang, ring attention forward and
+//! Multi-GPU tests over every visible GPU (`host::dist`): collectives against host sums, exchanges
+//! delivering messages in order, a failing, absent or mismatched rank ending the group with a clear
+//! error instead of a hang, ring attention forward and
 //! backward against the f64 reference of the whole sequence (the flash kernels' rule), and
 //! data-parallel training against one GPU at the same global batch. With one GPU the group has one
 //! rank (the ring is one step) and the tests that need a peer print SKIP.
@@ -219,6 +220,133 @@ fn a_collective_a_peer_never_joins_times_out() {
     .unwrap_err();
     let took = start.elapsed();
     println!("absent peer: {e} after {took:?}");
+    assert!(
+        matches!(&e, Error::Dist { rank: 0, what, .. } if what.contains("timed out")),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+/// Several messages between the same two ranks, over several calls, land in order: the i-th
+/// tensor a rank sends to another fills the i-th tensor that one receives from it (exact copies,
+/// both directions of the ring at once, dtypes and lengths differing between messages).
+#[test]
+fn exchanges_deliver_messages_in_order() {
+    let Some(world) = world_or_skip("exchange order", 2) else {
+        return;
+    };
+    let mut r = rng("exchange order");
+    // Per call and rank: two messages to the next rank, one to the previous.
+    let shapes = [
+        (DType::F32, 4099usize),
+        (DType::F16, 77),
+        (DType::BF16, 1 << 16),
+    ];
+    let data: Vec<Vec<Vec<HostTensor>>> = (0..3)
+        .map(|_| {
+            (0..world)
+                .map(|_| {
+                    shapes
+                        .iter()
+                        .map(|&(dt, n)| uniform(&mut r, &[n], -4.0, 4.0, dt))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let got = dist::run(world, Settings::default(), |rank| {
+        rank.gpu().set_poison_outputs(true);
+        let (me, next, prev) = (
+            rank.rank(),
+            (rank.rank() + 1) % world,
+            (rank.rank() + world - 1) % world,
+        );
+        let mut out = Vec::new();
+        for call in &data {
+            let mine: Vec<Tensor> = call[me]
+                .iter()
+                .map(|t| Tensor::from_host(rank.gpu(), t))
+                .collect::<host::Result<_>>()?;
+            let into: Vec<Tensor> = shapes
+                .iter()
+                .map(|&(dt, n)| Tensor::empty(rank.gpu(), &[n], dt))
+                .collect::<host::Result<_>>()?;
+            rank.exchange_start(
+                &[(&mine[0], next), (&mine[1], next), (&mine[2], prev)],
+                &[(&into[0], prev), (&into[1], prev), (&into[2], next)],
+            )?
+            .finish()?;
+            rank.synchronize()?;
+            out.push(
+                into.iter()
+                    .map(|t| t.to_vec())
+                    .collect::<host::Result<Vec<_>>>()?,
+            );
+        }
+        Ok(out)
+    })
+    .unwrap();
+    for (rk, calls) in got.iter().enumerate() {
+        let (next, prev) = ((rk + 1) % world, (rk + world - 1) % world);
+        for (c, msgs) in calls.iter().enumerate() {
+            assert_eq!(
+                msgs[0], data[c][prev][0].data,
+                "call {c}: rank {rk}, first from {prev}"
+            );
+            assert_eq!(
+                msgs[1], data[c][prev][1].data,
+                "call {c}: rank {rk}, second from {prev}"
+            );
+            assert_eq!(
+                msgs[2], data[c][next][2].data,
+                "call {c}: rank {rk}, one from {next}"
+            );
+        }
+    }
+}
+
+/// An exchange whose two sides disagree (a sender's length against the receiver's) fails the group
+/// with both sizes named, and a send to a rank that never receives times out: never a hang, never a
+/// copy into a buffer of the wrong size.
+#[test]
+fn an_exchange_that_does_not_match_fails_the_group() {
+    let Some(world) = world_or_skip("exchange mismatch", 2) else {
+        return;
+    };
+    let settings = Settings {
+        timeout: Duration::from_secs(3),
+    };
+    let e = dist::run(world, settings, |rank| {
+        match rank.rank() {
+            0 => {
+                let x = Tensor::from_f32(rank.gpu(), &[1.0; 64], &[64], DType::F32)?;
+                rank.exchange_start(&[(&x, 1)], &[])?.finish()?;
+            }
+            1 => {
+                let y = Tensor::empty(rank.gpu(), &[65], DType::F32)?;
+                rank.exchange_start(&[], &[(&y, 0)])?.finish()?;
+            }
+            _ => {}
+        }
+        rank.synchronize()
+    })
+    .unwrap_err();
+    println!("exchange mismatch: {e}");
+    assert!(
+        matches!(&e, Error::Dist { rank: 0, what, .. } if what.contains("256 bytes") && what.contains("260 bytes")),
+        "{e}"
+    );
+    let start = Instant::now();
+    let e = dist::run(world, settings, |rank| {
+        if rank.rank() == 0 {
+            let x = Tensor::from_f32(rank.gpu(), &[1.0; 64], &[64], DType::F32)?;
+            rank.exchange_start(&[(&x, 1)], &[])?.finish()?;
+        }
+        rank.synchronize()
+    })
+    .unwrap_err();
+    let took = start.elapsed();
+    println!("exchange with an absent receiver: {e} after {took:?}");
     assert!(
         matches!(&e, Error::Dist { rank: 0, what, .. } if what.contains("timed out")),
         "{e}"

@@ -20,8 +20,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! **Streams.** Ops run on the GPU's stream ([`Gpu::stream`]); collectives run on a second stream of
-//! the rank's own, ordered after everything queued on the GPU's stream before them. The blocking forms
+//! **Streams.** Ops run on the GPU's stream ([`Gpu::stream`]); collectives (NCCL) and exchanges
+//! (peer copies on the copy engines) run on a second stream of the rank's own, ordered after
+//! everything queued on the GPU's stream before them. The blocking forms
 //! ([`Rank::all_reduce`], ...) make the GPU's stream wait for the collective (the host does not wait);
 //! the `_start` forms return a [`Pending`] and let kernels queued meanwhile overlap the transfer until
 //! [`Pending::finish`].
@@ -41,6 +42,7 @@ pub mod ring_attention;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -129,7 +131,31 @@ struct Shared {
     finished: std::sync::atomic::AtomicUsize,
     /// Where the ranks meet before the communicator set-up (see [`join`]).
     gate: Gate,
+    /// Where [`Rank::exchange_start`] posts its receive buffers and finished copies (see there).
+    mail: Mutex<HashMap<Mail, Post>>,
 }
+
+/// A mailbox entry of [`Rank::exchange_start`]: the `n`-th message from rank `from` to rank `to`,
+/// either its receive buffer (posted by `to`) or its finished copy (posted by `from`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Mail {
+    Buffer { from: usize, to: usize, n: u64 },
+    Copied { from: usize, to: usize, n: u64 },
+}
+
+/// What a mailbox entry carries: for a buffer, where it is and the event after which it may be
+/// overwritten; for a copy, the event after which it has landed.
+struct Post {
+    ptr: u64,
+    bytes: usize,
+    dtype: DType,
+    ctx: sys::CUcontext,
+    event: CUevent,
+}
+
+// SAFETY: the raw handles are only used through the driver, which is thread-safe; a post is taken
+// out of the mailbox (under its mutex) by exactly one rank.
+unsafe impl Send for Post {}
 
 /// A rendezvous that a rank may leave only while it is still closed: it opens when the last rank
 /// arrives, and from then on every rank that arrived goes through. So a rank that gives up waiting
@@ -223,6 +249,10 @@ pub struct Rank {
     shared: Arc<Shared>,
     settings: Settings,
     nccl: &'static Nccl,
+    /// Messages sent to, and received from, each rank so far ([`Rank::exchange_start`] numbers
+    /// them so that the i-th send from a rank meets the i-th receive from it).
+    sent: Mutex<Vec<u64>>,
+    received: Mutex<Vec<u64>>,
 }
 
 /// A collective queued on a rank's communication stream by a `_start` call: the tensors it reads
@@ -275,6 +305,15 @@ fn wait_event(stream: CUstream, event: CUevent) -> Result<()> {
         sys::cuEventDestroy_v2(event);
         r
     }
+}
+
+/// `stream` waits for `event`, which stays the caller's.
+fn wait_event_keep(stream: CUstream, event: CUevent) -> Result<()> {
+    // SAFETY: both handles are live.
+    drv(
+        unsafe { sys::cuStreamWaitEvent(stream, event, 0) },
+        "ordering two streams",
+    )
 }
 
 /// An event recorded on `stream` now.
@@ -494,60 +533,196 @@ impl Rank {
     }
 
     /// Sends each `sends[i].0` to rank `sends[i].1` and receives each `recvs[j].0` from rank
-    /// `recvs[j].1`, all in one NCCL group (so a ring exchange cannot deadlock). The peer's matching
-    /// tensor must have the same element count and dtype. Returns a [`Pending`]: kernels queued before
-    /// its `finish` overlap the transfer; they must not write a sent tensor nor touch a received one.
+    /// `recvs[j].1`. Messages between two ranks meet in order: the i-th tensor one rank sends to
+    /// another fills the i-th tensor that one receives from it, which must have the same dtype and
+    /// element count (contiguous both). Returns a [`Pending`]: kernels queued before its `finish`
+    /// overlap the transfer; they must not write a sent tensor nor touch a received one.
+    ///
+    /// The copies run on the copy engines, not NCCL: every GPU of the group is in this process, so
+    /// the sender copies straight into the receiver's tensor (`cuMemcpyPeerAsync`, over NVLink where
+    /// the GPUs have it; [`run`] gives every GPU access to the others' memory pools). NCCL's
+    /// send/recv kernels held SMs for the whole transfer and while they waited for the peer, which
+    /// cost ring attention's flash kernels about 4 ms of 123 on four H200s at S 256k (2026-11-26,
+    /// 7e3f3c0); a copy engine holds none. The ranks meet on the host: a receiver posts its buffer
+    /// and an event after which it may be overwritten, the sender queues the copy behind that event
+    /// and posts the copy's own event, and the receiver's communication stream waits for it. Both
+    /// waits are polled (a peer that never calls times out; a failed group ends them).
     pub fn exchange_start(
         &self,
         sends: &[(&Tensor, usize)],
         recvs: &[(&Tensor, usize)],
     ) -> Result<Pending<'_>> {
         const OP: &str = "dist::exchange";
-        let mut plan = Vec::new();
-        for (send, list) in [(true, sends), (false, recvs)] {
-            for &(t, peer) in list {
-                if peer >= self.world() {
-                    return Err(Error::Invalid {
-                        op: OP,
-                        msg: format!(
-                            "peer rank {peer} out of range for a group of {}",
-                            self.world()
-                        ),
-                    });
-                }
-                plan.push((
-                    send,
-                    nccl_type(OP, t)?,
-                    t.device_ptr(),
-                    t.numel(),
-                    peer as i32,
-                ));
+        for &(t, peer) in sends.iter().chain(recvs) {
+            if peer >= self.world() {
+                return Err(Error::Invalid {
+                    op: OP,
+                    msg: format!(
+                        "peer rank {peer} out of range for a group of {}",
+                        self.world()
+                    ),
+                });
+            }
+            t.require_contiguous(OP, "tensor")?;
+            if !t.gpu().same_device(&self.gpu) {
+                return Err(Error::DeviceMismatch { op: "dist" });
             }
         }
-        let mut keep: Vec<&Tensor> = sends.iter().map(|s| s.0).collect();
-        keep.extend(recvs.iter().map(|r| r.0));
-        self.enqueue(OP, &keep, |c, s| {
-            // SAFETY: every buffer is contiguous with the counted elements; grouped calls are queued
-            // together at group end.
-            unsafe {
-                let r = (self.nccl.group_start)();
-                if r != nccl::SUCCESS {
-                    return r;
+        if let Some(e) = self.peer_failed() {
+            return Err(e);
+        }
+        self.gpu
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::driver(e, "binding the context"))?;
+        let ctx = self.gpu.context().cu_ctx();
+        let gpu_stream = self.gpu.stream().cu_stream();
+        let number = |counts: &Mutex<Vec<u64>>, peer: usize| {
+            let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+            c[peer] += 1;
+            c[peer] - 1
+        };
+        // Receive buffers first (posting never waits), so no two ranks wait on each other.
+        let mut arriving = Vec::with_capacity(recvs.len());
+        for &(t, peer) in recvs {
+            let n = number(&self.received, peer);
+            let free = record(gpu_stream)?;
+            self.post(
+                Mail::Buffer {
+                    from: peer,
+                    to: self.rank,
+                    n,
+                },
+                Post {
+                    ptr: t.device_ptr(),
+                    bytes: t.numel() * t.dtype().size_bytes(),
+                    dtype: t.dtype(),
+                    ctx,
+                    event: free,
+                },
+            );
+            arriving.push((peer, n, free));
+        }
+        // The sends: each behind this rank's queued work (the data) and the receiver's (its buffer).
+        let ready = record(gpu_stream)?;
+        let sent = (|| -> Result<()> {
+            wait_event_keep(self.comm_stream, ready)?;
+            for &(t, peer) in sends {
+                let n = number(&self.sent, peer);
+                let buf = self.take(
+                    Mail::Buffer {
+                        from: self.rank,
+                        to: peer,
+                        n,
+                    },
+                    "exchange: waiting for the receiver's buffer",
+                )?;
+                let bytes = t.numel() * t.dtype().size_bytes();
+                if buf.bytes != bytes || buf.dtype != t.dtype() {
+                    return Err(self.give_up(format!(
+                        "exchange: message {n} to rank {peer} is {bytes} bytes of {}, but rank \
+                         {peer} receives {} bytes of {} there",
+                        t.dtype(),
+                        buf.bytes,
+                        buf.dtype
+                    )));
                 }
-                for &(send, dt, p, n, peer) in &plan {
-                    let r = if send {
-                        (self.nccl.send)(p as *const _, n, dt, peer, c, s as *mut _)
-                    } else {
-                        (self.nccl.recv)(p as *mut _, n, dt, peer, c, s as *mut _)
-                    };
-                    if r != nccl::SUCCESS && r != nccl::IN_PROGRESS {
-                        (self.nccl.group_end)();
-                        return r;
-                    }
+                // SAFETY: both buffers are live for the copy (ours is kept by the Pending, the
+                // receiver's by its own); the copy is ordered after the receiver's event.
+                unsafe {
+                    drv(
+                        sys::cuStreamWaitEvent(self.comm_stream, buf.event, 0),
+                        "ordering a copy after the receiver",
+                    )?;
+                    drv(
+                        sys::cuMemcpyPeerAsync(
+                            buf.ptr,
+                            buf.ctx,
+                            t.device_ptr(),
+                            ctx,
+                            bytes,
+                            self.comm_stream,
+                        ),
+                        "copying to a peer GPU",
+                    )?;
                 }
-                (self.nccl.group_end)()
+                let copied = record(self.comm_stream)?;
+                self.post(
+                    Mail::Copied {
+                        from: self.rank,
+                        to: peer,
+                        n,
+                    },
+                    Post {
+                        ptr: buf.ptr,
+                        bytes,
+                        dtype: t.dtype(),
+                        ctx,
+                        event: copied,
+                    },
+                );
             }
+            Ok(())
+        })();
+        // SAFETY: queued waits keep what they need; the event is ours.
+        unsafe { sys::cuEventDestroy_v2(ready) };
+        let received = sent.and_then(|()| {
+            for &(peer, n, free) in &arriving {
+                let copy = self.take(
+                    Mail::Copied {
+                        from: peer,
+                        to: self.rank,
+                        n,
+                    },
+                    "exchange: waiting for the sender's copy",
+                )?;
+                // The sender queued its wait on `free` before posting the copy: ours to free now.
+                // SAFETY: events are freed once their queued waits are done.
+                unsafe { sys::cuEventDestroy_v2(free) };
+                wait_event(self.comm_stream, copy.event)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = received {
+            // The peers wait on this rank's posts: fail the group so that they stop at once.
+            self.shared.fail(self.rank, e.to_string());
+            // Whatever was queued may still touch the operands: the GPU's stream (where they are
+            // freed) waits for it before the error returns.
+            if let Ok(done) = record(self.comm_stream) {
+                let _ = wait_event(gpu_stream, done);
+            }
+            return Err(e);
+        }
+        let mut keep: Vec<Tensor> = sends.iter().map(|s| s.0.clone()).collect();
+        keep.extend(recvs.iter().map(|r| r.0.clone()));
+        Ok(Pending {
+            rank: self,
+            done: record(self.comm_stream)?,
+            _keep: keep,
         })
+    }
+
+    fn post(&self, key: Mail, post: Post) {
+        self.shared
+            .mail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, post);
+    }
+
+    /// Takes the mailbox entry `key`, polling until its rank has posted it.
+    fn take(&self, key: Mail, what: &str) -> Result<Post> {
+        let mut got = None;
+        self.poll_until(what, &format!("; {key:?} was never posted"), || {
+            got = self
+                .shared
+                .mail
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            Ok(got.is_some())
+        })?;
+        got.ok_or_else(|| self.error(format!("{what}: {key:?} vanished")))
     }
 
     /// Waits (host) for everything queued on this rank's streams, polling: returns [`Error::Dist`] on
@@ -736,6 +911,7 @@ where
             .collect(),
         gate: Gate::default(),
         finished: std::sync::atomic::AtomicUsize::new(0),
+        mail: Mutex::new(HashMap::new()),
     });
     let results: Vec<Option<T>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..world)
@@ -810,8 +986,8 @@ where
 /// What could then wait inside NCCL for a peer is made to happen while every rank is known to be
 /// here: the set-up starts only after all ranks arrived (a rank that failed before fails the
 /// others in this polled wait), collective connections are made during it (`NCCL_RUNTIME_CONNECT=0`
-/// unless set), and every pair of ranks is connected for send/recv right after. From then on NCCL
-/// calls do not wait for peers; a peer missing from a collective is seen by the polled waits
+/// unless set); every pair of ranks then copies once (the peer copies of [`Rank::exchange_start`]
+/// do not go through NCCL). From then on NCCL calls do not wait for peers; a peer missing from a collective is seen by the polled waits
 /// ([`Rank::synchronize`]) and ends in an abort. One window is left: a rank that fails inside
 /// NCCL's own set-up after every rank has arrived (an NCCL error on one GPU only) leaves the others
 /// inside `ncclCommInitRankConfig`, where NCCL offers no timeout (a non-blocking set-up would, at
@@ -845,6 +1021,8 @@ fn join(
         shared: shared.clone(),
         settings,
         nccl,
+        sent: Mutex::new(vec![0; shared.world]),
+        received: Mutex::new(vec![0; shared.world]),
     };
     match connect(&me, id) {
         Ok(()) => Ok(me),
@@ -856,10 +1034,56 @@ fn join(
     }
 }
 
-/// The communicator of `me`, and every pair of ranks connected.
+/// Lets every other GPU of the group read and write the memory pool of `me`'s GPU (where tensors
+/// live), so that [`Rank::exchange_start`]'s copies go GPU to GPU (over NVLink where there is
+/// one) instead of through the host. A GPU that cannot reach this one is left out (its copies are
+/// staged by the driver). Set on the device's pool: it outlives the group.
+fn grant_peer_access(me: &Rank) -> Result<()> {
+    if me.shared.world == 1 || !me.gpu.context().has_async_alloc() {
+        return Ok(());
+    }
+    let pool = crate::device::device_pool(me.gpu.context())?;
+    let mine = me.gpu.context().cu_device();
+    let mut descs = Vec::new();
+    for peer in (0..me.shared.world).filter(|&p| p != me.rank) {
+        let mut dev: sys::CUdevice = 0;
+        let mut can = 0;
+        // SAFETY: writes one device handle and one flag.
+        unsafe {
+            drv(
+                sys::cuDeviceGet(&mut dev, peer as i32),
+                "reading a peer GPU",
+            )?;
+            drv(
+                sys::cuDeviceCanAccessPeer(&mut can, dev, mine),
+                "asking whether a peer GPU can reach this one",
+            )?;
+        }
+        if can != 0 {
+            descs.push(sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: peer as i32,
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            });
+        }
+    }
+    if descs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `descs` holds `descs.len()` valid descriptors of this device's live pool.
+    drv(
+        unsafe { sys::cuMemPoolSetAccess(pool, descs.as_ptr(), descs.len()) },
+        "giving the peer GPUs access to this GPU's memory pool",
+    )
+}
+
+/// The communicator of `me`, and a first copy between every pair of ranks.
 fn connect(me: &Rank, id: nccl::UniqueId) -> Result<()> {
     let (shared, rank, world) = (&me.shared, me.rank, me.shared.world);
-    // The pair-connecting exchange's buffers, made before the rendezvous: from there to the end of
+    grant_peer_access(me)?;
+    // The pair-checking exchange's buffers, made before the rendezvous: from there to the end of
     // the set-up nothing but NCCL should be able to fail.
     let one = Tensor::empty(&me.gpu, &[world], DType::F32)?;
     one.fill_bytes(0)?;
@@ -902,8 +1126,8 @@ fn connect(me: &Rank, id: nccl::UniqueId) -> Result<()> {
     }
     me.settle("ncclCommInitRankConfig", r)?;
     if world > 1 {
-        // Connect every pair now, while every rank is here: a blocking send/recv to a peer not yet
-        // connected waits inside NCCL for that peer, which a later exchange must not do.
+        // Every pair copies once now, while every rank is here: a GPU pair whose copies fail
+        // fails the set-up, not the user's first exchange.
         let sends: Vec<(&Tensor, usize)> = (0..world)
             .filter(|&p| p != rank)
             .map(|p| (&views[p].0, p))

@@ -107,12 +107,6 @@ pub(crate) struct Nccl {
         NcclComm,
         CudaStream,
     ) -> Res,
-    pub send:
-        unsafe extern "C" fn(*const c_void, usize, DataType, c_int, NcclComm, CudaStream) -> Res,
-    pub recv:
-        unsafe extern "C" fn(*mut c_void, usize, DataType, c_int, NcclComm, CudaStream) -> Res,
-    pub group_start: unsafe extern "C" fn() -> Res,
-    pub group_end: unsafe extern "C" fn() -> Res,
 }
 
 // SAFETY: the table holds function pointers into a library that stays loaded for the process's life;
@@ -166,10 +160,6 @@ fn resolve(lib: libloading::Library, path: String) -> Result<Nccl, String> {
         get_last_error: sym!("ncclGetLastError"),
         all_reduce: sym!("ncclAllReduce"),
         all_gather: sym!("ncclAllGather"),
-        send: sym!("ncclSend"),
-        recv: sym!("ncclRecv"),
-        group_start: sym!("ncclGroupStart"),
-        group_end: sym!("ncclGroupEnd"),
         _lib: lib,
     })
 }
