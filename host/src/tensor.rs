@@ -130,15 +130,10 @@ impl Tensor {
                 given: numel as u64,
                 max: usize::MAX as u64,
             })?;
-        // Allocations are whole 16-byte units (an empty tensor gets one: a zero-byte allocation is
-        // not a valid driver request). NCCL's kernels read the 4-byte word that holds a tensor's
-        // last element whole: memcheck on two H200s (2026-11-27) saw its f16 all-reduce read 2
-        // bytes past an 8,198-byte tensor. The tail past the last element is zeroed, so such a
-        // read finds initialised bytes inside the allocation.
-        let padded = bytes.max(16).next_multiple_of(16);
+        // A zero-byte allocation is not a valid driver request; empty tensors get a token buffer.
         // SAFETY: the buffer is either poisoned below or written by the op that asked for it before
         // anything reads it (every kernel writes every output element: the poison tests check it).
-        let alloc = || unsafe { gpu.stream().alloc::<u8>(padded) };
+        let alloc = || unsafe { gpu.stream().alloc::<u8>(bytes.max(16)) };
         let buf = match alloc() {
             // The pool keeps freed memory (see `Gpu::release_cached_memory`): give it back to the
             // system and try once more before reporting the device full.
@@ -159,19 +154,6 @@ impl Tensor {
         };
         if gpu.poison_outputs() {
             t.fill_bytes(0xFF)?;
-        } else if bytes > 0 && padded > bytes {
-            // SAFETY: the bytes `bytes..padded` lie inside the allocation `t` keeps alive;
-            // stream-ordered before any use of `t`.
-            unsafe {
-                let (base, _sync) = t.buf.device_ptr(gpu.stream());
-                cudarc::driver::result::memset_d8_async(
-                    base + bytes as u64,
-                    0,
-                    padded - bytes,
-                    gpu.stream().cu_stream(),
-                )
-                .map_err(|e| Error::driver(e, "zeroing an allocation's tail"))?;
-            }
         }
         Ok(t)
     }
@@ -427,9 +409,8 @@ impl Tensor {
     }
 
     /// The kernel-side view: pointer and the number of elements the view spans from it (one past its
-    /// farthest element; `numel` for a contiguous tensor). Not the allocation size: allocations are
-    /// whole 16-byte units, whose bytes past the last element are not elements. `checked` PTX bounds
-    /// accesses by it.
+    /// farthest element; `numel` for a contiguous tensor). Not the allocation size: small tensors get a
+    /// 16-byte token allocation whose extra bytes are not elements. `checked` PTX bounds accesses by it.
     pub(crate) fn raw(&self) -> RawSlice {
         let span = if self.numel() == 0 {
             0

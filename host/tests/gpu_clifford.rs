@@ -508,7 +508,7 @@ fn layer_forward_and_backward_match_reference() {
 /// The allocation counter (`Gpu::memory_stats`, what the benches report as our peak memory) against
 /// the sizes the sgp forward + backward must allocate, worked out by hand: forward out `(C, B, N)` and
 /// norms `(G, B)`; backward grad_x, grad_y `(C, B, N)`, grad_weight `(N, P)`, the grade dots `(G, B)`
-/// and the weight-gradient partials `(chunks, N, P)`; every buffer whole 16-byte units, at least one. All of them are
+/// and the weight-gradient partials `(chunks, N, P)`; every buffer at least 16 bytes. All of them are
 /// live at the backward's last allocation, so that is the peak. After the results are dropped the live
 /// count is back where it started.
 #[test]
@@ -538,7 +538,7 @@ fn sgp_peak_memory_is_the_sum_of_its_allocations() {
             let f = cl::sgp_forward(&x, &y, &w, Normalize::Yes).unwrap();
             let g = cl::sgp_backward(&x, &y, &w, &f, &go).unwrap();
             let peak = gpu.memory_stats().peak_bytes - before;
-            let alloc = |elems: usize| (4 * elems).max(16).next_multiple_of(16) as u64;
+            let alloc = |elems: usize| (4 * elems).max(16) as u64;
             let (c, gr, p) = (alg.components(), alg.grades(), alg.paths());
             let rpc = gpu::params::clifford::rows_per_chunk_v2(b as u64, n as u64);
             let chunks = (b as u64).div_ceil(rpc).max(1) as usize;
