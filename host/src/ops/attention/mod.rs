@@ -1189,6 +1189,7 @@ pub fn naive_backward(
 
 /// CPU references (f64 accumulation): what the tests and the incremental-replacement harness
 /// compare the kernels with.
+pub mod model_features;
 pub mod reference;
 
 #[cfg(test)]
