@@ -300,16 +300,26 @@ impl Gpu {
     /// Gives the device memory that dropped tensors left in the driver's pool back to the system
     /// (after waiting for the stream): freed memory is kept for the next allocation (see
     /// [`Gpu::new`]), so other processes and allocations outside the pool (cuBLAS, NCCL)
-    /// see it as used until this runs. An allocation that finds the device full calls it and tries
-    /// once more by itself.
+    /// see it as used until this runs. A tensor allocation that finds the device full first trims
+    /// the pool without waiting for the GPU (a host wait there could stall a rank of a
+    /// [`crate::dist`] group) and tries once more; other allocations (NCCL's, cuBLAS's, id uploads)
+    /// do not, so call this before handing the memory to them.
     pub fn release_cached_memory(&self) -> Result<()> {
         self.synchronize()?;
+        self.trim_pool()
+    }
+
+    /// Returns the pool's unused memory to the system without waiting for the GPU: memory whose
+    /// free is still queued on a stream stays (the driver never releases what backs a live or
+    /// pending allocation), so this is safe at any time and may release less than
+    /// [`Gpu::release_cached_memory`].
+    pub(crate) fn trim_pool(&self) -> Result<()> {
         if !self.inner.ctx.has_async_alloc() {
             return Ok(());
         }
         let pool = device_pool(&self.inner.ctx)?;
-        // SAFETY: trims the pool of this handle's device; the stream is idle, so no pending free
-        // is skipped.
+        // SAFETY: trims the pool of this handle's device; the driver keeps whatever still backs
+        // an allocation.
         unsafe { cudarc::driver::sys::cuMemPoolTrimTo(pool, 0) }
             .result()
             .map_err(|e| Error::driver(e, "trimming the device's memory pool"))
@@ -502,7 +512,8 @@ pub(crate) fn device_pool(ctx: &Arc<CudaContext>) -> Result<cudarc::driver::sys:
 /// tensors then map fresh physical memory. A training step that reads its loss back each step paid
 /// that on every step, and two GPUs driven from one process paid it under one driver lock. The
 /// threshold is raised to "never" (what PyTorch's caching allocator does); [`Gpu::release_cached_memory`]
-/// gives the memory back on request, and an allocation that finds the device full does so first.
+/// gives the memory back on request, and a tensor allocation that finds the device full trims the
+/// pool first.
 fn keep_freed_memory(ctx: &Arc<CudaContext>) -> Result<()> {
     if !ctx.has_async_alloc() {
         return Ok(());

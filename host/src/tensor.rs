@@ -135,10 +135,11 @@ impl Tensor {
         // anything reads it (every kernel writes every output element: the poison tests check it).
         let alloc = || unsafe { gpu.stream().alloc::<u8>(bytes.max(16)) };
         let buf = match alloc() {
-            // The pool keeps freed memory (see `Gpu::release_cached_memory`): give it back to the
-            // system and try once more before reporting the device full.
+            // The pool keeps freed memory (see `Gpu::release_cached_memory`): give what is unused
+            // back to the system and try once more before reporting the device full. No host wait
+            // here: inside a dist group the stream may wait on a peer that waits on this thread.
             Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                gpu.release_cached_memory()?;
+                let _ = gpu.trim_pool();
                 alloc()
             }
             other => other,

@@ -547,6 +547,14 @@ impl Rank {
     /// and an event after which it may be overwritten, the sender queues the copy behind that event
     /// and posts the copy's own event, and the receiver's communication stream waits for it. Both
     /// waits are polled (a peer that never calls times out; a failed group ends them).
+    ///
+    /// So the call returns on the host only once every rank it sends to or receives from has made
+    /// its matching call; a send to this rank itself must be received in the same call. A tensor
+    /// received must not overlap one sent, nor one still in flight in an unfinished [`Pending`]
+    /// (incoming copies are ordered after this rank's GPU stream, not after its own outgoing
+    /// copies). In a group that fails, a copy a peer queued just before the failure may still land
+    /// in this rank's received tensors after the error returns, and the events of unfinished
+    /// messages are not freed.
     pub fn exchange_start(
         &self,
         sends: &[(&Tensor, usize)],
@@ -582,124 +590,134 @@ impl Rank {
             c[peer] += 1;
             c[peer] - 1
         };
-        // Receive buffers first (posting never waits), so no two ranks wait on each other.
-        let mut arriving = Vec::with_capacity(recvs.len());
-        for &(t, peer) in recvs {
-            let n = number(&self.received, peer);
-            let free = record(gpu_stream)?;
-            self.post(
-                Mail::Buffer {
-                    from: peer,
-                    to: self.rank,
-                    n,
-                },
-                Post {
-                    ptr: t.device_ptr(),
-                    bytes: t.numel() * t.dtype().size_bytes(),
-                    dtype: t.dtype(),
-                    ctx,
-                    event: free,
-                },
-            );
-            arriving.push((peer, n, free));
-        }
-        // The sends: each behind this rank's queued work (the data) and the receiver's (its buffer).
-        let ready = record(gpu_stream)?;
-        let sent = (|| -> Result<()> {
-            wait_event_keep(self.comm_stream, ready)?;
-            for &(t, peer) in sends {
-                let n = number(&self.sent, peer);
-                let buf = self.take(
-                    Mail::Buffer {
-                        from: self.rank,
-                        to: peer,
-                        n,
-                    },
-                    "exchange: waiting for the receiver's buffer",
-                )?;
-                let bytes = t.numel() * t.dtype().size_bytes();
-                if buf.bytes != bytes || buf.dtype != t.dtype() {
-                    return Err(self.give_up(format!(
-                        "exchange: message {n} to rank {peer} is {bytes} bytes of {}, but rank \
-                         {peer} receives {} bytes of {} there",
-                        t.dtype(),
-                        buf.bytes,
-                        buf.dtype
-                    )));
-                }
-                // SAFETY: both buffers are live for the copy (ours is kept by the Pending, the
-                // receiver's by its own); the copy is ordered after the receiver's event.
-                unsafe {
-                    drv(
-                        sys::cuStreamWaitEvent(self.comm_stream, buf.event, 0),
-                        "ordering a copy after the receiver",
-                    )?;
-                    drv(
-                        sys::cuMemcpyPeerAsync(
-                            buf.ptr,
-                            buf.ctx,
-                            t.device_ptr(),
-                            ctx,
-                            bytes,
-                            self.comm_stream,
-                        ),
-                        "copying to a peer GPU",
-                    )?;
-                }
-                let copied = record(self.comm_stream)?;
+        // Every error from the first post on goes through one exit (below): the group fails (the
+        // peers wait on this rank's posts) and the GPU's stream is ordered after whatever was queued.
+        let attempt = (|| -> Result<CUevent> {
+            // Receive buffers first (posting never waits), so no two ranks wait on each other.
+            let mut arriving = Vec::with_capacity(recvs.len());
+            for &(t, peer) in recvs {
+                let n = number(&self.received, peer);
+                let free = record(gpu_stream)?;
                 self.post(
-                    Mail::Copied {
-                        from: self.rank,
-                        to: peer,
-                        n,
-                    },
-                    Post {
-                        ptr: buf.ptr,
-                        bytes,
-                        dtype: t.dtype(),
-                        ctx,
-                        event: copied,
-                    },
-                );
-            }
-            Ok(())
-        })();
-        // SAFETY: queued waits keep what they need; the event is ours.
-        unsafe { sys::cuEventDestroy_v2(ready) };
-        let received = sent.and_then(|()| {
-            for &(peer, n, free) in &arriving {
-                let copy = self.take(
-                    Mail::Copied {
+                    Mail::Buffer {
                         from: peer,
                         to: self.rank,
                         n,
                     },
-                    "exchange: waiting for the sender's copy",
-                )?;
-                // The sender queued its wait on `free` before posting the copy: ours to free now.
-                // SAFETY: events are freed once their queued waits are done.
-                unsafe { sys::cuEventDestroy_v2(free) };
-                wait_event(self.comm_stream, copy.event)?;
+                    Post {
+                        ptr: t.device_ptr(),
+                        bytes: t.numel() * t.dtype().size_bytes(),
+                        dtype: t.dtype(),
+                        ctx,
+                        event: free,
+                    },
+                );
+                arriving.push((peer, n, free));
             }
-            Ok(())
-        });
-        if let Err(e) = received {
-            // The peers wait on this rank's posts: fail the group so that they stop at once.
-            self.shared.fail(self.rank, e.to_string());
-            // Whatever was queued may still touch the operands: the GPU's stream (where they are
-            // freed) waits for it before the error returns.
-            if let Ok(done) = record(self.comm_stream) {
-                let _ = wait_event(gpu_stream, done);
+            // The sends: each behind this rank's queued work (the data) and the receiver's (its buffer).
+            let ready = record(gpu_stream)?;
+            let sent = (|| -> Result<()> {
+                wait_event_keep(self.comm_stream, ready)?;
+                for &(t, peer) in sends {
+                    let n = number(&self.sent, peer);
+                    let buf = self.take(
+                        Mail::Buffer {
+                            from: self.rank,
+                            to: peer,
+                            n,
+                        },
+                        "exchange: waiting for the receiver's buffer",
+                    )?;
+                    let bytes = t.numel() * t.dtype().size_bytes();
+                    if buf.bytes != bytes || buf.dtype != t.dtype() {
+                        return Err(self.give_up(format!(
+                            "exchange: message {n} to rank {peer} is {bytes} bytes of {}, but rank \
+                         {peer} receives {} bytes of {} there",
+                            t.dtype(),
+                            buf.bytes,
+                            buf.dtype
+                        )));
+                    }
+                    // SAFETY: both buffers are live for the copy (ours is kept by the Pending, the
+                    // receiver's by its own); the copy is ordered after the receiver's event.
+                    unsafe {
+                        drv(
+                            sys::cuStreamWaitEvent(self.comm_stream, buf.event, 0),
+                            "ordering a copy after the receiver",
+                        )?;
+                        drv(
+                            sys::cuMemcpyPeerAsync(
+                                buf.ptr,
+                                buf.ctx,
+                                t.device_ptr(),
+                                ctx,
+                                bytes,
+                                self.comm_stream,
+                            ),
+                            "copying to a peer GPU",
+                        )?;
+                    }
+                    let copied = record(self.comm_stream)?;
+                    self.post(
+                        Mail::Copied {
+                            from: self.rank,
+                            to: peer,
+                            n,
+                        },
+                        Post {
+                            ptr: buf.ptr,
+                            bytes,
+                            dtype: t.dtype(),
+                            ctx,
+                            event: copied,
+                        },
+                    );
+                }
+                Ok(())
+            })();
+            // SAFETY: queued waits keep what they need; the event is ours.
+            unsafe { sys::cuEventDestroy_v2(ready) };
+            let received = sent.and_then(|()| {
+                for &(peer, n, free) in &arriving {
+                    let copy = self.take(
+                        Mail::Copied {
+                            from: peer,
+                            to: self.rank,
+                            n,
+                        },
+                        "exchange: waiting for the sender's copy",
+                    )?;
+                    // The sender queued its wait on `free` before posting the copy: ours to free now.
+                    // SAFETY: events are freed once their queued waits are done.
+                    unsafe { sys::cuEventDestroy_v2(free) };
+                    wait_event(self.comm_stream, copy.event)?;
+                }
+                Ok(())
+            });
+            received?;
+            record(self.comm_stream)
+        })();
+        match attempt {
+            Ok(done) => {
+                let mut keep: Vec<Tensor> = sends.iter().map(|s| s.0.clone()).collect();
+                keep.extend(recvs.iter().map(|r| r.0.clone()));
+                Ok(Pending {
+                    rank: self,
+                    done,
+                    _keep: keep,
+                })
             }
-            return Err(e);
+            Err(e) => {
+                // The peers wait on this rank's posts: fail the group so that they stop at once.
+                self.shared.fail(self.rank, e.to_string());
+                // Whatever was queued may still touch the operands: the GPU's stream (where they
+                // are freed) waits for it before the error returns.
+                if let Ok(done) = record(self.comm_stream) {
+                    let _ = wait_event(gpu_stream, done);
+                }
+                Err(e)
+            }
         }
-        let mut keep: Vec<Tensor> = sends.iter().map(|s| s.0.clone()).collect();
-        keep.extend(recvs.iter().map(|r| r.0.clone()));
-        Ok(Pending {
-            rank: self,
-            done: record(self.comm_stream)?,
-            _keep: keep,
-        })
     }
 
     fn post(&self, key: Mail, post: Post) {
@@ -714,6 +732,11 @@ impl Rank {
     fn take(&self, key: Mail, what: &str) -> Result<Post> {
         let mut got = None;
         self.poll_until(what, &format!("; {key:?} was never posted"), || {
+            // Nothing is taken once the group failed: the rank that posted it may be returning
+            // (and freeing its buffer); the poll then reports the failure.
+            if self.shared.failed.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
             got = self
                 .shared
                 .mail
@@ -780,7 +803,8 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 /// a poll. A healthy group's waits mostly end within the spin, so the wait returns within
 /// microseconds of the GPU finishing (a 100 us sleep from the 200th poll on, the first form, added
 /// up to about 0.15 ms to every short wait); past it the host thread stops burning a core through
-/// a long kernel, at a cost of at most a sleep's length.
+/// a long kernel, at a cost of about a sleep's length (a 50 us request sleeps about 100 us with
+/// Linux's default timer slack).
 struct Backoff {
     start: Instant,
 }
@@ -1045,6 +1069,7 @@ fn grant_peer_access(me: &Rank) -> Result<()> {
     let pool = crate::device::device_pool(me.gpu.context())?;
     let mine = me.gpu.context().cu_device();
     let mut descs = Vec::new();
+    // Rank `p` runs on device ordinal `p` (see `join`).
     for peer in (0..me.shared.world).filter(|&p| p != me.rank) {
         let mut dev: sys::CUdevice = 0;
         let mut can = 0;
@@ -1083,6 +1108,10 @@ fn grant_peer_access(me: &Rank) -> Result<()> {
 fn connect(me: &Rank, id: nccl::UniqueId) -> Result<()> {
     let (shared, rank, world) = (&me.shared, me.rank, me.shared.world);
     grant_peer_access(me)?;
+    // NCCL's buffers come from outside the memory pool, which may hold freed tensor memory of
+    // earlier work in this process: hand back what is unused (before the rendezvous, like every
+    // step that can fail outside NCCL).
+    me.gpu.trim_pool()?;
     // The pair-checking exchange's buffers, made before the rendezvous: from there to the end of
     // the set-up nothing but NCCL should be able to fail.
     let one = Tensor::empty(&me.gpu, &[world], DType::F32)?;

@@ -304,8 +304,8 @@ fn vector_ready(op: &'static str, ts: &[&Tensor], unit: usize, group: usize) -> 
         return Err(Error::Invalid {
             op,
             msg: format!(
-                "needs 16-byte aligned buffers and a multiple of {group} elements a row, got {unit} \
-                 and buffer addresses mod 16 {:?}",
+                "needs 16-byte aligned buffers and a multiple of {group} elements (a row, or the \
+                 whole length), got {unit} and buffer addresses mod 16 {:?}",
                 ts.iter().map(|t| t.device_ptr() % 16).collect::<Vec<_>>()
             ),
         });
