@@ -15,6 +15,8 @@
 //! - **Visibility:** key `j` is seen by query `i` iff `j <= i + off` when causal, and
 //!   `i + off - left <= j <= i + off + right` for a window `(left, right)` (either side may be
 //!   unbounded). A row that sees no key gets O = 0 and LSE = -inf; its gradients are 0.
+use std::ops::Range;
+
 use crate::DType;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
@@ -216,6 +218,65 @@ fn f32s(x: &[f64]) -> Vec<f32> {
     x.iter().map(|&v| v as f32).collect()
 }
 
+/// A checked dense call in f64: its inputs, shape `(B, Hq, Hkv, Sq, Sk, D)` and options.
+struct Dense<'a> {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    dims: (usize, usize, usize, usize, usize, usize),
+    scale: f64,
+    causal: bool,
+    f: &'a ModelFeatures,
+}
+
+impl<'a> Dense<'a> {
+    fn of(
+        op: &'static str,
+        (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
+        params: &AttentionParams,
+        f: &'a ModelFeatures,
+    ) -> Result<Dense<'a>> {
+        let dims = dense_dims(op, &q.shape, &k.shape, &v.shape, f)?;
+        Ok(Dense {
+            q: f64s(&q.data),
+            k: f64s(&k.data),
+            v: f64s(&v.data),
+            dims,
+            scale: super::scale(op, params, dims.5)? as f64,
+            causal: params.causal == Causal::Yes,
+            f,
+        })
+    }
+
+    /// Every (batch, query head) problem in order, with the element ranges of its Q rows and of
+    /// the key/value head it reads (query head `h` of a batch entry reads head `h / (Hq / Hkv)`).
+    fn each_head(&self, mut visit: impl FnMut(Range<usize>, Range<usize>, Head<'_>)) {
+        let (b, hq, hkv, sq, sk, d) = self.dims;
+        for bi in 0..b {
+            for h in 0..hq {
+                let (qh, kh) = (bi * hq + h, bi * hkv + h / (hq / hkv));
+                let (qr, kr) = (
+                    qh * sq * d..(qh + 1) * sq * d,
+                    kh * sk * d..(kh + 1) * sk * d,
+                );
+                let head = Head {
+                    q: &self.q[qr.clone()],
+                    k: &self.k[kr.clone()],
+                    v: &self.v[kr.clone()],
+                    sq,
+                    sk,
+                    d,
+                    scale: self.scale,
+                    causal: self.causal,
+                    f: self.f,
+                    slope: self.f.alibi_slopes.as_ref().map_or(0.0, |s| s[h] as f64),
+                };
+                visit(qr, kr, head);
+            }
+        }
+    }
+}
+
 /// Dense forward: Q `[B, Hq, Sq, D]`, K and V `[B, Hkv, Sk, D]` (`Hq` a multiple of `Hkv`). Returns O
 /// `[B, Hq, Sq, D]` and LSE `[B, Hq, Sq]`, f64 arithmetic stored as f32.
 pub fn forward(
@@ -225,32 +286,15 @@ pub fn forward(
     params: &AttentionParams,
     f: &ModelFeatures,
 ) -> Result<(HostTensor, HostTensor)> {
-    const OP: &str = "attention::model_features::forward";
-    let (b, hq, hkv, sq, sk, d) = dense_dims(OP, &q.shape, &k.shape, &v.shape, f)?;
-    let scale = super::scale(OP, params, d)? as f64;
-    let (qd, kd, vd) = (f64s(&q.data), f64s(&k.data), f64s(&v.data));
+    let call = Dense::of("attention::model_features::forward", (q, k, v), params, f)?;
+    let (b, hq, _, sq, _, d) = call.dims;
     let mut o = Vec::with_capacity(b * hq * sq * d);
     let mut lse = Vec::with_capacity(b * hq * sq);
-    for bi in 0..b {
-        for h in 0..hq {
-            let (qh, kh) = (bi * hq + h, bi * hkv + h / (hq / hkv));
-            let head = Head {
-                q: &qd[qh * sq * d..(qh + 1) * sq * d],
-                k: &kd[kh * sk * d..(kh + 1) * sk * d],
-                v: &vd[kh * sk * d..(kh + 1) * sk * d],
-                sq,
-                sk,
-                d,
-                scale,
-                causal: params.causal == Causal::Yes,
-                f,
-                slope: f.alibi_slopes.as_ref().map_or(0.0, |s| s[h] as f64),
-            };
-            let (oh, lh) = head.forward();
-            o.extend(oh);
-            lse.extend(lh);
-        }
-    }
+    call.each_head(|_, _, head| {
+        let (oh, lh) = head.forward();
+        o.extend(oh);
+        lse.extend(lh);
+    });
     Ok((
         HostTensor::new(f32s(&o), &[b, hq, sq, d], DType::F32)?,
         HostTensor::new(f32s(&lse), &[b, hq, sq], DType::F32)?,
@@ -268,7 +312,7 @@ pub fn backward(
     f: &ModelFeatures,
 ) -> Result<AttentionGrads<HostTensor>> {
     const OP: &str = "attention::model_features::backward";
-    let (b, hq, hkv, sq, sk, d) = dense_dims(OP, &q.shape, &k.shape, &v.shape, f)?;
+    let call = Dense::of(OP, (q, k, v), params, f)?;
     if d_o.shape != q.shape {
         return Err(Error::Shape {
             op: OP,
@@ -277,39 +321,19 @@ pub fn backward(
             got: d_o.shape.clone(),
         });
     }
-    let scale = super::scale(OP, params, d)? as f64;
-    let (qd, kd, vd, gd) = (f64s(&q.data), f64s(&k.data), f64s(&v.data), f64s(&d_o.data));
-    let mut dq = vec![0f64; qd.len()];
-    let (mut dk, mut dv) = (vec![0f64; kd.len()], vec![0f64; vd.len()]);
-    for bi in 0..b {
-        for h in 0..hq {
-            let (qh, kh) = (bi * hq + h, bi * hkv + h / (hq / hkv));
-            let (qr, kr) = (
-                qh * sq * d..(qh + 1) * sq * d,
-                kh * sk * d..(kh + 1) * sk * d,
-            );
-            let head = Head {
-                q: &qd[qr.clone()],
-                k: &kd[kr.clone()],
-                v: &vd[kr.clone()],
-                sq,
-                sk,
-                d,
-                scale,
-                causal: params.causal == Causal::Yes,
-                f,
-                slope: f.alibi_slopes.as_ref().map_or(0.0, |s| s[h] as f64),
-            };
-            let g = head.backward(&gd[qr.clone()]);
-            dq[qr].copy_from_slice(&g.dq);
-            for (x, y) in dk[kr.clone()].iter_mut().zip(&g.dk) {
-                *x += y;
-            }
-            for (x, y) in dv[kr].iter_mut().zip(&g.dv) {
-                *x += y;
-            }
+    let gd = f64s(&d_o.data);
+    let mut dq = vec![0f64; call.q.len()];
+    let (mut dk, mut dv) = (vec![0f64; call.k.len()], vec![0f64; call.v.len()]);
+    call.each_head(|qr, kr, head| {
+        let g = head.backward(&gd[qr.clone()]);
+        dq[qr].copy_from_slice(&g.dq);
+        for (x, y) in dk[kr.clone()].iter_mut().zip(&g.dk) {
+            *x += y;
         }
-    }
+        for (x, y) in dv[kr].iter_mut().zip(&g.dv) {
+            *x += y;
+        }
+    });
     Ok(AttentionGrads {
         dq: HostTensor::new(f32s(&dq), &q.shape, DType::F32)?,
         dk: HostTensor::new(f32s(&dk), &k.shape, DType::F32)?,

@@ -259,6 +259,27 @@ fn windows_softcap_and_alibi_follow_their_formulas() {
     assert!(max_diff(&a.data, &b.data) < 1e-6);
 }
 
+/// The head the finite-difference test differentiates: scale 0.8, ALiBi slope 0.3.
+fn fd_head<'a>(
+    [q, k, v]: [&'a [f64]; 3],
+    (sq, sk, d): (usize, usize, usize),
+    causal: bool,
+    f: &'a ModelFeatures,
+) -> Head<'a> {
+    Head {
+        q,
+        k,
+        v,
+        sq,
+        sk,
+        d,
+        scale: 0.8,
+        causal,
+        f,
+        slope: 0.3,
+    }
+}
+
 #[test]
 fn the_backward_matches_central_differences() {
     let mut r = rng("model features: finite differences");
@@ -279,42 +300,25 @@ fn the_backward_matches_central_differences() {
             softcap: Some(0.9),
             alibi_slopes: None,
         };
-        let head = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
-            let h = Head {
-                q,
-                k,
-                v,
-                sq,
-                sk,
-                d,
-                scale: 0.8,
-                causal,
-                f: &f,
-                slope: 0.3,
-            };
-            h.forward().0.iter().zip(&go).map(|(a, b)| a * b).sum()
+        let dims = (sq, sk, d);
+        let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+            fd_head([q, k, v], dims, causal, &f)
+                .forward()
+                .0
+                .iter()
+                .zip(&go)
+                .map(|(a, b)| a * b)
+                .sum()
         };
-        let g = Head {
-            q: &q,
-            k: &k,
-            v: &v,
-            sq,
-            sk,
-            d,
-            scale: 0.8,
-            causal,
-            f: &f,
-            slope: 0.3,
-        }
-        .backward(&go);
+        let g = fd_head([&q, &k, &v], dims, causal, &f).backward(&go);
         let eps = 1e-6;
         for (what, which, grad) in [("dQ", 0, &g.dq), ("dK", 1, &g.dk), ("dV", 2, &g.dv)] {
             for e in 0..grad.len() {
                 let mut xs = [q.clone(), k.clone(), v.clone()];
                 xs[which][e] += eps;
-                let up = head(&xs[0], &xs[1], &xs[2]);
+                let up = loss(&xs[0], &xs[1], &xs[2]);
                 xs[which][e] -= 2.0 * eps;
-                let down = head(&xs[0], &xs[1], &xs[2]);
+                let down = loss(&xs[0], &xs[1], &xs[2]);
                 let numeric = (up - down) / (2.0 * eps);
                 assert!(
                     (numeric - grad[e]).abs() < 1e-7 + 1e-6 * numeric.abs(),
