@@ -262,24 +262,22 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
             );
             let eff = world as f64 * t1 / tn;
             // Forward only: the ring's flash calls alone on one GPU.
-            let alone = if which == 0 {
-                format!(", \"pieces_alone_s\": {pieces:.6}")
+            let (alone_md, alone_json) = if which == 0 {
+                (
+                    format!(" its flash calls alone on one GPU: {:.2} ms", pieces * 1e3),
+                    format!(", \"pieces_alone_s\": {pieces:.6}"),
+                )
             } else {
-                String::new()
+                (String::new(), String::new())
             };
             println!(
-                "| {name} L={l} | {s} | {:.2} | {:.2} | {:.3} |{}",
+                "| {name} L={l} | {s} | {:.2} | {:.2} | {:.3} |{alone_md}",
                 t1 * 1e3,
                 tn * 1e3,
                 eff,
-                if which == 0 {
-                    format!(" its flash calls alone on one GPU: {:.2} ms", pieces * 1e3)
-                } else {
-                    String::new()
-                }
             );
             rows.push(format!(
-                "{{\"pass\": \"{name}\", \"per_gpu_len\": {l}, \"total_len\": {s}, \"one_gpu_s\": {t1:.6}, \"n_gpu_s\": {tn:.6}, \"efficiency\": {eff:.4}{alone}}}"
+                "{{\"pass\": \"{name}\", \"per_gpu_len\": {l}, \"total_len\": {s}, \"one_gpu_s\": {t1:.6}, \"n_gpu_s\": {tn:.6}, \"efficiency\": {eff:.4}{alone_json}}}"
             ));
         }
     }

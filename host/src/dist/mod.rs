@@ -295,16 +295,11 @@ fn drv(r: sys::CUresult, during: &str) -> Result<()> {
 
 /// `stream` waits for `event` (destroyed here: the driver keeps it until the wait is done).
 fn wait_event(stream: CUstream, event: CUevent) -> Result<()> {
-    // SAFETY: both handles are live; destroying a recorded event after queueing a wait on it is
-    // allowed (its resources are freed once it completes).
-    unsafe {
-        let r = drv(
-            sys::cuStreamWaitEvent(stream, event, 0),
-            "ordering two streams",
-        );
-        sys::cuEventDestroy_v2(event);
-        r
-    }
+    let r = wait_event_keep(stream, event);
+    // SAFETY: a live event; destroying a recorded event after queueing a wait on it is allowed
+    // (its resources are freed once it completes).
+    unsafe { sys::cuEventDestroy_v2(event) };
+    r
 }
 
 /// `stream` waits for `event`, which stays the caller's.
