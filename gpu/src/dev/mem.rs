@@ -170,13 +170,20 @@ impl Slice<f32> {
     /// three). The buffer must not be written during the kernel.
     #[inline(always)]
     pub fn get4_ro(&self, i: u64) -> [f32; 4] {
-        check_index(i as usize + 3, self.len as usize);
-        if cfg!(feature = "checked") && (i % 4 != 0 || self.ptr as u64 % 16 != 0) {
-            panic!();
-        }
+        check_vec4(i, self.len, self.ptr as u64);
         // SAFETY: in range and 16-byte aligned (above); inputs are never outputs.
         let c = unsafe { load_chunk_ro(self.ptr.add(i as usize) as *const Chunk16, 0) };
         c.0.map(f32::from_bits)
+    }
+}
+
+/// The conditions of the 4-element f32 accesses: `i + 4 <= len`, `i % 4 == 0` and a 16-byte
+/// aligned base (verified in `checked` builds only, like every index).
+#[inline(always)]
+fn check_vec4(i: u64, len: u64, ptr: u64) {
+    check_index(i as usize + 3, len as usize);
+    if cfg!(feature = "checked") && (i % 4 != 0 || ptr % 16 != 0) {
+        panic!();
     }
 }
 
@@ -186,10 +193,7 @@ impl SliceMut<f32> {
     /// them during the kernel.
     #[inline(always)]
     pub fn get4(&self, i: u64) -> [f32; 4] {
-        check_index(i as usize + 3, self.len as usize);
-        if cfg!(feature = "checked") && (i % 4 != 0 || self.ptr as u64 % 16 != 0) {
-            panic!();
-        }
+        check_vec4(i, self.len, self.ptr as u64);
         // SAFETY: in range and 16-byte aligned (above); this thread is the elements' one writer.
         let c = unsafe { load_chunk(self.ptr.add(i as usize) as *const Chunk16, 0) };
         c.0.map(f32::from_bits)
@@ -199,10 +203,7 @@ impl SliceMut<f32> {
     /// [`Slice::get4_ro`] (in range, 16-byte aligned), and each element has one writer.
     #[inline(always)]
     pub fn set4(&self, i: u64, v: [f32; 4]) {
-        check_index(i as usize + 3, self.len as usize);
-        if cfg!(feature = "checked") && (i % 4 != 0 || self.ptr as u64 % 16 != 0) {
-            panic!();
-        }
+        check_vec4(i, self.len, self.ptr as u64);
         // SAFETY: in range and 16-byte aligned (above).
         unsafe {
             store_chunk(
