@@ -608,3 +608,44 @@ pub mod naive {
     /// launched in chunks of whole (batch, head) pairs.
     pub const MAX_SCRATCH_ELEMS: usize = 1 << 28;
 }
+
+/// Shapes of one decoding launch (`decode_split_*`, then `decode_merge_*`): Q `[batch, q_heads,
+/// seq_q, head_dim]` contiguous against keys and values read through a block table, so one kernel
+/// serves a dense cache and a paged one. Key `j` of sequence `b`, key/value head `h`, lives at
+/// element `page * page_stride + (j % page_size) * row_stride + h * head_stride` of K (and V), with
+/// `page = block_table[b * max_pages + j / page_size]`; sequence `b` has `seq_lens[b]` keys. Query
+/// head `hq` reads key/value head `hq / (q_heads / kv_heads)` (GQA). Causal: query row `i` sees key
+/// `j` iff `j <= i + seq_lens[b] - seq_q`. Split `s` covers keys `s * keys_per_split ..` and writes
+/// its normalised partial O (f32) and LSE; the merge kernel combines the splits through the LSEs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeShape {
+    pub batch: u32,
+    pub q_heads: u32,
+    pub kv_heads: u32,
+    pub seq_q: u32,
+    pub head_dim: u32,
+    pub page_size: u32,
+    pub max_pages: u32,
+    pub keys_per_split: u32,
+    pub splits: u32,
+    pub mask: MaskKind,
+    /// Multiplies `Q K^T` before the softmax.
+    pub scale: f32,
+    pub _pad: u32,
+    /// Elements between pages, between a page's consecutive keys, and between heads.
+    pub page_stride: u64,
+    pub row_stride: u64,
+    pub head_stride: u64,
+}
+// SAFETY: #[repr(C)], twelve 4-byte fields then three 8-byte ones at offset 48: no padding; `mask`
+// is only built from the enum on the host.
+unsafe impl KernelParam for DecodeShape {}
+
+/// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8 on one key each.
+pub const DECODE_THREADS: u32 = 128;
+/// Keys a CTA takes a step: 16 lane groups (4 a warp) x 2 keys each.
+pub const DECODE_KEYS_PER_STEP: u32 = 32;
+/// Query rows a pass of a decoding CTA holds in registers (more rows take more passes over the
+/// split's keys, which then come from L2).
+pub const DECODE_ROWS: u32 = 4;

@@ -4,8 +4,9 @@
 //! naive reference ([`naive`], both builds). Backward:
 //! FlashAttention-2 on `mma.sync` ([`flash_bwd`], both builds until a wgmma form exists) and the
 //! naive reference. Ring (context-parallel) attention's LSE merge and gradient accumulation:
-//! [`ring`].
+//! [`ring`]. Decoding against a (paged) KV cache with split keys: [`decode`].
 //! Semantics, layouts and the causal convention: `params::attention`.
+mod decode;
 #[cfg(not(target_feature = "sm_90a"))]
 mod flash;
 mod flash_bwd;
