@@ -436,6 +436,38 @@ def attn_case(tag, b, h, s, d, causal):
                 peers=peers)
 
 
+DECODE_SHAPES = [(1, 4096), (1, 32768), (1, 131072), (8, 8192), (16, 32768), (64, 4096),
+                 (64, 16384)]           # (B, S_k) of benches/benches/ops.rs attention_decode
+
+
+def decode_peer(peer, backend):
+    """SDPA decoding with grouped K/V (enable_gqa), one backend forced (None = torch's choice)."""
+    def build():
+        return lambda s: F.scaled_dot_product_attention(s[0], s[1], s[2], enable_gqa=True)
+
+    def context():
+        if backend is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(getattr(SDPBackend, backend))
+
+    return Peer(peer, build, context)
+
+
+def attn_decode_case(tag, b, sk, hq=32, hkv=8, d=128):
+    """One query row a sequence against a dense [B, Hkv, S_k, D] cache, Hq = 4 Hkv (Llama-3).
+    bytes = K and V read once plus Q and O (the decoding goal's measure)."""
+    kv = 2 * b * hkv * sk * d * ELEM_SIZE[tag]
+    qo = 2 * b * hq * d * ELEM_SIZE[tag]
+    peers = [decode_peer("torch-eager", None)]
+    peers += [decode_peer(name, backend) for name, backend in SDPA_BACKENDS]
+    return Case(f"attn_decode/{tag}/B{b}Hq{hq}Hkv{hkv}Sk{sk}D{d}", bytes=kv + qo,
+                flops=4 * b * hq * sk * d, in_bytes=kv + qo // 2,
+                make_set=lambda: (rand((b, hq, 1, d), tag), rand((b, hkv, sk, d), tag),
+                                  rand((b, hkv, sk, d), tag)),
+                peers=peers)
+
+
 def sdpa_bwd_peer(peer, backend, causal, forward_too):
     """SDPA backward through autograd with one backend forced. Backward alone: the forward runs on
     a set's first call (untimed: every ATTN_BWD_SHAPES set is >= 256 MiB, so there is one set, and
@@ -741,6 +773,7 @@ def build_cases(quick):
     cases += [attn_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_FWD_SHAPES
               for causal in (False, True)]
+    cases += [attn_decode_case(tag, b, sk) for tag in ("f16", "bf16") for (b, sk) in DECODE_SHAPES]
     cases += [attn_bwd_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
               for causal in (False, True)]

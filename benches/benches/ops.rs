@@ -733,6 +733,59 @@ fn attention(b: &mut Bencher) {
     }
 }
 
+/// Decoding against a dense KV cache (`attn_decode`): one query row a sequence, 32 query heads on 8
+/// key/value heads (Llama-3's grouping), D128, B 1-64 x S_k 4k-128k at a fixed K/V size where it
+/// fits. Bytes: the K and V read once (what the goal measures against copy bandwidth) plus Q
+/// and O; FLOPs `4 B Hq S_k D`.
+fn attention_decode(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let shapes: &[(usize, usize)] = if quick {
+        &[(1, 4096)]
+    } else {
+        &[
+            (1, 4096),
+            (1, 32768),
+            (1, 131072),
+            (8, 8192),
+            (16, 32768),
+            (64, 4096),
+            (64, 16384),
+        ]
+    };
+    let (hq, hkv, d) = (32, 8, 128);
+    for dtype in [DType::F16, DType::BF16] {
+        for &(bb, sk) in shapes {
+            let kv_bytes = 2 * bb * hkv * sk * d * dtype.size_bytes();
+            let copies = rotation_copies(kv_bytes, b.l2_bytes);
+            let (q, k, v) = (
+                b.inputs(&[bb, hq, 1, d], dtype, copies),
+                b.inputs(&[bb, hkv, sk, d], dtype, copies),
+                b.inputs(&[bb, hkv, sk, d], dtype, copies),
+            );
+            let params = AttentionParams {
+                causal: Causal::No,
+                scale: None,
+            };
+            b.bench(
+                spec(
+                    format!("attn_decode/{dtype}/B{bb}Hq{hq}Hkv{hkv}Sk{sk}D{d}"),
+                    Some((kv_bytes + 2 * bb * hq * d * dtype.size_bytes()) as u64),
+                    Some(4 * (bb * hq * sk * d) as u64),
+                ),
+                copies,
+                |i| {
+                    attn::decode_forward(
+                        &q[i],
+                        attn::KvCache::Dense { k: &k[i], v: &v[i] },
+                        &params,
+                    )
+                    .expect("decode_forward");
+                },
+            );
+        }
+    }
+}
+
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
 /// both masks; f16 and bf16 for the backward in both modes (`attn_bwd`, the deterministic default;
@@ -1157,6 +1210,7 @@ fn main() {
     embeddings(&mut b);
     relevance(&mut b);
     attention(&mut b);
+    attention_decode(&mut b);
     attention_backward(&mut b);
     attention_backward_long(&mut b);
     clifford(&mut b);

@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 use cudarc::driver::LaunchConfig;
+pub use decode::{DECODE_HEAD_DIMS, KvCache, decode_forward};
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
     AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED, DqWalk,
@@ -1189,6 +1190,7 @@ pub fn naive_backward(
 
 /// CPU references (f64 accumulation): what the tests and the incremental-replacement harness
 /// compare the kernels with.
+pub mod decode;
 pub mod model_features;
 pub mod reference;
 

@@ -1,0 +1,383 @@
+//! Decoding attention against a KV cache ([`decode_forward`]): a few query rows a sequence (1 for
+//! token-by-token generation, up to a few dozen for speculative decoding) against long keys and
+//! values, dense or in fixed-size pages through a block table, with grouped-query heads and the
+//! keys split over CTAs (split-KV) so that even one sequence fills the GPU; the splits are merged
+//! through their LSEs. The kernels (`gpu/src/kernels/attention/decode.rs`) read each key once for
+//! all the query rows of its head group.
+//!
+//! **Status: not yet run on a GPU.** The kernels are built and checked by ptxas (no stack, no
+//! spills); the GPU tests (`host/tests/gpu_attention_decode.rs`, against the f64 reference of
+//! [`super::model_features`]) and the bench are written; they have not run.
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
+use gpu::params::RawSlice;
+use gpu::params::attention::{DECODE_KEYS_PER_STEP, DECODE_THREADS, DecodeShape, MaskKind};
+
+use super::{AttentionParams, Causal, GRID_YZ_MAX, scale};
+use crate::device::Gpu;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
+use crate::tensor::Tensor;
+
+/// Where the keys and values are.
+#[derive(Clone, Copy, Debug)]
+pub enum KvCache<'a> {
+    /// K and V `[B, Hkv, Sk, D]`, contiguous: every sequence has `Sk` keys.
+    Dense { k: &'a Tensor, v: &'a Tensor },
+    /// K and V caches `[pages, page_size, Hkv, D]`, contiguous; `block_table` is `[B, max_pages]`
+    /// row-major (sequence `b`'s key `j` is in page `block_table[b * max_pages + j / page_size]`,
+    /// slot `j % page_size`), `seq_lens` `[B]` the keys each sequence has. Entries of the table past
+    /// a sequence's last page are not read.
+    Paged {
+        k: &'a Tensor,
+        v: &'a Tensor,
+        block_table: &'a [u32],
+        max_pages: usize,
+        seq_lens: &'a [u32],
+    },
+}
+
+/// The head dims the decoding kernels take.
+pub const DECODE_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Attention of Q `[B, Hq, Sq, D]` (f16/bf16, contiguous, `D` 64 or 128) against a KV cache with
+/// `Hkv` heads (`Hq` a multiple of `Hkv`; query head `h` reads key/value head `h / (Hq / Hkv)`).
+/// Causal masking is bottom-right aligned per sequence (query row `i` sees keys `j <= i + len - Sq`).
+/// Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE `[B, Hq, Sq]` (f32); a row that sees no key gets
+/// O = 0 and LSE = -inf.
+pub fn decode_forward(
+    q: &Tensor,
+    kv: KvCache<'_>,
+    params: &AttentionParams,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::decode_forward";
+    let plan = Plan::of(OP, q, &kv, params)?;
+    let gpu = q.gpu();
+    let o = Tensor::empty(gpu, q.shape(), q.dtype())?;
+    let lse = Tensor::empty(gpu, &q.shape()[..3], DType::F32)?;
+    if o.numel() == 0 {
+        return Ok((o, lse));
+    }
+    let sh = plan.shape;
+    let rows = (sh.batch * sh.q_heads * sh.seq_q) as usize;
+    let o_part = Tensor::empty(gpu, &[rows * sh.splits as usize, plan.d], DType::F32)?;
+    let lse_part = Tensor::empty(gpu, &[rows * sh.splits as usize], DType::F32)?;
+    let table = upload(gpu, &plan.table)?;
+    let lens = upload(gpu, &plan.lens)?;
+    let (k, v) = plan.kv;
+    launch_cfg(
+        gpu,
+        split_kernel(plan.d, q.dtype()),
+        LaunchConfig {
+            grid_dim: (sh.splits, sh.kv_heads, sh.batch),
+            block_dim: (DECODE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        &[
+            &ByValue(q.raw()),
+            &ByValue(k.raw()),
+            &ByValue(v.raw()),
+            &ByValue(raw_u32(gpu, &table, plan.table.len())),
+            &ByValue(raw_u32(gpu, &lens, plan.lens.len())),
+            &ByValue(o_part.raw()),
+            &ByValue(lse_part.raw()),
+            &ByValue(sh),
+        ],
+    )?;
+    const MERGE_THREADS: u32 = 256;
+    launch(
+        gpu,
+        match q.dtype() {
+            DType::BF16 => "decode_merge_bf16",
+            _ => "decode_merge_f16",
+        },
+        grid_blocks(o.numel() as u64, MERGE_THREADS as u64),
+        MERGE_THREADS,
+        &[
+            &ByValue(o_part.raw()),
+            &ByValue(lse_part.raw()),
+            &ByValue(o.raw()),
+            &ByValue(lse.raw()),
+            &(plan.d as u64),
+            &(sh.splits as u64),
+        ],
+    )?;
+    // The uploaded table and lengths are freed in stream order, after the kernels that read them.
+    drop((table, lens));
+    Ok((o, lse))
+}
+
+fn split_kernel(d: usize, dtype: DType) -> &'static str {
+    match (d, dtype) {
+        (64, DType::BF16) => "decode_split_d64_bf16",
+        (64, _) => "decode_split_d64_f16",
+        (_, DType::BF16) => "decode_split_d128_bf16",
+        _ => "decode_split_d128_f16",
+    }
+}
+
+/// A validated call: the kernel's shape parameter, the block table and lengths to upload.
+struct Plan<'a> {
+    shape: DecodeShape,
+    d: usize,
+    kv: (&'a Tensor, &'a Tensor),
+    table: Vec<u32>,
+    lens: Vec<u32>,
+}
+
+impl<'a> Plan<'a> {
+    fn of(
+        op: &'static str,
+        q: &Tensor,
+        kv: &KvCache<'a>,
+        params: &AttentionParams,
+    ) -> Result<Plan<'a>> {
+        let [b, hq, sq, d] = *q.shape() else {
+            return Err(Error::Shape {
+                op,
+                what: "q".into(),
+                expected: "[B, Hq, Sq, D]".into(),
+                got: q.shape().to_vec(),
+            });
+        };
+        if !matches!(q.dtype(), DType::F16 | DType::BF16) {
+            return Err(Error::DType {
+                op,
+                expected: "f16 or bf16".into(),
+                got: q.dtype(),
+            });
+        }
+        if !DECODE_HEAD_DIMS.contains(&d) {
+            return Err(Error::Invalid {
+                op,
+                msg: format!(
+                    "head_dim {d} has no decoding kernel; supported: {DECODE_HEAD_DIMS:?}"
+                ),
+            });
+        }
+        let (k, v) = match *kv {
+            KvCache::Dense { k, v } | KvCache::Paged { k, v, .. } => (k, v),
+        };
+        for (what, t) in [("q", q), ("k", k), ("v", v)] {
+            t.require_contiguous(op, what)?;
+            if t.dtype() != q.dtype() {
+                return Err(Error::DType {
+                    op,
+                    expected: format!("{} (q's dtype) for {what}", q.dtype()),
+                    got: t.dtype(),
+                });
+            }
+            if !t.gpu().same_device(q.gpu()) {
+                return Err(Error::DeviceMismatch { op });
+            }
+            if t.numel() > 0 && !t.device_ptr().is_multiple_of(16) {
+                return Err(Error::Invalid {
+                    op,
+                    msg: format!("{what} must start at a 16-byte aligned address"),
+                });
+            }
+        }
+        if v.shape() != k.shape() {
+            return Err(Error::Shape {
+                op,
+                what: "v (k's shape)".into(),
+                expected: format!("{:?}", k.shape()),
+                got: v.shape().to_vec(),
+            });
+        }
+        let bad_k = |expected: String| Error::Shape {
+            op,
+            what: "k".into(),
+            expected,
+            got: k.shape().to_vec(),
+        };
+        // (kv heads, page size, max pages, strides, table, lengths)
+        let (hkv, page_size, max_pages, strides, table, lens) = match *kv {
+            KvCache::Dense { .. } => {
+                let [kb, hkv, sk, kd] = *k.shape() else {
+                    return Err(bad_k("[B, Hkv, Sk, D]".into()));
+                };
+                if kb != b || kd != d {
+                    return Err(bad_k(format!("[{b}, Hkv, Sk, {d}]")));
+                }
+                // One page a sequence: the whole of its keys.
+                let table = (0..b as u32).collect();
+                let lens = vec![sk as u32; b];
+                let strides = ((hkv * sk * d) as u64, d as u64, (sk * d) as u64);
+                (hkv, sk.max(1), 1, strides, table, lens)
+            }
+            KvCache::Paged {
+                block_table,
+                max_pages,
+                seq_lens,
+                ..
+            } => {
+                let [pages, page, hkv, kd] = *k.shape() else {
+                    return Err(bad_k("[pages, page_size, Hkv, D]".into()));
+                };
+                if kd != d || page == 0 {
+                    return Err(bad_k(format!("[pages, page_size >= 1, Hkv, {d}]")));
+                }
+                if seq_lens.len() != b {
+                    return Err(Error::Length {
+                        what: "decode seq_lens (one a sequence of q)",
+                        expected: b,
+                        got: seq_lens.len(),
+                    });
+                }
+                if block_table.len() != b * max_pages {
+                    return Err(Error::Length {
+                        what: "decode block_table (B x max_pages)",
+                        expected: b * max_pages,
+                        got: block_table.len(),
+                    });
+                }
+                for (s, &len) in seq_lens.iter().enumerate() {
+                    let need = (len as usize).div_ceil(page);
+                    if need > max_pages {
+                        return Err(Error::Invalid {
+                            op,
+                            msg: format!(
+                                "sequence {s} has {len} keys: {need} pages of {page}, but the block \
+                                 table holds {max_pages} a sequence"
+                            ),
+                        });
+                    }
+                    if let Some(p) = block_table[s * max_pages..s * max_pages + need]
+                        .iter()
+                        .find(|&&p| p as usize >= pages)
+                    {
+                        return Err(Error::Invalid {
+                            op,
+                            msg: format!("sequence {s} names page {p} of a {pages}-page cache"),
+                        });
+                    }
+                }
+                let strides = ((page * hkv * d) as u64, (hkv * d) as u64, d as u64);
+                (
+                    hkv,
+                    page,
+                    max_pages.max(1),
+                    strides,
+                    block_table.to_vec(),
+                    seq_lens.to_vec(),
+                )
+            }
+        };
+        if hkv == 0 || hq % hkv != 0 {
+            return Err(bad_k(format!("Hkv dividing q's {hq} heads")));
+        }
+        for (what, given) in [("batch", b), ("kv heads", hkv)] {
+            if given > GRID_YZ_MAX {
+                return Err(Error::TooLarge {
+                    op,
+                    what,
+                    given: given as u64,
+                    max: GRID_YZ_MAX as u64,
+                });
+            }
+        }
+        let max_len = lens.iter().copied().max().unwrap_or(0) as usize;
+        let sms = q.gpu().sm_count().unwrap_or(132).max(1) as usize;
+        let (keys_per_split, splits) = split_plan(sms, b * hkv, max_len);
+        let too_big = |what: &'static str, given: usize| Error::TooLarge {
+            op,
+            what,
+            given: given as u64,
+            max: u32::MAX as u64,
+        };
+        let u = |what, x: usize| u32::try_from(x).map_err(|_| too_big(what, x));
+        Ok(Plan {
+            shape: DecodeShape {
+                batch: u("batch", b)?,
+                q_heads: u("query heads", hq)?,
+                kv_heads: u("kv heads", hkv)?,
+                seq_q: u("query rows", sq)?,
+                head_dim: d as u32,
+                page_size: u("page size", page_size)?,
+                max_pages: u("max pages", max_pages)?,
+                keys_per_split,
+                splits,
+                mask: match params.causal {
+                    Causal::Yes => MaskKind::Causal,
+                    Causal::No => MaskKind::None,
+                },
+                scale: scale(op, params, d)?,
+                _pad: 0,
+                page_stride: strides.0,
+                row_stride: strides.1,
+                head_stride: strides.2,
+            },
+            d,
+            kv: (k, v),
+            table,
+            lens,
+        })
+    }
+}
+
+/// Keys a split and the number of splits: enough CTAs (`heads` = sequences x kv heads of them a
+/// split) to give every SM two, but no more splits than the keys make 256-key pieces (so a split
+/// holds at least 128 keys), each a whole number of the kernel's 32-key steps.
+fn split_plan(sms: usize, heads: usize, max_len: usize) -> (u32, u32) {
+    let want = (2 * sms).div_ceil(heads.max(1));
+    let most = max_len.div_ceil(256).max(1);
+    let splits = want.clamp(1, most);
+    let step = DECODE_KEYS_PER_STEP as usize;
+    let per = max_len.div_ceil(splits).div_ceil(step).max(1) * step;
+    let splits = max_len.div_ceil(per).max(1);
+    (per as u32, splits as u32)
+}
+
+/// A device copy of `v` (one element for an empty slice: the driver rejects empty allocations).
+fn upload(gpu: &Gpu, v: &[u32]) -> Result<CudaSlice<u32>> {
+    let src: &[u32] = if v.is_empty() { &[0] } else { v };
+    gpu.stream()
+        .clone_htod(src)
+        .map_err(|e| Error::driver(e, "copying a decode block table or lengths host -> device"))
+}
+
+fn raw_u32(gpu: &Gpu, buf: &CudaSlice<u32>, len: usize) -> RawSlice {
+    let (ptr, _sync) = buf.device_ptr(gpu.stream());
+    RawSlice {
+        ptr,
+        len: len as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_plan;
+
+    #[test]
+    fn splits_cover_the_keys_in_whole_steps_and_fill_the_chip() {
+        for (heads, len) in [
+            (8, 131072),
+            (512, 4096),
+            (1, 1),
+            (8, 0),
+            (64, 1000),
+            (2, 300),
+        ] {
+            let (per, splits) = split_plan(132, heads, len);
+            let (per, splits) = (per as usize, splits as usize);
+            assert_eq!(per % 32, 0, "{heads} {len}");
+            assert!(per * splits >= len, "{heads} {len}: {per} x {splits}");
+            assert!(
+                per * (splits - 1) < len.max(1),
+                "{heads} {len}: an empty split"
+            );
+            assert!(
+                splits == 1 || per >= 128,
+                "{heads} {len}: splits of {per} keys"
+            );
+            assert!(
+                splits == 1 || heads * splits <= 2 * 132 + heads,
+                "{heads} {len}: {splits} splits overfill"
+            );
+        }
+        // A long single-sequence decode is spread over the chip.
+        let (_, splits) = split_plan(132, 8, 131072);
+        assert!(8 * splits as usize >= 2 * 132);
+    }
+}

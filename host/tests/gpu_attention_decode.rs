@@ -1,0 +1,294 @@
+//! Decoding attention (`attention::decode_forward`) against the f64 reference of
+//! `attention::model_features`: dense and paged caches, grouped-query heads, one and several query
+//! rows (causal, bottom-right aligned per sequence), sequences of unequal length (an empty one
+//! included), keys split over CTAs and merged. Poisoned outputs, fresh random inputs (the seed is
+//! printed). The rule: `max |out - ref| <= ulp(dtype) (1 + max |ref|)` for O (one rounding of O, f32
+//! arithmetic inside), `1e-3 (1 + |ref|)` for the LSE, and rows that see no key exactly O = 0,
+//! LSE = -inf.
+mod common;
+
+use common::{gpu_or_skip, rng, uniform};
+use host::ops::attention::{
+    AttentionParams, Causal, KvCache, decode_forward, model_features as mf,
+};
+use host::{DType, HostTensor, Tensor};
+use rand::Rng;
+
+fn ulp(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 1.0 / 1024.0,
+        DType::BF16 => 1.0 / 128.0,
+        DType::F32 => 1.2e-7,
+    }
+}
+
+/// Checks one sequence's rows of the decode outputs (`o` `[B, Hq, Sq, D]`, `lse` `[B, Hq, Sq]`,
+/// read back) against the reference for that sequence alone (`[1, Hq, Sq, D]`).
+fn check_sequence(
+    what: &str,
+    (o, lse): (&[f32], &[f32]),
+    b: usize,
+    (hq, sq, d): (usize, usize, usize),
+    (o_ref, lse_ref): (&HostTensor, &HostTensor),
+    dtype: DType,
+) {
+    let scale_o = o_ref
+        .data
+        .iter()
+        .fold(0f64, |m, &x| m.max((x as f64).abs()));
+    let tol = ulp(dtype) * (1.0 + scale_o);
+    for h in 0..hq {
+        for i in 0..sq {
+            let row = (b * hq + h) * sq + i;
+            let rrow = h * sq + i;
+            let (want_l, got_l) = (lse_ref.data[rrow], lse[row]);
+            if want_l == f32::NEG_INFINITY {
+                assert_eq!(
+                    got_l,
+                    f32::NEG_INFINITY,
+                    "{what}: seq {b} head {h} row {i} LSE"
+                );
+                assert!(
+                    o[row * d..(row + 1) * d].iter().all(|&x| x == 0.0),
+                    "{what}: seq {b} head {h} row {i}: a row with no key must be 0"
+                );
+                continue;
+            }
+            assert!(
+                (got_l as f64 - want_l as f64).abs() <= 1e-3 * (1.0 + (want_l as f64).abs()),
+                "{what}: seq {b} head {h} row {i} LSE {got_l} vs {want_l}"
+            );
+            for c in 0..d {
+                let (g, w) = (o[row * d + c] as f64, o_ref.data[rrow * d + c] as f64);
+                assert!(
+                    (g - w).abs() <= tol,
+                    "{what}: seq {b} head {h} row {i} col {c}: {g} vs {w} (tol {tol:.2e})"
+                );
+            }
+        }
+    }
+}
+
+/// Sequence `b` of a `[B, H, S, D]` host tensor, its first `len` positions, as `[1, H, len, D]`.
+fn take(x: &HostTensor, b: usize, len: usize) -> HostTensor {
+    let [_, h, s, d] = *x.shape.as_slice() else {
+        panic!("rank 4")
+    };
+    let mut out = Vec::with_capacity(h * len * d);
+    for hh in 0..h {
+        let at = ((b * h + hh) * s) * d;
+        out.extend_from_slice(&x.data[at..at + len * d]);
+    }
+    HostTensor::new(out, &[1, h, len, d], x.dtype).unwrap()
+}
+
+fn params(causal: bool) -> AttentionParams {
+    AttentionParams {
+        causal: if causal { Causal::Yes } else { Causal::No },
+        scale: None,
+    }
+}
+
+fn read(t: &Tensor) -> Vec<f32> {
+    t.to_vec().unwrap()
+}
+
+#[test]
+fn a_dense_cache_matches_the_reference() {
+    let Some(gpu) = gpu_or_skip("a_dense_cache_matches_the_reference") else {
+        return;
+    };
+    let mut r = rng("decode dense");
+    // (B, Hq, Hkv, Sq, Sk, D): one row against long keys (several splits), GQA groups of 4 and 8,
+    // MQA, several query rows (two passes of the kernel's four rows), odd lengths.
+    let cases = [
+        (3, 8, 2, 1, 1000, 128),
+        (2, 32, 8, 1, 4099, 128),
+        (1, 8, 1, 3, 777, 64),
+        (2, 3, 3, 5, 37, 64),
+        (1, 4, 2, 7, 5, 128),
+    ];
+    for dtype in [DType::F16, DType::BF16] {
+        for &(b, hq, hkv, sq, sk, d) in &cases {
+            for causal in [false, true] {
+                let q = uniform(&mut r, &[b, hq, sq, d], -1.0, 1.0, dtype);
+                let k = uniform(&mut r, &[b, hkv, sk, d], -1.0, 1.0, dtype);
+                let v = uniform(&mut r, &[b, hkv, sk, d], -1.0, 1.0, dtype);
+                let up = |x: &HostTensor| Tensor::from_host(&gpu, x).unwrap();
+                let (kd, vd) = (up(&k), up(&v));
+                let (o, lse) =
+                    decode_forward(&up(&q), KvCache::Dense { k: &kd, v: &vd }, &params(causal))
+                        .unwrap();
+                let (o, lse) = (read(&o), read(&lse));
+                let what =
+                    format!("{dtype} B{b} Hq{hq} Hkv{hkv} Sq{sq} Sk{sk} D{d} causal {causal}");
+                for bi in 0..b {
+                    let (o_ref, lse_ref) = mf::forward(
+                        &take(&q, bi, sq),
+                        &take(&k, bi, sk),
+                        &take(&v, bi, sk),
+                        &params(causal),
+                        &mf::ModelFeatures::default(),
+                    )
+                    .unwrap();
+                    check_sequence(
+                        &what,
+                        (&o, &lse),
+                        bi,
+                        (hq, sq, d),
+                        (&o_ref, &lse_ref),
+                        dtype,
+                    );
+                }
+                println!("{what}: ok");
+            }
+        }
+    }
+}
+
+/// Scatters dense `[B, Hkv, S, D]` keys into a `[pages, page, Hkv, D]` cache through a shuffled
+/// block table (a spare page left NaN: a read of a page the table does not name shows).
+fn paged(
+    r: &mut rand::rngs::StdRng,
+    dense: &HostTensor,
+    lens: &[usize],
+    page: usize,
+    max_pages: usize,
+    order: &[usize],
+) -> (HostTensor, Vec<u32>) {
+    let [b, hkv, s, d] = *dense.shape.as_slice() else {
+        panic!("rank 4")
+    };
+    let pages = order.len();
+    let mut cache = vec![f32::NAN; pages * page * hkv * d];
+    let mut table = vec![0u32; b * max_pages];
+    let mut next = 0;
+    for (bi, &len) in lens.iter().enumerate() {
+        for pg in 0..len.div_ceil(page) {
+            let p = order[next];
+            next += 1;
+            table[bi * max_pages + pg] = p as u32;
+            for slot in 0..page.min(len - pg * page) {
+                let j = pg * page + slot;
+                for h in 0..hkv {
+                    let src = ((bi * hkv + h) * s + j) * d;
+                    let dst = ((p * page + slot) * hkv + h) * d;
+                    cache[dst..dst + d].copy_from_slice(&dense.data[src..src + d]);
+                }
+            }
+        }
+        // Unused table entries point anywhere in range; they must not be read.
+        for pg in len.div_ceil(page)..max_pages {
+            table[bi * max_pages + pg] = r.random_range(0..pages as u32);
+        }
+    }
+    (
+        HostTensor::new(cache, &[pages, page, hkv, d], dense.dtype).unwrap(),
+        table,
+    )
+}
+
+#[test]
+fn a_paged_cache_matches_the_reference() {
+    let Some(gpu) = gpu_or_skip("a_paged_cache_matches_the_reference") else {
+        return;
+    };
+    let mut r = rng("decode paged");
+    let (hq, hkv, d, page) = (32, 8, 128, 16);
+    let lens = [1usize, 50, 333, 0, 1031];
+    let (b, s) = (lens.len(), *lens.iter().max().unwrap());
+    let max_pages = s.div_ceil(page) + 1;
+    for dtype in [DType::F16, DType::BF16] {
+        for (sq, causal) in [(1, false), (1, true), (4, true)] {
+            let q = uniform(&mut r, &[b, hq, sq, d], -1.0, 1.0, dtype);
+            let k = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            let v = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            let needed: usize = lens.iter().map(|l| l.div_ceil(page)).sum();
+            let mut order: Vec<usize> = (0..needed + 1).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, r.random_range(0..=i));
+            }
+            let (kc, table) = paged(&mut r, &k, &lens, page, max_pages, &order);
+            let (vc, _) = paged(&mut r, &v, &lens, page, max_pages, &order);
+            let up = |x: &HostTensor| Tensor::from_host(&gpu, x).unwrap();
+            let (kd, vd) = (up(&kc), up(&vc));
+            let seq_lens: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+            let (o, lse) = decode_forward(
+                &up(&q),
+                KvCache::Paged {
+                    k: &kd,
+                    v: &vd,
+                    block_table: &table,
+                    max_pages,
+                    seq_lens: &seq_lens,
+                },
+                &params(causal),
+            )
+            .unwrap();
+            let (o, lse) = (read(&o), read(&lse));
+            let what = format!("paged {dtype} Sq{sq} causal {causal}");
+            for (bi, &len) in lens.iter().enumerate() {
+                let (o_ref, lse_ref) = mf::forward(
+                    &take(&q, bi, sq),
+                    &take(&k, bi, len),
+                    &take(&v, bi, len),
+                    &params(causal),
+                    &mf::ModelFeatures::default(),
+                )
+                .unwrap();
+                check_sequence(
+                    &what,
+                    (&o, &lse),
+                    bi,
+                    (hq, sq, d),
+                    (&o_ref, &lse_ref),
+                    dtype,
+                );
+            }
+            println!("{what}: ok");
+        }
+    }
+}
+
+#[test]
+fn bad_caches_are_named_errors() {
+    let Some(gpu) = gpu_or_skip("bad_caches_are_named_errors") else {
+        return;
+    };
+    let t = |shape: &[usize]| Tensor::empty(&gpu, shape, DType::F16).unwrap();
+    let q = t(&[2, 6, 1, 128]);
+    let p = params(false);
+    let err = |kv: KvCache<'_>| decode_forward(&q, kv, &p).unwrap_err().to_string();
+    let k4 = t(&[2, 4, 10, 128]);
+    assert!(
+        err(KvCache::Dense { k: &k4, v: &k4 }).contains("Hkv"),
+        "GQA"
+    );
+    let k64 = t(&[2, 2, 10, 64]);
+    assert!(
+        err(KvCache::Dense { k: &k64, v: &k64 }).contains("128"),
+        "head dim"
+    );
+    let cache = t(&[3, 16, 2, 128]);
+    let e = err(KvCache::Paged {
+        k: &cache,
+        v: &cache,
+        block_table: &[0, 1, 2, 7],
+        max_pages: 2,
+        seq_lens: &[20, 30],
+    });
+    assert!(e.contains("page 7"), "{e}");
+    let e = err(KvCache::Paged {
+        k: &cache,
+        v: &cache,
+        block_table: &[0, 1, 2, 0],
+        max_pages: 2,
+        seq_lens: &[20, 40],
+    });
+    assert!(e.contains("40 keys"), "{e}");
+    let q96 = t(&[2, 6, 1, 96]);
+    let e = decode_forward(&q96, KvCache::Dense { k: &k4, v: &k4 }, &p)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("96"), "{e}");
+}
