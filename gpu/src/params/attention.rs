@@ -641,6 +641,9 @@ pub struct DecodeShape {
 // SAFETY: #[repr(C)], twelve 4-byte fields then three 8-byte ones at offset 48: no padding; `mask`
 // is only built from the enum on the host.
 unsafe impl KernelParam for DecodeShape {}
+// The kernel receives it by value: its bytes must not move when a field is edited.
+const _: () =
+    assert!(core::mem::size_of::<DecodeShape>() == 72 && core::mem::align_of::<DecodeShape>() == 8);
 
 /// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8 on one key each.
 pub const DECODE_THREADS: u32 = 128;

@@ -10,7 +10,9 @@
 //! [`super::model_features`]) and the bench are written; they have not run.
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use gpu::params::RawSlice;
-use gpu::params::attention::{DECODE_KEYS_PER_STEP, DECODE_THREADS, DecodeShape, MaskKind};
+use gpu::params::attention::{
+    DECODE_KEYS_PER_STEP, DECODE_THREADS, DecodeShape, MAX_SEQ, MaskKind,
+};
 
 use super::{AttentionParams, Causal, GRID_YZ_MAX, scale};
 use crate::device::Gpu;
@@ -278,6 +280,15 @@ impl<'a> Plan<'a> {
             }
         }
         let max_len = lens.iter().copied().max().unwrap_or(0) as usize;
+        // The kernel counts keys in u32 and forms `i + len - Sq`: the attention paths' one limit.
+        if max_len > MAX_SEQ || sq > MAX_SEQ {
+            return Err(Error::TooLarge {
+                op,
+                what: "sequence length",
+                given: max_len.max(sq) as u64,
+                max: MAX_SEQ as u64,
+            });
+        }
         let sms = q.gpu().sm_count().unwrap_or(132).max(1) as usize;
         let (keys_per_split, splits) = split_plan(sms, b * hkv, max_len);
         let too_big = |what: &'static str, given: usize| Error::TooLarge {
