@@ -136,3 +136,30 @@ macro_rules! kernel_name {
         }
     };
 }
+
+/// A device copy of `v` for a kernel's `Slice<u32>` parameter (a one-element buffer for an empty
+/// slice: the driver rejects empty allocations). `what` names the values in a copy error.
+pub(crate) fn upload_u32(
+    gpu: &Gpu,
+    v: &[u32],
+    what: &str,
+) -> Result<cudarc::driver::CudaSlice<u32>> {
+    let src: &[u32] = if v.is_empty() { &[0] } else { v };
+    gpu.stream()
+        .clone_htod(src)
+        .map_err(|e| Error::driver(e, format!("copying {what} host -> device")))
+}
+
+/// The kernel-side view of the first `len` values of `buf`.
+pub(crate) fn raw_u32(
+    gpu: &Gpu,
+    buf: &cudarc::driver::CudaSlice<u32>,
+    len: usize,
+) -> gpu::params::RawSlice {
+    use cudarc::driver::DevicePtr;
+    let (ptr, _sync) = buf.device_ptr(gpu.stream());
+    gpu::params::RawSlice {
+        ptr,
+        len: len as u64,
+    }
+}

@@ -8,17 +8,15 @@
 //! **Status: not yet run on a GPU.** The kernels are built and checked by ptxas (no stack, no
 //! spills); the GPU tests (`host/tests/gpu_attention_decode.rs`, against the f64 reference of
 //! [`super::model_features`]) and the bench are written; they have not run.
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
-use gpu::params::RawSlice;
+use cudarc::driver::LaunchConfig;
 use gpu::params::attention::{
     DECODE_KEYS_PER_STEP, DECODE_THREADS, DecodeShape, MAX_SEQ, MaskKind,
 };
 
 use super::{AttentionParams, Causal, GRID_YZ_MAX, scale};
-use crate::device::Gpu;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
+use crate::launch::{ByValue, grid_blocks, launch, launch_cfg, raw_u32, upload_u32};
 use crate::tensor::Tensor;
 
 /// Where the keys and values are.
@@ -64,8 +62,8 @@ pub fn decode_forward(
     let rows = (sh.batch * sh.q_heads * sh.seq_q) as usize;
     let o_part = Tensor::empty(gpu, &[rows * sh.splits as usize, plan.d], DType::F32)?;
     let lse_part = Tensor::empty(gpu, &[rows * sh.splits as usize], DType::F32)?;
-    let table = upload(gpu, &plan.table)?;
-    let lens = upload(gpu, &plan.lens)?;
+    let table = upload_u32(gpu, &plan.table, "a decode block table")?;
+    let lens = upload_u32(gpu, &plan.lens, "decode sequence lengths")?;
     let (k, v) = plan.kv;
     launch_cfg(
         gpu,
@@ -338,22 +336,6 @@ fn split_plan(sms: usize, heads: usize, max_len: usize) -> (u32, u32) {
     let per = max_len.div_ceil(splits).div_ceil(step).max(1) * step;
     let splits = max_len.div_ceil(per).max(1);
     (per as u32, splits as u32)
-}
-
-/// A device copy of `v` (one element for an empty slice: the driver rejects empty allocations).
-fn upload(gpu: &Gpu, v: &[u32]) -> Result<CudaSlice<u32>> {
-    let src: &[u32] = if v.is_empty() { &[0] } else { v };
-    gpu.stream()
-        .clone_htod(src)
-        .map_err(|e| Error::driver(e, "copying a decode block table or lengths host -> device"))
-}
-
-fn raw_u32(gpu: &Gpu, buf: &CudaSlice<u32>, len: usize) -> RawSlice {
-    let (ptr, _sync) = buf.device_ptr(gpu.stream());
-    RawSlice {
-        ptr,
-        len: len as u64,
-    }
 }
 
 #[cfg(test)]

@@ -16,14 +16,14 @@
 //! each element of dW over its positions in increasing order. Rows of dW that no id names are zero.
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use gpu::params::RawSlice;
 use gpu::params::embedding::{BLOCK, CHECK_BLOCK, CHECK_MAX_BLOCKS, bwd_block_for};
 
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::kernel_name;
-use crate::launch::{ByValue, grid_blocks, launch};
+use crate::launch::{ByValue, grid_blocks, launch, raw_u32, upload_u32};
 use crate::tensor::Tensor;
 
 /// u32 ids resident on the device. Ids uploaded from the host carry their bound (largest id + 1), so an
@@ -123,20 +123,8 @@ impl Ids<'_> {
     }
 }
 
-/// A device copy of `v` (a one-element buffer for an empty slice: the driver rejects empty allocations).
 fn upload(gpu: &Gpu, v: &[u32]) -> Result<CudaSlice<u32>> {
-    let src: &[u32] = if v.is_empty() { &[0] } else { v };
-    gpu.stream()
-        .clone_htod(src)
-        .map_err(|e| Error::driver(e, "copying u32 indices host -> device"))
-}
-
-fn raw_u32(gpu: &Gpu, buf: &CudaSlice<u32>, len: usize) -> RawSlice {
-    let (ptr, _sync) = buf.device_ptr(gpu.stream());
-    RawSlice {
-        ptr,
-        len: len as u64,
-    }
+    upload_u32(gpu, v, "u32 indices")
 }
 
 /// The first out-of-range id of a host slice, as the error.
