@@ -9,6 +9,7 @@
 #   SAN="gpu_lrp" SAN_TOOLS=memcheck,...  compute-sanitizer over those binaries (SAN_JOBS=N: one process
 #                                         a test, N at a time)
 #   BENCH="regex" PEERS="prefix,prefix"   criterion filter for ours, peers.py --only prefixes
+#   PEER_NAMES="sdpa-cudnn,..."           only these peers
 #   BASE=1                                the same BENCH filter with the bench binary of
 #                                         .pack/base.dd.tgz (another commit's bundle) on this card, in
 #                                         this call, then bench-compare base against ours
@@ -89,6 +90,7 @@ if [ -n "${BENCH:-}" ]; then
   stage bench
   flags=(--bins "$b" --out /tmp/bench --filter "$BENCH" --peers-timeout "${T_PEERS:-300}")
   if [ -n "${PEERS:-}" ]; then flags+=(--peers-only "$PEERS"); else flags+=(--no-peers); fi
+  [ -n "${PEER_NAMES:-}" ] && flags+=(--peer-names "$PEER_NAMES")
   timeout "${T_BENCH:-500}" "$b/xtask" bench "${flags[@]}" > "$out/bench.log" 2>&1
   echo "bench rc=$?" | tee -a "$sum"
   cp /tmp/bench/ours.json "$out/ours.json" 2>/dev/null; cp /tmp/bench/report.md "$out/report.md" 2>/dev/null

@@ -79,6 +79,11 @@ pub const SPEC: Spec = Spec {
             help: "only the peers whose bench names start with one of these",
         },
         Flag {
+            name: "--peer-names",
+            value: Some("NAME,.."),
+            help: "only these peers (e.g. sdpa-cudnn,torch-eager)",
+        },
+        Flag {
             name: "--peers-timeout",
             value: Some("S"),
             help: "stop the peers after S seconds, keeping what finished",
@@ -156,6 +161,9 @@ pub fn run(args: &Args) -> Result<(), String> {
         // peers script does not read).
         if let Some(only) = args.value("--peers-only") {
             cmd.arg("--only").arg(only);
+        }
+        if let Some(names) = args.value("--peer-names") {
+            cmd.arg("--peer").arg(names);
         }
         if let Err(e) = run_checked(&mut cmd) {
             println!("peers failed ({e}); the report marks them missing");

@@ -613,7 +613,8 @@ pub mod naive {
 /// seq_q, head_dim]` contiguous against keys and values read through a block table, so one kernel
 /// serves a dense cache and a paged one. Key `j` of sequence `b`, key/value head `h`, lives at
 /// element `page * page_stride + (j % page_size) * row_stride + h * head_stride` of K (and V), with
-/// `page = block_table[b * max_pages + j / page_size]`; sequence `b` has `seq_lens[b]` keys. Query
+/// `page = block_table[b * max_pages + j / page_size]` (or `b` with an empty table); sequence `b` has
+/// `seq_lens[b]` keys (or `dense_len`). Query
 /// head `hq` reads key/value head `hq / (q_heads / kv_heads)` (GQA). Causal: query row `i` sees key
 /// `j` iff `j <= i + seq_lens[b] - seq_q`. Split `s` covers keys `s * keys_per_split ..` and writes
 /// its normalised partial O (f32) and LSE; the merge kernel combines the splits through the LSEs.
@@ -632,7 +633,9 @@ pub struct DecodeShape {
     pub mask: MaskKind,
     /// Multiplies `Q K^T` before the softmax.
     pub scale: f32,
-    pub _pad: u32,
+    /// Keys of every sequence when the block table and lengths are empty (a dense cache: sequence
+    /// `b` is page `b`, one page of `page_size >= dense_len` keys).
+    pub dense_len: u32,
     /// Elements between pages, between a page's consecutive keys, and between heads.
     pub page_stride: u64,
     pub row_stride: u64,
@@ -645,10 +648,21 @@ unsafe impl KernelParam for DecodeShape {}
 const _: () =
     assert!(core::mem::size_of::<DecodeShape>() == 72 && core::mem::align_of::<DecodeShape>() == 8);
 
-/// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8 on one key each.
+/// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8, a group on one key
+/// at a time.
 pub const DECODE_THREADS: u32 = 128;
-/// Keys a CTA takes a step: 16 lane groups (4 a warp) x 2 keys each.
-pub const DECODE_KEYS_PER_STEP: u32 = 32;
+/// Keys of one shared-memory tile of K and of V: 16 lane groups x 4 keys each.
+pub const DECODE_TILE_KEYS: u32 = 64;
+/// Tiles in flight: `cp.async` fills the next `DECODE_STAGES - 1` while the CTA reads one.
+pub const DECODE_STAGES: u32 = 3;
+/// Dynamic shared memory of a decoding CTA at head dim `d`: `DECODE_STAGES` tiles of K and of V,
+/// 16-bit elements (96 KiB at d = 128, so two CTAs share an SM).
+pub const fn decode_smem_bytes(d: u32) -> u32 {
+    DECODE_STAGES * 2 * DECODE_TILE_KEYS * d * 2
+}
+/// The most splits a decoding launch uses (the merge kernel holds one weight a split in shared
+/// memory): two CTAs an SM fill 256 SMs.
+pub const DECODE_MAX_SPLITS: u32 = 512;
 /// Query rows a pass of a decoding CTA holds in registers (more rows take more passes over the
 /// split's keys, which then come from L2).
 pub const DECODE_ROWS: u32 = 4;

@@ -4,21 +4,24 @@
 //! takes one (split, key/value head, sequence) and every query row of that head's group (`q_heads /
 //! kv_heads` heads x `seq_q` rows), so each key is read once for all the rows that use it.
 //!
-//! - `decode_split_*`: four warps; a warp's lanes work in groups of 8, a group on one key at a time
-//!   (two a step, their loads issued together), each lane holding `head_dim / 8` elements of the
-//!   key, of the query rows and of the output rows. Scores are summed over the group with three
-//!   butterfly shuffles; each group keeps an online softmax (base 2, the scale and `log2 e` folded
-//!   into Q) over its keys. The 16 groups then merge: within a warp by shuffles, across warps
-//!   through shared memory. Rows beyond [`DECODE_ROWS`] take further passes over the split's keys.
+//! - `decode_split_*`: four warps. K and V arrive in 64-key tiles through a three-stage ring of
+//!   shared memory filled by `cp.async`, so two tiles of loads are in flight while one is read
+//!   (registers alone could not hold enough loads in flight to read at copy speed). A warp's lanes
+//!   work in groups of 8, a group on four keys of each tile (two at a time), each lane holding
+//!   `head_dim / 8` elements of the key, of the query rows and of the output rows. Scores are summed
+//!   over the group with three butterfly shuffles; each group keeps an online softmax (base 2, the
+//!   scale and `log2 e` folded into Q) over its keys, rescaling once per two keys. The 16 groups
+//!   then merge: within a warp by shuffles, across warps through shared memory. Rows beyond
+//!   [`DECODE_ROWS`] take further passes over the split's keys.
 //! - `decode_merge_*`: per query row, the splits' `(O, LSE)` combined (`LSE = ln sum e^LSE_s`,
 //!   `O = sum O_s e^(LSE_s - LSE)`), O rounded to the input dtype.
 //!
-//! Not yet run on a GPU: built and checked by ptxas only (no spills, no stack); the GPU tests and
-//! the bench are written (`host/tests/gpu_attention_decode.rs`).
+use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::math;
 use crate::dev::mem::{Slice, SliceMut, load_chunk_ro};
 use crate::dev::shared::check_index;
+use crate::dev::shared::{dynamic_base, ld_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_dim_x, block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_dim_x, lane_id,
@@ -26,7 +29,8 @@ use crate::dev::thread::{
 };
 use crate::dev::warp::shfl_xor_f32;
 use crate::params::attention::{
-    DECODE_KEYS_PER_STEP, DECODE_ROWS, DECODE_THREADS, DecodeShape, MaskKind,
+    DECODE_MAX_SPLITS as MAX_SPLITS, DECODE_ROWS, DECODE_STAGES, DECODE_THREADS, DECODE_TILE_KEYS,
+    DecodeShape, MaskKind,
 };
 
 const ROWS: usize = DECODE_ROWS as usize;
@@ -35,11 +39,17 @@ const _: () = assert!(ROWS == 4);
 const WARPS: usize = (DECODE_THREADS / 32) as usize;
 /// Lane groups a CTA: 8 lanes each.
 const GROUPS: u32 = DECODE_THREADS / 8;
-const _: () = assert!(DECODE_KEYS_PER_STEP == 2 * GROUPS);
+const TILE_KEYS: u32 = DECODE_TILE_KEYS;
+const STAGES: u32 = DECODE_STAGES;
+/// Keys of a tile each lane group takes.
+const PER_GROUP: usize = (TILE_KEYS / GROUPS) as usize;
+// The key loops below are written out for four keys a group.
+const _: () = assert!(PER_GROUP == 4 && TILE_KEYS % GROUPS == 0);
 
 crate::static_shared!(fn merge_m() -> [f32; WARPS * ROWS] as DECODE_MERGE_M);
 crate::static_shared!(fn merge_l() -> [f32; WARPS * ROWS] as DECODE_MERGE_L);
 crate::static_shared!(fn merge_acc() -> [f32; WARPS * ROWS * 128] as DECODE_MERGE_ACC);
+crate::static_shared!(fn merge_w() -> [f32; MAX_SPLITS as usize] as DECODE_MERGE_W);
 
 /// `$body` for each of this lane's 16-byte chunks `$c < CH` (one or two), unrolled.
 macro_rules! chunks {
@@ -58,15 +68,80 @@ fn widen<T: Elem>(w: [u32; 4]) -> [f32; 8] {
     [a, b, c, d, e, f, g, h]
 }
 
-/// Element offset of key `j` of sequence `b`, key/value head `h` (see [`DecodeShape`]).
+/// Element offset of key `j` of sequence `b`, key/value head `h` (see [`DecodeShape`]); with an
+/// empty block table (a dense cache) sequence `b` is page `b`, whose keys are rows (no division).
 #[inline(always)]
 fn key_offset(sh: &DecodeShape, table: &Slice<u32>, b: u32, h: u32, j: u32) -> u64 {
+    if table.len == 0 {
+        return b as u64 * sh.page_stride + h as u64 * sh.head_stride + j as u64 * sh.row_stride;
+    }
     let t = b as u64 * sh.max_pages as u64 + (j / sh.page_size) as u64;
     check_index(t as usize, table.len as usize);
     // SAFETY: in range (the host sizes the table `batch * max_pages` and checks every sequence's
     // pages against it).
     let page = unsafe { *table.ptr.add(t as usize) } as u64;
     page * sh.page_stride + (j % sh.page_size) as u64 * sh.row_stride + h as u64 * sh.head_stride
+}
+
+/// Bytes of one K (or V) tile: `TILE_KEYS` rows of `d` 16-bit elements.
+#[inline(always)]
+fn tile_bytes(d: u32) -> u32 {
+    TILE_KEYS * d * 2
+}
+
+/// Bytes of one stage: its K tile, then its V tile.
+#[inline(always)]
+fn stage_bytes(d: u32) -> u32 {
+    2 * tile_bytes(d)
+}
+
+/// Starts the copies of keys `kt..kt + TILE_KEYS` of K and V into stage `stage` (this thread's
+/// share: `CH * 4` chunks of 16 bytes of each); keys at or past `k1` are zero-filled without a read.
+///
+/// # Safety
+/// Stage `stage` is idle: no thread reads it until a wait covering this thread's next commit and a
+/// barrier after it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn load_tile<T: Elem, const CH: usize>(
+    sh: &DecodeShape,
+    k: &Slice<T>,
+    v: &Slice<T>,
+    table: &Slice<u32>,
+    b: u32,
+    h: u32,
+    kt: u32,
+    k1: u32,
+    stage: u32,
+) {
+    let d = 64 * CH as u32;
+    let per_row = d / 8; // 16-byte chunks a row
+    let k_base = dynamic_base() + stage * stage_bytes(d);
+    // A plain loop: unrolled, its addresses would take registers the scores need.
+    for i in 0..4 * CH as u32 {
+        let c = thread_idx_x() + i * DECODE_THREADS;
+        let (row, chunk) = (c / per_row, c % per_row);
+        let j = kt + row;
+        let fill = j < k1;
+        let off = if fill {
+            key_offset(sh, table, b, h, j) + chunk as u64 * 8
+        } else {
+            0
+        };
+        check_index(off as usize + 7, k.len.min(v.len) as usize);
+        let dst = k_base + (row * d + chunk * 8) * 2;
+        // SAFETY: when `fill`, a chunk of a key row (the host checks the table's pages and strides
+        // against the cache), 16-byte aligned (aligned bases, D a multiple of 8); otherwise not
+        // read. The destination is inside the idle stage (the caller's).
+        unsafe {
+            cp_async_16(dst, k.ptr.add(off as usize) as *const u8, fill);
+            cp_async_16(
+                dst + tile_bytes(d),
+                v.ptr.add(off as usize) as *const u8,
+                fill,
+            );
+        }
+    }
 }
 
 /// One split of one (key/value head, sequence): every query row of the head's group, `ROWS` a pass.
@@ -81,6 +156,8 @@ unsafe fn split<T: Elem, const CH: usize>(
     lens: Slice<u32>,
     o_part: SliceMut<f32>,
     lse_part: SliceMut<f32>,
+    o: SliceMut<T>,
+    lse: SliceMut<f32>,
     sh: DecodeShape,
 ) {
     const { assert!(T::PER_WORD == 2) };
@@ -88,9 +165,14 @@ unsafe fn split<T: Elem, const CH: usize>(
     let (s, h, b) = (block_idx_x(), block_idx_y(), block_idx_z());
     let (lane, warp) = (lane_id(), warp_id());
     let (sub, group) = (lane % 8, warp * 4 + lane / 8);
-    check_index(b as usize, lens.len as usize);
-    // SAFETY: b < batch = lens.len (the host's launch).
-    let len = unsafe { *lens.ptr.add(b as usize) };
+    // Without lengths (a dense cache) every sequence has `dense_len` keys.
+    let len = if lens.len == 0 {
+        sh.dense_len
+    } else {
+        check_index(b as usize, lens.len as usize);
+        // SAFETY: b < batch = lens.len (the host's launch).
+        unsafe { *lens.ptr.add(b as usize) }
+    };
     let k0 = s * sh.keys_per_split;
     let k1 = if k0 + sh.keys_per_split < len {
         k0 + sh.keys_per_split
@@ -108,7 +190,8 @@ unsafe fn split<T: Elem, const CH: usize>(
         // Every loop over a register array is unrolled (`unroll!`): a run-time index would move the
         // array to local memory.
         let mut qv = [[0f32; 8]; 2 * ROWS];
-        let mut limit = [-1i64; ROWS];
+        // Row r sees keys below end[r] (the split's end, or its causal limit; 0 for padding rows).
+        let mut end = [0u32; ROWS];
         crate::unroll!(r in [0, 1, 2, 3] {
             let rr = pass * ROWS as u32 + r as u32;
             if rr < rows {
@@ -124,71 +207,119 @@ unsafe fn split<T: Elem, const CH: usize>(
                         qv[r * 2 + c][e] = x[e] * c2;
                     });
                 });
-                limit[r] = if sh.mask == MaskKind::Causal {
-                    i as i64 + len as i64 - sh.seq_q as i64
+                end[r] = if sh.mask == MaskKind::Causal {
+                    // Keys j <= i + len - seq_q, i.e. below i + 1 + len - seq_q (in i64: it can
+                    // be negative), within the split.
+                    (i as i64 + 1 + len as i64 - sh.seq_q as i64).clamp(0, k1 as i64) as u32
                 } else {
-                    i64::MAX
+                    k1
                 };
             }
         });
         let mut m = [f32::NEG_INFINITY; ROWS];
         let mut l = [0f32; ROWS];
         let mut acc = [[0f32; 8]; 2 * ROWS];
-        let mut kb = k0;
-        while kb < k1 {
-            // Two keys a group a step, their loads issued before any use.
-            let js = [kb + group, kb + GROUPS + group];
-            let mut kw = [[[0u32; 4]; 2]; 2];
-            let mut vw = [[[0u32; 4]; 2]; 2];
-            crate::unroll!(u in [0, 1] {
-                if js[u] < k1 {
-                    let off = key_offset(&sh, &table, b, h, js[u]);
+        // K and V come through a ring of `STAGES` shared-memory tiles filled by `cp.async`, so a
+        // CTA keeps up to `STAGES - 1` tiles (64 KiB at D = 128) of loads in flight without holding
+        // them in registers: that, not arithmetic, is what reading the cache at copy speed needs.
+        let n_tiles = k1.saturating_sub(k0).div_ceil(TILE_KEYS);
+        crate::unroll!(t in [0, 1] {
+            const { assert!(STAGES == 3) };
+            if (t as u32) < n_tiles {
+                // SAFETY: stage `t` is idle (no read of it before the loop's first barrier).
+                unsafe { load_tile::<T, CH>(&sh, &k, &v, &table, b, h, k0 + t as u32 * TILE_KEYS, k1, t as u32) };
+            }
+            cp_async_commit();
+        });
+        for t in 0..n_tiles {
+            // Tile `t` has landed, and every thread is done reading tile `t - 1`, whose stage the
+            // load below refills.
+            cp_async_wait::<{ STAGES - 2 }>();
+            sync_threads();
+            let ahead = t + STAGES - 1;
+            if ahead < n_tiles {
+                // SAFETY: stage `ahead % STAGES` = `(t - 1) % STAGES`, idle since the barrier.
+                unsafe {
+                    load_tile::<T, CH>(
+                        &sh,
+                        &k,
+                        &v,
+                        &table,
+                        b,
+                        h,
+                        k0 + ahead * TILE_KEYS,
+                        k1,
+                        ahead % STAGES,
+                    )
+                };
+            }
+            cp_async_commit();
+            let kt = k0 + t * TILE_KEYS;
+            let k_base = dynamic_base() + (t % STAGES) * stage_bytes(d as u32);
+            let v_base = k_base + tile_bytes(d as u32);
+            // This group's four keys of the tile, two at a time: scores first, then one softmax
+            // update for the pair (one rescale of the accumulators per two keys, not per key;
+            // four at a time would not fit D = 128's registers).
+            // A loop, not unrolled: the halves interleaved would not fit the registers.
+            for half in 0..2u32 {
+                let mut dot = [[0f32; ROWS]; 2];
+                crate::unroll!(u in [0, 1] {
+                    let row = group + (2 * half + u as u32) * GROUPS;
                     chunks!(c, {
-                        let at = (off + (c * 64) as u64 + sub as u64 * 8) / 8;
-                        check_index(at as usize * 8 + 7, k.len as usize);
-                        // SAFETY: a key row (the host checks the table's pages and strides
-                        // against the cache), 16-byte aligned.
-                        unsafe {
-                            kw[u][c] = load_chunk_ro(k.chunks(), at).0;
-                            vw[u][c] = load_chunk_ro(v.chunks(), at).0;
-                        }
-                    });
-                }
-            });
-            crate::unroll!(u in [0, 1] {
-                let j = js[u];
-                let mut dot = [0f32; ROWS];
-                chunks!(c, {
-                    let kx = widen::<T>(kw[u][c]);
-                    crate::unroll!(r in [0, 1, 2, 3] {
-                        crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
-                            dot[r] = math::fma(qv[r * 2 + c][e], kx[e], dot[r]);
+                        // SAFETY: inside this stage's K tile (row < TILE_KEYS, column < d),
+                        // 16-byte aligned; the barrier above ordered its copy before this read.
+                        let kx = widen::<T>(unsafe {
+                            ld_shared_v4(k_base + (row * d as u32 + (c * 64) as u32 + sub * 8) * 2)
                         });
-                    });
-                });
-                crate::unroll!(r in [0, 1, 2, 3] {
-                    dot[r] += shfl_xor_f32(dot[r], 1);
-                    dot[r] += shfl_xor_f32(dot[r], 2);
-                    dot[r] += shfl_xor_f32(dot[r], 4);
-                });
-                let vx = [widen::<T>(vw[u][0]), widen::<T>(vw[u][1])];
-                crate::unroll!(r in [0, 1, 2, 3] {
-                    // Past the split, masked, or a padding row: no weight.
-                    if j < k1 && (j as i64) <= limit[r] {
-                        let m_new = math::max(m[r], dot[r]);
-                        let alpha = math::exp2(m[r] - m_new);
-                        let p = math::exp2(dot[r] - m_new);
-                        l[r] = l[r] * alpha + p;
-                        chunks!(c, {
+                        crate::unroll!(r in [0, 1, 2, 3] {
                             crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
-                                acc[r * 2 + c][e] = acc[r * 2 + c][e] * alpha + p * vx[c][e];
+                                dot[u][r] = math::fma(qv[r * 2 + c][e], kx[e], dot[u][r]);
                             });
                         });
-                        m[r] = m_new;
-                    }
+                    });
+                    let j = kt + row;
+                    crate::unroll!(r in [0, 1, 2, 3] {
+                        dot[u][r] += shfl_xor_f32(dot[u][r], 1);
+                        dot[u][r] += shfl_xor_f32(dot[u][r], 2);
+                        dot[u][r] += shfl_xor_f32(dot[u][r], 4);
+                        // Past the split, masked, or a padding row: no weight.
+                        if j >= end[r] {
+                            dot[u][r] = f32::NEG_INFINITY;
+                        }
+                    });
                 });
-            });
-            kb += DECODE_KEYS_PER_STEP;
+                // The scores become the weights in place.
+                crate::unroll!(r in [0, 1, 2, 3] {
+                    let m_new = math::max(m[r], math::max(dot[0][r], dot[1][r]));
+                    // While no key has counted everything is -inf: 0 keeps alpha and the weights
+                    // at 0, not NaN.
+                    let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                    let alpha = math::exp2(m[r] - m_use);
+                    dot[0][r] = math::exp2(dot[0][r] - m_use);
+                    dot[1][r] = math::exp2(dot[1][r] - m_use);
+                    l[r] = l[r] * alpha + (dot[0][r] + dot[1][r]);
+                    m[r] = m_new;
+                    chunks!(c, {
+                        crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            acc[r * 2 + c][e] *= alpha;
+                        });
+                    });
+                });
+                crate::unroll!(u in [0, 1] {
+                    let row = group + (2 * half + u as u32) * GROUPS;
+                    chunks!(c, {
+                        // SAFETY: as for K, in this stage's V tile (zero-filled past the split).
+                        let vx = widen::<T>(unsafe {
+                            ld_shared_v4(v_base + (row * d as u32 + (c * 64) as u32 + sub * 8) * 2)
+                        });
+                        crate::unroll!(r in [0, 1, 2, 3] {
+                            crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                acc[r * 2 + c][e] = math::fma(dot[u][r], vx[e], acc[r * 2 + c][e]);
+                            });
+                        });
+                    });
+                });
+            }
         }
         // The four groups of the warp: lanes `sub`, `sub + 8`, `sub + 16`, `sub + 24` hold the same
         // elements of different keys.
@@ -246,19 +377,26 @@ unsafe fn split<T: Elem, const CH: usize>(
                     }
                 }
                 let (hq, i) = row_of(rr);
-                let slot = (((b * sh.q_heads + hq) * sh.seq_q + i) * sh.splits + s) as u64;
+                let row = ((b * sh.q_heads + hq) * sh.seq_q + i) as u64;
                 let empty = tl == 0.0;
-                o_part.set(
-                    slot * d as u64 + col as u64,
-                    if empty { 0.0 } else { to / tl },
-                );
-                if col == 0 {
-                    let lse = if empty {
-                        f32::NEG_INFINITY
-                    } else {
-                        (mx + math::log2(tl)) * math::LN_2
-                    };
-                    lse_part.set(slot, lse);
+                let value = if empty { 0.0 } else { to / tl };
+                let row_lse = if empty {
+                    f32::NEG_INFINITY
+                } else {
+                    (mx + math::log2(tl)) * math::LN_2
+                };
+                if sh.splits == 1 {
+                    // One split is the answer: no merge launch.
+                    o.set(row * d as u64 + col as u64, value);
+                    if col == 0 {
+                        lse.set(row, row_lse);
+                    }
+                } else {
+                    let slot = row * sh.splits as u64 + s as u64;
+                    o_part.set(slot * d as u64 + col as u64, value);
+                    if col == 0 {
+                        lse_part.set(slot, row_lse);
+                    }
                 }
             }
             t += block_dim_x() as usize;
@@ -269,7 +407,10 @@ unsafe fn split<T: Elem, const CH: usize>(
     }
 }
 
-/// Row `i` of every (sequence, query head): its splits merged; one thread an output element.
+/// One query row's splits merged, a CTA a row (`MERGE_THREADS` threads, one an output column
+/// and more for D = 64): the splits' LSEs go through shared memory once, as weights
+/// `e^(LSE_s - max)`, so each column's sum over the splits is independent loads (not a chain of
+/// dependent ones).
 #[inline(always)]
 unsafe fn merge<T: Elem>(
     o_part: Slice<f32>,
@@ -279,37 +420,69 @@ unsafe fn merge<T: Elem>(
     head_dim: u64,
     splits: u64,
 ) {
-    let step = grid_dim_x() as u64 * block_dim_x() as u64;
-    let mut idx = global_index_x();
-    while idx < o.len {
-        let (row, col) = (idx / head_dim, idx % head_dim);
-        let mut mx = f32::NEG_INFINITY;
-        for s in 0..splits {
-            mx = math::max(mx, lse_part.get_ro(row * splits + s));
+    let row = block_idx_x() as u64;
+    let t = thread_idx_x() as u64;
+    let w = merge_w();
+    check_index(splits as usize, MAX_SPLITS as usize + 1);
+    let mut s = t;
+    while s < splits {
+        w.store(s as usize, lse_part.get_ro(row * splits + s));
+        s += block_dim_x() as u64;
+    }
+    sync_threads();
+    let mut mx = f32::NEG_INFINITY;
+    for s in 0..splits as usize {
+        mx = math::max(mx, w.load(s));
+    }
+    sync_threads();
+    let mut s = t;
+    while s < splits {
+        let x = w.load(s as usize);
+        w.store(
+            s as usize,
+            if mx == f32::NEG_INFINITY {
+                0.0
+            } else {
+                math::exp(x - mx)
+            },
+        );
+        s += block_dim_x() as u64;
+    }
+    sync_threads();
+    let mut tl = 0f32;
+    for s in 0..splits as usize {
+        tl += w.load(s);
+    }
+    let empty = tl == 0.0;
+    let mut col = t;
+    while col < head_dim {
+        // Four independent partial sums: the loads of four splits in flight at once.
+        let mut to = [0f32; 4];
+        let mut s = 0;
+        while s + 4 <= splits {
+            crate::unroll!(u in [0, 1, 2, 3] {
+                let su = s + u as u64;
+                to[u] += w.load(su as usize) * o_part.get_ro((row * splits + su) * head_dim + col);
+            });
+            s += 4;
         }
-        let (mut tl, mut to) = (0f32, 0f32);
-        if mx != f32::NEG_INFINITY {
-            for s in 0..splits {
-                let w = math::exp(lse_part.get_ro(row * splits + s) - mx);
-                if w != 0.0 {
-                    tl += w;
-                    to += w * o_part.get_ro((row * splits + s) * head_dim + col);
-                }
-            }
+        while s < splits {
+            to[0] += w.load(s as usize) * o_part.get_ro((row * splits + s) * head_dim + col);
+            s += 1;
         }
-        let empty = tl == 0.0;
-        o.set(idx, if empty { 0.0 } else { to / tl });
-        if col == 0 {
-            lse.set(
-                row,
-                if empty {
-                    f32::NEG_INFINITY
-                } else {
-                    mx + math::ln(tl)
-                },
-            );
-        }
-        idx += step;
+        let sum = (to[0] + to[1]) + (to[2] + to[3]);
+        o.set(row * head_dim + col, if empty { 0.0 } else { sum / tl });
+        col += block_dim_x() as u64;
+    }
+    if t == 0 {
+        lse.set(
+            row,
+            if empty {
+                f32::NEG_INFINITY
+            } else {
+                mx + math::ln(tl)
+            },
+        );
     }
 }
 
@@ -325,9 +498,11 @@ macro_rules! decode_entry_points {
             lens: Slice<u32>,
             o_part: SliceMut<f32>,
             lse_part: SliceMut<f32>,
+            o: SliceMut<$t>,
+            lse: SliceMut<f32>,
             shape: DecodeShape,
         ) {
-            unsafe { split::<$t, $ch>(q, k, v, table, lens, o_part, lse_part, shape) }
+            unsafe { split::<$t, $ch>(q, k, v, table, lens, o_part, lse_part, o, lse, shape) }
         }
     )*};
 }

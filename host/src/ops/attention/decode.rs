@@ -4,19 +4,18 @@
 //! keys split over CTAs (split-KV) so that even one sequence fills the GPU; the splits are merged
 //! through their LSEs. The kernels (`gpu/src/kernels/attention/decode.rs`) read each key once for
 //! all the query rows of its head group.
-//!
-//! **Status: not yet run on a GPU.** The kernels are built and checked by ptxas (no stack, no
-//! spills); the GPU tests (`host/tests/gpu_attention_decode.rs`, against the f64 reference of
-//! [`super::model_features`]) and the bench are written; they have not run.
+//! Measured against PyTorch's SDPA: docs/PERF_NOTES.md, "Decoding".
 use cudarc::driver::LaunchConfig;
+use gpu::params::RawSlice;
 use gpu::params::attention::{
-    DECODE_KEYS_PER_STEP, DECODE_THREADS, DecodeShape, MAX_SEQ, MaskKind,
+    DECODE_MAX_SPLITS, DECODE_THREADS, DECODE_TILE_KEYS, DecodeShape, MAX_SEQ, MaskKind,
+    decode_smem_bytes,
 };
 
 use super::{AttentionParams, Causal, GRID_YZ_MAX, scale};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::launch::{ByValue, grid_blocks, launch, launch_cfg, raw_u32, upload_u32};
+use crate::launch::{ByValue, launch, launch_cfg, raw_u32, set_max_dynamic_smem, upload_u32};
 use crate::tensor::Tensor;
 
 /// Where the keys and values are.
@@ -60,38 +59,71 @@ pub fn decode_forward(
     }
     let sh = plan.shape;
     let rows = (sh.batch * sh.q_heads * sh.seq_q) as usize;
-    let o_part = Tensor::empty(gpu, &[rows * sh.splits as usize, plan.d], DType::F32)?;
-    let lse_part = Tensor::empty(gpu, &[rows * sh.splits as usize], DType::F32)?;
-    let table = upload_u32(gpu, &plan.table, "a decode block table")?;
-    let lens = upload_u32(gpu, &plan.lens, "decode sequence lengths")?;
+    // With one split the split kernel writes O and LSE itself; the partials are not used.
+    let parts = if sh.splits > 1 {
+        rows * sh.splits as usize
+    } else {
+        0
+    };
+    let o_part = Tensor::empty(gpu, &[parts, plan.d], DType::F32)?;
+    let lse_part = Tensor::empty(gpu, &[parts], DType::F32)?;
+    // A dense cache has no table or lengths to upload: the kernel reads empty slices as "sequence
+    // b is page b, of dense_len keys".
+    let upload = |v: &[u32], what: &str| match v.is_empty() {
+        true => Ok(None),
+        false => upload_u32(gpu, v, what).map(Some),
+    };
+    let table = upload(&plan.table, "a decode block table")?;
+    let lens = upload(&plan.lens, "decode sequence lengths")?;
+    let view = |buf: &Option<_>, len| match buf {
+        Some(b) => raw_u32(gpu, b, len),
+        None => RawSlice { ptr: 0, len: 0 },
+    };
     let (k, v) = plan.kv;
+    let split = split_kernel(plan.d, q.dtype());
+    let smem = decode_smem_bytes(plan.d as u32);
+    // Always opted in: the static merge buffers count against the same 48 KiB default, so even
+    // D = 64's 48 KiB of tiles needs it.
+    set_max_dynamic_smem(gpu, split, smem)?;
     launch_cfg(
         gpu,
-        split_kernel(plan.d, q.dtype()),
+        split,
         LaunchConfig {
             grid_dim: (sh.splits, sh.kv_heads, sh.batch),
             block_dim: (DECODE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         },
         &[
             &ByValue(q.raw()),
             &ByValue(k.raw()),
             &ByValue(v.raw()),
-            &ByValue(raw_u32(gpu, &table, plan.table.len())),
-            &ByValue(raw_u32(gpu, &lens, plan.lens.len())),
+            &ByValue(view(&table, plan.table.len())),
+            &ByValue(view(&lens, plan.lens.len())),
             &ByValue(o_part.raw()),
             &ByValue(lse_part.raw()),
+            &ByValue(o.raw()),
+            &ByValue(lse.raw()),
             &ByValue(sh),
         ],
     )?;
-    const MERGE_THREADS: u32 = 256;
+    if sh.splits == 1 {
+        drop((table, lens));
+        return Ok((o, lse));
+    }
+    // A CTA a query row, a thread an output column.
+    const MERGE_THREADS: u32 = 128;
     launch(
         gpu,
         match q.dtype() {
             DType::BF16 => "decode_merge_bf16",
             _ => "decode_merge_f16",
         },
-        grid_blocks(o.numel() as u64, MERGE_THREADS as u64),
+        u32::try_from(rows).map_err(|_| Error::TooLarge {
+            op: OP,
+            what: "query rows (batch x heads x seq_q)",
+            given: rows as u64,
+            max: u32::MAX as u64,
+        })?,
         MERGE_THREADS,
         &[
             &ByValue(o_part.raw()),
@@ -191,8 +223,8 @@ impl<'a> Plan<'a> {
             expected,
             got: k.shape().to_vec(),
         };
-        // (kv heads, page size, max pages, strides, table, lengths)
-        let (hkv, page_size, max_pages, strides, table, lens) = match *kv {
+        // (kv heads, page size, max pages, strides, table, lengths, dense length)
+        let (hkv, page_size, max_pages, strides, table, lens, dense_len) = match *kv {
             KvCache::Dense { .. } => {
                 let [kb, hkv, sk, kd] = *k.shape() else {
                     return Err(bad_k("[B, Hkv, Sk, D]".into()));
@@ -200,11 +232,9 @@ impl<'a> Plan<'a> {
                 if kb != b || kd != d {
                     return Err(bad_k(format!("[{b}, Hkv, Sk, {d}]")));
                 }
-                // One page a sequence: the whole of its keys.
-                let table = (0..b as u32).collect();
-                let lens = vec![sk as u32; b];
+                // One page a sequence, the whole of its keys: no table, no lengths.
                 let strides = ((hkv * sk * d) as u64, d as u64, (sk * d) as u64);
-                (hkv, sk.max(1), 1, strides, table, lens)
+                (hkv, sk.max(1), 1, strides, vec![], vec![], sk)
             }
             KvCache::Paged {
                 block_table,
@@ -261,6 +291,7 @@ impl<'a> Plan<'a> {
                     strides,
                     block_table.to_vec(),
                     seq_lens.to_vec(),
+                    0,
                 )
             }
         };
@@ -277,7 +308,7 @@ impl<'a> Plan<'a> {
                 });
             }
         }
-        let max_len = lens.iter().copied().max().unwrap_or(0) as usize;
+        let max_len = (lens.iter().copied().max().unwrap_or(0) as usize).max(dense_len);
         // The kernel counts keys in u32 and forms `i + len - Sq`: the attention paths' one limit.
         if max_len > MAX_SEQ || sq > MAX_SEQ {
             return Err(Error::TooLarge {
@@ -312,7 +343,7 @@ impl<'a> Plan<'a> {
                     Causal::No => MaskKind::None,
                 },
                 scale: scale(op, params, d)?,
-                _pad: 0,
+                dense_len: u("sequence length", dense_len)?,
                 page_stride: strides.0,
                 row_stride: strides.1,
                 head_stride: strides.2,
@@ -325,14 +356,16 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// Keys a split and the number of splits: enough CTAs (`heads` = sequences x kv heads of them a
-/// split) to give every SM two, but no more splits than the keys make 256-key pieces (so a split
-/// holds at least 128 keys), each a whole number of the kernel's 32-key steps.
+/// Keys a split and the number of splits: as many CTAs (`heads` = sequences x kv heads of them a
+/// split) as fit the chip at once (two an SM: 96 KiB of shared memory each at D = 128), rounded
+/// down so that no second wave runs a few stragglers, but no more splits than the keys make
+/// 256-key pieces (so a split holds at least 128 keys), each a whole number of the kernel's
+/// 64-key tiles.
 fn split_plan(sms: usize, heads: usize, max_len: usize) -> (u32, u32) {
-    let want = (2 * sms).div_ceil(heads.max(1));
+    let want = ((2 * sms) / heads.max(1)).min(DECODE_MAX_SPLITS as usize);
     let most = max_len.div_ceil(256).max(1);
     let splits = want.clamp(1, most);
-    let step = DECODE_KEYS_PER_STEP as usize;
+    let step = DECODE_TILE_KEYS as usize;
     let per = max_len.div_ceil(splits).div_ceil(step).max(1) * step;
     let splits = max_len.div_ceil(per).max(1);
     (per as u32, splits as u32)
@@ -354,7 +387,7 @@ mod tests {
         ] {
             let (per, splits) = split_plan(132, heads, len);
             let (per, splits) = (per as usize, splits as usize);
-            assert_eq!(per % 32, 0, "{heads} {len}");
+            assert_eq!(per % 64, 0, "{heads} {len}");
             assert!(per * splits >= len, "{heads} {len}: {per} x {splits}");
             assert!(
                 per * (splits - 1) < len.max(1),
@@ -365,7 +398,7 @@ mod tests {
                 "{heads} {len}: splits of {per} keys"
             );
             assert!(
-                splits == 1 || heads * splits <= 2 * 132 + heads,
+                splits == 1 || heads * splits <= 2 * 132,
                 "{heads} {len}: {splits} splits overfill"
             );
         }
