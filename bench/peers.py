@@ -468,6 +468,41 @@ def attn_decode_case(tag, b, sk, hq=32, hkv=8, d=128):
                 peers=peers)
 
 
+def attn_gqa_case(tag, b, hq, hkv, s, d, causal, backward):
+    """Grouped-query attention through SDPA's enable_gqa (benches/benches/ops.rs attention_gqa):
+    forward, or forward + backward through autograd, one backend forced."""
+    mask = "causal" if causal else "full"
+    fwd = 4 * b * hq * s * s * d // (2 if causal else 1)
+    q_bytes, kv_bytes = (b * h * s * d * ELEM_SIZE[tag] for h in (hq, hkv))
+
+    def peer(name, backend):
+        def build():
+            def run(x):
+                q, k, v, d_o = x
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+                if backward:
+                    return torch.autograd.grad(o, (q, k, v), d_o)
+                return o
+            return run
+
+        def context():
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            return sdpa_kernel(getattr(SDPBackend, backend))
+        return Peer(name, build, context)
+
+    def make():
+        q, k, v = (rand(shape, tag).requires_grad_(backward)
+                   for shape in ((b, hq, s, d), (b, hkv, s, d), (b, hkv, s, d)))
+        return q, k, v, rand((b, hq, s, d), tag)
+
+    op = "fwdbwd" if backward else "fwd"
+    return Case(f"attn_gqa/{tag}/B{b}Hq{hq}Hkv{hkv}S{s}D{d}/{mask}/{op}",
+                bytes=(6 * q_bytes + 4 * kv_bytes) if backward else 2 * q_bytes + 2 * kv_bytes,
+                flops=fwd * 7 // 2 if backward else fwd, in_bytes=2 * q_bytes + 2 * kv_bytes,
+                make_set=make,
+                peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
+
+
 def sdpa_bwd_peer(peer, backend, causal, forward_too):
     """SDPA backward through autograd with one backend forced. Backward alone: the forward runs on
     a set's first call (untimed: every ATTN_BWD_SHAPES set is >= 256 MiB, so there is one set, and
@@ -774,6 +809,8 @@ def build_cases(quick):
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_FWD_SHAPES
               for causal in (False, True)]
     cases += [attn_decode_case(tag, b, sk) for tag in ("f16", "bf16") for (b, sk) in DECODE_SHAPES]
+    cases += [attn_gqa_case("f16", 2, 32, hkv, 4096, 128, causal, backward)
+              for hkv in (8, 32) for causal in (False, True) for backward in (False, True)]
     cases += [attn_bwd_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
               for causal in (False, True)]

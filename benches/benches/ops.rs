@@ -786,6 +786,63 @@ fn attention_decode(b: &mut Bencher) {
     }
 }
 
+/// Grouped-query attention against multi-head attention of equal FLOPs (`attn_gqa`): B2 Hq32 S4096
+/// D128 with 8 key/value heads (Llama-3's grouping) and with 32 (multi-head), forward and forward +
+/// backward, both masks, f16. The goal: the grouped call within 5% of the multi-head one.
+fn attention_gqa(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let (bb, hq, s, d) = if quick {
+        (1, 8, 512, 64)
+    } else {
+        (2, 32, 4096, 128)
+    };
+    let dtype = DType::F16;
+    for hkv in [hq / 4, hq] {
+        let q_bytes = bb * hq * s * d * dtype.size_bytes();
+        let kv_bytes = bb * hkv * s * d * dtype.size_bytes();
+        let copies = rotation_copies(2 * q_bytes + 2 * kv_bytes, b.l2_bytes);
+        let (q, k, v, d_o) = (
+            b.inputs(&[bb, hq, s, d], dtype, copies),
+            b.inputs(&[bb, hkv, s, d], dtype, copies),
+            b.inputs(&[bb, hkv, s, d], dtype, copies),
+            b.inputs(&[bb, hq, s, d], dtype, copies),
+        );
+        for causal in [Causal::No, Causal::Yes] {
+            let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, hq, s, d);
+            let params = AttentionParams {
+                causal,
+                scale: None,
+            };
+            let name = format!("attn_gqa/{dtype}/B{bb}Hq{hq}Hkv{hkv}S{s}D{d}/{mask}");
+            b.bench(
+                spec(
+                    format!("{name}/fwd"),
+                    Some((2 * q_bytes + 2 * kv_bytes) as u64),
+                    Some(fwd_flops),
+                ),
+                copies,
+                |i| {
+                    attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
+                },
+            );
+            b.bench(
+                spec(
+                    format!("{name}/fwdbwd"),
+                    Some((6 * q_bytes + 4 * kv_bytes) as u64),
+                    Some(fwd_flops * 7 / 2),
+                ),
+                copies,
+                |i| {
+                    let (o, lse) =
+                        attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
+                    attn::flash_backward(&q[i], &k[i], &v[i], &o, &lse, &d_o[i], &params)
+                        .expect("flash_backward");
+                },
+            );
+        }
+    }
+}
+
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
 /// both masks; f16 and bf16 for the backward in both modes (`attn_bwd`, the deterministic default;
@@ -1211,6 +1268,7 @@ fn main() {
     relevance(&mut b);
     attention(&mut b);
     attention_decode(&mut b);
+    attention_gqa(&mut b);
     attention_backward(&mut b);
     attention_backward_long(&mut b);
     clifford(&mut b);

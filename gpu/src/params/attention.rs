@@ -15,12 +15,19 @@ pub enum MaskKind {
 }
 
 /// Shapes and options of one attention launch. Q and O are `[batch, heads, seq_q, head_dim]`,
-/// K and V `[batch, heads, seq_k, head_dim]`, LSE `[batch, heads, seq_q]`, all contiguous.
+/// K and V `[batch, kv_heads, seq_k, head_dim]`, LSE `[batch, heads, seq_q]`, all contiguous. Query
+/// head `h` reads key/value head `h / (heads / kv_heads)` (grouped-query attention; `kv_heads =
+/// heads` is multi-head attention).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionShape {
     pub batch: u32,
     pub heads: u32,
+    /// Key/value heads: divides `heads`.
+    pub kv_heads: u32,
+    /// Backward launches take one query head of each group (see [`AttentionShape::bwd_heads`]):
+    /// which one, `0..heads / kv_heads`.
+    pub group_member: u32,
     pub seq_q: u32,
     pub seq_k: u32,
     pub head_dim: u32,
@@ -30,9 +37,38 @@ pub struct AttentionShape {
     /// First (batch * heads + head) index of this launch (the naive path launches in chunks).
     pub bh_offset: u32,
 }
-// SAFETY: #[repr(C)], eight 4-byte fields, no padding; `mask` is always a valid discriminant
+// SAFETY: #[repr(C)], ten 4-byte fields, no padding; `mask` is always a valid discriminant
 // (only built from the enum on the host).
 unsafe impl KernelParam for AttentionShape {}
+// The kernels receive it by value: its bytes must not move when a field is edited.
+const _: () = assert!(core::mem::size_of::<AttentionShape>() == 40);
+
+impl AttentionShape {
+    /// Query heads a key/value head serves.
+    #[inline(always)]
+    pub const fn group(&self) -> u32 {
+        self.heads / self.kv_heads
+    }
+    /// A forward CTA at grid `(y, z)` = (query head, batch): its query head's index into
+    /// `batch * heads` and its key/value head's into `batch * kv_heads`.
+    #[inline(always)]
+    pub const fn fwd_heads(&self, y: u32, z: u32) -> (u64, u64) {
+        (
+            z as u64 * self.heads as u64 + y as u64,
+            z as u64 * self.kv_heads as u64 + (y / self.group()) as u64,
+        )
+    }
+    /// A backward CTA at grid `(y, z)` = (key/value head, batch): query head `y * group +
+    /// group_member` into `batch * heads`, and key/value head `y` into `batch * kv_heads`. One launch
+    /// a group member, so each dK/dV row has one writer a launch (they add in member order).
+    #[inline(always)]
+    pub const fn bwd_heads(&self, y: u32, z: u32) -> (u64, u64) {
+        (
+            z as u64 * self.heads as u64 + (y * self.group() + self.group_member) as u64,
+            z as u64 * self.kv_heads as u64 + y as u64,
+        )
+    }
+}
 
 /// The largest sequence length either path accepts: keeps every in-head index and the
 /// `i + seq_k - seq_q` causal limit inside i32.

@@ -71,7 +71,8 @@ unsafe fn flash_fwd<
     let causal = p.mask == MaskKind::Causal;
     // Query block, heaviest first: under a causal mask later blocks see more keys.
     let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+    // This CTA's query head and the key/value head it reads (grouped-query attention).
+    let (bh, bkv) = p.fwd_heads(block_idx_y(), block_idx_z());
     let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
     let rows_here = (sq - m0).min(BQ as u32);
     let key_end = if causal {
@@ -86,16 +87,17 @@ unsafe fn flash_fwd<
         q.len as usize + 1,
     );
     check_index(
-        ((bh + 1) * sk as u64 * D as u64) as usize,
+        ((bkv + 1) * sk as u64 * D as u64) as usize,
         k.len.min(v.len) as usize + 1,
     );
-    // SAFETY: the launcher validated that q/o hold batch*heads*seq_q rows and k/v batch*heads*seq_k
-    // rows of D elements (checked builds re-check above), so these are the starts of this head's rows.
+    // SAFETY: the launcher validated that q/o hold batch*heads*seq_q rows and k/v
+    // batch*kv_heads*seq_k rows of D elements (checked builds re-check above), so these are the
+    // starts of this head's rows.
     let (q_src, k_src, v_src) = unsafe {
         (
             q.ptr.add((bh * sq as u64 * D as u64) as usize),
-            k.ptr.add((bh * sk as u64 * D as u64) as usize),
-            v.ptr.add((bh * sk as u64 * D as u64) as usize),
+            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
+            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
         )
     };
 

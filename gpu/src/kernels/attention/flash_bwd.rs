@@ -151,6 +151,7 @@ unsafe fn flash_bwd<
         j,
         n0,
         bh,
+        bkv,
         sq_pad,
         n_turns,
         turn_step,
@@ -163,8 +164,8 @@ unsafe fn flash_bwd<
     // builds re-check above), so these are the starts of this head's rows.
     let (k_src, v_src) = unsafe {
         (
-            k.ptr.add((bh * sk as u64 * D as u64) as usize),
-            v.ptr.add((bh * sk as u64 * D as u64) as usize),
+            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
+            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
         )
     };
     // The loop's per-head addresses are recomputed each step from this (`opaque_dep_u32`): kept
@@ -359,7 +360,8 @@ unsafe fn flash_bwd<
     unroll_lt!(n < NO, {
         dk_acc[n] = dk_acc[n].map(|x| x * p.scale);
     });
-    let out_row0 = hb * sk as u64 + n0 as u64 + key_row as u64;
+    // dK and dV rows are the key/value head's (kept from before the loop: one register).
+    let out_row0 = bkv * sk as u64 + n0 as u64 + key_row as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
         store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, out, out_row0);
@@ -455,8 +457,10 @@ pub(super) struct KeyBlockWalk {
     /// The key block (this CTA) and its first key.
     pub j: u32,
     pub n0: u32,
-    /// The head (batch * heads + head).
+    /// The query head (batch * heads + head) and the key/value head whose block this is (batch *
+    /// kv_heads + head): [`AttentionShape::bwd_heads`].
     pub bh: u64,
+    pub bkv: u64,
     /// The statistics' padded rows per head.
     pub sq_pad: u32,
     /// Turn counters per head (padded like the statistics, so every block's counters are its
@@ -492,7 +496,7 @@ impl KeyBlockWalk {
             block_idx_x()
         };
         let n0 = j * BK as u32;
-        let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+        let (bh, bkv) = p.bwd_heads(block_idx_y(), block_idx_z());
         let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
         let dq = DqWalk {
             n_qblocks: sq.div_ceil(BQ as u32),
@@ -509,6 +513,7 @@ impl KeyBlockWalk {
             j,
             n0,
             bh,
+            bkv,
             sq_pad,
             n_turns: sq_pad / FLASH_BWD_TURN_ROWS as u32,
             turn_step: (BQ / FLASH_BWD_TURN_ROWS) as u32,
@@ -520,7 +525,7 @@ impl KeyBlockWalk {
             qo_len as usize + 1,
         );
         check_index(
-            ((bh + 1) * sk as u64 * D as u64) as usize,
+            ((bkv + 1) * sk as u64 * D as u64) as usize,
             kv_len as usize + 1,
         );
         check_index(

@@ -75,6 +75,7 @@ unsafe fn flash_tma_fwd<
     let QueryBlock {
         m0,
         bh,
+        bkv,
         diag,
         n_tiles,
     } = QueryBlock::of::<BQ, BK>(&p);
@@ -116,10 +117,10 @@ unsafe fn flash_tma_fwd<
                 for j in 0..n_tiles {
                     let row = (j * BK as u32) as i32;
                     let (kt, kb) = k_ring.producer_acquire(ks);
-                    map_k.load(kt, 0, row, bh as i32, kb);
+                    map_k.load(kt, 0, row, bkv as i32, kb);
                     ks = ks.next();
                     let (vt, vb) = v_ring.producer_acquire(vs);
-                    map_v.load(vt, 0, row, bh as i32, vb);
+                    map_v.load(vt, 0, row, bkv as i32, vb);
                     vs = vs.next();
                 }
             }

@@ -107,6 +107,7 @@ unsafe fn flash_wg_bwd<
         sk,
         n0,
         bh,
+        bkv,
         sq_pad,
         n_turns,
         turn_step,
@@ -127,15 +128,15 @@ unsafe fn flash_wg_bwd<
         ((bh + 1) * sq as u64 * D as u64) as usize,
         dq_acc.len as usize + 1,
     );
-    // SAFETY: the launcher validated that q/dO hold batch*heads*seq_q rows and k/v batch*heads*seq_k
-    // rows of D elements, the statistics 2*batch*heads*sq_pad values (checked builds re-check
+    // SAFETY: the launcher validated that q/dO hold batch*heads*seq_q rows and k/v
+    // batch*kv_heads*seq_k rows of D elements, the statistics 2*batch*heads*sq_pad values (checked builds re-check
     // above), so these are the starts of this head's rows.
     let (q_src, do_src, k_src, v_src, lse_src) = unsafe {
         (
             q.ptr.add((bh * sq as u64 * D as u64) as usize),
             d_o.ptr.add((bh * sq as u64 * D as u64) as usize),
-            k.ptr.add((bh * sk as u64 * D as u64) as usize),
-            v.ptr.add((bh * sk as u64 * D as u64) as usize),
+            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
+            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
             stats.ptr.add((bh * sq_pad as u64) as usize),
         )
     };
@@ -420,7 +421,8 @@ unsafe fn flash_wg_bwd<
 
     let dk_acc = dk_acc.map(|x| x * p.scale);
     let warp_key = 16 * (thread_idx_x() / 32); // this warp's first key in the block
-    let out_row0 = bh * sk as u64 + n0 as u64 + warp_key as u64;
+    // dK and dV rows are the key/value head's.
+    let out_row0 = bkv * sk as u64 + n0 as u64 + warp_key as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
         store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, out_row0);

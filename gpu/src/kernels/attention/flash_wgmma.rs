@@ -75,25 +75,27 @@ unsafe fn flash_wg_fwd<
     let QueryBlock {
         m0,
         bh,
+        bkv,
         diag,
         n_tiles,
     } = QueryBlock::of::<BQ, BK>(&p);
-    let bh = bh as u64;
+    let (bh, bkv) = (bh as u64, bkv as u64);
     check_index(
         ((bh + 1) * sq as u64 * D as u64) as usize,
         q.len as usize + 1,
     );
     check_index(
-        ((bh + 1) * sk as u64 * D as u64) as usize,
+        ((bkv + 1) * sk as u64 * D as u64) as usize,
         k.len.min(v.len) as usize + 1,
     );
-    // SAFETY: the launcher validated that q/o hold batch*heads*seq_q rows and k/v batch*heads*seq_k
-    // rows of D elements (checked builds re-check above), so these are the starts of this head's rows.
+    // SAFETY: the launcher validated that q/o hold batch*heads*seq_q rows and k/v
+    // batch*kv_heads*seq_k rows of D elements (checked builds re-check above), so these are the
+    // starts of this head's rows.
     let (q_src, k_src, v_src) = unsafe {
         (
             q.ptr.add((bh * sq as u64 * D as u64) as usize),
-            k.ptr.add((bh * sk as u64 * D as u64) as usize),
-            v.ptr.add((bh * sk as u64 * D as u64) as usize),
+            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
+            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
         )
     };
 
@@ -203,6 +205,8 @@ pub(super) struct QueryBlock {
     pub m0: u32,
     /// The (batch, head) index, `batch * heads + head`.
     pub bh: u32,
+    /// The key/value head it reads, `batch * kv_heads + head / group`.
+    pub bkv: u32,
     /// Query `i` sees key `j` iff `j <= i + diag` (causal).
     pub diag: i32,
     pub n_tiles: u32,
@@ -213,7 +217,8 @@ impl QueryBlock {
     pub(super) fn of<const BQ: usize, const BK: usize>(p: &AttentionShape) -> Self {
         let (sq, sk) = (p.seq_q, p.seq_k);
         let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-        let bh = block_idx_z() * p.heads + block_idx_y();
+        // batch * heads < 2^32 (each <= 65535, validated).
+        let (bh, bkv) = p.fwd_heads(block_idx_y(), block_idx_z());
         let diag = sk as i32 - sq as i32;
         let rows_here = (sq - m0).min(BQ as u32);
         let key_end = if p.mask == MaskKind::Causal {
@@ -223,7 +228,8 @@ impl QueryBlock {
         };
         Self {
             m0,
-            bh,
+            bh: bh as u32,
+            bkv: bkv as u32,
             diag,
             n_tiles: key_end.div_ceil(BK as u32),
         }

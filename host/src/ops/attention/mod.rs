@@ -2,10 +2,15 @@
 //! log-sum-exp `LSE = ln sum_j exp(scale * q_i . k_j)` over the visible keys (what backward needs);
 //! and the backward (dQ, dK, dV).
 //!
-//! - Layout: Q `[batch, heads, seq_q, head_dim]`, K and V `[batch, heads, seq_k, head_dim]`, all
-//!   contiguous. `[batch, seq, heads, head_dim]` is **not** accepted, either as a rank-4 tensor of that
-//!   shape (its dims would be misread, so pass `x.transpose(1, 2)?.contiguous()?`) or as a transposed
-//!   view (rejected as non-contiguous).
+//! - Layout: Q `[batch, heads, seq_q, head_dim]`, K and V `[batch, kv_heads, seq_k, head_dim]`, all
+//!   contiguous. The FlashAttention paths take grouped-query attention (GQA/MQA): `kv_heads` any
+//!   divisor of `heads`, query head `h` reading key/value head `h / (heads / kv_heads)`, K and V
+//!   never copied; the backward's dK and dV are `[batch, kv_heads, seq_k, head_dim]`, each the sum
+//!   over its group in f32, in query-head order (the same bits every run). The naive paths take
+//!   `kv_heads = heads` only.
+//! - `[batch, seq, heads, head_dim]` is **not** accepted, either as a rank-4 tensor of that shape
+//!   (its dims would be misread, so pass `x.transpose(1, 2)?.contiguous()?`) or as a transposed view
+//!   (rejected as non-contiguous).
 //! - Outputs: O `[batch, heads, seq_q, head_dim]` in the input dtype, LSE `[batch, heads, seq_q]` f32.
 //! - `scale` defaults to `1 / sqrt(head_dim)`; any finite value is accepted.
 //! - Causal: query `i` sees key `j` iff `j <= i + seq_k - seq_q` (the mask is aligned to the
@@ -71,7 +76,11 @@ pub struct AttentionParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dims {
     pub batch: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads: `heads` (multi-head), or a divisor of it (grouped-query, FlashAttention
+    /// paths only).
+    pub kv_heads: usize,
     pub seq_q: usize,
     pub seq_k: usize,
     pub head_dim: usize,
@@ -96,8 +105,24 @@ enum Path {
 
 const GRID_YZ_MAX: usize = 65535;
 
-/// Checks ranks and the agreement of Q, K and V shapes (shared by the GPU paths and the references).
+/// Checks ranks and the agreement of Q, K and V shapes (shared by the GPU paths and the references):
+/// equal head counts.
 pub fn dims(op: &'static str, q: &[usize], k: &[usize], v: &[usize]) -> Result<Dims> {
+    dims_with(op, q, k, v, false)
+}
+
+/// [`dims`] that also accepts grouped-query shapes: K and V with `kv_heads` heads dividing q's.
+pub fn dims_grouped(op: &'static str, q: &[usize], k: &[usize], v: &[usize]) -> Result<Dims> {
+    dims_with(op, q, k, v, true)
+}
+
+fn dims_with(
+    op: &'static str,
+    q: &[usize],
+    k: &[usize],
+    v: &[usize],
+    grouped: bool,
+) -> Result<Dims> {
     for (name, s) in [("q", q), ("k", k), ("v", v)] {
         if s.len() != 4 {
             return Err(Error::Shape {
@@ -112,11 +137,25 @@ pub fn dims(op: &'static str, q: &[usize], k: &[usize], v: &[usize]) -> Result<D
         }
     }
     let (b, h, d) = (q[0], q[1], q[3]);
-    if k[0] != b || k[1] != h || k[3] != d {
+    let heads_ok = if grouped {
+        k[1] > 0 && h % k[1] == 0 || h == 0 && k[1] == 0
+    } else {
+        k[1] == h
+    };
+    if k[0] != b || !heads_ok || k[3] != d {
         return Err(Error::Shape {
             op,
-            what: "k must match q in batch, heads and head_dim".into(),
-            expected: format!("[{b}, {h}, seq_k, {d}]"),
+            what: if grouped {
+                "k must match q in batch and head_dim, with a head count dividing q's (grouped-query)"
+                    .into()
+            } else {
+                "k must match q in batch, heads and head_dim".into()
+            },
+            expected: if grouped {
+                format!("[{b}, a divisor of {h}, seq_k, {d}]")
+            } else {
+                format!("[{b}, {h}, seq_k, {d}]")
+            },
             got: k.to_vec(),
         });
     }
@@ -131,6 +170,7 @@ pub fn dims(op: &'static str, q: &[usize], k: &[usize], v: &[usize]) -> Result<D
     let dims = Dims {
         batch: b,
         heads: h,
+        kv_heads: k[1],
         seq_q: q[2],
         seq_k: k[2],
         head_dim: d,
@@ -209,7 +249,10 @@ fn validate_operands(
     [q, k, v]: &[Operand; 3],
     params: &AttentionParams,
 ) -> Result<(Dims, f32)> {
-    let d = dims(op, q.shape, k.shape, v.shape)?;
+    let d = match path {
+        Path::Flash => dims_grouped(op, q.shape, k.shape, v.shape)?,
+        Path::Naive => dims(op, q.shape, k.shape, v.shape)?,
+    };
     for x in [k, v] {
         if x.dtype != q.dtype {
             return Err(Error::DType {
@@ -371,6 +414,8 @@ fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize)
     AttentionShape {
         batch: d.batch as u32,
         heads: d.heads as u32,
+        kv_heads: d.kv_heads as u32,
+        group_member: 0,
         seq_q: d.seq_q as u32,
         seq_k: d.seq_k as u32,
         head_dim: d.head_dim as u32,
@@ -520,15 +565,19 @@ fn flash_tma_views(
     v: &Tensor,
     d: &Dims,
 ) -> Option<[crate::tma::Tensor3; 3]> {
-    let view = |t: &Tensor, seq: usize| crate::tma::Tensor3 {
+    let view = |t: &Tensor, seq: usize, heads: usize| crate::tma::Tensor3 {
         ptr: if seq == 0 { q.raw().ptr } else { t.raw().ptr },
         inner: d.head_dim as u64,
         outer: seq.max(1) as u64,
-        batch: (d.batch * d.heads) as u64,
+        batch: (d.batch * if seq == 0 { d.heads } else { heads }) as u64,
         outer_stride: d.head_dim as u64,
         batch_stride: (seq.max(1) * d.head_dim) as u64,
     };
-    let views = [view(q, d.seq_q), view(k, d.seq_k), view(v, d.seq_k)];
+    let views = [
+        view(q, d.seq_q, d.heads),
+        view(k, d.seq_k, d.kv_heads),
+        view(v, d.seq_k, d.kv_heads),
+    ];
     views.iter().all(crate::tma::tma_readable).then_some(views)
 }
 
@@ -757,7 +806,7 @@ pub fn flash_backward_add(
 ) -> Result<()> {
     const OP: &str = "attention::flash_backward_add";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    let kv = [d.batch, d.heads, d.seq_k, d.head_dim];
+    let kv = [d.batch, d.kv_heads, d.seq_k, d.head_dim];
     for (name, t, shape) in [
         ("acc.dq", &acc.dq, q.shape()),
         ("acc.dk", &acc.dk, &kv[..]),
@@ -839,8 +888,25 @@ fn flash_backward_launch(
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
         return Ok(());
     }
+    let group = d.heads / d.kv_heads;
+    // Grouped-query heads: dK and dV sum over the group's query heads, in f32, one launch a group
+    // member (each launch adds every dK/dV row once, the launches in member order: the same bits
+    // every run). Rounded outputs get zeroed f32 accumulators first and are rounded at the end.
+    let kv_elems = d.batch * d.kv_heads * d.seq_k * d.head_dim;
+    let kv_acc = match out {
+        GradsOut::Rounded(_) if group > 1 => {
+            let acc = |_| -> Result<Tensor> {
+                let t = Tensor::empty(gpu, &[kv_elems], DType::F32)?;
+                t.fill_bytes(0)?;
+                Ok(t)
+            };
+            Some((acc(0)?, acc(1)?))
+        }
+        _ => None,
+    };
     let (grads, main, add) = match out {
-        GradsOut::Rounded(g) => (g, names.main, false),
+        GradsOut::Rounded(g) if group == 1 => (g, names.main, false),
+        GradsOut::Rounded(g) => (g, names.main_add, false),
         GradsOut::AddF32(g) => (g, names.main_add, true),
     };
     let pre_blocks = d.seq_q.div_ceil(FLASH_BWD_PRE_ROWS);
@@ -910,32 +976,57 @@ fn flash_backward_launch(
             ByValue(v.raw()),
             ByValue(d_o.raw()),
         );
+        let (dk_out, dv_out) = match &kv_acc {
+            Some((dk, dv)) => (dk.raw(), dv.raw()),
+            None => (grads.dk.raw(), grads.dv.raw()),
+        };
         let (st_, acc_, turns_, dk_, dv_) = (
             ByValue(stats.raw()),
             ByValue(dq_acc.raw()),
             ByValue(turns.raw()),
-            ByValue(grads.dk.raw()),
-            ByValue(grads.dv.raw()),
+            ByValue(dk_out),
+            ByValue(dv_out),
         );
-        let shape_ = ByValue(shape);
-        let args: [&dyn crate::launch::ArgPush; 11] = [
-            &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &order,
-        ];
         let n_args = if main.starts_with("flash_wg_bwd_") {
             11
         } else {
             10
         };
-        launch_cfg_large_smem(
-            gpu,
-            main,
-            LaunchConfig {
-                grid_dim: (kb, d.heads as u32, d.batch as u32),
-                block_dim: (names.threads, 1, 1),
-                shared_mem_bytes: names.smem_bytes,
-            },
-            &args[..n_args],
-        )?;
+        // Grid y: the key/value heads; launch `r` takes query head `y * group + r` of each.
+        for member in 0..group {
+            let shape_ = ByValue(AttentionShape {
+                group_member: member as u32,
+                ..shape
+            });
+            let args: [&dyn crate::launch::ArgPush; 11] = [
+                &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &order,
+            ];
+            launch_cfg_large_smem(
+                gpu,
+                main,
+                LaunchConfig {
+                    grid_dim: (kb, d.kv_heads as u32, d.batch as u32),
+                    block_dim: (names.threads, 1, 1),
+                    shared_mem_bytes: names.smem_bytes,
+                },
+                &args[..n_args],
+            )?;
+        }
+    }
+    if let Some((dk_acc, dv_acc)) = &kv_acc {
+        // dK was scaled in the kernel: both round as they are.
+        let n8 = (kv_elems / 8) as u64;
+        for (acc, out) in [(dk_acc, &grads.dk), (dv_acc, &grads.dv)] {
+            if n8 > 0 {
+                launch(
+                    gpu,
+                    names.convert,
+                    grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
+                    flash_bwd::CONVERT_THREADS,
+                    &[&ByValue(acc.raw()), &ByValue(out.raw()), &n8, &1.0f32],
+                )?;
+            }
+        }
     }
     // With seq_k = 0 the accumulator stays as the pre-pass zeroed it: dQ = 0.
     let n8 = (heads_total * d.seq_q * d.head_dim / 8) as u64;
@@ -1092,9 +1183,9 @@ pub fn naive_forward(
 }
 
 /// Gradient tensors of a backward call, allocated (uninitialised) in q's dtype: dQ shaped as q,
-/// dK and dV as `[batch, heads, seq_k, head_dim]`.
+/// dK and dV as `[batch, kv_heads, seq_k, head_dim]`.
 fn empty_grads(q: &Tensor, d: &Dims) -> Result<AttentionGrads> {
-    let kv_shape = [d.batch, d.heads, d.seq_k, d.head_dim];
+    let kv_shape = [d.batch, d.kv_heads, d.seq_k, d.head_dim];
     Ok(AttentionGrads {
         dq: Tensor::empty(q.gpu(), q.shape(), q.dtype())?,
         dk: Tensor::empty(q.gpu(), &kv_shape, q.dtype())?,

@@ -109,6 +109,7 @@ pub fn forward_f64(
         seq_q: sq,
         seq_k: sk,
         head_dim: dh,
+        ..
     } = dims;
     let per_q = sq * dh;
     let per_k = sk * dh;

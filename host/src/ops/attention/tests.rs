@@ -113,6 +113,26 @@ fn shape_validation_names_the_problem() {
     assert!(dims("t", &[2, 3, 5, 8], &[2, 3, 7, 8], &[2, 3, 7, 8]).is_ok());
 }
 
+#[test]
+fn grouped_dims_take_key_value_heads_that_divide_the_query_heads() {
+    let d = dims_grouped("t", &[2, 8, 5, 64], &[2, 2, 7, 64], &[2, 2, 7, 64]).unwrap();
+    assert_eq!((d.heads, d.kv_heads, d.seq_k), (8, 2, 7));
+    let d = dims_grouped("t", &[2, 8, 5, 64], &[2, 8, 7, 64], &[2, 8, 7, 64]).unwrap();
+    assert_eq!(d.kv_heads, 8);
+    for kv_heads in [3, 0, 16] {
+        let k = [2, kv_heads, 7, 64];
+        let e = dims_grouped("t", &[2, 8, 5, 64], &k, &k)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dividing") && e.contains("a divisor of 8"),
+            "{kv_heads}: {e}"
+        );
+    }
+    // The multi-head rule (naive path, references) still wants equal counts.
+    assert!(dims("t", &[2, 8, 5, 64], &[2, 2, 7, 64], &[2, 2, 7, 64]).is_err());
+}
+
 fn operand<'a>(name: &'static str, shape: &'a [usize], dtype: DType) -> Operand<'a> {
     Operand {
         name,
@@ -230,10 +250,11 @@ fn validation_rejects_each_bad_input_with_a_typed_error() {
             operand("v", &kh, DType::F16),
         ],
     );
+    // 4 key/value heads do not divide q's 3: the FlashAttention path says what it takes.
     assert!(
         e.unwrap_err()
             .to_string()
-            .contains("batch, heads and head_dim")
+            .contains("a head count dividing q's")
     );
 
     // grid limits.
@@ -407,6 +428,7 @@ fn public_backward_reference_matches_central_differences_over_heads() {
         let one_head = Dims {
             batch: 1,
             heads: 1,
+            kv_heads: 1,
             seq_q: sq,
             seq_k: sk,
             head_dim: dh,
