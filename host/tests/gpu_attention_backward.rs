@@ -922,6 +922,7 @@ fn check_against_central_differences(
     let one_head = attention::Dims {
         batch: 1,
         heads: 1,
+        kv_heads: 1,
         seq_q: sq,
         seq_k: sk,
         head_dim: d,
