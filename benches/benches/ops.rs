@@ -790,6 +790,8 @@ fn attention_decode(b: &mut Bencher) {
 /// D128 with 8 key/value heads (Llama-3's grouping) and with 32 (multi-head), forward and forward +
 /// backward, both masks, f16. The goal: the grouped call within 5% of the multi-head one.
 fn attention_gqa(b: &mut Bencher) {
+    use std::cell::OnceCell;
+    use std::rc::Rc;
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let (bb, hq, s, d) = if quick {
         (1, 8, 512, 64)
@@ -797,16 +799,34 @@ fn attention_gqa(b: &mut Bencher) {
         (2, 32, 4096, 128)
     };
     let dtype = DType::F16;
+    type Set = Vec<[Tensor; 4]>;
     for hkv in [hq / 4, hq] {
         let q_bytes = bb * hq * s * d * dtype.size_bytes();
         let kv_bytes = bb * hkv * s * d * dtype.size_bytes();
         let copies = rotation_copies(2 * q_bytes + 2 * kv_bytes, b.l2_bytes);
-        let (q, k, v, d_o) = (
-            b.inputs(&[bb, hq, s, d], dtype, copies),
-            b.inputs(&[bb, hkv, s, d], dtype, copies),
-            b.inputs(&[bb, hkv, s, d], dtype, copies),
-            b.inputs(&[bb, hq, s, d], dtype, copies),
-        );
+        // Made by the first bench that runs (a run filtered to other benches makes none).
+        let (gpu, seed): (Gpu, u64) = (b.gpu.clone(), b.rng.random());
+        let inputs: Rc<OnceCell<Set>> = Rc::new(OnceCell::new());
+        let make = move || -> Set {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut t = |shape: [usize; 4]| {
+                let data: Vec<f32> = (0..shape.iter().product::<usize>())
+                    .map(|_| rng.random_range(-2.0f32..2.0))
+                    .collect();
+                let host = HostTensor::new(data, &shape, dtype).expect("shape");
+                Tensor::from_host(&gpu, &host).expect("upload")
+            };
+            (0..copies)
+                .map(|_| {
+                    [
+                        t([bb, hq, s, d]),
+                        t([bb, hkv, s, d]),
+                        t([bb, hkv, s, d]),
+                        t([bb, hq, s, d]),
+                    ]
+                })
+                .collect()
+        };
         for causal in [Causal::No, Causal::Yes] {
             let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, hq, s, d);
             let params = AttentionParams {
@@ -814,31 +834,35 @@ fn attention_gqa(b: &mut Bencher) {
                 scale: None,
             };
             let name = format!("attn_gqa/{dtype}/B{bb}Hq{hq}Hkv{hkv}S{s}D{d}/{mask}");
-            b.bench(
-                spec(
-                    format!("{name}/fwd"),
-                    Some((2 * q_bytes + 2 * kv_bytes) as u64),
-                    Some(fwd_flops),
-                ),
-                copies,
-                |i| {
-                    attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
-                },
-            );
-            b.bench(
-                spec(
-                    format!("{name}/fwdbwd"),
-                    Some((6 * q_bytes + 4 * kv_bytes) as u64),
-                    Some(fwd_flops * 7 / 2),
-                ),
-                copies,
-                |i| {
-                    let (o, lse) =
-                        attn::flash_forward(&q[i], &k[i], &v[i], &params).expect("flash_forward");
-                    attn::flash_backward(&q[i], &k[i], &v[i], &o, &lse, &d_o[i], &params)
-                        .expect("flash_backward");
-                },
-            );
+            for backward in [false, true] {
+                let (x, make_x) = (inputs.clone(), make.clone());
+                let (bytes, flops) = if backward {
+                    (6 * q_bytes + 4 * kv_bytes, fwd_flops * 7 / 2)
+                } else {
+                    (2 * q_bytes + 2 * kv_bytes, fwd_flops)
+                };
+                b.bench_prepared(
+                    spec(
+                        format!("{name}/{}", if backward { "fwdbwd" } else { "fwd" }),
+                        Some(bytes as u64),
+                        Some(flops),
+                    ),
+                    copies,
+                    Samples::Default,
+                    || {
+                        x.get_or_init(&make_x);
+                    },
+                    |i| {
+                        let [q, k, v, d_o] = &x.get().unwrap()[i];
+                        let (o, lse) =
+                            attn::flash_forward(q, k, v, &params).expect("flash_forward");
+                        if backward {
+                            attn::flash_backward(q, k, v, &o, &lse, d_o, &params)
+                                .expect("flash_backward");
+                        }
+                    },
+                );
+            }
         }
     }
 }
@@ -1258,20 +1282,35 @@ fn main() {
         l2_bytes,
         specs: Vec::new(),
     };
-    ceilings(&mut b);
-    matmuls(&mut b);
-    elementwise(&mut b);
-    reductions(&mut b);
-    softmaxes(&mut b);
-    layer_norms(&mut b);
-    embeddings(&mut b);
-    relevance(&mut b);
-    attention(&mut b);
-    attention_decode(&mut b);
-    attention_gqa(&mut b);
-    attention_backward(&mut b);
-    attention_backward_long(&mut b);
-    clifford(&mut b);
+    // `RGK_BENCH_FAMILIES=attention_gqa,ceilings` runs only those bench functions: most make their
+    // inputs up front, so a name filter alone still spends minutes making inputs it never uses.
+    let families = std::env::var("RGK_BENCH_FAMILIES").ok();
+    let wanted = |name: &str| {
+        families
+            .as_deref()
+            .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
+    };
+    let all: [(&str, fn(&mut Bencher)); 14] = [
+        ("ceilings", ceilings),
+        ("matmuls", matmuls),
+        ("elementwise", elementwise),
+        ("reductions", reductions),
+        ("softmaxes", softmaxes),
+        ("layer_norms", layer_norms),
+        ("embeddings", embeddings),
+        ("relevance", relevance),
+        ("attention", attention),
+        ("attention_gqa", attention_gqa),
+        ("attention_decode", attention_decode),
+        ("attention_backward", attention_backward),
+        ("attention_backward_long", attention_backward_long),
+        ("clifford", clifford),
+    ];
+    for (name, family) in all {
+        if wanted(name) {
+            family(&mut b);
+        }
+    }
     let specs = std::mem::take(&mut b.specs);
     c.final_summary();
 
