@@ -10,6 +10,7 @@
 #                                         a test, N at a time)
 #   BENCH="regex" PEERS="prefix,prefix"   criterion filter for ours, peers.py --only prefixes
 #   PEER_NAMES="sdpa-cudnn,..."           only these peers
+#   RGK_BENCH_FAMILIES="attention_gqa,.."  only these bench functions of ours (benches/benches/ops.rs)
 #   BASE=1                                the same BENCH filter with the bench binary of
 #                                         .pack/base.dd.tgz (another commit's bundle) on this card, in
 #                                         this call, then bench-compare base against ours
