@@ -408,18 +408,22 @@ def lrp_case(rows, ni, no):
                 peers=[peer("torch-eager", lrp_torch), peer("torch-per-row", lrp_per_row)])
 
 
-def sdpa_peer(peer, backend, causal):
-    """SDPA with one backend forced (backend None = torch's own dispatch choice)."""
-    def build():
-        return lambda s: F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=causal)
-
+def sdpa_context(backend):
+    """The context that forces SDPA backend `backend` (None: torch's own dispatch choice)."""
     def context():
         if backend is None:
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel(getattr(SDPBackend, backend))
+    return context
 
-    return Peer(peer, build, context)
+
+def sdpa_peer(peer, backend, causal):
+    """SDPA with one backend forced (backend None = torch's own dispatch choice)."""
+    def build():
+        return lambda s: F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=causal)
+
+    return Peer(peer, build, sdpa_context(backend))
 
 
 def attn_case(tag, b, h, s, d, causal):
@@ -445,13 +449,7 @@ def decode_peer(peer, backend):
     def build():
         return lambda s: F.scaled_dot_product_attention(s[0], s[1], s[2], enable_gqa=True)
 
-    def context():
-        if backend is None:
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        return sdpa_kernel(getattr(SDPBackend, backend))
-
-    return Peer(peer, build, context)
+    return Peer(peer, build, sdpa_context(backend))
 
 
 def attn_decode_case(tag, b, sk, hq=32, hkv=8, d=128):
@@ -484,11 +482,7 @@ def attn_gqa_case(tag, b, hq, hkv, s, d, causal, backward):
                     return torch.autograd.grad(o, (q, k, v), d_o)
                 return o
             return run
-
-        def context():
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            return sdpa_kernel(getattr(SDPBackend, backend))
-        return Peer(name, build, context)
+        return Peer(name, build, sdpa_context(backend))
 
     def make():
         q, k, v = (rand(shape, tag).requires_grad_(backward)

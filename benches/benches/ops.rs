@@ -786,12 +786,65 @@ fn attention_decode(b: &mut Bencher) {
     }
 }
 
+/// `copies` input sets of four attention tensors (Q, K, V, dO) of `shapes`, uniform in [-2, 2),
+/// made on first use (`get`) from a seed drawn now: a run filtered to other benches makes none.
+struct LazySets {
+    sets: std::cell::OnceCell<Vec<[Tensor; 4]>>,
+    gpu: Gpu,
+    seed: u64,
+    shapes: [[usize; 4]; 4],
+    dtype: DType,
+    copies: usize,
+}
+
+impl LazySets {
+    fn new(
+        b: &mut Bencher,
+        shapes: [[usize; 4]; 4],
+        dtype: DType,
+        copies: usize,
+    ) -> std::rc::Rc<Self> {
+        std::rc::Rc::new(LazySets {
+            sets: std::cell::OnceCell::new(),
+            gpu: b.gpu.clone(),
+            seed: b.rng.random(),
+            shapes,
+            dtype,
+            copies,
+        })
+    }
+
+    fn get(&self) -> &[[Tensor; 4]] {
+        self.sets.get_or_init(|| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed);
+            (0..self.copies)
+                .map(|_| {
+                    self.shapes.map(|shape| {
+                        let data: Vec<f32> = (0..shape.iter().product::<usize>())
+                            .map(|_| rng.random_range(-2.0f32..2.0))
+                            .collect();
+                        let host = HostTensor::new(data, &shape, self.dtype).expect("shape");
+                        Tensor::from_host(&self.gpu, &host).expect("upload")
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
+/// One FlashAttention forward of input set `[q, k, v, d_o]` and, with `backward`, its backward
+/// (what a training step runs).
+fn attention_step([q, k, v, d_o]: &[Tensor; 4], params: &AttentionParams, backward: bool) {
+    let (o, lse) = attn::flash_forward(q, k, v, params).expect("flash_forward");
+    if backward {
+        attn::flash_backward(q, k, v, &o, &lse, d_o, params).expect("flash_backward");
+    }
+}
+
 /// Grouped-query attention against multi-head attention of equal FLOPs (`attn_gqa`): B2 Hq32 S4096
 /// D128 with 8 key/value heads (Llama-3's grouping) and with 32 (multi-head), forward and forward +
 /// backward, both masks, f16. The goal: the grouped call within 5% of the multi-head one.
 fn attention_gqa(b: &mut Bencher) {
-    use std::cell::OnceCell;
-    use std::rc::Rc;
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let (bb, hq, s, d) = if quick {
         (1, 8, 512, 64)
@@ -799,34 +852,21 @@ fn attention_gqa(b: &mut Bencher) {
         (2, 32, 4096, 128)
     };
     let dtype = DType::F16;
-    type Set = Vec<[Tensor; 4]>;
     for hkv in [hq / 4, hq] {
         let q_bytes = bb * hq * s * d * dtype.size_bytes();
         let kv_bytes = bb * hkv * s * d * dtype.size_bytes();
         let copies = rotation_copies(2 * q_bytes + 2 * kv_bytes, b.l2_bytes);
-        // Made by the first bench that runs (a run filtered to other benches makes none).
-        let (gpu, seed): (Gpu, u64) = (b.gpu.clone(), b.rng.random());
-        let inputs: Rc<OnceCell<Set>> = Rc::new(OnceCell::new());
-        let make = move || -> Set {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let mut t = |shape: [usize; 4]| {
-                let data: Vec<f32> = (0..shape.iter().product::<usize>())
-                    .map(|_| rng.random_range(-2.0f32..2.0))
-                    .collect();
-                let host = HostTensor::new(data, &shape, dtype).expect("shape");
-                Tensor::from_host(&gpu, &host).expect("upload")
-            };
-            (0..copies)
-                .map(|_| {
-                    [
-                        t([bb, hq, s, d]),
-                        t([bb, hkv, s, d]),
-                        t([bb, hkv, s, d]),
-                        t([bb, hq, s, d]),
-                    ]
-                })
-                .collect()
-        };
+        let inputs = LazySets::new(
+            b,
+            [
+                [bb, hq, s, d],
+                [bb, hkv, s, d],
+                [bb, hkv, s, d],
+                [bb, hq, s, d],
+            ],
+            dtype,
+            copies,
+        );
         for causal in [Causal::No, Causal::Yes] {
             let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, hq, s, d);
             let params = AttentionParams {
@@ -835,7 +875,7 @@ fn attention_gqa(b: &mut Bencher) {
             };
             let name = format!("attn_gqa/{dtype}/B{bb}Hq{hq}Hkv{hkv}S{s}D{d}/{mask}");
             for backward in [false, true] {
-                let (x, make_x) = (inputs.clone(), make.clone());
+                let x = inputs.clone();
                 let (bytes, flops) = if backward {
                     (6 * q_bytes + 4 * kv_bytes, fwd_flops * 7 / 2)
                 } else {
@@ -850,17 +890,9 @@ fn attention_gqa(b: &mut Bencher) {
                     copies,
                     Samples::Default,
                     || {
-                        x.get_or_init(&make_x);
+                        x.get();
                     },
-                    |i| {
-                        let [q, k, v, d_o] = &x.get().unwrap()[i];
-                        let (o, lse) =
-                            attn::flash_forward(q, k, v, &params).expect("flash_forward");
-                        if backward {
-                            attn::flash_backward(q, k, v, &o, &lse, d_o, &params)
-                                .expect("flash_backward");
-                        }
-                    },
+                    |i| attention_step(&x.get()[i], &params, backward),
                 );
             }
         }
@@ -944,7 +976,6 @@ fn attention_backward_long(b: &mut Bencher) {
 
 fn attention_backward(b: &mut Bencher) {
     use std::cell::OnceCell;
-    use std::rc::Rc;
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let shapes: &[(usize, usize, usize, usize)] = if quick {
         &[(4, 8, 512, 64)]
@@ -956,39 +987,23 @@ fn attention_backward(b: &mut Bencher) {
             (4, 16, 8192, 128),
         ]
     };
-    type Set = Vec<[Tensor; 4]>;
     for dtype in [DType::F16, DType::BF16] {
         for &(bb, h, s, d) in shapes {
             let shape = [bb, h, s, d];
             let tensor = bb * h * s * d * dtype.size_bytes();
             let copies = rotation_copies(4 * tensor, b.l2_bytes);
-            let (gpu, seed): (Gpu, u64) = (b.gpu.clone(), b.rng.random());
-            let inputs: Rc<OnceCell<Set>> = Rc::new(OnceCell::new());
-            let make = move || -> Set {
-                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-                let n = shape.iter().product::<usize>();
-                (0..copies)
-                    .map(|_| {
-                        std::array::from_fn(|_| {
-                            let data: Vec<f32> =
-                                (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-                            let host = HostTensor::new(data, &shape, dtype).expect("shape");
-                            Tensor::from_host(&gpu, &host).expect("upload")
-                        })
-                    })
-                    .collect()
-            };
+            let inputs = LazySets::new(b, [shape; 4], dtype, copies);
             for causal in [Causal::No, Causal::Yes] {
                 let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
                 let params = AttentionParams {
                     causal,
                     scale: None,
                 };
-                let (x, make_x) = (inputs.clone(), make.clone());
+                let x = inputs.clone();
                 let saved: OnceCell<Vec<(Tensor, Tensor)>> = OnceCell::new();
                 let prepare = || {
                     saved.get_or_init(|| {
-                        x.get_or_init(&make_x)
+                        x.get()
                             .iter()
                             .map(|[q, k, v, _]| {
                                 attn::flash_forward(q, k, v, &params).expect("flash_forward")
@@ -1013,13 +1028,13 @@ fn attention_backward(b: &mut Bencher) {
                         prepare,
                         |i| {
                             let ([q, k, v, d_o], (o, lse)) =
-                                (&x.get().unwrap()[i], &saved.get().unwrap()[i]);
+                                (&x.get()[i], &saved.get().unwrap()[i]);
                             attn::flash_backward_with(q, k, v, o, lse, d_o, &params, mode)
                                 .expect("flash_backward_with");
                         },
                     );
                 }
-                let (x, make_x) = (inputs.clone(), make.clone());
+                let x = inputs.clone();
                 b.bench_prepared(
                     spec(
                         format!("attn_fwdbwd/{dtype}/B{bb}H{h}S{s}D{d}/{mask}"),
@@ -1029,15 +1044,9 @@ fn attention_backward(b: &mut Bencher) {
                     copies,
                     Samples::Default,
                     || {
-                        x.get_or_init(&make_x);
+                        x.get();
                     },
-                    |i| {
-                        let [q, k, v, d_o] = &x.get().unwrap()[i];
-                        let (o, lse) =
-                            attn::flash_forward(q, k, v, &params).expect("flash_forward");
-                        attn::flash_backward(q, k, v, &o, &lse, d_o, &params)
-                            .expect("flash_backward");
-                    },
+                    |i| attention_step(&x.get()[i], &params, true),
                 );
             }
         }

@@ -7,10 +7,8 @@
 //! LSE = -inf.
 mod common;
 
-use common::{gpu_or_skip, rng, uniform};
-use host::ops::attention::{
-    AttentionParams, Causal, KvCache, decode_forward, model_features as mf,
-};
+use common::{attention_params, gpu_or_skip, read, rng, uniform};
+use host::ops::attention::{KvCache, decode_forward, model_features as mf};
 use host::{DType, HostTensor, Tensor};
 use rand::Rng;
 
@@ -22,16 +20,24 @@ fn ulp(dtype: DType) -> f64 {
     }
 }
 
-/// Checks one sequence's rows of the decode outputs (`o` `[B, Hq, Sq, D]`, `lse` `[B, Hq, Sq]`,
-/// read back) against the reference for that sequence alone (`[1, Hq, Sq, D]`).
+/// Checks sequence `b`'s rows of the decode outputs (`o` `[B, Hq, Sq, D]`, `lse` `[B, Hq, Sq]`, read
+/// back) against the reference for that sequence alone: its Q rows against its first `len` keys.
 fn check_sequence(
     what: &str,
     (o, lse): (&[f32], &[f32]),
-    b: usize,
-    (hq, sq, d): (usize, usize, usize),
-    (o_ref, lse_ref): (&HostTensor, &HostTensor),
+    (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
+    (b, len, causal): (usize, usize, bool),
     dtype: DType,
 ) {
+    let (hq, sq, d) = (q.shape[1], q.shape[2], q.shape[3]);
+    let (o_ref, lse_ref) = mf::forward(
+        &take(q, b, sq),
+        &take(k, b, len),
+        &take(v, b, len),
+        &attention_params(causal),
+        &mf::ModelFeatures::default(),
+    )
+    .unwrap();
     let scale_o = o_ref
         .data
         .iter()
@@ -82,17 +88,6 @@ fn take(x: &HostTensor, b: usize, len: usize) -> HostTensor {
     HostTensor::new(out, &[1, h, len, d], x.dtype).unwrap()
 }
 
-fn params(causal: bool) -> AttentionParams {
-    AttentionParams {
-        causal: if causal { Causal::Yes } else { Causal::No },
-        scale: None,
-    }
-}
-
-fn read(t: &Tensor) -> Vec<f32> {
-    t.to_vec().unwrap()
-}
-
 #[test]
 fn a_dense_cache_matches_the_reference() {
     let Some(gpu) = gpu_or_skip("a_dense_cache_matches_the_reference") else {
@@ -116,29 +111,17 @@ fn a_dense_cache_matches_the_reference() {
                 let v = uniform(&mut r, &[b, hkv, sk, d], -1.0, 1.0, dtype);
                 let up = |x: &HostTensor| Tensor::from_host(&gpu, x).unwrap();
                 let (kd, vd) = (up(&k), up(&v));
-                let (o, lse) =
-                    decode_forward(&up(&q), KvCache::Dense { k: &kd, v: &vd }, &params(causal))
-                        .unwrap();
+                let (o, lse) = decode_forward(
+                    &up(&q),
+                    KvCache::Dense { k: &kd, v: &vd },
+                    &attention_params(causal),
+                )
+                .unwrap();
                 let (o, lse) = (read(&o), read(&lse));
                 let what =
                     format!("{dtype} B{b} Hq{hq} Hkv{hkv} Sq{sq} Sk{sk} D{d} causal {causal}");
                 for bi in 0..b {
-                    let (o_ref, lse_ref) = mf::forward(
-                        &take(&q, bi, sq),
-                        &take(&k, bi, sk),
-                        &take(&v, bi, sk),
-                        &params(causal),
-                        &mf::ModelFeatures::default(),
-                    )
-                    .unwrap();
-                    check_sequence(
-                        &what,
-                        (&o, &lse),
-                        bi,
-                        (hq, sq, d),
-                        (&o_ref, &lse_ref),
-                        dtype,
-                    );
+                    check_sequence(&what, (&o, &lse), (&q, &k, &v), (bi, sk, causal), dtype);
                 }
                 println!("{what}: ok");
             }
@@ -221,28 +204,13 @@ fn a_paged_cache_matches_the_reference() {
                     max_pages,
                     seq_lens: &seq_lens,
                 },
-                &params(causal),
+                &attention_params(causal),
             )
             .unwrap();
             let (o, lse) = (read(&o), read(&lse));
             let what = format!("paged {dtype} Sq{sq} causal {causal}");
             for (bi, &len) in lens.iter().enumerate() {
-                let (o_ref, lse_ref) = mf::forward(
-                    &take(&q, bi, sq),
-                    &take(&k, bi, len),
-                    &take(&v, bi, len),
-                    &params(causal),
-                    &mf::ModelFeatures::default(),
-                )
-                .unwrap();
-                check_sequence(
-                    &what,
-                    (&o, &lse),
-                    bi,
-                    (hq, sq, d),
-                    (&o_ref, &lse_ref),
-                    dtype,
-                );
+                check_sequence(&what, (&o, &lse), (&q, &k, &v), (bi, len, causal), dtype);
             }
             println!("{what}: ok");
         }
@@ -256,7 +224,7 @@ fn bad_caches_are_named_errors() {
     };
     let t = |shape: &[usize]| Tensor::empty(&gpu, shape, DType::F16).unwrap();
     let q = t(&[2, 6, 1, 128]);
-    let p = params(false);
+    let p = attention_params(false);
     let err = |kv: KvCache<'_>| decode_forward(&q, kv, &p).unwrap_err().to_string();
     let k4 = t(&[2, 4, 10, 128]);
     assert!(

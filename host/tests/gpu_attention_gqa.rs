@@ -13,10 +13,9 @@
 //! dims 64 and 128. Outputs are poisoned before every launch; inputs are fresh (the seed is printed).
 mod common;
 
-use common::{assert_close, bits, gpu_or_skip, rng, tol, uniform};
+use common::{assert_close, attention_params, bits, gpu_or_skip, read, rng, tol, uniform};
 use host::ops::attention::{
-    self, AttentionParams, Causal, FLASH_VARIANTS, flash_forward_variant, flash_variant_supported,
-    model_features as mf,
+    self, FLASH_VARIANTS, flash_forward_variant, flash_variant_supported, model_features as mf,
 };
 use host::{DType, HostTensor, Tensor};
 
@@ -55,17 +54,6 @@ fn sum_groups(g: &[f32], shape: [usize; 4], group: usize) -> Vec<f32> {
     out.into_iter().map(|x| x as f32).collect()
 }
 
-fn params(causal: bool) -> AttentionParams {
-    AttentionParams {
-        causal: if causal { Causal::Yes } else { Causal::No },
-        scale: None,
-    }
-}
-
-fn read(t: &Tensor) -> Vec<f32> {
-    t.to_vec().unwrap()
-}
-
 /// (B, Hq, Hkv, Sq, Sk, D)
 const CASES: [(usize, usize, usize, usize, usize, usize); 5] = [
     (2, 8, 2, 97, 131, 128),
@@ -92,9 +80,14 @@ fn grouped_forward_matches_the_repeated_heads_and_the_reference() {
                 let up = |x: &HostTensor| Tensor::from_host(&gpu, x).unwrap();
                 let (qd, kd, vd) = (up(&q), up(&k), up(&v));
                 let (kr, vr) = (up(&repeat_heads(&k, group)), up(&repeat_heads(&v, group)));
-                let (o_ref, lse_ref) =
-                    mf::forward(&q, &k, &v, &params(causal), &mf::ModelFeatures::default())
-                        .unwrap();
+                let (o_ref, lse_ref) = mf::forward(
+                    &q,
+                    &k,
+                    &v,
+                    &attention_params(causal),
+                    &mf::ModelFeatures::default(),
+                )
+                .unwrap();
                 let what =
                     format!("{dtype} B{b} Hq{hq} Hkv{hkv} Sq{sq} Sk{sk} D{d} causal {causal}");
                 let mut ran = 0;
@@ -104,9 +97,11 @@ fn grouped_forward_matches_the_repeated_heads_and_the_reference() {
                     }
                     ran += 1;
                     let (o, lse) =
-                        flash_forward_variant(&qd, &kd, &vd, &params(causal), variant).unwrap();
+                        flash_forward_variant(&qd, &kd, &vd, &attention_params(causal), variant)
+                            .unwrap();
                     let (o_mha, lse_mha) =
-                        flash_forward_variant(&qd, &kr, &vr, &params(causal), variant).unwrap();
+                        flash_forward_variant(&qd, &kr, &vr, &attention_params(causal), variant)
+                            .unwrap();
                     assert_eq!(bits(&o), bits(&o_mha), "{what} kernel {variant}: O");
                     assert_eq!(bits(&lse), bits(&lse_mha), "{what} kernel {variant}: LSE");
                     let (o, lse) = (read(&o), read(&lse));
@@ -145,7 +140,7 @@ fn grouped_backward_sums_each_group_in_order() {
         for &(b, hq, hkv, sq, sk, d) in &CASES {
             for causal in [false, true] {
                 let group = hq / hkv;
-                let p = params(causal);
+                let p = attention_params(causal);
                 let q = uniform(&mut r, &[b, hq, sq, d], -1.0, 1.0, dtype);
                 let k = uniform(&mut r, &[b, hkv, sk, d], -1.0, 1.0, dtype);
                 let v = uniform(&mut r, &[b, hkv, sk, d], -1.0, 1.0, dtype);
@@ -231,12 +226,12 @@ fn heads_that_do_not_divide_are_named_errors() {
         Tensor::from_f32(&gpu, &vec![0.0; shape.iter().product()], shape, DType::F16).unwrap()
     };
     let (q, k) = (z(&[1, 6, 8, 64]), z(&[1, 4, 8, 64]));
-    let e = attention::flash_forward(&q, &k, &k, &params(false)).unwrap_err();
+    let e = attention::flash_forward(&q, &k, &k, &attention_params(false)).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("dividing"), "{msg}");
     assert!(msg.contains("[1, 4, 8, 64]"), "{msg}");
     // The naive path is multi-head only, and says so.
     let k2 = z(&[1, 2, 8, 64]);
-    let e = attention::naive_forward(&q, &k2, &k2, &params(false)).unwrap_err();
+    let e = attention::naive_forward(&q, &k2, &k2, &attention_params(false)).unwrap_err();
     assert!(e.to_string().contains("heads"), "{e}");
 }

@@ -200,3 +200,17 @@ pub fn assert_runs_match<S: TrainStep>(
 pub fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
 }
+
+/// Attention options: causal or not, the default scale (`1 / sqrt(head_dim)`).
+pub fn attention_params(causal: bool) -> host::ops::attention::AttentionParams {
+    use host::ops::attention::{AttentionParams, Causal};
+    AttentionParams {
+        causal: if causal { Causal::Yes } else { Causal::No },
+        scale: None,
+    }
+}
+
+/// A tensor's values as f32, read back.
+pub fn read(t: &Tensor) -> Vec<f32> {
+    t.to_vec().unwrap()
+}
