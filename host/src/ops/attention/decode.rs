@@ -57,8 +57,7 @@ pub fn decode_forward(
     if o.numel() == 0 {
         return Ok((o, lse));
     }
-    let sh = plan.shape;
-    let rows = (sh.batch * sh.q_heads * sh.seq_q) as usize;
+    let (sh, rows) = (plan.shape, plan.rows);
     // With one split the split kernel writes O and LSE itself; the partials are not used.
     let parts = if sh.splits > 1 {
         rows * sh.splits as usize
@@ -118,12 +117,7 @@ pub fn decode_forward(
             DType::BF16 => "decode_merge_bf16",
             _ => "decode_merge_f16",
         },
-        u32::try_from(rows).map_err(|_| Error::TooLarge {
-            op: OP,
-            what: "query rows (batch x heads x seq_q)",
-            given: rows as u64,
-            max: u32::MAX as u64,
-        })?,
+        rows as u32,
         MERGE_THREADS,
         &[
             &ByValue(o_part.raw()),
@@ -151,6 +145,8 @@ fn split_kernel(d: usize, dtype: DType) -> &'static str {
 /// A validated call: the kernel's shape parameter, the block table and lengths to upload.
 struct Plan<'a> {
     shape: DecodeShape,
+    /// Query rows, `batch * q_heads * seq_q`: below 2^32 (the kernels index rows in u32).
+    rows: usize,
     d: usize,
     kv: (&'a Tensor, &'a Tensor),
     table: Vec<u32>,
@@ -327,7 +323,11 @@ impl<'a> Plan<'a> {
             max: u32::MAX as u64,
         };
         let u = |what, x: usize| u32::try_from(x).map_err(|_| too_big(what, x));
+        // The kernels form a row's index `(b * q_heads + h) * seq_q + i` in u32.
+        let rows = b * hq * sq;
+        u("query rows (batch x heads x seq_q)", rows)?;
         Ok(Plan {
+            rows,
             shape: DecodeShape {
                 batch: u("batch", b)?,
                 q_heads: u("query heads", hq)?,
