@@ -116,6 +116,14 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
+    /// Allocates a contiguous tensor of zero bytes (0.0 in every float dtype), filled on the stream:
+    /// no host copy and no host wait.
+    pub fn zeros(gpu: &Gpu, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let t = Tensor::empty(gpu, shape, dtype)?;
+        t.fill_bytes(0)?;
+        Ok(t)
+    }
+
     /// Allocates a contiguous tensor whose contents are unspecified (0xFF bytes in poison mode).
     pub fn empty(gpu: &Gpu, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let numel = checked_numel(shape).ok_or(Error::Invalid {

@@ -222,9 +222,7 @@ fn heads_that_do_not_divide_are_named_errors() {
     let Some(gpu) = gpu_or_skip("heads_that_do_not_divide_are_named_errors") else {
         return;
     };
-    let z = |shape: &[usize]| {
-        Tensor::from_f32(&gpu, &vec![0.0; shape.iter().product()], shape, DType::F16).unwrap()
-    };
+    let z = |shape: &[usize]| Tensor::zeros(&gpu, shape, DType::F16).unwrap();
     let (q, k) = (z(&[1, 6, 8, 64]), z(&[1, 4, 8, 64]));
     let e = attention::flash_forward(&q, &k, &k, &attention_params(false)).unwrap_err();
     let msg = e.to_string();

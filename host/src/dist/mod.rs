@@ -778,8 +778,7 @@ impl Rank {
     /// [`Rank::synchronize`]).
     pub fn barrier(&self) -> Result<()> {
         // Made without a host copy: `Tensor::from_f32` waits for the GPU's stream, unpolled.
-        let t = Tensor::empty(&self.gpu, &[1], DType::F32)?;
-        t.fill_bytes(0)?;
+        let t = Tensor::zeros(&self.gpu, &[1], DType::F32)?;
         self.all_reduce(&t, ReduceOp::Sum)?;
         self.synchronize()
     }
@@ -1109,8 +1108,7 @@ fn connect(me: &Rank, id: nccl::UniqueId) -> Result<()> {
     me.gpu.trim_pool()?;
     // The pair-checking exchange's buffers, made before the rendezvous: from there to the end of
     // the set-up nothing but NCCL should be able to fail.
-    let one = Tensor::empty(&me.gpu, &[world], DType::F32)?;
-    one.fill_bytes(0)?;
+    let one = Tensor::zeros(&me.gpu, &[world], DType::F32)?;
     let got = Tensor::empty(&me.gpu, &[world], DType::F32)?;
     let views: Vec<(Tensor, Tensor)> = (0..world)
         .map(|p| Ok((one.narrow(p, 1)?, got.narrow(p, 1)?)))

@@ -474,8 +474,7 @@ pub fn backward(
     // the end). dQ stays here; dK/dV travel with the keys and values: the one finished last step is
     // sent on while the next visitor's arrives in the other, and this step's pairs add into a local
     // pair (`step_kv`) that joins the arrived one once it is in.
-    let dq_acc = Tensor::empty(gpu, &pl.shape, DType::F32)?;
-    dq_acc.fill_bytes(0)?;
+    let dq_acc = Tensor::zeros(gpu, &pl.shape, DType::F32)?;
     let dkv = [
         pair(gpu, &pl.shape, DType::F32)?,
         pair(gpu, &pl.shape, DType::F32)?,

@@ -556,9 +556,10 @@ fn query_blocks(op: &'static str, d: &Dims, block_q: usize) -> Result<u32> {
 /// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`).
 const FLASH_TMA_VARIANT: u32 = 5;
 
-/// Q, K and V as rank-3 tensors `[batch * heads][seq][D]` for the copy engine, or `None` when it
-/// cannot read them (a base not 16-byte aligned, which validation already refuses). With no keys the kernel loads no K or V tile, and
-/// their maps describe one row of Q's memory (a map cannot be empty).
+/// Q as a rank-3 tensor `[batch * heads][seq_q][D]` and K, V as `[batch * kv_heads][seq_k][D]` for
+/// the copy engine, or `None` when it cannot read them (a base not 16-byte aligned, which validation
+/// already refuses). With no keys the kernel loads no K or V tile, and their maps describe the first
+/// `batch * kv_heads <= batch * heads` rows of Q's memory (a map cannot be empty).
 fn flash_tma_views(
     q: &Tensor,
     k: &Tensor,
@@ -569,7 +570,7 @@ fn flash_tma_views(
         ptr: if seq == 0 { q.raw().ptr } else { t.raw().ptr },
         inner: d.head_dim as u64,
         outer: seq.max(1) as u64,
-        batch: (d.batch * if seq == 0 { d.heads } else { heads }) as u64,
+        batch: (d.batch * heads) as u64,
         outer_stride: d.head_dim as u64,
         batch_stride: (seq.max(1) * d.head_dim) as u64,
     };
@@ -894,14 +895,10 @@ fn flash_backward_launch(
     // every run). Rounded outputs get zeroed f32 accumulators first and are rounded at the end.
     let kv_elems = d.batch * d.kv_heads * d.seq_k * d.head_dim;
     let kv_acc = match out {
-        GradsOut::Rounded(_) if group > 1 => {
-            let acc = |_| -> Result<Tensor> {
-                let t = Tensor::empty(gpu, &[kv_elems], DType::F32)?;
-                t.fill_bytes(0)?;
-                Ok(t)
-            };
-            Some((acc(0)?, acc(1)?))
-        }
+        GradsOut::Rounded(_) if group > 1 => Some((
+            Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
+            Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
+        )),
         _ => None,
     };
     let (grads, main, add) = match out {

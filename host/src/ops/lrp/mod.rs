@@ -862,8 +862,7 @@ pub fn dense_variant(
     let bias_raw = layer.bias.as_ref().map(Tensor::raw).unwrap_or_default();
     if i == 0 {
         // An empty sum: y = f(b) (or f(0)); a one-split zero workspace gives the epilogue that.
-        let zeros = Tensor::empty(gpu, &[r * o], DType::F32)?;
-        zeros.fill_bytes(0)?;
+        let zeros = Tensor::zeros(gpu, &[r * o], DType::F32)?;
         launch(
             gpu,
             "dense_finish_f32",
