@@ -497,6 +497,40 @@ def attn_gqa_case(tag, b, hq, hkv, s, d, causal, backward):
                 peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
 
 
+def attn_layout_case(tag, b, h, s, d, layout, causal, backward):
+    """SDPA on [B, H, S, D] contiguous ("bhsd") or on [B, S, H, D] memory through its transpose(1, 2)
+    view ("bshd"), as benches/benches/ops.rs attention_layouts: forward, or forward + backward
+    through autograd, one backend forced."""
+    mask = "causal" if causal else "full"
+    fwd = 4 * b * h * s * s * d // (2 if causal else 1)
+    tensor = b * h * s * d * ELEM_SIZE[tag]
+
+    def peer(name, backend):
+        def build():
+            def run(x):
+                q, k, v, d_o = x
+                if layout == "bshd":
+                    q, k, v, d_o = (t.transpose(1, 2) for t in (q, k, v, d_o))
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                if backward:
+                    return torch.autograd.grad(o, (x[0], x[1], x[2]), d_o)
+                return o
+            return run
+        return Peer(name, build, sdpa_context(backend))
+
+    def make():
+        shape = (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+        q, k, v = (rand(shape, tag).requires_grad_(backward) for _ in range(3))
+        return q, k, v, rand(shape, tag)
+
+    op = "fwdbwd" if backward else "fwd"
+    return Case(f"attn_layout/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}/{op}",
+                bytes=10 * tensor if backward else 4 * tensor,
+                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
+                make_set=make,
+                peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
+
+
 def sdpa_bwd_peer(peer, backend, causal, forward_too):
     """SDPA backward through autograd with one backend forced. Backward alone: the forward runs on
     a set's first call (untimed: every ATTN_BWD_SHAPES set is >= 256 MiB, so there is one set, and
@@ -805,6 +839,9 @@ def build_cases(quick):
     cases += [attn_decode_case(tag, b, sk) for tag in ("f16", "bf16") for (b, sk) in DECODE_SHAPES]
     cases += [attn_gqa_case("f16", 2, 32, hkv, 4096, 128, causal, backward)
               for hkv in (8, 32) for causal in (False, True) for backward in (False, True)]
+    cases += [attn_layout_case("f16", 2, 32, 4096, 128, layout, causal, backward)
+              for layout in ("bhsd", "bshd") for causal in (False, True)
+              for backward in (False, True)]
     cases += [attn_bwd_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
               for causal in (False, True)]

@@ -899,6 +899,68 @@ fn attention_gqa(b: &mut Bencher) {
     }
 }
 
+/// Strided operands against contiguous ones of the same shape (`attn_layout`): B2 H32 S4096 D128 f16,
+/// Q, K, V and dO stored as `[B, H, S, D]` (`bhsd`) or as `[B, S, H, D]` memory passed as its
+/// `transpose(1, 2)` view (`bshd`, FlashAttention's and candle's layout; O and the gradients come
+/// back in it), forward and forward + backward, both masks. The goal: the strided call within 5% of
+/// the contiguous one.
+fn attention_layouts(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let (bb, h, s, d) = if quick {
+        (1, 8, 512, 64)
+    } else {
+        (2, 32, 4096, 128)
+    };
+    let dtype = DType::F16;
+    let bytes1 = bb * h * s * d * dtype.size_bytes();
+    let copies = rotation_copies(4 * bytes1, b.l2_bytes);
+    for layout in ["bhsd", "bshd"] {
+        let shape = if layout == "bshd" {
+            [bb, s, h, d]
+        } else {
+            [bb, h, s, d]
+        };
+        let inputs = LazySets::new(b, [shape; 4], dtype, copies);
+        for causal in [Causal::No, Causal::Yes] {
+            let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
+            let params = AttentionParams {
+                causal,
+                scale: None,
+            };
+            let name = format!("attn_layout/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}");
+            for backward in [false, true] {
+                let x = inputs.clone();
+                let (bytes, flops) = if backward {
+                    (10 * bytes1, fwd_flops * 7 / 2)
+                } else {
+                    (4 * bytes1, fwd_flops)
+                };
+                b.bench_prepared(
+                    spec(
+                        format!("{name}/{}", if backward { "fwdbwd" } else { "fwd" }),
+                        Some(bytes as u64),
+                        Some(flops),
+                    ),
+                    copies,
+                    Samples::Default,
+                    || {
+                        x.get();
+                    },
+                    |i| {
+                        let set = &x.get()[i];
+                        if layout == "bshd" {
+                            let views = [0, 1, 2, 3].map(|j| set[j].transpose(1, 2).expect("view"));
+                            attention_step(&views, &params, backward)
+                        } else {
+                            attention_step(set, &params, backward)
+                        }
+                    },
+                );
+            }
+        }
+    }
+}
+
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
 /// both masks; f16 and bf16 for the backward in both modes (`attn_bwd`, the deterministic default;
@@ -1299,7 +1361,7 @@ fn main() {
             .as_deref()
             .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
     };
-    let all: [(&str, fn(&mut Bencher)); 14] = [
+    let all: [(&str, fn(&mut Bencher)); 15] = [
         ("ceilings", ceilings),
         ("matmuls", matmuls),
         ("elementwise", elementwise),
@@ -1310,6 +1372,7 @@ fn main() {
         ("relevance", relevance),
         ("attention", attention),
         ("attention_gqa", attention_gqa),
+        ("attention_layouts", attention_layouts),
         ("attention_decode", attention_decode),
         ("attention_backward", attention_backward),
         ("attention_backward_long", attention_backward_long),

@@ -296,6 +296,27 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Entry `index` of dim `dim`, as a view of the other dims (no copy; generally not contiguous):
+    /// one of Q, K and V of a fused `[batch, seq, 3, heads, head_dim]` projection
+    /// (`qkv.select(2, 0)?.transpose(1, 2)?` is Q as `[batch, heads, seq, head_dim]`, which the
+    /// FlashAttention paths take as it is).
+    pub fn select(&self, dim: usize, index: usize) -> Result<Tensor> {
+        if dim >= self.shape.len() || index >= self.shape[dim] {
+            return Err(Error::Invalid {
+                op: "select",
+                msg: format!(
+                    "index {index} of dim {dim} is out of range for shape {:?}",
+                    self.shape
+                ),
+            });
+        }
+        let mut t = self.clone();
+        t.offset = self.offset + index * self.strides[dim];
+        t.shape.remove(dim);
+        t.strides.remove(dim);
+        Ok(t)
+    }
+
     /// The same contiguous data with another shape of equal element count.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         self.require_contiguous("reshape", "input")?;

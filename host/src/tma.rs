@@ -41,6 +41,34 @@ pub(crate) fn tma_readable(t: &Tensor3) -> bool {
         && t.batch_stride < 1 << 38
 }
 
+/// A rank-4 view `[batch][heads][outer][inner]` of 16-bit elements at device address `ptr`: element
+/// `(b, h, o, i)` at `ptr + 2 (b batch_stride + h head_stride + o outer_stride + i)` (an attention
+/// operand `[B, H, S, D]` with any strides, `[B, S, H, D]` memory included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tensor4 {
+    pub ptr: u64,
+    pub inner: u64,
+    pub outer: u64,
+    pub heads: u64,
+    pub batch: u64,
+    pub outer_stride: u64,
+    pub head_stride: u64,
+    pub batch_stride: u64,
+}
+
+/// [`tma_readable`] for a rank-4 view.
+pub(crate) fn tma_readable4(t: &Tensor4) -> bool {
+    let dims_ok = [t.inner, t.outer, t.heads, t.batch]
+        .iter()
+        .all(|&d| (1..1 << 31).contains(&d));
+    dims_ok
+        && t.ptr.is_multiple_of(16)
+        && [t.outer_stride, t.head_stride, t.batch_stride]
+            .iter()
+            .all(|&s| s.is_multiple_of(8) && s > 0 && s < 1 << 38)
+        && t.outer_stride >= t.inner
+}
+
 /// The tensor map of `t` with a `64 x box_rows` box and 128-byte swizzle. `op` names the caller in
 /// errors.
 pub(crate) fn sw128_map(
@@ -49,6 +77,66 @@ pub(crate) fn sw128_map(
     t: &Tensor3,
     box_rows: u32,
 ) -> Result<TensorMapParam> {
+    if !tma_readable(t) {
+        return Err(unreadable(op, &format!("{t:?}"), box_rows));
+    }
+    encode(
+        op,
+        dtype,
+        t.ptr,
+        &[t.inner, t.outer, t.batch],
+        &[2 * t.outer_stride, 2 * t.batch_stride],
+        box_rows,
+        &format!("{t:?}"),
+    )
+}
+
+/// The rank-4 tensor map of `t` (box `64 x box_rows x 1 x 1`, 128-byte swizzle): what the device's
+/// `TensorMapRef<_, 4>` loads.
+pub(crate) fn sw128_map4(
+    op: &'static str,
+    dtype: DType,
+    t: &Tensor4,
+    box_rows: u32,
+) -> Result<TensorMapParam> {
+    if !tma_readable4(t) {
+        return Err(unreadable(op, &format!("{t:?}"), box_rows));
+    }
+    encode(
+        op,
+        dtype,
+        t.ptr,
+        &[t.inner, t.outer, t.heads, t.batch],
+        &[2 * t.outer_stride, 2 * t.head_stride, 2 * t.batch_stride],
+        box_rows,
+        &format!("{t:?}"),
+    )
+}
+
+fn unreadable(op: &'static str, what: &str, box_rows: u32) -> Error {
+    Error::Invalid {
+        op,
+        msg: format!(
+            "the copy engine cannot read this operand (it needs a 16-byte aligned base, nonzero \
+             strides that are multiples of 8 elements and dims in 1..2^31): {what}, box rows \
+             {box_rows}"
+        ),
+    }
+}
+
+/// `cuTensorMapEncodeTiled` for 16-bit elements: `dims` innermost first, `byte_strides` of every
+/// dim but the innermost, a box 64 elements wide, `box_rows` tall and 1 in every outer dim.
+fn encode(
+    op: &'static str,
+    dtype: DType,
+    ptr: u64,
+    dims: &[u64],
+    byte_strides: &[u64],
+    box_rows: u32,
+    what: &str,
+) -> Result<TensorMapParam> {
+    let rank = dims.len();
+    assert!((3..=4).contains(&rank) && byte_strides.len() == rank - 1);
     let data_type = match dtype {
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -59,31 +147,22 @@ pub(crate) fn sw128_map(
             });
         }
     };
-    if !tma_readable(t) || !(1..=256).contains(&box_rows) {
-        return Err(Error::Invalid {
-            op,
-            msg: format!(
-                "the copy engine cannot read this operand (it needs a 16-byte aligned base, strides \
-                 that are multiples of 8 elements and dims in 1..2^31; box rows 1..=256): {t:?}, box \
-                 rows {box_rows}"
-            ),
-        });
+    if !(1..=256).contains(&box_rows) {
+        return Err(unreadable(op, what, box_rows));
     }
-    let dims = [t.inner, t.outer, t.batch];
-    let strides = [2 * t.outer_stride, 2 * t.batch_stride];
-    let boxes = [64u32, box_rows, 1];
-    let element_strides = [1u32; 3];
+    let boxes = [64u32, box_rows, 1, 1];
+    let element_strides = [1u32; 4];
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    // SAFETY: every pointer is to a live local array of the rank's length (3 dims, 2 strides, 3
-    // box dims, 3 element strides); the driver only writes `map`.
+    // SAFETY: `dims` has `rank` entries, `byte_strides` rank - 1 (asserted), `boxes` and
+    // `element_strides` at least `rank`; all live for the call; the driver only writes `map`.
     let status = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
             data_type,
-            3,
-            t.ptr as *mut core::ffi::c_void,
+            rank as u32,
+            ptr as *mut core::ffi::c_void,
             dims.as_ptr(),
-            strides.as_ptr(),
+            byte_strides.as_ptr(),
             boxes.as_ptr(),
             element_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -95,7 +174,7 @@ pub(crate) fn sw128_map(
     status.result().map_err(|e| {
         Error::driver(
             e,
-            format!("{op}: encoding a tensor map of {t:?} (box 64 x {box_rows})"),
+            format!("{op}: encoding a tensor map of {what} (box 64 x {box_rows})"),
         )
     })?;
     Ok(TensorMapParam { opaque: map.opaque })

@@ -26,18 +26,21 @@
 use crate::dev::mbarrier::MBarrier;
 use crate::dev::wgmma::SwizzledTile;
 
-/// The generic address of a tensor map (kernel-parameter space) whose box is 64 16-bit elements
-/// wide and `BOX_ROWS` rows tall, with 128-byte swizzle. Made only by [`tensor_map_param!`].
+/// The generic address of a tensor map (kernel-parameter space) of rank `RANK` (3: `[batch][rows]
+/// [columns]`; 4: `[batch][heads][rows][columns]`) whose box is 64 16-bit elements wide and
+/// `BOX_ROWS` rows tall (one entry of every outer dim), with 128-byte swizzle. Made only by
+/// [`tensor_map_param!`]; the rank picks which `load` exists, so a copy with the wrong number of
+/// coordinates does not compile.
 #[derive(Clone, Copy)]
-pub struct TensorMapRef<const BOX_ROWS: usize> {
+pub struct TensorMapRef<const BOX_ROWS: usize, const RANK: usize = 3> {
     addr: u64,
 }
 
-impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS> {
+impl<const BOX_ROWS: usize, const RANK: usize> TensorMapRef<BOX_ROWS, RANK> {
     /// # Safety
     /// `addr` is the generic address of a 64-byte aligned tensor map in parameter, constant or global
-    /// memory, encoded with a 64 x `BOX_ROWS` box of 16-bit elements and 128-byte swizzle, valid for
-    /// the kernel's lifetime.
+    /// memory, encoded with rank `RANK`, a 64 x `BOX_ROWS` box of 16-bit elements and 128-byte
+    /// swizzle, valid for the kernel's lifetime.
     #[doc(hidden)]
     #[inline(always)]
     pub const unsafe fn from_generic(addr: u64) -> Self {
@@ -52,7 +55,41 @@ impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS> {
             core::arch::asm!("prefetch.tensormap [{a}];", a = in(reg64) self.addr, options(nostack))
         }
     }
+}
 
+impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS, 4> {
+    /// Copies the `BOX_ROWS x C` block whose first element is at (column `inner`, row `outer`, head
+    /// `head`, batch entry `batch`) of a rank-4 tensor into `tile`, as the rank-3 `load` does.
+    ///
+    /// # Safety
+    /// As for the rank-3 `load`.
+    #[inline(always)]
+    pub unsafe fn load<const C: usize>(
+        self,
+        tile: SwizzledTile<BOX_ROWS, C>,
+        (inner, outer): (i32, i32),
+        (head, batch): (i32, i32),
+        bar: MBarrier,
+    ) {
+        let mut p = 0;
+        while p < C / 64 {
+            let dst = tile.chunk_addr(0, 8 * p as u32);
+            // SAFETY: the caller's; `dst` is panel p's 1024-aligned base inside the tile.
+            unsafe {
+                core::arch::asm!(
+                    "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}, {w}}}], [{b}];",
+                    d = in(reg32) dst, m = in(reg64) self.addr,
+                    x = in(reg32) inner + 64 * p as i32, y = in(reg32) outer, z = in(reg32) head,
+                    w = in(reg32) batch, b = in(reg32) bar.addr(),
+                    options(nostack)
+                )
+            }
+            p += 1;
+        }
+    }
+}
+
+impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS, 3> {
     /// Copies the `BOX_ROWS x C` block whose first element is at (column `inner`, row `outer`,
     /// batch `batch`) of the tensor into `tile`: one box per 64-column panel, columns `inner + 64 p`.
     /// Elements outside the tensor arrive as zeros. The copies complete on `bar` with
@@ -163,11 +200,14 @@ pub fn bulk_wait<const N: u32>() {
 /// The [`TensorMapRef`] of by-value kernel parameter number `$index` (from 0) of kernel `$entry`,
 /// which must be declared as [`crate::params::TensorMapParam`], named by a [`tensor_map_params!`]
 /// beside the kernel, and never used in Rust. `$rows` is the box height the host encoded
-/// (`host::tma`). Call it in the entry point itself; see the module doc for why the parameter is
-/// reached through PTX.
+/// (`host::tma`), `$rank` (3 if left out) the map's rank. Call it in the entry point itself; see the
+/// module doc for why the parameter is reached through PTX.
 #[macro_export]
 macro_rules! tensor_map_param {
-    ($entry:ident, $index:literal, $rows:expr) => {{
+    ($entry:ident, $index:literal, $rows:expr) => {
+        $crate::tensor_map_param!($entry, $index, $rows, 3)
+    };
+    ($entry:ident, $index:literal, $rows:expr, $rank:expr) => {{
         let addr: u64;
         // SAFETY: takes the address of a kernel parameter (a .param-space address, made generic).
         unsafe {
@@ -178,8 +218,9 @@ macro_rules! tensor_map_param {
                 options(nostack, nomem, pure)
             )
         };
-        // SAFETY: the host encodes this parameter for a 64 x $rows box with 128-byte swizzle (the
-        // launcher of `$entry`), and the builder aligned it to 64 bytes (`tensor_map_params!`).
-        unsafe { $crate::dev::tma::TensorMapRef::<{ $rows }>::from_generic(addr) }
+        // SAFETY: the host encodes this parameter with rank $rank for a 64 x $rows box with 128-byte
+        // swizzle (the launcher of `$entry`), and the builder aligned it to 64 bytes
+        // (`tensor_map_params!`).
+        unsafe { $crate::dev::tma::TensorMapRef::<{ $rows }, { $rank }>::from_generic(addr) }
     }};
 }

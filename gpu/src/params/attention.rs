@@ -70,6 +70,89 @@ impl AttentionShape {
     }
 }
 
+/// Element strides of one attention operand seen as `[batch, heads, seq, head_dim]` with a
+/// contiguous last dim: element `(b, h, i, c)` at `b batch + h head + i row + c`. `[B, H, S, D]`
+/// contiguous is [`HeadStrides::dense`]; `[B, S, H, D]` memory (FlashAttention's and candle's
+/// layout, reached as a transposed view) has `head = D`, `row = H D`. Every stride is a multiple
+/// of 8 elements (16 bytes: the kernels' copies move 16-byte chunks) and `row` is below 2^32,
+/// validated on the host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadStrides {
+    pub batch: u64,
+    pub head: u64,
+    pub row: u64,
+}
+
+// SAFETY: #[repr(C)], three u64 fields, no padding, every bit pattern valid.
+unsafe impl KernelParam for HeadStrides {}
+
+impl HeadStrides {
+    /// Contiguous `[batch, heads, seq, head_dim]`.
+    pub const fn dense(heads: u64, seq: u64, head_dim: u64) -> Self {
+        Self {
+            batch: heads * seq * head_dim,
+            head: seq * head_dim,
+            row: head_dim,
+        }
+    }
+    /// The offset of row 0 of head `h` of batch entry `b`.
+    #[inline(always)]
+    pub const fn head_at(&self, b: u32, h: u32) -> u64 {
+        b as u64 * self.batch + h as u64 * self.head
+    }
+    /// One past the last element of head `(b, h)`'s first `rows` rows of `head_dim` elements (0
+    /// when `rows` is 0): what the operand must span. The checked builds compare it with the
+    /// operand's length.
+    #[inline(always)]
+    pub const fn head_end(&self, b: u32, h: u32, rows: u32, head_dim: u32) -> u64 {
+        if rows == 0 {
+            0
+        } else {
+            self.head_at(b, h) + (rows as u64 - 1) * self.row + head_dim as u64
+        }
+    }
+}
+
+/// The strides of every operand of the FlashAttention kernels (one by-value argument, the last
+/// one, of each): the forward reads `q`, `k`, `v` and writes `o`; the backward reads `q`, `k`, `v`,
+/// `o`, `d_o` and writes `dk`, `dv` (rounded to the input type) and `dq` (the dQ conversion). The
+/// backward's f32 accumulators are contiguous and use none of these.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionStrides {
+    pub q: HeadStrides,
+    pub k: HeadStrides,
+    pub v: HeadStrides,
+    pub o: HeadStrides,
+    pub d_o: HeadStrides,
+    pub dq: HeadStrides,
+    pub dk: HeadStrides,
+    pub dv: HeadStrides,
+}
+// SAFETY: #[repr(C)], 24 u64 fields, no padding, every bit pattern valid.
+unsafe impl KernelParam for AttentionStrides {}
+const _: () = assert!(core::mem::size_of::<AttentionStrides>() == 192);
+
+impl AttentionStrides {
+    /// Every operand contiguous `[batch, heads, seq, head_dim]` (K, V, dK, dV with `kv_heads`).
+    pub const fn dense(p: &AttentionShape) -> Self {
+        let d = p.head_dim as u64;
+        let qs = HeadStrides::dense(p.heads as u64, p.seq_q as u64, d);
+        let ks = HeadStrides::dense(p.kv_heads as u64, p.seq_k as u64, d);
+        Self {
+            q: qs,
+            k: ks,
+            v: ks,
+            o: qs,
+            d_o: qs,
+            dq: qs,
+            dk: ks,
+            dv: ks,
+        }
+    }
+}
+
 /// The largest sequence length either path accepts: keeps every in-head index and the
 /// `i + seq_k - seq_q` causal limit inside i32.
 pub const MAX_SEQ: usize = 1 << 30;

@@ -24,8 +24,7 @@ use crate::dev::shared::check_index;
 use crate::dev::shared::{dynamic_base, ld_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
-    block_dim_x, block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_dim_x, lane_id,
-    thread_idx_x, warp_id,
+    block_dim_x, block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x, warp_id,
 };
 use crate::dev::warp::shfl_xor_f32;
 use crate::params::attention::{

@@ -40,8 +40,10 @@ use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::layout::Xor8;
 use crate::params::attention::{
-    AttentionShape, FLASH_D64, FLASH_D128, FlashConfig, MaskKind, flash_config,
+    AttentionShape, AttentionStrides, FLASH_D64, FLASH_D128, FlashConfig, MaskKind, flash_config,
 };
+
+use super::{HeadRows, HeadRowsMut};
 use crate::{unroll, unroll_lt};
 
 /// A `ROWS x D` tile of 16-bit elements with swizzled rows: Q, K and V tiles alike.
@@ -65,14 +67,18 @@ unsafe fn flash_fwd<
     o: SliceMut<T>,
     lse: SliceMut<f32>,
     p: AttentionShape,
+    st: AttentionStrides,
 ) {
     let cfg: FlashConfig = const { checked_config::<T, D, BQ, BK, KD, NS, NO>() };
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
     // Query block, heaviest first: under a causal mask later blocks see more keys.
     let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-    // This CTA's query head and the key/value head it reads (grouped-query attention).
-    let (bh, bkv) = p.fwd_heads(block_idx_y(), block_idx_z());
+    // This CTA's query head (batch entry `b`, head `h`; `bh` indexes the LSE) and the key/value
+    // head it reads (grouped-query attention).
+    let (b, h) = (block_idx_z(), block_idx_y());
+    let (bh, _) = p.fwd_heads(h, b);
+    let hkv = h / p.group();
     let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
     let rows_here = (sq - m0).min(BQ as u32);
     let key_end = if causal {
@@ -81,25 +87,11 @@ unsafe fn flash_fwd<
         sk
     };
     let n_tiles = key_end.div_ceil(BK as u32);
-    // Device-side asserts (checked builds): this head's rows lie inside the buffers.
-    check_index(
-        ((bh + 1) * sq as u64 * D as u64) as usize,
-        q.len as usize + 1,
-    );
-    check_index(
-        ((bkv + 1) * sk as u64 * D as u64) as usize,
-        k.len.min(v.len) as usize + 1,
-    );
-    // SAFETY: the launcher validated that q/o hold batch*heads*seq_q rows and k/v
-    // batch*kv_heads*seq_k rows of D elements (checked builds re-check above), so these are the
-    // starts of this head's rows.
-    let (q_src, k_src, v_src) = unsafe {
-        (
-            q.ptr.add((bh * sq as u64 * D as u64) as usize),
-            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
-            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
-        )
-    };
+    // This head's rows (the launcher validated that every head's rows lie inside the operands;
+    // checked builds re-check).
+    let q_src = HeadRows::of(q, st.q, b, h, sq, D as u32);
+    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
+    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
 
     let mut smem = SharedCarve::dynamic();
     let q_tile: Tile<T, BQ, D> = smem.take(1);
@@ -176,8 +168,17 @@ unsafe fn flash_fwd<
         accumulate_pv::<T, BK, D, NS, NO>(&mut acc, &s, v_tiles.stage(stage));
     }
 
-    let out_row0 = bh * sq as u64 + m0 as u64 + warp_row as u64;
-    store_output::<T, BQ, D, NO>(&acc, &softmax, q_tile, warp_row, sq - m0, o, lse, out_row0);
+    let out = HeadRowsMut::of(o, st.o, b, h, sq, D as u32);
+    let lse_row0 = bh * sq as u64 + m0 as u64 + warp_row as u64;
+    store_output::<T, BQ, D, NO>(
+        &acc,
+        &softmax,
+        q_tile,
+        warp_row,
+        (m0 + warp_row, sq - m0),
+        (out, lse),
+        lse_row0,
+    );
 }
 
 /// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).
@@ -201,15 +202,15 @@ const fn checked_config<
     cfg
 }
 
-/// Issues this thread's share of the 16-byte copies of rows `row0..row0 + ROWS` of a `[rows, D]`
-/// matrix at `src` into `tile`; rows at or past `rows` are zero-filled. `BQ / 16` warps share the work.
+/// Issues this thread's share of the 16-byte copies of rows `row0..row0 + ROWS` of the head `src`
+/// into `tile`; rows at or past `rows` are zero-filled. `BQ / 16` warps share the work.
 ///
 /// # Safety
-/// `src` points at `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
+/// `src` has `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
 #[inline(always)]
 unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const BQ: usize>(
     tile: Tile<T, ROWS, D>,
-    src: *const T,
+    src: HeadRows<T>,
     row0: u32,
     rows: u32,
 ) {
@@ -225,12 +226,12 @@ unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const BQ: usi
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         let fill = row0 + r < rows;
         let at = if fill {
-            (row0 + r) as usize * D + chunk as usize * 8
+            src.at(row0 + r, 8 * chunk)
         } else {
-            0
+            src.at(0, 0)
         };
         // SAFETY: `at` is inside the `rows` rows when `fill` (else not read); 8 elements = 16 bytes.
-        unsafe { tile.copy_chunk_async(r, chunk, src.add(at) as *const u8, fill) };
+        unsafe { tile.copy_chunk_async(r, chunk, at as *const u8, fill) };
     });
 }
 
@@ -354,19 +355,18 @@ fn accumulate_pv<T: MmaElem, const BK: usize, const D: usize, const NS: usize, c
     });
 }
 
-/// Writes this warp's 16 rows of `O = acc / l` and their LSE. `rows_left` = valid rows from the
-/// CTA's first row; `out_row0` = global row index (over batch*heads*seq_q) of the warp's first row.
+/// Writes this warp's 16 rows of `O = acc / l` and their LSE. `(o_row0, rows_left)`: the warp's
+/// first row in the head, and the valid rows from the CTA's first row; `lse_row0` = the LSE index
+/// (over batch*heads*seq_q) of the warp's first row.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
     acc: &[FragC; NO],
     softmax: &OnlineSoftmax,
     staging: Tile<T, BQ, D>,
     warp_row: u32,
-    rows_left: u32,
-    o: SliceMut<T>,
-    lse: SliceMut<f32>,
-    out_row0: u64,
+    (o_row0, rows_left): (u32, u32),
+    (o, lse): (HeadRowsMut<T>, SliceMut<f32>),
+    lse_row0: u64,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     let mut inv = [0.0f32; 2];
@@ -401,14 +401,12 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         if warp_row + r < rows_left {
-            let at = (out_row0 + r as u64) * (D / 8) as u64 + chunk as u64;
-            check_index(at as usize, o.len as usize / 8);
-            // SAFETY: the row is < seq_q of this head (checked just above), so the chunk lies in `o`
-            // (launcher-validated size, 16-byte aligned base); each chunk has one writer.
+            // SAFETY: the row is < seq_q of this head (checked just above), so the chunk lies in
+            // O's head (launcher-validated strides, 16-byte aligned); each chunk has one writer.
             unsafe {
                 store_chunk(
-                    o.ptr as *mut Chunk16,
-                    at,
+                    o.at(o_row0 + r, 8 * chunk) as *mut Chunk16,
+                    0,
                     Chunk16(staging.load_chunk(warp_row + r, chunk)),
                 )
             };
@@ -418,7 +416,7 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
         unroll!(r in [0, 1] {
             let row = warp_row + g + 8 * r as u32;
             if row < rows_left {
-                lse.set(out_row0 + (g + 8 * r as u32) as u64, row_lse[r]);
+                lse.set(lse_row0 + (g + 8 * r as u32) as u64, row_lse[r]);
             }
         });
     }
@@ -430,11 +428,12 @@ macro_rules! flash_entry_points {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
+            strides: AttentionStrides,
         ) {
             const C: FlashConfig = $cfg;
             unsafe {
                 flash_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.head_dim / 16 }, { C.block_k / 8 }, { C.head_dim / 8 }>(
-                    q, k, v, o, lse, shape,
+                    q, k, v, o, lse, shape, strides,
                 )
             }
         }

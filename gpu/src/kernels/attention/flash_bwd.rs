@@ -94,11 +94,13 @@ use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
-    AttentionShape, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128, FLASH_BWD_PRE_ROWS,
-    FLASH_BWD_TURN_ROWS, FlashBwdConfig, MaskKind, dq_block_at, dq_turn_at, flash_bwd,
-    flash_bwd_config,
+    AttentionShape, AttentionStrides, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128,
+    FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FlashBwdConfig, HeadStrides, MaskKind, dq_block_at,
+    dq_turn_at, flash_bwd, flash_bwd_config,
 };
 use crate::{unroll, unroll_lt};
+
+use super::{HeadRows, HeadRowsMut};
 
 /// A `ROWS x COLS` tile of 16-bit elements with swizzled rows: K, V, Q, dO and dS^T tiles alike.
 type Tile<T, const ROWS: usize, const COLS: usize> = SharedTile<T, ROWS, COLS, Xor8>;
@@ -133,23 +135,19 @@ unsafe fn flash_bwd<
     dk: impl KvOut<T>,
     dv: impl KvOut<T>,
     p: AttentionShape,
+    st: AttentionStrides,
 ) {
     let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ, DSC>() };
     const { assert!(THREADS == BK / 16 * 32) };
 
-    let walk = KeyBlockWalk::of::<D, BK, BQ>(
-        p,
-        q.len.min(d_o.len),
-        k.len.min(v.len),
-        stats.len,
-        turns.len,
-        0,
-    );
+    let walk = KeyBlockWalk::of::<D, BK, BQ>(p, stats.len, turns.len, 0);
     let KeyBlockWalk {
         sq,
         sk,
         j,
         n0,
+        b,
+        hkv,
         bh,
         bkv,
         sq_pad,
@@ -160,14 +158,9 @@ unsafe fn flash_bwd<
         ..
     } = walk;
     let n_qblocks = walk.dq.n_qblocks;
-    // SAFETY: the launcher validated that k/v hold batch*heads*seq_k rows of D elements (checked
-    // builds re-check above), so these are the starts of this head's rows.
-    let (k_src, v_src) = unsafe {
-        (
-            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
-            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
-        )
-    };
+    // The key/value head's rows (launcher-validated strides; checked builds re-check).
+    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
+    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
     // The loop's per-head addresses are recomputed each step from this (`opaque_dep_u32`): kept
     // from before the loop they would hold registers through it. batch * heads < 2^32 (each <= 65535).
     let bh32 = bh as u32;
@@ -187,15 +180,17 @@ unsafe fn flash_bwd<
     // SAFETY (all calls): rows past seq_q are zero-filled without reading, the statistics rows
     // are padded to whole pre-pass blocks (which whole query blocks divide); the stage is idle (the
     // barrier before the call ends every read of it).
-    // SAFETY (pointers): q/dO hold batch*heads*seq_q rows of D elements and the statistics
-    // 2*batch*heads*sq_pad values (launcher-validated, checked builds re-check above), so these are
-    // the starts of this head's rows.
+    // SAFETY (pointers): q/dO hold this head's seq_q rows (launcher-validated strides) and the
+    // statistics 2*batch*heads*sq_pad values (launcher-validated, checked builds re-check above),
+    // so these are the starts of this head's rows.
     let load_qblock = |i: u32, s: u32| unsafe {
         let m0 = i * BQ as u32;
         let t = opaque_dep_u32(thread_idx_x(), i);
         let hb = opaque_dep_u32(bh32, i) as u64;
-        let q_src = q.ptr.add((hb * sq as u64 * D as u64) as usize);
-        let do_src = d_o.ptr.add((hb * sq as u64 * D as u64) as usize);
+        // The batch entry and head from `hb` (a division a step keeps two registers free).
+        let (b_, h_) = (hb as u32 / p.heads, hb as u32 % p.heads);
+        let q_src = HeadRows::of(q, st.q, b_, h_, sq, D as u32);
+        let do_src = HeadRows::of(d_o, st.d_o, b_, h_, sq, D as u32);
         let lse_src = stats.ptr.add((hb * sq_pad as u64) as usize);
         load_rows::<T, BQ, D, THREADS>(q_tiles.stage(s), q_src, m0, sq, t);
         load_rows::<T, BQ, D, THREADS>(do_tiles.stage(s), do_src, m0, sq, t);
@@ -364,10 +359,12 @@ unsafe fn flash_bwd<
     let out_row0 = bkv * sk as u64 + n0 as u64 + key_row as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
-        store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, out, out_row0);
+        let out = HeadRowsMut::of(out, st.dv, b, hkv, sk, D as u32);
+        store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dk.rounded() {
-        store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, out, out_row0);
+        let out = HeadRowsMut::of(out, st.dk, b, hkv, sk, D as u32);
+        store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dv.added() {
         add_rows_f32::<D, NO, 1>(|n| dv_acc[n], key_row, rows_left, out, out_row0);
@@ -457,8 +454,12 @@ pub(super) struct KeyBlockWalk {
     /// The key block (this CTA) and its first key.
     pub j: u32,
     pub n0: u32,
-    /// The query head (batch * heads + head) and the key/value head whose block this is (batch *
-    /// kv_heads + head): [`AttentionShape::bwd_heads`].
+    /// The batch entry, the query head and the key/value head whose block this is.
+    pub b: u32,
+    pub h: u32,
+    pub hkv: u32,
+    /// The query head (batch * heads + head: its statistics, turns and dQ rows) and the key/value
+    /// head (batch * kv_heads + head: its f32 dK/dV rows): [`AttentionShape::bwd_heads`].
     pub bh: u64,
     pub bkv: u64,
     /// The statistics' padded rows per head.
@@ -474,13 +475,12 @@ pub(super) struct KeyBlockWalk {
 }
 
 impl KeyBlockWalk {
-    /// This CTA's walk for shape `p`; checked builds check that Q/dO (`qo_len` elements), K/V
-    /// (`kv_len`), the statistics and the turn counters hold this head's rows.
+    /// This CTA's walk for shape `p`; checked builds check that the statistics and the turn
+    /// counters hold this head's rows (the operands' rows are checked where the kernel takes them,
+    /// [`HeadRows::of`]).
     #[inline(always)]
     pub(super) fn of<const D: usize, const BK: usize, const BQ: usize>(
         p: AttentionShape,
-        qo_len: u64,
-        kv_len: u64,
         stats_len: u64,
         turns_len: u64,
         order: u32,
@@ -512,6 +512,9 @@ impl KeyBlockWalk {
             dq,
             j,
             n0,
+            b: block_idx_z(),
+            h: block_idx_y() * p.group() + p.group_member,
+            hkv: block_idx_y(),
             bh,
             bkv,
             sq_pad,
@@ -520,14 +523,6 @@ impl KeyBlockWalk {
             heads_total: (p.batch * p.heads) as u64,
             first_qblock: dq.first_qblock(j),
         };
-        check_index(
-            ((bh + 1) * sq as u64 * D as u64) as usize,
-            qo_len as usize + 1,
-        );
-        check_index(
-            ((bkv + 1) * sk as u64 * D as u64) as usize,
-            kv_len as usize + 1,
-        );
         check_index(
             (2 * walk.heads_total * sq_pad as u64) as usize,
             stats_len as usize + 1,
@@ -733,7 +728,7 @@ fn to_a<T: MmaElem>(lo: &FragC, hi: &FragC) -> FragA {
 #[inline(always)]
 unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const THREADS: usize>(
     tile: Tile<T, ROWS, D>,
-    src: *const T,
+    src: HeadRows<T>,
     row0: u32,
     rows: u32,
     tid: u32,
@@ -750,27 +745,27 @@ unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const THREADS
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         let fill = row0 + r < rows;
         let at = if fill {
-            (row0 + r) as usize * D + chunk as usize * 8
+            src.at(row0 + r, 8 * chunk)
         } else {
-            0
+            src.at(0, 0)
         };
         // SAFETY: `at` is inside the `rows` rows when `fill` (else not read); 8 elements = 16 bytes.
-        unsafe { tile.copy_chunk_async(r, chunk, src.add(at) as *const u8, fill) };
+        unsafe { tile.copy_chunk_async(r, chunk, at as *const u8, fill) };
     });
 }
 
-/// Writes this warp's 16 rows of `acc` (rounded to `T`) to rows `out_row0..` of `out`, staged
-/// through the warp's own rows of `staging` for 16-byte stores. `rows_left` = valid rows from the
-/// CTA's first row (`key_row` is the warp's first row in the block). The caller has ended every
-/// other warp's reads of `staging` with a block barrier.
+/// Writes this warp's 16 rows of `acc` (rounded to `T`) to rows `out_row0..` of the head `out`,
+/// staged through the warp's own rows of `staging` for 16-byte stores. `rows_left` = valid rows
+/// from the CTA's first row (`key_row` is the warp's first row in the block). The caller has ended
+/// every other warp's reads of `staging` with a block barrier.
 #[inline(always)]
 fn store_rows<T: MmaElem, const BK: usize, const D: usize, const NO: usize>(
     acc: &[FragC; NO],
     staging: Tile<T, BK, D>,
     key_row: u32,
     rows_left: u32,
-    out: SliceMut<T>,
-    out_row0: u64,
+    out: HeadRowsMut<T>,
+    out_row0: u32,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     // The first warp barrier orders this warp's earlier reads of the rows (other warps' ended at the
@@ -788,14 +783,13 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const NO: usize>(
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         if key_row + r < rows_left {
-            let at = (out_row0 + r as u64) * (D / 8) as u64 + chunk as u64;
-            check_index(at as usize, out.len as usize / 8);
             // SAFETY: the row is < seq_k of this head (checked just above), so the chunk lies in
-            // `out` (launcher-validated size, 16-byte aligned base); each chunk has one writer.
+            // the head's rows (launcher-validated strides, 16-byte aligned); each chunk has one
+            // writer.
             unsafe {
                 store_chunk(
-                    out.ptr as *mut Chunk16,
-                    at,
+                    out.at(out_row0 + r, 8 * chunk) as *mut Chunk16,
+                    0,
                     Chunk16(staging.load_chunk(key_row + r, chunk)),
                 )
             };
@@ -817,12 +811,19 @@ fn pre<T: MmaElem>(
     dq_acc: SliceMut<f32>,
     turns: SliceMut<u32>,
     p: AttentionShape,
+    st: AttentionStrides,
 ) {
     const ROWS: u32 = FLASH_BWD_PRE_ROWS as u32;
     const TURN: u32 = FLASH_BWD_TURN_ROWS as u32;
     let (sq, d) = (p.seq_q, p.head_dim);
     let qb = block_idx_x();
-    let bh = (block_idx_z() * p.heads + block_idx_y()) as u64;
+    let (b, h) = (block_idx_z(), block_idx_y());
+    let bh = (b * p.heads + h) as u64;
+    // This head's rows of O and dO (launcher-validated strides; checked builds re-check).
+    let (o_rows, do_rows) = (
+        HeadRows::of(o, st.o, b, h, sq, d),
+        HeadRows::of(d_o, st.d_o, b, h, sq, d),
+    );
     let sq_pad = (sq.div_ceil(ROWS) * ROWS) as u64;
     let half = (p.batch * p.heads) as u64 * sq_pad; // D after all heads' LSE
     let n_turns = sq_pad as u32 / TURN; // padded like the statistics
@@ -836,14 +837,15 @@ fn pre<T: MmaElem>(
         let row = qb * ROWS + r;
         let mut dot = 0.0f32;
         if row < sq {
+            // The dQ accumulator is contiguous `[batch * heads, seq_q, D]` f32.
             let at = (bh * sq as u64 + row as u64) * cpr as u64 + chunk as u64;
-            check_index(at as usize, o.len.min(d_o.len) as usize / 8);
-            // SAFETY: row < seq_q of this head, chunk < D / 8: inside O and dO (launcher-validated
-            // sizes, 16-byte aligned bases); both are inputs nothing writes during the kernel.
+            // SAFETY: row < seq_q of this head, chunk < D / 8: inside O's and dO's head rows
+            // (launcher-validated strides, 16-byte aligned); both are inputs nothing writes during
+            // the kernel.
             let (x, y) = unsafe {
                 (
-                    load_chunk_ro(o.chunks(), at),
-                    load_chunk_ro(d_o.chunks(), at),
+                    load_chunk_ro(o_rows.at(row, 8 * chunk) as *const Chunk16, 0),
+                    load_chunk_ro(do_rows.at(row, 8 * chunk) as *const Chunk16, 0),
                 )
             };
             unroll!(w in [0, 1, 2, 3] {
@@ -891,24 +893,40 @@ fn pre<T: MmaElem>(
     }
 }
 
-/// `dq = scale * acc` rounded to `T`, 8 elements (two f32 chunks in, one 16-bit chunk out) a thread,
-/// grid-stride. The launcher passes `n8` = elements / 8 (head dims are multiples of 8).
+/// `out = scale * acc` rounded to `T`: `acc` a contiguous f32 `[batch, heads, seq, head_dim]`
+/// (the dQ accumulator, or grouped-query dK/dV sums), `out` the same shape with strides `st`. One
+/// CTA a block of `CONVERT_THREADS / (head_dim / 8)` rows of one head (grid: row blocks, heads,
+/// batch), 8 elements (two f32 chunks in, one 16-bit chunk out) a thread.
 #[inline(always)]
-fn convert_dq<T: MmaElem>(acc: Slice<f32>, dq: SliceMut<T>, n8: u64, scale: f32) {
-    let mut i = global_index_x();
-    while i < n8 {
-        let (a, b) = (acc.get4_ro(8 * i), acc.get4_ro(8 * i + 4));
-        let words = [
-            T::pack2(a[0] * scale, a[1] * scale),
-            T::pack2(a[2] * scale, a[3] * scale),
-            T::pack2(b[0] * scale, b[1] * scale),
-            T::pack2(b[2] * scale, b[3] * scale),
-        ];
-        check_index(i as usize, dq.len as usize / 8);
-        // SAFETY: i < n8 = dq's element count / 8 (launcher-validated), 16-byte aligned base.
-        unsafe { store_chunk(dq.chunks(), i, Chunk16(words)) };
-        i += grid_threads_x();
+fn convert_rows<T: MmaElem>(
+    acc: Slice<f32>,
+    out: SliceMut<T>,
+    (heads, seq, d): (u32, u32, u32),
+    st: HeadStrides,
+    scale: f32,
+) {
+    let (b, h) = (block_idx_z(), block_idx_y());
+    // Chunks a row (head dims are multiples of 8; `max` spares the divisions a zero check).
+    let cpr = (d / 8).max(1);
+    let rows_per_block = (flash_bwd::CONVERT_THREADS / cpr).max(1);
+    let row = block_idx_x() * rows_per_block + thread_idx_x() / cpr;
+    let chunk = thread_idx_x() % cpr;
+    if row >= seq || thread_idx_x() >= rows_per_block * cpr {
+        return;
     }
+    let out = HeadRowsMut::of(out, st, b, h, seq, d);
+    let at = ((b as u64 * heads as u64 + h as u64) * seq as u64 + row as u64) * d as u64
+        + 8 * chunk as u64;
+    let (a, c) = (acc.get4_ro(at), acc.get4_ro(at + 4));
+    let words = [
+        T::pack2(a[0] * scale, a[1] * scale),
+        T::pack2(a[2] * scale, a[3] * scale),
+        T::pack2(c[0] * scale, c[1] * scale),
+        T::pack2(c[2] * scale, c[3] * scale),
+    ];
+    // SAFETY: row < seq, chunk < head_dim / 8: inside this head's rows of `out` (launcher-validated
+    // strides, 16-byte aligned); each chunk has one writer.
+    unsafe { store_chunk(out.at(row, 8 * chunk) as *mut Chunk16, 0, Chunk16(words)) };
 }
 
 macro_rules! flash_bwd_entry_points {
@@ -921,14 +939,14 @@ macro_rules! flash_bwd_entry_points {
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: $out, dv: $out,
-            shape: AttentionShape,
+            shape: AttentionShape, strides: AttentionStrides,
         ) {
             const C: FlashBwdConfig = $cfg;
             unsafe {
                 flash_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q }, { C.head_dim / 16 },
                     { C.block_q / 8 }, { C.block_q / 16 }, { C.head_dim / 8 }, { C.head_dim / 8 / C.dq_col_split() },
                     { C.threads() }, { C.ds_cols() }>(
-                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape,
+                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, strides,
                 )
             }
         }
@@ -985,17 +1003,21 @@ macro_rules! flash_bwd_helper_entry_points {
         pub unsafe extern "ptx-kernel" fn $pre(
             o: Slice<$t>, d_o: Slice<$t>, lse: Slice<f32>, stats: SliceMut<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, shape: AttentionShape,
+            strides: AttentionStrides,
         ) {
-            pre::<$t>(o, d_o, lse, stats, dq_acc, turns, shape)
+            pre::<$t>(o, d_o, lse, stats, dq_acc, turns, shape, strides)
         }
         crate::launch_bounds!($pre, { flash_bwd::PRE_THREADS }, 1);
 
-        /// FlashAttention backward: the f32 dQ accumulator to the input type, times `scale`.
+        /// FlashAttention backward: an f32 accumulator (dQ, or grouped-query dK/dV) to the input
+        /// type in the output's strides, times `scale`; grid (row blocks, heads, batch),
+        /// `CONVERT_THREADS` threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $convert(
-            acc: Slice<f32>, dq: SliceMut<$t>, n8: u64, scale: f32,
+            acc: Slice<f32>, out: SliceMut<$t>, heads: u32, seq: u32, head_dim: u32,
+            strides: HeadStrides, scale: f32,
         ) {
-            convert_dq::<$t>(acc, dq, n8, scale)
+            convert_rows::<$t>(acc, out, (heads, seq, head_dim), strides, scale)
         }
         crate::launch_bounds!($convert, { flash_bwd::CONVERT_THREADS }, 1);
     )*};

@@ -26,18 +26,18 @@ use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, fence_init};
 use crate::dev::mem::SliceMut;
 use crate::dev::shared::{check_index, dynamic_base, ld_shared_v4, st_shared_v4};
 use crate::dev::sync::{named_barrier, named_barrier_arrive, sync_threads};
-use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
+use crate::dev::thread::{lane_id, thread_idx_x};
 use crate::dev::tma::TensorMapRef;
 use crate::dev::wgmma::{
-    Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async, set_max_registers_dec,
+    Accumulator, SwizzledTile, Wgmma, fence, fence_proxy_async, set_max_registers_dec,
     set_max_registers_inc,
 };
 use crate::params::TensorMapParam;
 use crate::params::attention::{
-    AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
+    AttentionShape, AttentionStrides, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
     FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
 };
-use crate::{unroll, unroll_lt};
+use crate::unroll_lt;
 
 use super::flash_wgmma::{
     OnlineSoftmax, QueryBlock, issue_pv, issue_s, key_limits, mask, pack_p, rescale, store_output,
@@ -58,24 +58,26 @@ unsafe fn flash_tma_fwd<
     const SN: usize,
     const ON: usize,
 >(
-    map_q: TensorMapRef<BQ>,
-    map_k: TensorMapRef<BK>,
-    map_v: TensorMapRef<BK>,
+    map_q: TensorMapRef<BQ, 4>,
+    map_k: TensorMapRef<BK, 4>,
+    map_v: TensorMapRef<BK, 4>,
     o: SliceMut<T>,
     lse: SliceMut<f32>,
     p: AttentionShape,
+    st: AttentionStrides,
 ) where
     T: Wgmma<[f32; SN]> + Wgmma<[f32; ON]>,
     [f32; SN]: Accumulator,
     [f32; ON]: Accumulator,
 {
     const { assert!(BQ == 128 && SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 128) };
-    let (sq, sk) = (p.seq_q, p.seq_k);
+    let sk = p.seq_k;
     let causal = p.mask == MaskKind::Causal;
     let QueryBlock {
         m0,
-        bh,
-        bkv,
+        b,
+        h,
+        hkv,
         diag,
         n_tiles,
     } = QueryBlock::of::<BQ, BK>(&p);
@@ -112,15 +114,15 @@ unsafe fn flash_tma_fwd<
             // barrier announced (Q's below, the rings' in `producer_acquire`).
             unsafe {
                 q_bar.arrive_expect_tx(SwizzledTile::<BQ, D>::BYTES as u32);
-                map_q.load(q_tile, 0, m0 as i32, bh as i32, q_bar);
+                map_q.load(q_tile, (0, m0 as i32), (h as i32, b as i32), q_bar);
                 let (mut ks, mut vs) = (PipeState::START, PipeState::START);
                 for j in 0..n_tiles {
                     let row = (j * BK as u32) as i32;
                     let (kt, kb) = k_ring.producer_acquire(ks);
-                    map_k.load(kt, 0, row, bkv as i32, kb);
+                    map_k.load(kt, (0, row), (hkv as i32, b as i32), kb);
                     ks = ks.next();
                     let (vt, vb) = v_ring.producer_acquire(vs);
-                    map_v.load(vt, 0, row, bkv as i32, vb);
+                    map_v.load(vt, (0, row), (hkv as i32, b as i32), vb);
                     vs = vs.next();
                 }
             }
@@ -218,9 +220,8 @@ unsafe fn flash_tma_fwd<
         // SAFETY: as above; the last P V retired.
         unsafe { v_ring.consumer_release(vs) };
     }
-    let out_row0 = bh as u64 * sq as u64 + m0 as u64 + warp_row as u64;
     // The warp's own Q rows are free: its warpgroup's last S wgmma retired.
-    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, sq - m0, o, lse, out_row0);
+    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, &p, st, (o, lse));
 }
 
 /// Flips the sign bit of every element of rows `row0..row0 + 64` of `tile`, by the 128 threads of
@@ -246,22 +247,22 @@ macro_rules! flash_tma_entry_points {
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
         crate::launch_bounds!($name, FLASH_TMA_THREADS, 1);
         crate::tensor_map_params!($name, 0, 1, 2);
-        /// Warp-specialised FlashAttention forward (sm_90a): tensor maps of Q, K and V (`host::ops::
-        /// attention`), grid (query blocks, heads, batch), 384 threads, `flash_tma_smem_bytes` of
+        /// Warp-specialised FlashAttention forward (sm_90a): rank-4 tensor maps (`[batch][heads][seq]
+        /// [D]`, any strides) of Q, K and V (`host::ops::attention`), O written with `strides.o`, grid (query blocks, heads, batch), 384 threads, `flash_tma_smem_bytes` of
         /// dynamic shared memory.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             _q_map: TensorMapParam, _k_map: TensorMapParam, _v_map: TensorMapParam,
-            o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
+            o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape, strides: AttentionStrides,
         ) {
             const C: crate::params::attention::FlashWgmmaConfig = $cfg;
             const _: () = assert!(flash_tma_smem_bytes(C) > 0);
-            let map_q = crate::tensor_map_param!($name, 0, C.block_q);
-            let map_k = crate::tensor_map_param!($name, 1, C.block_k);
-            let map_v = crate::tensor_map_param!($name, 2, C.block_k);
+            let map_q = crate::tensor_map_param!($name, 0, C.block_q, 4);
+            let map_k = crate::tensor_map_param!($name, 1, C.block_k, 4);
+            let map_v = crate::tensor_map_param!($name, 2, C.block_k, 4);
             unsafe {
                 flash_tma_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { C.head_dim / 2 }>(
-                    map_q, map_k, map_v, o, lse, shape,
+                    map_q, map_k, map_v, o, lse, shape, strides,
                 )
             }
         }

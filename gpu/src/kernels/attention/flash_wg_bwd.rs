@@ -55,13 +55,14 @@ use crate::dev::thread::{lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64, FLASH_WG_BWD_D128,
-    FlashWgBwdConfig, flash_wg_bwd_config,
+    AttentionShape, AttentionStrides, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
+    FLASH_WG_BWD_D128, FlashWgBwdConfig, flash_wg_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
 use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, add_rows_f32};
 use super::flash_wgmma::{load_rows, pack_p};
+use super::{HeadRows, HeadRowsMut};
 
 /// The main backward kernel. `ON = D / 2`: f32 a thread of dK and of dV (checked against the
 /// config); S^T, dP^T (per 64-query sub-block) and the dQ half are 32 each (64 x 64).
@@ -86,6 +87,7 @@ unsafe fn flash_wg_bwd<
     dv: impl KvOut<T>,
     p: AttentionShape,
     order: u32,
+    st: AttentionStrides,
 ) where
     T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
     [f32; ON]: Accumulator,
@@ -94,18 +96,13 @@ unsafe fn flash_wg_bwd<
     let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES>() };
     const TH: usize = 256;
 
-    let walk = KeyBlockWalk::of::<D, BK, BQ>(
-        p,
-        q.len.min(d_o.len),
-        k.len.min(v.len),
-        stats.len,
-        turns.len,
-        order,
-    );
+    let walk = KeyBlockWalk::of::<D, BK, BQ>(p, stats.len, turns.len, order);
     let KeyBlockWalk {
         sq,
         sk,
         n0,
+        b,
+        hkv,
         bh,
         bkv,
         sq_pad,
@@ -128,18 +125,13 @@ unsafe fn flash_wg_bwd<
         ((bh + 1) * sq as u64 * D as u64) as usize,
         dq_acc.len as usize + 1,
     );
-    // SAFETY: the launcher validated that q/dO hold batch*heads*seq_q rows and k/v
-    // batch*kv_heads*seq_k rows of D elements, the statistics 2*batch*heads*sq_pad values (checked builds re-check
-    // above), so these are the starts of this head's rows.
-    let (q_src, do_src, k_src, v_src, lse_src) = unsafe {
-        (
-            q.ptr.add((bh * sq as u64 * D as u64) as usize),
-            d_o.ptr.add((bh * sq as u64 * D as u64) as usize),
-            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
-            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
-            stats.ptr.add((bh * sq_pad as u64) as usize),
-        )
-    };
+    // This head's rows of K and V (launcher-validated strides; checked builds re-check); Q's and
+    // dO's are taken in each step's copies (`load_qblock`).
+    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
+    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
+    // SAFETY: the launcher validated that the statistics hold 2*batch*heads*sq_pad values
+    // (checked builds re-check in `KeyBlockWalk::of`), so this is the start of this head's.
+    let lse_src = unsafe { stats.ptr.add((bh * sq_pad as u64) as usize) };
     let delta_offset = (heads_total * sq_pad as u64) as usize; // D after all heads' LSE
 
     // Shared memory (config order; every 16-bit tile whole 1024-byte atoms, so all stay aligned).
@@ -168,6 +160,12 @@ unsafe fn flash_wg_bwd<
     // product that read it retired before the barrier ahead of the call, see the module doc).
     let load_qblock = |i: u32, s: u32| unsafe {
         let m0 = i * BQ as u32;
+        // The head's rows from the (batch * heads + head) index the dQ sink holds anyway: two
+        // pointers and strides kept through the loop would cost the registers the products need.
+        let hb = opaque_dep_u32(bh as u32, i);
+        let (b_, h_) = (hb / p.heads, hb % p.heads);
+        let q_src = HeadRows::of(q, st.q, b_, h_, sq, D as u32);
+        let do_src = HeadRows::of(d_o, st.d_o, b_, h_, sq, D as u32);
         load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
         load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
         let t = thread_idx_x();
@@ -425,10 +423,12 @@ unsafe fn flash_wg_bwd<
     let out_row0 = bkv * sk as u64 + n0 as u64 + warp_key as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
-        store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, out_row0);
+        let out = HeadRowsMut::of(out, st.dv, b, hkv, sk, D as u32);
+        store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     if let Some(out) = dk.rounded() {
-        store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, out_row0);
+        let out = HeadRowsMut::of(out, st.dk, b, hkv, sk, D as u32);
+        store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
     let quad =
@@ -671,8 +671,8 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
     staging: SwizzledTile<BK, D>,
     warp_row: u32,
     rows_left: u32,
-    out: SliceMut<T>,
-    out_row0: u64,
+    out: HeadRowsMut<T>,
+    out_row0: u32,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     sync_warp(FULL_MASK);
@@ -695,13 +695,16 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         if warp_row + r < rows_left {
-            let at = (out_row0 + r as u64) * (D / 8) as u64 + chunk as u64;
-            check_index(at as usize, out.len as usize / 8);
             // SAFETY: the row is < seq_k of this head (checked just above), so the chunk lies in
-            // `out` (launcher-validated size, 16-byte aligned base); each chunk has one writer.
+            // the head's rows (launcher-validated strides, 16-byte aligned); each chunk has one
+            // writer.
             unsafe {
                 let words = ld_shared_v4(staging.chunk_addr(warp_row + r, chunk));
-                store_chunk(out.ptr as *mut Chunk16, at, Chunk16(words))
+                store_chunk(
+                    out.at(out_row0 + r, 8 * chunk) as *mut Chunk16,
+                    0,
+                    Chunk16(words),
+                )
             };
         }
     });
@@ -717,13 +720,13 @@ macro_rules! flash_wg_bwd_entry_points {
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: $out, dv: $out,
-            shape: AttentionShape, order: u32,
+            shape: AttentionShape, order: u32, strides: AttentionStrides,
         ) {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
                     { C.head_dim / 2 }, { C.stages }>(
-                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order,
+                    q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
         }

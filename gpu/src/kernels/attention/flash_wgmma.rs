@@ -36,15 +36,18 @@ use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LN_2, LOG2_E, exp2, fma, log2, max};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::MmaElem;
-use crate::dev::shared::{SharedScalar, check_index, dynamic_base, ld_shared_v4, st_shared_v4};
+use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v4};
 use crate::dev::sync::{sync_threads, sync_warp};
 use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MaskKind, flash_wgmma_config_of,
+    AttentionShape, AttentionStrides, FLASH_WG_D64_Q64, FlashWgmmaConfig, MaskKind,
+    flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
+
+use super::{HeadRows, HeadRowsMut};
 
 /// The forward kernel. `SN = BK / 2` and `ON = D / 2` are the f32 accumulators a thread holds for S
 /// and O; both are checked against the config.
@@ -64,6 +67,7 @@ unsafe fn flash_wg_fwd<
     o: SliceMut<T>,
     lse: SliceMut<f32>,
     p: AttentionShape,
+    st: AttentionStrides,
 ) where
     T: Wgmma<[f32; SN]> + Wgmma<[f32; ON]>,
     [f32; SN]: Accumulator,
@@ -74,30 +78,17 @@ unsafe fn flash_wg_fwd<
     let causal = p.mask == MaskKind::Causal;
     let QueryBlock {
         m0,
-        bh,
-        bkv,
+        b,
+        h,
+        hkv,
         diag,
         n_tiles,
     } = QueryBlock::of::<BQ, BK>(&p);
-    let (bh, bkv) = (bh as u64, bkv as u64);
-    check_index(
-        ((bh + 1) * sq as u64 * D as u64) as usize,
-        q.len as usize + 1,
-    );
-    check_index(
-        ((bkv + 1) * sk as u64 * D as u64) as usize,
-        k.len.min(v.len) as usize + 1,
-    );
-    // SAFETY: the launcher validated that q/o hold batch*heads*seq_q rows and k/v
-    // batch*kv_heads*seq_k rows of D elements (checked builds re-check above), so these are the
-    // starts of this head's rows.
-    let (q_src, k_src, v_src) = unsafe {
-        (
-            q.ptr.add((bh * sq as u64 * D as u64) as usize),
-            k.ptr.add((bkv * sk as u64 * D as u64) as usize),
-            v.ptr.add((bkv * sk as u64 * D as u64) as usize),
-        )
-    };
+    // This head's rows (the launcher validated that every head's rows lie inside the operands;
+    // checked builds re-check).
+    let q_src = HeadRows::of(q, st.q, b, h, sq, D as u32);
+    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
+    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
 
     // Q, then the K stages, then the V stages; every tile is whole 1024-byte atoms (config asserts),
     // so all stay 1024-aligned in the 1024-aligned dynamic window.
@@ -193,8 +184,7 @@ unsafe fn flash_wg_fwd<
     }
     acc.wait::<0>();
 
-    let out_row0 = bh * sq as u64 + m0 as u64 + warp_row as u64;
-    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, sq - m0, o, lse, out_row0);
+    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, &p, st, (o, lse));
 }
 
 /// The query block a CTA computes and the key tiles it visits: block `blockIdx.x` from the last
@@ -203,10 +193,10 @@ unsafe fn flash_wg_fwd<
 pub(super) struct QueryBlock {
     /// The block's first query row.
     pub m0: u32,
-    /// The (batch, head) index, `batch * heads + head`.
-    pub bh: u32,
-    /// The key/value head it reads, `batch * kv_heads + head / group`.
-    pub bkv: u32,
+    /// Its batch entry and query head, and the key/value head it reads (`head / group`).
+    pub b: u32,
+    pub h: u32,
+    pub hkv: u32,
     /// Query `i` sees key `j` iff `j <= i + diag` (causal).
     pub diag: i32,
     pub n_tiles: u32,
@@ -217,8 +207,7 @@ impl QueryBlock {
     pub(super) fn of<const BQ: usize, const BK: usize>(p: &AttentionShape) -> Self {
         let (sq, sk) = (p.seq_q, p.seq_k);
         let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-        // batch * heads < 2^32 (each <= 65535, validated).
-        let (bh, bkv) = p.fwd_heads(block_idx_y(), block_idx_z());
+        let (b, h) = (block_idx_z(), block_idx_y());
         let diag = sk as i32 - sq as i32;
         let rows_here = (sq - m0).min(BQ as u32);
         let key_end = if p.mask == MaskKind::Causal {
@@ -228,8 +217,9 @@ impl QueryBlock {
         };
         Self {
             m0,
-            bh: bh as u32,
-            bkv: bkv as u32,
+            b,
+            h,
+            hkv: h / p.group(),
             diag,
             n_tiles: key_end.div_ceil(BK as u32),
         }
@@ -305,15 +295,15 @@ const fn checked_config<
     cfg
 }
 
-/// Issues this thread's share of the 16-byte copies of rows `row0..row0 + ROWS` of a `[rows, D]`
-/// matrix at `src` into `tile`; rows at or past `rows` are zero-filled. `TH` threads share the work.
+/// Issues this thread's share of the 16-byte copies of rows `row0..row0 + ROWS` of the head `src`
+/// into `tile`; rows at or past `rows` are zero-filled. `TH` threads share the work.
 ///
 /// # Safety
-/// `src` points at `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
+/// `src` has `rows` readable rows of `D` elements, 16-byte aligned; `tile` is idle.
 #[inline(always)]
 pub(super) unsafe fn load_rows<const ROWS: usize, const D: usize, const TH: usize, T>(
     tile: SwizzledTile<ROWS, D>,
-    src: *const T,
+    src: HeadRows<T>,
     row0: u32,
     rows: u32,
 ) {
@@ -329,12 +319,12 @@ pub(super) unsafe fn load_rows<const ROWS: usize, const D: usize, const TH: usiz
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         let fill = row0 + r < rows;
         let at = if fill {
-            (row0 + r) as usize * D + chunk as usize * 8
+            src.at(row0 + r, 8 * chunk)
         } else {
-            0
+            src.at(0, 0)
         };
         // SAFETY: `at` is inside the `rows` rows when `fill` (else not read); 8 elements = 16 bytes.
-        unsafe { tile.copy_chunk_async(r, chunk, src.add(at) as *const u8, fill) };
+        unsafe { tile.copy_chunk_async(r, chunk, at as *const u8, fill) };
     });
 }
 
@@ -464,20 +454,24 @@ impl OnlineSoftmax {
 }
 
 /// Writes this warp's 16 rows of `O = acc / l` and their LSE, staged through the warp's own rows of
-/// the Q tile (free: the warpgroup's last S wgmma has retired). `rows_left` = valid rows from the
-/// CTA's first row; `out_row0` = global row index (over batch*heads*seq_q) of the warp's first row.
+/// the Q tile (free: the warpgroup's last S wgmma has retired). `warp_row` = the warp's first row in
+/// the CTA's block (of this CTA's [`QueryBlock`] under shape `p`); O is written with strides `st.o`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON: usize>(
     acc: &[f32; ON],
     softmax: &OnlineSoftmax,
     staging: SwizzledTile<BQ, D>,
     warp_row: u32,
-    rows_left: u32,
-    o: SliceMut<T>,
-    lse: SliceMut<f32>,
-    out_row0: u64,
+    p: &AttentionShape,
+    st: AttentionStrides,
+    (o, lse): (SliceMut<T>, SliceMut<f32>),
 ) {
+    let QueryBlock { m0, b, h, .. } = QueryBlock::of::<BQ, 64>(p);
+    let sq = p.seq_q;
+    let rows_left = sq - m0;
+    let out = HeadRowsMut::of(o, st.o, b, h, sq, D as u32);
+    // batch * heads * seq_q < 2^32 * 2^30 (validated): the LSE index in u64.
+    let lse_row0 = (b as u64 * p.heads as u64 + h as u64) * sq as u64 + (m0 + warp_row) as u64;
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     let mut inv = [0.0f32; 2];
     let mut row_lse = [f32::NEG_INFINITY; 2];
@@ -514,13 +508,15 @@ pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         if warp_row + r < rows_left {
-            let at = (out_row0 + r as u64) * (D / 8) as u64 + chunk as u64;
-            check_index(at as usize, o.len as usize / 8);
-            // SAFETY: the row is < seq_q of this head (checked just above), so the chunk lies in `o`
-            // (launcher-validated size, 16-byte aligned base); each chunk has one writer.
+            // SAFETY: the row is < seq_q of this head (checked just above), so the chunk lies in
+            // O's head (launcher-validated strides, 16-byte aligned); each chunk has one writer.
             unsafe {
                 let words = ld_shared_v4(staging.chunk_addr(warp_row + r, chunk));
-                store_chunk(o.ptr as *mut Chunk16, at, Chunk16(words))
+                store_chunk(
+                    out.at(m0 + warp_row + r, 8 * chunk) as *mut Chunk16,
+                    0,
+                    Chunk16(words),
+                )
             };
         }
     });
@@ -528,7 +524,7 @@ pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON
         unroll!(r in [0, 1] {
             let row = warp_row + g + 8 * r as u32;
             if row < rows_left {
-                lse.set(out_row0 + (g + 8 * r as u32) as u64, row_lse[r]);
+                lse.set(lse_row0 + (g + 8 * r as u32) as u64, row_lse[r]);
             }
         });
     }
@@ -545,11 +541,12 @@ macro_rules! flash_wg_entry_points {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
+            strides: AttentionStrides,
         ) {
             const C: FlashWgmmaConfig = $cfg;
             unsafe {
                 flash_wg_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.threads() }, { C.block_k / 2 }, { C.head_dim / 2 }>(
-                    q, k, v, o, lse, shape,
+                    q, k, v, o, lse, shape, strides,
                 )
             }
         }

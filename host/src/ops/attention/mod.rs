@@ -43,10 +43,11 @@ use cudarc::driver::LaunchConfig;
 pub use decode::{DECODE_HEAD_DIMS, KvCache, decode_forward};
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED, DqWalk,
-    FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64, FlashWgmmaConfig,
-    MAX_SEQ, MaskKind, dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config,
-    flash_config, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config, naive,
+    AttentionShape, AttentionStrides, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED,
+    DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
+    FlashWgmmaConfig, HeadStrides, MAX_SEQ, MaskKind, dq_late_release_fits, dq_rotated_fits,
+    flash_bwd, flash_bwd_config, flash_config, flash_tma_config, flash_tma_smem_bytes,
+    flash_wg_bwd_config, naive,
 };
 
 use crate::DType;
@@ -295,13 +296,19 @@ fn validate_operands(
         });
     }
     for x in [q, k, v] {
-        if !x.contiguous {
-            return Err(Error::NotContiguous {
-                op,
-                what: x.name,
-                shape: x.shape.to_vec(),
-                strides: x.strides.to_vec(),
-            });
+        match path {
+            Path::Flash => {
+                head_strides(op, x)?;
+            }
+            Path::Naive if !x.contiguous => {
+                return Err(Error::NotContiguous {
+                    op,
+                    what: x.name,
+                    shape: x.shape.to_vec(),
+                    strides: x.strides.to_vec(),
+                });
+            }
+            Path::Naive => {}
         }
         if path == Path::Flash && !x.aligned16 {
             return Err(Error::Invalid {
@@ -326,12 +333,92 @@ fn validate_operands(
     Ok((d, scale(op, params, d.head_dim)?))
 }
 
-/// The upstream gradient dO of a backward call: q's shape, dtype and contiguity.
+/// The upstream gradient dO of a naive backward call: q's shape and dtype, contiguous.
 fn validate_grad_output(op: &'static str, q: &Operand, d_o: &Operand) -> Result<()> {
-    validate_like_q(op, q, d_o, "the gradient of O")
+    validate_like_q(op, q, d_o, "the gradient of O")?;
+    if !d_o.contiguous {
+        return Err(Error::NotContiguous {
+            op,
+            what: d_o.name,
+            shape: d_o.shape.to_vec(),
+            strides: d_o.strides.to_vec(),
+        });
+    }
+    Ok(())
 }
 
-/// An operand that must have q's shape, dtype and contiguity (`what` says what it is).
+/// The element strides (batch, head, row) of a rank-4 `[batch, heads, seq, head_dim]` view, with the
+/// stride of a dim of size 1 (which no index steps along) replaced by the contiguous one, so that
+/// such a dim never fails a rule it cannot break. `None` when the last dim is not contiguous.
+fn normalized_strides(shape: &[usize], strides: &[usize], contiguous: bool) -> Option<HeadStrides> {
+    let dense = crate::tensor::contiguous_strides(shape);
+    let pick = |i: usize| {
+        if contiguous || shape[i] <= 1 {
+            dense[i] as u64
+        } else {
+            strides[i] as u64
+        }
+    };
+    (contiguous || shape[3] <= 1 || strides[3] == 1).then(|| HeadStrides {
+        batch: pick(0),
+        head: pick(1),
+        row: pick(2),
+    })
+}
+
+/// The strides the FlashAttention kernels take for a `[batch, heads, seq, head_dim]` operand, or a
+/// named error: the last dim contiguous (stride 1) and every other stride a nonzero multiple of 8
+/// elements (16 bytes: the kernels and the copy engine move 16-byte chunks), the seq stride below
+/// 2^32 (the kernels' row addressing). `[B, H, S, D]`
+/// contiguous and `[B, S, H, D]` memory seen through `transpose(1, 2)` both pass; so does a slice of
+/// a fused QKV tensor. A dim of size 1 may have any stride.
+fn head_strides(op: &'static str, x: &Operand) -> Result<HeadStrides> {
+    let bad = |why: &str| Error::Invalid {
+        op,
+        msg: format!(
+            "{}: strides {:?} of shape {:?} are not supported ({why}); FlashAttention takes any \
+             strides whose last one is 1 and whose others are nonzero multiples of 8 elements \
+             (16 bytes)",
+            x.name, x.strides, x.shape
+        ),
+    };
+    let s = normalized_strides(x.shape, x.strides, x.contiguous)
+        .ok_or_else(|| bad("the last dim, head_dim, is not contiguous"))?;
+    for (what, stride) in [("batch", s.batch), ("heads", s.head), ("seq", s.row)] {
+        if stride == 0 || !stride.is_multiple_of(8) {
+            return Err(bad(&format!(
+                "the {what} stride {stride} is not a nonzero multiple of 8"
+            )));
+        }
+    }
+    if s.row > u32::MAX as u64 {
+        return Err(bad(&format!("the seq stride {} is not below 2^32", s.row)));
+    }
+    Ok(s)
+}
+
+/// [`head_strides`] of a validated tensor (validation has checked the rules).
+fn strides_of(t: &Tensor) -> HeadStrides {
+    normalized_strides(t.shape(), t.strides(), t.is_contiguous())
+        .expect("validated: head_dim is contiguous")
+}
+
+/// A fresh `[b, h, s, d]` tensor (`shape`) laid out in memory as `like` is: `[B, S, H, D]` memory
+/// (returned as its `transpose(1, 2)` view) when `like`'s heads interleave within its rows (head
+/// stride below row stride, both dims longer than 1), else contiguous `[B, H, S, D]`. So O and dQ
+/// come in Q's layout and dK, dV in K's and V's.
+fn empty_in_layout_of(like: &Tensor, shape: [usize; 4], dtype: DType) -> Result<Tensor> {
+    let (ls, lt) = (like.shape(), like.strides());
+    let bshd = ls.len() == 4 && ls[1] > 1 && ls[2] > 1 && lt[1] < lt[2];
+    if bshd {
+        let [b, h, sq, d] = shape;
+        Tensor::empty(like.gpu(), &[b, sq, h, d], dtype)?.transpose(1, 2)
+    } else {
+        Tensor::empty(like.gpu(), &shape, dtype)
+    }
+}
+
+/// An operand that must have q's shape and dtype (`what` says what it is).
 fn validate_like_q(op: &'static str, q: &Operand, x: &Operand, what: &str) -> Result<()> {
     if x.shape != q.shape {
         return Err(Error::Shape {
@@ -348,20 +435,13 @@ fn validate_like_q(op: &'static str, q: &Operand, x: &Operand, what: &str) -> Re
             got: x.dtype,
         });
     }
-    if !x.contiguous {
-        return Err(Error::NotContiguous {
-            op,
-            what: x.name,
-            shape: x.shape.to_vec(),
-            strides: x.strides.to_vec(),
-        });
-    }
     Ok(())
 }
 
 /// The rules [`flash_backward`] adds to the forward's for O, LSE and dO (`[q, o, lse, d_o]`): O and dO
-/// like q (and 16-byte aligned, for the kernels' vector loads), LSE `[batch, heads, seq_q]` f32,
-/// contiguous, as `flash_forward` returns it.
+/// of q's shape and dtype, with strides the kernels take (any layout q may have) and 16-byte aligned
+/// (for the kernels' vector loads), LSE `[batch, heads, seq_q]` f32, contiguous, as `flash_forward`
+/// returns it.
 fn validate_backward_operands(
     op: &'static str,
     d: &Dims,
@@ -369,6 +449,7 @@ fn validate_backward_operands(
 ) -> Result<()> {
     for (x, what) in [(o, "the forward's output O"), (d_o, "the gradient of O")] {
         validate_like_q(op, q, x, what)?;
+        head_strides(op, x)?;
         if !x.aligned16 {
             return Err(Error::Invalid {
                 op,
@@ -428,9 +509,9 @@ fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize)
     }
 }
 
-/// Fresh O and LSE tensors (poisoned in test mode).
+/// Fresh O (in q's layout, [`empty_in_layout_of`]) and LSE tensors (poisoned in test mode).
 fn outputs(q: &Tensor, d: &Dims) -> Result<(Tensor, Tensor)> {
-    let o = Tensor::empty(q.gpu(), &[d.batch, d.heads, d.seq_q, d.head_dim], q.dtype())?;
+    let o = empty_in_layout_of(q, [d.batch, d.heads, d.seq_q, d.head_dim], q.dtype())?;
     let lse = Tensor::empty(q.gpu(), &[d.batch, d.heads, d.seq_q], DType::F32)?;
     Ok((o, lse))
 }
@@ -537,9 +618,26 @@ fn flash_launch(
             &ByValue(o.raw()),
             &ByValue(lse.raw()),
             &ByValue(shape_param(d, params, scale, 0)),
+            &ByValue(forward_strides(q, k, v, &o)),
         ],
     )?;
     Ok((o, lse))
+}
+
+/// The forward's operand strides (the backward-only entries repeat Q's and K's; no forward kernel
+/// reads them).
+fn forward_strides(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor) -> AttentionStrides {
+    let (qs, ks) = (strides_of(q), strides_of(k));
+    AttentionStrides {
+        q: qs,
+        k: ks,
+        v: strides_of(v),
+        o: strides_of(o),
+        d_o: qs,
+        dq: qs,
+        dk: ks,
+        dv: ks,
+    }
 }
 
 /// Query blocks of `block_q` rows (a forward launch's grid x), or an error past u32.
@@ -556,30 +654,40 @@ fn query_blocks(op: &'static str, d: &Dims, block_q: usize) -> Result<u32> {
 /// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`).
 const FLASH_TMA_VARIANT: u32 = 5;
 
-/// Q as a rank-3 tensor `[batch * heads][seq_q][D]` and K, V as `[batch * kv_heads][seq_k][D]` for
-/// the copy engine, or `None` when it cannot read them (a base not 16-byte aligned, which validation
-/// already refuses). With no keys the kernel loads no K or V tile, and their maps describe the first
-/// `batch * kv_heads <= batch * heads` rows of Q's memory (a map cannot be empty).
+/// Q as a rank-4 tensor `[batch][heads][seq_q][D]` and K, V as `[batch][kv_heads][seq_k][D]`, each
+/// with its own strides, for the copy engine, or `None` when it cannot read them (what validation
+/// already refuses). With no keys the kernel loads no K or V tile, and their maps are Q's (a map
+/// cannot be empty).
 fn flash_tma_views(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     d: &Dims,
-) -> Option<[crate::tma::Tensor3; 3]> {
-    let view = |t: &Tensor, seq: usize, heads: usize| crate::tma::Tensor3 {
-        ptr: if seq == 0 { q.raw().ptr } else { t.raw().ptr },
-        inner: d.head_dim as u64,
-        outer: seq.max(1) as u64,
-        batch: (d.batch * heads) as u64,
-        outer_stride: d.head_dim as u64,
-        batch_stride: (seq.max(1) * d.head_dim) as u64,
+) -> Option<[crate::tma::Tensor4; 3]> {
+    let view = |t: &Tensor, seq: usize, heads: usize| {
+        let s = strides_of(t);
+        crate::tma::Tensor4 {
+            ptr: t.raw().ptr,
+            inner: d.head_dim as u64,
+            outer: seq as u64,
+            heads: heads as u64,
+            batch: d.batch as u64,
+            outer_stride: s.row,
+            head_stride: s.head,
+            batch_stride: s.batch,
+        }
     };
-    let views = [
-        view(q, d.seq_q, d.heads),
-        view(k, d.seq_k, d.kv_heads),
-        view(v, d.seq_k, d.kv_heads),
-    ];
-    views.iter().all(crate::tma::tma_readable).then_some(views)
+    let vq = view(q, d.seq_q, d.heads);
+    let views = if d.seq_k == 0 {
+        [vq; 3]
+    } else {
+        [
+            vq,
+            view(k, d.seq_k, d.kv_heads),
+            view(v, d.seq_k, d.kv_heads),
+        ]
+    };
+    views.iter().all(crate::tma::tma_readable4).then_some(views)
 }
 
 /// Runs the warp-specialised TMA forward (variant [`FLASH_TMA_VARIANT`]) into `(o, lse)`; the
@@ -621,9 +729,9 @@ fn flash_tma_launch(
                 .into(),
         });
     };
-    let map_q = crate::tma::sw128_map(op, q.dtype(), &vq, c.block_q as u32)?;
-    let map_k = crate::tma::sw128_map(op, q.dtype(), &vk, c.block_k as u32)?;
-    let map_v = crate::tma::sw128_map(op, q.dtype(), &vv, c.block_k as u32)?;
+    let map_q = crate::tma::sw128_map4(op, q.dtype(), &vq, c.block_q as u32)?;
+    let map_k = crate::tma::sw128_map4(op, q.dtype(), &vk, c.block_k as u32)?;
+    let map_v = crate::tma::sw128_map4(op, q.dtype(), &vv, c.block_k as u32)?;
     let q_blocks = query_blocks(op, d, c.block_q)?;
     let launch = LaunchConfig {
         grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
@@ -641,6 +749,7 @@ fn flash_tma_launch(
             &ByValue(o.raw()),
             &ByValue(lse.raw()),
             &ByValue(shape_param(d, params, scale, 0)),
+            &ByValue(forward_strides(q, k, v, &o)),
         ],
     )?;
     Ok((o, lse))
@@ -779,7 +888,7 @@ pub fn flash_backward_with(
 ) -> Result<AttentionGrads> {
     const OP: &str = "attention::flash_backward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    let grads = empty_grads(q, &d)?;
+    let grads = empty_grads(q, k, v, &d)?;
     flash_backward_launch(
         OP,
         [q, k, v, o, lse, d_o],
@@ -923,6 +1032,24 @@ fn flash_backward_launch(
     )?;
     let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.head_dim], DType::F32)?;
     let shape = shape_param(&d, params, scale, 0);
+    // The operands' strides; the gradients' are those of the rounded outputs (the f32 accumulators
+    // are contiguous, and the kernels that add into them take no strides).
+    let strides = {
+        let (dq, dk, dv) = match out {
+            GradsOut::Rounded(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
+            GradsOut::AddF32(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
+        };
+        AttentionStrides {
+            q: strides_of(q),
+            k: strides_of(k),
+            v: strides_of(v),
+            o: strides_of(o),
+            d_o: strides_of(d_o),
+            dq,
+            dk,
+            dv,
+        }
+    };
     let grid = |blocks: usize, what: &'static str| {
         u32::try_from(blocks).map_err(|_| Error::TooLarge {
             op,
@@ -952,6 +1079,7 @@ fn flash_backward_launch(
                 &ByValue(dq_acc.raw()),
                 &ByValue(turns.raw()),
                 &ByValue(shape),
+                &ByValue(strides),
             ],
         )?;
     }
@@ -984,20 +1112,25 @@ fn flash_backward_launch(
             ByValue(dk_out),
             ByValue(dv_out),
         );
-        let n_args = if main.starts_with("flash_wg_bwd_") {
-            11
-        } else {
-            10
-        };
+        let strides_ = ByValue(strides);
         // Grid y: the key/value heads; launch `r` takes query head `y * group + r` of each.
         for member in 0..group {
             let shape_ = ByValue(AttentionShape {
                 group_member: member as u32,
                 ..shape
             });
-            let args: [&dyn crate::launch::ArgPush; 11] = [
-                &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &order,
+            // The wgmma kernel takes its dQ order before the strides; the mma.sync kernel has none.
+            let wgmma_args: [&dyn crate::launch::ArgPush; 12] = [
+                &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &order, &strides_,
             ];
+            let mma_args: [&dyn crate::launch::ArgPush; 11] = [
+                &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &strides_,
+            ];
+            let args: &[&dyn crate::launch::ArgPush] = if main.starts_with("flash_wg_bwd_") {
+                &wgmma_args
+            } else {
+                &mma_args
+            };
             launch_cfg_large_smem(
                 gpu,
                 main,
@@ -1006,44 +1139,64 @@ fn flash_backward_launch(
                     block_dim: (names.threads, 1, 1),
                     shared_mem_bytes: names.smem_bytes,
                 },
-                &args[..n_args],
+                args,
             )?;
         }
     }
-    if let Some((dk_acc, dv_acc)) = &kv_acc {
-        // dK was scaled in the kernel: both round as they are.
-        let n8 = (kv_elems / 8) as u64;
-        for (acc, out) in [(dk_acc, &grads.dk), (dv_acc, &grads.dv)] {
-            if n8 > 0 {
-                launch(
-                    gpu,
-                    names.convert,
-                    grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
-                    flash_bwd::CONVERT_THREADS,
-                    &[&ByValue(acc.raw()), &ByValue(out.raw()), &n8, &1.0f32],
-                )?;
-            }
+    // f32 rows `[batch, heads, seq, head_dim]` to the input type, in `out`'s strides.
+    let convert = |acc: &Tensor, out: &Tensor, heads: usize, seq: usize, scale: f32| {
+        let rows_per_block = flash_bwd::CONVERT_THREADS as usize / (d.head_dim / 8);
+        if seq == 0 {
+            return Ok(());
         }
-    }
-    // With seq_k = 0 the accumulator stays as the pre-pass zeroed it: dQ = 0.
-    let n8 = (heads_total * d.seq_q * d.head_dim / 8) as u64;
-    if n8 > 0 {
-        launch(
+        launch_cfg(
             gpu,
-            if add {
-                "flash_bwd_dq_add_f32"
-            } else {
-                names.convert
+            names.convert,
+            LaunchConfig {
+                grid_dim: (
+                    grid(seq.div_ceil(rows_per_block), "row blocks")?,
+                    heads as u32,
+                    d.batch as u32,
+                ),
+                block_dim: (flash_bwd::CONVERT_THREADS, 1, 1),
+                shared_mem_bytes: 0,
             },
-            grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
-            flash_bwd::CONVERT_THREADS,
             &[
-                &ByValue(dq_acc.raw()),
-                &ByValue(grads.dq.raw()),
-                &n8,
+                &ByValue(acc.raw()),
+                &ByValue(out.raw()),
+                &(heads as u32),
+                &(seq as u32),
+                &(d.head_dim as u32),
+                &ByValue(strides_of(out)),
                 &scale,
             ],
-        )?;
+        )
+    };
+    if let Some((dk_acc, dv_acc)) = &kv_acc {
+        // dK was scaled in the kernel: both round as they are.
+        convert(dk_acc, &grads.dk, d.kv_heads, d.seq_k, 1.0)?;
+        convert(dv_acc, &grads.dv, d.kv_heads, d.seq_k, 1.0)?;
+    }
+    // With seq_k = 0 the accumulator stays as the pre-pass zeroed it: dQ = 0.
+    if add {
+        // Into the caller's contiguous f32 dQ.
+        let n8 = (heads_total * d.seq_q * d.head_dim / 8) as u64;
+        if n8 > 0 {
+            launch(
+                gpu,
+                "flash_bwd_dq_add_f32",
+                grid_blocks(n8, flash_bwd::CONVERT_THREADS as u64),
+                flash_bwd::CONVERT_THREADS,
+                &[
+                    &ByValue(dq_acc.raw()),
+                    &ByValue(grads.dq.raw()),
+                    &n8,
+                    &scale,
+                ],
+            )?;
+        }
+    } else {
+        convert(&dq_acc, &grads.dq, d.heads, d.seq_q, scale)?;
     }
     Ok(())
 }
@@ -1179,14 +1332,16 @@ pub fn naive_forward(
     Ok((o, lse))
 }
 
-/// Gradient tensors of a backward call, allocated (uninitialised) in q's dtype: dQ shaped as q,
-/// dK and dV as `[batch, kv_heads, seq_k, head_dim]`.
-fn empty_grads(q: &Tensor, d: &Dims) -> Result<AttentionGrads> {
+/// Gradient tensors of a backward call, allocated (uninitialised) in q's dtype, each in the layout of
+/// its input ([`empty_in_layout_of`]): dQ shaped as q, dK and dV as `[batch, kv_heads, seq_k,
+/// head_dim]`.
+fn empty_grads(q: &Tensor, k: &Tensor, v: &Tensor, d: &Dims) -> Result<AttentionGrads> {
+    let q_shape = [d.batch, d.heads, d.seq_q, d.head_dim];
     let kv_shape = [d.batch, d.kv_heads, d.seq_k, d.head_dim];
     Ok(AttentionGrads {
-        dq: Tensor::empty(q.gpu(), q.shape(), q.dtype())?,
-        dk: Tensor::empty(q.gpu(), &kv_shape, q.dtype())?,
-        dv: Tensor::empty(q.gpu(), &kv_shape, q.dtype())?,
+        dq: empty_in_layout_of(q, q_shape, q.dtype())?,
+        dk: empty_in_layout_of(k, kv_shape, q.dtype())?,
+        dv: empty_in_layout_of(v, kv_shape, q.dtype())?,
     })
 }
 
@@ -1210,7 +1365,7 @@ pub fn naive_backward(
     }
     validate_grad_output(OP, &Operand::of("q", q), &Operand::of("d_o", d_o))?;
     let gpu = q.gpu();
-    let grads = empty_grads(q, &d)?;
+    let grads = empty_grads(q, k, v, &d)?;
     let heads_total = d.batch * d.heads;
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
         return Ok(grads);

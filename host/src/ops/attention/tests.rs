@@ -212,12 +212,43 @@ fn validation_rejects_each_bad_input_with_a_typed_error() {
             .contains("1..=256")
     );
 
-    // non-contiguous (e.g. a [B, S, H, D] tensor viewed as [B, H, S, D] through transpose(1, 2)).
-    let mut strided = good(DType::F16);
-    strided[1].contiguous = false;
-    strided[1].strides = &[1344, 64, 192, 1];
-    let e = check(Path::Flash, strided).unwrap_err();
+    // Strides: a [B, S, H, D] tensor viewed as [B, H, S, D] through transpose(1, 2) runs on the
+    // flash path; the naive path wants contiguous operands.
+    let with_strides = |strides: &'static [usize]| {
+        let mut ops = good(DType::F16);
+        ops[1].contiguous = false;
+        ops[1].strides = strides;
+        ops
+    };
+    assert!(check(Path::Flash, with_strides(&[1344, 64, 192, 1])).is_ok());
+    let e = check(Path::Naive, with_strides(&[1344, 64, 192, 1])).unwrap_err();
     assert!(matches!(e, Error::NotContiguous { what: "k", .. }), "{e}");
+    // A slice of a fused [B, S, 3, H, D] QKV tensor: row stride 3 H D.
+    assert!(check(Path::Flash, with_strides(&[4032, 64, 576, 1])).is_ok());
+    for (strides, says) in [
+        (&[1344, 448, 1, 7][..], "head_dim, is not contiguous"),
+        (
+            &[1344, 68, 196, 1][..],
+            "heads stride 68 is not a nonzero multiple of 8",
+        ),
+        (
+            &[1344, 0, 64, 1][..],
+            "heads stride 0 is not a nonzero multiple of 8",
+        ),
+        (
+            &[1 << 34, 1 << 33, 1 << 32, 1][..],
+            "seq stride 4294967296 is not below 2^32",
+        ),
+    ] {
+        let strides: &'static [usize] = Vec::leak(strides.to_vec());
+        let e = check(Path::Flash, with_strides(strides)).unwrap_err();
+        assert!(
+            matches!(e, Error::Invalid { .. })
+                && e.to_string().contains(says)
+                && e.to_string().contains("k:"),
+            "{strides:?}: {e}"
+        );
+    }
 
     // misaligned base (flash only).
     let mut odd = good(DType::F16);
@@ -723,10 +754,17 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
         ) && e.to_string().contains("d_o"),
         "{e}"
     );
+    // O and dO may have any strides the kernels take (here [B, S, H, D] memory), not others.
     let mut ops = good();
     ops[1].contiguous = false;
+    ops[1].strides = &[960, 64, 192, 1];
+    assert!(validate_backward_operands("t", &d, &ops).is_ok());
+    ops[1].strides = &[960, 320, 1, 5];
     let e = validate_backward_operands("t", &d, &ops).unwrap_err();
-    assert!(matches!(e, Error::NotContiguous { what: "o", .. }), "{e}");
+    assert!(
+        matches!(e, Error::Invalid { .. }) && e.to_string().contains("o: strides"),
+        "{e}"
+    );
     let mut ops = good();
     ops[3].aligned16 = false;
     let e = validate_backward_operands("t", &d, &ops).unwrap_err();
