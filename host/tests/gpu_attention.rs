@@ -408,13 +408,18 @@ fn gpu_validation_errors_before_launch() {
     let q32 = t(&[1, 2, 8, 64], DType::F32);
     let e = attention::flash_forward(&q32, &q32, &q32, &p).unwrap_err();
     assert!(matches!(e, host::Error::DType { .. }), "{e}");
-    // A [B, S, H, D] tensor viewed as [B, H, S, D] is not contiguous.
+    // A [B, S, H, D] tensor viewed as [B, H, S, D] runs on the flash path (gpu_attention_layouts
+    // tests its values); the naive path wants contiguous operands and says which.
     let bshd = t(&[1, 8, 2, 64], DType::F16).transpose(1, 2).unwrap();
-    let e = attention::flash_forward(&bshd, &q, &q, &p).unwrap_err();
+    let e = attention::naive_forward(&bshd, &q, &q, &p).unwrap_err();
     assert!(
         matches!(e, host::Error::NotContiguous { what: "q", .. }),
         "{e}"
     );
+    // head_dim not contiguous on the flash path.
+    let dt = t(&[1, 2, 64, 64], DType::F16).transpose(2, 3).unwrap();
+    let e = attention::flash_forward(&dt, &dt, &dt, &p).unwrap_err();
+    assert!(e.to_string().contains("head_dim, is not contiguous"), "{e}");
     // Unsupported head dim.
     let q96 = t(&[1, 2, 8, 96], DType::F16);
     let e = attention::flash_forward(&q96, &q96, &q96, &p).unwrap_err();

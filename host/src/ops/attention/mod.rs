@@ -2,16 +2,21 @@
 //! log-sum-exp `LSE = ln sum_j exp(scale * q_i . k_j)` over the visible keys (what backward needs);
 //! and the backward (dQ, dK, dV).
 //!
-//! - Layout: Q `[batch, heads, seq_q, head_dim]`, K and V `[batch, kv_heads, seq_k, head_dim]`, all
-//!   contiguous. The FlashAttention paths take grouped-query attention (GQA/MQA): `kv_heads` any
-//!   divisor of `heads`, query head `h` reading key/value head `h / (heads / kv_heads)`, K and V
-//!   never copied; the backward's dK and dV are `[batch, kv_heads, seq_k, head_dim]`, each the sum
-//!   over its group in f32, in query-head order (the same bits every run). The naive paths take
-//!   `kv_heads = heads` only.
-//! - `[batch, seq, heads, head_dim]` is **not** accepted, either as a rank-4 tensor of that shape
-//!   (its dims would be misread, so pass `x.transpose(1, 2)?.contiguous()?`) or as a transposed view
-//!   (rejected as non-contiguous).
-//! - Outputs: O `[batch, heads, seq_q, head_dim]` in the input dtype, LSE `[batch, heads, seq_q]` f32.
+//! - Shapes: Q `[batch, heads, seq_q, head_dim]`, K and V `[batch, kv_heads, seq_k, head_dim]`. The
+//!   FlashAttention paths take grouped-query attention (GQA/MQA): `kv_heads` any divisor of
+//!   `heads`, query head `h` reading key/value head `h / (heads / kv_heads)`, K and V never copied;
+//!   the backward's dK and dV are `[batch, kv_heads, seq_k, head_dim]`, each the sum over its group
+//!   in f32, in query-head order (the same bits every run). The naive paths take `kv_heads = heads`
+//!   only.
+//! - Layouts: the FlashAttention paths take any strides whose last one is 1 and whose others are
+//!   nonzero multiples of 8 elements (row stride below 2^32), so `[batch, seq, heads, head_dim]`
+//!   memory seen through `transpose(1, 2)` and slices of a fused QKV tensor run without a copy. The
+//!   naive paths take contiguous operands only. (A rank-4 tensor of shape `[batch, seq, heads,
+//!   head_dim]` passed as it is would be read as `[batch, heads, seq, head_dim]`: transpose it.)
+//! - Outputs: O `[batch, heads, seq_q, head_dim]` in the input dtype, in Q's layout (`[batch, seq,
+//!   heads, head_dim]` memory, returned as its transposed view, when Q's heads interleave within its
+//!   rows; else contiguous); the backward's gradients in their inputs' layouts; LSE `[batch, heads,
+//!   seq_q]` f32, contiguous.
 //! - `scale` defaults to `1 / sqrt(head_dim)`; any finite value is accepted.
 //! - Causal: query `i` sees key `j` iff `j <= i + seq_k - seq_q` (the mask is aligned to the
 //!   bottom-right corner when `seq_q != seq_k`, as in PyTorch's SDPA and FlashAttention). A query that
@@ -819,7 +824,7 @@ pub fn flash_forward_variant(
 
 /// FlashAttention backward: `(dQ, dK, dV)` for upstream gradient `d_o`, from the inputs, `params` and
 /// the outputs `(o, lse)` of the [`flash_forward`] call (same shapes and contract: `[B, H, S, D]`
-/// contiguous, f16/bf16, head dims [`FLASH_HEAD_DIMS`], causal bottom-right or not, any lengths).
+/// with any strides the kernels take, each gradient in its input's layout, f16/bf16, head dims [`FLASH_HEAD_DIMS`], causal bottom-right or not, any lengths).
 /// Gradients in the input dtype; rows that see no key get dQ = 0 and add nothing to dK and dV.
 ///
 /// FlashAttention-2's algorithm on tensor cores: Hopper `wgmma` with the sm_90 build
