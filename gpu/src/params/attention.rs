@@ -26,7 +26,8 @@ pub struct AttentionShape {
     /// Key/value heads: divides `heads`.
     pub kv_heads: u32,
     /// Backward launches take one query head of each group (see [`AttentionShape::bwd_heads`]):
-    /// which one, `0..heads / kv_heads`.
+    /// which one, `0..heads / kv_heads`; or, for the wgmma backward only, [`GROUP_ALL`]: each CTA
+    /// walks every query head of its key/value head's group in turn.
     pub group_member: u32,
     pub seq_q: u32,
     pub seq_k: u32,
@@ -152,6 +153,10 @@ impl AttentionStrides {
         }
     }
 }
+
+/// [`AttentionShape::group_member`] of a wgmma backward launch that walks every group member in each
+/// CTA (one launch a call; dK and dV summed in registers, in member order).
+pub const GROUP_ALL: u32 = u32::MAX;
 
 /// The largest sequence length either path accepts: keeps every in-head index and the
 /// `i + seq_k - seq_q` causal limit inside i32.

@@ -56,7 +56,7 @@ use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionShape, AttentionStrides, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
-    FLASH_WG_BWD_D128, FlashWgBwdConfig, flash_wg_bwd_config,
+    FLASH_WG_BWD_D128, FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config,
 };
 use crate::{unroll, unroll_lt};
 
@@ -96,43 +96,36 @@ unsafe fn flash_wg_bwd<
     let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES>() };
     const TH: usize = 256;
 
-    let walk = KeyBlockWalk::of::<D, BK, BQ>(p, stats.len, turns.len, order);
+    // The query heads this launch walks: one group member, or (`GROUP_ALL`) every member of the
+    // key/value head's group in turn, dK and dV summed in the registers across them.
+    let (first_member, members) = if p.group_member == GROUP_ALL {
+        (0, p.group())
+    } else {
+        (p.group_member, 1)
+    };
+    let walk = KeyBlockWalk::of::<D, BK, BQ>(
+        AttentionShape {
+            group_member: first_member,
+            ..p
+        },
+        stats.len,
+        turns.len,
+        order,
+    );
+    // What does not depend on the query head: the key block, its key/value head, the walk's length.
     let KeyBlockWalk {
-        sq,
         sk,
         n0,
         b,
         hkv,
-        bh,
         bkv,
-        sq_pad,
-        n_turns,
-        turn_step,
-        heads_total,
         ..
     } = walk;
     let n_steps = walk.steps();
-    let sink = DqSink {
-        acc: dq_acc,
-        turns,
-        bh,
-        sq,
-        n_turns,
-        turn_step,
-        order,
-    };
-    check_index(
-        ((bh + 1) * sq as u64 * D as u64) as usize,
-        dq_acc.len as usize + 1,
-    );
     // This head's rows of K and V (launcher-validated strides; checked builds re-check); Q's and
     // dO's are taken in each step's copies (`load_qblock`).
     let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
     let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
-    // SAFETY: the launcher validated that the statistics hold 2*batch*heads*sq_pad values
-    // (checked builds re-check in `KeyBlockWalk::of`), so this is the start of this head's.
-    let lse_src = unsafe { stats.ptr.add((bh * sq_pad as u64) as usize) };
-    let delta_offset = (heads_total * sq_pad as u64) as usize; // D after all heads' LSE
 
     // Shared memory (config order; every 16-bit tile whole 1024-byte atoms, so all stay aligned).
     const { assert!(STAGES == 2 || STAGES == 3) };
@@ -154,43 +147,15 @@ unsafe fn flash_wg_bwd<
         cfg.smem_bytes() + 1,
     );
 
-    // Loads Q, dO and the statistics of query block `i` into stage `s`.
-    // SAFETY (all calls): rows past seq_q are zero-filled without reading; the statistics rows are
-    // padded to whole pre-pass blocks, which whole query blocks divide; the stage is idle (every
-    // product that read it retired before the barrier ahead of the call, see the module doc).
-    let load_qblock = |i: u32, s: u32| unsafe {
-        let m0 = i * BQ as u32;
-        // The head's rows from the (batch * heads + head) index the dQ sink holds anyway: two
-        // pointers and strides kept through the loop would cost the registers the products need.
-        let hb = opaque_dep_u32(bh as u32, i);
-        let (b_, h_) = (hb / p.heads, hb % p.heads);
-        let q_src = HeadRows::of(q, st.q, b_, h_, sq, D as u32);
-        let do_src = HeadRows::of(d_o, st.d_o, b_, h_, sq, D as u32);
-        load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
-        load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
-        let t = thread_idx_x();
-        let chunks = (2 * BQ / 4) as u32;
-        if t < chunks {
-            let (row, chunk) = (t / (BQ as u32 / 4), t % (BQ as u32 / 4));
-            let at = row as usize * delta_offset + m0 as usize + 4 * chunk as usize;
-            cp_async_16(
-                stats_base + s * stat_stage + row * (BQ as u32 * 4) + 16 * chunk,
-                lse_src.add(at) as *const u8,
-                true,
-            );
-        }
-    };
-
-    // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0.
+    // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0. K and V are loaded
+    // once (they join the first member's first copy group).
     if n_steps > 0 {
         // SAFETY: rows past seq_k are zero-filled without reading; nothing has touched the tiles.
         unsafe {
             load_rows::<BK, D, TH, T>(k_tile, k_src, n0, sk);
             load_rows::<BK, D, TH, T>(v_tile, v_src, n0, sk);
         }
-        load_qblock(walk.block_at(0, order), 0);
     }
-    cp_async_commit();
     if cfg.defer_dq {
         // The first step's dQ product of "the previous block" reads dS^T tile 1: zeros, so that it
         // reads defined values (its result is never added).
@@ -200,222 +165,295 @@ unsafe fn flash_wg_bwd<
     let c = p.scale * LOG2_E;
     let mut dk_acc = [0.0f32; ON];
     let mut dv_acc = [0.0f32; ON];
-    let mut i = 0u32; // the step's query block
-    let mut prev = 0u32; // the previous step's
-    let mut step = 0u32;
-    while step < n_steps {
-        i = walk.block_at(step, order);
-        let m0 = i * BQ as u32;
-        let (stage, ds_stage) = (step % STAGES as u32, step % 2);
-        // Per-thread indices are recomputed each step (`opaque_dep_u32`), not kept in registers
-        // through the loop: the accumulators need them.
-        let tid = opaque_dep_u32(thread_idx_x(), i);
-        let wg = tid / 128;
-        let warp_in_wg = (tid / 32) % 4;
-        let (g, t) = ((tid % 32) / 4, tid % 4);
-        let wg_key = 64 * wg; // this warpgroup's first key in the block
-        let key_row = wg_key + 16 * warp_in_wg + g; // this thread's keys: key_row, key_row + 8
-        // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
-        let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
-        let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
-        // Q_i, dO_i and the statistics have landed (and the zeroed dS^T tile); every warpgroup
-        // wrote and fenced the previous step's dS^T and retired what the loads below overwrite.
-        cp_async_wait::<0>();
-        fence_proxy_async();
-        sync_threads();
-        if cfg.defer_dq && sink.late() && step > 1 {
-            // The additions of the previous step (block `step - 2`, deferred: added during step
-            // `step - 1`), most of a step ago, before this step's turn.
-            sink.release(walk.block_at(step - 2, order), tid);
-        }
-        if step + 1 < n_steps {
-            load_qblock(walk.block_at(step + 1, order), (step + 1) % STAGES as u32);
-        }
-        cp_async_commit();
-        let (qt, dot, ds_tile) = (
-            q_tiles.stage(stage),
-            do_tiles.stage(stage),
-            ds_tiles.stage(ds_stage),
+    for member in first_member..first_member + members {
+        // One query head's walk: every step's dQ part is added behind that head's turn counters, and
+        // every turn this CTA takes is released before the next head's walk starts (no CTA waits on a
+        // head's turn while holding another head's).
+        let walk = KeyBlockWalk::of::<D, BK, BQ>(
+            AttentionShape {
+                group_member: member,
+                ..p
+            },
+            stats.len,
+            turns.len,
+            order,
+        );
+        let KeyBlockWalk {
+            sq,
+            bh,
+            sq_pad,
+            n_turns,
+            turn_step,
+            heads_total,
+            ..
+        } = walk;
+        let sink = DqSink {
+            acc: dq_acc,
+            turns,
+            bh,
+            sq,
+            n_turns,
+            turn_step,
+            order,
+        };
+        check_index(
+            ((bh + 1) * sq as u64 * D as u64) as usize,
+            dq_acc.len as usize + 1,
         );
 
-        // Deferred: the previous block's dQ half (its dS^T tile is whole since the barrier
-        // above), computed ahead of this block's first S^T / dP^T and added while they run.
-        let mut dq = [0.0f32; 32];
+        // Loads Q, dO and the statistics of query block `i` into stage `s`.
+        // SAFETY (all calls): rows past seq_q are zero-filled without reading; the statistics rows are
+        // padded to whole pre-pass blocks, which whole query blocks divide; the stage is idle (every
+        // product that read it retired before the barrier ahead of the call, see the module doc).
+        let load_qblock = |i: u32, s: u32| unsafe {
+            let m0 = i * BQ as u32;
+            // The head's rows from the (batch * heads + head) index the dQ sink holds anyway: two
+            // pointers and strides kept through the loop would cost the registers the products need.
+            let hb = opaque_dep_u32(bh as u32, i);
+            let (b_, h_) = (hb / p.heads, hb % p.heads);
+            // The head's statistics, recomputed here for the same reason. SAFETY: the launcher
+            // validated that the statistics hold 2*batch*heads*sq_pad values (checked builds
+            // re-check in `KeyBlockWalk::of`), so this is the start of this head's.
+            let lse_src = stats.ptr.add(hb as usize * sq_pad as usize);
+            let delta_offset = heads_total as usize * sq_pad as usize; // D after all heads' LSE
+            let q_src = HeadRows::of(q, st.q, b_, h_, sq, D as u32);
+            let do_src = HeadRows::of(d_o, st.d_o, b_, h_, sq, D as u32);
+            load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
+            load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
+            let t = thread_idx_x();
+            let chunks = (2 * BQ / 4) as u32;
+            if t < chunks {
+                let (row, chunk) = (t / (BQ as u32 / 4), t % (BQ as u32 / 4));
+                let at = row as usize * delta_offset + m0 as usize + 4 * chunk as usize;
+                cp_async_16(
+                    stats_base + s * stat_stage + row * (BQ as u32 * 4) + 16 * chunk,
+                    lse_src.add(at) as *const u8,
+                    true,
+                );
+            }
+        };
+
+        if n_steps > 0 {
+            load_qblock(walk.block_at(0, order), 0);
+        }
+        cp_async_commit();
+        let mut i = 0u32; // the step's query block
+        let mut prev = 0u32; // the previous step's
+        let mut step = 0u32;
+        while step < n_steps {
+            i = walk.block_at(step, order);
+            let m0 = i * BQ as u32;
+            let (stage, ds_stage) = (step % STAGES as u32, step % 2);
+            // Per-thread indices are recomputed each step (`opaque_dep_u32`), not kept in registers
+            // through the loop: the accumulators need them.
+            let tid = opaque_dep_u32(thread_idx_x(), i);
+            let wg = tid / 128;
+            let warp_in_wg = (tid / 32) % 4;
+            let (g, t) = ((tid % 32) / 4, tid % 4);
+            let wg_key = 64 * wg; // this warpgroup's first key in the block
+            let key_row = wg_key + 16 * warp_in_wg + g; // this thread's keys: key_row, key_row + 8
+            // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
+            let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
+            let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
+            // Q_i, dO_i and the statistics have landed (and the zeroed dS^T tile); every warpgroup
+            // wrote and fenced the previous step's dS^T and retired what the loads below overwrite.
+            cp_async_wait::<0>();
+            fence_proxy_async();
+            sync_threads();
+            if cfg.defer_dq && sink.late() && step > 1 {
+                // The additions of the previous step (block `step - 2`, deferred: added during step
+                // `step - 1`), most of a step ago, before this step's turn.
+                sink.release(walk.block_at(step - 2, order), tid);
+            }
+            if step + 1 < n_steps {
+                load_qblock(walk.block_at(step + 1, order), (step + 1) % STAGES as u32);
+            }
+            cp_async_commit();
+            let (qt, dot, ds_tile) = (
+                q_tiles.stage(stage),
+                do_tiles.stage(stage),
+                ds_tiles.stage(ds_stage),
+            );
+
+            // Deferred: the previous block's dQ half (its dS^T tile is whole since the barrier
+            // above), computed ahead of this block's first S^T / dP^T and added while they run.
+            let mut dq = [0.0f32; 32];
+            if cfg.defer_dq {
+                // SAFETY: as for the dQ product in the non-deferred branch below.
+                unsafe {
+                    issue_dq::<T, BK, D, BQ>(
+                        &mut dq,
+                        ds_tiles.stage(ds_stage ^ 1),
+                        k_tile,
+                        dq_row0,
+                        dq_col0,
+                    )
+                };
+            }
+
+            // Per key row of this thread (0: key_row, 1: key_row + 8): the mask's first visible query.
+            let fq = walk.first_queries::<BK>(m0, n0 + key_row);
+            let st = stats_base + stage * stat_stage;
+
+            // The block's queries in sub-blocks of 64 (the N of S^T): S^T and dP^T stay at 32 f32 a
+            // thread each, and sub-block h's dV/dK products run while h + 1's S^T and dP^T are
+            // computed (the wait for those retires them).
+            unroll_lt!(h < BQ / 64, {
+                let q0 = (64 * h) as u32;
+                // S^T and dP^T (64 keys x 64 queries for this warpgroup).
+                let mut s = [0.0f32; 32];
+                let mut dp = [0.0f32; 32];
+                fence();
+                unroll_lt!(kd < D / 16, {
+                    // SAFETY: the whole warpgroup issues it (no divergence above); K, V and Q_i, dO_i
+                    // landed and were fenced before the barrier; `s`, `dp` are untouched until the
+                    // wait below.
+                    unsafe {
+                        T::mma_ss(
+                            &mut s,
+                            k_tile.desc_k_major(wg_key, kd as u32),
+                            qt.desc_k_major(q0, kd as u32),
+                            (kd > 0) as u32,
+                        );
+                        T::mma_ss(
+                            &mut dp,
+                            v_tile.desc_k_major(wg_key, kd as u32),
+                            dot.desc_k_major(q0, kd as u32),
+                            (kd > 0) as u32,
+                        );
+                    }
+                });
+                commit();
+                if cfg.defer_dq && h == 0 {
+                    // Every group but the one just committed retires: the previous block's dQ half
+                    // (and its last dV/dK products).
+                    dq.wait::<1>();
+                    dv_acc.hold();
+                    dk_acc.hold();
+                    if step > 0 {
+                        sink.add(&dq, prev, walk.turn_at(prev, order), tid, cfg, false);
+                    }
+                }
+                // Retires the previous sub-block's dV/dK products too (groups retire in order).
+                s.wait::<0>();
+                dp.hold();
+                dv_acc.hold();
+                dk_acc.hold();
+
+                // P^T = exp2(S^T c - LSE2), dS^T = P^T (dP^T - D), masked entries 0.
+                unroll_lt!(n < 8, {
+                    let col = q0 + (8 * n) as u32 + 2 * t;
+                    // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
+                    let (lse2, delta) = unsafe {
+                        (
+                            ld_shared_v2_f32(st + 4 * col),
+                            ld_shared_v2_f32(st + 4 * (BQ as u32 + col)),
+                        )
+                    };
+                    unroll!(e in [0, 1, 2, 3] {
+                        let pv = exp2(fma(s[4 * n + e], c, -lse2[e % 2]));
+                        let keep = (col + (e % 2) as u32) as i32 >= fq[e / 2];
+                        let pv = if keep { pv } else { 0.0 };
+                        s[4 * n + e] = pv;
+                        dp[4 * n + e] = pv * (dp[4 * n + e] - delta[e % 2]);
+                    });
+                });
+                let pa = pack_p::<T, 32>(&s);
+                let dsa = pack_p::<T, 32>(&dp);
+                // dS^T into this step's tile (rows = keys, columns = queries): fragment word (r, h) of
+                // step ks is row key_row + 8 r, columns q0 + 16 ks + 8 h + 2t, +1. The tile's readers,
+                // the dQ product of two steps back, retired before the barrier at the top.
+                unroll_lt!(ks < 4, {
+                    let col = q0 + (16 * ks) as u32 + 2 * t;
+                    // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
+                    unsafe {
+                        u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
+                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
+                        u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
+                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
+                    }
+                });
+                fence_proxy_async();
+
+                // dV_w += P^T dO_i, dK_w += dS^T Q_i over this sub-block's 64 queries.
+                fence();
+                unroll_lt!(ks < 4, {
+                    let k_step = (4 * h + ks) as u32;
+                    // SAFETY: the whole warpgroup; the tiles landed and were fenced before the barrier
+                    // at the top and are not written until these products retired; the fragments and
+                    // accumulators are untouched until the next wait.
+                    unsafe {
+                        T::mma_rs_tb(&mut dv_acc, &pa[ks], dot.desc_mn_major(k_step));
+                        T::mma_rs_tb(&mut dk_acc, &dsa[ks], qt.desc_mn_major(k_step));
+                    }
+                });
+                commit();
+            });
+
+            if !cfg.defer_dq {
+                // Both warpgroups' dS^T rows are in the tile (written and fenced before this barrier).
+                sync_threads();
+                // SAFETY: the whole warpgroup; the dS^T tile was fenced before the barrier above and
+                // the K tile before the one at the top; neither is written until the wait below;
+                // `dq` is untouched until then.
+                unsafe { issue_dq::<T, BK, D, BQ>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0) };
+                if sink.late() && step > 0 {
+                    // The previous step's additions (a step ago: landed) before this turn. Its block
+                    // is recomputed: kept through the step, ptxas spilled.
+                    sink.release(walk.block_at(step - 1, order), tid);
+                }
+                // The turn is awaited while the tensor cores compute the dQ half: the poll's round
+                // trip to L2 is off the step's critical path.
+                sink.wait(i, walk.turn_at(i, order), tid);
+                // Every group of this warpgroup retires here (in order): dV and dK too.
+                dq.wait::<0>();
+                dv_acc.hold();
+                dk_acc.hold();
+                sink.add_waited(&dq, i, tid, cfg, false);
+            }
+            prev = i;
+            step += 1;
+        }
         if cfg.defer_dq {
-            // SAFETY: as for the dQ product in the non-deferred branch below.
+            // The last dV/dK products retire (a wait on every path, so that ptxas sees none in
+            // flight past the loop).
+            dv_acc.wait::<0>();
+            dk_acc.hold();
+        }
+        if cfg.defer_dq && step > 0 {
+            // The last block's dQ half: its dS^T tile is whole after this barrier.
+            sync_threads();
+            let tid = opaque_dep_u32(thread_idx_x(), i);
+            let wg = tid / 128;
+            let mut dq = [0.0f32; 32];
+            // SAFETY: as in the loop; nothing writes the tiles any more.
             unsafe {
                 issue_dq::<T, BK, D, BQ>(
                     &mut dq,
-                    ds_tiles.stage(ds_stage ^ 1),
+                    ds_tiles.stage((step - 1) % 2),
                     k_tile,
-                    dq_row0,
-                    dq_col0,
+                    64 * (wg % cfg.dq_row_splits() as u32),
+                    64 * (wg / cfg.dq_row_splits() as u32),
                 )
             };
-        }
-
-        // Per key row of this thread (0: key_row, 1: key_row + 8): the mask's first visible query.
-        let fq = walk.first_queries::<BK>(m0, n0 + key_row);
-        let st = stats_base + stage * stat_stage;
-
-        // The block's queries in sub-blocks of 64 (the N of S^T): S^T and dP^T stay at 32 f32 a
-        // thread each, and sub-block h's dV/dK products run while h + 1's S^T and dP^T are
-        // computed (the wait for those retires them).
-        unroll_lt!(h < BQ / 64, {
-            let q0 = (64 * h) as u32;
-            // S^T and dP^T (64 keys x 64 queries for this warpgroup).
-            let mut s = [0.0f32; 32];
-            let mut dp = [0.0f32; 32];
-            fence();
-            unroll_lt!(kd < D / 16, {
-                // SAFETY: the whole warpgroup issues it (no divergence above); K, V and Q_i, dO_i
-                // landed and were fenced before the barrier; `s`, `dp` are untouched until the
-                // wait below.
-                unsafe {
-                    T::mma_ss(
-                        &mut s,
-                        k_tile.desc_k_major(wg_key, kd as u32),
-                        qt.desc_k_major(q0, kd as u32),
-                        (kd > 0) as u32,
-                    );
-                    T::mma_ss(
-                        &mut dp,
-                        v_tile.desc_k_major(wg_key, kd as u32),
-                        dot.desc_k_major(q0, kd as u32),
-                        (kd > 0) as u32,
-                    );
-                }
-            });
-            commit();
-            if cfg.defer_dq && h == 0 {
-                // Every group but the one just committed retires: the previous block's dQ half
-                // (and its last dV/dK products).
-                dq.wait::<1>();
-                dv_acc.hold();
-                dk_acc.hold();
-                if step > 0 {
-                    sink.add(&dq, prev, walk.turn_at(prev, order), tid, cfg, false);
-                }
-            }
-            // Retires the previous sub-block's dV/dK products too (groups retire in order).
-            s.wait::<0>();
-            dp.hold();
-            dv_acc.hold();
-            dk_acc.hold();
-
-            // P^T = exp2(S^T c - LSE2), dS^T = P^T (dP^T - D), masked entries 0.
-            unroll_lt!(n < 8, {
-                let col = q0 + (8 * n) as u32 + 2 * t;
-                // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
-                let (lse2, delta) = unsafe {
-                    (
-                        ld_shared_v2_f32(st + 4 * col),
-                        ld_shared_v2_f32(st + 4 * (BQ as u32 + col)),
-                    )
-                };
-                unroll!(e in [0, 1, 2, 3] {
-                    let pv = exp2(fma(s[4 * n + e], c, -lse2[e % 2]));
-                    let keep = (col + (e % 2) as u32) as i32 >= fq[e / 2];
-                    let pv = if keep { pv } else { 0.0 };
-                    s[4 * n + e] = pv;
-                    dp[4 * n + e] = pv * (dp[4 * n + e] - delta[e % 2]);
-                });
-            });
-            let pa = pack_p::<T, 32>(&s);
-            let dsa = pack_p::<T, 32>(&dp);
-            // dS^T into this step's tile (rows = keys, columns = queries): fragment word (r, h) of
-            // step ks is row key_row + 8 r, columns q0 + 16 ks + 8 h + 2t, +1. The tile's readers,
-            // the dQ product of two steps back, retired before the barrier at the top.
-            unroll_lt!(ks < 4, {
-                let col = q0 + (16 * ks) as u32 + 2 * t;
-                // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
-                unsafe {
-                    u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
-                    u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
-                    u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
-                    u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
-                }
-            });
-            fence_proxy_async();
-
-            // dV_w += P^T dO_i, dK_w += dS^T Q_i over this sub-block's 64 queries.
-            fence();
-            unroll_lt!(ks < 4, {
-                let k_step = (4 * h + ks) as u32;
-                // SAFETY: the whole warpgroup; the tiles landed and were fenced before the barrier
-                // at the top and are not written until these products retired; the fragments and
-                // accumulators are untouched until the next wait.
-                unsafe {
-                    T::mma_rs_tb(&mut dv_acc, &pa[ks], dot.desc_mn_major(k_step));
-                    T::mma_rs_tb(&mut dk_acc, &dsa[ks], qt.desc_mn_major(k_step));
-                }
-            });
-            commit();
-        });
-
-        if !cfg.defer_dq {
-            // Both warpgroups' dS^T rows are in the tile (written and fenced before this barrier).
-            sync_threads();
-            // SAFETY: the whole warpgroup; the dS^T tile was fenced before the barrier above and
-            // the K tile before the one at the top; neither is written until the wait below;
-            // `dq` is untouched until then.
-            unsafe { issue_dq::<T, BK, D, BQ>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0) };
-            if sink.late() && step > 0 {
-                // The previous step's additions (a step ago: landed) before this turn. Its block
-                // is recomputed: kept through the step, ptxas spilled.
-                sink.release(walk.block_at(step - 1, order), tid);
-            }
-            // The turn is awaited while the tensor cores compute the dQ half: the poll's round
-            // trip to L2 is off the step's critical path.
-            sink.wait(i, walk.turn_at(i, order), tid);
-            // Every group of this warpgroup retires here (in order): dV and dK too.
             dq.wait::<0>();
             dv_acc.hold();
             dk_acc.hold();
-            sink.add_waited(&dq, i, tid, cfg, false);
+            if sink.late() && step > 1 {
+                // The additions of the loop's last step (block `step - 2`), before this turn.
+                sink.release(walk.block_at(step - 2, order), tid);
+            }
+            sink.add(&dq, i, walk.turn_at(i, order), tid, cfg, true);
         }
-        prev = i;
-        step += 1;
-    }
-    if cfg.defer_dq {
-        // The last dV/dK products retire (a wait on every path, so that ptxas sees none in
-        // flight past the loop).
-        dv_acc.wait::<0>();
-        dk_acc.hold();
-    }
-    if cfg.defer_dq && step > 0 {
-        // The last block's dQ half: its dS^T tile is whole after this barrier.
+        if sink.late() && !cfg.defer_dq && step > 0 {
+            // The last step's additions.
+            let last = walk.block_at(step - 1, order);
+            sink.release(last, opaque_dep_u32(thread_idx_x(), last));
+        }
+        // The K/V tiles are free: every copy was waited for, every product retired.
+        cp_async_wait::<0>();
         sync_threads();
-        let tid = opaque_dep_u32(thread_idx_x(), i);
-        let wg = tid / 128;
-        let mut dq = [0.0f32; 32];
-        // SAFETY: as in the loop; nothing writes the tiles any more.
-        unsafe {
-            issue_dq::<T, BK, D, BQ>(
-                &mut dq,
-                ds_tiles.stage((step - 1) % 2),
-                k_tile,
-                64 * (wg % cfg.dq_row_splits() as u32),
-                64 * (wg / cfg.dq_row_splits() as u32),
-            )
-        };
-        dq.wait::<0>();
-        dv_acc.hold();
-        dk_acc.hold();
-        if sink.late() && step > 1 {
-            // The additions of the loop's last step (block `step - 2`), before this turn.
-            sink.release(walk.block_at(step - 2, order), tid);
-        }
-        sink.add(&dq, i, walk.turn_at(i, order), tid, cfg, true);
     }
-    if sink.late() && !cfg.defer_dq && step > 0 {
-        // The last step's additions.
-        let last = walk.block_at(step - 1, order);
-        sink.release(last, opaque_dep_u32(thread_idx_x(), last));
-    }
-    // The K/V tiles are free: every copy was waited for, every product retired.
-    cp_async_wait::<0>();
-    sync_threads();
 
     let dk_acc = dk_acc.map(|x| x * p.scale);
     let warp_key = 16 * (thread_idx_x() / 32); // this warp's first key in the block

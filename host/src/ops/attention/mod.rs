@@ -50,9 +50,9 @@ pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
     AttentionShape, AttentionStrides, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED,
     DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
-    FlashWgmmaConfig, HeadStrides, MAX_SEQ, MaskKind, dq_late_release_fits, dq_rotated_fits,
-    flash_bwd, flash_bwd_config, flash_config, flash_tma_config, flash_tma_smem_bytes,
-    flash_wg_bwd_config, naive,
+    FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, dq_late_release_fits,
+    dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tma_config,
+    flash_tma_smem_bytes, flash_wg_bwd_config, naive,
 };
 
 use crate::DType;
@@ -1004,19 +1004,23 @@ fn flash_backward_launch(
         return Ok(());
     }
     let group = d.heads / d.kv_heads;
-    // Grouped-query heads: dK and dV sum over the group's query heads, in f32, one launch a group
-    // member (each launch adds every dK/dV row once, the launches in member order: the same bits
-    // every run). Rounded outputs get zeroed f32 accumulators first and are rounded at the end.
+    // Grouped-query heads: dK and dV sum over the group's query heads in member order (the same
+    // bits every run). The wgmma kernel walks the whole group in each CTA ([`GROUP_ALL`]: one
+    // launch, the sums in registers); the mma.sync kernel takes one launch a group member, each
+    // adding every dK/dV row once into f32 accumulators (rounded outputs get zeroed accumulators
+    // first and are rounded at the end).
+    let wgmma = names.main.starts_with("flash_wg_bwd_");
+    let launches_per_member = group > 1 && !wgmma;
     let kv_elems = d.batch * d.kv_heads * d.seq_k * d.head_dim;
     let kv_acc = match out {
-        GradsOut::Rounded(_) if group > 1 => Some((
+        GradsOut::Rounded(_) if launches_per_member => Some((
             Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
             Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
         )),
         _ => None,
     };
     let (grads, main, add) = match out {
-        GradsOut::Rounded(g) if group == 1 => (g, names.main, false),
+        GradsOut::Rounded(g) if !launches_per_member => (g, names.main, false),
         GradsOut::Rounded(g) => (g, names.main_add, false),
         GradsOut::AddF32(g) => (g, names.main_add, true),
     };
@@ -1118,10 +1122,18 @@ fn flash_backward_launch(
             ByValue(dv_out),
         );
         let strides_ = ByValue(strides);
-        // Grid y: the key/value heads; launch `r` takes query head `y * group + r` of each.
-        for member in 0..group {
+        // Grid y: the key/value heads; launch `r` takes query head `y * group + r` of each, or
+        // the one launch all of them.
+        let members: Vec<u32> = if launches_per_member {
+            (0..group as u32).collect()
+        } else if group > 1 {
+            vec![GROUP_ALL]
+        } else {
+            vec![0]
+        };
+        for member in members {
             let shape_ = ByValue(AttentionShape {
-                group_member: member as u32,
+                group_member: member,
                 ..shape
             });
             // The wgmma kernel takes its dQ order before the strides; the mma.sync kernel has none.
@@ -1131,11 +1143,7 @@ fn flash_backward_launch(
             let mma_args: [&dyn crate::launch::ArgPush; 11] = [
                 &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &strides_,
             ];
-            let args: &[&dyn crate::launch::ArgPush] = if main.starts_with("flash_wg_bwd_") {
-                &wgmma_args
-            } else {
-                &mma_args
-            };
+            let args: &[&dyn crate::launch::ArgPush] = if wgmma { &wgmma_args } else { &mma_args };
             launch_cfg_large_smem(
                 gpu,
                 main,
