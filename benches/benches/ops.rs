@@ -961,6 +961,66 @@ fn attention_layouts(b: &mut Bencher) {
     }
 }
 
+/// A packed variable-length batch against the dense batch of equal FLOPs (`attn_varlen`): 8
+/// sequences of 2048, H16 D128 f16, packed `[8 * 2048, 16, 128]` through `flash_forward_varlen`
+/// (`packed`) or `[8, 16, 2048, 128]` through `flash_forward` (`dense`), both masks, forward. The
+/// goal: the packed call within 5% of the dense one.
+fn attention_varlen(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let (bb, h, s, d) = if quick {
+        (2, 4, 512, 64)
+    } else {
+        (8, 16, 2048, 128)
+    };
+    let dtype = DType::F16;
+    let bytes1 = bb * h * s * d * dtype.size_bytes();
+    let copies = rotation_copies(4 * bytes1, b.l2_bytes);
+    let cu: Vec<usize> = (0..=bb).map(|i| i * s).collect();
+    for layout in ["dense", "packed"] {
+        let shape = if layout == "packed" {
+            [1, bb * s, h, d]
+        } else {
+            [bb, h, s, d]
+        };
+        let inputs = LazySets::new(b, [shape; 4], dtype, copies);
+        for causal in [Causal::No, Causal::Yes] {
+            let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
+            let params = AttentionParams {
+                causal,
+                scale: None,
+            };
+            let (x, x2) = (inputs.clone(), inputs.clone());
+            let cu = cu.clone();
+            b.bench_prepared(
+                spec(
+                    format!("attn_varlen/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}/fwd"),
+                    Some(4 * bytes1 as u64),
+                    Some(fwd_flops),
+                ),
+                copies,
+                Samples::Default,
+                move || {
+                    x2.get();
+                },
+                move |i| {
+                    let [q, k, v, _] = &x.get()[i];
+                    if layout == "packed" {
+                        let t = |t: &Tensor| t.index0(0).expect("[T, H, D]");
+                        let seqs = attn::PackedSeqs {
+                            cu_seqlens_q: &cu,
+                            cu_seqlens_k: &cu,
+                        };
+                        attn::flash_forward_varlen(&t(q), &t(k), &t(v), seqs, &params)
+                            .expect("flash_forward_varlen");
+                    } else {
+                        attn::flash_forward(q, k, v, &params).expect("flash_forward");
+                    }
+                },
+            );
+        }
+    }
+}
+
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
 /// both masks; f16 and bf16 for the backward in both modes (`attn_bwd`, the deterministic default;
@@ -1361,7 +1421,7 @@ fn main() {
             .as_deref()
             .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
     };
-    let all: [(&str, fn(&mut Bencher)); 15] = [
+    let all: [(&str, fn(&mut Bencher)); 16] = [
         ("ceilings", ceilings),
         ("matmuls", matmuls),
         ("elementwise", elementwise),
@@ -1373,6 +1433,7 @@ fn main() {
         ("attention", attention),
         ("attention_gqa", attention_gqa),
         ("attention_layouts", attention_layouts),
+        ("attention_varlen", attention_varlen),
         ("attention_decode", attention_decode),
         ("attention_backward", attention_backward),
         ("attention_backward_long", attention_backward_long),

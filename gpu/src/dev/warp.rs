@@ -55,3 +55,23 @@ pub fn reduce_max(mut v: f32) -> f32 {
     }
     v
 }
+
+/// `x`, which every lane of the (fully active) warp holds alike, as ptxas's uniform-register value
+/// (`redux.sync.min.u32` writes a uniform register, sm_80+). A value loaded from global memory is
+/// not known to be uniform; branches and loop bounds derived from it make the wgmma kernels'
+/// paths "divergent" to ptxas, which then serialises their wgmma. Passing such a value through this
+/// keeps them uniform. Every lane must call it, with the same `x`.
+#[inline(always)]
+pub fn warp_uniform_u32(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a warp-wide reduction over the full mask; the caller's warp is fully active.
+    unsafe {
+        core::arch::asm!(
+            "redux.sync.min.u32 {r}, {x}, 0xffffffff;",
+            r = out(reg32) r,
+            x = in(reg32) x,
+            options(nostack, nomem, pure)
+        )
+    }
+    r
+}

@@ -115,13 +115,14 @@ impl HeadStrides {
     }
 }
 
-/// The strides of every operand of the FlashAttention kernels (one by-value argument, the last
-/// one, of each): the forward reads `q`, `k`, `v` and writes `o`; the backward reads `q`, `k`, `v`,
-/// `o`, `d_o` and writes `dk`, `dv` (rounded to the input type) and `dq` (the dQ conversion). The
-/// backward's f32 accumulators are contiguous and use none of these.
+/// Where the rows of every operand of the FlashAttention kernels lie (one by-value argument, the
+/// last one, of each): per-operand strides (the forward reads `q`, `k`, `v` and writes `o` and the
+/// LSE; the backward reads `q`, `k`, `v`, `o`, `d_o` and writes `dk`, `dv` (rounded to the input
+/// type) and `dq` (the dQ conversion); its f32 accumulators are contiguous and use none of these),
+/// and for a packed variable-length batch the sequences' row offsets.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionStrides {
+pub struct AttentionLayout {
     pub q: HeadStrides,
     pub k: HeadStrides,
     pub v: HeadStrides,
@@ -130,13 +131,26 @@ pub struct AttentionStrides {
     pub dq: HeadStrides,
     pub dk: HeadStrides,
     pub dv: HeadStrides,
+    /// The LSE's index of (batch entry, head, row): `batch * lse.batch + head * lse.head + row`
+    /// (`row` counted from the sequence's first row, [`AttentionLayout::cu_seqlens_q`]); `lse.row` is
+    /// 1. Dense: `[batch, heads, seq_q]`; packed: `[heads, total_q]`.
+    pub lse: HeadStrides,
+    /// 0 for a dense batch. For a packed (variable-length) batch, the device address of `batch + 1`
+    /// u32 row offsets: sequence `b` is rows `cu[b]..cu[b + 1]` of Q (and O, LSE); the operands'
+    /// batch strides are then unused (the launcher sets them to 0) and `seq_q` of the shape is the
+    /// longest sequence.
+    pub cu_seqlens_q: u64,
+    /// The same for K and V (`seq_k` the longest).
+    pub cu_seqlens_k: u64,
 }
-// SAFETY: #[repr(C)], 24 u64 fields, no padding, every bit pattern valid.
-unsafe impl KernelParam for AttentionStrides {}
-const _: () = assert!(core::mem::size_of::<AttentionStrides>() == 192);
+// SAFETY: #[repr(C)], 29 u64 fields, no padding; the row offsets are only read when nonzero, and the
+// launcher passes live device arrays of `batch + 1` values.
+unsafe impl KernelParam for AttentionLayout {}
+const _: () = assert!(core::mem::size_of::<AttentionLayout>() == 232);
 
-impl AttentionStrides {
-    /// Every operand contiguous `[batch, heads, seq, head_dim]` (K, V, dK, dV with `kv_heads`).
+impl AttentionLayout {
+    /// Every operand contiguous `[batch, heads, seq, head_dim]` (K, V, dK, dV with `kv_heads`), a
+    /// dense batch.
     pub const fn dense(p: &AttentionShape) -> Self {
         let d = p.head_dim as u64;
         let qs = HeadStrides::dense(p.heads as u64, p.seq_q as u64, d);
@@ -150,6 +164,9 @@ impl AttentionStrides {
             dq: qs,
             dk: ks,
             dv: ks,
+            lse: HeadStrides::dense(p.heads as u64, p.seq_q as u64, 1),
+            cu_seqlens_q: 0,
+            cu_seqlens_k: 0,
         }
     }
 }

@@ -40,10 +40,10 @@ use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::layout::Xor8;
 use crate::params::attention::{
-    AttentionShape, AttentionStrides, FLASH_D64, FLASH_D128, FlashConfig, MaskKind, flash_config,
+    AttentionLayout, AttentionShape, FLASH_D64, FLASH_D128, FlashConfig, MaskKind, flash_config,
 };
 
-use super::{HeadRows, HeadRowsMut};
+use super::{HeadRows, HeadRowsMut, Sequence};
 use crate::{unroll, unroll_lt};
 
 /// A `ROWS x D` tile of 16-bit elements with swizzled rows: Q, K and V tiles alike.
@@ -67,18 +67,23 @@ unsafe fn flash_fwd<
     o: SliceMut<T>,
     lse: SliceMut<f32>,
     p: AttentionShape,
-    st: AttentionStrides,
+    st: AttentionLayout,
 ) {
     let cfg: FlashConfig = const { checked_config::<T, D, BQ, BK, KD, NS, NO>() };
+    // This CTA's query head (batch entry `b`, head `h`), the key/value head it reads (grouped-query
+    // attention), and its sequences (a packed batch's grid covers the longest: CTAs past a shorter
+    // one have no rows).
+    let (b, h) = (block_idx_z(), block_idx_y());
+    let hkv = h / p.group();
+    let seq = Sequence::of(&st, &p, b);
+    if block_idx_x() >= seq.sq.div_ceil(BQ as u32) {
+        return;
+    }
+    let p = seq.shape(p);
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
     // Query block, heaviest first: under a causal mask later blocks see more keys.
     let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-    // This CTA's query head (batch entry `b`, head `h`; `bh` indexes the LSE) and the key/value
-    // head it reads (grouped-query attention).
-    let (b, h) = (block_idx_z(), block_idx_y());
-    let (bh, _) = p.fwd_heads(h, b);
-    let hkv = h / p.group();
     let diag = sk as i32 - sq as i32; // query i sees key j iff j <= i + diag (causal)
     let rows_here = (sq - m0).min(BQ as u32);
     let key_end = if causal {
@@ -89,9 +94,9 @@ unsafe fn flash_fwd<
     let n_tiles = key_end.div_ceil(BK as u32);
     // This head's rows (the launcher validated that every head's rows lie inside the operands;
     // checked builds re-check).
-    let q_src = HeadRows::of(q, st.q, b, h, sq, D as u32);
-    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
-    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
+    let q_src = HeadRows::of(q, st.q, (seq.bi, h), (seq.q0, sq), D as u32);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
 
     let mut smem = SharedCarve::dynamic();
     let q_tile: Tile<T, BQ, D> = smem.take(1);
@@ -168,8 +173,8 @@ unsafe fn flash_fwd<
         accumulate_pv::<T, BK, D, NS, NO>(&mut acc, &s, v_tiles.stage(stage));
     }
 
-    let out = HeadRowsMut::of(o, st.o, b, h, sq, D as u32);
-    let lse_row0 = bh * sq as u64 + m0 as u64 + warp_row as u64;
+    let out = HeadRowsMut::of(o, st.o, (seq.bi, h), (seq.q0, sq), D as u32);
+    let lse_row0 = seq.lse_at(&st, h, m0 + warp_row);
     store_output::<T, BQ, D, NO>(
         &acc,
         &softmax,
@@ -428,7 +433,7 @@ macro_rules! flash_entry_points {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
-            strides: AttentionStrides,
+            strides: AttentionLayout,
         ) {
             const C: FlashConfig = $cfg;
             unsafe {

@@ -94,7 +94,7 @@ use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
-    AttentionShape, AttentionStrides, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128,
+    AttentionLayout, AttentionShape, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128,
     FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FlashBwdConfig, HeadStrides, MaskKind, dq_block_at,
     dq_turn_at, flash_bwd, flash_bwd_config,
 };
@@ -135,7 +135,7 @@ unsafe fn flash_bwd<
     dk: impl KvOut<T>,
     dv: impl KvOut<T>,
     p: AttentionShape,
-    st: AttentionStrides,
+    st: AttentionLayout,
 ) {
     let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ, DSC>() };
     const { assert!(THREADS == BK / 16 * 32) };
@@ -159,8 +159,8 @@ unsafe fn flash_bwd<
     } = walk;
     let n_qblocks = walk.dq.n_qblocks;
     // The key/value head's rows (launcher-validated strides; checked builds re-check).
-    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
-    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
+    let k_src = HeadRows::of(k, st.k, (b, hkv), (0, sk), D as u32);
+    let v_src = HeadRows::of(v, st.v, (b, hkv), (0, sk), D as u32);
     // The loop's per-head addresses are recomputed each step from this (`opaque_dep_u32`): kept
     // from before the loop they would hold registers through it. batch * heads < 2^32 (each <= 65535).
     let bh32 = bh as u32;
@@ -189,8 +189,8 @@ unsafe fn flash_bwd<
         let hb = opaque_dep_u32(bh32, i) as u64;
         // The batch entry and head from `hb` (a division a step keeps two registers free).
         let (b_, h_) = (hb as u32 / p.heads, hb as u32 % p.heads);
-        let q_src = HeadRows::of(q, st.q, b_, h_, sq, D as u32);
-        let do_src = HeadRows::of(d_o, st.d_o, b_, h_, sq, D as u32);
+        let q_src = HeadRows::of(q, st.q, (b_, h_), (0, sq), D as u32);
+        let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (0, sq), D as u32);
         let lse_src = stats.ptr.add((hb * sq_pad as u64) as usize);
         load_rows::<T, BQ, D, THREADS>(q_tiles.stage(s), q_src, m0, sq, t);
         load_rows::<T, BQ, D, THREADS>(do_tiles.stage(s), do_src, m0, sq, t);
@@ -359,11 +359,11 @@ unsafe fn flash_bwd<
     let out_row0 = bkv * sk as u64 + n0 as u64 + key_row as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
-        let out = HeadRowsMut::of(out, st.dv, b, hkv, sk, D as u32);
+        let out = HeadRowsMut::of(out, st.dv, (b, hkv), (0, sk), D as u32);
         store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dk.rounded() {
-        let out = HeadRowsMut::of(out, st.dk, b, hkv, sk, D as u32);
+        let out = HeadRowsMut::of(out, st.dk, (b, hkv), (0, sk), D as u32);
         store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dv.added() {
@@ -811,7 +811,7 @@ fn pre<T: MmaElem>(
     dq_acc: SliceMut<f32>,
     turns: SliceMut<u32>,
     p: AttentionShape,
-    st: AttentionStrides,
+    st: AttentionLayout,
 ) {
     const ROWS: u32 = FLASH_BWD_PRE_ROWS as u32;
     const TURN: u32 = FLASH_BWD_TURN_ROWS as u32;
@@ -821,8 +821,8 @@ fn pre<T: MmaElem>(
     let bh = (b * p.heads + h) as u64;
     // This head's rows of O and dO (launcher-validated strides; checked builds re-check).
     let (o_rows, do_rows) = (
-        HeadRows::of(o, st.o, b, h, sq, d),
-        HeadRows::of(d_o, st.d_o, b, h, sq, d),
+        HeadRows::of(o, st.o, (b, h), (0, sq), d),
+        HeadRows::of(d_o, st.d_o, (b, h), (0, sq), d),
     );
     let sq_pad = (sq.div_ceil(ROWS) * ROWS) as u64;
     let half = (p.batch * p.heads) as u64 * sq_pad; // D after all heads' LSE
@@ -914,7 +914,7 @@ fn convert_rows<T: MmaElem>(
     if row >= seq || thread_idx_x() >= rows_per_block * cpr {
         return;
     }
-    let out = HeadRowsMut::of(out, st, b, h, seq, d);
+    let out = HeadRowsMut::of(out, st, (b, h), (0, seq), d);
     let at = ((b as u64 * heads as u64 + h as u64) * seq as u64 + row as u64) * d as u64
         + 8 * chunk as u64;
     let (a, c) = (acc.get4_ro(at), acc.get4_ro(at + 4));
@@ -939,7 +939,7 @@ macro_rules! flash_bwd_entry_points {
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: $out, dv: $out,
-            shape: AttentionShape, strides: AttentionStrides,
+            shape: AttentionShape, strides: AttentionLayout,
         ) {
             const C: FlashBwdConfig = $cfg;
             unsafe {
@@ -1003,7 +1003,7 @@ macro_rules! flash_bwd_helper_entry_points {
         pub unsafe extern "ptx-kernel" fn $pre(
             o: Slice<$t>, d_o: Slice<$t>, lse: Slice<f32>, stats: SliceMut<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, shape: AttentionShape,
-            strides: AttentionStrides,
+            strides: AttentionLayout,
         ) {
             pre::<$t>(o, d_o, lse, stats, dq_acc, turns, shape, strides)
         }

@@ -34,7 +34,7 @@ use crate::dev::wgmma::{
 };
 use crate::params::TensorMapParam;
 use crate::params::attention::{
-    AttentionShape, AttentionStrides, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
+    AttentionLayout, AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
     FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
 };
 use crate::unroll_lt;
@@ -64,23 +64,29 @@ unsafe fn flash_tma_fwd<
     o: SliceMut<T>,
     lse: SliceMut<f32>,
     p: AttentionShape,
-    st: AttentionStrides,
+    st: AttentionLayout,
 ) where
     T: Wgmma<[f32; SN]> + Wgmma<[f32; ON]>,
     [f32; SN]: Accumulator,
     [f32; ON]: Accumulator,
 {
     const { assert!(BQ == 128 && SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 128) };
+    // (A packed batch's CTAs past their sequence's last block walk no tile and store nothing.)
+    let qb = QueryBlock::of::<BQ, BK>(&p, &st);
+    let p0 = p;
+    let p = qb.seq.shape(p);
     let sk = p.seq_k;
     let causal = p.mask == MaskKind::Causal;
     let QueryBlock {
         m0,
-        b,
+        seq,
         h,
         hkv,
         diag,
         n_tiles,
-    } = QueryBlock::of::<BQ, BK>(&p);
+    } = qb;
+    // The maps' (row, batch) coordinates: rows of a packed sequence start at its offset.
+    let (bi, q_row0, k_row0) = (seq.bi as i32, (seq.q0 + m0) as i32, seq.k0 as i32);
 
     // Q, the K ring, the V ring (each whole 1024-byte atoms), then Q's barrier.
     let base = dynamic_base();
@@ -114,15 +120,15 @@ unsafe fn flash_tma_fwd<
             // barrier announced (Q's below, the rings' in `producer_acquire`).
             unsafe {
                 q_bar.arrive_expect_tx(SwizzledTile::<BQ, D>::BYTES as u32);
-                map_q.load(q_tile, (0, m0 as i32), (h as i32, b as i32), q_bar);
+                map_q.load(q_tile, (0, q_row0), (h as i32, bi), q_bar);
                 let (mut ks, mut vs) = (PipeState::START, PipeState::START);
                 for j in 0..n_tiles {
-                    let row = (j * BK as u32) as i32;
+                    let row = k_row0 + (j * BK as u32) as i32;
                     let (kt, kb) = k_ring.producer_acquire(ks);
-                    map_k.load(kt, (0, row), (hkv as i32, b as i32), kb);
+                    map_k.load(kt, (0, row), (hkv as i32, bi), kb);
                     ks = ks.next();
                     let (vt, vb) = v_ring.producer_acquire(vs);
-                    map_v.load(vt, (0, row), (hkv as i32, b as i32), vb);
+                    map_v.load(vt, (0, row), (hkv as i32, bi), vb);
                     vs = vs.next();
                 }
             }
@@ -221,7 +227,7 @@ unsafe fn flash_tma_fwd<
         unsafe { v_ring.consumer_release(vs) };
     }
     // The warp's own Q rows are free: its warpgroup's last S wgmma retired.
-    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, &p, st, (o, lse));
+    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, (&p0, &st), (o, lse));
 }
 
 /// Flips the sign bit of every element of rows `row0..row0 + 64` of `tile`, by the 128 threads of
@@ -253,7 +259,7 @@ macro_rules! flash_tma_entry_points {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             _q_map: TensorMapParam, _k_map: TensorMapParam, _v_map: TensorMapParam,
-            o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape, strides: AttentionStrides,
+            o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape, strides: AttentionLayout,
         ) {
             const C: crate::params::attention::FlashWgmmaConfig = $cfg;
             const _: () = assert!(flash_tma_smem_bytes(C) > 0);

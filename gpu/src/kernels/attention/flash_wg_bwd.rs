@@ -55,7 +55,7 @@ use crate::dev::thread::{lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, AttentionStrides, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
+    AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
     FLASH_WG_BWD_D128, FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config,
 };
 use crate::{unroll, unroll_lt};
@@ -87,7 +87,7 @@ unsafe fn flash_wg_bwd<
     dv: impl KvOut<T>,
     p: AttentionShape,
     order: u32,
-    st: AttentionStrides,
+    st: AttentionLayout,
 ) where
     T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
     [f32; ON]: Accumulator,
@@ -124,8 +124,8 @@ unsafe fn flash_wg_bwd<
     let n_steps = walk.steps();
     // This head's rows of K and V (launcher-validated strides; checked builds re-check); Q's and
     // dO's are taken in each step's copies (`load_qblock`).
-    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
-    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
+    let k_src = HeadRows::of(k, st.k, (b, hkv), (0, sk), D as u32);
+    let v_src = HeadRows::of(v, st.v, (b, hkv), (0, sk), D as u32);
 
     // Shared memory (config order; every 16-bit tile whole 1024-byte atoms, so all stay aligned).
     const { assert!(STAGES == 2 || STAGES == 3) };
@@ -216,8 +216,8 @@ unsafe fn flash_wg_bwd<
             // re-check in `KeyBlockWalk::of`), so this is the start of this head's.
             let lse_src = stats.ptr.add(hb as usize * sq_pad as usize);
             let delta_offset = heads_total as usize * sq_pad as usize; // D after all heads' LSE
-            let q_src = HeadRows::of(q, st.q, b_, h_, sq, D as u32);
-            let do_src = HeadRows::of(d_o, st.d_o, b_, h_, sq, D as u32);
+            let q_src = HeadRows::of(q, st.q, (b_, h_), (0, sq), D as u32);
+            let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (0, sq), D as u32);
             load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
             load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
             let t = thread_idx_x();
@@ -461,11 +461,11 @@ unsafe fn flash_wg_bwd<
     let out_row0 = bkv * sk as u64 + n0 as u64 + warp_key as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
-        let out = HeadRowsMut::of(out, st.dv, b, hkv, sk, D as u32);
+        let out = HeadRowsMut::of(out, st.dv, (b, hkv), (0, sk), D as u32);
         store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     if let Some(out) = dk.rounded() {
-        let out = HeadRowsMut::of(out, st.dk, b, hkv, sk, D as u32);
+        let out = HeadRowsMut::of(out, st.dk, (b, hkv), (0, sk), D as u32);
         store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
@@ -758,7 +758,7 @@ macro_rules! flash_wg_bwd_entry_points {
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
             dq_acc: SliceMut<f32>, turns: SliceMut<u32>, dk: $out, dv: $out,
-            shape: AttentionShape, order: u32, strides: AttentionStrides,
+            shape: AttentionShape, order: u32, strides: AttentionLayout,
         ) {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {

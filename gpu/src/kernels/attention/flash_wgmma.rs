@@ -42,12 +42,12 @@ use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionShape, AttentionStrides, FLASH_WG_D64_Q64, FlashWgmmaConfig, MaskKind,
+    AttentionLayout, AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MaskKind,
     flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
 
-use super::{HeadRows, HeadRowsMut};
+use super::{HeadRows, HeadRowsMut, Sequence};
 
 /// The forward kernel. `SN = BK / 2` and `ON = D / 2` are the f32 accumulators a thread holds for S
 /// and O; both are checked against the config.
@@ -67,28 +67,31 @@ unsafe fn flash_wg_fwd<
     o: SliceMut<T>,
     lse: SliceMut<f32>,
     p: AttentionShape,
-    st: AttentionStrides,
+    st: AttentionLayout,
 ) where
     T: Wgmma<[f32; SN]> + Wgmma<[f32; ON]>,
     [f32; SN]: Accumulator,
     [f32; ON]: Accumulator,
 {
     let cfg: FlashWgmmaConfig = const { checked_config::<D, BQ, BK, TH, SN, ON>() };
+    let qb = QueryBlock::of::<BQ, BK>(&p, &st);
+    let p0 = p;
+    let p = qb.seq.shape(p);
     let (sq, sk) = (p.seq_q, p.seq_k);
     let causal = p.mask == MaskKind::Causal;
     let QueryBlock {
         m0,
-        b,
+        seq,
         h,
         hkv,
         diag,
         n_tiles,
-    } = QueryBlock::of::<BQ, BK>(&p);
+    } = qb;
     // This head's rows (the launcher validated that every head's rows lie inside the operands;
     // checked builds re-check).
-    let q_src = HeadRows::of(q, st.q, b, h, sq, D as u32);
-    let k_src = HeadRows::of(k, st.k, b, hkv, sk, D as u32);
-    let v_src = HeadRows::of(v, st.v, b, hkv, sk, D as u32);
+    let q_src = HeadRows::of(q, st.q, (seq.bi, h), (seq.q0, sq), D as u32);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
 
     // Q, then the K stages, then the V stages; every tile is whole 1024-byte atoms (config asserts),
     // so all stay 1024-aligned in the 1024-aligned dynamic window.
@@ -184,17 +187,19 @@ unsafe fn flash_wg_fwd<
     }
     acc.wait::<0>();
 
-    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, &p, st, (o, lse));
+    store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, (&p0, &st), (o, lse));
 }
 
 /// The query block a CTA computes and the key tiles it visits: block `blockIdx.x` from the last
 /// (heaviest first: under a causal mask later blocks see more keys), head `blockIdx.y`, batch
 /// `blockIdx.z`; `n_tiles` tiles of `BK` keys up to the last key this block's last row sees.
+#[derive(Clone, Copy)]
 pub(super) struct QueryBlock {
-    /// The block's first query row.
+    /// The block's first query row (counted in its sequence).
     pub m0: u32,
-    /// Its batch entry and query head, and the key/value head it reads (`head / group`).
-    pub b: u32,
+    /// Its batch entry's sequences.
+    pub seq: Sequence,
+    /// Its query head, and the key/value head it reads (`head / group`).
     pub h: u32,
     pub hkv: u32,
     /// Query `i` sees key `j` iff `j <= i + diag` (causal).
@@ -203,21 +208,37 @@ pub(super) struct QueryBlock {
 }
 
 impl QueryBlock {
+    /// This CTA's block under shape `p` and layout `l`. The grid of a packed batch covers the
+    /// longest sequence: a CTA past its sequence's last block gets `m0 = sq` (no rows to store) and no
+    /// key tile, and runs through without a branch of its own (an early exit, or a branch around
+    /// the loop, made ptxas spill and serialise the wgmma of the warp-specialised kernel).
     #[inline(always)]
-    pub(super) fn of<const BQ: usize, const BK: usize>(p: &AttentionShape) -> Self {
-        let (sq, sk) = (p.seq_q, p.seq_k);
-        let m0 = (sq.div_ceil(BQ as u32) - 1 - block_idx_x()) * BQ as u32;
-        let (b, h) = (block_idx_z(), block_idx_y());
+    pub(super) fn of<const BQ: usize, const BK: usize>(
+        p: &AttentionShape,
+        l: &AttentionLayout,
+    ) -> Self {
+        let h = block_idx_y();
+        let seq = Sequence::of(l, p, block_idx_z());
+        let (sq, sk) = (seq.sq, seq.sk);
+        let blocks = sq.div_ceil(BQ as u32);
+        let here = block_idx_x() < blocks;
+        let m0 = if here {
+            (blocks - 1 - block_idx_x()) * BQ as u32
+        } else {
+            sq
+        };
         let diag = sk as i32 - sq as i32;
         let rows_here = (sq - m0).min(BQ as u32);
-        let key_end = if p.mask == MaskKind::Causal {
+        let key_end = if !here {
+            0
+        } else if p.mask == MaskKind::Causal {
             (m0 as i32 + rows_here as i32 + diag).clamp(0, sk as i32) as u32
         } else {
             sk
         };
         Self {
             m0,
-            b,
+            seq,
             h,
             hkv: h / p.group(),
             diag,
@@ -455,23 +476,24 @@ impl OnlineSoftmax {
 
 /// Writes this warp's 16 rows of `O = acc / l` and their LSE, staged through the warp's own rows of
 /// the Q tile (free: the warpgroup's last S wgmma has retired). `warp_row` = the warp's first row in
-/// the CTA's block (of this CTA's [`QueryBlock`] under shape `p`); O is written with strides `st.o`.
+/// the CTA's block (its [`QueryBlock`] under the launch's shape `p` and layout `st`, recomputed here:
+/// kept from the start, its values would hold registers through the kernel's loop); O is written
+/// with strides `st.o`, the LSE at `st.lse`.
 #[inline(always)]
 pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON: usize>(
     acc: &[f32; ON],
     softmax: &OnlineSoftmax,
     staging: SwizzledTile<BQ, D>,
     warp_row: u32,
-    p: &AttentionShape,
-    st: AttentionStrides,
+    (p, st): (&AttentionShape, &AttentionLayout),
     (o, lse): (SliceMut<T>, SliceMut<f32>),
 ) {
-    let QueryBlock { m0, b, h, .. } = QueryBlock::of::<BQ, 64>(p);
-    let sq = p.seq_q;
+    // The caller's CTA has a block (it returned early otherwise).
+    let QueryBlock { m0, seq, h, .. } = QueryBlock::of::<BQ, 64>(p, st);
+    let sq = seq.sq;
     let rows_left = sq - m0;
-    let out = HeadRowsMut::of(o, st.o, b, h, sq, D as u32);
-    // batch * heads * seq_q < 2^32 * 2^30 (validated): the LSE index in u64.
-    let lse_row0 = (b as u64 * p.heads as u64 + h as u64) * sq as u64 + (m0 + warp_row) as u64;
+    let out = HeadRowsMut::of(o, st.o, (seq.bi, h), (seq.q0, sq), D as u32);
+    let lse_row0 = seq.lse_at(st, h, m0 + warp_row);
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     let mut inv = [0.0f32; 2];
     let mut row_lse = [f32::NEG_INFINITY; 2];
@@ -541,7 +563,7 @@ macro_rules! flash_wg_entry_points {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, o: SliceMut<$t>, lse: SliceMut<f32>, shape: AttentionShape,
-            strides: AttentionStrides,
+            strides: AttentionLayout,
         ) {
             const C: FlashWgmmaConfig = $cfg;
             unsafe {

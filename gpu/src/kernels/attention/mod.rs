@@ -21,7 +21,78 @@ mod ring;
 
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::shared::check_index;
-use crate::params::attention::HeadStrides;
+use crate::dev::warp::warp_uniform_u32;
+use crate::params::attention::{AttentionLayout, AttentionShape, HeadStrides};
+
+/// Where batch entry `b`'s query and key sequences lie. Dense batch: rows `0..seq_q` and `0..seq_k`
+/// of batch index `b`. Packed (variable-length) batch: rows `cu_q[b]..cu_q[b + 1]` and
+/// `cu_k[b]..cu_k[b + 1]`, batch index 0 (the operands have no batch dim).
+#[derive(Clone, Copy)]
+pub(super) struct Sequence {
+    /// The batch index the operands' strides take.
+    pub bi: u32,
+    pub q0: u32,
+    pub sq: u32,
+    pub k0: u32,
+    pub sk: u32,
+}
+
+impl Sequence {
+    #[inline(always)]
+    pub(super) fn of(l: &AttentionLayout, p: &AttentionShape, b: u32) -> Self {
+        if l.cu_seqlens_q == 0 {
+            return Self {
+                bi: b,
+                q0: 0,
+                sq: p.seq_q,
+                k0: 0,
+                sk: p.seq_k,
+            };
+        }
+        let (cq, ck) = (l.cu_seqlens_q as *const u32, l.cu_seqlens_k as *const u32);
+        // SAFETY: the launcher passes `batch + 1` offsets each (b < batch: the grid's z), validated
+        // nondecreasing with the last one the operand's row count.
+        let (q0, q1, k0, k1) = unsafe {
+            (
+                *cq.add(b as usize),
+                *cq.add(b as usize + 1),
+                *ck.add(b as usize),
+                *ck.add(b as usize + 1),
+            )
+        };
+        // Loaded values are not known uniform to ptxas; through `warp_uniform_u32` the walks'
+        // bounds stay uniform (every lane of the CTA loaded the same offsets).
+        let (q0, q1, k0, k1) = (
+            warp_uniform_u32(q0),
+            warp_uniform_u32(q1),
+            warp_uniform_u32(k0),
+            warp_uniform_u32(k1),
+        );
+        Self {
+            bi: 0,
+            q0,
+            sq: q1 - q0,
+            k0,
+            sk: k1 - k0,
+        }
+    }
+
+    /// `p` with this sequence's lengths (what the masks and walks take).
+    #[inline(always)]
+    pub(super) fn shape(&self, p: AttentionShape) -> AttentionShape {
+        AttentionShape {
+            seq_q: self.sq,
+            seq_k: self.sk,
+            ..p
+        }
+    }
+
+    /// The LSE index of query row `row` (counted in the sequence) of head `h`.
+    #[inline(always)]
+    pub(super) fn lse_at(&self, l: &AttentionLayout, h: u32, row: u32) -> u64 {
+        self.bi as u64 * l.lse.batch + h as u64 * l.lse.head + (self.q0 + row) as u64
+    }
+}
 
 /// The rows of one head of a strided `[batch, heads, seq, D]` operand (any strides, last dim
 /// contiguous: [`HeadStrides`]): row `i` starts `i * stride` elements after `ptr`. What the
@@ -43,13 +114,24 @@ impl<T> Clone for HeadRows<T> {
 impl<T> Copy for HeadRows<T> {}
 
 impl<T> HeadRows<T> {
-    /// Head `h` of batch entry `b` of `x`, whose first `rows` rows of `d` elements the kernel may
-    /// read (checked builds: they lie inside `x`).
+    /// Head `h` of batch entry `b` of `x` from row `first` (a packed sequence's first row, else 0),
+    /// whose `rows` rows of `d` elements the kernel may read (checked builds: they lie inside `x`).
     #[inline(always)]
-    pub(super) fn of(x: Slice<T>, s: HeadStrides, b: u32, h: u32, rows: u32, d: u32) -> Self {
-        check_index(s.head_end(b, h, rows, d) as usize, x.len as usize + 1);
+    pub(super) fn of(
+        x: Slice<T>,
+        s: HeadStrides,
+        (b, h): (u32, u32),
+        (first, rows): (u32, u32),
+        d: u32,
+    ) -> Self {
+        check_index(
+            s.head_end(b, h, first + rows, d) as usize,
+            x.len as usize + 1,
+        );
         Self {
-            ptr: x.ptr.wrapping_add(s.head_at(b, h) as usize),
+            ptr: x
+                .ptr
+                .wrapping_add((s.head_at(b, h) + first as u64 * s.row) as usize),
             stride: s.row as u32,
         }
     }
@@ -78,13 +160,24 @@ impl<T> Clone for HeadRowsMut<T> {
 impl<T> Copy for HeadRowsMut<T> {}
 
 impl<T> HeadRowsMut<T> {
-    /// Head `h` of batch entry `b` of `x`, whose first `rows` rows of `d` elements the kernel may
-    /// write (checked builds: they lie inside `x`).
+    /// Head `h` of batch entry `b` of `x` from row `first`, whose `rows` rows of `d` elements the
+    /// kernel may write (checked builds: they lie inside `x`).
     #[inline(always)]
-    pub(super) fn of(x: SliceMut<T>, s: HeadStrides, b: u32, h: u32, rows: u32, d: u32) -> Self {
-        check_index(s.head_end(b, h, rows, d) as usize, x.len as usize + 1);
+    pub(super) fn of(
+        x: SliceMut<T>,
+        s: HeadStrides,
+        (b, h): (u32, u32),
+        (first, rows): (u32, u32),
+        d: u32,
+    ) -> Self {
+        check_index(
+            s.head_end(b, h, first + rows, d) as usize,
+            x.len as usize + 1,
+        );
         Self {
-            ptr: x.ptr.wrapping_add(s.head_at(b, h) as usize),
+            ptr: x
+                .ptr
+                .wrapping_add((s.head_at(b, h) + first as u64 * s.row) as usize),
             stride: s.row as u32,
         }
     }

@@ -48,12 +48,13 @@ use cudarc::driver::LaunchConfig;
 pub use decode::{DECODE_HEAD_DIMS, KvCache, decode_forward};
 pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
-    AttentionShape, AttentionStrides, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED,
+    AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED,
     DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
     FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, dq_late_release_fits,
     dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tma_config,
     flash_tma_smem_bytes, flash_wg_bwd_config, naive,
 };
+pub use varlen::{PackedSeqs, flash_forward_varlen};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -583,12 +584,59 @@ fn flash_launch(
     scale: f32,
     variant: u32,
 ) -> Result<(Tensor, Tensor)> {
+    let (o, lse) = outputs(q, d)?;
+    if d.batch * d.heads * d.seq_q == 0 {
+        return Ok((o, lse));
+    }
+    let (qs, ks) = (strides_of(q), strides_of(k));
+    let layout = AttentionLayout {
+        q: qs,
+        k: ks,
+        v: strides_of(v),
+        o: strides_of(&o),
+        // Backward-only entries: no forward kernel reads them.
+        d_o: qs,
+        dq: qs,
+        dk: ks,
+        dv: ks,
+        lse: HeadStrides::dense(d.heads as u64, d.seq_q as u64, 1),
+        cu_seqlens_q: 0,
+        cu_seqlens_k: 0,
+    };
+    let views = flash_tma_views(q, k, v, d);
+    flash_run(
+        op,
+        [q, k, v],
+        (&o, &lse),
+        (params, d, scale),
+        variant,
+        (layout, views),
+    )?;
+    Ok((o, lse))
+}
+
+/// Launches forward kernel `variant` on operands whose rows `layout` places (dense or packed
+/// batches; `views` are Q's, K's and V's for the copy engine, which the TMA kernel needs) into
+/// `(o, lse)`; the caller checked a non-empty output. Grid: (query blocks of `d.seq_q` rows, heads,
+/// batch).
+fn flash_run(
+    op: &'static str,
+    [q, k, v]: [&Tensor; 3],
+    (o, lse): (&Tensor, &Tensor),
+    (params, d, scale): (&AttentionParams, &Dims, f32),
+    variant: u32,
+    (layout, views): (AttentionLayout, Option<[crate::tma::Tensor4; 3]>),
+) -> Result<()> {
     if variant == FLASH_TMA_VARIANT {
-        let (o, lse) = outputs(q, d)?;
-        if d.batch * d.heads * d.seq_q == 0 {
-            return Ok((o, lse));
-        }
-        return flash_tma_launch(op, q, k, v, params, d, scale, (o, lse));
+        let Some(views) = views else {
+            return Err(Error::Invalid {
+                op,
+                msg: "the copy engine cannot read Q, K or V (validation requires 16-byte aligned \
+                      tensors; this is a bug)"
+                    .into(),
+            });
+        };
+        return flash_tma_launch(op, q, views, (o, lse), (params, d, scale), layout);
     }
     // (kernel, query rows a CTA, threads, dynamic shared memory bytes)
     let kernel = if variant == 0 {
@@ -602,10 +650,6 @@ fn flash_launch(
     let Some((name, block_q, threads, smem)) = kernel else {
         unreachable!("validate accepts only head dims and dtypes with a kernel")
     };
-    let (o, lse) = outputs(q, d)?;
-    if d.batch * d.heads * d.seq_q == 0 {
-        return Ok((o, lse));
-    }
     let q_blocks = query_blocks(op, d, block_q)?;
     let launch = LaunchConfig {
         grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
@@ -623,26 +667,9 @@ fn flash_launch(
             &ByValue(o.raw()),
             &ByValue(lse.raw()),
             &ByValue(shape_param(d, params, scale, 0)),
-            &ByValue(forward_strides(q, k, v, &o)),
+            &ByValue(layout),
         ],
-    )?;
-    Ok((o, lse))
-}
-
-/// The forward's operand strides (the backward-only entries repeat Q's and K's; no forward kernel
-/// reads them).
-fn forward_strides(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor) -> AttentionStrides {
-    let (qs, ks) = (strides_of(q), strides_of(k));
-    AttentionStrides {
-        q: qs,
-        k: ks,
-        v: strides_of(v),
-        o: strides_of(o),
-        d_o: qs,
-        dq: qs,
-        dk: ks,
-        dv: ks,
-    }
+    )
 }
 
 /// Query blocks of `block_q` rows (a forward launch's grid x), or an error past u32.
@@ -695,19 +722,16 @@ fn flash_tma_views(
     views.iter().all(crate::tma::tma_readable4).then_some(views)
 }
 
-/// Runs the warp-specialised TMA forward (variant [`FLASH_TMA_VARIANT`]) into `(o, lse)`; the
-/// caller checked [`flash_tma_views`] and a non-empty output.
-#[allow(clippy::too_many_arguments)]
+/// Runs the warp-specialised TMA forward (variant [`FLASH_TMA_VARIANT`]) into `(o, lse)` on Q, K,
+/// V seen through `views` (`q` gives the device and dtype).
 fn flash_tma_launch(
     op: &'static str,
     q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    params: &AttentionParams,
-    d: &Dims,
-    scale: f32,
-    (o, lse): (Tensor, Tensor),
-) -> Result<(Tensor, Tensor)> {
+    [vq, vk, vv]: [crate::tma::Tensor4; 3],
+    (o, lse): (&Tensor, &Tensor),
+    (params, d, scale): (&AttentionParams, &Dims, f32),
+    layout: AttentionLayout,
+) -> Result<()> {
     let Some(c) = flash_tma_config(d.head_dim) else {
         return Err(Error::Invalid {
             op,
@@ -725,14 +749,6 @@ fn flash_tma_launch(
                 msg: "FlashAttention takes f16/bf16".into(),
             });
         }
-    };
-    let Some([vq, vk, vv]) = flash_tma_views(q, k, v, d) else {
-        return Err(Error::Invalid {
-            op,
-            msg: "the copy engine cannot read Q, K or V (validation requires 16-byte aligned \
-                  tensors; this is a bug)"
-                .into(),
-        });
     };
     let map_q = crate::tma::sw128_map4(op, q.dtype(), &vq, c.block_q as u32)?;
     let map_k = crate::tma::sw128_map4(op, q.dtype(), &vk, c.block_k as u32)?;
@@ -754,10 +770,9 @@ fn flash_tma_launch(
             &ByValue(o.raw()),
             &ByValue(lse.raw()),
             &ByValue(shape_param(d, params, scale, 0)),
-            &ByValue(forward_strides(q, k, v, &o)),
+            &ByValue(layout),
         ],
-    )?;
-    Ok((o, lse))
+    )
 }
 
 /// The one-warpgroup wgmma kernel (variant 4, D = 64) for a dtype, with its config.
@@ -1048,7 +1063,7 @@ fn flash_backward_launch(
             GradsOut::Rounded(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
             GradsOut::AddF32(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
         };
-        AttentionStrides {
+        AttentionLayout {
             q: strides_of(q),
             k: strides_of(k),
             v: strides_of(v),
@@ -1057,6 +1072,9 @@ fn flash_backward_launch(
             dq,
             dk,
             dv,
+            lse: HeadStrides::dense(d.heads as u64, d.seq_q as u64, 1),
+            cu_seqlens_q: 0,
+            cu_seqlens_k: 0,
         }
     };
     let grid = |blocks: usize, what: &'static str| {
@@ -1449,6 +1467,7 @@ pub fn naive_backward(
 pub mod decode;
 pub mod model_features;
 pub mod reference;
+pub mod varlen;
 
 #[cfg(test)]
 mod tests;

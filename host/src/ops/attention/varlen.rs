@@ -1,0 +1,308 @@
+//! Packed variable-length batches through the FlashAttention forward kernels (FlashAttention-2's
+//! varlen API): Q `[total_q, heads, head_dim]`, K and V `[total_k, kv_heads, head_dim]`, sequence `b`
+//! being rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` of Q and `cu_seqlens_k[b]..cu_seqlens_k[b + 1]`
+//! of K and V. Every mask applies within each sequence (causal: bottom-right aligned to the
+//! sequence's own lengths). No padding and no copy: one launch whose grid covers the longest
+//! sequence; each CTA reads its sequence's offsets, and CTAs past a shorter sequence store nothing.
+//!
+//! ```no_run
+//! use host::ops::attention::{self, AttentionParams, Causal, PackedSeqs};
+//! use host::{DType, Gpu, Tensor};
+//! # fn main() -> host::Result<()> {
+//! let gpu = Gpu::new(0)?;
+//! // Three prompts of 5, 300 and 17 tokens, 8 heads of 64.
+//! let cu = [0, 5, 305, 322];
+//! let q = Tensor::from_f32(&gpu, &vec![0.1; 322 * 8 * 64], &[322, 8, 64], DType::F16)?;
+//! let seqs = PackedSeqs { cu_seqlens_q: &cu, cu_seqlens_k: &cu };
+//! let params = AttentionParams { causal: Causal::Yes, scale: None };
+//! let (o, lse) = attention::flash_forward_varlen(&q, &q, &q, seqs, &params)?;
+//! assert_eq!((o.shape(), lse.shape()), (&[322, 8, 64][..], &[8, 322][..]));
+//! # Ok(()) }
+//! ```
+use gpu::params::attention::{AttentionLayout, HeadStrides, MAX_SEQ};
+
+use super::{
+    AttentionParams, Dims, GRID_YZ_MAX, Operand, Path, flash_run, flash_variant_supported,
+    flash_wgmma_variant, head_strides, validate_operands,
+};
+use crate::DType;
+use crate::error::{Error, Result};
+use crate::launch::{raw_u32, upload_u32};
+use crate::ops::same_device_and_dtype;
+use crate::tensor::Tensor;
+
+/// The sequences of a packed batch, as host offsets (FlashAttention-2's `cu_seqlens`): sequence `b`
+/// is rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` of Q (and O) and rows
+/// `cu_seqlens_k[b]..cu_seqlens_k[b + 1]` of K and V. Both start at 0, never decrease, end at the
+/// operand's row count, and have one more entry than there are sequences.
+#[derive(Clone, Copy, Debug)]
+pub struct PackedSeqs<'a> {
+    pub cu_seqlens_q: &'a [usize],
+    pub cu_seqlens_k: &'a [usize],
+}
+
+/// The largest packed row count: the copy engine's coordinates are signed 32-bit.
+const MAX_TOTAL_ROWS: usize = (1 << 31) - 1;
+
+/// FlashAttention forward over a packed batch: returns O `[total_q, heads, head_dim]` (contiguous)
+/// and LSE `[heads, total_q]` f32 (FlashAttention-2's varlen layouts). Q, K and V may have any
+/// strides whose last one is 1 and whose others are nonzero multiples of 8 elements (so slices of a
+/// fused `[total, 3, heads, head_dim]` projection run without a copy); grouped-query heads as in
+/// [`super::flash_forward`]. f16/bf16, head dims [`super::FLASH_HEAD_DIMS`]. A sequence without keys gets
+/// O = 0 and LSE = -inf; an empty sequence is allowed.
+pub fn flash_forward_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqs: PackedSeqs,
+    params: &AttentionParams,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::flash_forward_varlen";
+    let call = validate_varlen(OP, [q, k, v], seqs, params)?;
+    let variant = flash_wgmma_variant(q.gpu(), &call.d);
+    launch_varlen(OP, [q, k, v], seqs, params, &call, variant)
+}
+
+/// [`flash_forward_varlen`] on FlashAttention kernel `variant` (see `FLASH_VARIANTS`), for tests
+/// that cover every shipped kernel; an error for a variant this build or head dim does not have.
+#[doc(hidden)]
+pub fn flash_forward_varlen_variant(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqs: PackedSeqs,
+    params: &AttentionParams,
+    variant: u32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "attention::flash_forward_varlen_variant";
+    let call = validate_varlen(OP, [q, k, v], seqs, params)?;
+    if !flash_variant_supported(q.gpu(), variant, call.d.head_dim) {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "no FlashAttention kernel {variant} at head dim {} in the {} build",
+                call.d.head_dim,
+                q.gpu().ptx_arch()
+            ),
+        });
+    }
+    launch_varlen(OP, [q, k, v], seqs, params, &call, variant)
+}
+
+/// A validated packed call: the kernels' problem size (`batch` = sequences, `seq_q` / `seq_k` the
+/// longest ones), the scale, the row totals and the operands' (head, row) strides.
+struct VarlenCall {
+    d: Dims,
+    scale: f32,
+    totals: (usize, usize),
+    strides: [HeadStrides; 3],
+}
+
+/// Every rule of a packed call, each a named error: ranks, shapes, dtypes, head dims, strides and
+/// alignment as the dense FlashAttention path has them (on the `[T, H, D]` operands), and the
+/// offsets.
+fn validate_varlen(
+    op: &'static str,
+    [q, k, v]: [&Tensor; 3],
+    seqs: PackedSeqs,
+    params: &AttentionParams,
+) -> Result<VarlenCall> {
+    same_device_and_dtype(op, q, k)?;
+    same_device_and_dtype(op, q, v)?;
+    for (name, t) in [("q", q), ("k", k), ("v", v)] {
+        if t.shape().len() != 3 {
+            return Err(Error::Shape {
+                op,
+                what: format!("{name} (a packed batch is [total, heads, head_dim])"),
+                expected: "[total, heads, head_dim]".into(),
+                got: t.shape().to_vec(),
+            });
+        }
+    }
+    if v.shape() != k.shape() {
+        return Err(Error::Shape {
+            op,
+            what: "v must have k's shape".into(),
+            expected: format!("{:?}", k.shape()),
+            got: v.shape().to_vec(),
+        });
+    }
+    // Each operand as the rank-4 `[1, heads, total, head_dim]` the dense rules read.
+    let as4 = |t: &Tensor| {
+        let (s, st) = (t.shape(), t.strides());
+        ([1, s[1], s[0], s[2]], [s[0] * st[0], st[1], st[0], st[2]])
+    };
+    let (q4, k4, v4) = (as4(q), as4(k), as4(v));
+    let ops = [
+        operand("q", q, &q4.0, &q4.1),
+        operand("k", k, &k4.0, &k4.1),
+        operand("v", v, &v4.0, &v4.1),
+    ];
+    // Head counts, dtype, head dim, strides, alignment, scale: the dense path's rules.
+    let (d0, scale) = validate_operands(op, Path::Flash, &ops, params)?;
+    let strides = [
+        head_strides(op, &ops[0])?,
+        head_strides(op, &ops[1])?,
+        head_strides(op, &ops[2])?,
+    ];
+    let (tq, tk) = (q.shape()[0], k.shape()[0]);
+    let batch = offsets(op, "cu_seqlens_q", seqs.cu_seqlens_q, tq)?;
+    if offsets(op, "cu_seqlens_k", seqs.cu_seqlens_k, tk)? != batch {
+        return Err(Error::Length {
+            what: "cu_seqlens_k (one entry more than there are sequences, as cu_seqlens_q)",
+            expected: batch + 1,
+            got: seqs.cu_seqlens_k.len(),
+        });
+    }
+    if batch > GRID_YZ_MAX {
+        return Err(Error::TooLarge {
+            op,
+            what: "sequences",
+            given: batch as u64,
+            max: GRID_YZ_MAX as u64,
+        });
+    }
+    let longest = |cu: &[usize]| cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let (max_q, max_k) = (longest(seqs.cu_seqlens_q), longest(seqs.cu_seqlens_k));
+    for (what, given, max) in [
+        ("total_q rows", tq, MAX_TOTAL_ROWS),
+        ("total_k rows", tk, MAX_TOTAL_ROWS),
+        ("longest query sequence", max_q, MAX_SEQ),
+        ("longest key sequence", max_k, MAX_SEQ),
+    ] {
+        if given > max {
+            return Err(Error::TooLarge {
+                op,
+                what,
+                given: given as u64,
+                max: max as u64,
+            });
+        }
+    }
+    Ok(VarlenCall {
+        d: Dims {
+            batch,
+            seq_q: max_q,
+            seq_k: max_k,
+            ..d0
+        },
+        scale,
+        totals: (tq, tk),
+        strides,
+    })
+}
+
+/// The dense rules' view of a packed operand (`shape4`/`strides4` its rank-4 form).
+fn operand<'a>(
+    name: &'static str,
+    t: &Tensor,
+    shape4: &'a [usize; 4],
+    strides4: &'a [usize; 4],
+) -> Operand<'a> {
+    Operand {
+        name,
+        shape: shape4,
+        strides: strides4,
+        dtype: t.dtype(),
+        // Read the strides as given: contiguity of `[T, H, D]` is not that of the rank-4 form.
+        contiguous: false,
+        aligned16: crate::ops::aligned16(&[t]),
+    }
+}
+
+/// Checks packed offsets of `total` rows; returns the sequence count.
+fn offsets(op: &'static str, what: &'static str, cu: &[usize], total: usize) -> Result<usize> {
+    if cu.is_empty() || cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) {
+        return Err(Error::Invalid {
+            op,
+            msg: format!(
+                "{what} must start at 0 and never decrease (one entry more than there are \
+                 sequences), got {cu:?}"
+            ),
+        });
+    }
+    if cu[cu.len() - 1] != total {
+        return Err(Error::Length {
+            what,
+            expected: total,
+            got: cu[cu.len() - 1],
+        });
+    }
+    Ok(cu.len() - 1)
+}
+
+/// The launch of a validated packed call on kernel `variant`.
+fn launch_varlen(
+    op: &'static str,
+    [q, k, v]: [&Tensor; 3],
+    seqs: PackedSeqs,
+    params: &AttentionParams,
+    call: &VarlenCall,
+    variant: u32,
+) -> Result<(Tensor, Tensor)> {
+    let (d, (tq, tk)) = (&call.d, call.totals);
+    let gpu = q.gpu();
+    let o = Tensor::empty(gpu, &[tq, d.heads, d.head_dim], q.dtype())?;
+    let lse = Tensor::empty(gpu, &[d.heads, tq], DType::F32)?;
+    if tq * d.heads == 0 || d.batch == 0 {
+        return Ok((o, lse));
+    }
+    let to_u32 = |cu: &[usize]| cu.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+    // Freed in stream order, after the kernel that reads them.
+    let cu_q = upload_u32(gpu, &to_u32(seqs.cu_seqlens_q), "cu_seqlens_q")?;
+    let cu_k = upload_u32(gpu, &to_u32(seqs.cu_seqlens_k), "cu_seqlens_k")?;
+    let [qs, ks, vs] = call.strides;
+    // No batch dim: a sequence's rows start at its offset (the kernels ignore batch strides).
+    let packed = |s: HeadStrides| HeadStrides { batch: 0, ..s };
+    let os = HeadStrides {
+        batch: 0,
+        head: d.head_dim as u64,
+        row: (d.heads * d.head_dim) as u64,
+    };
+    let layout = AttentionLayout {
+        q: packed(qs),
+        k: packed(ks),
+        v: packed(vs),
+        o: os,
+        // Backward-only entries: no forward kernel reads them.
+        d_o: packed(qs),
+        dq: packed(qs),
+        dk: packed(ks),
+        dv: packed(vs),
+        lse: HeadStrides {
+            batch: 0,
+            head: tq as u64,
+            row: 1,
+        },
+        cu_seqlens_q: raw_u32(gpu, &cu_q, d.batch + 1).ptr,
+        cu_seqlens_k: raw_u32(gpu, &cu_k, d.batch + 1).ptr,
+    };
+    // The copy engine's views: `[1][heads][total][head_dim]` (a batch dim of one, any valid stride).
+    let view = |t: &Tensor, s: HeadStrides, total: usize, heads: usize| crate::tma::Tensor4 {
+        ptr: t.raw().ptr,
+        inner: d.head_dim as u64,
+        outer: total as u64,
+        heads: heads as u64,
+        batch: 1,
+        outer_stride: s.row,
+        head_stride: s.head,
+        batch_stride: s.row,
+    };
+    let vq = view(q, qs, tq, d.heads);
+    let views = if tk == 0 {
+        [vq; 3]
+    } else {
+        [vq, view(k, ks, tk, d.kv_heads), view(v, vs, tk, d.kv_heads)]
+    };
+    let views = views.iter().all(crate::tma::tma_readable4).then_some(views);
+    flash_run(
+        op,
+        [q, k, v],
+        (&o, &lse),
+        (params, d, call.scale),
+        variant,
+        (layout, views),
+    )?;
+    drop((cu_q, cu_k));
+    Ok((o, lse))
+}

@@ -1,0 +1,211 @@
+//! Packed variable-length batches through `flash_forward_varlen`, every FlashAttention kernel this
+//! build has (`FLASH_VARIANTS`):
+//! - O and LSE bit-identical to one `flash_forward` call per sequence on the same kernel (each
+//!   sequence's rows taken as a `[1, H, S, D]` view of the packed tensors, no copy);
+//! - O within the relative 2-norm tolerance of `common::tol` of the f64 reference
+//!   `model_features::varlen_forward`, LSE within `1e-3 (1 + |ref|)` (and -inf exactly where a
+//!   sequence has no key);
+//! - bad offsets are named errors.
+//!
+//! Lengths include empty sequences, sequences without keys, single rows, odd lengths and sequences
+//! longer than a query block next to short ones; grouped-query heads; both masks; f16 and bf16; head
+//! dims 64 and 128. Outputs are poisoned before every launch; inputs are fresh (the seed is
+//! printed).
+mod common;
+
+use common::{attention_params, gpu_or_skip, read, rng, sanitizing, tol, uniform};
+use host::ops::attention::{
+    self, FLASH_VARIANTS, PackedSeqs, flash_forward_variant, flash_variant_supported,
+    model_features as mf, varlen::flash_forward_varlen_variant,
+};
+use host::{DType, Error, Tensor};
+
+/// (query lengths, key lengths, Hq, Hkv, D)
+type Case = (Vec<usize>, Vec<usize>, usize, usize, usize);
+
+fn cases() -> Vec<Case> {
+    let all: Vec<Case> = vec![
+        (vec![5, 300, 17, 0, 129], vec![5, 300, 17, 0, 129], 4, 4, 64),
+        (vec![1, 1, 1], vec![700, 33, 0], 8, 2, 128),
+        (vec![200, 64, 3], vec![77, 64, 500], 4, 1, 64),
+        (vec![130, 250], vec![130, 250], 2, 2, 128),
+    ];
+    if sanitizing() {
+        vec![all[0].clone(), all[1].clone()]
+    } else {
+        all
+    }
+}
+
+fn offsets(lens: &[usize]) -> Vec<usize> {
+    let mut cu = vec![0];
+    for l in lens {
+        cu.push(cu.last().unwrap() + l);
+    }
+    cu
+}
+
+/// Rows `r0..r1` of a packed contiguous `[T, H, D]` tensor as a `[1, H, r1 - r0, D]` view.
+fn sequence_view(t: &Tensor, r0: usize, r1: usize) -> Tensor {
+    let (h, d) = (t.shape()[1], t.shape()[2]);
+    t.narrow(r0, r1 - r0)
+        .unwrap()
+        .reshape(&[1, r1 - r0, h, d])
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+}
+
+#[test]
+fn packed_forward_matches_one_call_per_sequence_and_the_reference() {
+    let Some(gpu) = gpu_or_skip("packed_forward_matches_one_call_per_sequence_and_the_reference")
+    else {
+        return;
+    };
+    let mut r = rng("varlen forward");
+    for dtype in [DType::F16, DType::BF16] {
+        for (lq, lk, hq, hkv, d) in cases() {
+            let (cu_q, cu_k) = (offsets(&lq), offsets(&lk));
+            let (tq, tk) = (cu_q[lq.len()], cu_k[lk.len()]);
+            let q = uniform(&mut r, &[tq, hq, d], -1.0, 1.0, dtype);
+            let k = uniform(&mut r, &[tk, hkv, d], -1.0, 1.0, dtype);
+            let v = uniform(&mut r, &[tk, hkv, d], -1.0, 1.0, dtype);
+            let up = |x| Tensor::from_host(&gpu, x).unwrap();
+            let (qd, kd, vd) = (up(&q), up(&k), up(&v));
+            let seqs = PackedSeqs {
+                cu_seqlens_q: &cu_q,
+                cu_seqlens_k: &cu_k,
+            };
+            for causal in [false, true] {
+                let p = attention_params(causal);
+                let what =
+                    format!("{dtype} q {lq:?} k {lk:?} Hq{hq} Hkv{hkv} D{d} causal {causal}");
+                let (o_ref, lse_ref) =
+                    mf::varlen_forward(&q, &k, &v, &cu_q, &cu_k, &p, &mf::ModelFeatures::default())
+                        .unwrap();
+                let mut ran = 0;
+                for variant in FLASH_VARIANTS {
+                    if !flash_variant_supported(&gpu, variant, d) {
+                        continue;
+                    }
+                    ran += 1;
+                    let (o, lse) =
+                        flash_forward_varlen_variant(&qd, &kd, &vd, seqs, &p, variant).unwrap();
+                    assert_eq!(o.shape(), &[tq, hq, d][..], "{what}: O shape");
+                    assert_eq!(lse.shape(), &[hq, tq][..], "{what}: LSE shape");
+                    let (o, lse) = (read(&o), read(&lse));
+                    // One call per sequence on the same kernel.
+                    for b in 0..lq.len() {
+                        let (q0, q1, k0, k1) = (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]);
+                        if q1 == q0 {
+                            continue;
+                        }
+                        let (ob, lb) = flash_forward_variant(
+                            &sequence_view(&qd, q0, q1),
+                            &sequence_view(&kd, k0, k1),
+                            &sequence_view(&vd, k0, k1),
+                            &p,
+                            variant,
+                        )
+                        .unwrap();
+                        let (ob, lb) = (read(&ob), read(&lb)); // [1, H, n, D], [1, H, n]
+                        let n = q1 - q0;
+                        for h in 0..hq {
+                            for i in 0..n {
+                                let got = &o[((q0 + i) * hq + h) * d..][..d];
+                                let want = &ob[(h * n + i) * d..][..d];
+                                assert!(
+                                    got.iter()
+                                        .zip(want)
+                                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                    "{what} kernel {variant}: sequence {b} head {h} row {i}: O"
+                                );
+                                assert_eq!(
+                                    lse[h * tq + q0 + i].to_bits(),
+                                    lb[h * n + i].to_bits(),
+                                    "{what} kernel {variant}: sequence {b} head {h} row {i}: LSE"
+                                );
+                            }
+                        }
+                    }
+                    common::assert_close(
+                        &format!("{what} kernel {variant}: O vs reference"),
+                        &o,
+                        &o_ref.data,
+                        tol(dtype),
+                    );
+                    for (i, (&got, &want)) in lse.iter().zip(&lse_ref.data).enumerate() {
+                        if want == f32::NEG_INFINITY {
+                            assert_eq!(got, want, "{what} kernel {variant}: LSE {i}");
+                        } else {
+                            assert!(
+                                (got as f64 - want as f64).abs()
+                                    <= 1e-3 * (1.0 + (want as f64).abs()),
+                                "{what} kernel {variant}: LSE {i}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+                assert!(ran > 0, "{what}: no FlashAttention kernel ran");
+                println!("{what}: {ran} kernels ok");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_offsets_are_named_errors() {
+    let Some(gpu) = gpu_or_skip("bad_offsets_are_named_errors") else {
+        return;
+    };
+    let p = attention_params(false);
+    let q = Tensor::zeros(&gpu, &[10, 2, 64], DType::F16).unwrap();
+    let call = |cq: &[usize], ck: &[usize]| {
+        attention::flash_forward_varlen(
+            &q,
+            &q,
+            &q,
+            PackedSeqs {
+                cu_seqlens_q: cq,
+                cu_seqlens_k: ck,
+            },
+            &p,
+        )
+    };
+    assert!(call(&[0, 4, 10], &[0, 6, 10]).is_ok());
+    let e = call(&[0, 4, 9], &[0, 6, 10]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Length {
+                expected: 10,
+                got: 9,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = call(&[0, 6, 4, 10], &[0, 1, 2, 10]).unwrap_err();
+    assert!(e.to_string().contains("never decrease"), "{e}");
+    let e = call(&[1, 10], &[0, 10]).unwrap_err();
+    assert!(e.to_string().contains("start at 0"), "{e}");
+    let e = call(&[0, 5, 10], &[0, 10]).unwrap_err();
+    assert!(
+        matches!(e, Error::Length { .. }) && e.to_string().contains("cu_seqlens_k"),
+        "{e}"
+    );
+    // Rank-4 operands are the dense API's, and say so.
+    let q4 = Tensor::zeros(&gpu, &[1, 10, 2, 64], DType::F16).unwrap();
+    let e = attention::flash_forward_varlen(
+        &q4,
+        &q4,
+        &q4,
+        PackedSeqs {
+            cu_seqlens_q: &[0, 10],
+            cu_seqlens_k: &[0, 10],
+        },
+        &p,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("[total, heads, head_dim]"), "{e}");
+}
