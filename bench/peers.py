@@ -531,29 +531,36 @@ def attn_layout_case(tag, b, h, s, d, layout, causal, backward):
                 peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
 
 
-def attn_varlen_case(tag, b, h, s, d, layout, causal):
+def attn_varlen_case(tag, b, h, s, d, layout, causal, backward):
     """The dense SDPA call of benches/benches/ops.rs attention_varlen's shape (B sequences of equal
     length S): [B, H, S, D] contiguous for "dense", [B, S, H, D] memory through transpose(1, 2) (the
-    packed rows' layout) for "packed"."""
+    packed rows' layout) for "packed"; forward, or forward + backward through autograd."""
     mask = "causal" if causal else "full"
     tensor = b * h * s * d * ELEM_SIZE[tag]
+    fwd = 4 * b * h * s * s * d // (2 if causal else 1)
 
     def peer(name, backend):
         def build():
             def run(x):
-                q, k, v = x
+                q, k, v, d_o = x
                 if layout == "packed":
-                    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    q, k, v, d_o = (t.transpose(1, 2) for t in (q, k, v, d_o))
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                if backward:
+                    return torch.autograd.grad(o, (x[0], x[1], x[2]), d_o)
+                return o
             return run
         return Peer(name, build, sdpa_context(backend))
 
     def make():
         shape = (b, s, h, d) if layout == "packed" else (b, h, s, d)
-        return tuple(rand(shape, tag) for _ in range(3))
+        q, k, v = (rand(shape, tag).requires_grad_(backward) for _ in range(3))
+        return q, k, v, rand(shape, tag)
 
-    return Case(f"attn_varlen/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}/fwd", bytes=4 * tensor,
-                flops=4 * b * h * s * s * d // (2 if causal else 1), in_bytes=3 * tensor,
+    op = "fwdbwd" if backward else "fwd"
+    return Case(f"attn_varlen/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}/{op}",
+                bytes=10 * tensor if backward else 4 * tensor,
+                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
                 make_set=make, peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
 
 
@@ -865,8 +872,9 @@ def build_cases(quick):
     cases += [attn_decode_case(tag, b, sk) for tag in ("f16", "bf16") for (b, sk) in DECODE_SHAPES]
     cases += [attn_gqa_case("f16", 2, 32, hkv, 4096, 128, causal, backward)
               for hkv in (8, 32) for causal in (False, True) for backward in (False, True)]
-    cases += [attn_varlen_case("f16", 8, 16, 2048, 128, layout, causal)
-              for layout in ("dense", "packed") for causal in (False, True)]
+    cases += [attn_varlen_case("f16", 8, 16, 2048, 128, layout, causal, backward)
+              for layout in ("dense", "packed") for causal in (False, True)
+              for backward in (False, True)]
     cases += [attn_layout_case("f16", 2, 32, 4096, 128, layout, causal, backward)
               for layout in ("bhsd", "bshd") for causal in (False, True)
               for backward in (False, True)]

@@ -6,7 +6,8 @@
 #   COLDSTART=1                           xtask coldstart (Gpu::new + first call, fresh processes)
 #   DEMO=1                                the README's demo
 #   TESTS="gpu_clifford gpu_lrp"          test binaries to run (names under bundle/tests; "all": every one)
-#   SAN="gpu_lrp" SAN_TOOLS=memcheck,...  compute-sanitizer over those binaries (SAN_JOBS=N: one process
+#   SAN="gpu_lrp,gpu_clifford" SAN_TOOLS=memcheck,...  compute-sanitizer over those binaries (comma list of name
+#                                         prefixes; SAN_JOBS=N: one process
 #                                         a test, N at a time)
 #   BENCH="regex" PEERS="prefix,prefix"   criterion filter for ours, peers.py --only prefixes
 #   PEER_NAMES="sdpa-cudnn,..."           only these peers

@@ -962,9 +962,10 @@ fn attention_layouts(b: &mut Bencher) {
 }
 
 /// A packed variable-length batch against the dense batch of equal FLOPs (`attn_varlen`): 8
-/// sequences of 2048, H16 D128 f16, packed `[8 * 2048, 16, 128]` through `flash_forward_varlen`
-/// (`packed`) or `[8, 16, 2048, 128]` through `flash_forward` (`dense`), both masks, forward. The
-/// goal: the packed call within 5% of the dense one.
+/// sequences of 2048, H16 D128 f16, packed `[8 * 2048, 16, 128]` through `flash_forward_varlen` /
+/// `flash_backward_varlen` (`packed`) or `[8, 16, 2048, 128]` through `flash_forward` /
+/// `flash_backward` (`dense`), both masks, forward and forward + backward. The goal: the packed
+/// call within 5% of the dense one.
 fn attention_varlen(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let (bb, h, s, d) = if quick {
@@ -989,34 +990,49 @@ fn attention_varlen(b: &mut Bencher) {
                 causal,
                 scale: None,
             };
-            let (x, x2) = (inputs.clone(), inputs.clone());
-            let cu = cu.clone();
-            b.bench_prepared(
-                spec(
-                    format!("attn_varlen/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}/fwd"),
-                    Some(4 * bytes1 as u64),
-                    Some(fwd_flops),
-                ),
-                copies,
-                Samples::Default,
-                move || {
-                    x2.get();
-                },
-                move |i| {
-                    let [q, k, v, _] = &x.get()[i];
-                    if layout == "packed" {
-                        let t = |t: &Tensor| t.index0(0).expect("[T, H, D]");
-                        let seqs = attn::PackedSeqs {
-                            cu_seqlens_q: &cu,
-                            cu_seqlens_k: &cu,
-                        };
-                        attn::flash_forward_varlen(&t(q), &t(k), &t(v), seqs, &params)
-                            .expect("flash_forward_varlen");
-                    } else {
-                        attn::flash_forward(q, k, v, &params).expect("flash_forward");
-                    }
-                },
-            );
+            for backward in [false, true] {
+                let (x, x2) = (inputs.clone(), inputs.clone());
+                let cu = cu.clone();
+                let (bytes, flops) = if backward {
+                    (10 * bytes1, fwd_flops * 7 / 2)
+                } else {
+                    (4 * bytes1, fwd_flops)
+                };
+                let op = if backward { "fwdbwd" } else { "fwd" };
+                b.bench_prepared(
+                    spec(
+                        format!("attn_varlen/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}/{op}"),
+                        Some(bytes as u64),
+                        Some(flops),
+                    ),
+                    copies,
+                    Samples::Default,
+                    move || {
+                        x2.get();
+                    },
+                    move |i| {
+                        let set = &x.get()[i];
+                        if layout == "packed" {
+                            let [q, k, v, d_o] =
+                                [0, 1, 2, 3].map(|j| set[j].index0(0).expect("[T, H, D]"));
+                            let seqs = attn::PackedSeqs {
+                                cu_seqlens_q: &cu,
+                                cu_seqlens_k: &cu,
+                            };
+                            let (o, lse) = attn::flash_forward_varlen(&q, &k, &v, seqs, &params)
+                                .expect("flash_forward_varlen");
+                            if backward {
+                                attn::flash_backward_varlen(
+                                    &q, &k, &v, &o, &lse, &d_o, seqs, &params,
+                                )
+                                .expect("flash_backward_varlen");
+                            }
+                        } else {
+                            attention_step(set, &params, backward);
+                        }
+                    },
+                );
+            }
         }
     }
 }

@@ -5,6 +5,9 @@
 //! - O within the relative 2-norm tolerance of `common::tol` of the f64 reference
 //!   `model_features::varlen_forward`, LSE within `1e-3 (1 + |ref|)` (and -inf exactly where a
 //!   sequence has no key);
+//! - `flash_backward_varlen`: dQ, dK, dV within that tolerance of the f64 reference
+//!   (`model_features::backward` per sequence, grouped dK/dV summed), and the same bits on a second
+//!   run;
 //! - bad offsets are named errors.
 //!
 //! Lengths include empty sequences, sequences without keys, single rows, odd lengths and sequences
@@ -13,12 +16,36 @@
 //! printed).
 mod common;
 
-use common::{attention_params, gpu_or_skip, read, rng, sanitizing, tol, uniform};
+use common::{attention_params, bits, gpu_or_skip, read, rng, sanitizing, tol, uniform};
 use host::ops::attention::{
     self, FLASH_VARIANTS, PackedSeqs, flash_forward_variant, flash_variant_supported,
     model_features as mf, varlen::flash_forward_varlen_variant,
 };
-use host::{DType, Error, Tensor};
+use host::{DType, Error, HostTensor, Tensor};
+
+/// Rows `r0..r1` of a packed `[T, H, D]` host tensor as `[1, H, r1 - r0, D]`.
+fn unpack(x: &HostTensor, r0: usize, r1: usize) -> HostTensor {
+    let (h, d) = (x.shape[1], x.shape[2]);
+    let n = r1 - r0;
+    let mut out = vec![0f32; n * h * d];
+    for r in 0..n {
+        for hh in 0..h {
+            let src = ((r0 + r) * h + hh) * d;
+            out[(hh * n + r) * d..][..d].copy_from_slice(&x.data[src..src + d]);
+        }
+    }
+    HostTensor::new(out, &[1, h, n, d], x.dtype).unwrap()
+}
+
+/// `g` `[1, H, n, D]` written into rows `r0..` of a packed `[T, H, D]` array.
+fn scatter(dst: &mut [f32], g: &[f32], r0: usize, h: usize, d: usize) {
+    let n = g.len() / (h * d);
+    for hh in 0..h {
+        for r in 0..n {
+            dst[((r0 + r) * h + hh) * d..][..d].copy_from_slice(&g[(hh * n + r) * d..][..d]);
+        }
+    }
+}
 
 /// (query lengths, key lengths, Hq, Hkv, D)
 type Case = (Vec<usize>, Vec<usize>, usize, usize, usize);
@@ -148,6 +175,87 @@ fn packed_forward_matches_one_call_per_sequence_and_the_reference() {
                 }
                 assert!(ran > 0, "{what}: no FlashAttention kernel ran");
                 println!("{what}: {ran} kernels ok");
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_backward_matches_the_reference_and_repeats_its_bits() {
+    let Some(gpu) = gpu_or_skip("packed_backward_matches_the_reference_and_repeats_its_bits")
+    else {
+        return;
+    };
+    if gpu.ptx_arch() != "sm_90" {
+        println!("SKIP: packed backward kernels are in the sm_90 build only");
+        return;
+    }
+    let mut r = rng("varlen backward");
+    for dtype in [DType::F16, DType::BF16] {
+        for (lq, lk, hq, hkv, d) in cases() {
+            let (cu_q, cu_k) = (offsets(&lq), offsets(&lk));
+            let (tq, tk) = (cu_q[lq.len()], cu_k[lk.len()]);
+            let q = uniform(&mut r, &[tq, hq, d], -1.0, 1.0, dtype);
+            let k = uniform(&mut r, &[tk, hkv, d], -1.0, 1.0, dtype);
+            let v = uniform(&mut r, &[tk, hkv, d], -1.0, 1.0, dtype);
+            let d_o = uniform(&mut r, &[tq, hq, d], -1.0, 1.0, dtype);
+            let up = |x| Tensor::from_host(&gpu, x).unwrap();
+            let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
+            let seqs = PackedSeqs {
+                cu_seqlens_q: &cu_q,
+                cu_seqlens_k: &cu_k,
+            };
+            for causal in [false, true] {
+                let p = attention_params(causal);
+                let what =
+                    format!("{dtype} q {lq:?} k {lk:?} Hq{hq} Hkv{hkv} D{d} causal {causal}");
+                let (o, lse) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
+                let g = attention::flash_backward_varlen(&qd, &kd, &vd, &o, &lse, &dod, seqs, &p)
+                    .unwrap();
+                assert_eq!(g.dq.shape(), &[tq, hq, d][..], "{what}: dQ shape");
+                assert_eq!(g.dk.shape(), &[tk, hkv, d][..], "{what}: dK shape");
+                let again =
+                    attention::flash_backward_varlen(&qd, &kd, &vd, &o, &lse, &dod, seqs, &p)
+                        .unwrap();
+                for (name, x, y) in [
+                    ("dQ", &g.dq, &again.dq),
+                    ("dK", &g.dk, &again.dk),
+                    ("dV", &g.dv, &again.dv),
+                ] {
+                    assert_eq!(bits(x), bits(y), "{what}: {name} differs between runs");
+                }
+                // The reference, one sequence at a time.
+                let (mut dq, mut dk, mut dv) = (
+                    vec![0f32; tq * hq * d],
+                    vec![0f32; tk * hkv * d],
+                    vec![0f32; tk * hkv * d],
+                );
+                for b in 0..lq.len() {
+                    let (q0, q1, k0, k1) = (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]);
+                    let want = mf::backward(
+                        &unpack(&q, q0, q1),
+                        &unpack(&k, k0, k1),
+                        &unpack(&v, k0, k1),
+                        &unpack(&d_o, q0, q1),
+                        &p,
+                        &mf::ModelFeatures::default(),
+                    )
+                    .unwrap();
+                    scatter(&mut dq, &want.dq.data, q0, hq, d);
+                    scatter(&mut dk, &want.dk.data, k0, hkv, d);
+                    scatter(&mut dv, &want.dv.data, k0, hkv, d);
+                }
+                for (name, got, want) in
+                    [("dQ", &g.dq, &dq), ("dK", &g.dk, &dk), ("dV", &g.dv, &dv)]
+                {
+                    common::assert_close(
+                        &format!("{what}: {name} vs reference"),
+                        &read(got),
+                        want,
+                        tol(dtype),
+                    );
+                }
+                println!("{what}: ok");
             }
         }
     }

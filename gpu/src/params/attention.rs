@@ -711,6 +711,25 @@ pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
 };
 
 /// The wgmma backward config for a head dimension, or `None` if there is no kernel for it.
+/// D = 64 for packed (variable-length) batches: the plain order (no deferred dQ, 2 stages). A packed
+/// walk keeps its sequence's lengths and offsets in registers, which the deferred order has none
+/// left for (ptxas spilled 88 bytes). D = 128 packed takes [`FLASH_WG_BWD_D128`].
+pub const FLASH_WG_BWD_D64_PACKED: FlashWgBwdConfig = FlashWgBwdConfig {
+    head_dim: 64,
+    block_k: 128,
+    block_q: 128,
+    defer_dq: false,
+    stages: 2,
+};
+
+/// The wgmma backward's config for a head dim and batch kind.
+pub const fn flash_wg_bwd_config_of(head_dim: usize, packed: bool) -> Option<FlashWgBwdConfig> {
+    match (head_dim, packed) {
+        (64, true) => Some(FLASH_WG_BWD_D64_PACKED),
+        _ => flash_wg_bwd_config(head_dim),
+    }
+}
+
 pub const fn flash_wg_bwd_config(head_dim: usize) -> Option<FlashWgBwdConfig> {
     match head_dim {
         64 => Some(FLASH_WG_BWD_D64),
@@ -722,7 +741,7 @@ pub const fn flash_wg_bwd_config(head_dim: usize) -> Option<FlashWgBwdConfig> {
 // Every wgmma backward config: two warpgroups; each dQ share 64 x 64 (one m64n64 wgmma chain);
 // the step's rows cover whole turn counters and divide the statistics' padding; sm_90's 227 KiB.
 const _: () = {
-    let cfgs = [FLASH_WG_BWD_D64, FLASH_WG_BWD_D128];
+    let cfgs = [FLASH_WG_BWD_D64, FLASH_WG_BWD_D128, FLASH_WG_BWD_D64_PACKED];
     let mut i = 0;
     while i < cfgs.len() {
         let c = cfgs[i];

@@ -100,7 +100,7 @@ use crate::params::attention::{
 };
 use crate::{unroll, unroll_lt};
 
-use super::{HeadRows, HeadRowsMut};
+use super::{HeadRows, HeadRowsMut, Sequence};
 
 /// A `ROWS x COLS` tile of 16-bit elements with swizzled rows: K, V, Q, dO and dS^T tiles alike.
 type Tile<T, const ROWS: usize, const COLS: usize> = SharedTile<T, ROWS, COLS, Xor8>;
@@ -140,13 +140,14 @@ unsafe fn flash_bwd<
     let cfg: FlashBwdConfig = const { checked_config::<T, D, BK, BQ, KD, NS, KQ, NO, NQ, DSC>() };
     const { assert!(THREADS == BK / 16 * 32) };
 
-    let walk = KeyBlockWalk::of::<D, BK, BQ>(p, stats.len, turns.len, 0);
+    // The mma.sync kernel serves dense batches only (the host refuses packed ones in its build).
+    let walk = KeyBlockWalk::of::<D, BK, BQ, false>(p, &st, (stats.len, turns.len), 0, 0);
     let KeyBlockWalk {
         sq,
         sk,
         j,
         n0,
-        b,
+        seq,
         hkv,
         bh,
         bkv,
@@ -159,8 +160,8 @@ unsafe fn flash_bwd<
     } = walk;
     let n_qblocks = walk.dq.n_qblocks;
     // The key/value head's rows (launcher-validated strides; checked builds re-check).
-    let k_src = HeadRows::of(k, st.k, (b, hkv), (0, sk), D as u32);
-    let v_src = HeadRows::of(v, st.v, (b, hkv), (0, sk), D as u32);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
     // The loop's per-head addresses are recomputed each step from this (`opaque_dep_u32`): kept
     // from before the loop they would hold registers through it. batch * heads < 2^32 (each <= 65535).
     let bh32 = bh as u32;
@@ -189,8 +190,9 @@ unsafe fn flash_bwd<
         let hb = opaque_dep_u32(bh32, i) as u64;
         // The batch entry and head from `hb` (a division a step keeps two registers free).
         let (b_, h_) = (hb as u32 / p.heads, hb as u32 % p.heads);
-        let q_src = HeadRows::of(q, st.q, (b_, h_), (0, sq), D as u32);
-        let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (0, sq), D as u32);
+        let sq_ = Sequence::of_kind::<false>(&st, &p, b_);
+        let q_src = HeadRows::of(q, st.q, (sq_.bi, h_), (sq_.q0, sq), D as u32);
+        let do_src = HeadRows::of(d_o, st.d_o, (sq_.bi, h_), (sq_.q0, sq), D as u32);
         let lse_src = stats.ptr.add((hb * sq_pad as u64) as usize);
         load_rows::<T, BQ, D, THREADS>(q_tiles.stage(s), q_src, m0, sq, t);
         load_rows::<T, BQ, D, THREADS>(do_tiles.stage(s), do_src, m0, sq, t);
@@ -316,7 +318,8 @@ unsafe fn flash_bwd<
         unroll!(r in [0, 1] {
             let row = m0 + dq_rows + g + 8 * r as u32;
             if row < sq {
-                let base = (hb * sq as u64 + row as u64) * D as u64;
+                // The accumulator's rows per head: the shape's (a packed batch's longest).
+                let base = (hb * p.seq_q as u64 + row as u64) * D as u64;
                 unroll_lt!(n < NQ, {
                     let col = 8 * (dq_tile0 + n as u32) + 2 * t;
                     let at = base + col as u64;
@@ -359,11 +362,11 @@ unsafe fn flash_bwd<
     let out_row0 = bkv * sk as u64 + n0 as u64 + key_row as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
-        let out = HeadRowsMut::of(out, st.dv, (b, hkv), (0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), D as u32);
         store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dk.rounded() {
-        let out = HeadRowsMut::of(out, st.dk, (b, hkv), (0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), D as u32);
         store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dv.added() {
@@ -454,8 +457,8 @@ pub(super) struct KeyBlockWalk {
     /// The key block (this CTA) and its first key.
     pub j: u32,
     pub n0: u32,
-    /// The batch entry, the query head and the key/value head whose block this is.
-    pub b: u32,
+    /// The batch entry's sequences, the query head and the key/value head whose block this is.
+    pub seq: Sequence,
     pub h: u32,
     pub hkv: u32,
     /// The query head (batch * heads + head: its statistics, turns and dQ rows) and the key/value
@@ -479,25 +482,41 @@ impl KeyBlockWalk {
     /// counters hold this head's rows (the operands' rows are checked where the kernel takes them,
     /// [`HeadRows::of`]).
     #[inline(always)]
-    pub(super) fn of<const D: usize, const BK: usize, const BQ: usize>(
+    pub(super) fn of<const D: usize, const BK: usize, const BQ: usize, const PACKED: bool>(
         p: AttentionShape,
-        stats_len: u64,
-        turns_len: u64,
+        l: &AttentionLayout,
+        (stats_len, turns_len): (u64, u64),
         order: u32,
+        salt: u32,
     ) -> Self {
-        let (sq, sk) = (p.seq_q, p.seq_k);
+        // The statistics, turn counters and dQ accumulator are sized by the shape (a packed batch:
+        // its longest sequences); the walk by this batch entry's own lengths.
+        // A packed walk is rebuilt each step (`salt` = the step, so the offsets are loaded again
+        // rather than kept in registers through the loop).
+        let b = if PACKED {
+            opaque_dep_u32(block_idx_z(), salt)
+        } else {
+            block_idx_z()
+        };
+        let seq = Sequence::of_kind::<PACKED>(l, &p, b);
+        let (sq, sk) = (seq.sq, seq.sk);
         let causal = p.mask == MaskKind::Causal;
         let diag = sk as i32 - sq as i32;
         let n_kblocks = sk.div_ceil(BK as u32);
-        // The grid covers the key blocks exactly; reversed, CTA x takes block n_k - 1 - x.
-        let j = if order & DQ_REVERSED_GRID != 0 {
+        // The grid covers the key blocks (of the longest sequence); reversed, CTA x takes block
+        // n_k - 1 - x. A CTA past its sequence's blocks takes block n_k: no key, no step.
+        // (A dense grid covers each head's key blocks exactly: no test, no select.)
+        let here = !PACKED || block_idx_x() < n_kblocks;
+        let j = if !here {
+            n_kblocks
+        } else if order & DQ_REVERSED_GRID != 0 {
             n_kblocks - 1 - block_idx_x()
         } else {
             block_idx_x()
         };
         let n0 = j * BK as u32;
         let (bh, bkv) = p.bwd_heads(block_idx_y(), block_idx_z());
-        let sq_pad = sq.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
+        let sq_pad = p.seq_q.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
         let dq = DqWalk {
             n_qblocks: sq.div_ceil(BQ as u32),
             n_kblocks,
@@ -512,7 +531,7 @@ impl KeyBlockWalk {
             dq,
             j,
             n0,
-            b: block_idx_z(),
+            seq,
             h: block_idx_y() * p.group() + p.group_member,
             hkv: block_idx_y(),
             bh,
@@ -521,7 +540,11 @@ impl KeyBlockWalk {
             n_turns: sq_pad / FLASH_BWD_TURN_ROWS as u32,
             turn_step: (BQ / FLASH_BWD_TURN_ROWS) as u32,
             heads_total: (p.batch * p.heads) as u64,
-            first_qblock: dq.first_qblock(j),
+            first_qblock: if here {
+                dq.first_qblock(j)
+            } else {
+                dq.n_qblocks
+            },
         };
         check_index(
             (2 * walk.heads_total * sq_pad as u64) as usize,
@@ -815,16 +838,20 @@ fn pre<T: MmaElem>(
 ) {
     const ROWS: u32 = FLASH_BWD_PRE_ROWS as u32;
     const TURN: u32 = FLASH_BWD_TURN_ROWS as u32;
-    let (sq, d) = (p.seq_q, p.head_dim);
+    // `rows`: the statistics' and the dQ accumulator's rows a head (the shape's seq_q, a packed
+    // batch's longest sequence); `sq`: this batch entry's own.
+    let (rows, d) = (p.seq_q, p.head_dim);
     let qb = block_idx_x();
     let (b, h) = (block_idx_z(), block_idx_y());
     let bh = (b * p.heads + h) as u64;
+    let seq = Sequence::of(&st, &p, b);
+    let sq = seq.sq;
     // This head's rows of O and dO (launcher-validated strides; checked builds re-check).
     let (o_rows, do_rows) = (
-        HeadRows::of(o, st.o, (b, h), (0, sq), d),
-        HeadRows::of(d_o, st.d_o, (b, h), (0, sq), d),
+        HeadRows::of(o, st.o, (seq.bi, h), (seq.q0, sq), d),
+        HeadRows::of(d_o, st.d_o, (seq.bi, h), (seq.q0, sq), d),
     );
-    let sq_pad = (sq.div_ceil(ROWS) * ROWS) as u64;
+    let sq_pad = (rows.div_ceil(ROWS) * ROWS) as u64;
     let half = (p.batch * p.heads) as u64 * sq_pad; // D after all heads' LSE
     let n_turns = sq_pad as u32 / TURN; // padded like the statistics
     // Chunks (threads) per row: 8 or 16 (the launcher's head dims; `max` only spares the divisions
@@ -837,8 +864,8 @@ fn pre<T: MmaElem>(
         let row = qb * ROWS + r;
         let mut dot = 0.0f32;
         if row < sq {
-            // The dQ accumulator is contiguous `[batch * heads, seq_q, D]` f32.
-            let at = (bh * sq as u64 + row as u64) * cpr as u64 + chunk as u64;
+            // The dQ accumulator is contiguous `[batch * heads, rows, D]` f32.
+            let at = (bh * rows as u64 + row as u64) * cpr as u64 + chunk as u64;
             // SAFETY: row < seq_q of this head, chunk < D / 8: inside O's and dO's head rows
             // (launcher-validated strides, 16-byte aligned); both are inputs nothing writes during
             // the kernel.
@@ -865,7 +892,7 @@ fn pre<T: MmaElem>(
         if chunk == 0 {
             let base = bh * sq_pad + row as u64;
             let (lse2, delta) = if row < sq {
-                let l = lse.get_ro(bh * sq as u64 + row as u64);
+                let l = lse.get_ro(seq.lse_at(&st, h, row));
                 (
                     if l == f32::NEG_INFINITY {
                         f32::INFINITY
@@ -893,19 +920,29 @@ fn pre<T: MmaElem>(
     }
 }
 
-/// `out = scale * acc` rounded to `T`: `acc` a contiguous f32 `[batch, heads, seq, head_dim]`
-/// (the dQ accumulator, or grouped-query dK/dV sums), `out` the same shape with strides `st`. One
-/// CTA a block of `CONVERT_THREADS / (head_dim / 8)` rows of one head (grid: row blocks, heads,
-/// batch), 8 elements (two f32 chunks in, one 16-bit chunk out) a thread.
+/// `out = scale * acc` rounded to `T`: `acc` a contiguous f32 `[batch, heads, rows, head_dim]`
+/// (the dQ accumulator, or grouped-query dK/dV sums), `out` with strides `st`: the same shape, or
+/// with `cu` (a packed batch's `batch + 1` u32 row offsets; 0 for a dense one) packed rows, batch
+/// entry `b`'s `cu[b + 1] - cu[b]` rows from row `cu[b]`. One CTA a block of
+/// `CONVERT_THREADS / (head_dim / 8)` rows of one head (grid: row blocks, heads, batch), 8 elements
+/// (two f32 chunks in, one 16-bit chunk out) a thread.
 #[inline(always)]
 fn convert_rows<T: MmaElem>(
     acc: Slice<f32>,
     out: SliceMut<T>,
-    (heads, seq, d): (u32, u32, u32),
-    st: HeadStrides,
+    (heads, rows, d): (u32, u32, u32),
+    (st, cu): (HeadStrides, u64),
     scale: f32,
 ) {
     let (b, h) = (block_idx_z(), block_idx_y());
+    let (bi, first, seq) = if cu == 0 {
+        (b, 0, rows)
+    } else {
+        let cu = cu as *const u32;
+        // SAFETY: the launcher passes `batch + 1` offsets, b < batch (the grid's z).
+        let (r0, r1) = unsafe { (*cu.add(b as usize), *cu.add(b as usize + 1)) };
+        (0, r0, r1 - r0)
+    };
     // Chunks a row (head dims are multiples of 8; `max` spares the divisions a zero check).
     let cpr = (d / 8).max(1);
     let rows_per_block = (flash_bwd::CONVERT_THREADS / cpr).max(1);
@@ -914,8 +951,8 @@ fn convert_rows<T: MmaElem>(
     if row >= seq || thread_idx_x() >= rows_per_block * cpr {
         return;
     }
-    let out = HeadRowsMut::of(out, st, (b, h), (0, seq), d);
-    let at = ((b as u64 * heads as u64 + h as u64) * seq as u64 + row as u64) * d as u64
+    let out = HeadRowsMut::of(out, st, (bi, h), (first, seq), d);
+    let at = ((b as u64 * heads as u64 + h as u64) * rows as u64 + row as u64) * d as u64
         + 8 * chunk as u64;
     let (a, c) = (acc.get4_ro(at), acc.get4_ro(at + 4));
     let words = [
@@ -1014,10 +1051,10 @@ macro_rules! flash_bwd_helper_entry_points {
         /// `CONVERT_THREADS` threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $convert(
-            acc: Slice<f32>, out: SliceMut<$t>, heads: u32, seq: u32, head_dim: u32,
-            strides: HeadStrides, scale: f32,
+            acc: Slice<f32>, out: SliceMut<$t>, heads: u32, rows: u32, head_dim: u32,
+            strides: HeadStrides, cu_seqlens: u64, scale: f32,
         ) {
-            convert_rows::<$t>(acc, out, (heads, seq, head_dim), strides, scale)
+            convert_rows::<$t>(acc, out, (heads, rows, head_dim), (strides, cu_seqlens), scale)
         }
         crate::launch_bounds!($convert, { flash_bwd::CONVERT_THREADS }, 1);
     )*};

@@ -51,18 +51,19 @@ use crate::dev::shared::{
     SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4, st_shared_v4,
 };
 use crate::dev::sync::{sync_threads, sync_warp};
-use crate::dev::thread::{lane_id, thread_idx_x};
+use crate::dev::thread::{block_idx_z, lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
-    FLASH_WG_BWD_D128, FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config,
+    FLASH_WG_BWD_D64_PACKED, FLASH_WG_BWD_D128, FlashWgBwdConfig, GROUP_ALL,
+    flash_wg_bwd_config_of,
 };
 use crate::{unroll, unroll_lt};
 
 use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, add_rows_f32};
 use super::flash_wgmma::{load_rows, pack_p};
-use super::{HeadRows, HeadRowsMut};
+use super::{HeadRows, HeadRowsMut, Sequence};
 
 /// The main backward kernel. `ON = D / 2`: f32 a thread of dK and of dV (checked against the
 /// config); S^T, dP^T (per 64-query sub-block) and the dQ half are 32 each (64 x 64).
@@ -75,6 +76,7 @@ unsafe fn flash_wg_bwd<
     const BQ: usize,
     const ON: usize,
     const STAGES: usize,
+    const PACKED: bool,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -93,8 +95,11 @@ unsafe fn flash_wg_bwd<
     [f32; ON]: Accumulator,
     [f32; 32]: Accumulator,
 {
-    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES>() };
+    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, PACKED>() };
     const TH: usize = 256;
+    // A packed batch walks in the plain order (the host passes nothing else): known here, the
+    // rotated orders' arithmetic folds away, which the packed walk's registers need.
+    let order = if PACKED { order & DQ_ORDERED } else { order };
 
     // The query heads this launch walks: one group member, or (`GROUP_ALL`) every member of the
     // key/value head's group in turn, dK and dV summed in the registers across them.
@@ -103,20 +108,21 @@ unsafe fn flash_wg_bwd<
     } else {
         (p.group_member, 1)
     };
-    let walk = KeyBlockWalk::of::<D, BK, BQ>(
+    let walk = KeyBlockWalk::of::<D, BK, BQ, PACKED>(
         AttentionShape {
             group_member: first_member,
             ..p
         },
-        stats.len,
-        turns.len,
+        &st,
+        (stats.len, turns.len),
         order,
+        0,
     );
     // What does not depend on the query head: the key block, its key/value head, the walk's length.
     let KeyBlockWalk {
         sk,
         n0,
-        b,
+        seq,
         hkv,
         bkv,
         ..
@@ -124,8 +130,8 @@ unsafe fn flash_wg_bwd<
     let n_steps = walk.steps();
     // This head's rows of K and V (launcher-validated strides; checked builds re-check); Q's and
     // dO's are taken in each step's copies (`load_qblock`).
-    let k_src = HeadRows::of(k, st.k, (b, hkv), (0, sk), D as u32);
-    let v_src = HeadRows::of(v, st.v, (b, hkv), (0, sk), D as u32);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
 
     // Shared memory (config order; every 16-bit tile whole 1024-byte atoms, so all stay aligned).
     const { assert!(STAGES == 2 || STAGES == 3) };
@@ -169,35 +175,41 @@ unsafe fn flash_wg_bwd<
         // One query head's walk: every step's dQ part is added behind that head's turn counters, and
         // every turn this CTA takes is released before the next head's walk starts (no CTA waits on a
         // head's turn while holding another head's).
-        let walk = KeyBlockWalk::of::<D, BK, BQ>(
-            AttentionShape {
-                group_member: member,
-                ..p
-            },
-            stats.len,
-            turns.len,
+        // This member's walk and dQ sink.
+        let walk_at = |salt: u32| {
+            KeyBlockWalk::of::<D, BK, BQ, PACKED>(
+                AttentionShape {
+                    group_member: member,
+                    ..p
+                },
+                &st,
+                (stats.len, turns.len),
+                order,
+                salt,
+            )
+        };
+        let sink_of = |w: &KeyBlockWalk| DqSink {
+            acc: dq_acc,
+            turns,
+            bh: w.bh,
+            // (The same value as `sq` in a dense batch: no register of its own.)
+            rows: if PACKED { p.seq_q } else { w.sq },
+            sq: w.sq,
+            n_turns: w.n_turns,
+            turn_step: w.turn_step,
             order,
-        );
+        };
+        let walk = walk_at(0);
         let KeyBlockWalk {
             sq,
             bh,
             sq_pad,
-            n_turns,
-            turn_step,
             heads_total,
             ..
         } = walk;
-        let sink = DqSink {
-            acc: dq_acc,
-            turns,
-            bh,
-            sq,
-            n_turns,
-            turn_step,
-            order,
-        };
+        let sink = sink_of(&walk);
         check_index(
-            ((bh + 1) * sq as u64 * D as u64) as usize,
+            ((bh + 1) * p.seq_q as u64 * D as u64) as usize,
             dq_acc.len as usize + 1,
         );
 
@@ -216,8 +228,11 @@ unsafe fn flash_wg_bwd<
             // re-check in `KeyBlockWalk::of`), so this is the start of this head's.
             let lse_src = stats.ptr.add(hb as usize * sq_pad as usize);
             let delta_offset = heads_total as usize * sq_pad as usize; // D after all heads' LSE
-            let q_src = HeadRows::of(q, st.q, (b_, h_), (0, sq), D as u32);
-            let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (0, sq), D as u32);
+            // The batch entry's first query row (a packed batch's offset; 0 for a dense one, whose
+            // batch index the strides take; a packed batch's batch strides are 0).
+            let (q0, sq) = Sequence::q_rows::<PACKED>(&st, &p, b_);
+            let q_src = HeadRows::of(q, st.q, (b_, h_), (q0, sq), D as u32);
+            let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (q0, sq), D as u32);
             load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
             load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
             let t = thread_idx_x();
@@ -459,13 +474,20 @@ unsafe fn flash_wg_bwd<
     let warp_key = 16 * (thread_idx_x() / 32); // this warp's first key in the block
     // dK and dV rows are the key/value head's.
     let out_row0 = bkv * sk as u64 + n0 as u64 + warp_key as u64;
-    let rows_left = sk - n0;
+    // The sequence again (kept from the start, its values would hold registers through the loops).
+    // A packed batch's CTA past its sequence's keys has n0 = sk's block end: no rows.
+    let seq = Sequence::of_kind::<PACKED>(&st, &p, block_idx_z());
+    let rows_left = if PACKED {
+        seq.sk.saturating_sub(n0)
+    } else {
+        sk - n0
+    };
     if let Some(out) = dv.rounded() {
-        let out = HeadRowsMut::of(out, st.dv, (b, hkv), (0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), D as u32);
         store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     if let Some(out) = dk.rounded() {
-        let out = HeadRowsMut::of(out, st.dk, (b, hkv), (0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), D as u32);
         store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
@@ -541,6 +563,9 @@ struct DqSink {
     acc: SliceMut<f32>,
     turns: SliceMut<u32>,
     bh: u64,
+    /// The accumulator's rows a head (the shape's `seq_q`: a packed batch's longest sequence).
+    rows: u32,
+    /// This batch entry's query rows.
     sq: u32,
     n_turns: u32,
     turn_step: u32,
@@ -614,7 +639,13 @@ impl DqSink {
         let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
         let counter = self.counter(i, warp);
         let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
-        add_dq_half(dq, self.acc, self.bh, self.sq, row0, dq_col0, cfg.head_dim);
+        add_dq_half(
+            dq,
+            (self.acc, self.bh, self.rows),
+            self.sq,
+            (row0, dq_col0),
+            cfg.head_dim,
+        );
         // Every lane's additions, then the release (cumulative over the warp barrier).
         sync_warp(FULL_MASK);
         if self.ordered() && (release_now || !self.late()) && tid % 32 == 0 {
@@ -637,24 +668,23 @@ impl DqSink {
 
 /// Adds this thread's share of a warp's 16 rows of a 64 x 64 dQ half (wgmma accumulator layout:
 /// `dq[4n], dq[4n + 1]` row g, columns 8n + 2t, +1; `dq[4n + 2], dq[4n + 3]` row g + 8) to the
-/// f32 accumulator, 16 bytes an instruction: lanes t and t ^ 1 trade halves, so the even lane adds
-/// row g, columns 8n + 4 (t / 2)..+4 and the odd lane row g + 8, the same columns (a warp's
-/// instruction covers 16 whole 32-byte sectors). `row0` = the warp's first query row in the head,
-/// `col0` = the half's first column.
+/// f32 accumulator (`rows` rows a head, of which the first `sq` are this sequence's), 16 bytes an
+/// instruction: lanes t and t ^ 1 trade halves, so the even lane adds row g, columns
+/// 8n + 4 (t / 2)..+4 and the odd lane row g + 8, the same columns (a warp's instruction covers 16
+/// whole 32-byte sectors). `row0` = the warp's first query row in the head, `col0` = the half's
+/// first column.
 #[inline(always)]
 fn add_dq_half(
     dq: &[f32; 32],
-    acc: SliceMut<f32>,
-    bh: u64,
+    (acc, bh, rows): (SliceMut<f32>, u64, u32),
     sq: u32,
-    row0: u32,
-    col0: u32,
+    (row0, col0): (u32, u32),
     d: usize,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     let odd = t % 2 == 1;
     let row = row0 + g + if odd { 8 } else { 0 };
-    let base = (bh * sq as u64 + row as u64) * d as u64 + (col0 + 4 * (t / 2)) as u64;
+    let base = (bh * rows as u64 + row as u64) * d as u64 + (col0 + 4 * (t / 2)) as u64;
     unroll_lt!(n < 8, {
         let a = &dq[4 * n..4 * n + 4];
         // What the partner lane needs: the even lane sends its row g + 8, the odd lane its row g.
@@ -684,8 +714,9 @@ const fn checked_config<
     const BQ: usize,
     const ON: usize,
     const STAGES: usize,
+    const PACKED: bool,
 >() -> FlashWgBwdConfig {
-    let Some(cfg) = flash_wg_bwd_config(D) else {
+    let Some(cfg) = flash_wg_bwd_config_of(D, PACKED) else {
         panic!("no wgmma FlashAttention backward config for this head dim")
     };
     assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.threads() == 256);
@@ -749,11 +780,12 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
 }
 
 macro_rules! flash_wg_bwd_entry_points {
-    ($($name:ident: $t:ty, $out:ty, $cfg:path;)*) => {$(
+    ($($name:ident: $t:ty, $out:ty, $cfg:path, $packed:expr;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
         /// `order`: how the dQ blocks are walked and summed (`DQ_*` flags; without `DQ_ORDERED`
-        /// in arrival order, the explicit nondeterministic mode).
+        /// in arrival order, the explicit nondeterministic mode). The `_packed_` kernels take a
+        /// packed (variable-length) batch, the others a dense one.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
@@ -763,7 +795,7 @@ macro_rules! flash_wg_bwd_entry_points {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.head_dim / 2 }, { C.stages }>(
+                    { C.head_dim / 2 }, { C.stages }, $packed>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
@@ -773,13 +805,18 @@ macro_rules! flash_wg_bwd_entry_points {
 }
 
 flash_wg_bwd_entry_points! {
-    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64;
-    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64;
-    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128;
-    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128;
+    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false;
+    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false;
+    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false;
+    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false;
     // dK and dV added into f32 accumulators (ring attention's steps).
-    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64;
-    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64;
-    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128;
-    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128;
+    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false;
+    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false;
+    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false;
+    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false;
+    // Packed (variable-length) batches (`flash_backward_varlen`).
+    flash_wg_bwd_packed_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_PACKED, true;
+    flash_wg_bwd_packed_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_PACKED, true;
+    flash_wg_bwd_packed_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true;
+    flash_wg_bwd_packed_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true;
 }

@@ -38,6 +38,28 @@ pub(super) struct Sequence {
 }
 
 impl Sequence {
+    /// [`Self::of`] for kernels instantiated per batch kind: a dense kernel (`PACKED` false) reads
+    /// no offsets and keeps its lengths the shape's (ptxas re-reads those from the parameters
+    /// instead of keeping registers for them); a packed one reads them.
+    #[inline(always)]
+    pub(super) fn of_kind<const PACKED: bool>(
+        l: &AttentionLayout,
+        p: &AttentionShape,
+        b: u32,
+    ) -> Self {
+        if PACKED {
+            Self::of(l, p, b)
+        } else {
+            Self {
+                bi: b,
+                q0: 0,
+                sq: p.seq_q,
+                k0: 0,
+                sk: p.seq_k,
+            }
+        }
+    }
+
     #[inline(always)]
     pub(super) fn of(l: &AttentionLayout, p: &AttentionShape, b: u32) -> Self {
         if l.cu_seqlens_q == 0 {
@@ -74,6 +96,25 @@ impl Sequence {
             sq: q1 - q0,
             k0,
             sk: k1 - k0,
+        }
+    }
+
+    /// A packed batch entry's first query row and query rows (what the backward's per-step copies
+    /// need; a dense batch's are 0 and the shape's).
+    #[inline(always)]
+    pub(super) fn q_rows<const PACKED: bool>(
+        l: &AttentionLayout,
+        p: &AttentionShape,
+        b: u32,
+    ) -> (u32, u32) {
+        if PACKED {
+            let cq = l.cu_seqlens_q as *const u32;
+            // SAFETY: as in `of`.
+            let (q0, q1) = unsafe { (*cq.add(b as usize), *cq.add(b as usize + 1)) };
+            let (q0, q1) = (warp_uniform_u32(q0), warp_uniform_u32(q1));
+            (q0, q1 - q0)
+        } else {
+            (0, p.seq_q)
         }
     }
 

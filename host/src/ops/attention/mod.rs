@@ -52,9 +52,9 @@ use gpu::params::attention::{
     DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
     FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, dq_late_release_fits,
     dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tma_config,
-    flash_tma_smem_bytes, flash_wg_bwd_config, naive,
+    flash_tma_smem_bytes, flash_wg_bwd_config, flash_wg_bwd_config_of, naive,
 };
-pub use varlen::{PackedSeqs, flash_forward_varlen};
+pub use varlen::{PackedSeqs, flash_backward_varlen, flash_forward_varlen};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -401,6 +401,16 @@ fn head_strides(op: &'static str, x: &Operand) -> Result<HeadStrides> {
         return Err(bad(&format!("the seq stride {} is not below 2^32", s.row)));
     }
     Ok(s)
+}
+
+/// The strides of a packed `[total, heads, head_dim]` tensor (validated) as the kernels take them:
+/// no batch stride, its heads and rows.
+fn packed_strides(t: &Tensor) -> HeadStrides {
+    HeadStrides {
+        batch: 0,
+        head: t.strides()[1] as u64,
+        row: t.strides()[0] as u64,
+    }
 }
 
 /// [`head_strides`] of a validated tensor (validation has checked the rules).
@@ -1010,9 +1020,58 @@ fn flash_backward_launch(
             Operand::of("d_o", d_o),
         ],
     )?;
+    let layout = {
+        let (dq, dk, dv) = match out {
+            GradsOut::Rounded(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
+            GradsOut::AddF32(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
+        };
+        AttentionLayout {
+            q: strides_of(q),
+            k: strides_of(k),
+            v: strides_of(v),
+            o: strides_of(o),
+            d_o: strides_of(d_o),
+            dq,
+            dk,
+            dv,
+            lse: HeadStrides::dense(d.heads as u64, d.seq_q as u64, 1),
+            cu_seqlens_q: 0,
+            cu_seqlens_k: 0,
+        }
+    };
+    flash_backward_run(op, x, (params, d, scale), mode, out, layout)
+}
+
+/// The backward's launches for validated operands whose rows `layout` places (a dense batch, or a
+/// packed one: then `d.seq_q`, `d.seq_k` are its longest sequences, and the dQ order is the plain
+/// ascending one, which holds for any mix of lengths). The gradients' strides in `layout` are those
+/// of the rounded outputs (the f32 accumulators are contiguous and the kernels that add into them
+/// take no strides).
+fn flash_backward_run(
+    op: &'static str,
+    [q, k, v, o, lse, d_o]: [&Tensor; 6],
+    (params, d, scale): (&AttentionParams, Dims, f32),
+    mode: BackwardMode,
+    out: GradsOut,
+    layout: AttentionLayout,
+) -> Result<()> {
+    let packed = layout.cu_seqlens_q != 0;
     let gpu = q.gpu();
-    let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch()) else {
-        unreachable!("validate accepts only head dims and dtypes with a kernel")
+    let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), packed) else {
+        return Err(Error::Invalid {
+            op,
+            msg: format!(
+                "no FlashAttention backward kernel for head dim {} {} in the {} build{}",
+                d.head_dim,
+                q.dtype(),
+                gpu.ptx_arch(),
+                if packed {
+                    " for packed batches (they need the sm_90 build: compute capability 9.0)"
+                } else {
+                    ""
+                }
+            ),
+        });
     };
     let heads_total = d.batch * d.heads;
     if heads_total == 0 || d.seq_q + d.seq_k == 0 {
@@ -1056,27 +1115,6 @@ fn flash_backward_launch(
     )?;
     let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.head_dim], DType::F32)?;
     let shape = shape_param(&d, params, scale, 0);
-    // The operands' strides; the gradients' are those of the rounded outputs (the f32 accumulators
-    // are contiguous, and the kernels that add into them take no strides).
-    let strides = {
-        let (dq, dk, dv) = match out {
-            GradsOut::Rounded(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
-            GradsOut::AddF32(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
-        };
-        AttentionLayout {
-            q: strides_of(q),
-            k: strides_of(k),
-            v: strides_of(v),
-            o: strides_of(o),
-            d_o: strides_of(d_o),
-            dq,
-            dk,
-            dv,
-            lse: HeadStrides::dense(d.heads as u64, d.seq_q as u64, 1),
-            cu_seqlens_q: 0,
-            cu_seqlens_k: 0,
-        }
-    };
     let grid = |blocks: usize, what: &'static str| {
         u32::try_from(blocks).map_err(|_| Error::TooLarge {
             op,
@@ -1106,7 +1144,7 @@ fn flash_backward_launch(
                 &ByValue(dq_acc.raw()),
                 &ByValue(turns.raw()),
                 &ByValue(shape),
-                &ByValue(strides),
+                &ByValue(layout),
             ],
         )?;
     }
@@ -1121,7 +1159,16 @@ fn flash_backward_launch(
             causal: params.causal == Causal::Yes,
             diag: d.seq_k as i32 - d.seq_q as i32,
         };
-        let order = dq_order(gpu, mode, &walk);
+        let order = if packed {
+            // Each CTA waits only for CTAs of lower key blocks (started before it), whatever the
+            // sequences' lengths: the rotated orders' conditions are per length.
+            match mode {
+                BackwardMode::Deterministic => DQ_ORDERED,
+                BackwardMode::Nondeterministic => 0,
+            }
+        } else {
+            dq_order(gpu, mode, &walk)
+        };
         let (q_, k_, v_, do_) = (
             ByValue(q.raw()),
             ByValue(k.raw()),
@@ -1139,7 +1186,7 @@ fn flash_backward_launch(
             ByValue(dk_out),
             ByValue(dv_out),
         );
-        let strides_ = ByValue(strides);
+        let strides_ = ByValue(layout);
         // Grid y: the key/value heads; launch `r` takes query head `y * group + r` of each, or
         // the one launch all of them.
         let members: Vec<u32> = if launches_per_member {
@@ -1175,38 +1222,54 @@ fn flash_backward_launch(
         }
     }
     // f32 rows `[batch, heads, seq, head_dim]` to the input type, in `out`'s strides.
-    let convert = |acc: &Tensor, out: &Tensor, heads: usize, seq: usize, scale: f32| {
-        let rows_per_block = flash_bwd::CONVERT_THREADS as usize / (d.head_dim / 8);
-        if seq == 0 {
-            return Ok(());
-        }
-        launch_cfg(
-            gpu,
-            names.convert,
-            LaunchConfig {
-                grid_dim: (
-                    grid(seq.div_ceil(rows_per_block), "row blocks")?,
-                    heads as u32,
-                    d.batch as u32,
-                ),
-                block_dim: (flash_bwd::CONVERT_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            },
-            &[
-                &ByValue(acc.raw()),
-                &ByValue(out.raw()),
-                &(heads as u32),
-                &(seq as u32),
-                &(d.head_dim as u32),
-                &ByValue(strides_of(out)),
-                &scale,
-            ],
-        )
-    };
+    let convert =
+        |acc: &Tensor, out: &Tensor, (heads, seq, cu): (usize, usize, u64), scale: f32| {
+            let rows_per_block = flash_bwd::CONVERT_THREADS as usize / (d.head_dim / 8);
+            if seq == 0 {
+                return Ok(());
+            }
+            launch_cfg(
+                gpu,
+                names.convert,
+                LaunchConfig {
+                    grid_dim: (
+                        grid(seq.div_ceil(rows_per_block), "row blocks")?,
+                        heads as u32,
+                        d.batch as u32,
+                    ),
+                    block_dim: (flash_bwd::CONVERT_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                &[
+                    &ByValue(acc.raw()),
+                    &ByValue(out.raw()),
+                    &(heads as u32),
+                    &(seq as u32),
+                    &(d.head_dim as u32),
+                    &ByValue(if packed {
+                        packed_strides(out)
+                    } else {
+                        strides_of(out)
+                    }),
+                    &cu,
+                    &scale,
+                ],
+            )
+        };
     if let Some((dk_acc, dv_acc)) = &kv_acc {
         // dK was scaled in the kernel: both round as they are.
-        convert(dk_acc, &grads.dk, d.kv_heads, d.seq_k, 1.0)?;
-        convert(dv_acc, &grads.dv, d.kv_heads, d.seq_k, 1.0)?;
+        convert(
+            dk_acc,
+            &grads.dk,
+            (d.kv_heads, d.seq_k, layout.cu_seqlens_k),
+            1.0,
+        )?;
+        convert(
+            dv_acc,
+            &grads.dv,
+            (d.kv_heads, d.seq_k, layout.cu_seqlens_k),
+            1.0,
+        )?;
     }
     // With seq_k = 0 the accumulator stays as the pre-pass zeroed it: dQ = 0.
     if add {
@@ -1227,7 +1290,12 @@ fn flash_backward_launch(
             )?;
         }
     } else {
-        convert(&dq_acc, &grads.dq, d.heads, d.seq_q, scale)?;
+        convert(
+            &dq_acc,
+            &grads.dq,
+            (d.heads, d.seq_q, layout.cu_seqlens_q),
+            scale,
+        )?;
     }
     Ok(())
 }
@@ -1277,13 +1345,40 @@ struct FlashBwdKernels {
 /// The backward's kernels for the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the
 /// sm_90 build's main kernel is the wgmma one (`flash_wg_bwd_*`), the sm_80 build's the
 /// `mma.sync` one (`flash_bwd_d*`); the pre-pass and the dQ conversion are shared.
-fn flash_bwd_kernels(head_dim: usize, dtype: DType, ptx_arch: &str) -> Option<FlashBwdKernels> {
+fn flash_bwd_kernels(
+    head_dim: usize,
+    dtype: DType,
+    ptx_arch: &str,
+    packed: bool,
+) -> Option<FlashBwdKernels> {
     let (pre, convert) = match dtype {
         DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
         DType::F32 => return None,
     };
     let wgmma = ptx_arch == "sm_90";
+    if packed {
+        // Packed batches: the wgmma kernels' `_packed_` forms (grouped-query heads in one launch,
+        // so no f32-adding form); the mma.sync kernel takes dense batches only.
+        let main = match (wgmma, head_dim, dtype) {
+            (true, 64, DType::F16) => "flash_wg_bwd_packed_d64_f16",
+            (true, 64, DType::BF16) => "flash_wg_bwd_packed_d64_bf16",
+            (true, 128, DType::F16) => "flash_wg_bwd_packed_d128_f16",
+            (true, 128, DType::BF16) => "flash_wg_bwd_packed_d128_bf16",
+            _ => return None,
+        };
+        let c = flash_wg_bwd_config_of(head_dim, true)?;
+        return Some(FlashBwdKernels {
+            pre,
+            main,
+            main_add: main,
+            convert,
+            block_k: c.block_k,
+            block_q: c.block_q,
+            threads: c.threads() as u32,
+            smem_bytes: c.smem_bytes() as u32,
+        });
+    }
     let (main, main_add) = match (wgmma, head_dim, dtype) {
         (false, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
         (false, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),

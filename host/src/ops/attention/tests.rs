@@ -811,7 +811,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert_eq!((cfg.head_dim, wg.head_dim), (d, d));
         for dt in [DType::F16, DType::BF16] {
             for arch in ["sm_80", "sm_90"] {
-                let k = flash_bwd_kernels(d, dt, arch).unwrap();
+                let k = flash_bwd_kernels(d, dt, arch, false).unwrap();
                 for name in [k.pre, k.main, k.convert] {
                     assert!(in_build(name, arch), "{name} {arch}");
                 }
@@ -839,9 +839,26 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         }
         // The wgmma kernels exist only in the sm_90 build.
         assert!(!in_build(&format!("flash_wg_bwd_d{d}_f16"), "sm_80"));
+        // Packed batches: the wgmma kernels' packed forms (their own D = 64 config), sm_90 only.
+        let packed = gpu::params::attention::flash_wg_bwd_config_of(d, true).unwrap();
+        for dt in [DType::F16, DType::BF16] {
+            let k = flash_bwd_kernels(d, dt, "sm_90", true).unwrap();
+            assert!(k.main.starts_with("flash_wg_bwd_packed_") && in_build(k.main, "sm_90"));
+            assert_eq!(
+                crate::modules::launch_bounds(k.main, "sm_90"),
+                Some((packed.threads() as u32, 1)),
+                "{}",
+                k.main
+            );
+            assert_eq!(
+                (k.block_k, k.block_q, k.smem_bytes as usize),
+                (packed.block_k, packed.block_q, packed.smem_bytes())
+            );
+            assert!(flash_bwd_kernels(d, dt, "sm_80", true).is_none());
+        }
     }
-    assert!(flash_bwd_kernels(64, DType::F32, "sm_90").is_none());
-    assert!(flash_bwd_kernels(96, DType::F16, "sm_80").is_none());
+    assert!(flash_bwd_kernels(64, DType::F32, "sm_90", false).is_none());
+    assert!(flash_bwd_kernels(96, DType::F16, "sm_80", false).is_none());
 }
 
 /// The CPU same-precision naive backward: f32 is the exact backward; in f16 each gradient is a

@@ -22,8 +22,9 @@
 use gpu::params::attention::{AttentionLayout, HeadStrides, MAX_SEQ};
 
 use super::{
-    AttentionParams, Dims, GRID_YZ_MAX, Operand, Path, flash_run, flash_variant_supported,
-    flash_wgmma_variant, head_strides, validate_operands,
+    AttentionGrads, AttentionParams, BackwardMode, Dims, GRID_YZ_MAX, GradsOut, Operand, Path,
+    flash_backward_run, flash_run, flash_variant_supported, flash_wgmma_variant, head_strides,
+    packed_strides, validate_operands,
 };
 use crate::DType;
 use crate::error::{Error, Result};
@@ -87,6 +88,125 @@ pub fn flash_forward_varlen_variant(
         });
     }
     launch_varlen(OP, [q, k, v], seqs, params, &call, variant)
+}
+
+/// FlashAttention backward over a packed batch: `(dQ, dK, dV)` for upstream gradient `d_o`, from
+/// the inputs, `seqs`, `params` and the outputs `(o, lse)` of the [`flash_forward_varlen`] call. dQ
+/// is `[total_q, heads, head_dim]`, dK and dV `[total_k, kv_heads, head_dim]`, contiguous, in the
+/// input dtype; grouped-query dK/dV are the sums over each group. O and dO take any strides the
+/// forward's operands may have; LSE is `[heads, total_q]` f32 as the forward returns it.
+/// Deterministic (the same bits every run): the partial dQ blocks of a sequence are added in
+/// ascending key-block order behind turn counters.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: &Tensor,
+    d_o: &Tensor,
+    seqs: PackedSeqs,
+    params: &AttentionParams,
+) -> Result<AttentionGrads> {
+    const OP: &str = "attention::flash_backward_varlen";
+    let call = validate_varlen(OP, [q, k, v], seqs, params)?;
+    let (d, (tq, tk)) = (call.d, call.totals);
+    for (name, t) in [("o", o), ("d_o", d_o)] {
+        same_device_and_dtype(OP, q, t)?;
+        if t.shape() != q.shape() {
+            return Err(Error::Shape {
+                op: OP,
+                what: format!("{name} must have q's shape"),
+                expected: format!("{:?}", q.shape()),
+                got: t.shape().to_vec(),
+            });
+        }
+        let t4 = (
+            [1, t.shape()[1], t.shape()[0], t.shape()[2]],
+            [
+                t.shape()[0] * t.strides()[0],
+                t.strides()[1],
+                t.strides()[0],
+                t.strides()[2],
+            ],
+        );
+        let x = operand(name, t, &t4.0, &t4.1);
+        head_strides(OP, &x)?;
+        if !x.aligned16 {
+            return Err(Error::Invalid {
+                op: OP,
+                msg: format!("{name} must start at a 16-byte aligned address"),
+            });
+        }
+    }
+    if !q.gpu().same_device(lse.gpu()) {
+        return Err(Error::DeviceMismatch { op: OP });
+    }
+    if lse.shape() != [d.heads, tq] || lse.dtype() != DType::F32 {
+        return Err(Error::Shape {
+            op: OP,
+            what: "lse (the forward's log-sum-exp: f32 [heads, total_q], as \
+                   flash_forward_varlen returns it)"
+                .into(),
+            expected: format!("[{}, {tq}] f32", d.heads),
+            got: lse.shape().to_vec(),
+        });
+    }
+    lse.require_contiguous(OP, "lse")?;
+    let gpu = q.gpu();
+    let grads = AttentionGrads {
+        dq: Tensor::empty(gpu, &[tq, d.heads, d.head_dim], q.dtype())?,
+        dk: Tensor::empty(gpu, &[tk, d.kv_heads, d.head_dim], q.dtype())?,
+        dv: Tensor::empty(gpu, &[tk, d.kv_heads, d.head_dim], q.dtype())?,
+    };
+    if d.batch == 0 {
+        return Ok(grads);
+    }
+    let (cu_q, cu_k) = upload_offsets(gpu, seqs)?;
+    let [qs, ks, vs] = call.strides.map(|s| HeadStrides { batch: 0, ..s });
+    let layout = AttentionLayout {
+        q: qs,
+        k: ks,
+        v: vs,
+        o: packed_strides(o),
+        d_o: packed_strides(d_o),
+        dq: packed_strides(&grads.dq),
+        dk: packed_strides(&grads.dk),
+        dv: packed_strides(&grads.dv),
+        lse: HeadStrides {
+            batch: 0,
+            head: tq as u64,
+            row: 1,
+        },
+        cu_seqlens_q: raw_u32(gpu, &cu_q, d.batch + 1).ptr,
+        cu_seqlens_k: raw_u32(gpu, &cu_k, d.batch + 1).ptr,
+    };
+    flash_backward_run(
+        OP,
+        [q, k, v, o, lse, d_o],
+        (params, d, call.scale),
+        BackwardMode::Deterministic,
+        GradsOut::Rounded(&grads),
+        layout,
+    )?;
+    // Freed in stream order, after the kernels that read them.
+    drop((cu_q, cu_k));
+    Ok(grads)
+}
+
+/// The offsets as the kernels read them: u32 device arrays.
+fn upload_offsets(
+    gpu: &crate::Gpu,
+    seqs: PackedSeqs,
+) -> Result<(
+    cudarc::driver::CudaSlice<u32>,
+    cudarc::driver::CudaSlice<u32>,
+)> {
+    let to_u32 = |cu: &[usize]| cu.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+    Ok((
+        upload_u32(gpu, &to_u32(seqs.cu_seqlens_q), "cu_seqlens_q")?,
+        upload_u32(gpu, &to_u32(seqs.cu_seqlens_k), "cu_seqlens_k")?,
+    ))
 }
 
 /// A validated packed call: the kernels' problem size (`batch` = sequences, `seq_q` / `seq_k` the
@@ -247,10 +367,8 @@ fn launch_varlen(
     if tq * d.heads == 0 || d.batch == 0 {
         return Ok((o, lse));
     }
-    let to_u32 = |cu: &[usize]| cu.iter().map(|&x| x as u32).collect::<Vec<u32>>();
     // Freed in stream order, after the kernel that reads them.
-    let cu_q = upload_u32(gpu, &to_u32(seqs.cu_seqlens_q), "cu_seqlens_q")?;
-    let cu_k = upload_u32(gpu, &to_u32(seqs.cu_seqlens_k), "cu_seqlens_k")?;
+    let (cu_q, cu_k) = upload_offsets(gpu, seqs)?;
     let [qs, ks, vs] = call.strides;
     // No batch dim: a sequence's rows start at its offset (the kernels ignore batch strides).
     let packed = |s: HeadStrides| HeadStrides { batch: 0, ..s };
