@@ -13,6 +13,8 @@
 //!   memory seen through `transpose(1, 2)` and slices of a fused QKV tensor run without a copy. The
 //!   naive paths take contiguous operands only. (A rank-4 tensor of shape `[batch, seq, heads,
 //!   head_dim]` passed as it is would be read as `[batch, heads, seq, head_dim]`: transpose it.)
+//! - Packed variable-length batches: [`flash_forward_varlen`], [`flash_backward_varlen`] (module
+//!   [`varlen`]).
 //! - Outputs: O `[batch, heads, seq_q, head_dim]` in the input dtype, in Q's layout (`[batch, seq,
 //!   heads, head_dim]` memory, returned as its transposed view, when Q's heads interleave within its
 //!   rows; else contiguous); the backward's gradients in their inputs' layouts; LSE `[batch, heads,
