@@ -497,19 +497,21 @@ def attn_gqa_case(tag, b, hq, hkv, s, d, causal, backward):
                 peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
 
 
-def attn_layout_case(tag, b, h, s, d, layout, causal, backward):
-    """SDPA on [B, H, S, D] contiguous ("bhsd") or on [B, S, H, D] memory through its transpose(1, 2)
-    view ("bshd"), as benches/benches/ops.rs attention_layouts: forward, or forward + backward
-    through autograd, one backend forced."""
+def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
+    """SDPA (flash and cuDNN backends) on Q, K, V, dO of shape [B, H, S, D]: contiguous ("bhsd",
+    "dense"), or [B, S, H, D] memory through its transpose(1, 2) view ("bshd", "packed": the rows of
+    a packed batch of equal lengths); forward, or forward + backward through autograd. Named
+    `family/tag/B.H.S.D./layout/mask/op` as benches/benches/ops.rs names the bench it stands beside."""
     mask = "causal" if causal else "full"
     fwd = 4 * b * h * s * s * d // (2 if causal else 1)
     tensor = b * h * s * d * ELEM_SIZE[tag]
+    rows_first = layout in ("bshd", "packed")
 
     def peer(name, backend):
         def build():
             def run(x):
                 q, k, v, d_o = x
-                if layout == "bshd":
+                if rows_first:
                     q, k, v, d_o = (t.transpose(1, 2) for t in (q, k, v, d_o))
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 if backward:
@@ -519,49 +521,16 @@ def attn_layout_case(tag, b, h, s, d, layout, causal, backward):
         return Peer(name, build, sdpa_context(backend))
 
     def make():
-        shape = (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+        shape = (b, s, h, d) if rows_first else (b, h, s, d)
         q, k, v = (rand(shape, tag).requires_grad_(backward) for _ in range(3))
         return q, k, v, rand(shape, tag)
 
     op = "fwdbwd" if backward else "fwd"
-    return Case(f"attn_layout/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}/{op}",
+    return Case(f"{family}/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}/{op}",
                 bytes=10 * tensor if backward else 4 * tensor,
                 flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
                 make_set=make,
                 peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
-
-
-def attn_varlen_case(tag, b, h, s, d, layout, causal, backward):
-    """The dense SDPA call of benches/benches/ops.rs attention_varlen's shape (B sequences of equal
-    length S): [B, H, S, D] contiguous for "dense", [B, S, H, D] memory through transpose(1, 2) (the
-    packed rows' layout) for "packed"; forward, or forward + backward through autograd."""
-    mask = "causal" if causal else "full"
-    tensor = b * h * s * d * ELEM_SIZE[tag]
-    fwd = 4 * b * h * s * s * d // (2 if causal else 1)
-
-    def peer(name, backend):
-        def build():
-            def run(x):
-                q, k, v, d_o = x
-                if layout == "packed":
-                    q, k, v, d_o = (t.transpose(1, 2) for t in (q, k, v, d_o))
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                if backward:
-                    return torch.autograd.grad(o, (x[0], x[1], x[2]), d_o)
-                return o
-            return run
-        return Peer(name, build, sdpa_context(backend))
-
-    def make():
-        shape = (b, s, h, d) if layout == "packed" else (b, h, s, d)
-        q, k, v = (rand(shape, tag).requires_grad_(backward) for _ in range(3))
-        return q, k, v, rand(shape, tag)
-
-    op = "fwdbwd" if backward else "fwd"
-    return Case(f"attn_varlen/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}/{op}",
-                bytes=10 * tensor if backward else 4 * tensor,
-                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
-                make_set=make, peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
 
 
 def sdpa_bwd_peer(peer, backend, causal, forward_too):
@@ -872,10 +841,11 @@ def build_cases(quick):
     cases += [attn_decode_case(tag, b, sk) for tag in ("f16", "bf16") for (b, sk) in DECODE_SHAPES]
     cases += [attn_gqa_case("f16", 2, 32, hkv, 4096, 128, causal, backward)
               for hkv in (8, 32) for causal in (False, True) for backward in (False, True)]
-    cases += [attn_varlen_case("f16", 8, 16, 2048, 128, layout, causal, backward)
+    # attention_varlen: the dense SDPA call of equal FLOPs beside the packed batch of equal lengths.
+    cases += [sdpa_layout_case("attn_varlen", "f16", 8, 16, 2048, 128, layout, causal, backward)
               for layout in ("dense", "packed") for causal in (False, True)
               for backward in (False, True)]
-    cases += [attn_layout_case("f16", 2, 32, 4096, 128, layout, causal, backward)
+    cases += [sdpa_layout_case("attn_layout", "f16", 2, 32, 4096, 128, layout, causal, backward)
               for layout in ("bhsd", "bshd") for causal in (False, True)
               for backward in (False, True)]
     cases += [attn_bwd_case(tag, b, h, s, d, causal)

@@ -130,6 +130,22 @@ pub fn assert_close(case: &str, out: &[f32], reference: &[f32], tol: f64) {
     }
 }
 
+/// Asserts an attention LSE against its reference: -inf exactly where the reference is (a row that
+/// sees no key), else within `1e-3 (1 + |ref|)`; names the case and the row.
+pub fn assert_lse_close(case: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{case}: LSE length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if w == f32::NEG_INFINITY {
+            assert_eq!(g, w, "{case}: LSE row {i}");
+        } else {
+            assert!(
+                (g as f64 - w as f64).abs() <= 1e-3 * (1.0 + (w as f64).abs()),
+                "{case}: LSE row {i}: {g} vs {w}"
+            );
+        }
+    }
+}
+
 /// Random shape of rank 1..=max_rank with dims from sizes that catch indexing bugs (1, odd, primes,
 /// powers of two, non-multiples of the block), numel capped at `max_numel`.
 pub fn random_shape(rng: &mut StdRng, max_rank: usize, max_numel: usize) -> Vec<usize> {

@@ -187,11 +187,7 @@ impl<T> HeadRows<T> {
 
 /// [`HeadRows`] of an output: the rows of one head of a strided `[batch, heads, seq, D]` tensor
 /// the kernel writes.
-pub(super) struct HeadRowsMut<T> {
-    ptr: *mut T,
-    /// Below 2^32 (validated), as [`HeadRows`]'s.
-    stride: u32,
-}
+pub(super) struct HeadRowsMut<T>(HeadRows<T>);
 
 impl<T> Clone for HeadRowsMut<T> {
     fn clone(&self) -> Self {
@@ -201,32 +197,25 @@ impl<T> Clone for HeadRowsMut<T> {
 impl<T> Copy for HeadRowsMut<T> {}
 
 impl<T> HeadRowsMut<T> {
-    /// Head `h` of batch entry `b` of `x` from row `first`, whose `rows` rows of `d` elements the
-    /// kernel may write (checked builds: they lie inside `x`).
+    /// [`HeadRows::of`] for an output: the rows the kernel may write.
     #[inline(always)]
     pub(super) fn of(
         x: SliceMut<T>,
         s: HeadStrides,
-        (b, h): (u32, u32),
-        (first, rows): (u32, u32),
+        bh: (u32, u32),
+        rows: (u32, u32),
         d: u32,
     ) -> Self {
-        check_index(
-            s.head_end(b, h, first + rows, d) as usize,
-            x.len as usize + 1,
-        );
-        Self {
-            ptr: x
-                .ptr
-                .wrapping_add((s.head_at(b, h) + first as u64 * s.row) as usize),
-            stride: s.row as u32,
-        }
+        let x = Slice {
+            ptr: x.ptr as *const T,
+            len: x.len,
+        };
+        Self(HeadRows::of(x, s, bh, rows, d))
     }
 
     /// The address of element `col` of row `row` (in bounds for the rows given to [`Self::of`]).
     #[inline(always)]
     pub(super) fn at(self, row: u32, col: u32) -> *mut T {
-        self.ptr
-            .wrapping_add((row as u64 * self.stride as u64) as usize + col as usize)
+        self.0.at(row, col) as *mut T
     }
 }

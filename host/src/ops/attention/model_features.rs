@@ -344,12 +344,21 @@ pub fn backward(
 }
 
 /// Cumulative sequence offsets (`[0, s_0, s_0 + s_1, ..]`, FlashAttention-2's `cu_seqlens`) of
-/// `batch` packed sequences in `total` rows, checked.
-fn check_offsets(what: &'static str, cu: &[usize], total: usize) -> Result<usize> {
+/// packed sequences in `total` rows, checked (`op` names the caller in errors); returns how many
+/// sequences (at least one) they bound.
+pub(super) fn check_offsets(
+    op: &'static str,
+    what: &'static str,
+    cu: &[usize],
+    total: usize,
+) -> Result<usize> {
     if cu.len() < 2 || cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) {
         return Err(Error::Invalid {
-            op: "attention::model_features::varlen",
-            msg: format!("{what} must start at 0 and never decrease, got {cu:?}"),
+            op,
+            msg: format!(
+                "{what} must start at 0 and never decrease, one entry more than there are \
+                 sequences (at least one), got {cu:?}"
+            ),
         });
     }
     if cu[cu.len() - 1] != total {
@@ -400,8 +409,8 @@ pub fn varlen_forward(
             });
         }
     }
-    let batch = check_offsets("varlen cu_seqlens_q", cu_q, q.shape[0])?;
-    if check_offsets("varlen cu_seqlens_k", cu_k, k.shape[0])? != batch {
+    let batch = check_offsets(OP, "varlen cu_seqlens_q", cu_q, q.shape[0])?;
+    if check_offsets(OP, "varlen cu_seqlens_k", cu_k, k.shape[0])? != batch {
         return Err(Error::Length {
             what: "varlen cu_seqlens_k (one more than the sequences of cu_seqlens_q)",
             expected: batch + 1,

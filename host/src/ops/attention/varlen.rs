@@ -21,6 +21,7 @@
 //! ```
 use gpu::params::attention::{AttentionLayout, HeadStrides, MAX_SEQ};
 
+use super::model_features::check_offsets;
 use super::{
     AttentionGrads, AttentionParams, BackwardMode, Dims, GRID_YZ_MAX, GradsOut, Operand, Path,
     flash_backward_run, flash_run, flash_variant_supported, flash_wgmma_variant, head_strides,
@@ -163,24 +164,22 @@ pub fn flash_backward_varlen(
         return Ok(grads);
     }
     let (cu_q, cu_k) = upload_offsets(gpu, seqs)?;
-    let [qs, ks, vs] = call.strides.map(|s| HeadStrides { batch: 0, ..s });
-    let layout = AttentionLayout {
-        q: qs,
-        k: ks,
-        v: vs,
-        o: packed_strides(o),
-        d_o: packed_strides(d_o),
-        dq: packed_strides(&grads.dq),
-        dk: packed_strides(&grads.dk),
-        dv: packed_strides(&grads.dv),
-        lse: HeadStrides {
-            batch: 0,
-            head: tq as u64,
-            row: 1,
-        },
-        cu_seqlens_q: raw_u32(gpu, &cu_q, d.batch + 1).ptr,
-        cu_seqlens_k: raw_u32(gpu, &cu_k, d.batch + 1).ptr,
-    };
+    let [qs, ks, vs] = call.strides;
+    let layout = packed_layout(
+        gpu,
+        [
+            qs,
+            ks,
+            vs,
+            packed_strides(o),
+            packed_strides(d_o),
+            packed_strides(&grads.dq),
+            packed_strides(&grads.dk),
+            packed_strides(&grads.dv),
+        ],
+        (tq, d.batch),
+        (&cu_q, &cu_k),
+    );
     flash_backward_run(
         OP,
         [q, k, v, o, lse, d_o],
@@ -192,6 +191,38 @@ pub fn flash_backward_varlen(
     // Freed in stream order, after the kernels that read them.
     drop((cu_q, cu_k));
     Ok(grads)
+}
+
+/// The layout of a packed call: the operands' strides (`[q, k, v, o, d_o, dq, dk, dv]`) without a
+/// batch stride (a sequence's rows start at its offset), the LSE `[heads, total_q]` (`tq` rows),
+/// and the uploaded offsets of the `batch` sequences.
+fn packed_layout(
+    gpu: &crate::Gpu,
+    strides: [HeadStrides; 8],
+    (tq, batch): (usize, usize),
+    (cu_q, cu_k): (
+        &cudarc::driver::CudaSlice<u32>,
+        &cudarc::driver::CudaSlice<u32>,
+    ),
+) -> AttentionLayout {
+    let [q, k, v, o, d_o, dq, dk, dv] = strides.map(|s| HeadStrides { batch: 0, ..s });
+    AttentionLayout {
+        q,
+        k,
+        v,
+        o,
+        d_o,
+        dq,
+        dk,
+        dv,
+        lse: HeadStrides {
+            batch: 0,
+            head: tq as u64,
+            row: 1,
+        },
+        cu_seqlens_q: raw_u32(gpu, cu_q, batch + 1).ptr,
+        cu_seqlens_k: raw_u32(gpu, cu_k, batch + 1).ptr,
+    }
 }
 
 /// The offsets as the kernels read them: u32 device arrays.
@@ -266,8 +297,8 @@ fn validate_varlen(
         head_strides(op, &ops[2])?,
     ];
     let (tq, tk) = (q.shape()[0], k.shape()[0]);
-    let batch = offsets(op, "cu_seqlens_q", seqs.cu_seqlens_q, tq)?;
-    if offsets(op, "cu_seqlens_k", seqs.cu_seqlens_k, tk)? != batch {
+    let batch = check_offsets(op, "cu_seqlens_q", seqs.cu_seqlens_q, tq)?;
+    if check_offsets(op, "cu_seqlens_k", seqs.cu_seqlens_k, tk)? != batch {
         return Err(Error::Length {
             what: "cu_seqlens_k (one entry more than there are sequences, as cu_seqlens_q)",
             expected: batch + 1,
@@ -330,27 +361,6 @@ fn operand<'a>(
     }
 }
 
-/// Checks packed offsets of `total` rows; returns the sequence count.
-fn offsets(op: &'static str, what: &'static str, cu: &[usize], total: usize) -> Result<usize> {
-    if cu.is_empty() || cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) {
-        return Err(Error::Invalid {
-            op,
-            msg: format!(
-                "{what} must start at 0 and never decrease (one entry more than there are \
-                 sequences), got {cu:?}"
-            ),
-        });
-    }
-    if cu[cu.len() - 1] != total {
-        return Err(Error::Length {
-            what,
-            expected: total,
-            got: cu[cu.len() - 1],
-        });
-    }
-    Ok(cu.len() - 1)
-}
-
 /// The launch of a validated packed call on kernel `variant`.
 fn launch_varlen(
     op: &'static str,
@@ -370,31 +380,13 @@ fn launch_varlen(
     // Freed in stream order, after the kernel that reads them.
     let (cu_q, cu_k) = upload_offsets(gpu, seqs)?;
     let [qs, ks, vs] = call.strides;
-    // No batch dim: a sequence's rows start at its offset (the kernels ignore batch strides).
-    let packed = |s: HeadStrides| HeadStrides { batch: 0, ..s };
-    let os = HeadStrides {
-        batch: 0,
-        head: d.head_dim as u64,
-        row: (d.heads * d.head_dim) as u64,
-    };
-    let layout = AttentionLayout {
-        q: packed(qs),
-        k: packed(ks),
-        v: packed(vs),
-        o: os,
-        // Backward-only entries: no forward kernel reads them.
-        d_o: packed(qs),
-        dq: packed(qs),
-        dk: packed(ks),
-        dv: packed(vs),
-        lse: HeadStrides {
-            batch: 0,
-            head: tq as u64,
-            row: 1,
-        },
-        cu_seqlens_q: raw_u32(gpu, &cu_q, d.batch + 1).ptr,
-        cu_seqlens_k: raw_u32(gpu, &cu_k, d.batch + 1).ptr,
-    };
+    // The backward-only entries repeat Q's, K's and V's: no forward kernel reads them.
+    let layout = packed_layout(
+        gpu,
+        [qs, ks, vs, packed_strides(&o), qs, qs, ks, vs],
+        (tq, d.batch),
+        (&cu_q, &cu_k),
+    );
     // The copy engine's views: `[1][heads][total][head_dim]` (a batch dim of one, any valid stride).
     let view = |t: &Tensor, s: HeadStrides, total: usize, heads: usize| crate::tma::Tensor4 {
         ptr: t.raw().ptr,
