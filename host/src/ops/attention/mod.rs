@@ -1169,12 +1169,7 @@ fn flash_backward_run(
                 BackwardMode::Nondeterministic => 0,
             }
         } else {
-            dq_order(
-                gpu,
-                mode,
-                &walk,
-                if launches_per_member { 1 } else { group },
-            )
+            dq_order(gpu, mode, &walk)
         };
         let (q_, k_, v_, do_) = (
             ByValue(q.raw()),
@@ -1315,15 +1310,11 @@ fn flash_backward_run(
 /// with room left for whatever else runs on the GPU. Longer unmasked heads keep the ascending
 /// order, in which a CTA waits only for CTAs started before it. Rotated walks release turns a step late where that holds
 /// no CTA back (docs/PERF_NOTES.md has what each costs). The nondeterministic mode walks as the
-/// deterministic one would, so its dK and dV are the same bits. A CTA that walks `members` query
-/// heads (grouped-query heads in one launch) under the causal mask keeps the ascending order: its
-/// grid starts the longest walks (key block 0) first, where the reversed grid would start them
-/// last and leave them as the tail.
-fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, w: &DqWalk, members: usize) -> u32 {
+/// deterministic one would, so its dK and dV are the same bits.
+fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, w: &DqWalk) -> u32 {
     let sms = gpu.sm_count().unwrap_or(0);
     // Causal rotated waits point to the next key block only; a reversed grid starts it first.
-    let rotated = ((w.causal && members == 1) || (!w.causal && w.n_kblocks <= sms / 2))
-        && dq_rotated_fits(w.n_qblocks, w.n_kblocks);
+    let rotated = (w.causal || w.n_kblocks <= sms / 2) && dq_rotated_fits(w.n_qblocks, w.n_kblocks);
     let mut order = match (rotated, w.causal) {
         (false, _) => 0,
         (true, false) => DQ_ROTATED,
