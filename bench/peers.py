@@ -533,6 +533,47 @@ def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
                 peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
 
 
+# Sequence lengths of the mixed packed batch of benches/benches/ops.rs attention_varlen_mixed.
+VARLEN_MIXED_LENS = [4096, 256, 1024, 3072, 512, 2048, 128, 3584, 768, 1536, 2560, 384, 1792, 3328,
+                     640, 2816]
+
+
+def attn_varlen_mixed_case(tag, h, d, causal, backward):
+    """A packed batch of unequal lengths (VARLEN_MIXED_LENS) through SDPA on nested (jagged) tensors:
+    [B, j, H, D] transposed to [B, H, j, D], one backend forced (a backend that does not take nested
+    tensors reports an error); forward, or forward + backward through autograd."""
+    mask = "causal" if causal else "full"
+    lens = VARLEN_MIXED_LENS
+    total = sum(lens)
+    tensor = total * h * d * ELEM_SIZE[tag]
+    fwd = sum(4 * h * s * s * d for s in lens) // (2 if causal else 1)
+
+    def peer(name, backend):
+        def build():
+            def run(x):
+                q, k, v, d_o = x
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                   v.transpose(1, 2), is_causal=causal)
+                if backward:
+                    return torch.autograd.grad(o, (q, k, v), d_o.transpose(1, 2))
+                return o
+            return run
+        return Peer(name, build, sdpa_context(backend))
+
+    def make():
+        def nested(grad):
+            return torch.nested.nested_tensor([rand((n, h, d), tag) for n in lens],
+                                              layout=torch.jagged, requires_grad=grad)
+        return nested(backward), nested(backward), nested(backward), nested(False)
+
+    op = "fwdbwd" if backward else "fwd"
+    return Case(f"attn_varlen_mixed/{tag}/N{len(lens)}H{h}D{d}/{mask}/{op}",
+                bytes=10 * tensor if backward else 4 * tensor,
+                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
+                make_set=make,
+                peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
+
+
 def sdpa_bwd_peer(peer, backend, causal, forward_too):
     """SDPA backward through autograd with one backend forced. Backward alone: the forward runs on
     a set's first call (untimed: every ATTN_BWD_SHAPES set is >= 256 MiB, so there is one set, and
@@ -841,6 +882,8 @@ def build_cases(quick):
     cases += [attn_decode_case(tag, b, sk) for tag in ("f16", "bf16") for (b, sk) in DECODE_SHAPES]
     cases += [attn_gqa_case("f16", 2, 32, hkv, 4096, 128, causal, backward)
               for hkv in (8, 32) for causal in (False, True) for backward in (False, True)]
+    cases += [attn_varlen_mixed_case("f16", 16, 128, causal, backward)
+              for causal in (False, True) for backward in (False, True)]
     # attention_varlen: the dense SDPA call of equal FLOPs beside the packed batch of equal lengths.
     cases += [sdpa_layout_case("attn_varlen", "f16", 8, 16, 2048, 128, layout, causal, backward)
               for layout in ("dense", "packed") for causal in (False, True)

@@ -1037,6 +1037,86 @@ fn attention_varlen(b: &mut Bencher) {
     }
 }
 
+/// A packed batch of unequal lengths (`attn_varlen_mixed`): 16 sequences from 128 to 4096 keys
+/// (`VARLEN_MIXED_LENS`, the lengths bench/peers.py gives SDPA as nested tensors), H16 D128 f16,
+/// both masks, forward and forward + backward. FLOPs: the sum over the sequences.
+const VARLEN_MIXED_LENS: [usize; 16] = [
+    4096, 256, 1024, 3072, 512, 2048, 128, 3584, 768, 1536, 2560, 384, 1792, 3328, 640, 2816,
+];
+
+fn attention_varlen_mixed(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let (h, d) = (16, 128);
+    let lens: Vec<usize> = if quick {
+        VARLEN_MIXED_LENS.iter().map(|&n| n / 8).collect()
+    } else {
+        VARLEN_MIXED_LENS.to_vec()
+    };
+    let dtype = DType::F16;
+    let mut cu = vec![0];
+    for n in &lens {
+        cu.push(cu.last().copied().unwrap_or(0) + n);
+    }
+    let total = *cu.last().unwrap_or(&0);
+    let bytes1 = total * h * d * dtype.size_bytes();
+    let copies = rotation_copies(4 * bytes1, b.l2_bytes);
+    let inputs = LazySets::new(b, [[1, total, h, d]; 4], dtype, copies);
+    for causal in [Causal::No, Causal::Yes] {
+        let mask = if causal == Causal::Yes {
+            "causal"
+        } else {
+            "full"
+        };
+        let fwd_flops: u64 = lens
+            .iter()
+            .map(|&n| (4 * h * n * n * d) as u64 / if causal == Causal::Yes { 2 } else { 1 })
+            .sum();
+        let params = AttentionParams {
+            causal,
+            scale: None,
+        };
+        for backward in [false, true] {
+            let (x, x2) = (inputs.clone(), inputs.clone());
+            let cu = cu.clone();
+            let (bytes, flops) = if backward {
+                (10 * bytes1, fwd_flops * 7 / 2)
+            } else {
+                (4 * bytes1, fwd_flops)
+            };
+            let op = if backward { "fwdbwd" } else { "fwd" };
+            b.bench_prepared(
+                spec(
+                    format!(
+                        "attn_varlen_mixed/{dtype}/N{}H{h}D{d}/{mask}/{op}",
+                        lens.len()
+                    ),
+                    Some(bytes as u64),
+                    Some(flops),
+                ),
+                copies,
+                Samples::Default,
+                move || {
+                    x2.get();
+                },
+                move |i| {
+                    let set = &x.get()[i];
+                    let [q, k, v, d_o] = [0, 1, 2, 3].map(|j| set[j].index0(0).expect("[T, H, D]"));
+                    let seqs = attn::PackedSeqs {
+                        cu_seqlens_q: &cu,
+                        cu_seqlens_k: &cu,
+                    };
+                    let (o, lse) = attn::flash_forward_varlen(&q, &k, &v, seqs, &params)
+                        .expect("flash_forward_varlen");
+                    if backward {
+                        attn::flash_backward_varlen(&q, &k, &v, &o, &lse, &d_o, seqs, &params)
+                            .expect("flash_backward_varlen");
+                    }
+                },
+            );
+        }
+    }
+}
+
 /// FlashAttention backward (`attn_bwd`: the backward alone, from the forward's O and LSE computed
 /// once) and forward + backward (`attn_fwdbwd`) at the shapes of bench/peers.py (ATTN_BWD_SHAPES),
 /// both masks; f16 and bf16 for the backward in both modes (`attn_bwd`, the deterministic default;
@@ -1437,7 +1517,7 @@ fn main() {
             .as_deref()
             .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
     };
-    let all: [(&str, fn(&mut Bencher)); 16] = [
+    let all: [(&str, fn(&mut Bencher)); 17] = [
         ("ceilings", ceilings),
         ("matmuls", matmuls),
         ("elementwise", elementwise),
@@ -1450,6 +1530,7 @@ fn main() {
         ("attention_gqa", attention_gqa),
         ("attention_layouts", attention_layouts),
         ("attention_varlen", attention_varlen),
+        ("attention_varlen_mixed", attention_varlen_mixed),
         ("attention_decode", attention_decode),
         ("attention_backward", attention_backward),
         ("attention_backward_long", attention_backward_long),
