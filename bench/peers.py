@@ -564,7 +564,9 @@ def attn_varlen_mixed_case(tag, h, d, causal, backward):
         def nested(grad):
             return torch.nested.nested_tensor([rand((n, h, d), tag) for n in lens],
                                               layout=torch.jagged, requires_grad=grad)
-        return nested(backward), nested(backward), nested(backward), nested(False)
+        q = nested(backward)
+        # dO shares Q's ragged structure (O's), which a separately made nested tensor would not.
+        return q, nested(backward), nested(backward), torch.randn_like(q).detach()
 
     op = "fwdbwd" if backward else "fwd"
     return Case(f"attn_varlen_mixed/{tag}/N{len(lens)}H{h}D{d}/{mask}/{op}",
