@@ -497,6 +497,23 @@ def attn_gqa_case(tag, b, hq, hkv, s, d, causal, backward):
                 peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
 
 
+def sdpa_rows_peer(name, backend, causal, backward, rows_first):
+    """SDPA on a set (Q, K, V, dO), one backend forced: with `rows_first` the set is [B, S, H, D] (or
+    nested [B, j, H, D]) and goes in through its transpose(1, 2) view; forward, or forward + backward
+    through autograd (gradients of Q, K, V)."""
+    def build():
+        def run(x):
+            q, k, v, d_o = x
+            if rows_first:
+                q, k, v, d_o = (t.transpose(1, 2) for t in (q, k, v, d_o))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            if backward:
+                return torch.autograd.grad(o, (x[0], x[1], x[2]), d_o)
+            return o
+        return run
+    return Peer(name, build, sdpa_context(backend))
+
+
 def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
     """SDPA (flash and cuDNN backends) on Q, K, V, dO of shape [B, H, S, D]: contiguous ("bhsd",
     "dense"), or [B, S, H, D] memory through its transpose(1, 2) view ("bshd", "packed": the rows of
@@ -506,19 +523,6 @@ def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
     fwd = 4 * b * h * s * s * d // (2 if causal else 1)
     tensor = b * h * s * d * ELEM_SIZE[tag]
     rows_first = layout in ("bshd", "packed")
-
-    def peer(name, backend):
-        def build():
-            def run(x):
-                q, k, v, d_o = x
-                if rows_first:
-                    q, k, v, d_o = (t.transpose(1, 2) for t in (q, k, v, d_o))
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                if backward:
-                    return torch.autograd.grad(o, (x[0], x[1], x[2]), d_o)
-                return o
-            return run
-        return Peer(name, build, sdpa_context(backend))
 
     def make():
         shape = (b, s, h, d) if rows_first else (b, h, s, d)
@@ -530,7 +534,8 @@ def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
                 bytes=10 * tensor if backward else 4 * tensor,
                 flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
                 make_set=make,
-                peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
+                peers=[sdpa_rows_peer(name, backend, causal, backward, rows_first)
+                       for name, backend in SDPA_BACKENDS[:2]])
 
 
 # Sequence lengths of the mixed packed batch of benches/benches/ops.rs attention_varlen_mixed.
@@ -548,18 +553,6 @@ def attn_varlen_mixed_case(tag, h, d, causal, backward):
     tensor = total * h * d * ELEM_SIZE[tag]
     fwd = sum(4 * h * s * s * d for s in lens) // (2 if causal else 1)
 
-    def peer(name, backend):
-        def build():
-            def run(x):
-                q, k, v, d_o = x
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                   v.transpose(1, 2), is_causal=causal)
-                if backward:
-                    return torch.autograd.grad(o, (q, k, v), d_o.transpose(1, 2))
-                return o
-            return run
-        return Peer(name, build, sdpa_context(backend))
-
     def make():
         def nested(grad):
             return torch.nested.nested_tensor([rand((n, h, d), tag) for n in lens],
@@ -573,7 +566,8 @@ def attn_varlen_mixed_case(tag, h, d, causal, backward):
                 bytes=10 * tensor if backward else 4 * tensor,
                 flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
                 make_set=make,
-                peers=[peer(name, backend) for name, backend in SDPA_BACKENDS[:2]])
+                peers=[sdpa_rows_peer(name, backend, causal, backward, True)
+                       for name, backend in SDPA_BACKENDS[:2]])
 
 
 def sdpa_bwd_peer(peer, backend, causal, forward_too):

@@ -830,6 +830,20 @@ impl LazySets {
                 .collect()
         })
     }
+
+    /// Benches `run` on these sets under `spec` (the sets made when that bench runs, not before),
+    /// one set a call in rotation.
+    fn bench(&self, b: &mut Bencher, spec: BenchSpec, mut run: impl FnMut(&[Tensor; 4])) {
+        b.bench_prepared(
+            spec,
+            self.copies,
+            Samples::Default,
+            || {
+                self.get();
+            },
+            |i| run(&self.get()[i]),
+        );
+    }
 }
 
 /// One FlashAttention forward of input set `[q, k, v, d_o]` and, with `backward`, its backward
@@ -838,6 +852,40 @@ fn attention_step([q, k, v, d_o]: &[Tensor; 4], params: &AttentionParams, backwa
     let (o, lse) = attn::flash_forward(q, k, v, params).expect("flash_forward");
     if backward {
         attn::flash_backward(q, k, v, &o, &lse, d_o, params).expect("flash_backward");
+    }
+}
+
+/// One bench function of [`main`]'s list (`RGK_BENCH_FAMILIES` names them).
+type BenchFn = fn(&mut Bencher);
+
+/// A forward (`backward` false) or forward + backward attention bench's bytes (the given pair's
+/// first or second), FLOPs (forward + backward is 3.5x the forward's: docs/math/attention.md) and
+/// name suffix.
+fn attention_pass(
+    backward: bool,
+    (fwd_bytes, fwdbwd_bytes): (usize, usize),
+    fwd_flops: u64,
+) -> (u64, u64, &'static str) {
+    if backward {
+        (fwdbwd_bytes as u64, fwd_flops * 7 / 2, "fwdbwd")
+    } else {
+        (fwd_bytes as u64, fwd_flops, "fwd")
+    }
+}
+
+/// [`attention_step`] on a packed batch: `set` holds Q, K, V, dO as `[1, T, H, D]`, the sequences
+/// bounded by `cu` (for queries and keys alike).
+fn packed_step(set: &[Tensor; 4], cu: &[usize], params: &AttentionParams, backward: bool) {
+    let [q, k, v, d_o] = [0, 1, 2, 3].map(|j| set[j].index0(0).expect("[T, H, D]"));
+    let seqs = attn::PackedSeqs {
+        cu_seqlens_q: cu,
+        cu_seqlens_k: cu,
+    };
+    let (o, lse) =
+        attn::flash_forward_varlen(&q, &k, &v, seqs, params).expect("flash_forward_varlen");
+    if backward {
+        attn::flash_backward_varlen(&q, &k, &v, &o, &lse, &d_o, seqs, params)
+            .expect("flash_backward_varlen");
     }
 }
 
@@ -875,24 +923,15 @@ fn attention_gqa(b: &mut Bencher) {
             };
             let name = format!("attn_gqa/{dtype}/B{bb}Hq{hq}Hkv{hkv}S{s}D{d}/{mask}");
             for backward in [false, true] {
-                let x = inputs.clone();
-                let (bytes, flops) = if backward {
-                    (6 * q_bytes + 4 * kv_bytes, fwd_flops * 7 / 2)
-                } else {
-                    (2 * q_bytes + 2 * kv_bytes, fwd_flops)
-                };
-                b.bench_prepared(
-                    spec(
-                        format!("{name}/{}", if backward { "fwdbwd" } else { "fwd" }),
-                        Some(bytes as u64),
-                        Some(flops),
-                    ),
-                    copies,
-                    Samples::Default,
-                    || {
-                        x.get();
-                    },
-                    |i| attention_step(&x.get()[i], &params, backward),
+                let (bytes, flops, op) = attention_pass(
+                    backward,
+                    (2 * q_bytes + 2 * kv_bytes, 6 * q_bytes + 4 * kv_bytes),
+                    fwd_flops,
+                );
+                inputs.bench(
+                    b,
+                    spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
+                    |set| attention_step(set, &params, backward),
                 );
             }
         }
@@ -929,25 +968,12 @@ fn attention_layouts(b: &mut Bencher) {
             };
             let name = format!("attn_layout/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}");
             for backward in [false, true] {
-                let x = inputs.clone();
-                let (bytes, flops) = if backward {
-                    (10 * bytes1, fwd_flops * 7 / 2)
-                } else {
-                    (4 * bytes1, fwd_flops)
-                };
-                b.bench_prepared(
-                    spec(
-                        format!("{name}/{}", if backward { "fwdbwd" } else { "fwd" }),
-                        Some(bytes as u64),
-                        Some(flops),
-                    ),
-                    copies,
-                    Samples::Default,
-                    || {
-                        x.get();
-                    },
-                    |i| {
-                        let set = &x.get()[i];
+                let (bytes, flops, op) =
+                    attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
+                inputs.bench(
+                    b,
+                    spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
+                    |set| {
                         if layout == "bshd" {
                             let views = [0, 1, 2, 3].map(|j| set[j].transpose(1, 2).expect("view"));
                             attention_step(&views, &params, backward)
@@ -991,44 +1017,20 @@ fn attention_varlen(b: &mut Bencher) {
                 scale: None,
             };
             for backward in [false, true] {
-                let (x, x2) = (inputs.clone(), inputs.clone());
-                let cu = cu.clone();
-                let (bytes, flops) = if backward {
-                    (10 * bytes1, fwd_flops * 7 / 2)
-                } else {
-                    (4 * bytes1, fwd_flops)
-                };
-                let op = if backward { "fwdbwd" } else { "fwd" };
-                b.bench_prepared(
+                let (bytes, flops, op) =
+                    attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
+                inputs.bench(
+                    b,
                     spec(
                         format!("attn_varlen/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}/{op}"),
-                        Some(bytes as u64),
+                        Some(bytes),
                         Some(flops),
                     ),
-                    copies,
-                    Samples::Default,
-                    move || {
-                        x2.get();
-                    },
-                    move |i| {
-                        let set = &x.get()[i];
+                    |set| {
                         if layout == "packed" {
-                            let [q, k, v, d_o] =
-                                [0, 1, 2, 3].map(|j| set[j].index0(0).expect("[T, H, D]"));
-                            let seqs = attn::PackedSeqs {
-                                cu_seqlens_q: &cu,
-                                cu_seqlens_k: &cu,
-                            };
-                            let (o, lse) = attn::flash_forward_varlen(&q, &k, &v, seqs, &params)
-                                .expect("flash_forward_varlen");
-                            if backward {
-                                attn::flash_backward_varlen(
-                                    &q, &k, &v, &o, &lse, &d_o, seqs, &params,
-                                )
-                                .expect("flash_backward_varlen");
-                            }
+                            packed_step(set, &cu, &params, backward)
                         } else {
-                            attention_step(set, &params, backward);
+                            attention_step(set, &params, backward)
                         }
                     },
                 );
@@ -1076,42 +1078,18 @@ fn attention_varlen_mixed(b: &mut Bencher) {
             scale: None,
         };
         for backward in [false, true] {
-            let (x, x2) = (inputs.clone(), inputs.clone());
-            let cu = cu.clone();
-            let (bytes, flops) = if backward {
-                (10 * bytes1, fwd_flops * 7 / 2)
-            } else {
-                (4 * bytes1, fwd_flops)
-            };
-            let op = if backward { "fwdbwd" } else { "fwd" };
-            b.bench_prepared(
+            let (bytes, flops, op) = attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
+            inputs.bench(
+                b,
                 spec(
                     format!(
                         "attn_varlen_mixed/{dtype}/N{}H{h}D{d}/{mask}/{op}",
                         lens.len()
                     ),
-                    Some(bytes as u64),
+                    Some(bytes),
                     Some(flops),
                 ),
-                copies,
-                Samples::Default,
-                move || {
-                    x2.get();
-                },
-                move |i| {
-                    let set = &x.get()[i];
-                    let [q, k, v, d_o] = [0, 1, 2, 3].map(|j| set[j].index0(0).expect("[T, H, D]"));
-                    let seqs = attn::PackedSeqs {
-                        cu_seqlens_q: &cu,
-                        cu_seqlens_k: &cu,
-                    };
-                    let (o, lse) = attn::flash_forward_varlen(&q, &k, &v, seqs, &params)
-                        .expect("flash_forward_varlen");
-                    if backward {
-                        attn::flash_backward_varlen(&q, &k, &v, &o, &lse, &d_o, seqs, &params)
-                            .expect("flash_backward_varlen");
-                    }
-                },
+                |set| packed_step(set, &cu, &params, backward),
             );
         }
     }
@@ -1517,7 +1495,7 @@ fn main() {
             .as_deref()
             .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
     };
-    let all: [(&str, fn(&mut Bencher)); 17] = [
+    let all: [(&str, BenchFn); 17] = [
         ("ceilings", ceilings),
         ("matmuls", matmuls),
         ("elementwise", elementwise),

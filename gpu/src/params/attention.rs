@@ -148,29 +148,6 @@ pub struct AttentionLayout {
 unsafe impl KernelParam for AttentionLayout {}
 const _: () = assert!(core::mem::size_of::<AttentionLayout>() == 232);
 
-impl AttentionLayout {
-    /// Every operand contiguous `[batch, heads, seq, head_dim]` (K, V, dK, dV with `kv_heads`), a
-    /// dense batch.
-    pub const fn dense(p: &AttentionShape) -> Self {
-        let d = p.head_dim as u64;
-        let qs = HeadStrides::dense(p.heads as u64, p.seq_q as u64, d);
-        let ks = HeadStrides::dense(p.kv_heads as u64, p.seq_k as u64, d);
-        Self {
-            q: qs,
-            k: ks,
-            v: ks,
-            o: qs,
-            d_o: qs,
-            dq: qs,
-            dk: ks,
-            dv: ks,
-            lse: HeadStrides::dense(p.heads as u64, p.seq_q as u64, 1),
-            cu_seqlens_q: 0,
-            cu_seqlens_k: 0,
-        }
-    }
-}
-
 /// [`AttentionShape::group_member`] of a wgmma backward launch that walks every group member in each
 /// CTA (one launch a call; dK and dV summed in registers, in member order).
 pub const GROUP_ALL: u32 = u32::MAX;

@@ -130,6 +130,37 @@ pub fn assert_close(case: &str, out: &[f32], reference: &[f32], tol: f64) {
     }
 }
 
+/// The FlashAttention kernels (`FLASH_VARIANTS`) this build runs at head dim `d`, for tests that
+/// cover every shipped kernel; panics (naming `case`) when there is none, so such a test cannot pass
+/// having checked nothing.
+pub fn flash_variants(gpu: &Gpu, d: usize, case: &str) -> Vec<u32> {
+    use host::ops::attention::{FLASH_VARIANTS, flash_variant_supported};
+    let v: Vec<u32> = FLASH_VARIANTS
+        .into_iter()
+        .filter(|&v| flash_variant_supported(gpu, v, d))
+        .collect();
+    assert!(
+        !v.is_empty(),
+        "{case}: no FlashAttention kernel at head dim {d}"
+    );
+    v
+}
+
+/// dQ, dK and dV of `g` each within `tol` (relative 2-norm) of its reference in `want`, named.
+pub fn assert_grads_close(
+    case: &str,
+    g: &host::ops::attention::AttentionGrads,
+    want: [&[f32]; 3],
+    tol: f64,
+) {
+    for ((name, got), want) in [("dQ", &g.dq), ("dK", &g.dk), ("dV", &g.dv)]
+        .into_iter()
+        .zip(want)
+    {
+        assert_close(&format!("{case}: {name}"), &read(got), want, tol);
+    }
+}
+
 /// Asserts an attention LSE against its reference: -inf exactly where the reference is (a row that
 /// sees no key), else within `1e-3 (1 + |ref|)`; names the case and the row.
 pub fn assert_lse_close(case: &str, got: &[f32], want: &[f32]) {

@@ -615,7 +615,12 @@ fn flash_launch(
         cu_seqlens_q: 0,
         cu_seqlens_k: 0,
     };
-    let views = flash_tma_views(q, k, v, d);
+    let views = flash_tma_views(
+        [q, k, v],
+        [layout.q, layout.k, layout.v],
+        (d.seq_q, d.seq_k, d.batch),
+        d,
+    );
     flash_run(
         op,
         [q, k, v],
@@ -698,37 +703,34 @@ fn query_blocks(op: &'static str, d: &Dims, block_q: usize) -> Result<u32> {
 /// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`).
 const FLASH_TMA_VARIANT: u32 = 5;
 
-/// Q as a rank-4 tensor `[batch][heads][seq_q][D]` and K, V as `[batch][kv_heads][seq_k][D]`, each
-/// with its own strides, for the copy engine, or `None` when it cannot read them (what validation
-/// already refuses). With no keys the kernel loads no K or V tile, and their maps are Q's (a map
-/// cannot be empty).
+/// Q as a rank-4 tensor `[batch][heads][rows_q][D]` and K, V as `[batch][kv_heads][rows_k][D]`, each
+/// with its own (batch, head, row) `strides`, for the copy engine, or `None` when it cannot read
+/// them (what validation already refuses). A packed batch is one batch entry of all its rows. With
+/// no keys the kernel loads no K or V tile, and their maps are Q's (a map cannot be empty).
 fn flash_tma_views(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    [q, k, v]: [&Tensor; 3],
+    strides: [HeadStrides; 3],
+    (rows_q, rows_k, batch): (usize, usize, usize),
     d: &Dims,
 ) -> Option<[crate::tma::Tensor4; 3]> {
-    let view = |t: &Tensor, seq: usize, heads: usize| {
-        let s = strides_of(t);
-        crate::tma::Tensor4 {
-            ptr: t.raw().ptr,
-            inner: d.head_dim as u64,
-            outer: seq as u64,
-            heads: heads as u64,
-            batch: d.batch as u64,
-            outer_stride: s.row,
-            head_stride: s.head,
-            batch_stride: s.batch,
-        }
+    let view = |t: &Tensor, s: HeadStrides, rows: usize, heads: usize| crate::tma::Tensor4 {
+        ptr: t.raw().ptr,
+        inner: d.head_dim as u64,
+        outer: rows as u64,
+        heads: heads as u64,
+        batch: batch as u64,
+        outer_stride: s.row,
+        head_stride: s.head,
+        batch_stride: s.batch,
     };
-    let vq = view(q, d.seq_q, d.heads);
-    let views = if d.seq_k == 0 {
+    let vq = view(q, strides[0], rows_q, d.heads);
+    let views = if rows_k == 0 {
         [vq; 3]
     } else {
         [
             vq,
-            view(k, d.seq_k, d.kv_heads),
-            view(v, d.seq_k, d.kv_heads),
+            view(k, strides[1], rows_k, d.kv_heads),
+            view(v, strides[2], rows_k, d.kv_heads),
         ]
     };
     views.iter().all(crate::tma::tma_readable4).then_some(views)
@@ -1223,53 +1225,52 @@ fn flash_backward_run(
             )?;
         }
     }
-    // f32 rows `[batch, heads, seq, head_dim]` to the input type, in `out`'s strides.
-    let convert =
-        |acc: &Tensor, out: &Tensor, (heads, seq, cu): (usize, usize, u64), scale: f32| {
-            let rows_per_block = flash_bwd::CONVERT_THREADS as usize / (d.head_dim / 8);
-            if seq == 0 {
-                return Ok(());
-            }
-            launch_cfg(
-                gpu,
-                names.convert,
-                LaunchConfig {
-                    grid_dim: (
-                        grid(seq.div_ceil(rows_per_block), "row blocks")?,
-                        heads as u32,
-                        d.batch as u32,
-                    ),
-                    block_dim: (flash_bwd::CONVERT_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                },
-                &[
-                    &ByValue(acc.raw()),
-                    &ByValue(out.raw()),
-                    &(heads as u32),
-                    &(seq as u32),
-                    &(d.head_dim as u32),
-                    &ByValue(if packed {
-                        packed_strides(out)
-                    } else {
-                        strides_of(out)
-                    }),
-                    &cu,
-                    &scale,
-                ],
-            )
-        };
+    // f32 rows `[batch, heads, seq, head_dim]` to the input type, in `out`'s strides (the layout's
+    // entry for it) and sequence offsets.
+    let convert = |acc: &Tensor,
+                   out: &Tensor,
+                   (out_strides, heads, seq, cu): (HeadStrides, usize, usize, u64),
+                   scale: f32| {
+        let rows_per_block = flash_bwd::CONVERT_THREADS as usize / (d.head_dim / 8);
+        if seq == 0 {
+            return Ok(());
+        }
+        launch_cfg(
+            gpu,
+            names.convert,
+            LaunchConfig {
+                grid_dim: (
+                    grid(seq.div_ceil(rows_per_block), "row blocks")?,
+                    heads as u32,
+                    d.batch as u32,
+                ),
+                block_dim: (flash_bwd::CONVERT_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[
+                &ByValue(acc.raw()),
+                &ByValue(out.raw()),
+                &(heads as u32),
+                &(seq as u32),
+                &(d.head_dim as u32),
+                &ByValue(out_strides),
+                &cu,
+                &scale,
+            ],
+        )
+    };
     if let Some((dk_acc, dv_acc)) = &kv_acc {
         // dK was scaled in the kernel: both round as they are.
         convert(
             dk_acc,
             &grads.dk,
-            (d.kv_heads, d.seq_k, layout.cu_seqlens_k),
+            (layout.dk, d.kv_heads, d.seq_k, layout.cu_seqlens_k),
             1.0,
         )?;
         convert(
             dv_acc,
             &grads.dv,
-            (d.kv_heads, d.seq_k, layout.cu_seqlens_k),
+            (layout.dv, d.kv_heads, d.seq_k, layout.cu_seqlens_k),
             1.0,
         )?;
     }
@@ -1295,7 +1296,7 @@ fn flash_backward_run(
         convert(
             &dq_acc,
             &grads.dq,
-            (d.heads, d.seq_q, layout.cu_seqlens_q),
+            (layout.dq, d.heads, d.seq_q, layout.cu_seqlens_q),
             scale,
         )?;
     }

@@ -24,8 +24,8 @@ use gpu::params::attention::{AttentionLayout, HeadStrides, MAX_SEQ};
 use super::model_features::check_offsets;
 use super::{
     AttentionGrads, AttentionParams, BackwardMode, Dims, GRID_YZ_MAX, GradsOut, Operand, Path,
-    flash_backward_run, flash_run, flash_variant_supported, flash_wgmma_variant, head_strides,
-    packed_strides, validate_operands,
+    flash_backward_run, flash_run, flash_tma_views, flash_variant_supported, flash_wgmma_variant,
+    head_strides, packed_strides, validate_operands,
 };
 use crate::DType;
 use crate::error::{Error, Result};
@@ -388,23 +388,9 @@ fn launch_varlen(
         (&cu_q, &cu_k),
     );
     // The copy engine's views: `[1][heads][total][head_dim]` (a batch dim of one, any valid stride).
-    let view = |t: &Tensor, s: HeadStrides, total: usize, heads: usize| crate::tma::Tensor4 {
-        ptr: t.raw().ptr,
-        inner: d.head_dim as u64,
-        outer: total as u64,
-        heads: heads as u64,
-        batch: 1,
-        outer_stride: s.row,
-        head_stride: s.head,
-        batch_stride: s.row,
-    };
-    let vq = view(q, qs, tq, d.heads);
-    let views = if tk == 0 {
-        [vq; 3]
-    } else {
-        [vq, view(k, ks, tk, d.kv_heads), view(v, vs, tk, d.kv_heads)]
-    };
-    let views = views.iter().all(crate::tma::tma_readable4).then_some(views);
+    // The batch dim of one entry takes any valid stride: the row stride.
+    let one = |s: HeadStrides| HeadStrides { batch: s.row, ..s };
+    let views = flash_tma_views([q, k, v], [one(qs), one(ks), one(vs)], (tq, tk, 1), d);
     flash_run(
         op,
         [q, k, v],
