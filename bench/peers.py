@@ -887,6 +887,9 @@ def build_cases(quick):
     cases += [sdpa_layout_case("attn_layout", "f16", 2, 32, 4096, 128, layout, causal, backward)
               for layout in ("bhsd", "bshd") for causal in (False, True)
               for backward in (False, True)]
+    cases += [sdpa_layout_case("attn_hdim", "f16", 4, 16, 4096, d, "bhsd", causal, backward)
+              for d in (32, 64, 96, 128) for causal in (False, True)
+              for backward in (False, True)]
     cases += [attn_bwd_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
               for causal in (False, True)]

@@ -987,6 +987,38 @@ fn attention_layouts(b: &mut Bencher) {
     }
 }
 
+/// FlashAttention at head dims on and off the kernels' tiles (`attn_hdim`): B4 H16 S4096 f16, head
+/// dims 32, 64, 96 and 128 (32 and 96 run on the 64- and 128-wide tiles, zero-padded), forward and
+/// forward + backward, both masks, beside SDPA at the same shapes (bench/peers.py). The goal: every
+/// head dim at least as fast as SDPA's flash backend.
+fn attention_head_dims(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let (bb, h, s) = if quick { (1, 8, 512) } else { (4, 16, 4096) };
+    let dtype = DType::F16;
+    for d in [32, 64, 96, 128] {
+        let bytes1 = bb * h * s * d * dtype.size_bytes();
+        let copies = rotation_copies(4 * bytes1, b.l2_bytes);
+        let inputs = LazySets::new(b, [[bb, h, s, d]; 4], dtype, copies);
+        for causal in [Causal::No, Causal::Yes] {
+            let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
+            let params = AttentionParams {
+                causal,
+                scale: None,
+            };
+            let name = format!("attn_hdim/{dtype}/B{bb}H{h}S{s}D{d}/bhsd/{mask}");
+            for backward in [false, true] {
+                let (bytes, flops, op) =
+                    attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
+                inputs.bench(
+                    b,
+                    spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
+                    |set| attention_step(set, &params, backward),
+                );
+            }
+        }
+    }
+}
+
 /// A packed variable-length batch against the dense batch of equal FLOPs (`attn_varlen`): 8
 /// sequences of 2048, H16 D128 f16, packed `[8 * 2048, 16, 128]` through `flash_forward_varlen` /
 /// `flash_backward_varlen` (`packed`) or `[8, 16, 2048, 128]` through `flash_forward` /
@@ -1495,7 +1527,7 @@ fn main() {
             .as_deref()
             .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
     };
-    let all: [(&str, BenchFn); 17] = [
+    let all: [(&str, BenchFn); 18] = [
         ("ceilings", ceilings),
         ("matmuls", matmuls),
         ("elementwise", elementwise),
@@ -1507,6 +1539,7 @@ fn main() {
         ("attention", attention),
         ("attention_gqa", attention_gqa),
         ("attention_layouts", attention_layouts),
+        ("attention_head_dims", attention_head_dims),
         ("attention_varlen", attention_varlen),
         ("attention_varlen_mixed", attention_varlen_mixed),
         ("attention_decode", attention_decode),

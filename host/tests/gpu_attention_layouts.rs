@@ -8,7 +8,8 @@
 //!   each in its input's layout, and within tolerance of that reference;
 //! - strides the kernels cannot take are named errors; the naive path stays contiguous and says so.
 //!
-//! Multi-head and grouped-query heads, odd lengths, both masks, f16 and bf16, head dims 64 and 128.
+//! Multi-head and grouped-query heads, odd lengths, both masks, f16 and bf16, head dims 64 and 128
+//! (other head dims: `gpu_attention_head_dims`).
 //! Outputs are poisoned before every launch; inputs are fresh (the seed is printed).
 mod common;
 

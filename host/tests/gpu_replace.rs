@@ -137,15 +137,16 @@ fn flash_core_rejects_an_unsupported_head_dim() {
     let Some(gpu) = gpu_or_skip("flash_core_rejects_an_unsupported_head_dim") else {
         return;
     };
+    // (Every multiple of 8 up to 128 runs: 44 is none.)
     let cfg = Config {
-        d_model: 48,
+        d_model: 44,
         ..Config::default()
     };
     let device = Device::Gpu(gpu);
     let exec = Exec::new(Plan::gpu_only(&[OpKind::FlashAttention]), &device);
     let e = model::loss_and_grads(&exec, &cfg, &model::init(&cfg, 1), &model::batch(&cfg, 1))
         .unwrap_err();
-    assert!(e.to_string().contains("[64, 128]"), "{e}");
+    assert!(e.to_string().contains("multiples of 8"), "{e}");
     // The composed ops on the GPU take it.
     let exec = Exec::new(
         Plan::all_gpu().with(OpKind::FlashAttention, Backend::Reference),

@@ -216,8 +216,34 @@ pub const fn flash_config(head_dim: usize) -> Option<FlashConfig> {
     }
 }
 
-/// Head dims with a FlashAttention kernel.
-pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
+/// The head dims the FlashAttention kernels are built for: their tiles' widths (a kernel's `D`).
+pub const FLASH_TILE_DIMS: [usize; 2] = [64, 128];
+
+/// The widest head dim FlashAttention takes. It takes every multiple of 8 from 8 up to this: a head
+/// dim that is not one of [`FLASH_TILE_DIMS`] runs on the narrowest tile that holds it
+/// ([`flash_tile_dim`]). The tiles' columns past the head dim are zero-filled on load (zero terms of
+/// every dot product over the head dim, zero columns of O and of every gradient) and never stored.
+pub const FLASH_MAX_HEAD_DIM: usize = 128;
+
+/// Whether FlashAttention takes head dim `head_dim`: a multiple of 8 (a 16-byte chunk of 16-bit
+/// elements, the unit of every copy) in `8..=FLASH_MAX_HEAD_DIM`.
+pub const fn flash_head_dim_supported(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(8) && head_dim <= FLASH_MAX_HEAD_DIM
+}
+
+/// The tile width a supported head dim runs at: the narrowest of [`FLASH_TILE_DIMS`] that holds
+/// it (the widest for a head dim past them all, which validation refuses first).
+pub const fn flash_tile_dim(head_dim: usize) -> usize {
+    let mut i = 0;
+    while i < FLASH_TILE_DIMS.len() {
+        if head_dim <= FLASH_TILE_DIMS[i] {
+            return FLASH_TILE_DIMS[i];
+        }
+        i += 1;
+    }
+    FLASH_TILE_DIMS[FLASH_TILE_DIMS.len() - 1]
+}
+const _: () = assert!(FLASH_MAX_HEAD_DIM == FLASH_TILE_DIMS[FLASH_TILE_DIMS.len() - 1]);
 
 // The configs' shared-memory plans, recomputed from the tile layouts the kernel uses.
 const _: () = {
@@ -687,11 +713,12 @@ pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
     stages: 2,
 };
 
-/// The wgmma backward config for a head dimension, or `None` if there is no kernel for it.
-/// D = 64 for packed (variable-length) batches: the plain order (no deferred dQ, 2 stages). A packed
-/// walk keeps its sequence's lengths and offsets in registers, which the deferred order has none
-/// left for (ptxas spilled 88 bytes). D = 128 packed takes [`FLASH_WG_BWD_D128`].
-pub const FLASH_WG_BWD_D64_PACKED: FlashWgBwdConfig = FlashWgBwdConfig {
+/// The wgmma backward's general kernels (packed batches, head dims narrower than the tile) at
+/// D = 64: the plain order (no deferred dQ, 2 stages). A packed walk keeps its sequence's lengths
+/// and offsets in registers, and a narrow head dim its width, which the deferred order has none left
+/// for (ptxas spilled 88 bytes, and 104 with the width alone). D = 128 takes
+/// [`FLASH_WG_BWD_D128`].
+pub const FLASH_WG_BWD_D64_GENERAL: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 64,
     block_k: 128,
     block_q: 128,
@@ -699,10 +726,11 @@ pub const FLASH_WG_BWD_D64_PACKED: FlashWgBwdConfig = FlashWgBwdConfig {
     stages: 2,
 };
 
-/// The wgmma backward's config for a head dim and batch kind.
-pub const fn flash_wg_bwd_config_of(head_dim: usize, packed: bool) -> Option<FlashWgBwdConfig> {
-    match (head_dim, packed) {
-        (64, true) => Some(FLASH_WG_BWD_D64_PACKED),
+/// The wgmma backward's config for a tile width, for the dense tile-wide kernels (`general`
+/// false) or the general ones.
+pub const fn flash_wg_bwd_config_of(head_dim: usize, general: bool) -> Option<FlashWgBwdConfig> {
+    match (head_dim, general) {
+        (64, true) => Some(FLASH_WG_BWD_D64_GENERAL),
         _ => flash_wg_bwd_config(head_dim),
     }
 }
@@ -718,7 +746,11 @@ pub const fn flash_wg_bwd_config(head_dim: usize) -> Option<FlashWgBwdConfig> {
 // Every wgmma backward config: two warpgroups; each dQ share 64 x 64 (one m64n64 wgmma chain);
 // the step's rows cover whole turn counters and divide the statistics' padding; sm_90's 227 KiB.
 const _: () = {
-    let cfgs = [FLASH_WG_BWD_D64, FLASH_WG_BWD_D128, FLASH_WG_BWD_D64_PACKED];
+    let cfgs = [
+        FLASH_WG_BWD_D64,
+        FLASH_WG_BWD_D128,
+        FLASH_WG_BWD_D64_GENERAL,
+    ];
     let mut i = 0;
     while i < cfgs.len() {
         let c = cfgs[i];

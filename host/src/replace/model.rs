@@ -26,7 +26,8 @@ use crate::tensor::HostTensor;
 
 /// Model and batch sizes, and the SGD learning rate. Attention has one head of width `d_model`, so
 /// for the GPU's attention core `d_model` must be a head dim the flash kernels take
-/// ([`FLASH_HEAD_DIMS`](crate::ops::attention::FLASH_HEAD_DIMS): 64 or 128); the references take any.
+/// ([`flash_head_dim_supported`](crate::ops::attention::flash_head_dim_supported): a multiple of 8
+/// up to 128); the references take any.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Config {
     pub vocab: usize,

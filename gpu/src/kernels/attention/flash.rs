@@ -94,9 +94,9 @@ unsafe fn flash_fwd<
     let n_tiles = key_end.div_ceil(BK as u32);
     // This head's rows (the launcher validated that every head's rows lie inside the operands;
     // checked builds re-check).
-    let q_src = HeadRows::of(q, st.q, (seq.bi, h), (seq.q0, sq), D as u32);
-    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
-    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let q_src = HeadRows::of(q, st.q, (seq.bi, h), (seq.q0, sq), p.head_dim);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
 
     let mut smem = SharedCarve::dynamic();
     let q_tile: Tile<T, BQ, D> = smem.take(1);
@@ -173,7 +173,7 @@ unsafe fn flash_fwd<
         accumulate_pv::<T, BK, D, NS, NO>(&mut acc, &s, v_tiles.stage(stage));
     }
 
-    let out = HeadRowsMut::of(o, st.o, (seq.bi, h), (seq.q0, sq), D as u32);
+    let out = HeadRowsMut::of(o, st.o, (seq.bi, h), (seq.q0, sq), p.head_dim);
     let lse_row0 = seq.lse_at(&st, h, m0 + warp_row);
     store_output::<T, BQ, D, NO>(
         &acc,
@@ -229,7 +229,7 @@ unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const BQ: usi
     unroll_lt!(i < ROWS * D / 8 / (BQ * 2), {
         let c = thread_idx_x() + (i * BQ * 2) as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
-        let fill = row0 + r < rows;
+        let fill = row0 + r < rows && src.has_chunk(chunk);
         let at = if fill {
             src.at(row0 + r, 8 * chunk)
         } else {
@@ -405,7 +405,7 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
     unroll_lt!(i < 16 * D / 8 / 32, {
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
-        if warp_row + r < rows_left {
+        if warp_row + r < rows_left && o.has_chunk(chunk) {
             // SAFETY: the row is < seq_q of this head (checked just above), so the chunk lies in
             // O's head (launcher-validated strides, 16-byte aligned); each chunk has one writer.
             unsafe {

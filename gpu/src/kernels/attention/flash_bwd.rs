@@ -96,7 +96,7 @@ use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
     AttentionLayout, AttentionShape, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128,
     FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FlashBwdConfig, HeadStrides, MaskKind, dq_block_at,
-    dq_turn_at, flash_bwd, flash_bwd_config,
+    dq_turn_at, flash_bwd, flash_bwd_config, flash_tile_dim,
 };
 use crate::{unroll, unroll_lt};
 
@@ -160,8 +160,8 @@ unsafe fn flash_bwd<
     } = walk;
     let n_qblocks = walk.dq.n_qblocks;
     // The key/value head's rows (launcher-validated strides; checked builds re-check).
-    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
-    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
     // The loop's per-head addresses are recomputed each step from this (`opaque_dep_u32`): kept
     // from before the loop they would hold registers through it. batch * heads < 2^32 (each <= 65535).
     let bh32 = bh as u32;
@@ -191,8 +191,8 @@ unsafe fn flash_bwd<
         // The batch entry and head from `hb` (a division a step keeps two registers free).
         let (b_, h_) = (hb as u32 / p.heads, hb as u32 % p.heads);
         let sq_ = Sequence::of_kind::<false>(&st, &p, b_);
-        let q_src = HeadRows::of(q, st.q, (sq_.bi, h_), (sq_.q0, sq), D as u32);
-        let do_src = HeadRows::of(d_o, st.d_o, (sq_.bi, h_), (sq_.q0, sq), D as u32);
+        let q_src = HeadRows::of(q, st.q, (sq_.bi, h_), (sq_.q0, sq), p.head_dim);
+        let do_src = HeadRows::of(d_o, st.d_o, (sq_.bi, h_), (sq_.q0, sq), p.head_dim);
         let lse_src = stats.ptr.add((hb * sq_pad as u64) as usize);
         load_rows::<T, BQ, D, THREADS>(q_tiles.stage(s), q_src, m0, sq, t);
         load_rows::<T, BQ, D, THREADS>(do_tiles.stage(s), do_src, m0, sq, t);
@@ -362,18 +362,30 @@ unsafe fn flash_bwd<
     let out_row0 = bkv * sk as u64 + n0 as u64 + key_row as u64;
     let rows_left = sk - n0;
     if let Some(out) = dv.rounded() {
-        let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
         store_rows::<T, BK, D, NO>(&dv_acc, v_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dk.rounded() {
-        let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
         store_rows::<T, BK, D, NO>(&dk_acc, k_tile, key_row, rows_left, out, n0 + key_row);
     }
     if let Some(out) = dv.added() {
-        add_rows_f32::<D, NO, 1>(|n| dv_acc[n], key_row, rows_left, out, out_row0);
+        add_rows_f32::<NO, 1>(
+            |n| dv_acc[n],
+            key_row,
+            rows_left,
+            (out, p.head_dim),
+            out_row0,
+        );
     }
     if let Some(out) = dk.added() {
-        add_rows_f32::<D, NO, 1>(|n| dk_acc[n], key_row, rows_left, out, out_row0);
+        add_rows_f32::<NO, 1>(
+            |n| dk_acc[n],
+            key_row,
+            rows_left,
+            (out, p.head_dim),
+            out_row0,
+        );
     }
 }
 
@@ -417,27 +429,28 @@ impl<T> KvOut<T> for AddF32 {
 /// Adds this warp's 16 rows of an accumulator (`quad(n)`, `n < VALUES / PER_QUAD`: rows `g` and
 /// `g + 8`, columns `8 n + 2 t` and the next, of lane `4 g + t`: the layout of both the `mma.sync`
 /// (`VALUES` fragments of 4, `PER_QUAD` 1) and the wgmma accumulators (`VALUES` f32, 4 a quad)) into
-/// rows `out_row0..` of the f32 `out`. `rows_left` = valid rows from the CTA's first row
-/// (`warp_row` is the warp's first row in the block).
+/// rows `out_row0..` of the f32 `out`, whose rows are `cols` (the head dim) wide: the
+/// accumulator's columns past `cols` (a padded tile's) are dropped. `rows_left` = valid rows from
+/// the CTA's first row (`warp_row` is the warp's first row in the block).
 #[inline(always)]
-pub(super) fn add_rows_f32<const D: usize, const VALUES: usize, const PER_QUAD: usize>(
+pub(super) fn add_rows_f32<const VALUES: usize, const PER_QUAD: usize>(
     quad: impl Fn(usize) -> [f32; 4],
     warp_row: u32,
     rows_left: u32,
-    out: SliceMut<f32>,
+    (out, cols): (SliceMut<f32>, u32),
     out_row0: u64,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     unroll_lt!(n < VALUES / PER_QUAD, {
         let col = (8 * n) as u64 + 2 * t as u64;
         let a = quad(n);
-        if warp_row + g < rows_left {
-            let at = (out_row0 + g as u64) * D as u64 + col;
+        if warp_row + g < rows_left && col < cols as u64 {
+            let at = (out_row0 + g as u64) * cols as u64 + col;
             out.set(at, out.get(at) + a[0]);
             out.set(at + 1, out.get(at + 1) + a[1]);
         }
-        if warp_row + g + 8 < rows_left {
-            let at = (out_row0 + g as u64 + 8) * D as u64 + col;
+        if warp_row + g + 8 < rows_left && col < cols as u64 {
+            let at = (out_row0 + g as u64 + 8) * cols as u64 + col;
             out.set(at, out.get(at) + a[2]);
             out.set(at + 1, out.get(at + 1) + a[3]);
         }
@@ -766,7 +779,7 @@ unsafe fn load_rows<T: MmaElem, const ROWS: usize, const D: usize, const THREADS
     unroll_lt!(i < ROWS * D / 8 / THREADS, {
         let c = tid + (i * THREADS) as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
-        let fill = row0 + r < rows;
+        let fill = row0 + r < rows && src.has_chunk(chunk);
         let at = if fill {
             src.at(row0 + r, 8 * chunk)
         } else {
@@ -805,7 +818,7 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const NO: usize>(
     unroll_lt!(i < 16 * D / 8 / 32, {
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
-        if key_row + r < rows_left {
+        if key_row + r < rows_left && out.has_chunk(chunk) {
             // SAFETY: the row is < seq_k of this head (checked just above), so the chunk lies in
             // the head's rows (launcher-validated strides, 16-byte aligned); each chunk has one
             // writer.
@@ -821,7 +834,7 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const NO: usize>(
 }
 
 /// The pre-pass, one block per ([`FLASH_BWD_PRE_ROWS`] query rows, head, batch), for head dim
-/// `p.head_dim` (64 or 128): one thread per (row, 16-byte chunk); a row's `D / 8` threads are
+/// `p.head_dim` (any the launcher takes): one thread per (row, 16-byte chunk of the tile); a row's threads are
 /// adjacent lanes and reduce their partial dot products with a fixed butterfly. Writes the rows'
 /// statistics (LSE * log2(e), or +inf for a row past seq_q or one that sees no key (LSE = -inf); D,
 /// 0 past seq_q), zeroes the rows of the dQ accumulator, and zeroes the rows' turn counters.
@@ -854,9 +867,11 @@ fn pre<T: MmaElem>(
     let sq_pad = (rows.div_ceil(ROWS) * ROWS) as u64;
     let half = (p.batch * p.heads) as u64 * sq_pad; // D after all heads' LSE
     let n_turns = sq_pad as u32 / TURN; // padded like the statistics
-    // Chunks (threads) per row: 8 or 16 (the launcher's head dims; `max` only spares the divisions
-    // below a divide-by-zero check).
-    let cpr = (d / 8).max(1);
+    // Chunks (threads) per row: the tile's, 8 or 16 (the dQ accumulator's rows are the kernels'
+    // tile wide, padded past the head dim, and are zeroed whole); a row's chunks past the head dim
+    // add nothing to D. (`max` only spares the divisions below a divide-by-zero check.)
+    let cpr = (flash_tile_dim(d as usize) as u32 / 8).max(1);
+    let head_chunks = d / 8;
     let rows_per_pass = (flash_bwd::PRE_THREADS / cpr).max(1);
     let (tid, chunk) = (thread_idx_x(), thread_idx_x() % cpr);
     for pass in 0..ROWS / rows_per_pass {
@@ -864,22 +879,24 @@ fn pre<T: MmaElem>(
         let row = qb * ROWS + r;
         let mut dot = 0.0f32;
         if row < sq {
-            // The dQ accumulator is contiguous `[batch * heads, rows, D]` f32.
+            // The dQ accumulator is contiguous `[batch * heads, rows, tile D]` f32.
             let at = (bh * rows as u64 + row as u64) * cpr as u64 + chunk as u64;
-            // SAFETY: row < seq_q of this head, chunk < D / 8: inside O's and dO's head rows
-            // (launcher-validated strides, 16-byte aligned); both are inputs nothing writes during
-            // the kernel.
-            let (x, y) = unsafe {
-                (
-                    load_chunk_ro(o_rows.at(row, 8 * chunk) as *const Chunk16, 0),
-                    load_chunk_ro(do_rows.at(row, 8 * chunk) as *const Chunk16, 0),
-                )
-            };
-            unroll!(w in [0, 1, 2, 3] {
-                let (a, b) = (T::unpack_word(x.0[w]), T::unpack_word(y.0[w]));
-                dot = fma(a[0], b[0], dot);
-                dot = fma(a[1], b[1], dot);
-            });
+            if chunk < head_chunks {
+                // SAFETY: row < seq_q of this head, chunk < head_dim / 8: inside O's and dO's head
+                // rows (launcher-validated strides, 16-byte aligned); both are inputs nothing
+                // writes during the kernel.
+                let (x, y) = unsafe {
+                    (
+                        load_chunk_ro(o_rows.at(row, 8 * chunk) as *const Chunk16, 0),
+                        load_chunk_ro(do_rows.at(row, 8 * chunk) as *const Chunk16, 0),
+                    )
+                };
+                unroll!(w in [0, 1, 2, 3] {
+                    let (a, b) = (T::unpack_word(x.0[w]), T::unpack_word(y.0[w]));
+                    dot = fma(a[0], b[0], dot);
+                    dot = fma(a[1], b[1], dot);
+                });
+            }
             dq_acc.set4(at * 8, [0.0; 4]);
             dq_acc.set4(at * 8 + 4, [0.0; 4]);
         }
@@ -920,8 +937,10 @@ fn pre<T: MmaElem>(
     }
 }
 
-/// `out = scale * acc` rounded to `T`: `acc` a contiguous f32 `[batch, heads, rows, head_dim]`
-/// (the dQ accumulator, or grouped-query dK/dV sums), `out` with strides `st`: the same shape, or
+/// `out = scale * acc` rounded to `T`: `acc` a contiguous f32 `[batch, heads, rows, acc_cols]`
+/// (the dQ accumulator, its rows a tile wide; or grouped-query dK/dV sums, rows `head_dim` wide),
+/// of which the first `head_dim` columns are read; `out` `[batch, heads, rows, head_dim]` with
+/// strides `st`, or
 /// with `cu` (a packed batch's `batch + 1` u32 row offsets; 0 for a dense one) packed rows, batch
 /// entry `b`'s `cu[b + 1] - cu[b]` rows from row `cu[b]`. One CTA a block of
 /// `CONVERT_THREADS / (head_dim / 8)` rows of one head (grid: row blocks, heads, batch), 8 elements
@@ -930,7 +949,7 @@ fn pre<T: MmaElem>(
 fn convert_rows<T: MmaElem>(
     acc: Slice<f32>,
     out: SliceMut<T>,
-    (heads, rows, d): (u32, u32, u32),
+    (heads, rows, d, acc_cols): (u32, u32, u32, u32),
     (st, cu): (HeadStrides, u64),
     scale: f32,
 ) {
@@ -952,7 +971,7 @@ fn convert_rows<T: MmaElem>(
         return;
     }
     let out = HeadRowsMut::of(out, st, (bi, h), (first, seq), d);
-    let at = ((b as u64 * heads as u64 + h as u64) * rows as u64 + row as u64) * d as u64
+    let at = ((b as u64 * heads as u64 + h as u64) * rows as u64 + row as u64) * acc_cols as u64
         + 8 * chunk as u64;
     let (a, c) = (acc.get4_ro(at), acc.get4_ro(at + 4));
     let words = [
@@ -1005,14 +1024,19 @@ flash_bwd_entry_points! {
     flash_bwd_add_d128_bf16: BF16, AddF32, FLASH_BWD_D128, #[cfg(not(target_feature = "sm_90a"))];
 }
 
-/// `dq += scale * acc` in f32, 8 elements a thread, grid-stride (the dQ of an accumulating call).
+/// `dq += scale * acc` in f32, 8 elements a thread, grid-stride (the dQ of an accumulating call):
+/// `dq` has `n8` chunks of 8 in rows of `d` (the head dim), `acc` the same rows `acc_cols` (its
+/// tile) wide.
 #[inline(always)]
-fn add_dq(acc: Slice<f32>, dq: SliceMut<f32>, n8: u64, scale: f32) {
+fn add_dq(acc: Slice<f32>, dq: SliceMut<f32>, n8: u64, (d, acc_cols): (u32, u32), scale: f32) {
+    // Head dims are nonzero multiples of 8; `max` spares the division a zero check.
+    let row_chunks = (d as u64 / 8).max(1);
     let mut i = global_index_x();
     while i < n8 {
+        let from = (i / row_chunks) * acc_cols as u64 + 8 * (i % row_chunks);
         unroll!(h in [0, 1] {
             let at = 8 * i + 4 * h as u64;
-            let a = acc.get4_ro(at);
+            let a = acc.get4_ro(from + 4 * h as u64);
             // Each element is read and written by this thread only.
             let was = [0, 1, 2, 3].map(|j| dq.get(at + j));
             dq.set4(at, [0, 1, 2, 3].map(|j| was[j as usize] + a[j as usize] * scale));
@@ -1021,15 +1045,18 @@ fn add_dq(acc: Slice<f32>, dq: SliceMut<f32>, n8: u64, scale: f32) {
     }
 }
 
-/// FlashAttention backward: the f32 dQ accumulator, times `scale`, added into an f32 dQ.
+/// FlashAttention backward: the f32 dQ accumulator (rows `acc_cols` wide), times `scale`, added
+/// into an f32 dQ (`n8` chunks of 8, rows `head_dim` wide).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn flash_bwd_dq_add_f32(
     acc: Slice<f32>,
     dq: SliceMut<f32>,
     n8: u64,
+    head_dim: u32,
+    acc_cols: u32,
     scale: f32,
 ) {
-    add_dq(acc, dq, n8, scale)
+    add_dq(acc, dq, n8, (head_dim, acc_cols), scale)
 }
 crate::launch_bounds!(flash_bwd_dq_add_f32, { flash_bwd::CONVERT_THREADS }, 1);
 
@@ -1052,9 +1079,9 @@ macro_rules! flash_bwd_helper_entry_points {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $convert(
             acc: Slice<f32>, out: SliceMut<$t>, heads: u32, rows: u32, head_dim: u32,
-            strides: HeadStrides, cu_seqlens: u64, scale: f32,
+            acc_cols: u32, strides: HeadStrides, cu_seqlens: u64, scale: f32,
         ) {
-            convert_rows::<$t>(acc, out, (heads, rows, head_dim), (strides, cu_seqlens), scale)
+            convert_rows::<$t>(acc, out, (heads, rows, head_dim, acc_cols), (strides, cu_seqlens), scale)
         }
         crate::launch_bounds!($convert, { flash_bwd::CONVERT_THREADS }, 1);
     )*};

@@ -56,7 +56,7 @@ use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
-    FLASH_WG_BWD_D64_PACKED, FLASH_WG_BWD_D128, FlashWgBwdConfig, GROUP_ALL,
+    FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D128, FlashWgBwdConfig, GROUP_ALL,
     flash_wg_bwd_config_of,
 };
 use crate::{unroll, unroll_lt};
@@ -76,7 +76,7 @@ unsafe fn flash_wg_bwd<
     const BQ: usize,
     const ON: usize,
     const STAGES: usize,
-    const PACKED: bool,
+    const GENERAL: bool,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -95,11 +95,14 @@ unsafe fn flash_wg_bwd<
     [f32; ON]: Accumulator,
     [f32; 32]: Accumulator,
 {
-    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, PACKED>() };
+    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL>() };
     const TH: usize = 256;
-    // A packed batch walks in the plain order (the host passes nothing else): known here, the
-    // rotated orders' arithmetic folds away, which the packed walk's registers need.
-    let order = if PACKED { order & DQ_ORDERED } else { order };
+    // The general kernels walk in the plain order (the host passes nothing else): known here, the
+    // rotated orders' arithmetic folds away, which a packed walk's registers need.
+    // The head dim's columns: the tile's own in a dense kernel (every column test folds away), the
+    // shape's in a general one (narrower head dims zero-filled on load and cut on store).
+    let cols = if GENERAL { p.head_dim } else { D as u32 };
+    let order = if GENERAL { order & DQ_ORDERED } else { order };
 
     // The query heads this launch walks: one group member, or (`GROUP_ALL`) every member of the
     // key/value head's group in turn, dK and dV summed in the registers across them.
@@ -108,7 +111,7 @@ unsafe fn flash_wg_bwd<
     } else {
         (p.group_member, 1)
     };
-    let walk = KeyBlockWalk::of::<D, BK, BQ, PACKED>(
+    let walk = KeyBlockWalk::of::<D, BK, BQ, GENERAL>(
         AttentionShape {
             group_member: first_member,
             ..p
@@ -130,8 +133,8 @@ unsafe fn flash_wg_bwd<
     let n_steps = walk.steps();
     // This head's rows of K and V (launcher-validated strides; checked builds re-check); Q's and
     // dO's are taken in each step's copies (`load_qblock`).
-    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
-    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), cols);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), cols);
 
     // Shared memory (config order; every 16-bit tile whole 1024-byte atoms, so all stay aligned).
     const { assert!(STAGES == 2 || STAGES == 3) };
@@ -177,7 +180,7 @@ unsafe fn flash_wg_bwd<
         // head's turn while holding another head's).
         // This member's walk and dQ sink.
         let walk_at = |salt: u32| {
-            KeyBlockWalk::of::<D, BK, BQ, PACKED>(
+            KeyBlockWalk::of::<D, BK, BQ, GENERAL>(
                 AttentionShape {
                     group_member: member,
                     ..p
@@ -193,7 +196,7 @@ unsafe fn flash_wg_bwd<
             turns,
             bh: w.bh,
             // (The same value as `sq` in a dense batch: no register of its own.)
-            rows: if PACKED { p.seq_q } else { w.sq },
+            rows: if GENERAL { p.seq_q } else { w.sq },
             sq: w.sq,
             n_turns: w.n_turns,
             turn_step: w.turn_step,
@@ -230,9 +233,9 @@ unsafe fn flash_wg_bwd<
             let delta_offset = heads_total as usize * sq_pad as usize; // D after all heads' LSE
             // The batch entry's first query row (a packed batch's offset; 0 for a dense one, whose
             // batch index the strides take; a packed batch's batch strides are 0).
-            let (q0, sq) = Sequence::q_rows::<PACKED>(&st, &p, b_);
-            let q_src = HeadRows::of(q, st.q, (b_, h_), (q0, sq), D as u32);
-            let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (q0, sq), D as u32);
+            let (q0, sq) = Sequence::q_rows::<GENERAL>(&st, &p, b_);
+            let q_src = HeadRows::of(q, st.q, (b_, h_), (q0, sq), cols);
+            let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (q0, sq), cols);
             load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
             load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
             let t = thread_idx_x();
@@ -476,28 +479,40 @@ unsafe fn flash_wg_bwd<
     let out_row0 = bkv * sk as u64 + n0 as u64 + warp_key as u64;
     // The sequence again (kept from the start, its values would hold registers through the loops).
     // A packed batch's CTA past its sequence's keys has n0 = sk's block end: no rows.
-    let seq = Sequence::of_kind::<PACKED>(&st, &p, block_idx_z());
-    let rows_left = if PACKED {
+    let seq = Sequence::of_kind::<GENERAL>(&st, &p, block_idx_z());
+    let rows_left = if GENERAL {
         seq.sk.saturating_sub(n0)
     } else {
         sk - n0
     };
     if let Some(out) = dv.rounded() {
-        let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), cols);
         store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     if let Some(out) = dk.rounded() {
-        let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), D as u32);
+        let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), cols);
         store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, n0 + warp_key);
     }
     // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
     let quad =
         |acc: &[f32; ON], n: usize| [acc[4 * n], acc[4 * n + 1], acc[4 * n + 2], acc[4 * n + 3]];
     if let Some(out) = dv.added() {
-        add_rows_f32::<D, ON, 4>(|n| quad(&dv_acc, n), warp_key, rows_left, out, out_row0);
+        add_rows_f32::<ON, 4>(
+            |n| quad(&dv_acc, n),
+            warp_key,
+            rows_left,
+            (out, cols),
+            out_row0,
+        );
     }
     if let Some(out) = dk.added() {
-        add_rows_f32::<D, ON, 4>(|n| quad(&dk_acc, n), warp_key, rows_left, out, out_row0);
+        add_rows_f32::<ON, 4>(
+            |n| quad(&dk_acc, n),
+            warp_key,
+            rows_left,
+            (out, cols),
+            out_row0,
+        );
     }
 }
 
@@ -714,9 +729,9 @@ const fn checked_config<
     const BQ: usize,
     const ON: usize,
     const STAGES: usize,
-    const PACKED: bool,
+    const GENERAL: bool,
 >() -> FlashWgBwdConfig {
-    let Some(cfg) = flash_wg_bwd_config_of(D, PACKED) else {
+    let Some(cfg) = flash_wg_bwd_config_of(D, GENERAL) else {
         panic!("no wgmma FlashAttention backward config for this head dim")
     };
     assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.threads() == 256);
@@ -763,7 +778,7 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
     unroll_lt!(i < 16 * D / 8 / 32, {
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
-        if warp_row + r < rows_left {
+        if warp_row + r < rows_left && out.has_chunk(chunk) {
             // SAFETY: the row is < seq_k of this head (checked just above), so the chunk lies in
             // the head's rows (launcher-validated strides, 16-byte aligned); each chunk has one
             // writer.
@@ -784,8 +799,9 @@ macro_rules! flash_wg_bwd_entry_points {
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
         /// `order`: how the dQ blocks are walked and summed (`DQ_*` flags; without `DQ_ORDERED`
-        /// in arrival order, the explicit nondeterministic mode). The `_packed_` kernels take a
-        /// packed (variable-length) batch, the others a dense one.
+        /// in arrival order, the explicit nondeterministic mode). The `_general_` kernels take a
+        /// packed (variable-length) batch or a head dim narrower than the tile; the others a dense
+        /// batch at the tile's head dim.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
@@ -814,9 +830,14 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false;
     flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false;
     flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false;
-    // Packed (variable-length) batches (`flash_backward_varlen`).
-    flash_wg_bwd_packed_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_PACKED, true;
-    flash_wg_bwd_packed_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_PACKED, true;
-    flash_wg_bwd_packed_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true;
-    flash_wg_bwd_packed_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true;
+    // Packed (variable-length) batches (`flash_backward_varlen`) and head dims narrower than the
+    // tile.
+    flash_wg_bwd_general_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true;
+    flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true;
+    flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true;
+    flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true;
+    flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true;
+    flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true;
+    flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true;
+    flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true;
 }

@@ -89,9 +89,9 @@ unsafe fn flash_wg_fwd<
     } = qb;
     // This head's rows (the launcher validated that every head's rows lie inside the operands;
     // checked builds re-check).
-    let q_src = HeadRows::of(q, st.q, (seq.bi, h), (seq.q0, sq), D as u32);
-    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), D as u32);
-    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), D as u32);
+    let q_src = HeadRows::of(q, st.q, (seq.bi, h), (seq.q0, sq), p.head_dim);
+    let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
+    let v_src = HeadRows::of(v, st.v, (seq.bi, hkv), (seq.k0, sk), p.head_dim);
 
     // Q, then the K stages, then the V stages; every tile is whole 1024-byte atoms (config asserts),
     // so all stay 1024-aligned in the 1024-aligned dynamic window.
@@ -338,7 +338,7 @@ pub(super) unsafe fn load_rows<const ROWS: usize, const D: usize, const TH: usiz
     unroll_lt!(i < ROWS * D / 8 / TH, {
         let c = thread_idx_x() + (i * TH) as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
-        let fill = row0 + r < rows;
+        let fill = row0 + r < rows && src.has_chunk(chunk);
         let at = if fill {
             src.at(row0 + r, 8 * chunk)
         } else {
@@ -492,7 +492,7 @@ pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON
     let QueryBlock { m0, seq, h, .. } = QueryBlock::of::<BQ, 64>(p, st);
     let sq = seq.sq;
     let rows_left = sq - m0;
-    let out = HeadRowsMut::of(o, st.o, (seq.bi, h), (seq.q0, sq), D as u32);
+    let out = HeadRowsMut::of(o, st.o, (seq.bi, h), (seq.q0, sq), p.head_dim);
     let lse_row0 = seq.lse_at(st, h, m0 + warp_row);
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     let mut inv = [0.0f32; 2];
@@ -529,7 +529,7 @@ pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON
     unroll_lt!(i < 16 * D / 8 / 32, {
         let c = lane_id() + 32 * i as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
-        if warp_row + r < rows_left {
+        if warp_row + r < rows_left && out.has_chunk(chunk) {
             // SAFETY: the row is < seq_q of this head (checked just above), so the chunk lies in
             // O's head (launcher-validated strides, 16-byte aligned); each chunk has one writer.
             unsafe {

@@ -100,14 +100,14 @@ impl Sequence {
     }
 
     /// A packed batch entry's first query row and query rows (what the backward's per-step copies
-    /// need; a dense batch's are 0 and the shape's).
+    /// need; a dense batch's are 0 and the shape's, whichever kernel kind runs it).
     #[inline(always)]
     pub(super) fn q_rows<const PACKED: bool>(
         l: &AttentionLayout,
         p: &AttentionShape,
         b: u32,
     ) -> (u32, u32) {
-        if PACKED {
+        if PACKED && l.cu_seqlens_q != 0 {
             let cq = l.cu_seqlens_q as *const u32;
             // SAFETY: as in `of`.
             let (q0, q1) = unsafe { (*cq.add(b as usize), *cq.add(b as usize + 1)) };
@@ -144,6 +144,10 @@ pub(super) struct HeadRows<T> {
     /// Below 2^32 (validated): `row * stride` is one 32 x 32 -> 64-bit multiply, which matters
     /// where the backward's copies compute addresses with every register taken.
     stride: u32,
+    /// The head dim: the row's elements that exist. A kernel's tile may be wider (head dims are
+    /// padded up to a tile's width): its loads zero-fill the columns past `cols` and its stores
+    /// skip them.
+    cols: u32,
 }
 
 // A pointer and a stride: copyable whatever `T` is (a derive would ask `T: Copy`).
@@ -156,7 +160,8 @@ impl<T> Copy for HeadRows<T> {}
 
 impl<T> HeadRows<T> {
     /// Head `h` of batch entry `b` of `x` from row `first` (a packed sequence's first row, else 0),
-    /// whose `rows` rows of `d` elements the kernel may read (checked builds: they lie inside `x`).
+    /// whose `rows` rows of `d` elements (the head dim) the kernel may read (checked builds: they
+    /// lie inside `x`).
     #[inline(always)]
     pub(super) fn of(
         x: Slice<T>,
@@ -174,7 +179,15 @@ impl<T> HeadRows<T> {
                 .ptr
                 .wrapping_add((s.head_at(b, h) + first as u64 * s.row) as usize),
             stride: s.row as u32,
+            cols: d,
         }
+    }
+
+    /// Whether the 16-byte chunk `chunk` (elements `8 chunk..8 chunk + 8`) of a row exists (head
+    /// dims are multiples of 8, so a chunk is wholly in or out).
+    #[inline(always)]
+    pub(super) fn has_chunk(self, chunk: u32) -> bool {
+        8 * chunk < self.cols
     }
 
     /// The address of element `col` of row `row` (in bounds for the rows given to [`Self::of`]).
@@ -217,5 +230,11 @@ impl<T> HeadRowsMut<T> {
     #[inline(always)]
     pub(super) fn at(self, row: u32, col: u32) -> *mut T {
         self.0.at(row, col) as *mut T
+    }
+
+    /// [`HeadRows::has_chunk`].
+    #[inline(always)]
+    pub(super) fn has_chunk(self, chunk: u32) -> bool {
+        self.0.has_chunk(chunk)
     }
 }

@@ -23,13 +23,16 @@
 //! - Causal: query `i` sees key `j` iff `j <= i + seq_k - seq_q` (the mask is aligned to the
 //!   bottom-right corner when `seq_q != seq_k`, as in PyTorch's SDPA and FlashAttention). A query that
 //!   sees no key (causal with `seq_q > seq_k`, or `seq_k = 0`) gets O = 0 and LSE = -inf, never NaN.
-//! - [`flash_forward`]: the FlashAttention-2 kernel; f16/bf16, head dims [`FLASH_HEAD_DIMS`].
+//! - [`flash_forward`]: the FlashAttention-2 kernel; f16/bf16, every head dim that is a multiple
+//!   of 8 up to [`FLASH_MAX_HEAD_DIM`]. The kernels are built for [`FLASH_TILE_DIMS`]; any other head
+//!   dim runs on the narrowest of those that holds it, its columns past the head dim zero in the
+//!   tiles and never stored (so a head dim of 96 costs what 128 does).
 //!   [`naive_forward`]: scores materialised in a scratch buffer of `seq_q * seq_k` f32 per head,
 //!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
 //! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
 //!   kernel (the naive path: one per chunk of heads), and outputs are fresh allocations.
 //! - [`flash_backward`]: dQ, dK, dV from dO and the forward's O and LSE, FlashAttention-2 on
-//!   tensor cores, deterministic; f16/bf16, head dims [`FLASH_HEAD_DIMS`].
+//!   tensor cores, deterministic; f16/bf16, the head dims [`flash_forward`] takes.
 //! - [`naive_backward`]: dQ, dK, dV from dO through the materialised scores (P and dS in f32
 //!   scratch), same inputs and masking as [`naive_forward`]; gradients in the input dtype, f32 math.
 //!   Rows that see no key contribute nothing: their dQ is 0 and they add 0 to dK and dV (never NaN).
@@ -48,14 +51,14 @@
 //! ```
 use cudarc::driver::LaunchConfig;
 pub use decode::{DECODE_HEAD_DIMS, KvCache, decode_forward};
-pub use gpu::params::attention::FLASH_HEAD_DIMS;
 use gpu::params::attention::{
     AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED,
     DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
     FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, dq_late_release_fits,
-    dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tma_config,
-    flash_tma_smem_bytes, flash_wg_bwd_config, flash_wg_bwd_config_of, naive,
+    dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tile_dim, flash_tma_config,
+    flash_tma_smem_bytes, flash_wg_bwd_config_of, naive,
 };
+pub use gpu::params::attention::{FLASH_MAX_HEAD_DIM, FLASH_TILE_DIMS, flash_head_dim_supported};
 pub use varlen::{PackedSeqs, flash_backward_varlen, flash_forward_varlen};
 
 use crate::DType;
@@ -93,6 +96,14 @@ pub struct Dims {
     pub seq_q: usize,
     pub seq_k: usize,
     pub head_dim: usize,
+}
+
+impl Dims {
+    /// The FlashAttention kernels' tile width (their `D`) this head dim runs at:
+    /// [`flash_tile_dim`].
+    pub fn tile_dim(&self) -> usize {
+        flash_tile_dim(self.head_dim)
+    }
 }
 
 /// Gradients of an attention call: dQ `[batch, heads, seq_q, head_dim]`, dK and dV
@@ -282,7 +293,7 @@ fn validate_operands(
         }
     }
     let supported = match path {
-        Path::Flash => FLASH_HEAD_DIMS.contains(&d.head_dim),
+        Path::Flash => flash_head_dim_supported(d.head_dim),
         Path::Naive => (1..=naive::MAX_HEAD_DIM).contains(&d.head_dim),
     };
     if !supported {
@@ -290,8 +301,8 @@ fn validate_operands(
             op,
             msg: match path {
                 Path::Flash => format!(
-                    "head_dim {} has no FlashAttention kernel; supported head dims: {FLASH_HEAD_DIMS:?} \
-                     (naive_forward takes 1..={})",
+                    "head_dim {} has no FlashAttention kernel; supported head dims: multiples of 8 \
+                     from 8 to {FLASH_MAX_HEAD_DIM} (naive_forward takes 1..={})",
                     d.head_dim,
                     naive::MAX_HEAD_DIM
                 ),
@@ -544,7 +555,8 @@ fn flash_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
     })
 }
 
-/// FlashAttention forward: returns `(O, LSE)`. f16/bf16, head dims [`FLASH_HEAD_DIMS`]. With the
+/// FlashAttention forward: returns `(O, LSE)`. f16/bf16, head dims: multiples of 8 up to
+/// [`FLASH_MAX_HEAD_DIM`] (see the module doc for how those off [`FLASH_TILE_DIMS`] run). With the
 /// sm_90 build (compute capability 9.0: H100/H200) it runs the Hopper `wgmma` kernels (see
 /// [`flash_wgmma_variant`] for which), with the sm_80 build the `mma.sync` FlashAttention-2 kernel;
 /// both keep the same contract.
@@ -576,7 +588,7 @@ fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims) -> u32 {
     }
     let ctas_of_128_rows = d.seq_q.div_ceil(128) as u64 * d.heads as u64 * d.batch as u64;
     let sms = gpu.sm_count().unwrap_or(0) as u64;
-    match d.head_dim {
+    match d.tile_dim() {
         64 if ctas_of_128_rows < 2 * sms => 4,
         64 | 128 => FLASH_TMA_VARIANT,
         _ => 0,
@@ -657,11 +669,11 @@ fn flash_run(
     }
     // (kernel, query rows a CTA, threads, dynamic shared memory bytes)
     let kernel = if variant == 0 {
-        flash_config(d.head_dim)
-            .zip(flash_kernel(d.head_dim, q.dtype()))
+        flash_config(d.tile_dim())
+            .zip(flash_kernel(d.tile_dim(), q.dtype()))
             .map(|(c, name)| (name, c.block_q, c.threads(), c.smem_bytes()))
     } else {
-        flash_wgmma_kernel(variant, d.head_dim, q.dtype())
+        flash_wgmma_kernel(variant, d.tile_dim(), q.dtype())
             .map(|(c, name)| (name, c.block_q, c.threads(), c.smem_bytes()))
     };
     let Some((name, block_q, threads, smem)) = kernel else {
@@ -746,13 +758,13 @@ fn flash_tma_launch(
     (params, d, scale): (&AttentionParams, &Dims, f32),
     layout: AttentionLayout,
 ) -> Result<()> {
-    let Some(c) = flash_tma_config(d.head_dim) else {
+    let Some(c) = flash_tma_config(d.tile_dim()) else {
         return Err(Error::Invalid {
             op,
             msg: format!("no warp-specialised kernel at head dim {}", d.head_dim),
         });
     };
-    let name = match (d.head_dim, q.dtype()) {
+    let name = match (d.tile_dim(), q.dtype()) {
         (64, DType::F16) => "flash_tma_fwd_d64_f16",
         (64, DType::BF16) => "flash_tma_fwd_d64_bf16",
         (_, DType::F16) => "flash_tma_fwd_d128_f16",
@@ -817,8 +829,10 @@ pub const FLASH_VARIANTS: [u32; 3] = [0, 4, FLASH_TMA_VARIANT];
 pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32, head_dim: usize) -> bool {
     match variant {
         0 => gpu.ptx_arch() == "sm_80",
-        4 => gpu.ptx_arch() == "sm_90" && head_dim == 64,
-        FLASH_TMA_VARIANT => gpu.ptx_arch() == "sm_90" && flash_tma_config(head_dim).is_some(),
+        4 => gpu.ptx_arch() == "sm_90" && flash_tile_dim(head_dim) == 64,
+        FLASH_TMA_VARIANT => {
+            gpu.ptx_arch() == "sm_90" && flash_tma_config(flash_tile_dim(head_dim)).is_some()
+        }
         _ => false,
     }
 }
@@ -853,7 +867,7 @@ pub fn flash_forward_variant(
 
 /// FlashAttention backward: `(dQ, dK, dV)` for upstream gradient `d_o`, from the inputs, `params` and
 /// the outputs `(o, lse)` of the [`flash_forward`] call (same shapes and contract: `[B, H, S, D]`
-/// with any strides the kernels take, each gradient in its input's layout, f16/bf16, head dims [`FLASH_HEAD_DIMS`], causal bottom-right or not, any lengths).
+/// with any strides the kernels take, each gradient in its input's layout, f16/bf16, the head dims [`flash_forward`] takes, causal bottom-right or not, any lengths).
 /// Gradients in the input dtype; rows that see no key get dQ = 0 and add nothing to dK and dV.
 ///
 /// FlashAttention-2's algorithm on tensor cores: Hopper `wgmma` with the sm_90 build
@@ -1117,7 +1131,9 @@ fn flash_backward_run(
         &[heads_total * pre_blocks * (FLASH_BWD_PRE_ROWS / FLASH_BWD_TURN_ROWS)],
         DType::F32,
     )?;
-    let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.head_dim], DType::F32)?;
+    // The dQ accumulator's rows are the kernels' tile wide (padded past the head dim); the f32 dK
+    // and dV sums' (`kv_acc`, or the caller's) the head dim.
+    let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.tile_dim()], DType::F32)?;
     let shape = shape_param(&d, params, scale, 0);
     let grid = |blocks: usize, what: &'static str| {
         u32::try_from(blocks).map_err(|_| Error::TooLarge {
@@ -1163,9 +1179,10 @@ fn flash_backward_run(
             causal: params.causal == Causal::Yes,
             diag: d.seq_k as i32 - d.seq_q as i32,
         };
-        let order = if packed {
-            // Each CTA waits only for CTAs of lower key blocks (started before it), whatever the
-            // sequences' lengths: the rotated orders' conditions are per length.
+        let order = if names.general {
+            // The general kernels walk the plain order: each CTA waits only for CTAs of lower key
+            // blocks (started before it), whatever a packed batch's lengths (the rotated orders'
+            // conditions are per length).
             match mode {
                 BackwardMode::Deterministic => DQ_ORDERED,
                 BackwardMode::Nondeterministic => 0,
@@ -1227,7 +1244,7 @@ fn flash_backward_run(
     }
     // f32 rows `[batch, heads, seq, head_dim]` to the input type, in `out`'s strides (the layout's
     // entry for it) and sequence offsets.
-    let convert = |acc: &Tensor,
+    let convert = |(acc, acc_cols): (&Tensor, usize),
                    out: &Tensor,
                    (out_strides, heads, seq, cu): (HeadStrides, usize, usize, u64),
                    scale: f32| {
@@ -1253,6 +1270,7 @@ fn flash_backward_run(
                 &(heads as u32),
                 &(seq as u32),
                 &(d.head_dim as u32),
+                &(acc_cols as u32),
                 &ByValue(out_strides),
                 &cu,
                 &scale,
@@ -1262,13 +1280,13 @@ fn flash_backward_run(
     if let Some((dk_acc, dv_acc)) = &kv_acc {
         // dK was scaled in the kernel: both round as they are.
         convert(
-            dk_acc,
+            (dk_acc, d.head_dim),
             &grads.dk,
             (layout.dk, d.kv_heads, d.seq_k, layout.cu_seqlens_k),
             1.0,
         )?;
         convert(
-            dv_acc,
+            (dv_acc, d.head_dim),
             &grads.dv,
             (layout.dv, d.kv_heads, d.seq_k, layout.cu_seqlens_k),
             1.0,
@@ -1288,13 +1306,15 @@ fn flash_backward_run(
                     &ByValue(dq_acc.raw()),
                     &ByValue(grads.dq.raw()),
                     &n8,
+                    &(d.head_dim as u32),
+                    &(d.tile_dim() as u32),
                     &scale,
                 ],
             )?;
         }
     } else {
         convert(
-            &dq_acc,
+            (&dq_acc, d.tile_dim()),
             &grads.dq,
             (layout.dq, d.heads, d.seq_q, layout.cu_seqlens_q),
             scale,
@@ -1343,11 +1363,16 @@ struct FlashBwdKernels {
     block_q: usize,
     threads: u32,
     smem_bytes: u32,
+    /// The main kernel is a general wgmma one (packed batch or a head dim narrower than its tile):
+    /// it walks the plain dQ order only.
+    general: bool,
 }
 
-/// The backward's kernels for the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the
-/// sm_90 build's main kernel is the wgmma one (`flash_wg_bwd_*`), the sm_80 build's the
-/// `mma.sync` one (`flash_bwd_d*`); the pre-pass and the dQ conversion are shared.
+/// The backward's kernels for head dim `head_dim` (any [`flash_head_dim_supported`]; `None` for
+/// another) and the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the sm_90 build's main
+/// kernel is a wgmma one (`flash_wg_bwd_*`: the dense tile-wide kernels, or the `_general_` ones for
+/// a packed batch or a head dim narrower than the tile), the sm_80 build's the `mma.sync` one
+/// (`flash_bwd_d*`, dense batches only); the pre-pass and the dQ conversion are shared.
 fn flash_bwd_kernels(
     head_dim: usize,
     dtype: DType,
@@ -1359,45 +1384,45 @@ fn flash_bwd_kernels(
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
         DType::F32 => return None,
     };
-    let wgmma = ptx_arch == "sm_90";
-    if packed {
-        // Packed batches: the wgmma kernels' `_packed_` forms (grouped-query heads in one launch,
-        // so no f32-adding form); the mma.sync kernel takes dense batches only.
-        let main = match (wgmma, head_dim, dtype) {
-            (true, 64, DType::F16) => "flash_wg_bwd_packed_d64_f16",
-            (true, 64, DType::BF16) => "flash_wg_bwd_packed_d64_bf16",
-            (true, 128, DType::F16) => "flash_wg_bwd_packed_d128_f16",
-            (true, 128, DType::BF16) => "flash_wg_bwd_packed_d128_bf16",
-            _ => return None,
-        };
-        let c = flash_wg_bwd_config_of(head_dim, true)?;
-        return Some(FlashBwdKernels {
-            pre,
-            main,
-            main_add: main,
-            convert,
-            block_k: c.block_k,
-            block_q: c.block_q,
-            threads: c.threads() as u32,
-            smem_bytes: c.smem_bytes() as u32,
-        });
+    if !flash_head_dim_supported(head_dim) {
+        return None;
     }
-    let (main, main_add) = match (wgmma, head_dim, dtype) {
-        (false, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
-        (false, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
-        (false, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),
-        (false, 128, DType::BF16) => ("flash_bwd_d128_bf16", "flash_bwd_add_d128_bf16"),
-        (true, 64, DType::F16) => ("flash_wg_bwd_d64_f16", "flash_wg_bwd_add_d64_f16"),
-        (true, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_add_d64_bf16"),
-        (true, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_add_d128_f16"),
-        (true, 128, DType::BF16) => ("flash_wg_bwd_d128_bf16", "flash_wg_bwd_add_d128_bf16"),
+    let tile = flash_tile_dim(head_dim);
+    let wgmma = ptx_arch == "sm_90";
+    let general = wgmma && (packed || head_dim != tile);
+    let (main, main_add) = match (wgmma, general, tile, dtype) {
+        (false, _, _, _) if packed => return None,
+        (false, _, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
+        (false, _, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
+        (false, _, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),
+        (false, _, 128, DType::BF16) => ("flash_bwd_d128_bf16", "flash_bwd_add_d128_bf16"),
+        (true, false, 64, DType::F16) => ("flash_wg_bwd_d64_f16", "flash_wg_bwd_add_d64_f16"),
+        (true, false, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_add_d64_bf16"),
+        (true, false, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_add_d128_f16"),
+        (true, false, 128, DType::BF16) => ("flash_wg_bwd_d128_bf16", "flash_wg_bwd_add_d128_bf16"),
+        (true, true, 64, DType::F16) => (
+            "flash_wg_bwd_general_d64_f16",
+            "flash_wg_bwd_general_add_d64_f16",
+        ),
+        (true, true, 64, DType::BF16) => (
+            "flash_wg_bwd_general_d64_bf16",
+            "flash_wg_bwd_general_add_d64_bf16",
+        ),
+        (true, true, 128, DType::F16) => (
+            "flash_wg_bwd_general_d128_f16",
+            "flash_wg_bwd_general_add_d128_f16",
+        ),
+        (true, true, 128, DType::BF16) => (
+            "flash_wg_bwd_general_d128_bf16",
+            "flash_wg_bwd_general_add_d128_bf16",
+        ),
         _ => return None,
     };
     let (block_k, block_q, threads, smem_bytes) = if wgmma {
-        let c = flash_wg_bwd_config(head_dim)?;
+        let c = flash_wg_bwd_config_of(tile, general)?;
         (c.block_k, c.block_q, c.threads(), c.smem_bytes())
     } else {
-        let c = flash_bwd_config(head_dim)?;
+        let c = flash_bwd_config(tile)?;
         (c.block_k, c.block_q, c.threads(), c.smem_bytes())
     };
     Some(FlashBwdKernels {
@@ -1409,6 +1434,7 @@ fn flash_bwd_kernels(
         block_q,
         threads: threads as u32,
         smem_bytes: smem_bytes as u32,
+        general,
     })
 }
 

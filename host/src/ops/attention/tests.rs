@@ -189,16 +189,30 @@ fn validation_rejects_each_bad_input_with_a_typed_error() {
         "{e}"
     );
 
-    // head dim: says which are supported.
-    let (q96, k96) = ([2, 3, 5, 96], [2, 3, 7, 96]);
-    let bad = [
-        operand("q", &q96, DType::F16),
-        operand("k", &k96, DType::F16),
-        operand("v", &k96, DType::F16),
-    ];
-    let e = check(Path::Flash, bad).unwrap_err().to_string();
-    assert!(e.contains("head_dim 96") && e.contains("[64, 128]"), "{e}");
-    assert!(check(Path::Naive, bad).is_ok());
+    // head dim: every multiple of 8 up to the widest tile runs; others say which are supported.
+    for dh in (8..=FLASH_MAX_HEAD_DIM).step_by(8) {
+        let (qs, ks) = ([2, 3, 5, dh], [2, 3, 7, dh]);
+        let ops = [
+            operand("q", &qs, DType::F16),
+            operand("k", &ks, DType::F16),
+            operand("v", &ks, DType::F16),
+        ];
+        assert!(check(Path::Flash, ops).is_ok(), "head_dim {dh}");
+    }
+    for dh in [4, 12, 100, FLASH_MAX_HEAD_DIM + 8] {
+        let (qs, ks) = ([2, 3, 5, dh], [2, 3, 7, dh]);
+        let bad = [
+            operand("q", &qs, DType::F16),
+            operand("k", &ks, DType::F16),
+            operand("v", &ks, DType::F16),
+        ];
+        let e = check(Path::Flash, bad).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("head_dim {dh}")) && e.contains("multiples of 8"),
+            "{e}"
+        );
+        assert!(check(Path::Naive, bad).is_ok());
+    }
     let (q512, k512) = ([1, 1, 5, 512], [1, 1, 7, 512]);
     let big = [
         operand("q", &q512, DType::F32),
@@ -667,9 +681,37 @@ fn scale_defaults_to_inverse_sqrt_head_dim_and_must_be_finite() {
 }
 
 #[test]
+fn every_supported_head_dim_runs_on_the_narrowest_tile_that_holds_it() {
+    let mut supported = 0;
+    for dh in 0..=2 * FLASH_MAX_HEAD_DIM {
+        assert_eq!(
+            flash_head_dim_supported(dh),
+            dh > 0 && dh % 8 == 0 && dh <= FLASH_MAX_HEAD_DIM,
+            "{dh}"
+        );
+        if !flash_head_dim_supported(dh) {
+            continue;
+        }
+        supported += 1;
+        let tile = flash_tile_dim(dh);
+        assert!(
+            FLASH_TILE_DIMS.contains(&tile) && tile >= dh,
+            "{dh} -> {tile}"
+        );
+        assert!(
+            FLASH_TILE_DIMS.iter().all(|&t| t < dh || t >= tile),
+            "{dh} -> {tile}: a narrower tile holds it"
+        );
+        // Every kernel lookup takes the tile.
+        assert!(flash_config(tile).is_some() && flash_tma_config(tile).is_some());
+    }
+    assert_eq!(supported, FLASH_MAX_HEAD_DIM / 8);
+}
+
+#[test]
 fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
     // The mma.sync kernel in the sm_80 build only; the wgmma kernels in the sm_90 build only.
-    for d in FLASH_HEAD_DIMS {
+    for d in FLASH_TILE_DIMS {
         assert!(flash_config(d).is_some());
         for dt in [DType::F16, DType::BF16] {
             let name = flash_kernel(d, dt).unwrap();
@@ -681,7 +723,7 @@ fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
     }
     // The sm_90 build's kernels: the warp-specialised one at every head dim, the one-warpgroup one
     // at D = 64; each with the launch bound the host launches it with.
-    for d in FLASH_HEAD_DIMS {
+    for d in FLASH_TILE_DIMS {
         let tma = flash_tma_config(d).unwrap();
         assert_eq!(tma.head_dim, d);
         for dt in [DType::F16, DType::BF16] {
@@ -805,7 +847,7 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
 
 #[test]
 fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
-    for d in FLASH_HEAD_DIMS {
+    for d in FLASH_TILE_DIMS {
         let cfg = gpu::params::attention::flash_bwd_config(d).unwrap();
         let wg = gpu::params::attention::flash_wg_bwd_config(d).unwrap();
         assert_eq!((cfg.head_dim, wg.head_dim), (d, d));
@@ -843,7 +885,8 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         let packed = gpu::params::attention::flash_wg_bwd_config_of(d, true).unwrap();
         for dt in [DType::F16, DType::BF16] {
             let k = flash_bwd_kernels(d, dt, "sm_90", true).unwrap();
-            assert!(k.main.starts_with("flash_wg_bwd_packed_") && in_build(k.main, "sm_90"));
+            assert!(k.main.starts_with("flash_wg_bwd_general_") && in_build(k.main, "sm_90"));
+            assert!(k.general && in_build(k.main_add, "sm_90"), "{}", k.main_add);
             assert_eq!(
                 crate::modules::launch_bounds(k.main, "sm_90"),
                 Some((packed.threads() as u32, 1)),
@@ -858,7 +901,22 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         }
     }
     assert!(flash_bwd_kernels(64, DType::F32, "sm_90", false).is_none());
-    assert!(flash_bwd_kernels(96, DType::F16, "sm_80", false).is_none());
+    // Head dims off the tiles: the narrowest tile that holds them; on sm_90 its general kernels.
+    for (d, tile) in [(8, 64), (40, 64), (72, 128), (96, 128), (120, 128)] {
+        let k = flash_bwd_kernels(d, DType::F16, "sm_80", false).unwrap();
+        assert_eq!(k.main, format!("flash_bwd_d{tile}_f16"));
+        assert!(!k.general);
+        let k = flash_bwd_kernels(d, DType::BF16, "sm_90", false).unwrap();
+        assert_eq!(k.main, format!("flash_wg_bwd_general_d{tile}_bf16"));
+        assert_eq!(k.main_add, format!("flash_wg_bwd_general_add_d{tile}_bf16"));
+        assert!(k.general && in_build(k.main, "sm_90") && in_build(k.main_add, "sm_90"));
+    }
+    for d in [0, 12, 100, FLASH_MAX_HEAD_DIM + 8] {
+        assert!(
+            flash_bwd_kernels(d, DType::F16, "sm_90", false).is_none(),
+            "{d}"
+        );
+    }
 }
 
 /// The CPU same-precision naive backward: f32 is the exact backward; in f16 each gradient is a

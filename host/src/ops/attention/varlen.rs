@@ -50,7 +50,7 @@ const MAX_TOTAL_ROWS: usize = (1 << 31) - 1;
 /// and LSE `[heads, total_q]` f32 (FlashAttention-2's varlen layouts). Q, K and V may have any
 /// strides whose last one is 1 and whose others are nonzero multiples of 8 elements (so slices of a
 /// fused `[total, 3, heads, head_dim]` projection run without a copy); grouped-query heads as in
-/// [`super::flash_forward`]. f16/bf16, head dims [`super::FLASH_HEAD_DIMS`]. A sequence without keys gets
+/// [`super::flash_forward`]. f16/bf16, the head dims [`super::flash_forward`] takes. A sequence without keys gets
 /// O = 0 and LSE = -inf; an empty sequence is allowed.
 pub fn flash_forward_varlen(
     q: &Tensor,

@@ -1,0 +1,255 @@
+//! FlashAttention at head dims off the kernels' tiles (every multiple of 8 up to
+//! `FLASH_MAX_HEAD_DIM`; a head dim runs on the narrowest tile of `FLASH_TILE_DIMS` that holds it):
+//! - forward, every kernel this build has (`FLASH_VARIANTS`): O and LSE bit-identical to the same
+//!   kernel on the operands zero-padded to the tile's width (the padded call's O cut back to the head
+//!   dim; its padded columns exactly 0), and O within tolerance of the f64 reference of
+//!   `attention::model_features`;
+//! - backward: dQ, dK, dV bit-identical to the padded call's, cut back, and within tolerance of that
+//!   reference (the padded call takes the scale of the unpadded head dim, so both compute the same
+//!   function).
+//!
+//! Multi-head and grouped-query heads, odd lengths, a `[B, S, H, D]` strided case, both masks, f16
+//! and bf16. Outputs are poisoned before every launch; inputs are fresh (the seed is printed).
+mod common;
+
+use common::{
+    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip, read,
+    rng, sanitizing, tol, uniform,
+};
+use host::ops::attention::{
+    self, AttentionParams, FLASH_MAX_HEAD_DIM, flash_forward_variant, model_features as mf,
+};
+use host::{DType, Gpu, HostTensor, Tensor};
+
+/// (B, Hq, Hkv, Sq, Sk, D, Q/K/V/dO in `[B, S, H, D]` memory)
+const CASES: [(usize, usize, usize, usize, usize, usize, bool); 7] = [
+    (2, 3, 3, 77, 131, 8, false),
+    (1, 4, 2, 130, 65, 40, false),
+    (2, 2, 2, 129, 129, 56, true),
+    (1, 4, 4, 200, 333, 72, false),
+    (2, 4, 1, 97, 97, 96, false),
+    (1, 3, 3, 1, 257, 104, true),
+    (1, 2, 2, 150, 150, FLASH_MAX_HEAD_DIM - 8, false),
+];
+
+/// The cases a run takes: under compute-sanitizer (tens of times slower) one a tile, strided and
+/// grouped among them.
+fn cases() -> Vec<(usize, usize, usize, usize, usize, usize, bool)> {
+    if sanitizing() {
+        vec![CASES[1], CASES[4], CASES[5]]
+    } else {
+        CASES.to_vec()
+    }
+}
+
+/// The narrowest tile width (a multiple of 64 up to the widest head dim) that holds `d`.
+fn tile_of(d: usize) -> usize {
+    d.div_ceil(64) * 64
+}
+
+/// `x` `[.., D]` with its rows zero-padded to `width`.
+fn pad_rows(x: &HostTensor, width: usize) -> HostTensor {
+    let d = *x.shape.last().unwrap();
+    let mut out = Vec::with_capacity(x.data.len() / d * width);
+    for row in x.data.chunks(d) {
+        out.extend_from_slice(row);
+        out.resize(out.len() + width - d, 0.0);
+    }
+    let mut shape = x.shape.clone();
+    *shape.last_mut().unwrap() = width;
+    HostTensor::new(out, &shape, x.dtype).unwrap()
+}
+
+/// The first `d` columns of every `width`-wide row of `x`; asserts the rest are exactly 0.
+fn cut_rows(case: &str, x: &[f32], width: usize, d: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len() / width * d);
+    for (i, row) in x.chunks(width).enumerate() {
+        assert!(
+            row[d..].iter().all(|&v| v == 0.0),
+            "{case}: row {i} of the padded call has nonzero padding"
+        );
+        out.extend_from_slice(&row[..d]);
+    }
+    out
+}
+
+/// `x` `[B, H, S, D]` uploaded as `[B, S, H, D]` memory, returned as its `[B, H, S, D]` view.
+fn upload_bshd(gpu: &Gpu, x: &HostTensor) -> Tensor {
+    let [b, h, s, d] = x.shape[..] else {
+        panic!("rank 4")
+    };
+    let mut out = vec![0f32; x.data.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..s {
+                let src = ((bi * h + hi) * s + si) * d;
+                let dst = ((bi * s + si) * h + hi) * d;
+                out[dst..dst + d].copy_from_slice(&x.data[src..src + d]);
+            }
+        }
+    }
+    let t = HostTensor::new(out, &[b, s, h, d], x.dtype).unwrap();
+    Tensor::from_host(gpu, &t).unwrap().transpose(1, 2).unwrap()
+}
+
+/// One case's operands: the values, as the call takes them (strided or not), and zero-padded to
+/// the tile (contiguous).
+struct Operands {
+    host: [HostTensor; 4],
+    given: [Tensor; 4],
+    padded: [Tensor; 4],
+}
+
+fn operands(
+    gpu: &Gpu,
+    r: &mut rand::rngs::StdRng,
+    (b, hq, hkv, sq, sk, d, bshd): (usize, usize, usize, usize, usize, usize, bool),
+    dtype: DType,
+) -> Operands {
+    let q = uniform(r, &[b, hq, sq, d], -1.0, 1.0, dtype);
+    let k = uniform(r, &[b, hkv, sk, d], -1.0, 1.0, dtype);
+    let v = uniform(r, &[b, hkv, sk, d], -1.0, 1.0, dtype);
+    let d_o = uniform(r, &[b, hq, sq, d], -1.0, 1.0, dtype);
+    let host = [q, k, v, d_o];
+    let given = host.each_ref().map(|x| {
+        if bshd {
+            upload_bshd(gpu, x)
+        } else {
+            Tensor::from_host(gpu, x).unwrap()
+        }
+    });
+    let padded = host
+        .each_ref()
+        .map(|x| Tensor::from_host(gpu, &pad_rows(x, tile_of(d))).unwrap());
+    Operands {
+        host,
+        given,
+        padded,
+    }
+}
+
+/// The padded call's parameters: the scale of the unpadded head dim, as the call at `d` defaults to.
+fn padded_params(causal: bool, d: usize) -> AttentionParams {
+    AttentionParams {
+        scale: Some((1.0 / (d as f64).sqrt()) as f32),
+        ..attention_params(causal)
+    }
+}
+
+#[test]
+fn head_dims_off_the_tiles_forward_match_the_padded_call_and_the_reference() {
+    let Some(gpu) =
+        gpu_or_skip("head_dims_off_the_tiles_forward_match_the_padded_call_and_the_reference")
+    else {
+        return;
+    };
+    let mut r = rng("head dims forward");
+    for dtype in [DType::F16, DType::BF16] {
+        for case in cases() {
+            let (b, hq, hkv, sq, sk, d, bshd) = case;
+            let x = operands(&gpu, &mut r, case, dtype);
+            let [q, k, v, _] = &x.given;
+            let [qp, kp, vp, _] = &x.padded;
+            for causal in [false, true] {
+                let p = attention_params(causal);
+                let what = format!(
+                    "{dtype} B{b} Hq{hq} Hkv{hkv} Sq{sq} Sk{sk} D{d} bshd {bshd} causal {causal}"
+                );
+                let (o_ref, lse_ref) = mf::forward(
+                    &x.host[0],
+                    &x.host[1],
+                    &x.host[2],
+                    &p,
+                    &mf::ModelFeatures::default(),
+                )
+                .unwrap();
+                let variants = common::flash_variants(&gpu, d, &what);
+                for &variant in &variants {
+                    let (o, lse) = flash_forward_variant(q, k, v, &p, variant).unwrap();
+                    assert_eq!(o.shape(), &[b, hq, sq, d][..], "{what}: O's shape");
+                    let (op, lsep) =
+                        flash_forward_variant(qp, kp, vp, &padded_params(causal, d), variant)
+                            .unwrap();
+                    let cut = cut_rows(&what, &read(&op), tile_of(d), d);
+                    let got = read(&o);
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        cut.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{what} kernel {variant}: O vs the padded call"
+                    );
+                    assert_eq!(bits(&lse), bits(&lsep), "{what} kernel {variant}: LSE");
+                    assert_close(
+                        &format!("{what} kernel {variant}: O vs reference"),
+                        &got,
+                        &o_ref.data,
+                        tol(dtype),
+                    );
+                    assert_lse_close(
+                        &format!("{what} kernel {variant}"),
+                        &read(&lse),
+                        &lse_ref.data,
+                    );
+                }
+                println!("{what}: {} kernels ok", variants.len());
+            }
+        }
+    }
+}
+
+#[test]
+fn head_dims_off_the_tiles_backward_match_the_padded_call_and_the_reference() {
+    let Some(gpu) =
+        gpu_or_skip("head_dims_off_the_tiles_backward_match_the_padded_call_and_the_reference")
+    else {
+        return;
+    };
+    let mut r = rng("head dims backward");
+    for dtype in [DType::F16, DType::BF16] {
+        for case in cases() {
+            let (b, hq, hkv, sq, sk, d, bshd) = case;
+            let x = operands(&gpu, &mut r, case, dtype);
+            let [q, k, v, d_o] = &x.given;
+            let [qp, kp, vp, dop] = &x.padded;
+            for causal in [false, true] {
+                let p = attention_params(causal);
+                let pp = padded_params(causal, d);
+                let what = format!(
+                    "{dtype} B{b} Hq{hq} Hkv{hkv} Sq{sq} Sk{sk} D{d} bshd {bshd} causal {causal}"
+                );
+                let (o, lse) = attention::flash_forward(q, k, v, &p).unwrap();
+                let g = attention::flash_backward(q, k, v, &o, &lse, d_o, &p).unwrap();
+                let (op, lsep) = attention::flash_forward(qp, kp, vp, &pp).unwrap();
+                let gp = attention::flash_backward(qp, kp, vp, &op, &lsep, dop, &pp).unwrap();
+                for (name, got, padded, shape) in [
+                    ("dQ", &g.dq, &gp.dq, [b, hq, sq, d]),
+                    ("dK", &g.dk, &gp.dk, [b, hkv, sk, d]),
+                    ("dV", &g.dv, &gp.dv, [b, hkv, sk, d]),
+                ] {
+                    assert_eq!(got.shape(), &shape[..], "{what}: {name}'s shape");
+                    let cut = cut_rows(&format!("{what}: {name}"), &read(padded), tile_of(d), d);
+                    assert_eq!(
+                        bits(got),
+                        cut.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{what}: {name} vs the padded call"
+                    );
+                }
+                let want = mf::backward(
+                    &x.host[0],
+                    &x.host[1],
+                    &x.host[2],
+                    &x.host[3],
+                    &p,
+                    &mf::ModelFeatures::default(),
+                )
+                .unwrap();
+                assert_grads_close(
+                    &format!("{what}: vs reference"),
+                    &g,
+                    [&want.dq.data, &want.dk.data, &want.dv.data],
+                    tol(dtype),
+                );
+                println!("{what}: ok");
+            }
+        }
+    }
+}
