@@ -988,14 +988,15 @@ fn attention_layouts(b: &mut Bencher) {
 }
 
 /// FlashAttention at head dims on and off the kernels' tiles (`attn_hdim`): B4 H16 S4096 f16, head
-/// dims 32, 64, 96 and 128 (32 and 96 run on the 64- and 128-wide tiles, zero-padded), forward and
-/// forward + backward, both masks, beside SDPA at the same shapes (bench/peers.py). The goal: every
-/// head dim at least as fast as SDPA's flash backend.
+/// dims 32, 64, 96, 128, 192 and 256 (32, 96 and 192 run on the 64-, 128- and 256-wide tiles,
+/// zero-padded), forward and (up to `FLASH_MAX_HEAD_DIM_BACKWARD`) forward + backward, both masks,
+/// beside SDPA at the same shapes (bench/peers.py). The goal: every head dim at least as fast as
+/// SDPA's flash backend.
 fn attention_head_dims(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let (bb, h, s) = if quick { (1, 8, 512) } else { (4, 16, 4096) };
     let dtype = DType::F16;
-    for d in [32, 64, 96, 128] {
+    for d in [32, 64, 96, 128, 192, 256] {
         let bytes1 = bb * h * s * d * dtype.size_bytes();
         let copies = rotation_copies(4 * bytes1, b.l2_bytes);
         let inputs = LazySets::new(b, [[bb, h, s, d]; 4], dtype, copies);
@@ -1007,6 +1008,9 @@ fn attention_head_dims(b: &mut Bencher) {
             };
             let name = format!("attn_hdim/{dtype}/B{bb}H{h}S{s}D{d}/bhsd/{mask}");
             for backward in [false, true] {
+                if backward && d > attn::FLASH_MAX_HEAD_DIM_BACKWARD {
+                    continue;
+                }
                 let (bytes, flops, op) =
                     attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
                 inputs.bench(

@@ -1,12 +1,14 @@
 //! FlashAttention at head dims off the kernels' tiles (every multiple of 8 up to
-//! `FLASH_MAX_HEAD_DIM`; a head dim runs on the narrowest tile of `FLASH_TILE_DIMS` that holds it):
+//! `FLASH_MAX_HEAD_DIM`; a head dim runs on the narrowest tile of `FLASH_TILE_DIMS` that holds it),
+//! and at the widest tile (256, forward only):
 //! - forward, every kernel this build has (`FLASH_VARIANTS`): O and LSE bit-identical to the same
 //!   kernel on the operands zero-padded to the tile's width (the padded call's O cut back to the head
 //!   dim; its padded columns exactly 0), and O within tolerance of the f64 reference of
 //!   `attention::model_features`;
-//! - backward: dQ, dK, dV bit-identical to the padded call's, cut back, and within tolerance of that
+//! - backward: dQ, dK, dV within an eighth of the tolerance of the padded call's, cut back (its
+//!   padded columns exactly 0; not bit-identical: see the test), and within tolerance of that
 //!   reference (the padded call takes the scale of the unpadded head dim, so both compute the same
-//!   function).
+//!   function); past `FLASH_MAX_HEAD_DIM_BACKWARD` a named error.
 //!
 //! Multi-head and grouped-query heads, odd lengths, a `[B, S, H, D]` strided case, both masks, f16
 //! and bf16. Outputs are poisoned before every launch; inputs are fresh (the seed is printed).
@@ -17,7 +19,8 @@ use common::{
     rng, sanitizing, tol, uniform,
 };
 use host::ops::attention::{
-    self, AttentionParams, FLASH_MAX_HEAD_DIM, flash_forward_variant, model_features as mf,
+    self, AttentionParams, FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_BACKWARD, flash_forward_variant,
+    model_features as mf,
 };
 use host::{DType, Gpu, HostTensor, Tensor};
 
@@ -29,7 +32,15 @@ const CASES: [(usize, usize, usize, usize, usize, usize, bool); 7] = [
     (1, 4, 4, 200, 333, 72, false),
     (2, 4, 1, 97, 97, 96, false),
     (1, 3, 3, 1, 257, 104, true),
-    (1, 2, 2, 150, 150, FLASH_MAX_HEAD_DIM - 8, false),
+    (1, 2, 2, 150, 150, FLASH_MAX_HEAD_DIM_BACKWARD - 8, false),
+];
+
+/// Head dims past the backward's: forward only, on the 256-wide tile.
+const WIDE_CASES: [(usize, usize, usize, usize, usize, usize, bool); 4] = [
+    (1, 3, 3, 64, 64, 136, false),
+    (2, 2, 1, 77, 301, 192, true),
+    (1, 2, 2, 130, 200, FLASH_MAX_HEAD_DIM - 8, false),
+    (2, 4, 2, 257, 129, FLASH_MAX_HEAD_DIM, false),
 ];
 
 /// The cases a run takes: under compute-sanitizer (tens of times slower) one a tile, strided and
@@ -42,9 +53,20 @@ fn cases() -> Vec<(usize, usize, usize, usize, usize, usize, bool)> {
     }
 }
 
-/// The narrowest tile width (a multiple of 64 up to the widest head dim) that holds `d`.
+/// [`cases`] and the forward-only ones.
+fn forward_cases() -> Vec<(usize, usize, usize, usize, usize, usize, bool)> {
+    let mut c = cases();
+    if sanitizing() {
+        c.extend([WIDE_CASES[1], WIDE_CASES[3]]);
+    } else {
+        c.extend(WIDE_CASES);
+    }
+    c
+}
+
+/// The narrowest tile width (64, 128 or 256) that holds `d`.
 fn tile_of(d: usize) -> usize {
-    d.div_ceil(64) * 64
+    [64, 128, 256].into_iter().find(|&t| t >= d).unwrap()
 }
 
 /// `x` `[.., D]` with its rows zero-padded to `width`.
@@ -145,7 +167,7 @@ fn head_dims_off_the_tiles_forward_match_the_padded_call_and_the_reference() {
     };
     let mut r = rng("head dims forward");
     for dtype in [DType::F16, DType::BF16] {
-        for case in cases() {
+        for case in forward_cases() {
             let (b, hq, hkv, sq, sk, d, bshd) = case;
             let x = operands(&gpu, &mut r, case, dtype);
             let [q, k, v, _] = &x.given;
@@ -227,10 +249,15 @@ fn head_dims_off_the_tiles_backward_match_the_padded_call_and_the_reference() {
                 ] {
                     assert_eq!(got.shape(), &shape[..], "{what}: {name}'s shape");
                     let cut = cut_rows(&format!("{what}: {name}"), &read(padded), tile_of(d), d);
-                    assert_eq!(
-                        bits(got),
-                        cut.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        "{what}: {name} vs the padded call"
+                    // Within an eighth of the reference tolerance, not bit-identical: the padded
+                    // call's head dim is its tile's, which the sm_90 build runs on the dense kernel
+                    // with its own walk over the query blocks (rotated, deferred dQ), so dK and dV
+                    // add the same terms in another order; the unpadded call runs the general one.
+                    assert_close(
+                        &format!("{what}: {name} vs the padded call"),
+                        &read(got),
+                        &cut,
+                        tol(dtype) / 8.0,
                     );
                 }
                 let want = mf::backward(
@@ -251,5 +278,26 @@ fn head_dims_off_the_tiles_backward_match_the_padded_call_and_the_reference() {
                 println!("{what}: ok");
             }
         }
+    }
+}
+
+#[test]
+fn head_dims_past_the_backwards_are_a_named_error() {
+    let Some(gpu) = gpu_or_skip("head_dims_past_the_backwards_are_a_named_error") else {
+        return;
+    };
+    let mut r = rng("head dims backward refusal");
+    for d in [FLASH_MAX_HEAD_DIM_BACKWARD + 8, FLASH_MAX_HEAD_DIM] {
+        let x = operands(&gpu, &mut r, (1, 2, 2, 33, 33, d, false), DType::F16);
+        let [q, k, v, d_o] = &x.given;
+        let p = attention_params(true);
+        let (o, lse) = attention::flash_forward(q, k, v, &p).unwrap();
+        let e = attention::flash_backward(q, k, v, &o, &lse, d_o, &p).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("head dim {d}"))
+                && msg.contains(&format!("up to {FLASH_MAX_HEAD_DIM_BACKWARD}")),
+            "{msg}"
+        );
     }
 }

@@ -217,13 +217,17 @@ pub const fn flash_config(head_dim: usize) -> Option<FlashConfig> {
 }
 
 /// The head dims the FlashAttention kernels are built for: their tiles' widths (a kernel's `D`).
-pub const FLASH_TILE_DIMS: [usize; 2] = [64, 128];
+/// 256 has a forward only, in the sm_90 build (the warp-specialised kernel): the backward takes
+/// head dims up to [`FLASH_MAX_HEAD_DIM_BACKWARD`].
+pub const FLASH_TILE_DIMS: [usize; 3] = [64, 128, 256];
 
 /// The widest head dim FlashAttention takes. It takes every multiple of 8 from 8 up to this: a head
 /// dim that is not one of [`FLASH_TILE_DIMS`] runs on the narrowest tile that holds it
 /// ([`flash_tile_dim`]). The tiles' columns past the head dim are zero-filled on load (zero terms of
 /// every dot product over the head dim, zero columns of O and of every gradient) and never stored.
-pub const FLASH_MAX_HEAD_DIM: usize = 128;
+pub const FLASH_MAX_HEAD_DIM: usize = 256;
+/// The widest head dim the FlashAttention backward (and the sm_80 build's forward) takes.
+pub const FLASH_MAX_HEAD_DIM_BACKWARD: usize = 128;
 
 /// Whether FlashAttention takes head dim `head_dim`: a multiple of 8 (a 16-byte chunk of 16-bit
 /// elements, the unit of every copy) in `8..=FLASH_MAX_HEAD_DIM`.
@@ -319,11 +323,21 @@ pub const FLASH_TMA_D64: FlashWgmmaConfig = FlashWgmmaConfig {
     stages: 2,
     min_blocks: 1,
 };
+/// D = 256 on the same pipeline: 64-key tiles (O 128 f32 a thread, S 32, P 16: what fits the
+/// consumers' 232 registers), 194 KiB a CTA (Q 64 KiB, each ring 2 x 32 KiB).
+pub const FLASH_TMA_D256: FlashWgmmaConfig = FlashWgmmaConfig {
+    head_dim: 256,
+    block_q: 128,
+    block_k: 64,
+    stages: 2,
+    min_blocks: 1,
+};
 /// The warp-specialised forward's config for a head dim.
 pub const fn flash_tma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
     match head_dim {
         64 => Some(FLASH_TMA_D64),
         128 => Some(FLASH_TMA_D128),
+        256 => Some(FLASH_TMA_D256),
         _ => None,
     }
 }
@@ -342,11 +356,16 @@ pub const fn flash_tma_smem_bytes(c: FlashWgmmaConfig) -> usize {
 const _: () = assert!(
     FLASH_TMA_PRODUCER_REGS * 128 + FLASH_TMA_CONSUMER_REGS * 256 <= 65536
         && flash_tma_smem_bytes(FLASH_TMA_D128) <= 227 * 1024
+        && flash_tma_smem_bytes(FLASH_TMA_D256) <= 227 * 1024
 );
 
 /// Every wgmma forward config a kernel is instantiated with.
-pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 3] =
-    [FLASH_TMA_D64, FLASH_TMA_D128, FLASH_WG_D64_Q64];
+pub const FLASH_WG_CONFIGS: [FlashWgmmaConfig; 4] = [
+    FLASH_TMA_D64,
+    FLASH_TMA_D128,
+    FLASH_TMA_D256,
+    FLASH_WG_D64_Q64,
+];
 
 /// The config of [`FLASH_WG_CONFIGS`] with these tile sizes (what a kernel checks its const
 /// parameters against).

@@ -1,5 +1,5 @@
 //! FlashAttention forward, warp-specialised on the Hopper pipeline (sm_90 build only): entry points
-//! `flash_tma_fwd_d{64,128}_{f16,bf16}`. Same contract (masking, LSE, any S_q / S_k, scale sign) as the
+//! `flash_tma_fwd_d{64,128,256}_{f16,bf16}`. Same contract (masking, LSE, any S_q / S_k, scale sign) as the
 //! other forward kernels; the masking, online softmax, P packing and epilogue are those of
 //! `flash_wgmma.rs`, shared.
 //!
@@ -35,7 +35,7 @@ use crate::dev::wgmma::{
 use crate::params::TensorMapParam;
 use crate::params::attention::{
     AttentionLayout, AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
-    FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
+    FLASH_TMA_D256, FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
 };
 use crate::unroll_lt;
 
@@ -70,7 +70,7 @@ unsafe fn flash_tma_fwd<
     [f32; SN]: Accumulator,
     [f32; ON]: Accumulator,
 {
-    const { assert!(BQ == 128 && SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 128) };
+    const { assert!(BQ == 128 && SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 256) };
     // (A packed batch's CTAs past their sequence's last block walk no tile and store nothing.)
     let qb = QueryBlock::of::<BQ, BK>(&p, &st);
     let p0 = p;
@@ -280,4 +280,6 @@ flash_tma_entry_points! {
     flash_tma_fwd_d64_bf16: BF16, FLASH_TMA_D64;
     flash_tma_fwd_d128_f16: F16, FLASH_TMA_D128;
     flash_tma_fwd_d128_bf16: BF16, FLASH_TMA_D128;
+    flash_tma_fwd_d256_f16: F16, FLASH_TMA_D256;
+    flash_tma_fwd_d256_bf16: BF16, FLASH_TMA_D256;
 }

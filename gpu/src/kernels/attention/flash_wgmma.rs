@@ -369,11 +369,15 @@ fn negate_tile<const ROWS: usize, const D: usize, const TH: usize>(tile: Swizzle
 /// `O *= alpha` per row (`acc[4n], acc[4n + 1]`: row g; `acc[4n + 2], acc[4n + 3]`: row g + 8).
 #[inline(always)]
 pub(super) fn rescale<const ON: usize>(acc: &mut [f32; ON], alpha: [f32; 2]) {
-    unroll_lt!(n < ON / 4, {
-        acc[4 * n] *= alpha[0];
-        acc[4 * n + 1] *= alpha[0];
-        acc[4 * n + 2] *= alpha[1];
-        acc[4 * n + 3] *= alpha[1];
+    // Pairs of 8-column blocks: up to D = 256 (32 blocks) in `unroll_lt!`'s 16 trips.
+    unroll_lt!(n2 < ON / 8, {
+        unroll!(h in [0, 1] {
+            let n = 2 * n2 + h;
+            acc[4 * n] *= alpha[0];
+            acc[4 * n + 1] *= alpha[0];
+            acc[4 * n + 2] *= alpha[1];
+            acc[4 * n + 3] *= alpha[1];
+        });
     });
 }
 
@@ -509,20 +513,24 @@ pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON
     // Only this warp touches its rows of the Q tile from here on; the warp barriers order every
     // lane's writes before the reads (and racecheck sees lanes, not instruction order).
     sync_warp(FULL_MASK);
-    unroll_lt!(n < ON / 4, {
-        let col = (8 * n) as u32 + 2 * t;
-        let c = &acc[4 * n..4 * n + 4];
-        // SAFETY: 4-byte aligned addresses (even column) inside the tile.
-        unsafe {
-            u32::st_shared(
-                staging.elem_addr(warp_row + g, col),
-                T::pack2(c[0] * inv[0], c[1] * inv[0]),
-            );
-            u32::st_shared(
-                staging.elem_addr(warp_row + g + 8, col),
-                T::pack2(c[2] * inv[1], c[3] * inv[1]),
-            );
-        }
+    // Pairs of 8-column blocks, as in `rescale`.
+    unroll_lt!(n2 < ON / 8, {
+        unroll!(h in [0, 1] {
+            let n = 2 * n2 + h;
+            let col = (8 * n) as u32 + 2 * t;
+            let c = &acc[4 * n..4 * n + 4];
+            // SAFETY: 4-byte aligned addresses (even column) inside the tile.
+            unsafe {
+                u32::st_shared(
+                    staging.elem_addr(warp_row + g, col),
+                    T::pack2(c[0] * inv[0], c[1] * inv[0]),
+                );
+                u32::st_shared(
+                    staging.elem_addr(warp_row + g + 8, col),
+                    T::pack2(c[2] * inv[1], c[3] * inv[1]),
+                );
+            }
+        });
     });
     sync_warp(FULL_MASK);
     let chunks_per_row = (D / 8) as u32;

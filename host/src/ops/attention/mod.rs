@@ -24,9 +24,10 @@
 //!   bottom-right corner when `seq_q != seq_k`, as in PyTorch's SDPA and FlashAttention). A query that
 //!   sees no key (causal with `seq_q > seq_k`, or `seq_k = 0`) gets O = 0 and LSE = -inf, never NaN.
 //! - [`flash_forward`]: the FlashAttention-2 kernel; f16/bf16, every head dim that is a multiple
-//!   of 8 up to [`FLASH_MAX_HEAD_DIM`]. The kernels are built for [`FLASH_TILE_DIMS`]; any other head
-//!   dim runs on the narrowest of those that holds it, its columns past the head dim zero in the
-//!   tiles and never stored (so a head dim of 96 costs what 128 does).
+//!   of 8 up to [`FLASH_MAX_HEAD_DIM`] (256; the sm_80 build and the backward up to
+//!   [`FLASH_MAX_HEAD_DIM_BACKWARD`], 128). The kernels are built for [`FLASH_TILE_DIMS`]; any other
+//!   head dim runs on the narrowest of those that holds it, its columns past the head dim zero in
+//!   the tiles and never stored (so a head dim of 96 costs what 128 does).
 //!   [`naive_forward`]: scores materialised in a scratch buffer of `seq_q * seq_k` f32 per head,
 //!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
 //! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
@@ -58,7 +59,9 @@ use gpu::params::attention::{
     dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tile_dim, flash_tma_config,
     flash_tma_smem_bytes, flash_wg_bwd_config_of, naive,
 };
-pub use gpu::params::attention::{FLASH_MAX_HEAD_DIM, FLASH_TILE_DIMS, flash_head_dim_supported};
+pub use gpu::params::attention::{
+    FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_BACKWARD, FLASH_TILE_DIMS, flash_head_dim_supported,
+};
 pub use varlen::{PackedSeqs, flash_backward_varlen, flash_forward_varlen};
 
 use crate::DType;
@@ -590,8 +593,7 @@ fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims) -> u32 {
     let sms = gpu.sm_count().unwrap_or(0) as u64;
     match d.tile_dim() {
         64 if ctas_of_128_rows < 2 * sms => 4,
-        64 | 128 => FLASH_TMA_VARIANT,
-        _ => 0,
+        _ => FLASH_TMA_VARIANT,
     }
 }
 
@@ -677,7 +679,16 @@ fn flash_run(
             .map(|(c, name)| (name, c.block_q, c.threads(), c.smem_bytes()))
     };
     let Some((name, block_q, threads, smem)) = kernel else {
-        unreachable!("validate accepts only head dims and dtypes with a kernel")
+        return Err(Error::Invalid {
+            op,
+            msg: format!(
+                "head_dim {} has no FlashAttention forward kernel in the {} build (it takes head \
+                 dims up to {FLASH_MAX_HEAD_DIM_BACKWARD}; up to {FLASH_MAX_HEAD_DIM} need the sm_90 \
+                 build: compute capability 9.0)",
+                d.head_dim,
+                q.gpu().ptx_arch()
+            ),
+        });
     };
     let q_blocks = query_blocks(op, d, block_q)?;
     let launch = LaunchConfig {
@@ -767,6 +778,8 @@ fn flash_tma_launch(
     let name = match (d.tile_dim(), q.dtype()) {
         (64, DType::F16) => "flash_tma_fwd_d64_f16",
         (64, DType::BF16) => "flash_tma_fwd_d64_bf16",
+        (256, DType::F16) => "flash_tma_fwd_d256_f16",
+        (256, DType::BF16) => "flash_tma_fwd_d256_bf16",
         (_, DType::F16) => "flash_tma_fwd_d128_f16",
         (_, DType::BF16) => "flash_tma_fwd_d128_bf16",
         (_, DType::F32) => {
@@ -828,7 +841,7 @@ pub const FLASH_VARIANTS: [u32; 3] = [0, 4, FLASH_TMA_VARIANT];
 #[doc(hidden)]
 pub fn flash_variant_supported(gpu: &crate::Gpu, variant: u32, head_dim: usize) -> bool {
     match variant {
-        0 => gpu.ptx_arch() == "sm_80",
+        0 => gpu.ptx_arch() == "sm_80" && flash_config(flash_tile_dim(head_dim)).is_some(),
         4 => gpu.ptx_arch() == "sm_90" && flash_tile_dim(head_dim) == 64,
         FLASH_TMA_VARIANT => {
             gpu.ptx_arch() == "sm_90" && flash_tma_config(flash_tile_dim(head_dim)).is_some()
@@ -1079,7 +1092,8 @@ fn flash_backward_run(
         return Err(Error::Invalid {
             op,
             msg: format!(
-                "no FlashAttention backward kernel for head dim {} {} in the {} build{}",
+                "no FlashAttention backward kernel for head dim {} {} in the {} build (the backward \
+                 takes multiples of 8 up to {FLASH_MAX_HEAD_DIM_BACKWARD}){}",
                 d.head_dim,
                 q.dtype(),
                 gpu.ptx_arch(),

@@ -211,7 +211,7 @@ fn validation_rejects_each_bad_input_with_a_typed_error() {
             e.contains(&format!("head_dim {dh}")) && e.contains("multiples of 8"),
             "{e}"
         );
-        assert!(check(Path::Naive, bad).is_ok());
+        assert_eq!(check(Path::Naive, bad).is_ok(), dh <= naive::MAX_HEAD_DIM);
     }
     let (q512, k512) = ([1, 1, 5, 512], [1, 1, 7, 512]);
     let big = [
@@ -702,16 +702,33 @@ fn every_supported_head_dim_runs_on_the_narrowest_tile_that_holds_it() {
             FLASH_TILE_DIMS.iter().all(|&t| t < dh || t >= tile),
             "{dh} -> {tile}: a narrower tile holds it"
         );
-        // Every kernel lookup takes the tile.
-        assert!(flash_config(tile).is_some() && flash_tma_config(tile).is_some());
+        // Every kernel lookup takes the tile: the warp-specialised forward every one, the sm_80
+        // forward and the backward those up to FLASH_MAX_HEAD_DIM_BACKWARD.
+        assert!(flash_tma_config(tile).is_some());
+        assert_eq!(
+            flash_config(tile).is_some(),
+            dh <= FLASH_MAX_HEAD_DIM_BACKWARD,
+            "{dh}"
+        );
+        for arch in ["sm_80", "sm_90"] {
+            assert_eq!(
+                flash_bwd_kernels(dh, DType::F16, arch, false).is_some(),
+                dh <= FLASH_MAX_HEAD_DIM_BACKWARD,
+                "{dh} {arch}"
+            );
+        }
     }
     assert_eq!(supported, FLASH_MAX_HEAD_DIM / 8);
 }
 
 #[test]
 fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
-    // The mma.sync kernel in the sm_80 build only; the wgmma kernels in the sm_90 build only.
-    for d in FLASH_TILE_DIMS {
+    // The mma.sync kernel in the sm_80 build only (tiles up to FLASH_MAX_HEAD_DIM_BACKWARD); the
+    // wgmma kernels in the sm_90 build only.
+    for d in FLASH_TILE_DIMS
+        .into_iter()
+        .filter(|&d| d <= FLASH_MAX_HEAD_DIM_BACKWARD)
+    {
         assert!(flash_config(d).is_some());
         for dt in [DType::F16, DType::BF16] {
             let name = flash_kernel(d, dt).unwrap();
@@ -847,7 +864,10 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
 
 #[test]
 fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
-    for d in FLASH_TILE_DIMS {
+    for d in FLASH_TILE_DIMS
+        .into_iter()
+        .filter(|&d| d <= FLASH_MAX_HEAD_DIM_BACKWARD)
+    {
         let cfg = gpu::params::attention::flash_bwd_config(d).unwrap();
         let wg = gpu::params::attention::flash_wg_bwd_config(d).unwrap();
         assert_eq!((cfg.head_dim, wg.head_dim), (d, d));
@@ -911,7 +931,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert_eq!(k.main_add, format!("flash_wg_bwd_general_add_d{tile}_bf16"));
         assert!(k.general && in_build(k.main, "sm_90") && in_build(k.main_add, "sm_90"));
     }
-    for d in [0, 12, 100, FLASH_MAX_HEAD_DIM + 8] {
+    for d in [0, 12, 100, 136, 256, FLASH_MAX_HEAD_DIM + 8] {
         assert!(
             flash_bwd_kernels(d, DType::F16, "sm_90", false).is_none(),
             "{d}"
