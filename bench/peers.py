@@ -538,6 +538,69 @@ def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
                        for name, backend in SDPA_BACKENDS[:2]])
 
 
+def attn_window_case(tag, b, h, s, d, left, right, causal, backward):
+    """A sliding window (benches/benches/ops.rs attention_windows): query i sees keys
+    i - left..=i + right (right 0 when causal). Peers: SDPA with the window as a boolean mask
+    (the efficient and cuDNN backends take masks; the flash backend does not), and FlexAttention
+    (torch.compile'd flex_attention with the window's block mask, which skips blocks outside it);
+    forward, or forward + backward through autograd. FLOPs: the visible pairs' 4 D each (3.5x that
+    with the backward)."""
+    mask_name = "causal" if causal else "full"
+    right = 0 if causal else right
+    tensor = b * h * s * d * ELEM_SIZE[tag]
+    visible = sum(min(s - 1, i + right) - max(0, i - left) + 1 for i in range(s))
+    fwd = 4 * b * h * visible * d
+
+    def allowed():
+        i = torch.arange(s, device="cuda")[:, None]
+        j = torch.arange(s, device="cuda")[None, :]
+        return (j >= i - left) & (j <= i + right)
+
+    def sdpa_peer(name, backend):
+        def build():
+            mask = allowed()
+
+            def run(x):
+                q, k, v, d_o = x
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                if backward:
+                    return torch.autograd.grad(o, (q, k, v), d_o)
+                return o
+            return run
+        return Peer(name, build, sdpa_context(backend))
+
+    def flex_peer():
+        def build():
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            torch._dynamo.reset()
+
+            def window(b_, h_, i, j):
+                return (j >= i - left) & (j <= i + right)
+            block_mask = create_block_mask(window, None, None, s, s, device="cuda")
+            flex = torch.compile(flex_attention)
+
+            def run(x):
+                q, k, v, d_o = x
+                o = flex(q, k, v, block_mask=block_mask)
+                if backward:
+                    return torch.autograd.grad(o, (q, k, v), d_o)
+                return o
+            return run
+        return Peer("flex-attention", build)
+
+    def make():
+        q, k, v = (rand((b, h, s, d), tag).requires_grad_(backward) for _ in range(3))
+        return q, k, v, rand((b, h, s, d), tag)
+
+    op = "fwdbwd" if backward else "fwd"
+    return Case(f"attn_window/{tag}/B{b}H{h}S{s}D{d}/L{left}R{right}/{mask_name}/{op}",
+                bytes=10 * tensor if backward else 4 * tensor,
+                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
+                make_set=make,
+                peers=[sdpa_peer("sdpa-efficient", "EFFICIENT_ATTENTION"),
+                       sdpa_peer("sdpa-cudnn", "CUDNN_ATTENTION"), flex_peer()])
+
+
 # Sequence lengths of the mixed packed batch of benches/benches/ops.rs attention_varlen_mixed.
 VARLEN_MIXED_LENS = [4096, 256, 1024, 3072, 512, 2048, 128, 3584, 768, 1536, 2560, 384, 1792, 3328,
                      640, 2816]
@@ -886,6 +949,9 @@ def build_cases(quick):
               for backward in (False, True)]
     cases += [sdpa_layout_case("attn_layout", "f16", 2, 32, 4096, 128, layout, causal, backward)
               for layout in ("bhsd", "bshd") for causal in (False, True)
+              for backward in (False, True)]
+    cases += [attn_window_case("f16", 2, 16, 8192, 128, left, right, causal, backward)
+              for (left, right, causal) in ((1024, 0, True), (512, 512, False))
               for backward in (False, True)]
     # (Our backward takes head dims up to 128: no forward + backward case past it.)
     cases += [sdpa_layout_case("attn_hdim", "f16", 4, 16, 4096, d, "bhsd", causal, backward)

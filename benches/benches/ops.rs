@@ -716,6 +716,7 @@ fn attention(b: &mut Bencher) {
                 let params = AttentionParams {
                     causal,
                     scale: None,
+                    ..Default::default()
                 };
                 b.bench(
                     spec(
@@ -765,6 +766,7 @@ fn attention_decode(b: &mut Bencher) {
             let params = AttentionParams {
                 causal: Causal::No,
                 scale: None,
+                ..Default::default()
             };
             b.bench(
                 spec(
@@ -920,6 +922,7 @@ fn attention_gqa(b: &mut Bencher) {
             let params = AttentionParams {
                 causal,
                 scale: None,
+                ..Default::default()
             };
             let name = format!("attn_gqa/{dtype}/B{bb}Hq{hq}Hkv{hkv}S{s}D{d}/{mask}");
             for backward in [false, true] {
@@ -965,6 +968,7 @@ fn attention_layouts(b: &mut Bencher) {
             let params = AttentionParams {
                 causal,
                 scale: None,
+                ..Default::default()
             };
             let name = format!("attn_layout/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}");
             for backward in [false, true] {
@@ -1005,6 +1009,7 @@ fn attention_head_dims(b: &mut Bencher) {
             let params = AttentionParams {
                 causal,
                 scale: None,
+                ..Default::default()
             };
             let name = format!("attn_hdim/{dtype}/B{bb}H{h}S{s}D{d}/bhsd/{mask}");
             for backward in [false, true] {
@@ -1019,6 +1024,48 @@ fn attention_head_dims(b: &mut Bencher) {
                     |set| attention_step(set, &params, backward),
                 );
             }
+        }
+    }
+}
+
+/// Sliding windows (`attn_window`): B2 H16 S8192 D128 f16, a causal window of 1024 keys back
+/// (Mistral's kind) and a bidirectional one of 512 each side, forward and forward + backward,
+/// beside SDPA with the window as a boolean mask and FlexAttention (bench/peers.py). FLOPs count
+/// the visible pairs only.
+fn attention_windows(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let (bb, h, s, d) = if quick {
+        (1, 4, 1024, 128)
+    } else {
+        (2, 16, 8192, 128)
+    };
+    let dtype = DType::F16;
+    let bytes1 = bb * h * s * d * dtype.size_bytes();
+    let copies = rotation_copies(4 * bytes1, b.l2_bytes);
+    let inputs = LazySets::new(b, [[bb, h, s, d]; 4], dtype, copies);
+    for (left, right, causal) in [(1024usize, 0usize, true), (512, 512, false)] {
+        let visible: u64 = (0..s)
+            .map(|i| (s - 1).min(i + right) - i.saturating_sub(left) + 1)
+            .map(|n| n as u64)
+            .sum();
+        let fwd_flops = 4 * (bb * h * d) as u64 * visible;
+        let params = AttentionParams {
+            causal: if causal { Causal::Yes } else { Causal::No },
+            scale: None,
+            window: attn::Window {
+                left: Some(left),
+                right: Some(right),
+            },
+        };
+        let mask = if causal { "causal" } else { "full" };
+        let name = format!("attn_window/{dtype}/B{bb}H{h}S{s}D{d}/L{left}R{right}/{mask}");
+        for backward in [false, true] {
+            let (bytes, flops, op) = attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
+            inputs.bench(
+                b,
+                spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
+                |set| attention_step(set, &params, backward),
+            );
         }
     }
 }
@@ -1051,6 +1098,7 @@ fn attention_varlen(b: &mut Bencher) {
             let params = AttentionParams {
                 causal,
                 scale: None,
+                ..Default::default()
             };
             for backward in [false, true] {
                 let (bytes, flops, op) =
@@ -1112,6 +1160,7 @@ fn attention_varlen_mixed(b: &mut Bencher) {
         let params = AttentionParams {
             causal,
             scale: None,
+            ..Default::default()
         };
         for backward in [false, true] {
             let (bytes, flops, op) = attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
@@ -1158,6 +1207,7 @@ fn attention_backward_long(b: &mut Bencher) {
         let params = AttentionParams {
             causal,
             scale: None,
+            ..Default::default()
         };
         let (gpu, seed): (Gpu, u64) = (b.gpu.clone(), b.rng.random());
         type Saved = ([Tensor; 4], (Tensor, Tensor));
@@ -1230,6 +1280,7 @@ fn attention_backward(b: &mut Bencher) {
                 let params = AttentionParams {
                     causal,
                     scale: None,
+                    ..Default::default()
                 };
                 let x = inputs.clone();
                 let saved: OnceCell<Vec<(Tensor, Tensor)>> = OnceCell::new();
@@ -1531,7 +1582,7 @@ fn main() {
             .as_deref()
             .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
     };
-    let all: [(&str, BenchFn); 18] = [
+    let all: [(&str, BenchFn); 19] = [
         ("ceilings", ceilings),
         ("matmuls", matmuls),
         ("elementwise", elementwise),
@@ -1544,6 +1595,7 @@ fn main() {
         ("attention_gqa", attention_gqa),
         ("attention_layouts", attention_layouts),
         ("attention_head_dims", attention_head_dims),
+        ("attention_windows", attention_windows),
         ("attention_varlen", attention_varlen),
         ("attention_varlen_mixed", attention_varlen_mixed),
         ("attention_decode", attention_decode),

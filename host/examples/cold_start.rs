@@ -60,6 +60,7 @@ fn run(op: &str, started: Instant) -> host::Result<String> {
             let p = AttentionParams {
                 causal: Causal::No,
                 scale: None,
+                ..Default::default()
             };
             Box::new(move || attention::flash_forward(&q, &q, &q, &p).map(drop))
         }

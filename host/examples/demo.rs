@@ -118,6 +118,7 @@ fn attention_section(gpu: Option<&Gpu>, rng: &mut Rng, verdict: &mut Verdict) ->
             let params = AttentionParams {
                 causal,
                 scale: None,
+                ..Default::default()
             };
             let mask = if causal == Causal::Yes {
                 "causal"

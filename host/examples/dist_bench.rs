@@ -159,6 +159,7 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
     let params = AttentionParams {
         causal: Causal::Yes,
         scale: None,
+        ..Default::default()
     };
     println!(
         "\n| ring attention causal B{b} H{h} D{d} f16 | S total | one GPU at L ms | {world} GPUs ms | efficiency |\n|---|---|---|---|---|"
@@ -205,6 +206,7 @@ fn ring(world: usize, gpu0: &Gpu, quick: bool) -> host::Result<String> {
                         let p = AttentionParams {
                             causal: if pair.causal { Causal::Yes } else { Causal::No },
                             scale: None,
+                            ..Default::default()
                         };
                         drop(attention::flash_forward(&q, &k, &v, &p)?);
                     }

@@ -180,6 +180,7 @@ fn params(c: &Case) -> AttentionParams {
     AttentionParams {
         causal: c.causal,
         scale: None,
+        ..Default::default()
     }
 }
 
@@ -371,6 +372,7 @@ fn check_custom_scales(
         let p = AttentionParams {
             causal: c.causal,
             scale: Some(scale),
+            ..Default::default()
         };
         let (o, lse) = run(path, gpu, &x, &p);
         let want = reference::forward_and_naive(&x[0], &x[1], &x[2], &p).unwrap();

@@ -115,6 +115,7 @@ fn params(c: &Case) -> AttentionParams {
     AttentionParams {
         causal: c.causal,
         scale: c.scale,
+        ..Default::default()
     }
 }
 
@@ -263,6 +264,7 @@ fn naive_backward_fully_masked_rows_have_zero_gradients() {
         let p = AttentionParams {
             causal,
             scale: None,
+            ..Default::default()
         };
         let g = attention::naive_backward(&q, &none, &none, &q, &p).unwrap();
         assert!(g.dq.to_vec().unwrap().iter().all(|&v| v == 0.0));
@@ -693,6 +695,7 @@ fn flash_backward_fully_masked_rows_and_empty_sequences() {
             let p = AttentionParams {
                 causal,
                 scale: None,
+                ..Default::default()
             };
             let (o, lse) = attention::flash_forward(&q, &none, &none, &p).unwrap();
             let g = attention::flash_backward(&q, &none, &none, &o, &lse, &q, &p).unwrap();

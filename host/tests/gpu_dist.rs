@@ -426,6 +426,7 @@ fn ring_attention_matches_the_whole_sequence_reference() {
         let params = AttentionParams {
             causal: if c.causal { Causal::Yes } else { Causal::No },
             scale: None,
+            ..Default::default()
         };
         let want = reference::forward_and_naive(&q, &k, &v, &params).unwrap();
         let want_g = reference::backward_and_naive(&q, &k, &v, &d_o, &params).unwrap();
@@ -610,6 +611,7 @@ fn a_ring_of_one_matches_flash_forward() {
     let params = AttentionParams {
         causal: Causal::Yes,
         scale: Some(0.3),
+        ..Default::default()
     };
     let want = reference::forward_and_naive(&q, &k, &v, &params).unwrap();
     let out = dist::run(1, Settings::default(), |rank| {

@@ -37,12 +37,58 @@ pub struct AttentionShape {
     pub scale: f32,
     /// First (batch * heads + head) index of this launch (the naive path launches in chunks).
     pub bh_offset: u32,
+    /// A sliding window (the wgmma FlashAttention kernels): query `i` sees key `j` only if
+    /// `i + diag - window_left <= j <= i + diag + window_right`, with `diag = seq_k - seq_q` of its
+    /// sequence (the causal mask's alignment; the causal mask caps the right side at 0).
+    /// [`NO_WINDOW`]: unbounded on that side.
+    pub window_left: u32,
+    pub window_right: u32,
 }
-// SAFETY: #[repr(C)], ten 4-byte fields, no padding; `mask` is always a valid discriminant
+// SAFETY: #[repr(C)], twelve 4-byte fields, no padding; `mask` is always a valid discriminant
 // (only built from the enum on the host).
 unsafe impl KernelParam for AttentionShape {}
 // The kernels receive it by value: its bytes must not move when a field is edited.
-const _: () = assert!(core::mem::size_of::<AttentionShape>() == 40);
+const _: () = assert!(core::mem::size_of::<AttentionShape>() == 48);
+
+/// [`AttentionShape::window_left`] / `window_right` of a side without a bound: `i32::MAX`, so that
+/// `i + diag` plus or minus it saturates (i32 arithmetic) past every key.
+pub const NO_WINDOW: u32 = i32::MAX as u32;
+
+/// The keys query row `i` sees, as i32 bounds around `i + diag`: `lo(i) <= j < hi(i)` before the
+/// `0..seq_k` bounds. From the mask and the window of an [`AttentionShape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Band {
+    /// Keys before the row's aligned position it sees (i32::MAX: all).
+    pub left: i32,
+    /// Keys after it (0 under the causal mask; i32::MAX: all).
+    pub right: i32,
+}
+
+impl Band {
+    #[inline(always)]
+    pub const fn of(p: &AttentionShape) -> Self {
+        let right = if matches!(p.mask, MaskKind::Causal) {
+            0
+        } else {
+            p.window_right as i32
+        };
+        Self {
+            left: p.window_left as i32,
+            right,
+        }
+    }
+    /// The first key row `i` (aligned position `i + diag`) sees, unbounded below 0 (may be
+    /// negative, saturating at i32::MIN).
+    #[inline(always)]
+    pub const fn lo(&self, i: i32, diag: i32) -> i32 {
+        (i + diag).saturating_sub(self.left)
+    }
+    /// One past the last key row `i` sees, before the `seq_k` bound (saturating at i32::MAX).
+    #[inline(always)]
+    pub const fn hi(&self, i: i32, diag: i32) -> i32 {
+        (i + diag).saturating_add(self.right).saturating_add(1)
+    }
+}
 
 impl AttentionShape {
     /// Query heads a key/value head serves.
@@ -495,29 +541,66 @@ pub struct DqWalk {
     pub block_k: u32,
     pub causal: bool,
     pub diag: i32,
+    /// The keys each query sees ([`Band::of`] the shape; a window only with the plain order).
+    pub band: Band,
 }
 
 impl DqWalk {
-    /// The first query block that sees key block `j`: 0, or under the causal mask the block of
-    /// the first query that sees its first key (i32 arithmetic: a key block's first key and the
-    /// diagonal are within [`MAX_SEQ`] < 2^30 in magnitude).
+    /// The first query block that sees key block `j`: 0, or under the causal mask (or a window's
+    /// right side) the block of the first query that sees its first key (i32 arithmetic: a key
+    /// block's first key and the diagonal are within [`MAX_SEQ`] < 2^30 in magnitude; the window
+    /// saturates).
     pub const fn first_qblock(&self, j: u32) -> u32 {
-        if self.causal {
-            let first = (j * self.block_k) as i32 - self.diag;
-            (if first > 0 { first as u32 } else { 0 }) / self.block_q
-        } else {
+        let first = (j * self.block_k) as i32 - self.diag;
+        // (The causal mask's test first: a dense kernel's band is a constant without a window.)
+        let first = if self.causal {
+            first
+        } else if self.band.right == i32::MAX {
             0
+        } else {
+            first.saturating_sub(self.band.right)
+        };
+        (if first > 0 { first as u32 } else { 0 }) / self.block_q
+    }
+
+    /// One past the last query block that sees key block `j`: `n_qblocks`, or under a window's
+    /// left side the block of the last query that sees its last key (0 if none does).
+    pub const fn end_qblock(&self, j: u32) -> u32 {
+        if self.band.left == i32::MAX {
+            return self.n_qblocks;
         }
+        let last = (((j + 1) * self.block_k - 1) as i32 - self.diag).saturating_add(self.band.left);
+        if last < 0 {
+            0
+        } else {
+            let end = last as u32 / self.block_q + 1;
+            if end < self.n_qblocks {
+                end
+            } else {
+                self.n_qblocks
+            }
+        }
+    }
+
+    /// The first key block that query block `i` sees: 0, or under a window's left side the block
+    /// of the first key its first query sees.
+    pub const fn first_kblock(&self, i: u32) -> u32 {
+        if self.band.left == i32::MAX {
+            return 0;
+        }
+        let lo = ((i * self.block_q) as i32 + self.diag).saturating_sub(self.band.left);
+        (if lo > 0 { lo as u32 } else { 0 }) / self.block_k
     }
 }
 
-/// The query block that key block `j` walks at step `step` (< `n_qblocks - first_qblock(j)`) in
-/// dQ order `order`: last-first, except in the rotated order (see [`dq_turn_at`]).
+/// The query block that key block `j` walks at step `step` (< `end_qblock(j) - first_qblock(j)`)
+/// in dQ order `order`: last-first, except in the rotated order (see [`dq_turn_at`]; never with a
+/// window).
 #[inline(always)]
 pub const fn dq_block_at(w: &DqWalk, j: u32, step: u32, order: u32) -> u32 {
     // Every order's block is computed and one selected: branches around the arithmetic, which
     // the kernels run while wgmma are in flight, made ptxas serialise those.
-    let last_first = w.n_qblocks.wrapping_sub(1).wrapping_sub(step);
+    let last_first = w.end_qblock(j).wrapping_sub(1).wrapping_sub(step);
     let causal = w.first_qblock(j).wrapping_add(step);
     // u32 arithmetic ([`dq_rotated_fits`]): a 64-bit division is a call in the PTX.
     let start = j.wrapping_mul(w.n_qblocks) / max1(w.n_kblocks);
@@ -558,8 +641,9 @@ pub const fn dq_rotated_fits(n_qblocks: u32, n_kblocks: u32) -> bool {
 }
 
 /// The turn (how many key blocks add to query block `i` before it) of key block `j`, which walks
-/// block `i`, in dQ order `order`. Ascending: `j`, for the key blocks that meet block i are
-/// exactly `0..=j_max(i)`. Rotated: each block takes its additions in the order of the steps at
+/// block `i`, in dQ order `order`. Ascending: `j - first_kblock(i)`, for the key blocks that meet
+/// block i are exactly `first_kblock(i)..=j_max(i)` (`0..` but under a window). Rotated (never with
+/// a window): each block takes its additions in the order of the steps at
 /// which the key blocks walk it. Without a mask block j walks up from `s_j = j n_q / n_k`
 /// (wrapping), so it meets block i at step `(i - s_j) mod n_q`: the block with the latest start
 /// `s_J <= i` meets it first, then J - 1, ..., 0, then n_k - 1, ..., J + 1 (blocks with equal
@@ -597,7 +681,13 @@ pub const fn dq_turn_at(w: &DqWalk, j: u32, i: u32, order: u32) -> u32 {
     } else {
         wrapped
     };
-    if order & DQ_ROTATED != 0 { rotated } else { j }
+    // Ascending: the key blocks that meet block i are `first_kblock(i)..`, in order.
+    let ascending = j.wrapping_sub(w.first_kblock(i));
+    if order & DQ_ROTATED != 0 {
+        rotated
+    } else {
+        ascending
+    }
 }
 
 /// Design notes (no measurements yet; the H100 benchmark is the judge):

@@ -34,7 +34,7 @@
 //! let x = host::HostTensor::new(vec![0.5; 2 * s * 64], &[1, 2, s, 64], DType::F16)?;
 //! let outs = dist::run(n, Settings::default(), |rank| {
 //!     let shard = Tensor::from_host(rank.gpu(), &ring_attention::shard(&x, n, rank.rank())?)?;
-//!     let p = AttentionParams { causal: Causal::Yes, scale: None };
+//!     let p = AttentionParams { causal: Causal::Yes, scale: None, ..Default::default() };
 //!     let (o, _lse) = ring_attention::forward(rank, &shard, &shard, &shard, &p)?;
 //!     let total = Tensor::from_f32(rank.gpu(), &[1.0], &[1], DType::F32)?;
 //!     rank.all_reduce(&total, ReduceOp::Sum)?;              // n on every rank
@@ -363,6 +363,7 @@ fn pair_params(scale: f32, causal: bool) -> AttentionParams {
     AttentionParams {
         causal: if causal { Causal::Yes } else { Causal::No },
         scale: Some(scale),
+        ..Default::default()
     }
 }
 

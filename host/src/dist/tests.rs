@@ -171,6 +171,7 @@ fn ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence() {
         let params = AttentionParams {
             causal: if causal { Causal::Yes } else { Causal::No },
             scale: None,
+            ..Default::default()
         };
         let (o_full, lse_full) = attn::reference::forward(&q, &k, &v, &params).unwrap();
         let g_full = attn::reference::backward(&q, &k, &v, &d_o, &params).unwrap();
@@ -197,6 +198,7 @@ fn ring_simulated_on_the_cpu_equals_attention_over_the_whole_sequence() {
                     let pp = AttentionParams {
                         causal: if p.causal { Causal::Yes } else { Causal::No },
                         scale: None,
+                        ..Default::default()
                     };
                     let (qc, kc, vc) = (
                         chunk(&qs[r], p.q),

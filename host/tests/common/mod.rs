@@ -254,6 +254,7 @@ pub fn attention_params(causal: bool) -> host::ops::attention::AttentionParams {
     AttentionParams {
         causal: if causal { Causal::Yes } else { Causal::No },
         scale: None,
+        ..Default::default()
     }
 }
 

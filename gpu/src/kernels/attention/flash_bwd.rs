@@ -94,7 +94,7 @@ use crate::dev::tile::{SharedCarve, SharedTile};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::layout::{Linear, Xor8};
 use crate::params::attention::{
-    AttentionLayout, AttentionShape, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128,
+    AttentionLayout, AttentionShape, Band, DQ_REVERSED_GRID, DqWalk, FLASH_BWD_D64, FLASH_BWD_D128,
     FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FlashBwdConfig, HeadStrides, MaskKind, dq_block_at,
     dq_turn_at, flash_bwd, flash_bwd_config, flash_tile_dim,
 };
@@ -141,7 +141,7 @@ unsafe fn flash_bwd<
     const { assert!(THREADS == BK / 16 * 32) };
 
     // The mma.sync kernel serves dense batches only (the host refuses packed ones in its build).
-    let walk = KeyBlockWalk::of::<D, BK, BQ, false>(p, &st, (stats.len, turns.len), 0, 0);
+    let walk = KeyBlockWalk::of::<D, BK, BQ, false, false>(p, &st, (stats.len, turns.len), 0, 0);
     let KeyBlockWalk {
         sq,
         sk,
@@ -269,7 +269,9 @@ unsafe fn flash_bwd<
 
         // S^T, P^T, dS^T and the dV/dK updates.
         let mask = Mask {
-            first_query: walk.first_queries::<BK>(m0, n0 + key_row + g),
+            first_query: walk
+                .first_queries::<BK, BQ, false>(m0, n0 + key_row + g)
+                .first,
         };
         query_block::<T, D, BK, BQ, DSC, KD, NS, KQ, NO>(
             Tiles {
@@ -490,12 +492,26 @@ pub(super) struct KeyBlockWalk {
     pub first_qblock: u32,
 }
 
+/// For one key row of a key block, against the query block starting at row `m0`: the query
+/// offsets in the block that see it, `first..=last` (i32::MIN / i32::MAX where unbounded).
+#[derive(Clone, Copy)]
+pub(super) struct QueryBounds {
+    pub first: [i32; 2],
+    pub last: [i32; 2],
+}
+
 impl KeyBlockWalk {
     /// This CTA's walk for shape `p`; checked builds check that the statistics and the turn
     /// counters hold this head's rows (the operands' rows are checked where the kernel takes them,
     /// [`HeadRows::of`]).
     #[inline(always)]
-    pub(super) fn of<const D: usize, const BK: usize, const BQ: usize, const PACKED: bool>(
+    pub(super) fn of<
+        const D: usize,
+        const BK: usize,
+        const BQ: usize,
+        const PACKED: bool,
+        const WINDOW: bool,
+    >(
         p: AttentionShape,
         l: &AttentionLayout,
         (stats_len, turns_len): (u64, u64),
@@ -514,6 +530,21 @@ impl KeyBlockWalk {
         let seq = Sequence::of_kind::<PACKED>(l, &p, b);
         let (sq, sk) = (seq.sq, seq.sk);
         let causal = p.mask == MaskKind::Causal;
+        // Windows run on the general (packed) kernels that take them only (the launcher's rule,
+        // `WINDOW`): the others take a constant band without one (the causal mask is `causal`).
+        // Those reload theirs each step, like a packed batch's offsets.
+        let band = if WINDOW {
+            Band::of(&AttentionShape {
+                window_left: opaque_dep_u32(p.window_left, salt),
+                window_right: opaque_dep_u32(p.window_right, salt),
+                ..p
+            })
+        } else {
+            Band {
+                left: i32::MAX,
+                right: i32::MAX,
+            }
+        };
         let diag = sk as i32 - sq as i32;
         let n_kblocks = sk.div_ceil(BK as u32);
         // The grid covers the key blocks (of the longest sequence); reversed, CTA x takes block
@@ -537,6 +568,7 @@ impl KeyBlockWalk {
             block_k: BK as u32,
             causal,
             diag,
+            band,
         };
         let walk = Self {
             sq,
@@ -573,7 +605,7 @@ impl KeyBlockWalk {
     /// Query blocks this CTA walks: those that see its keys.
     #[inline(always)]
     pub(super) fn steps(&self) -> u32 {
-        self.dq.n_qblocks - self.first_qblock
+        self.dq.end_qblock(self.j).saturating_sub(self.first_qblock)
     }
 
     /// The query block of step `step` (< [`Self::steps`]) in dQ order `order` ([`dq_block_at`]).
@@ -589,26 +621,63 @@ impl KeyBlockWalk {
         dq_turn_at(&self.dq, self.j, i, order)
     }
 
-    /// For keys `key` and `key + 8` of this block, in the query block starting at row `m0`: the
-    /// first query offset in the block that may see each (the mask keeps entry (key, query offset
-    /// qq) iff qq >= the bound); i32::MAX for a key past seq_k, i32::MIN where the whole block is
-    /// visible.
+    /// For keys `key` and `key + 8` of this block, in the query block of `BQ` rows starting at row
+    /// `m0`: the query offsets in the block that may see each (the mask keeps entry (key, query
+    /// offset qq) iff `first <= qq <= last`); `first` i32::MAX for a key past seq_k, and
+    /// (i32::MIN, i32::MAX) where the whole block is visible. Without `WINDOW` (the dense kernels)
+    /// only the causal mask bounds them.
     #[inline(always)]
-    pub(super) fn first_queries<const BK: usize>(&self, m0: u32, key: u32) -> [i32; 2] {
+    pub(super) fn first_queries<const BK: usize, const BQ: usize, const WINDOW: bool>(
+        &self,
+        m0: u32,
+        key: u32,
+    ) -> QueryBounds {
+        if !WINDOW {
+            // The causal mask alone.
+            let whole = self.n0 + BK as u32 <= self.sk
+                && !(self.dq.causal && (self.n0 + BK as u32 - 1) as i32 > m0 as i32 + self.dq.diag);
+            let first_query = |kk: i32| {
+                if whole {
+                    i32::MIN
+                } else if kk >= self.sk as i32 {
+                    i32::MAX
+                } else if self.dq.causal {
+                    kk - (m0 as i32 + self.dq.diag)
+                } else {
+                    i32::MIN
+                }
+            };
+            return QueryBounds {
+                first: [first_query(key as i32), first_query(key as i32 + 8)],
+                last: [i32::MAX; 2],
+            };
+        }
+        let band = self.dq.band;
+        let (n0, diag) = (self.n0 as i32, self.dq.diag);
+        // Whole: every key is below seq_k, the first query sees the last key (right side) and the
+        // last query the first key (left side; a constant pass without a window).
         let whole = self.n0 + BK as u32 <= self.sk
-            && !(self.dq.causal && (self.n0 + BK as u32 - 1) as i32 > m0 as i32 + self.dq.diag);
-        let first_query = |kk: i32| {
+            && n0 + BK as i32 - 1 < band.hi(m0 as i32, diag)
+            && (band.left == i32::MAX || n0 >= band.lo(m0 as i32 + BQ as i32 - 1, diag));
+        let bounds = |kk: i32| {
+            // Query q (offset kk - m0 - diag from the key's diagonal) sees key kk iff
+            // kk - diag - right <= q <= kk - diag + left.
+            let at = kk - (m0 as i32 + diag);
             if whole {
-                i32::MIN
+                (i32::MIN, i32::MAX)
             } else if kk >= self.sk as i32 {
-                i32::MAX
-            } else if self.dq.causal {
-                kk - (m0 as i32 + self.dq.diag)
+                (i32::MAX, i32::MAX)
+            } else if band.left == i32::MAX {
+                (at.saturating_sub(band.right), i32::MAX)
             } else {
-                i32::MIN
+                (at.saturating_sub(band.right), at.saturating_add(band.left))
             }
         };
-        [first_query(key as i32), first_query(key as i32 + 8)]
+        let (a, b) = (bounds(key as i32), bounds(key as i32 + 8));
+        QueryBounds {
+            first: [a.0, b.0],
+            last: [a.1, b.1],
+        }
     }
 }
 

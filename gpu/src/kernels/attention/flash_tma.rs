@@ -17,8 +17,9 @@
 //!     ... after the loop: wait V(n-1); O += P V; wait; release; store O and LSE
 //! ```
 //! The turns (FlashAttention-3's ping-pong) let one warpgroup's softmax run while the other's GEMMs
-//! hold the tensor cores. Causally invisible tiles are never loaded: both roles walk the same `n_tiles` (the last key this
-//! block's last row sees). Heaviest query blocks first, as in the other kernels. The producer's
+//! hold the tensor cores. Invisible tiles (past the causal diagonal, outside a window) are never
+//! loaded: both roles walk the same tiles (from the first key this block's first row sees to the
+//! last its last row sees). Heaviest query blocks first, as in the other kernels. The producer's
 //! copies of the next tiles run while the consumers compute, with no block-wide barrier in the loop.
 use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LOG2_E, max};
@@ -35,12 +36,13 @@ use crate::dev::wgmma::{
 use crate::params::TensorMapParam;
 use crate::params::attention::{
     AttentionLayout, AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
-    FLASH_TMA_D256, FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, MaskKind, flash_tma_smem_bytes,
+    FLASH_TMA_D256, FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, flash_tma_smem_bytes,
 };
 use crate::unroll_lt;
 
 use super::flash_wgmma::{
-    OnlineSoftmax, QueryBlock, issue_pv, issue_s, key_limits, mask, pack_p, rescale, store_output,
+    KeyLimits, OnlineSoftmax, QueryBlock, issue_pv, issue_s, key_limits, mask, pack_p, rescale,
+    store_output,
 };
 
 /// K/V ring depth.
@@ -76,15 +78,18 @@ unsafe fn flash_tma_fwd<
     let p0 = p;
     let p = qb.seq.shape(p);
     let sk = p.seq_k;
-    let causal = p.mask == MaskKind::Causal;
     let QueryBlock {
         m0,
         seq,
         h,
         hkv,
         diag,
+        band,
+        first_tile,
         n_tiles,
     } = qb;
+    // Tiles from the first the block sees (a window's left edge): tile `first_tile + t` at step t.
+    let steps = n_tiles - first_tile;
     // The maps' (row, batch) coordinates: rows of a packed sequence start at its offset.
     let (bi, q_row0, k_row0) = (seq.bi as i32, (seq.q0 + m0) as i32, seq.k0 as i32);
 
@@ -122,7 +127,7 @@ unsafe fn flash_tma_fwd<
                 q_bar.arrive_expect_tx(SwizzledTile::<BQ, D>::BYTES as u32);
                 map_q.load(q_tile, (0, q_row0), (h as i32, bi), q_bar);
                 let (mut ks, mut vs) = (PipeState::START, PipeState::START);
-                for j in 0..n_tiles {
+                for j in first_tile..n_tiles {
                     let row = k_row0 + (j * BK as u32) as i32;
                     let (kt, kb) = k_ring.producer_acquire(ks);
                     map_k.load(kt, (0, row), (hkv as i32, bi), kb);
@@ -142,7 +147,7 @@ unsafe fn flash_tma_fwd<
     let wg_row = wg * 64; // this warpgroup's first row in the block
     let warp_row = wg_row + ((ctid / 32) % 4) * 16; // this warp's first row in the block
     let first_row = m0 + warp_row + lane_id() / 4; // this thread's rows: first_row and first_row + 8
-    let key_limit = key_limits(first_row, sk, diag, causal);
+    let key_limit = key_limits(first_row, sk, diag, band);
 
     q_bar.wait(0);
     if p.scale < 0.0 {
@@ -162,13 +167,13 @@ unsafe fn flash_tma_fwd<
     // Ping-pong: the two warpgroups issue their tile's wgmma in turns (barrier `TURN + w` is
     // warpgroup w's turn; the other one arrives on it after issuing), so one's softmax runs while the
     // other's GEMMs occupy the tensor cores. Warpgroup 0 goes first (no wait at j = 0) and waits once
-    // more after the loop, so each barrier sees as many waits as arrivals (n_tiles). The waits and
+    // more after the loop, so each barrier sees as many waits as arrivals (steps). The waits and
     // the arrivals sit where this warpgroup has no wgmma in flight or only unconditional code
     // follows (ptxas serialises wgmma around branches while accumulators are in flight).
-    for j in 0..n_tiles {
-        let n0 = j * BK as u32;
+    for t in 0..steps {
+        let n0 = (first_tile + t) * BK as u32;
         let kt = k_ring.consumer_wait(ks);
-        if wg == 1 || j > 0 {
+        if wg == 1 || t > 0 {
             // SAFETY: 256 threads use barrier TURN + w: its 128 wait, the other 128 arrive.
             unsafe { named_barrier(TURN + wg, 256) };
         }
@@ -176,7 +181,7 @@ unsafe fn flash_tma_fwd<
         // SAFETY: the whole warpgroup; Q and K(j) have landed (their barriers) and stay until this
         // warpgroup releases K(j) after the wait below.
         unsafe { issue_s::<T, BQ, BK, D, SN>(&mut s, q_tile, wg_row, kt) };
-        if j > 0 {
+        if t > 0 {
             let vt = v_ring.consumer_wait(vs);
             // SAFETY: the whole warpgroup; V(j-1) has landed; P(j-1) and the rescaled O were
             // written before the `fence` above.
@@ -195,13 +200,12 @@ unsafe fn flash_tma_fwd<
             unsafe { k_ring.consumer_release(ks) };
         }
         ks = ks.next();
-        let last_key = (n0 + BK as u32 - 1) as i32;
-        if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+        if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
         }
         let alpha = softmax.update(&mut s);
         acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
-        if j > 0 {
+        if t > 0 {
             if elected {
                 // SAFETY: as above; P V(j-1) retired.
                 unsafe { v_ring.consumer_release(vs) };
@@ -211,18 +215,18 @@ unsafe fn flash_tma_fwd<
         rescale(&mut acc, alpha);
         pf = pack_p::<T, SN>(&s);
     }
-    if wg == 0 && n_tiles > 0 {
+    if wg == 0 && steps > 0 {
         // SAFETY: as above (warpgroup 1's last arrival).
         unsafe { named_barrier(TURN, 256) };
     }
-    if n_tiles > 0 {
+    if steps > 0 {
         let vt = v_ring.consumer_wait(vs);
         fence();
         // SAFETY: as in the loop.
         unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, vt) };
     }
     acc.wait::<0>();
-    if n_tiles > 0 && elected {
+    if steps > 0 && elected {
         // SAFETY: as above; the last P V retired.
         unsafe { v_ring.consumer_release(vs) };
     }

@@ -77,6 +77,7 @@ unsafe fn flash_wg_bwd<
     const ON: usize,
     const STAGES: usize,
     const GENERAL: bool,
+    const WINDOW: bool,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -111,7 +112,7 @@ unsafe fn flash_wg_bwd<
     } else {
         (p.group_member, 1)
     };
-    let walk = KeyBlockWalk::of::<D, BK, BQ, GENERAL>(
+    let walk = KeyBlockWalk::of::<D, BK, BQ, GENERAL, WINDOW>(
         AttentionShape {
             group_member: first_member,
             ..p
@@ -180,7 +181,7 @@ unsafe fn flash_wg_bwd<
         // head's turn while holding another head's).
         // This member's walk and dQ sink.
         let walk_at = |salt: u32| {
-            KeyBlockWalk::of::<D, BK, BQ, GENERAL>(
+            KeyBlockWalk::of::<D, BK, BQ, GENERAL, WINDOW>(
                 AttentionShape {
                     group_member: member,
                     ..p
@@ -309,8 +310,8 @@ unsafe fn flash_wg_bwd<
                 };
             }
 
-            // Per key row of this thread (0: key_row, 1: key_row + 8): the mask's first visible query.
-            let fq = walk.first_queries::<BK>(m0, n0 + key_row);
+            // Per key row of this thread (0: key_row, 1: key_row + 8): the queries that see it.
+            let qb = walk.first_queries::<BK, BQ, WINDOW>(m0, n0 + key_row);
             let st = stats_base + stage * stat_stage;
 
             // The block's queries in sub-blocks of 64 (the N of S^T): S^T and dP^T stay at 32 f32 a
@@ -370,7 +371,8 @@ unsafe fn flash_wg_bwd<
                     };
                     unroll!(e in [0, 1, 2, 3] {
                         let pv = exp2(fma(s[4 * n + e], c, -lse2[e % 2]));
-                        let keep = (col + (e % 2) as u32) as i32 >= fq[e / 2];
+                        let qq = (col + (e % 2) as u32) as i32;
+                        let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
                         let pv = if keep { pv } else { 0.0 };
                         s[4 * n + e] = pv;
                         dp[4 * n + e] = pv * (dp[4 * n + e] - delta[e % 2]);
@@ -795,13 +797,13 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
 }
 
 macro_rules! flash_wg_bwd_entry_points {
-    ($($name:ident: $t:ty, $out:ty, $cfg:path, $packed:expr;)*) => {$(
+    ($($name:ident: $t:ty, $out:ty, $cfg:path, $general:expr, $window:expr;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
         /// `order`: how the dQ blocks are walked and summed (`DQ_*` flags; without `DQ_ORDERED`
         /// in arrival order, the explicit nondeterministic mode). The `_general_` kernels take a
-        /// packed (variable-length) batch or a head dim narrower than the tile; the others a dense
-        /// batch at the tile's head dim.
+        /// packed (variable-length) batch, a head dim narrower than the tile and (not the f32-adding
+        /// ones) a sliding window; the others a dense batch at the tile's head dim.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
@@ -811,7 +813,7 @@ macro_rules! flash_wg_bwd_entry_points {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.head_dim / 2 }, { C.stages }, $packed>(
+                    { C.head_dim / 2 }, { C.stages }, $general, $window>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
@@ -821,23 +823,24 @@ macro_rules! flash_wg_bwd_entry_points {
 }
 
 flash_wg_bwd_entry_points! {
-    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false;
-    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false;
-    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false;
-    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false;
+    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false, false;
+    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false;
+    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false;
+    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false, false;
     // dK and dV added into f32 accumulators (ring attention's steps).
-    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false;
-    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false;
-    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false;
-    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false;
-    // Packed (variable-length) batches (`flash_backward_varlen`) and head dims narrower than the
-    // tile.
-    flash_wg_bwd_general_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true;
-    flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true;
-    flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true;
-    flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true;
-    flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true;
-    flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true;
-    flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true;
-    flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true;
+    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false;
+    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false;
+    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false, false;
+    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false, false;
+    // Packed (variable-length) batches (`flash_backward_varlen`), head dims narrower than the
+    // tile and windows; the f32-adding forms without windows (ring attention takes none, and the
+    // window's bounds would spill D = 128's registers there).
+    flash_wg_bwd_general_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true;
+    flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true;
+    flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true, true;
+    flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true, true;
+    flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false;
+    flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false;
+    flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false;
+    flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true, false;
 }

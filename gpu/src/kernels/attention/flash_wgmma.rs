@@ -42,7 +42,7 @@ use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionLayout, AttentionShape, FLASH_WG_D64_Q64, FlashWgmmaConfig, MaskKind,
+    AttentionLayout, AttentionShape, Band, FLASH_WG_D64_Q64, FlashWgmmaConfig,
     flash_wgmma_config_of,
 };
 use crate::{unroll, unroll_lt};
@@ -78,15 +78,19 @@ unsafe fn flash_wg_fwd<
     let p0 = p;
     let p = qb.seq.shape(p);
     let (sq, sk) = (p.seq_q, p.seq_k);
-    let causal = p.mask == MaskKind::Causal;
     let QueryBlock {
         m0,
         seq,
         h,
         hkv,
         diag,
+        band,
+        first_tile,
         n_tiles,
     } = qb;
+    // Tiles are counted from the first the block sees (a window's left edge): tile `first_tile + t`
+    // at step t.
+    let steps = n_tiles - first_tile;
     // This head's rows (the launcher validated that every head's rows lie inside the operands;
     // checked builds re-check).
     let q_src = HeadRows::of(q, st.q, (seq.bi, h), (seq.q0, sq), p.head_dim);
@@ -103,8 +107,8 @@ unsafe fn flash_wg_fwd<
     // reading); every copied-into stage is idle per the pipeline above.
     unsafe {
         load_rows::<BQ, D, TH, T>(q_tile, q_src, m0, sq);
-        if n_tiles > 0 {
-            load_rows::<BK, D, TH, T>(k_tiles, k_src, 0, sk);
+        if steps > 0 {
+            load_rows::<BK, D, TH, T>(k_tiles, k_src, first_tile * BK as u32, sk);
         }
         cp_async_commit();
         // The loop loads V(j) in iteration j.
@@ -124,7 +128,7 @@ unsafe fn flash_wg_fwd<
     let wg_row = (tid / 128) * 64; // this warpgroup's first row in the block
     let warp_row = wg_row + ((tid / 32) % 4) * 16; // this warp's first row in the block
     let first_row = m0 + warp_row + lane_id() / 4; // this thread's rows: first_row and first_row + 8
-    let key_limit = key_limits(first_row, sk, diag, causal);
+    let key_limit = key_limits(first_row, sk, diag, band);
     // Clamped away from 0 so that masked scores stay -inf (not NaN) under scale = 0.
     let mut softmax = OnlineSoftmax::new(max(p.scale.abs() * LOG2_E, 1e-30));
     let mut acc = [0.0f32; ON];
@@ -132,10 +136,10 @@ unsafe fn flash_wg_fwd<
 
     // The overlapped schedule (see the module doc): P V(j-1) runs during softmax(j).
     let mut pf = [[0u32; 4]; 16];
-    for j in 0..n_tiles {
-        let stage = j % 2;
-        let n0 = j * BK as u32;
-        if j > 0 {
+    for t in 0..steps {
+        let stage = t % 2;
+        let n0 = (first_tile + t) * BK as u32;
+        if t > 0 {
             // K(j) and V(j-1) (this thread's newest group) have landed; every warpgroup retired
             // S(j-1) and P V(j-2).
             cp_async_wait::<0>();
@@ -145,7 +149,7 @@ unsafe fn flash_wg_fwd<
         // SAFETY: see above; K(j+1) goes into the stage S(j-1) read, V(j) into the stage
         // P V(j-2) read, both retired before the barrier above.
         unsafe {
-            if j + 1 < n_tiles {
+            if t + 1 < steps {
                 load_rows::<BK, D, TH, T>(k_tiles.stage(1 - stage), k_src, n0 + BK as u32, sk);
             }
             load_rows::<BK, D, TH, T>(v_tiles.stage(stage), v_src, n0, sk);
@@ -156,7 +160,7 @@ unsafe fn flash_wg_fwd<
         // SAFETY: the whole warpgroup issues it (no divergence above); Q and K(j) landed and were
         // fenced before the barrier; `s` is untouched until the wait below.
         unsafe { issue_s::<T, BQ, BK, D, SN>(&mut s, q_tile, wg_row, k_tiles.stage(stage)) };
-        if j > 0 {
+        if t > 0 {
             // P V(j-1): V(j-1) landed before the barrier above; P(j-1) and the rescaled O were
             // written before the fence above.
             // SAFETY: the whole warpgroup; see above.
@@ -166,8 +170,7 @@ unsafe fn flash_wg_fwd<
         } else {
             s.wait::<0>();
         }
-        let last_key = (n0 + BK as u32 - 1) as i32;
-        if n0 + BK as u32 > sk || (causal && last_key > (m0 + wg_row) as i32 + diag) {
+        if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
         }
         let alpha = softmax.update(&mut s);
@@ -175,7 +178,7 @@ unsafe fn flash_wg_fwd<
         rescale(&mut acc, alpha);
         pf = pack_p::<T, SN>(&s);
     }
-    if n_tiles > 0 {
+    if steps > 0 {
         // The last P V: V(n-1) has landed (this thread's newest group); every warpgroup retired
         // its S(n-1) before the barrier, so the epilogue may reuse the Q tile.
         cp_async_wait::<0>();
@@ -183,7 +186,7 @@ unsafe fn flash_wg_fwd<
         sync_threads();
         fence();
         // SAFETY: the whole warpgroup; see above.
-        unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, v_tiles.stage((n_tiles - 1) % 2)) };
+        unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, v_tiles.stage((steps - 1) % 2)) };
     }
     acc.wait::<0>();
 
@@ -192,7 +195,8 @@ unsafe fn flash_wg_fwd<
 
 /// The query block a CTA computes and the key tiles it visits: block `blockIdx.x` from the last
 /// (heaviest first: under a causal mask later blocks see more keys), head `blockIdx.y`, batch
-/// `blockIdx.z`; `n_tiles` tiles of `BK` keys up to the last key this block's last row sees.
+/// `blockIdx.z`; the tiles of `BK` keys from the one holding the first key its first row sees to
+/// the one holding the last key its last row sees.
 #[derive(Clone, Copy)]
 pub(super) struct QueryBlock {
     /// The block's first query row (counted in its sequence).
@@ -202,8 +206,12 @@ pub(super) struct QueryBlock {
     /// Its query head, and the key/value head it reads (`head / group`).
     pub h: u32,
     pub hkv: u32,
-    /// Query `i` sees key `j` iff `j <= i + diag` (causal).
+    /// Query `i` sees keys `band.lo(i, diag)..band.hi(i, diag)` (within `0..seq_k`): `diag` aligns
+    /// the causal mask and the window to the bottom-right corner.
     pub diag: i32,
+    pub band: Band,
+    /// The key tiles the block's rows see: `first_tile..n_tiles`.
+    pub first_tile: u32,
     pub n_tiles: u32,
 }
 
@@ -228,20 +236,24 @@ impl QueryBlock {
             sq
         };
         let diag = sk as i32 - sq as i32;
+        let band = Band::of(p);
         let rows_here = (sq - m0).min(BQ as u32);
+        // The last row's last key and the first row's first (rows see rising key ranges).
         let key_end = if !here {
             0
-        } else if p.mask == MaskKind::Causal {
-            (m0 as i32 + rows_here as i32 + diag).clamp(0, sk as i32) as u32
         } else {
-            sk
+            band.hi((m0 + rows_here - 1) as i32, diag)
+                .clamp(0, sk as i32) as u32
         };
+        let key_begin = band.lo(m0 as i32, diag).clamp(0, key_end as i32) as u32;
         Self {
             m0,
             seq,
             h,
             hkv: h / p.group(),
             diag,
+            band,
+            first_tile: key_begin / BK as u32,
             n_tiles: key_end.div_ceil(BK as u32),
         }
     }
@@ -398,31 +410,52 @@ pub(super) fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 1
     pf
 }
 
-/// For this thread's two rows (`row`, `row + 8`): the first key index that row may not see.
+/// For this thread's two rows (`row`, `row + 8`): the keys each sees, `lo[r]..hi[r]` (`hi` at
+/// most `sk`).
 #[inline(always)]
-pub(super) fn key_limits(row: u32, sk: u32, diag: i32, causal: bool) -> [i32; 2] {
-    let limit = |r: u32| {
-        if causal {
-            (r as i32 + diag + 1).min(sk as i32)
-        } else {
-            sk as i32
-        }
-    };
-    [limit(row), limit(row + 8)]
+pub(super) fn key_limits(row: u32, sk: u32, diag: i32, band: Band) -> KeyLimits {
+    let hi = |r: u32| band.hi(r as i32, diag).min(sk as i32);
+    KeyLimits {
+        lo: [band.lo(row as i32, diag), band.lo(row as i32 + 8, diag)],
+        hi: [hi(row), hi(row + 8)],
+    }
 }
 
-/// Sets scores of keys at or past each row's limit to -inf (tile keys start at `n0`). `s[4n + e]` is
+/// The keys a thread's two rows see: `lo[r]..hi[r]`.
+#[derive(Clone, Copy)]
+pub(super) struct KeyLimits {
+    pub lo: [i32; 2],
+    pub hi: [i32; 2],
+}
+
+impl KeyLimits {
+    /// Whether a tile of keys `n0..n0 + BK` needs [`mask`] for a warpgroup whose 64 rows start at
+    /// `row0`: past `sk`, or crossing the first row's last key or the last row's first.
+    #[inline(always)]
+    pub(super) fn tile_needs_mask<const BK: usize>(
+        n0: u32,
+        sk: u32,
+        (row0, diag, band): (u32, i32, Band),
+    ) -> bool {
+        let last_key = (n0 + BK as u32 - 1) as i32;
+        n0 + BK as u32 > sk
+            || last_key >= band.hi(row0 as i32, diag)
+            || (n0 as i32) < band.lo(row0 as i32 + 63, diag)
+    }
+}
+
+/// Sets scores of keys outside each row's `lo..hi` to -inf (tile keys start at `n0`). `s[4n + e]` is
 /// row `g`, key `n0 + 8n + 2q + e`; `s[4n + 2 + e]` row `g + 8`, same key.
 #[inline(always)]
-pub(super) fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: [i32; 2]) {
+pub(super) fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: KeyLimits) {
     let first = (n0 + 2 * (lane_id() % 4)) as i32;
     unroll_lt!(n < SN / 4, {
         unroll!(e in [0, 1] {
             let key = first + (8 * n + e) as i32;
-            if key >= limit[0] {
+            if key >= limit.hi[0] || key < limit.lo[0] {
                 s[4 * n + e] = f32::NEG_INFINITY;
             }
-            if key >= limit[1] {
+            if key >= limit.hi[1] || key < limit.lo[1] {
                 s[4 * n + 2 + e] = f32::NEG_INFINITY;
             }
         });

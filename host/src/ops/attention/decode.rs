@@ -160,6 +160,15 @@ impl<'a> Plan<'a> {
         kv: &KvCache<'a>,
         params: &AttentionParams,
     ) -> Result<Plan<'a>> {
+        if params.window.is_bounded() {
+            return Err(Error::Invalid {
+                op,
+                msg: format!(
+                    "decoding takes no sliding window (window {:?}); flash_forward does",
+                    params.window
+                ),
+            });
+        }
         let [b, hq, sq, d] = *q.shape() else {
             return Err(Error::Shape {
                 op,

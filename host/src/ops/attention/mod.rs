@@ -45,7 +45,7 @@
 //! let gpu = Gpu::new(0)?;
 //! let q = Tensor::from_f32(&gpu, &vec![0.1; 2 * 4 * 100 * 64], &[2, 4, 100, 64], DType::F16)?;
 //! let kv = Tensor::from_f32(&gpu, &vec![0.2; 2 * 4 * 300 * 64], &[2, 4, 300, 64], DType::F16)?;
-//! let params = AttentionParams { causal: Causal::Yes, scale: None };
+//! let params = AttentionParams { causal: Causal::Yes, scale: None, ..Default::default() };
 //! let (o, lse) = attention::flash_forward(&q, &kv, &kv, &params)?;
 //! assert_eq!((o.shape(), lse.shape()), (&[2, 4, 100, 64][..], &[2, 4, 100][..]));
 //! # Ok(()) }
@@ -53,11 +53,11 @@
 use cudarc::driver::LaunchConfig;
 pub use decode::{DECODE_HEAD_DIMS, KvCache, decode_forward};
 use gpu::params::attention::{
-    AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID, DQ_ROTATED,
-    DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS, FLASH_WG_D64_Q64,
-    FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, dq_late_release_fits,
-    dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config, flash_tile_dim, flash_tma_config,
-    flash_tma_smem_bytes, flash_wg_bwd_config_of, naive,
+    AttentionLayout, AttentionShape, Band, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID,
+    DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS,
+    FLASH_WG_D64_Q64, FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, NO_WINDOW,
+    dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
+    flash_tile_dim, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config_of, naive,
 };
 pub use gpu::params::attention::{
     FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_BACKWARD, FLASH_TILE_DIMS, flash_head_dim_supported,
@@ -85,6 +85,30 @@ pub struct AttentionParams {
     pub causal: Causal,
     /// Multiplies `Q K^T`; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// A sliding window (Mistral's, Gemma-2's local layers); the default sees every key.
+    pub window: Window,
+}
+
+/// A sliding window: query `i` sees key `j` only if `i + off - left <= j <= i + off + right`, with
+/// `off = seq_k - seq_q` (of its sequence, in a packed batch): aligned to the bottom-right corner
+/// like the causal mask, which also caps the right side at 0. `None` leaves a side unbounded; a
+/// bound at or past the sequence lengths is the same as none. FlashAttention kernels of the sm_90
+/// build (forward, backward, packed batches); the sm_80 build and the naive path refuse a bounded
+/// window. The keys a query sees are contiguous, so a row whose window holds no key (possible only
+/// past the causal diagonal) gets O = 0 and LSE = -inf, as a fully masked row does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Keys a query sees before its own (aligned) position.
+    pub left: Option<usize>,
+    /// Keys a query sees after it.
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// Whether either side is bounded.
+    pub fn is_bounded(&self) -> bool {
+        self.left.is_some() || self.right.is_some()
+    }
 }
 
 /// The problem size of a validated call.
@@ -262,7 +286,36 @@ fn validate(
         Operand::of("k", k),
         Operand::of("v", v),
     ];
-    validate_operands(op, path, &ops, params)
+    let checked = validate_operands(op, path, &ops, params)?;
+    validate_window(op, path, q.gpu(), params)?;
+    Ok(checked)
+}
+
+/// A bounded [`Window`] runs on the wgmma kernels only: the sm_90 build's FlashAttention.
+fn validate_window(
+    op: &'static str,
+    path: Path,
+    gpu: &crate::Gpu,
+    params: &AttentionParams,
+) -> Result<()> {
+    if !params.window.is_bounded() {
+        return Ok(());
+    }
+    let msg = match path {
+        Path::Naive => "the naive path takes no window (attention::model_features is the \
+                        reference with one)"
+            .to_string(),
+        Path::Flash if gpu.ptx_arch() != "sm_90" => format!(
+            "a sliding window needs the sm_90 build (compute capability 9.0); this device runs \
+             the {} build",
+            gpu.ptx_arch()
+        ),
+        Path::Flash => return Ok(()),
+    };
+    Err(Error::Invalid {
+        op,
+        msg: format!("{msg} (window {:?})", params.window),
+    })
 }
 
 /// Every rule except "same device": ranks and shapes, dtypes, head dim, contiguity, alignment, sizes.
@@ -538,6 +591,17 @@ fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize)
         },
         scale,
         bh_offset: bh_offset as u32,
+        window_left: window_side(params.window.left),
+        window_right: window_side(params.window.right),
+    }
+}
+
+/// One side of a window as the kernels take it: [`NO_WINDOW`] when unbounded or past every
+/// sequence (a bound of `MAX_SEQ` or more is none).
+fn window_side(side: Option<usize>) -> u32 {
+    match side {
+        Some(n) if n < MAX_SEQ => n as u32,
+        _ => NO_WINDOW,
     }
 }
 
@@ -900,7 +964,7 @@ pub fn flash_forward_variant(
 /// let gpu = Gpu::new(0)?;
 /// let q = Tensor::from_f32(&gpu, &vec![0.1; 2 * 4 * 100 * 64], &[2, 4, 100, 64], DType::BF16)?;
 /// let kv = Tensor::from_f32(&gpu, &vec![0.2; 2 * 4 * 300 * 64], &[2, 4, 300, 64], DType::BF16)?;
-/// let params = AttentionParams { causal: Causal::Yes, scale: None };
+/// let params = AttentionParams { causal: Causal::Yes, scale: None, ..Default::default() };
 /// let (o, lse) = attention::flash_forward(&q, &kv, &kv, &params)?;
 /// let d_o = Tensor::from_f32(&gpu, &vec![1.0; 2 * 4 * 100 * 64], &[2, 4, 100, 64], DType::BF16)?;
 /// let g = attention::flash_backward(&q, &kv, &kv, &o, &lse, &d_o, &params)?;
@@ -977,6 +1041,16 @@ pub fn flash_backward_add(
 ) -> Result<()> {
     const OP: &str = "attention::flash_backward_add";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
+    if params.window.is_bounded() {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "the accumulating backward takes no sliding window (window {:?}); flash_backward \
+                 does",
+                params.window
+            ),
+        });
+    }
     let kv = [d.batch, d.kv_heads, d.seq_k, d.head_dim];
     for (name, t, shape) in [
         ("acc.dq", &acc.dq, q.shape()),
@@ -1088,7 +1162,9 @@ fn flash_backward_run(
 ) -> Result<()> {
     let packed = layout.cu_seqlens_q != 0;
     let gpu = q.gpu();
-    let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), packed) else {
+    // A window walks the plain order, which the general kernels take.
+    let general = packed || params.window.is_bounded();
+    let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), general) else {
         return Err(Error::Invalid {
             op,
             msg: format!(
@@ -1192,6 +1268,7 @@ fn flash_backward_run(
             block_k: names.block_k as u32,
             causal: params.causal == Causal::Yes,
             diag: d.seq_k as i32 - d.seq_q as i32,
+            band: Band::of(&shape),
         };
         let order = if names.general {
             // The general kernels walk the plain order: each CTA waits only for CTAs of lower key
@@ -1393,6 +1470,7 @@ fn flash_bwd_kernels(
     ptx_arch: &str,
     packed: bool,
 ) -> Option<FlashBwdKernels> {
+    // (`packed` also stands for a windowed call: the general kernels, sm_90 only.)
     let (pre, convert) = match dtype {
         DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),

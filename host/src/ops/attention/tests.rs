@@ -16,6 +16,7 @@ fn reference_matches_a_hand_computed_case() {
     let p = AttentionParams {
         causal: Causal::No,
         scale: Some(1.0),
+        ..Default::default()
     };
     let (o, lse) = r::forward(&q, &k, &v, &p).unwrap();
     // Row 0 scores (1, 0, 1): weights (e, 1, e) / (2e + 1).
@@ -37,6 +38,7 @@ fn reference_matches_a_hand_computed_case() {
     let p = AttentionParams {
         causal: Causal::Yes,
         scale: Some(1.0),
+        ..Default::default()
     };
     let (o, lse) = r::forward(&q, &k, &v, &p).unwrap();
     let w0 = [e / (e + 1.), 1. / (e + 1.)];
@@ -55,6 +57,7 @@ fn fully_masked_rows_are_zero_with_lse_minus_infinity() {
     let p = AttentionParams {
         causal: Causal::Yes,
         scale: None,
+        ..Default::default()
     };
     let b = r::forward_and_naive(&q, &k, &v, &p).unwrap();
     for out in [&b.exact_o, &b.naive_o] {
@@ -349,7 +352,11 @@ fn backward_reference_matches_central_differences() {
     let mut seed = 0x00A7_7E47_u64;
     let mut checked = 0;
     for (sq, sk, dh, causal, sc) in cases {
-        let params = AttentionParams { causal, scale: sc };
+        let params = AttentionParams {
+            causal,
+            scale: sc,
+            ..Default::default()
+        };
         let scale = scale("t", &params, dh).unwrap() as f64;
         let (q, k, v) = (
             values(&mut seed, sq * dh),
@@ -455,6 +462,7 @@ fn public_backward_reference_matches_central_differences_over_heads() {
         let params = AttentionParams {
             causal,
             scale: None,
+            ..Default::default()
         };
         let draw = |seed: &mut u64, n| -> Vec<f32> {
             values(seed, n)
@@ -532,6 +540,7 @@ fn forward_f64_is_the_reference_forward_and_checks_lengths() {
     let p = AttentionParams {
         causal: Causal::Yes,
         scale: Some(0.7),
+        ..Default::default()
     };
     let d = dims("t", &qs, &ks, &ks).unwrap();
     let f64s = |t: &HostTensor| t.data.iter().map(|&x| x as f64).collect::<Vec<_>>();
@@ -567,6 +576,7 @@ fn backward_of_fully_masked_rows_is_zero_and_never_nan() {
     let p = AttentionParams {
         causal: Causal::Yes,
         scale: None,
+        ..Default::default()
     };
     let g = r::backward(&q, &k, &v, &d_o, &p).unwrap();
     assert_eq!(g.dq.shape, vec![1, 2, 4, 3]);
@@ -953,6 +963,7 @@ fn naive_same_precision_backward_rounds_like_the_dtype() {
         let p = AttentionParams {
             causal,
             scale: None,
+            ..Default::default()
         };
         for dtype in [DType::F32, DType::F16] {
             let q = mk(&mut seed, &[1, 2, 9, 8], dtype);
@@ -1008,6 +1019,10 @@ fn dq_orders_walk_every_visible_block_once_and_take_turns_in_step_order() {
                         block_k: bk,
                         causal,
                         diag: sk as i32 - sq as i32,
+                        band: Band {
+                            left: i32::MAX,
+                            right: if causal { 0 } else { i32::MAX },
+                        },
                     };
                     // Which key blocks meet query block i, from the mask itself.
                     let meets = |i: u32, j: u32| {
@@ -1071,4 +1086,80 @@ fn dq_orders_walk_every_visible_block_once_and_take_turns_in_step_order() {
         }
     }
     assert_eq!(cases, 2 * 9 * 8 * 2 * 2);
+}
+
+/// The ascending dQ order under sliding windows (the only order a window takes): each key block
+/// walks exactly the query blocks whose rows meet its keys inside the band (block extents, so a
+/// last block's padding rows and keys may add a walk whose entries the mask clears), once; each
+/// block's turns are 0..count; and a CTA waits only for CTAs of lower key blocks.
+#[test]
+fn dq_ascending_order_under_windows_walks_every_block_in_the_band_once() {
+    use gpu::params::attention::{DQ_ORDERED, DqWalk, dq_block_at, dq_turn_at};
+    let mut cases = 0;
+    for (bq, bk) in [(64u32, 128u32), (128, 128)] {
+        for sq in [1u32, 97, 128, 1025, 2048] {
+            for sk in [1u32, 97, 200, 1025, 4096] {
+                for causal in [false, true] {
+                    for left in [None, Some(0), Some(1), Some(63), Some(200), Some(1000)] {
+                        for right in [None, Some(0), Some(5), Some(130)] {
+                            let band = Band {
+                                left: left.map_or(i32::MAX, |l| l as i32),
+                                right: if causal {
+                                    0
+                                } else {
+                                    right.map_or(i32::MAX, |r| r as i32)
+                                },
+                            };
+                            let w = DqWalk {
+                                n_qblocks: sq.div_ceil(bq),
+                                n_kblocks: sk.div_ceil(bk),
+                                block_q: bq,
+                                block_k: bk,
+                                causal,
+                                diag: sk as i32 - sq as i32,
+                                band,
+                            };
+                            // Key - query offsets of the two blocks against the band.
+                            let meets = |i: u32, j: u32| {
+                                let (q0, q1) = ((i * bq) as i64, ((i + 1) * bq) as i64 - 1);
+                                let (k0, k1) = ((j * bk) as i64, ((j + 1) * bk) as i64 - 1);
+                                let diag = w.diag as i64;
+                                k0 - q1 <= diag + band.right as i64
+                                    && k1 - q0 >= diag - band.left as i64
+                            };
+                            let mut at: Vec<Vec<(u32, u32)>> = vec![vec![]; w.n_qblocks as usize];
+                            for j in 0..w.n_kblocks {
+                                let steps = w.end_qblock(j).saturating_sub(w.first_qblock(j));
+                                let mut seen = vec![false; w.n_qblocks as usize];
+                                for step in 0..steps {
+                                    let i = dq_block_at(&w, j, step, DQ_ORDERED);
+                                    assert!(!seen[i as usize], "{w:?}: j {j} walks {i} twice");
+                                    seen[i as usize] = true;
+                                    at[i as usize].push((dq_turn_at(&w, j, i, DQ_ORDERED), j));
+                                }
+                                for i in 0..w.n_qblocks {
+                                    assert_eq!(
+                                        seen[i as usize],
+                                        meets(i, j),
+                                        "{w:?}: j {j}, block {i}"
+                                    );
+                                }
+                            }
+                            for (i, mut v) in at.into_iter().enumerate() {
+                                v.sort();
+                                for (t, &(turn, _)) in v.iter().enumerate() {
+                                    assert_eq!(turn, t as u32, "{w:?}: block {i} turns {v:?}");
+                                }
+                                for p in v.windows(2) {
+                                    assert!(p[0].1 < p[1].1, "{w:?}: block {i} {v:?}");
+                                }
+                            }
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 2 * 5 * 5 * 2 * 6 * 4);
 }

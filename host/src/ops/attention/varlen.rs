@@ -14,7 +14,7 @@
 //! let cu = [0, 5, 305, 322];
 //! let q = Tensor::from_f32(&gpu, &vec![0.1; 322 * 8 * 64], &[322, 8, 64], DType::F16)?;
 //! let seqs = PackedSeqs { cu_seqlens_q: &cu, cu_seqlens_k: &cu };
-//! let params = AttentionParams { causal: Causal::Yes, scale: None };
+//! let params = AttentionParams { causal: Causal::Yes, scale: None, ..Default::default() };
 //! let (o, lse) = attention::flash_forward_varlen(&q, &q, &q, seqs, &params)?;
 //! assert_eq!((o.shape(), lse.shape()), (&[322, 8, 64][..], &[8, 322][..]));
 //! # Ok(()) }
@@ -291,6 +291,7 @@ fn validate_varlen(
     ];
     // Head counts, dtype, head dim, strides, alignment, scale: the dense path's rules.
     let (d0, scale) = validate_operands(op, Path::Flash, &ops, params)?;
+    super::validate_window(op, Path::Flash, q.gpu(), params)?;
     let strides = [
         head_strides(op, &ops[0])?,
         head_strides(op, &ops[1])?,

@@ -130,6 +130,7 @@ impl Exec<'_> {
         AttentionParams {
             causal,
             scale: Some(scale),
+            ..Default::default()
         }
     }
 

@@ -100,6 +100,7 @@ impl Block {
         let core = AttentionParams {
             causal: Causal::Yes,
             scale: Some(scale),
+            ..Default::default()
         };
         let heads = |t: &Tensor| elementwise::cast(t, DType::F16)?.reshape(&[b, 1, s, d]);
         let rows = |t: &Tensor, factor: f32| {

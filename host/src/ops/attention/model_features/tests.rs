@@ -25,6 +25,7 @@ fn params(causal: bool, scale: Option<f32>) -> AttentionParams {
     AttentionParams {
         causal: if causal { Causal::Yes } else { Causal::No },
         scale,
+        ..Default::default()
     }
 }
 

@@ -1,0 +1,331 @@
+//! Sliding windows (`AttentionParams::window`) on the FlashAttention kernels of the sm_90 build:
+//! - forward, every kernel that takes a window (`FLASH_VARIANTS` this build runs): O within
+//!   tolerance of the f64 reference of `attention::model_features` (same window), the LSE too, with
+//!   -inf exactly for rows whose window holds no key; a window of `(None, Some(0))` gives the causal
+//!   call's bits, and one wider than the sequences the unwindowed call's;
+//! - backward: dQ, dK, dV within tolerance of that reference's, and of the causal call's for
+//!   `(None, Some(0))` (other kernels: another summation order);
+//! - packed batches: the window applies within each sequence (bit-identical to one call per
+//!   sequence);
+//! - the paths that take no window (naive, decoding) say so.
+//!
+//! Windows on one side and on both, causal or not, grouped-query heads, odd lengths, f16 and bf16.
+//! Outputs are poisoned before every launch; inputs are fresh (the seed is printed).
+mod common;
+
+use common::{
+    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip, read,
+    rng, sanitizing, tol, uniform,
+};
+use host::ops::attention::{
+    self, AttentionParams, KvCache, PackedSeqs, Window, flash_forward_variant, model_features as mf,
+};
+use host::{DType, Gpu, HostTensor, Tensor};
+
+/// (B, Hq, Hkv, Sq, Sk, D, window left, window right, causal)
+type Case = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    Option<usize>,
+    Option<usize>,
+    bool,
+);
+
+const CASES: [Case; 7] = [
+    // Mistral's: causal with a left window.
+    (1, 4, 2, 300, 300, 64, Some(70), None, true),
+    // Bidirectional local attention, Sq != Sk.
+    (2, 2, 2, 130, 301, 128, Some(64), Some(32), false),
+    // Left only, more queries than keys (the first rows see no key).
+    (1, 2, 1, 257, 129, 64, Some(10), None, true),
+    // One query row against a long sequence (decoding's shape).
+    (1, 3, 3, 1, 400, 128, Some(100), None, true),
+    // The diagonal only.
+    (2, 2, 2, 200, 200, 96, Some(0), Some(0), false),
+    // Right only.
+    (1, 4, 1, 64, 700, 64, None, Some(3), false),
+    // Both sides, a narrow head dim, tiny lengths.
+    (3, 2, 2, 17, 33, 40, Some(5), Some(7), false),
+];
+
+/// The cases a run takes: under compute-sanitizer (tens of times slower) three of them.
+fn cases() -> Vec<Case> {
+    if sanitizing() {
+        vec![CASES[0], CASES[1], CASES[4]]
+    } else {
+        CASES.to_vec()
+    }
+}
+
+fn params(causal: bool, left: Option<usize>, right: Option<usize>) -> AttentionParams {
+    AttentionParams {
+        window: Window { left, right },
+        ..attention_params(causal)
+    }
+}
+
+fn features(left: Option<usize>, right: Option<usize>) -> mf::ModelFeatures {
+    mf::ModelFeatures {
+        window_left: left,
+        window_right: right,
+        ..Default::default()
+    }
+}
+
+fn name(c: &Case, dtype: DType) -> String {
+    let (b, hq, hkv, sq, sk, d, l, r, causal) = *c;
+    format!("{dtype} B{b} Hq{hq} Hkv{hkv} Sq{sq} Sk{sk} D{d} window ({l:?}, {r:?}) causal {causal}")
+}
+
+/// Q, K, V, dO of a case: host values and uploaded tensors.
+fn operands(
+    gpu: &Gpu,
+    r: &mut rand::rngs::StdRng,
+    c: &Case,
+    dtype: DType,
+) -> ([HostTensor; 4], [Tensor; 4]) {
+    let (b, hq, hkv, sq, sk, d, ..) = *c;
+    let host = [
+        uniform(r, &[b, hq, sq, d], -1.0, 1.0, dtype),
+        uniform(r, &[b, hkv, sk, d], -1.0, 1.0, dtype),
+        uniform(r, &[b, hkv, sk, d], -1.0, 1.0, dtype),
+        uniform(r, &[b, hq, sq, d], -1.0, 1.0, dtype),
+    ];
+    let dev = host.each_ref().map(|x| Tensor::from_host(gpu, x).unwrap());
+    (host, dev)
+}
+
+/// Whether this device runs windows (the sm_90 build); otherwise checks the refusal and says so.
+fn runs_windows(gpu: &Gpu, test: &str) -> bool {
+    if gpu.ptx_arch() == "sm_90" {
+        return true;
+    }
+    let q = Tensor::zeros(gpu, &[1, 1, 8, 64], DType::F16).unwrap();
+    let e = attention::flash_forward(&q, &q, &q, &params(false, Some(2), None)).unwrap_err();
+    assert!(e.to_string().contains("sm_90 build"), "{e}");
+    println!("SKIP {test}: windows need the sm_90 build; this device refuses them by name");
+    false
+}
+
+#[test]
+fn windowed_forward_matches_the_reference_and_its_compositions() {
+    let test = "windowed_forward_matches_the_reference_and_its_compositions";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    if !runs_windows(&gpu, test) {
+        return;
+    }
+    let mut r = rng("windows forward");
+    for dtype in [DType::F16, DType::BF16] {
+        for c in cases() {
+            let (_, _, _, sq, sk, d, left, right, causal) = c;
+            let what = name(&c, dtype);
+            let (host, [q, k, v, _]) = operands(&gpu, &mut r, &c, dtype);
+            let p = params(causal, left, right);
+            let (o_ref, lse_ref) =
+                mf::forward(&host[0], &host[1], &host[2], &p, &features(left, right)).unwrap();
+            let variants = common::flash_variants(&gpu, d, &what);
+            for &variant in &variants {
+                let (o, lse) = flash_forward_variant(&q, &k, &v, &p, variant).unwrap();
+                assert_close(
+                    &format!("{what} kernel {variant}: O"),
+                    &read(&o),
+                    &o_ref.data,
+                    tol(dtype),
+                );
+                assert_lse_close(
+                    &format!("{what} kernel {variant}: LSE"),
+                    &read(&lse),
+                    &lse_ref.data,
+                );
+                // A window past both sequences is no window: the plain call's bits.
+                let wide = params(causal, Some(sq + sk), Some(sq + sk));
+                let plain = attention_params(causal);
+                let (o_w, lse_w) = flash_forward_variant(&q, &k, &v, &wide, variant).unwrap();
+                let (o_p, lse_p) = flash_forward_variant(&q, &k, &v, &plain, variant).unwrap();
+                assert_eq!(
+                    bits(&o_w),
+                    bits(&o_p),
+                    "{what} kernel {variant}: wide window O"
+                );
+                assert_eq!(
+                    bits(&lse_w),
+                    bits(&lse_p),
+                    "{what} kernel {variant}: wide LSE"
+                );
+                // (None, Some(0)) is the causal mask.
+                let right0 = params(false, None, Some(0));
+                let (o_r, lse_r) = flash_forward_variant(&q, &k, &v, &right0, variant).unwrap();
+                let (o_c, lse_c) =
+                    flash_forward_variant(&q, &k, &v, &attention_params(true), variant).unwrap();
+                assert_eq!(
+                    bits(&o_r),
+                    bits(&o_c),
+                    "{what} kernel {variant}: right 0 = causal O"
+                );
+                assert_eq!(
+                    bits(&lse_r),
+                    bits(&lse_c),
+                    "{what} kernel {variant}: right 0 LSE"
+                );
+            }
+            println!("{what}: {} kernels ok", variants.len());
+        }
+    }
+}
+
+#[test]
+fn windowed_backward_matches_the_reference_and_the_causal_call() {
+    let test = "windowed_backward_matches_the_reference_and_the_causal_call";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    if !runs_windows(&gpu, test) {
+        return;
+    }
+    let mut r = rng("windows backward");
+    for dtype in [DType::F16, DType::BF16] {
+        for c in cases() {
+            let (.., left, right, causal) = c;
+            let what = name(&c, dtype);
+            let (host, [q, k, v, d_o]) = operands(&gpu, &mut r, &c, dtype);
+            let p = params(causal, left, right);
+            let (o, lse) = attention::flash_forward(&q, &k, &v, &p).unwrap();
+            let g = attention::flash_backward(&q, &k, &v, &o, &lse, &d_o, &p).unwrap();
+            let want = mf::backward(
+                &host[0],
+                &host[1],
+                &host[2],
+                &host[3],
+                &p,
+                &features(left, right),
+            )
+            .unwrap();
+            assert_grads_close(
+                &format!("{what}: vs reference"),
+                &g,
+                [&want.dq.data, &want.dk.data, &want.dv.data],
+                tol(dtype),
+            );
+            // The same values twice: the ascending order is deterministic.
+            let g2 = attention::flash_backward(&q, &k, &v, &o, &lse, &d_o, &p).unwrap();
+            for (n, a, b) in [
+                ("dQ", &g.dq, &g2.dq),
+                ("dK", &g.dk, &g2.dk),
+                ("dV", &g.dv, &g2.dv),
+            ] {
+                assert_eq!(bits(a), bits(b), "{what}: {n} run to run");
+            }
+            // (None, Some(0)) against the causal call (the dense kernels: another order).
+            let right0 = params(false, None, Some(0));
+            let causal_p = attention_params(true);
+            let (o_r, lse_r) = attention::flash_forward(&q, &k, &v, &right0).unwrap();
+            let g_r = attention::flash_backward(&q, &k, &v, &o_r, &lse_r, &d_o, &right0).unwrap();
+            let (o_c, lse_c) = attention::flash_forward(&q, &k, &v, &causal_p).unwrap();
+            let g_c = attention::flash_backward(&q, &k, &v, &o_c, &lse_c, &d_o, &causal_p).unwrap();
+            for (n, a, b) in [
+                ("dQ", &g_r.dq, &g_c.dq),
+                ("dK", &g_r.dk, &g_c.dk),
+                ("dV", &g_r.dv, &g_c.dv),
+            ] {
+                assert_close(
+                    &format!("{what}: right 0 vs causal {n}"),
+                    &read(a),
+                    &read(b),
+                    tol(dtype) / 8.0,
+                );
+            }
+            println!("{what}: ok");
+        }
+    }
+}
+
+#[test]
+fn windowed_packed_batches_match_one_call_per_sequence() {
+    let test = "windowed_packed_batches_match_one_call_per_sequence";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    if !runs_windows(&gpu, test) {
+        return;
+    }
+    let mut r = rng("windows packed");
+    let (h, d) = (2, 64);
+    let lens = [(70usize, 70usize), (1, 200), (257, 130), (0, 5)];
+    let (tq, tk) = lens.iter().fold((0, 0), |(a, b), (q, k)| (a + q, b + k));
+    for dtype in [DType::F16, DType::BF16] {
+        let q = uniform(&mut r, &[tq, h, d], -1.0, 1.0, dtype);
+        let k = uniform(&mut r, &[tk, h, d], -1.0, 1.0, dtype);
+        let v = uniform(&mut r, &[tk, h, d], -1.0, 1.0, dtype);
+        let (qd, kd, vd) = (
+            Tensor::from_host(&gpu, &q).unwrap(),
+            Tensor::from_host(&gpu, &k).unwrap(),
+            Tensor::from_host(&gpu, &v).unwrap(),
+        );
+        let mut cu_q = vec![0];
+        let mut cu_k = vec![0];
+        for (a, b) in lens {
+            cu_q.push(cu_q.last().unwrap() + a);
+            cu_k.push(cu_k.last().unwrap() + b);
+        }
+        let seqs = PackedSeqs {
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        };
+        for causal in [false, true] {
+            let p = params(causal, Some(20), Some(9));
+            let what = format!("{dtype} packed {lens:?} causal {causal}");
+            let (o, _) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
+            let o = read(&o);
+            for (s, (a, b)) in lens.iter().enumerate() {
+                if *a == 0 {
+                    continue;
+                }
+                // The sequence as a dense [1, H, S, D] call.
+                let rows = |x: &Tensor, from: usize, n: usize| {
+                    x.narrow(from, n)
+                        .unwrap()
+                        .reshape(&[1, n, h, d])
+                        .unwrap()
+                        .transpose(1, 2)
+                        .unwrap()
+                };
+                let (qs, ks, vs) = (
+                    rows(&qd, cu_q[s], *a),
+                    rows(&kd, cu_k[s], *b),
+                    rows(&vd, cu_k[s], *b),
+                );
+                let (os, _) = attention::flash_forward(&qs, &ks, &vs, &p).unwrap();
+                // [1, H, a, D] in [a, H, D] memory (Q's layout): its values row by row.
+                let os = read(&os.transpose(1, 2).unwrap());
+                let got = &o[cu_q[s] * h * d..(cu_q[s] + a) * h * d];
+                assert_eq!(
+                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    os.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{what}: sequence {s}"
+                );
+            }
+            println!("{what}: ok");
+        }
+    }
+}
+
+#[test]
+fn paths_without_windows_say_so() {
+    let Some(gpu) = gpu_or_skip("paths_without_windows_say_so") else {
+        return;
+    };
+    let q = Tensor::zeros(&gpu, &[1, 2, 8, 64], DType::F16).unwrap();
+    let p = params(false, Some(3), None);
+    let e = attention::naive_forward(&q, &q, &q, &p).unwrap_err();
+    assert!(e.to_string().contains("takes no window"), "{e}");
+    let cache = KvCache::Dense { k: &q, v: &q };
+    let q1 = Tensor::zeros(&gpu, &[1, 2, 1, 64], DType::F16).unwrap();
+    let e = attention::decode_forward(&q1, cache, &p).unwrap_err();
+    assert!(e.to_string().contains("no sliding window"), "{e}");
+}
