@@ -601,6 +601,36 @@ def attn_window_case(tag, b, h, s, d, left, right, causal, backward):
                        sdpa_peer("sdpa-cudnn", "CUDNN_ATTENTION"), flex_peer()])
 
 
+def attn_softcap_case(tag, b, h, s, d, cap, causal):
+    """The logit softcap (benches/benches/ops.rs attention_softcap): FlexAttention with
+    `cap * tanh(score / cap)` as its score modification (torch.compile'd; SDPA has no softcap),
+    forward."""
+    mask = "causal" if causal else "full"
+    tensor = b * h * s * d * ELEM_SIZE[tag]
+    fwd = 4 * b * h * s * s * d // (2 if causal else 1)
+
+    def flex_peer():
+        def build():
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            torch._dynamo.reset()
+
+            def capped(score, b_, h_, i, j):
+                return cap * torch.tanh(score / cap)
+
+            def causal_mask(b_, h_, i, j):
+                return j <= i
+            block_mask = (create_block_mask(causal_mask, None, None, s, s, device="cuda")
+                          if causal else None)
+            flex = torch.compile(flex_attention)
+            return lambda x: flex(x[0], x[1], x[2], score_mod=capped, block_mask=block_mask)
+        return Peer("flex-attention", build)
+
+    return Case(f"attn_softcap/{tag}/B{b}H{h}S{s}D{d}/c{cap}/{mask}/fwd", bytes=4 * tensor,
+                flops=fwd, in_bytes=3 * tensor,
+                make_set=lambda: tuple(rand((b, h, s, d), tag) for _ in range(3)),
+                peers=[flex_peer()])
+
+
 # Sequence lengths of the mixed packed batch of benches/benches/ops.rs attention_varlen_mixed.
 VARLEN_MIXED_LENS = [4096, 256, 1024, 3072, 512, 2048, 128, 3584, 768, 1536, 2560, 384, 1792, 3328,
                      640, 2816]
@@ -950,6 +980,8 @@ def build_cases(quick):
     cases += [sdpa_layout_case("attn_layout", "f16", 2, 32, 4096, 128, layout, causal, backward)
               for layout in ("bhsd", "bshd") for causal in (False, True)
               for backward in (False, True)]
+    cases += [attn_softcap_case("f16", 4, 16, 4096, d, 50, causal)
+              for d in (128, 256) for causal in (False, True)]
     cases += [attn_window_case("f16", 2, 16, 8192, 128, left, right, causal, backward)
               for (left, right, causal) in ((1024, 0, True), (512, 512, False))
               for backward in (False, True)]

@@ -1056,6 +1056,7 @@ fn attention_windows(b: &mut Bencher) {
                 left: Some(left),
                 right: Some(right),
             },
+            ..Default::default()
         };
         let mask = if causal { "causal" } else { "full" };
         let name = format!("attn_window/{dtype}/B{bb}H{h}S{s}D{d}/L{left}R{right}/{mask}");
@@ -1065,6 +1066,37 @@ fn attention_windows(b: &mut Bencher) {
                 b,
                 spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
                 |set| attention_step(set, &params, backward),
+            );
+        }
+    }
+}
+
+/// The logit softcap (`attn_softcap`): B4 H16 S4096 f16, cap 50 (Gemma-2's), D 128 and 256, both
+/// masks, forward (the backward takes none yet), beside FlexAttention with the same cap as its
+/// score modification (bench/peers.py). The uncapped call of the same shape is `attn_hdim`'s.
+fn attention_softcap(b: &mut Bencher) {
+    let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
+    let (bb, h, s) = if quick { (1, 4, 1024) } else { (4, 16, 4096) };
+    let dtype = DType::F16;
+    for d in [128, 256] {
+        let bytes1 = bb * h * s * d * dtype.size_bytes();
+        let copies = rotation_copies(4 * bytes1, b.l2_bytes);
+        let inputs = LazySets::new(b, [[bb, h, s, d]; 4], dtype, copies);
+        for causal in [Causal::No, Causal::Yes] {
+            let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
+            let params = AttentionParams {
+                causal,
+                softcap: Some(50.0),
+                ..Default::default()
+            };
+            inputs.bench(
+                b,
+                spec(
+                    format!("attn_softcap/{dtype}/B{bb}H{h}S{s}D{d}/c50/{mask}/fwd"),
+                    Some(4 * bytes1 as u64),
+                    Some(fwd_flops),
+                ),
+                |set| attention_step(set, &params, false),
             );
         }
     }
@@ -1582,7 +1614,7 @@ fn main() {
             .as_deref()
             .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
     };
-    let all: [(&str, BenchFn); 19] = [
+    let all: [(&str, BenchFn); 20] = [
         ("ceilings", ceilings),
         ("matmuls", matmuls),
         ("elementwise", elementwise),
@@ -1596,6 +1628,7 @@ fn main() {
         ("attention_layouts", attention_layouts),
         ("attention_head_dims", attention_head_dims),
         ("attention_windows", attention_windows),
+        ("attention_softcap", attention_softcap),
         ("attention_varlen", attention_varlen),
         ("attention_varlen_mixed", attention_varlen_mixed),
         ("attention_decode", attention_decode),

@@ -32,6 +32,14 @@ pub fn exp(x: f32) -> f32 {
     exp2(x * LOG2_E)
 }
 
+/// tanh(x) as `1 - 2 / (e^(2x) + 1)`, through [`exp2`] and a full-precision division: absolute
+/// error about 1e-7 (`tanh.approx.f32`'s relative 2^-11 is too coarse for a logit softcap, which
+/// multiplies it by the cap). Saturates to +-1 for large |x|.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp2(2.0 * LOG2_E * x) + 1.0)
+}
+
 /// Natural log through log2.
 #[inline(always)]
 pub fn ln(x: f32) -> f32 {

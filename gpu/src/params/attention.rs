@@ -43,12 +43,15 @@ pub struct AttentionShape {
     /// [`NO_WINDOW`]: unbounded on that side.
     pub window_left: u32,
     pub window_right: u32,
+    /// A logit softcap `c > 0` (the sm_90 forward kernels): each score `s = scale q . k` becomes
+    /// `c tanh(s / c)` before the softmax; 0: none.
+    pub softcap: f32,
 }
-// SAFETY: #[repr(C)], twelve 4-byte fields, no padding; `mask` is always a valid discriminant
+// SAFETY: #[repr(C)], thirteen 4-byte fields, no padding; `mask` is always a valid discriminant
 // (only built from the enum on the host).
 unsafe impl KernelParam for AttentionShape {}
 // The kernels receive it by value: its bytes must not move when a field is edited.
-const _: () = assert!(core::mem::size_of::<AttentionShape>() == 48);
+const _: () = assert!(core::mem::size_of::<AttentionShape>() == 52);
 
 /// [`AttentionShape::window_left`] / `window_right` of a side without a bound: `i32::MAX`, so that
 /// `i + diag` plus or minus it saturates (i32 arithmetic) past every key.

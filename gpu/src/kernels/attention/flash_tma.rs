@@ -42,7 +42,7 @@ use crate::unroll_lt;
 
 use super::flash_wgmma::{
     KeyLimits, OnlineSoftmax, QueryBlock, issue_pv, issue_s, key_limits, mask, pack_p, rescale,
-    store_output,
+    softcap, softcap_k, store_output,
 };
 
 /// K/V ring depth.
@@ -200,6 +200,11 @@ unsafe fn flash_tma_fwd<
             unsafe { k_ring.consumer_release(ks) };
         }
         ks = ks.next();
+        // (Re-derived from the parameters each tile: no register held through the loop.)
+        let cap = softcap_k(&p);
+        if cap > 0.0 {
+            softcap(&mut s, cap);
+        }
         if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
         }

@@ -33,7 +33,7 @@
 
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
-use crate::dev::math::{LN_2, LOG2_E, exp2, fma, log2, max};
+use crate::dev::math::{LN_2, LOG2_E, exp2, fma, log2, max, tanh};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::MmaElem;
 use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v4};
@@ -169,6 +169,10 @@ unsafe fn flash_wg_fwd<
             s.wait::<1>();
         } else {
             s.wait::<0>();
+        }
+        let cap = softcap_k(&p);
+        if cap > 0.0 {
+            softcap(&mut s, cap);
         }
         if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
@@ -408,6 +412,30 @@ pub(super) fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 1
         ];
     });
     pf
+}
+
+/// The logit softcap on raw scores `s` (the softmax multiplies them by `|scale|`): with `k = c /
+/// |scale|`, `s = k tanh(s / k)`, so that `|scale| s = c tanh(scale q . k / c)`. (A negative scale
+/// was folded into Q's sign.) `k` is [`softcap_k`] of the shape, > 0.
+#[inline(always)]
+pub(super) fn softcap<const SN: usize>(s: &mut [f32; SN], k: f32) {
+    let inv = 1.0 / k;
+    unroll_lt!(n < SN / 4, {
+        unroll!(e in [0, 1, 2, 3] {
+            s[4 * n + e] = k * tanh(s[4 * n + e] * inv);
+        });
+    });
+}
+
+/// The softcap of shape `p` in raw-score units (`c / |scale|`, the scale clamped away from 0 as the
+/// softmax's is), or 0 without one.
+#[inline(always)]
+pub(super) fn softcap_k(p: &AttentionShape) -> f32 {
+    if p.softcap > 0.0 {
+        p.softcap / max(p.scale.abs(), 1e-30)
+    } else {
+        0.0
+    }
 }
 
 /// For this thread's two rows (`row`, `row + 8`): the keys each sees, `lo[r]..hi[r]` (`hi` at

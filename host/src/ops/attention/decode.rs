@@ -160,12 +160,13 @@ impl<'a> Plan<'a> {
         kv: &KvCache<'a>,
         params: &AttentionParams,
     ) -> Result<Plan<'a>> {
-        if params.window.is_bounded() {
+        if params.window.is_bounded() || params.softcap.is_some() {
             return Err(Error::Invalid {
                 op,
                 msg: format!(
-                    "decoding takes no sliding window (window {:?}); flash_forward does",
-                    params.window
+                    "decoding takes no sliding window or softcap (window {:?}, softcap {:?}); \
+                     flash_forward does",
+                    params.window, params.softcap
                 ),
             });
         }

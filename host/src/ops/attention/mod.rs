@@ -87,6 +87,10 @@ pub struct AttentionParams {
     pub scale: Option<f32>,
     /// A sliding window (Mistral's, Gemma-2's local layers); the default sees every key.
     pub window: Window,
+    /// A logit softcap `c > 0` (Gemma-2: 50): each score `s = scale q . k` becomes `c tanh(s / c)`
+    /// before the softmax. The forward FlashAttention kernels of the sm_90 build (dense and packed
+    /// batches); the backward, the sm_80 build, the naive path and decoding refuse it by name.
+    pub softcap: Option<f32>,
 }
 
 /// A sliding window: query `i` sees key `j` only if `i + off - left <= j <= i + off + right`, with
@@ -291,30 +295,42 @@ fn validate(
     Ok(checked)
 }
 
-/// A bounded [`Window`] runs on the wgmma kernels only: the sm_90 build's FlashAttention.
+/// A bounded [`Window`] and a softcap run on the wgmma kernels only: the sm_90 build's
+/// FlashAttention. The softcap must be finite and positive.
 fn validate_window(
     op: &'static str,
     path: Path,
     gpu: &crate::Gpu,
     params: &AttentionParams,
 ) -> Result<()> {
-    if !params.window.is_bounded() {
+    if let Some(c) = params.softcap
+        && !(c.is_finite() && c > 0.0)
+    {
+        return Err(Error::Invalid {
+            op,
+            msg: format!("softcap must be finite and positive; got {c}"),
+        });
+    }
+    if !params.window.is_bounded() && params.softcap.is_none() {
         return Ok(());
     }
     let msg = match path {
-        Path::Naive => "the naive path takes no window (attention::model_features is the \
-                        reference with one)"
+        Path::Naive => "the naive path takes no window or softcap (attention::model_features is \
+                        the reference with them)"
             .to_string(),
         Path::Flash if gpu.ptx_arch() != "sm_90" => format!(
-            "a sliding window needs the sm_90 build (compute capability 9.0); this device runs \
-             the {} build",
+            "a sliding window or a softcap needs the sm_90 build (compute capability 9.0); this \
+             device runs the {} build",
             gpu.ptx_arch()
         ),
         Path::Flash => return Ok(()),
     };
     Err(Error::Invalid {
         op,
-        msg: format!("{msg} (window {:?})", params.window),
+        msg: format!(
+            "{msg} (window {:?}, softcap {:?})",
+            params.window, params.softcap
+        ),
     })
 }
 
@@ -593,6 +609,7 @@ fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize)
         bh_offset: bh_offset as u32,
         window_left: window_side(params.window.left),
         window_right: window_side(params.window.right),
+        softcap: params.softcap.unwrap_or(0.0),
     }
 }
 
@@ -1162,6 +1179,15 @@ fn flash_backward_run(
 ) -> Result<()> {
     let packed = layout.cu_seqlens_q != 0;
     let gpu = q.gpu();
+    if let Some(c) = params.softcap {
+        return Err(Error::Invalid {
+            op,
+            msg: format!(
+                "the FlashAttention backward takes no softcap yet (softcap {c}); the forward does, \
+                 and attention::model_features::backward is its reference"
+            ),
+        });
+    }
     // A window walks the plain order, which the general kernels take.
     let general = packed || params.window.is_bounded();
     let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), general) else {
