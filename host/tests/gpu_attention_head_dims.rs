@@ -95,25 +95,6 @@ fn cut_rows(case: &str, x: &[f32], width: usize, d: usize) -> Vec<f32> {
     out
 }
 
-/// `x` `[B, H, S, D]` uploaded as `[B, S, H, D]` memory, returned as its `[B, H, S, D]` view.
-fn upload_bshd(gpu: &Gpu, x: &HostTensor) -> Tensor {
-    let [b, h, s, d] = x.shape[..] else {
-        panic!("rank 4")
-    };
-    let mut out = vec![0f32; x.data.len()];
-    for bi in 0..b {
-        for hi in 0..h {
-            for si in 0..s {
-                let src = ((bi * h + hi) * s + si) * d;
-                let dst = ((bi * s + si) * h + hi) * d;
-                out[dst..dst + d].copy_from_slice(&x.data[src..src + d]);
-            }
-        }
-    }
-    let t = HostTensor::new(out, &[b, s, h, d], x.dtype).unwrap();
-    Tensor::from_host(gpu, &t).unwrap().transpose(1, 2).unwrap()
-}
-
 /// One case's operands: the values, as the call takes them (strided or not), and zero-padded to
 /// the tile (contiguous).
 struct Operands {
@@ -135,7 +116,7 @@ fn operands(
     let host = [q, k, v, d_o];
     let given = host.each_ref().map(|x| {
         if bshd {
-            upload_bshd(gpu, x)
+            common::upload_bshd(gpu, x)
         } else {
             Tensor::from_host(gpu, x).unwrap()
         }

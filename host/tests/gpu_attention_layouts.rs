@@ -31,39 +31,13 @@ enum Layout {
     Mixed,
 }
 
-/// `x` `[B, H, S, D]` as `[B, S, H, D]` values.
-fn to_bshd(x: &HostTensor) -> HostTensor {
-    let [b, h, s, d] = x.shape[..] else {
-        panic!("rank 4")
-    };
-    let mut out = vec![0f32; x.data.len()];
-    for bi in 0..b {
-        for hi in 0..h {
-            for si in 0..s {
-                let src = ((bi * h + hi) * s + si) * d;
-                let dst = ((bi * s + si) * h + hi) * d;
-                out[dst..dst + d].copy_from_slice(&x.data[src..src + d]);
-            }
-        }
-    }
-    HostTensor::new(out, &[b, s, h, d], x.dtype).unwrap()
-}
-
-/// `x` `[B, H, S, D]` uploaded as `[B, S, H, D]` memory, returned as its `[B, H, S, D]` view.
-fn upload_bshd(gpu: &Gpu, x: &HostTensor) -> Tensor {
-    Tensor::from_host(gpu, &to_bshd(x))
-        .unwrap()
-        .transpose(1, 2)
-        .unwrap()
-}
-
 /// Q, K, V `[B, H, S, D]` (equal shapes) uploaded as one `[B, S, 3, H, D]` tensor, returned as its
 /// three `[B, H, S, D]` views.
 fn upload_fused(gpu: &Gpu, x: [&HostTensor; 3]) -> [Tensor; 3] {
     let [b, h, s, d] = x[0].shape[..] else {
         panic!("rank 4")
     };
-    let parts = x.map(to_bshd);
+    let parts = x.map(common::to_bshd);
     let mut data = Vec::with_capacity(3 * parts[0].data.len());
     for row in 0..b * s {
         for p in &parts {
@@ -119,12 +93,17 @@ fn operands(
     let d_o = uniform(r, &[b, hq, sq, d], -1.0, 1.0, dtype);
     let up = |x: &HostTensor| Tensor::from_host(gpu, x).unwrap();
     let strided = match layout {
-        Layout::Bshd => [&q, &k, &v, &d_o].map(|x| upload_bshd(gpu, x)),
+        Layout::Bshd => [&q, &k, &v, &d_o].map(|x| common::upload_bshd(gpu, x)),
         Layout::FusedQkv => {
             let [qs, ks, vs] = upload_fused(gpu, [&q, &k, &v]);
-            [qs, ks, vs, upload_bshd(gpu, &d_o)]
+            [qs, ks, vs, common::upload_bshd(gpu, &d_o)]
         }
-        Layout::Mixed => [upload_bshd(gpu, &q), up(&k), up(&v), upload_bshd(gpu, &d_o)],
+        Layout::Mixed => [
+            common::upload_bshd(gpu, &q),
+            up(&k),
+            up(&v),
+            common::upload_bshd(gpu, &d_o),
+        ],
     };
     for (t, x) in strided.iter().zip([&q, &k, &v, &d_o]) {
         assert_eq!(t.shape(), &x.shape[..], "{layout:?}: view shape");

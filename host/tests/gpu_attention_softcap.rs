@@ -60,14 +60,9 @@ fn params(causal: bool, scale: Option<f32>, cap: f32, left: Option<usize>) -> At
 
 /// Whether this device runs the softcap (the sm_90 build); otherwise checks the refusal.
 fn runs_softcap(gpu: &Gpu, test: &str) -> bool {
-    if gpu.ptx_arch() == "sm_90" {
-        return true;
-    }
-    let q = Tensor::zeros(gpu, &[1, 1, 8, 64], DType::F16).unwrap();
-    let e = attention::flash_forward(&q, &q, &q, &params(false, None, 5.0, None)).unwrap_err();
-    assert!(e.to_string().contains("sm_90 build"), "{e}");
-    println!("SKIP {test}: the softcap needs the sm_90 build; this device refuses it by name");
-    false
+    common::sm90_feature_or_skip(gpu, test, "the softcap", |q| {
+        attention::flash_forward(q, q, q, &params(false, None, 5.0, None))
+    })
 }
 
 #[test]

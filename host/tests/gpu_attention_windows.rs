@@ -101,14 +101,9 @@ fn operands(
 
 /// Whether this device runs windows (the sm_90 build); otherwise checks the refusal and says so.
 fn runs_windows(gpu: &Gpu, test: &str) -> bool {
-    if gpu.ptx_arch() == "sm_90" {
-        return true;
-    }
-    let q = Tensor::zeros(gpu, &[1, 1, 8, 64], DType::F16).unwrap();
-    let e = attention::flash_forward(&q, &q, &q, &params(false, Some(2), None)).unwrap_err();
-    assert!(e.to_string().contains("sm_90 build"), "{e}");
-    println!("SKIP {test}: windows need the sm_90 build; this device refuses them by name");
-    false
+    common::sm90_feature_or_skip(gpu, test, "a sliding window", |q| {
+        attention::flash_forward(q, q, q, &params(false, Some(2), None))
+    })
 }
 
 #[test]

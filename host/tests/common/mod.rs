@@ -262,3 +262,48 @@ pub fn attention_params(causal: bool) -> host::ops::attention::AttentionParams {
 pub fn read(t: &Tensor) -> Vec<f32> {
     t.to_vec().unwrap()
 }
+
+/// `x` `[B, H, S, D]` as `[B, S, H, D]` values.
+pub fn to_bshd(x: &HostTensor) -> HostTensor {
+    let [b, h, s, d] = x.shape[..] else {
+        panic!("rank 4")
+    };
+    let mut out = vec![0f32; x.data.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..s {
+                let src = ((bi * h + hi) * s + si) * d;
+                let dst = ((bi * s + si) * h + hi) * d;
+                out[dst..dst + d].copy_from_slice(&x.data[src..src + d]);
+            }
+        }
+    }
+    HostTensor::new(out, &[b, s, h, d], x.dtype).unwrap()
+}
+
+/// `x` `[B, H, S, D]` uploaded as `[B, S, H, D]` memory, returned as its `[B, H, S, D]` view.
+pub fn upload_bshd(gpu: &Gpu, x: &HostTensor) -> Tensor {
+    Tensor::from_host(gpu, &to_bshd(x))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+}
+
+/// Whether `gpu` runs an attention feature of the sm_90 build (`what`: a sliding window, the
+/// softcap); on another build checks that `call` (a forward asking for it) is refused by name, prints
+/// a SKIP line for `test` and returns false.
+pub fn sm90_feature_or_skip(
+    gpu: &Gpu,
+    test: &str,
+    what: &str,
+    call: impl FnOnce(&Tensor) -> host::Result<(Tensor, Tensor)>,
+) -> bool {
+    if gpu.ptx_arch() == "sm_90" {
+        return true;
+    }
+    let q = Tensor::zeros(gpu, &[1, 1, 8, 64], DType::F16).unwrap();
+    let e = call(&q).unwrap_err();
+    assert!(e.to_string().contains("sm_90 build"), "{e}");
+    println!("SKIP {test}: {what} needs the sm_90 build; this device refuses it by name");
+    false
+}
