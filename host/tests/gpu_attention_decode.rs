@@ -1,14 +1,16 @@
 //! Decoding attention (`attention::decode_forward`) against the f64 reference of
 //! `attention::model_features`: dense and paged caches, grouped-query heads, one and several query
-//! rows (causal, bottom-right aligned per sequence), sequences of unequal length (an empty one
-//! included), keys split over CTAs and merged. Poisoned outputs, fresh random inputs (the seed is
+//! rows (causal, bottom-right aligned per sequence), sliding windows (one side and both), sequences
+//! of unequal length (an empty one included), keys split over CTAs and merged. Poisoned outputs, fresh random inputs (the seed is
 //! printed). The rule: `max |out - ref| <= ulp(dtype) (1 + max |ref|)` for O (one rounding of O, f32
 //! arithmetic inside), `1e-3 (1 + |ref|)` for the LSE, and rows that see no key exactly O = 0,
 //! LSE = -inf.
 mod common;
 
 use common::{attention_params, gpu_or_skip, read, rng, uniform};
-use host::ops::attention::{KvCache, decode_forward, model_features as mf};
+use host::ops::attention::{
+    AttentionParams, KvCache, Window, decode_forward, model_features as mf,
+};
 use host::{DType, HostTensor, Tensor};
 use rand::Rng;
 
@@ -26,16 +28,21 @@ fn check_sequence(
     what: &str,
     (o, lse): (&[f32], &[f32]),
     (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
-    (b, len, causal): (usize, usize, bool),
+    (b, len, p): (usize, usize, &AttentionParams),
     dtype: DType,
 ) {
     let (hq, sq, d) = (q.shape[1], q.shape[2], q.shape[3]);
+    let features = mf::ModelFeatures {
+        window_left: p.window.left,
+        window_right: p.window.right,
+        ..Default::default()
+    };
     let (o_ref, lse_ref) = mf::forward(
         &take(q, b, sq),
         &take(k, b, len),
         &take(v, b, len),
-        &attention_params(causal),
-        &mf::ModelFeatures::default(),
+        p,
+        &features,
     )
     .unwrap();
     let scale_o = o_ref
@@ -121,7 +128,13 @@ fn a_dense_cache_matches_the_reference() {
                 let what =
                     format!("{dtype} B{b} Hq{hq} Hkv{hkv} Sq{sq} Sk{sk} D{d} causal {causal}");
                 for bi in 0..b {
-                    check_sequence(&what, (&o, &lse), (&q, &k, &v), (bi, sk, causal), dtype);
+                    check_sequence(
+                        &what,
+                        (&o, &lse),
+                        (&q, &k, &v),
+                        (bi, sk, &attention_params(causal)),
+                        dtype,
+                    );
                 }
                 println!("{what}: ok");
             }
@@ -210,7 +223,90 @@ fn a_paged_cache_matches_the_reference() {
             let (o, lse) = (read(&o), read(&lse));
             let what = format!("paged {dtype} Sq{sq} causal {causal}");
             for (bi, &len) in lens.iter().enumerate() {
-                check_sequence(&what, (&o, &lse), (&q, &k, &v), (bi, len, causal), dtype);
+                check_sequence(
+                    &what,
+                    (&o, &lse),
+                    (&q, &k, &v),
+                    (bi, len, &attention_params(causal)),
+                    dtype,
+                );
+            }
+            println!("{what}: ok");
+        }
+    }
+}
+
+/// Sliding windows: the splits cover each sequence's keys from its first row's first visible one
+/// (per sequence: unequal lengths of a paged cache, and a dense cache longer than the window).
+#[test]
+fn windowed_decoding_matches_the_reference() {
+    let Some(gpu) = gpu_or_skip("windowed_decoding_matches_the_reference") else {
+        return;
+    };
+    let mut r = rng("decode windows");
+    let (hq, hkv, d, page) = (8, 2, 128, 16);
+    let windows = [
+        (1, Some(100), None, true),
+        (4, Some(7), Some(3), false),
+        (4, Some(300), Some(0), false),
+        (1, Some(0), None, true),
+        (3, None, Some(2), false),
+    ];
+    for dtype in [DType::F16, DType::BF16] {
+        for (sq, left, right, causal) in windows {
+            let p = AttentionParams {
+                window: Window { left, right },
+                ..attention_params(causal)
+            };
+            let what = format!("{dtype} Sq{sq} window ({left:?}, {right:?}) causal {causal}");
+            // Dense: two sequences of 5000 keys.
+            let (b, s) = (2, 5000);
+            let q = uniform(&mut r, &[b, hq, sq, d], -1.0, 1.0, dtype);
+            let k = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            let v = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            let up = |x: &HostTensor| Tensor::from_host(&gpu, x).unwrap();
+            let (kd, vd) = (up(&k), up(&v));
+            let (o, lse) = decode_forward(&up(&q), KvCache::Dense { k: &kd, v: &vd }, &p).unwrap();
+            let (o, lse) = (read(&o), read(&lse));
+            for bi in 0..b {
+                check_sequence(
+                    &format!("dense {what}"),
+                    (&o, &lse),
+                    (&q, &k, &v),
+                    (bi, s, &p),
+                    dtype,
+                );
+            }
+            // Paged: unequal lengths, an empty one included.
+            let lens = [1usize, 50, 333, 0, 1031];
+            let (b, s) = (lens.len(), *lens.iter().max().unwrap());
+            let max_pages = s.div_ceil(page);
+            let q = uniform(&mut r, &[b, hq, sq, d], -1.0, 1.0, dtype);
+            let k = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            let v = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            let needed: usize = lens.iter().map(|l| l.div_ceil(page)).sum();
+            let order: Vec<usize> = (0..needed).rev().collect();
+            let (kc, table) = paged(&k, &lens, page, max_pages, &order);
+            let (vc, _) = paged(&v, &lens, page, max_pages, &order);
+            let (kd, vd) = (up(&kc), up(&vc));
+            let seq_lens: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+            let cache = KvCache::Paged {
+                k: &kd,
+                v: &vd,
+                block_table: &table,
+                max_pages,
+                seq_lens: &seq_lens,
+            };
+            let (o, lse) = decode_forward(&up(&q), cache, &p).unwrap();
+            let (o, lse) = (read(&o), read(&lse));
+            for (bi, &len) in lens.iter().enumerate() {
+                check_sequence(
+                    &format!("paged {what}"),
+                    (&o, &lse),
+                    (&q, &k, &v),
+                    (bi, len, &p),
+                    dtype,
+                );
             }
             println!("{what}: ok");
         }

@@ -42,7 +42,11 @@ pub fn exp(x: f32) -> f32 {
 pub fn tanh(x: f32) -> f32 {
     let x2 = x * x;
     // x - x^3/3 + 2x^5/15 - 17x^7/315: the next term is below 2e-10 x at |x| = 1/8.
-    let series = x * fma(x2, fma(x2, fma(x2, -17.0 / 315.0, 2.0 / 15.0), -1.0 / 3.0), 1.0);
+    let series = x * fma(
+        x2,
+        fma(x2, fma(x2, -17.0 / 315.0, 2.0 / 15.0), -1.0 / 3.0),
+        1.0,
+    );
     let exp_form = 1.0 - 2.0 / (exp2(2.0 * LOG2_E * x) + 1.0);
     if x2 < 1.0 / 64.0 { series } else { exp_form }
 }

@@ -917,17 +917,21 @@ pub struct DecodeShape {
     /// Keys of every sequence when the block table and lengths are empty (a dense cache: sequence
     /// `b` is page `b`, one page of `page_size >= dense_len` keys).
     pub dense_len: u32,
+    /// A sliding window as in [`AttentionShape::window_left`] (`off = len - seq_q` per sequence;
+    /// [`NO_WINDOW`]: unbounded): the splits cover the keys from the first row's first visible key.
+    pub window_left: u32,
+    pub window_right: u32,
     /// Elements between pages, between a page's consecutive keys, and between heads.
     pub page_stride: u64,
     pub row_stride: u64,
     pub head_stride: u64,
 }
-// SAFETY: #[repr(C)], twelve 4-byte fields then three 8-byte ones at offset 48: no padding; `mask`
-// is only built from the enum on the host.
+// SAFETY: #[repr(C)], fourteen 4-byte fields then three 8-byte ones at offset 56: no padding;
+// `mask` is only built from the enum on the host.
 unsafe impl KernelParam for DecodeShape {}
 // The kernel receives it by value: its bytes must not move when a field is edited.
 const _: () =
-    assert!(core::mem::size_of::<DecodeShape>() == 72 && core::mem::align_of::<DecodeShape>() == 8);
+    assert!(core::mem::size_of::<DecodeShape>() == 80 && core::mem::align_of::<DecodeShape>() == 8);
 
 /// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8, a group on one key
 /// at a time.

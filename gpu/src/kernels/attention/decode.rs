@@ -29,7 +29,7 @@ use crate::dev::thread::{
 use crate::dev::warp::shfl_xor_f32;
 use crate::params::attention::{
     DECODE_MAX_SPLITS as MAX_SPLITS, DECODE_ROWS, DECODE_STAGES, DECODE_THREADS, DECODE_TILE_KEYS,
-    DecodeShape, MaskKind,
+    DecodeShape, MaskKind, NO_WINDOW,
 };
 
 const ROWS: usize = DECODE_ROWS as usize;
@@ -172,11 +172,25 @@ unsafe fn split<T: Elem, const CH: usize>(
         // SAFETY: b < batch = lens.len (the host's launch).
         unsafe { *lens.ptr.add(b as usize) }
     };
-    let k0 = s * sh.keys_per_split;
+    // Under a window's left side the splits start at the first key the first row sees.
+    let off = len as i64 - sh.seq_q as i64;
+    let windowed = sh.window_left != NO_WINDOW;
+    let start = if windowed {
+        (off - sh.window_left as i64).clamp(0, len as i64) as u32
+    } else {
+        0
+    };
+    let k0 = (start + s * sh.keys_per_split).min(len);
     let k1 = if k0 + sh.keys_per_split < len {
         k0 + sh.keys_per_split
     } else {
         len
+    };
+    // The window's right side (the causal mask's 0; NO_WINDOW: none).
+    let right = if sh.mask == MaskKind::Causal {
+        0
+    } else {
+        sh.window_right
     };
     let group_size = sh.q_heads / sh.kv_heads;
     let rows = group_size * sh.seq_q;
@@ -189,8 +203,10 @@ unsafe fn split<T: Elem, const CH: usize>(
         // Every loop over a register array is unrolled (`unroll!`): a run-time index would move the
         // array to local memory.
         let mut qv = [[0f32; 8]; 2 * ROWS];
-        // Row r sees keys below end[r] (the split's end, or its causal limit; 0 for padding rows).
+        // Row r sees keys begin[r]..end[r] (the split's, or its window's and causal limits; none
+        // for padding rows).
         let mut end = [0u32; ROWS];
+        let mut begin = [0u32; ROWS];
         crate::unroll!(r in [0, 1, 2, 3] {
             let rr = pass * ROWS as u32 + r as u32;
             if rr < rows {
@@ -206,12 +222,17 @@ unsafe fn split<T: Elem, const CH: usize>(
                         qv[r * 2 + c][e] = x[e] * c2;
                     });
                 });
-                end[r] = if sh.mask == MaskKind::Causal {
-                    // Keys j <= i + len - seq_q, i.e. below i + 1 + len - seq_q (in i64: it can
-                    // be negative), within the split.
-                    (i as i64 + 1 + len as i64 - sh.seq_q as i64).clamp(0, k1 as i64) as u32
+                end[r] = if right != NO_WINDOW {
+                    // Keys j <= i + len - seq_q + right, i.e. below i + 1 + off + right (in i64:
+                    // it can be negative), within the split.
+                    (i as i64 + 1 + off + right as i64).clamp(0, k1 as i64) as u32
                 } else {
                     k1
+                };
+                begin[r] = if windowed {
+                    (i as i64 + off - sh.window_left as i64).clamp(0, k1 as i64) as u32
+                } else {
+                    0
                 };
             }
         });
@@ -282,7 +303,7 @@ unsafe fn split<T: Elem, const CH: usize>(
                         dot[u][r] += shfl_xor_f32(dot[u][r], 2);
                         dot[u][r] += shfl_xor_f32(dot[u][r], 4);
                         // Past the split, masked, or a padding row: no weight.
-                        if j >= end[r] {
+                        if j >= end[r] || j < begin[r] {
                             dot[u][r] = f32::NEG_INFINITY;
                         }
                     });

@@ -41,8 +41,10 @@ pub const DECODE_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// Attention of Q `[B, Hq, Sq, D]` (f16/bf16, contiguous, `D` 64 or 128) against a KV cache with
 /// `Hkv` heads (`Hq` a multiple of `Hkv`; query head `h` reads key/value head `h / (Hq / Hkv)`).
-/// Causal masking is bottom-right aligned per sequence (query row `i` sees keys `j <= i + len - Sq`).
-/// Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE `[B, Hq, Sq]` (f32); a row that sees no key gets
+/// Causal masking is bottom-right aligned per sequence (query row `i` sees keys `j <= i + len - Sq`),
+/// and so is a sliding window ([`super::Window`]: keys `i + len - Sq - left ..= i + len - Sq +
+/// right`; the splits then cover only the keys from the first row's first visible one, so a window
+/// reads `Sq + left` keys a sequence, not its whole cache). No softcap. Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE `[B, Hq, Sq]` (f32); a row that sees no key gets
 /// O = 0 and LSE = -inf.
 pub fn decode_forward(
     q: &Tensor,
@@ -160,14 +162,10 @@ impl<'a> Plan<'a> {
         kv: &KvCache<'a>,
         params: &AttentionParams,
     ) -> Result<Plan<'a>> {
-        if params.window.is_bounded() || params.softcap.is_some() {
+        if let Some(c) = params.softcap {
             return Err(Error::Invalid {
                 op,
-                msg: format!(
-                    "decoding takes no sliding window or softcap (window {:?}, softcap {:?}); \
-                     flash_forward does",
-                    params.window, params.softcap
-                ),
+                msg: format!("decoding takes no softcap (softcap {c}); flash_forward does"),
             });
         }
         let [b, hq, sq, d] = *q.shape() else {
@@ -325,7 +323,13 @@ impl<'a> Plan<'a> {
             });
         }
         let sms = q.gpu().sm_count().unwrap_or(132).max(1) as usize;
-        let (keys_per_split, splits) = split_plan(sms, b * hkv, max_len);
+        // Under a window's left side a sequence's keys from its first row's first visible key:
+        // at most `sq + left` of them.
+        let span = match params.window.left {
+            Some(left) => max_len.min(sq.saturating_add(left)),
+            None => max_len,
+        };
+        let (keys_per_split, splits) = split_plan(sms, b * hkv, span);
         let too_big = |what: &'static str, given: usize| Error::TooLarge {
             op,
             what,
@@ -354,6 +358,8 @@ impl<'a> Plan<'a> {
                 },
                 scale: scale(op, params, d)?,
                 dense_len: u("sequence length", dense_len)?,
+                window_left: super::window_side(params.window.left),
+                window_right: super::window_side(params.window.right),
                 page_stride: strides.0,
                 row_stride: strides.1,
                 head_stride: strides.2,

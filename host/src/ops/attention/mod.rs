@@ -97,8 +97,8 @@ pub struct AttentionParams {
 /// `off = seq_k - seq_q` (of its sequence, in a packed batch): aligned to the bottom-right corner
 /// like the causal mask, which also caps the right side at 0. `None` leaves a side unbounded; a
 /// bound at or past the sequence lengths is the same as none. FlashAttention kernels of the sm_90
-/// build (forward, backward, packed batches); the sm_80 build and the naive path refuse a bounded
-/// window. The keys a query sees are contiguous, so a row whose window holds no key (possible only
+/// build (forward, backward, packed batches) and decoding (`decode_forward`, both builds); the sm_80
+/// build's FlashAttention and the naive path refuse a bounded window. The keys a query sees are contiguous, so a row whose window holds no key (possible only
 /// past the causal diagonal) gets O = 0 and LSE = -inf, as a fully masked row does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Window {
@@ -615,7 +615,7 @@ fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize)
 
 /// One side of a window as the kernels take it: [`NO_WINDOW`] when unbounded or past every
 /// sequence (a bound of `MAX_SEQ` or more is none).
-fn window_side(side: Option<usize>) -> u32 {
+pub(super) fn window_side(side: Option<usize>) -> u32 {
     match side {
         Some(n) if n < MAX_SEQ => n as u32,
         _ => NO_WINDOW,
