@@ -5,8 +5,8 @@
 //!   call's bits, and one wider than the sequences the unwindowed call's;
 //! - backward: dQ, dK, dV within tolerance of that reference's, and of the causal call's for
 //!   `(None, Some(0))` (other kernels: another summation order);
-//! - packed batches: the window applies within each sequence (bit-identical to one call per
-//!   sequence);
+//! - packed batches: the window applies within each sequence (the forward bit-identical to one
+//!   call per sequence, the backward within an eighth of the tolerance of it);
 //! - the path that takes no window (naive) says so (decoding takes one: `gpu_attention_decode`).
 //!
 //! Windows on one side and on both, causal or not, grouped-query heads, odd lengths, f16 and bf16.
@@ -257,10 +257,12 @@ fn windowed_packed_batches_match_one_call_per_sequence() {
         let q = uniform(&mut r, &[tq, h, d], -1.0, 1.0, dtype);
         let k = uniform(&mut r, &[tk, h, d], -1.0, 1.0, dtype);
         let v = uniform(&mut r, &[tk, h, d], -1.0, 1.0, dtype);
-        let (qd, kd, vd) = (
+        let d_o = uniform(&mut r, &[tq, h, d], -1.0, 1.0, dtype);
+        let (qd, kd, vd, dod) = (
             Tensor::from_host(&gpu, &q).unwrap(),
             Tensor::from_host(&gpu, &k).unwrap(),
             Tensor::from_host(&gpu, &v).unwrap(),
+            Tensor::from_host(&gpu, &d_o).unwrap(),
         );
         let mut cu_q = vec![0];
         let mut cu_k = vec![0];
@@ -275,8 +277,11 @@ fn windowed_packed_batches_match_one_call_per_sequence() {
         for causal in [false, true] {
             let p = params(causal, Some(20), Some(9));
             let what = format!("{dtype} packed {lens:?} causal {causal}");
-            let (o, _) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
-            let o = read(&o);
+            let (o_t, lse_t) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
+            let g = attention::flash_backward_varlen(&qd, &kd, &vd, &o_t, &lse_t, &dod, seqs, &p)
+                .unwrap();
+            let (gq, gk, gv) = (read(&g.dq), read(&g.dk), read(&g.dv));
+            let o = read(&o_t);
             for (s, (a, b)) in lens.iter().enumerate() {
                 if *a == 0 {
                     continue;
@@ -295,7 +300,24 @@ fn windowed_packed_batches_match_one_call_per_sequence() {
                     rows(&kd, cu_k[s], *b),
                     rows(&vd, cu_k[s], *b),
                 );
-                let (os, _) = attention::flash_forward(&qs, &ks, &vs, &p).unwrap();
+                let (os, lses) = attention::flash_forward(&qs, &ks, &vs, &p).unwrap();
+                // The backward per sequence, against the packed one's rows (the same general
+                // kernel walks both; a tolerance all the same, as the grids differ).
+                let dos = rows(&dod, cu_q[s], *a);
+                let gs = attention::flash_backward(&qs, &ks, &vs, &os, &lses, &dos, &p).unwrap();
+                let back = |t: &Tensor| read(&t.transpose(1, 2).unwrap());
+                for (n, packed, per, from, cnt) in [
+                    ("dQ", &gq, back(&gs.dq), cu_q[s], *a),
+                    ("dK", &gk, back(&gs.dk), cu_k[s], *b),
+                    ("dV", &gv, back(&gs.dv), cu_k[s], *b),
+                ] {
+                    assert_close(
+                        &format!("{what}: sequence {s} {n}"),
+                        &packed[from * h * d..(from + cnt) * h * d],
+                        &per,
+                        tol(dtype) / 8.0,
+                    );
+                }
                 // [1, H, a, D] in [a, H, D] memory (Q's layout): its values row by row.
                 let os = read(&os.transpose(1, 2).unwrap());
                 let got = &o[cu_q[s] * h * d..(cu_q[s] + a) * h * d];
