@@ -514,6 +514,17 @@ def sdpa_rows_peer(name, backend, causal, backward, rows_first):
     return Peer(name, build, sdpa_context(backend))
 
 
+def attn_pass_case(name, backward, sizes, make, peers):
+    """An attention case `name/fwd` or, with `backward`, `name/fwdbwd` (benches/benches/ops.rs
+    LazySets::bench_passes names its twin): `sizes` = (bytes of one Q-sized tensor, forward FLOPs);
+    bytes 4 tensors (10 with the backward), FLOPs the forward's (3.5x with the backward)."""
+    tensor, fwd = sizes
+    op = "fwdbwd" if backward else "fwd"
+    return Case(f"{name}/{op}", bytes=10 * tensor if backward else 4 * tensor,
+                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
+                make_set=make, peers=peers)
+
+
 def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
     """SDPA (flash and cuDNN backends) on Q, K, V, dO of shape [B, H, S, D]: contiguous ("bhsd",
     "dense"), or [B, S, H, D] memory through its transpose(1, 2) view ("bshd", "packed": the rows of
@@ -529,13 +540,10 @@ def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
         q, k, v = (rand(shape, tag).requires_grad_(backward) for _ in range(3))
         return q, k, v, rand(shape, tag)
 
-    op = "fwdbwd" if backward else "fwd"
-    return Case(f"{family}/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}/{op}",
-                bytes=10 * tensor if backward else 4 * tensor,
-                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
-                make_set=make,
-                peers=[sdpa_rows_peer(name, backend, causal, backward, rows_first)
-                       for name, backend in SDPA_BACKENDS[:2]])
+    return attn_pass_case(f"{family}/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}", backward,
+                          (tensor, fwd), make,
+                          [sdpa_rows_peer(name, backend, causal, backward, rows_first)
+                           for name, backend in SDPA_BACKENDS[:2]])
 
 
 def attn_window_case(tag, b, h, s, d, left, right, causal, backward):
@@ -592,13 +600,10 @@ def attn_window_case(tag, b, h, s, d, left, right, causal, backward):
         q, k, v = (rand((b, h, s, d), tag).requires_grad_(backward) for _ in range(3))
         return q, k, v, rand((b, h, s, d), tag)
 
-    op = "fwdbwd" if backward else "fwd"
-    return Case(f"attn_window/{tag}/B{b}H{h}S{s}D{d}/L{left}R{right}/{mask_name}/{op}",
-                bytes=10 * tensor if backward else 4 * tensor,
-                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
-                make_set=make,
-                peers=[sdpa_peer("sdpa-efficient", "EFFICIENT_ATTENTION"),
-                       sdpa_peer("sdpa-cudnn", "CUDNN_ATTENTION"), flex_peer()])
+    return attn_pass_case(f"attn_window/{tag}/B{b}H{h}S{s}D{d}/L{left}R{right}/{mask_name}",
+                          backward, (tensor, fwd), make,
+                          [sdpa_peer("sdpa-efficient", "EFFICIENT_ATTENTION"),
+                           sdpa_peer("sdpa-cudnn", "CUDNN_ATTENTION"), flex_peer()])
 
 
 def attn_softcap_case(tag, b, h, s, d, cap, causal):
@@ -654,13 +659,10 @@ def attn_varlen_mixed_case(tag, h, d, causal, backward):
         # dO shares Q's ragged structure (O's), which a separately made nested tensor would not.
         return q, nested(backward), nested(backward), torch.randn_like(q).detach()
 
-    op = "fwdbwd" if backward else "fwd"
-    return Case(f"attn_varlen_mixed/{tag}/N{len(lens)}H{h}D{d}/{mask}/{op}",
-                bytes=10 * tensor if backward else 4 * tensor,
-                flops=fwd * 7 // 2 if backward else fwd, in_bytes=4 * tensor,
-                make_set=make,
-                peers=[sdpa_rows_peer(name, backend, causal, backward, True)
-                       for name, backend in SDPA_BACKENDS[:2]])
+    return attn_pass_case(f"attn_varlen_mixed/{tag}/N{len(lens)}H{h}D{d}/{mask}", backward,
+                          (tensor, fwd), make,
+                          [sdpa_rows_peer(name, backend, causal, backward, True)
+                           for name, backend in SDPA_BACKENDS[:2]])
 
 
 def sdpa_bwd_peer(peer, backend, causal, forward_too):

@@ -846,6 +846,34 @@ impl LazySets {
             |i| run(&self.get()[i]),
         );
     }
+
+    /// An attention forward bench `{name}/fwd` and, with `backward_too`, a forward + backward one
+    /// `{name}/fwdbwd` on these sets: bytes the pair's first or second, FLOPs `fwd_flops` or 3.5x
+    /// them (docs/math/attention.md); `run(set, backward)` is one call.
+    fn bench_passes(
+        &self,
+        b: &mut Bencher,
+        (name, backward_too): (&str, bool),
+        (fwd_bytes, fwdbwd_bytes): (usize, usize),
+        fwd_flops: u64,
+        run: impl Fn(&[Tensor; 4], bool),
+    ) {
+        for backward in [false, true] {
+            if backward && !backward_too {
+                continue;
+            }
+            let (bytes, flops, op) = if backward {
+                (fwdbwd_bytes as u64, fwd_flops * 7 / 2, "fwdbwd")
+            } else {
+                (fwd_bytes as u64, fwd_flops, "fwd")
+            };
+            self.bench(
+                b,
+                spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
+                |set| run(set, backward),
+            );
+        }
+    }
 }
 
 /// One FlashAttention forward of input set `[q, k, v, d_o]` and, with `backward`, its backward
@@ -859,21 +887,6 @@ fn attention_step([q, k, v, d_o]: &[Tensor; 4], params: &AttentionParams, backwa
 
 /// One bench function of [`main`]'s list (`RGK_BENCH_FAMILIES` names them).
 type BenchFn = fn(&mut Bencher);
-
-/// A forward (`backward` false) or forward + backward attention bench's bytes (the given pair's
-/// first or second), FLOPs (forward + backward is 3.5x the forward's: docs/math/attention.md) and
-/// name suffix.
-fn attention_pass(
-    backward: bool,
-    (fwd_bytes, fwdbwd_bytes): (usize, usize),
-    fwd_flops: u64,
-) -> (u64, u64, &'static str) {
-    if backward {
-        (fwdbwd_bytes as u64, fwd_flops * 7 / 2, "fwdbwd")
-    } else {
-        (fwd_bytes as u64, fwd_flops, "fwd")
-    }
-}
 
 /// [`attention_step`] on a packed batch: `set` holds Q, K, V, dO as `[1, T, H, D]`, the sequences
 /// bounded by `cu` (for queries and keys alike).
@@ -925,18 +938,13 @@ fn attention_gqa(b: &mut Bencher) {
                 ..Default::default()
             };
             let name = format!("attn_gqa/{dtype}/B{bb}Hq{hq}Hkv{hkv}S{s}D{d}/{mask}");
-            for backward in [false, true] {
-                let (bytes, flops, op) = attention_pass(
-                    backward,
-                    (2 * q_bytes + 2 * kv_bytes, 6 * q_bytes + 4 * kv_bytes),
-                    fwd_flops,
-                );
-                inputs.bench(
-                    b,
-                    spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
-                    |set| attention_step(set, &params, backward),
-                );
-            }
+            inputs.bench_passes(
+                b,
+                (&name, true),
+                (2 * q_bytes + 2 * kv_bytes, 6 * q_bytes + 4 * kv_bytes),
+                fwd_flops,
+                |set, backward| attention_step(set, &params, backward),
+            );
         }
     }
 }
@@ -971,22 +979,20 @@ fn attention_layouts(b: &mut Bencher) {
                 ..Default::default()
             };
             let name = format!("attn_layout/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}");
-            for backward in [false, true] {
-                let (bytes, flops, op) =
-                    attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
-                inputs.bench(
-                    b,
-                    spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
-                    |set| {
-                        if layout == "bshd" {
-                            let views = [0, 1, 2, 3].map(|j| set[j].transpose(1, 2).expect("view"));
-                            attention_step(&views, &params, backward)
-                        } else {
-                            attention_step(set, &params, backward)
-                        }
-                    },
-                );
-            }
+            inputs.bench_passes(
+                b,
+                (&name, true),
+                (4 * bytes1, 10 * bytes1),
+                fwd_flops,
+                |set, backward| {
+                    if layout == "bshd" {
+                        let views = [0, 1, 2, 3].map(|j| set[j].transpose(1, 2).expect("view"));
+                        attention_step(&views, &params, backward)
+                    } else {
+                        attention_step(set, &params, backward)
+                    }
+                },
+            );
         }
     }
 }
@@ -1012,18 +1018,13 @@ fn attention_head_dims(b: &mut Bencher) {
                 ..Default::default()
             };
             let name = format!("attn_hdim/{dtype}/B{bb}H{h}S{s}D{d}/bhsd/{mask}");
-            for backward in [false, true] {
-                if backward && d > attn::FLASH_MAX_HEAD_DIM_BACKWARD {
-                    continue;
-                }
-                let (bytes, flops, op) =
-                    attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
-                inputs.bench(
-                    b,
-                    spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
-                    |set| attention_step(set, &params, backward),
-                );
-            }
+            inputs.bench_passes(
+                b,
+                (&name, d <= attn::FLASH_MAX_HEAD_DIM_BACKWARD),
+                (4 * bytes1, 10 * bytes1),
+                fwd_flops,
+                |set, backward| attention_step(set, &params, backward),
+            );
         }
     }
 }
@@ -1060,14 +1061,13 @@ fn attention_windows(b: &mut Bencher) {
         };
         let mask = if causal { "causal" } else { "full" };
         let name = format!("attn_window/{dtype}/B{bb}H{h}S{s}D{d}/L{left}R{right}/{mask}");
-        for backward in [false, true] {
-            let (bytes, flops, op) = attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
-            inputs.bench(
-                b,
-                spec(format!("{name}/{op}"), Some(bytes), Some(flops)),
-                |set| attention_step(set, &params, backward),
-            );
-        }
+        inputs.bench_passes(
+            b,
+            (&name, true),
+            (4 * bytes1, 10 * bytes1),
+            fwd_flops,
+            |set, backward| attention_step(set, &params, backward),
+        );
     }
 }
 
@@ -1132,25 +1132,22 @@ fn attention_varlen(b: &mut Bencher) {
                 scale: None,
                 ..Default::default()
             };
-            for backward in [false, true] {
-                let (bytes, flops, op) =
-                    attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
-                inputs.bench(
-                    b,
-                    spec(
-                        format!("attn_varlen/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}/{op}"),
-                        Some(bytes),
-                        Some(flops),
-                    ),
-                    |set| {
-                        if layout == "packed" {
-                            packed_step(set, &cu, &params, backward)
-                        } else {
-                            attention_step(set, &params, backward)
-                        }
-                    },
-                );
-            }
+            inputs.bench_passes(
+                b,
+                (
+                    &format!("attn_varlen/{dtype}/B{bb}H{h}S{s}D{d}/{layout}/{mask}"),
+                    true,
+                ),
+                (4 * bytes1, 10 * bytes1),
+                fwd_flops,
+                |set, backward| {
+                    if layout == "packed" {
+                        packed_step(set, &cu, &params, backward)
+                    } else {
+                        attention_step(set, &params, backward)
+                    }
+                },
+            );
         }
     }
 }
@@ -1194,21 +1191,16 @@ fn attention_varlen_mixed(b: &mut Bencher) {
             scale: None,
             ..Default::default()
         };
-        for backward in [false, true] {
-            let (bytes, flops, op) = attention_pass(backward, (4 * bytes1, 10 * bytes1), fwd_flops);
-            inputs.bench(
-                b,
-                spec(
-                    format!(
-                        "attn_varlen_mixed/{dtype}/N{}H{h}D{d}/{mask}/{op}",
-                        lens.len()
-                    ),
-                    Some(bytes),
-                    Some(flops),
-                ),
-                |set| packed_step(set, &cu, &params, backward),
-            );
-        }
+        inputs.bench_passes(
+            b,
+            (
+                &format!("attn_varlen_mixed/{dtype}/N{}H{h}D{d}/{mask}", lens.len()),
+                true,
+            ),
+            (4 * bytes1, 10 * bytes1),
+            fwd_flops,
+            |set, backward| packed_step(set, &cu, &params, backward),
+        );
     }
 }
 

@@ -291,13 +291,13 @@ fn validate(
         Operand::of("v", v),
     ];
     let checked = validate_operands(op, path, &ops, params)?;
-    validate_window(op, path, q.gpu(), params)?;
+    validate_window_and_softcap(op, path, q.gpu(), params)?;
     Ok(checked)
 }
 
 /// A bounded [`Window`] and a softcap run on the wgmma kernels only: the sm_90 build's
 /// FlashAttention. The softcap must be finite and positive.
-fn validate_window(
+fn validate_window_and_softcap(
     op: &'static str,
     path: Path,
     gpu: &crate::Gpu,
@@ -1480,23 +1480,23 @@ struct FlashBwdKernels {
     block_q: usize,
     threads: u32,
     smem_bytes: u32,
-    /// The main kernel is a general wgmma one (packed batch or a head dim narrower than its tile):
-    /// it walks the plain dQ order only.
+    /// The main kernel is a general wgmma one (packed batch, window, or a head dim narrower than
+    /// its tile): it walks the plain dQ order only.
     general: bool,
 }
 
 /// The backward's kernels for head dim `head_dim` (any [`flash_head_dim_supported`]; `None` for
 /// another) and the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the sm_90 build's main
 /// kernel is a wgmma one (`flash_wg_bwd_*`: the dense tile-wide kernels, or the `_general_` ones for
-/// a packed batch or a head dim narrower than the tile), the sm_80 build's the `mma.sync` one
-/// (`flash_bwd_d*`, dense batches only); the pre-pass and the dQ conversion are shared.
+/// a call whose walk needs them, `general_walk` (a packed batch, a window), or a head dim narrower
+/// than the tile), the sm_80 build's the `mma.sync` one (`flash_bwd_d*`, none of those walks); the
+/// pre-pass and the dQ conversion are shared.
 fn flash_bwd_kernels(
     head_dim: usize,
     dtype: DType,
     ptx_arch: &str,
-    packed: bool,
+    general_walk: bool,
 ) -> Option<FlashBwdKernels> {
-    // (`packed` also stands for a windowed call: the general kernels, sm_90 only.)
     let (pre, convert) = match dtype {
         DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
@@ -1507,9 +1507,9 @@ fn flash_bwd_kernels(
     }
     let tile = flash_tile_dim(head_dim);
     let wgmma = ptx_arch == "sm_90";
-    let general = wgmma && (packed || head_dim != tile);
+    let general = wgmma && (general_walk || head_dim != tile);
     let (main, main_add) = match (wgmma, general, tile, dtype) {
-        (false, _, _, _) if packed => return None,
+        (false, _, _, _) if general_walk => return None,
         (false, _, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
         (false, _, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
         (false, _, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),

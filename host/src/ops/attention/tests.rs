@@ -1103,12 +1103,8 @@ fn dq_ascending_order_under_windows_walks_every_block_in_the_band_once() {
                     for left in [None, Some(0), Some(1), Some(63), Some(200), Some(1000)] {
                         for right in [None, Some(0), Some(5), Some(130)] {
                             let band = Band {
-                                left: left.map_or(i32::MAX, |l| l as i32),
-                                right: if causal {
-                                    0
-                                } else {
-                                    right.map_or(i32::MAX, |r| r as i32)
-                                },
+                                left: left.unwrap_or(i32::MAX),
+                                right: if causal { 0 } else { right.unwrap_or(i32::MAX) },
                             };
                             let w = DqWalk {
                                 n_qblocks: sq.div_ceil(bq),

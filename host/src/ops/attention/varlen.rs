@@ -291,7 +291,7 @@ fn validate_varlen(
     ];
     // Head counts, dtype, head dim, strides, alignment, scale: the dense path's rules.
     let (d0, scale) = validate_operands(op, Path::Flash, &ops, params)?;
-    super::validate_window(op, Path::Flash, q.gpu(), params)?;
+    super::validate_window_and_softcap(op, Path::Flash, q.gpu(), params)?;
     let strides = [
         head_strides(op, &ops[0])?,
         head_strides(op, &ops[1])?,
