@@ -606,34 +606,52 @@ def attn_window_case(tag, b, h, s, d, left, right, causal, backward):
                            sdpa_peer("sdpa-cudnn", "CUDNN_ATTENTION"), flex_peer()])
 
 
-def attn_softcap_case(tag, b, h, s, d, cap, causal):
-    """The logit softcap (benches/benches/ops.rs attention_softcap): FlexAttention with
-    `cap * tanh(score / cap)` as its score modification (torch.compile'd; SDPA has no softcap),
-    forward."""
+def attn_scores_case(family, tag, b, h, s, d, causal, backward):
+    """Score modifications (benches/benches/ops.rs attention_scores): FlexAttention (torch.compile'd;
+    SDPA has neither) with the logit softcap `50 tanh(score / 50)` (`attn_softcap`) or ALiBi's
+    bias `-slope[h] |i - j|` with the geometric slopes `2^(-8 (h + 1) / H)` (`attn_alibi`) as its
+    score modification, forward or forward + backward through autograd."""
     mask = "causal" if causal else "full"
     tensor = b * h * s * d * ELEM_SIZE[tag]
     fwd = 4 * b * h * s * s * d // (2 if causal else 1)
+    alibi = family == "attn_alibi"
 
     def flex_peer():
         def build():
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
             torch._dynamo.reset()
+            slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)],
+                                  device="cuda", dtype=torch.float32)
 
             def capped(score, b_, h_, i, j):
-                return cap * torch.tanh(score / cap)
+                return 50.0 * torch.tanh(score / 50.0)
+
+            def biased(score, b_, h_, i, j):
+                return score - slopes[h_] * (i - j).abs()
 
             def causal_mask(b_, h_, i, j):
                 return j <= i
             block_mask = (create_block_mask(causal_mask, None, None, s, s, device="cuda")
                           if causal else None)
             flex = torch.compile(flex_attention)
-            return lambda x: flex(x[0], x[1], x[2], score_mod=capped, block_mask=block_mask)
+            mod = biased if alibi else capped
+
+            def run(x):
+                q, k, v, d_o = x
+                o = flex(q, k, v, score_mod=mod, block_mask=block_mask)
+                if backward:
+                    return torch.autograd.grad(o, (q, k, v), d_o)
+                return o
+            return run
         return Peer("flex-attention", build)
 
-    return Case(f"attn_softcap/{tag}/B{b}H{h}S{s}D{d}/c{cap}/{mask}/fwd", bytes=4 * tensor,
-                flops=fwd, in_bytes=3 * tensor,
-                make_set=lambda: tuple(rand((b, h, s, d), tag) for _ in range(3)),
-                peers=[flex_peer()])
+    def make():
+        q, k, v = (rand((b, h, s, d), tag).requires_grad_(backward) for _ in range(3))
+        return q, k, v, rand((b, h, s, d), tag)
+
+    mod_tag = "geometric" if alibi else "c50"
+    return attn_pass_case(f"{family}/{tag}/B{b}H{h}S{s}D{d}/{mod_tag}/{mask}", backward,
+                          (tensor, fwd), make, [flex_peer()])
 
 
 # Sequence lengths of the mixed packed batch of benches/benches/ops.rs attention_varlen_mixed.
@@ -982,8 +1000,11 @@ def build_cases(quick):
     cases += [sdpa_layout_case("attn_layout", "f16", 2, 32, 4096, 128, layout, causal, backward)
               for layout in ("bhsd", "bshd") for causal in (False, True)
               for backward in (False, True)]
-    cases += [attn_softcap_case("f16", 4, 16, 4096, d, 50, causal)
-              for d in (128, 256) for causal in (False, True)]
+    cases += [attn_scores_case(family, "f16", 4, 16, 4096, d, causal, backward)
+              for (family, d) in (("attn_softcap", 64), ("attn_softcap", 128), ("attn_softcap", 256),
+                                  ("attn_alibi", 64), ("attn_alibi", 128))
+              for causal in (False, True) for backward in (False, True)
+              if d <= 64 or not backward]
     cases += [attn_window_case("f16", 2, 16, 8192, 128, left, right, causal, backward)
               for (left, right, causal) in ((1024, 0, True), (512, 512, False))
               for backward in (False, True)]

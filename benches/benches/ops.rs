@@ -1071,32 +1071,54 @@ fn attention_windows(b: &mut Bencher) {
     }
 }
 
-/// The logit softcap (`attn_softcap`): B4 H16 S4096 f16, cap 50 (Gemma-2's), D 128 and 256, both
-/// masks, forward (the backward takes none yet), beside FlexAttention with the same cap as its
-/// score modification (bench/peers.py). The uncapped call of the same shape is `attn_hdim`'s.
-fn attention_softcap(b: &mut Bencher) {
+/// Score modifications: the logit softcap (`attn_softcap`, cap 50, Gemma-2's; D 64, 128 and 256)
+/// and ALiBi (`attn_alibi`, BLOOM's geometric slopes `2^(-8 (h + 1) / H)`; D 64 and 128): B4 H16
+/// S4096 f16, both masks, forward and (D 64: the backward takes them up to there) forward +
+/// backward, beside FlexAttention with the same score modification (bench/peers.py). The
+/// unmodified call of the same shape is `attn_hdim`'s.
+fn attention_scores(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let (bb, h, s) = if quick { (1, 4, 1024) } else { (4, 16, 4096) };
     let dtype = DType::F16;
-    for d in [128, 256] {
+    let geometric: Vec<f32> = (0..h)
+        .map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / h as f32))
+        .collect();
+    let slopes = Tensor::from_f32(&b.gpu, &geometric, &[h], DType::F32).expect("ALiBi slopes");
+    let families = [
+        ("attn_softcap", 64),
+        ("attn_softcap", 128),
+        ("attn_softcap", 256),
+        ("attn_alibi", 64),
+        ("attn_alibi", 128),
+    ];
+    for (family, d) in families {
         let bytes1 = bb * h * s * d * dtype.size_bytes();
         let copies = rotation_copies(4 * bytes1, b.l2_bytes);
         let inputs = LazySets::new(b, [[bb, h, s, d]; 4], dtype, copies);
         for causal in [Causal::No, Causal::Yes] {
             let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
-            let params = AttentionParams {
-                causal,
-                softcap: Some(50.0),
-                ..Default::default()
+            let (params, tag) = if family == "attn_alibi" {
+                let p = AttentionParams {
+                    causal,
+                    alibi_slopes: Some(&slopes),
+                    ..Default::default()
+                };
+                (p, "geometric")
+            } else {
+                let p = AttentionParams {
+                    causal,
+                    softcap: Some(50.0),
+                    ..Default::default()
+                };
+                (p, "c50")
             };
-            inputs.bench(
+            let name = format!("{family}/{dtype}/B{bb}H{h}S{s}D{d}/{tag}/{mask}");
+            inputs.bench_passes(
                 b,
-                spec(
-                    format!("attn_softcap/{dtype}/B{bb}H{h}S{s}D{d}/c50/{mask}/fwd"),
-                    Some(4 * bytes1 as u64),
-                    Some(fwd_flops),
-                ),
-                |set| attention_step(set, &params, false),
+                (&name, d <= attn::FLASH_SCORED_MAX_HEAD_DIM_BACKWARD),
+                (4 * bytes1, 10 * bytes1),
+                fwd_flops,
+                |set, backward| attention_step(set, &params, backward),
             );
         }
     }
@@ -1620,7 +1642,7 @@ fn main() {
         ("attention_layouts", attention_layouts),
         ("attention_head_dims", attention_head_dims),
         ("attention_windows", attention_windows),
-        ("attention_softcap", attention_softcap),
+        ("attention_scores", attention_scores),
         ("attention_varlen", attention_varlen),
         ("attention_varlen_mixed", attention_varlen_mixed),
         ("attention_decode", attention_decode),

@@ -176,7 +176,7 @@ fn first_bad(out: &[f32], reference: &[f32], bound: f64, head_dim: usize, is_o: 
     }
 }
 
-fn params(c: &Case) -> AttentionParams {
+fn params(c: &Case) -> AttentionParams<'static> {
     AttentionParams {
         causal: c.causal,
         scale: None,

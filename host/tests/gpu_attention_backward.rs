@@ -111,7 +111,7 @@ fn inputs(rng: &mut rand::rngs::StdRng, c: &Case) -> [HostTensor; 4] {
     ]
 }
 
-fn params(c: &Case) -> AttentionParams {
+fn params(c: &Case) -> AttentionParams<'static> {
     AttentionParams {
         causal: c.causal,
         scale: c.scale,

@@ -132,7 +132,7 @@ fn operands(
 }
 
 /// The padded call's parameters: the scale of the unpadded head dim, as the call at `d` defaults to.
-fn padded_params(causal: bool, d: usize) -> AttentionParams {
+fn padded_params(causal: bool, d: usize) -> AttentionParams<'static> {
     AttentionParams {
         scale: Some((1.0 / (d as f64).sqrt()) as f32),
         ..attention_params(causal)

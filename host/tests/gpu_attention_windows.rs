@@ -61,7 +61,7 @@ fn cases() -> Vec<Case> {
     }
 }
 
-fn params(causal: bool, left: Option<usize>, right: Option<usize>) -> AttentionParams {
+fn params(causal: bool, left: Option<usize>, right: Option<usize>) -> AttentionParams<'static> {
     AttentionParams {
         window: Window { left, right },
         ..attention_params(causal)

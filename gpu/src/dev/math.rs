@@ -32,9 +32,10 @@ pub fn exp(x: f32) -> f32 {
     exp2(x * LOG2_E)
 }
 
-/// tanh(x) to a relative error of about 1e-6: `1 - 2 / (e^(2x) + 1)` through [`exp2`] and a
-/// full-precision division for |x| >= 1/8, and there below the odd series to x^7 (the exp form
-/// cancels there: its absolute error of about 6e-8 is a large relative one for small x).
+/// tanh(x) to a relative error of about 1e-6: `1 - 2 / (e^(2x) + 1)` through [`exp2`] and
+/// [`rcp`] for |x| >= 1/8, and there below the odd series to x^7 (the exp form cancels there: its
+/// absolute error of about 6e-8 is a large relative one for small x). (`div.rn.f32` in its place
+/// calls a slow-path subroutine, and the call made the FlashAttention backward spill 224 bytes.)
 /// `tanh.approx.f32`'s relative 2^-11 is too coarse for a logit softcap, whose cap multiplies it;
 /// measured: a cap of 1e6 at scale 1 (x near 1e-5) put the exp form's O 3% off the uncapped one.
 /// Saturates to +-1 for large |x|.
@@ -47,8 +48,30 @@ pub fn tanh(x: f32) -> f32 {
         fma(x2, fma(x2, -17.0 / 315.0, 2.0 / 15.0), -1.0 / 3.0),
         1.0,
     );
-    let exp_form = 1.0 - 2.0 / (exp2(2.0 * LOG2_E * x) + 1.0);
+    let exp_form = 1.0 - 2.0 * rcp(exp2(2.0 * LOG2_E * x) + 1.0);
     if x2 < 1.0 / 64.0 { series } else { exp_form }
+}
+
+/// 1 / x, `rcp.approx.ftz.f32` (max error about 1 ulp; 0 for infinite x).
+#[inline(always)]
+pub fn rcp(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: register math.
+    unsafe {
+        core::arch::asm!("rcp.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nostack, nomem, pure))
+    }
+    y
+}
+
+/// |x| (`abs.f32`: ptxas folds it into the consuming instruction's operand).
+#[inline(always)]
+pub fn abs(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: register math.
+    unsafe {
+        core::arch::asm!("abs.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nostack, nomem, pure))
+    }
+    y
 }
 
 /// Natural log through log2.

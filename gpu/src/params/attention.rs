@@ -46,12 +46,30 @@ pub struct AttentionShape {
     /// A logit softcap `c > 0` (the sm_90 forward kernels): each score `s = scale q . k` becomes
     /// `c tanh(s / c)` before the softmax; 0: none.
     pub softcap: f32,
+    /// The softcap in the kernels' raw-score units, `softcap / |scale|` (the scale clamped to at
+    /// least 1e-30; `k tanh(s / k)` is even in `k`, so the backward's signed raw units take it too),
+    /// and its inverse; 0 without a softcap. From the host, so that the backward reads them from
+    /// the parameters rather than holding registers for them.
+    pub softcap_k: f32,
+    pub softcap_inv_k: f32,
 }
-// SAFETY: #[repr(C)], thirteen 4-byte fields, no padding; `mask` is always a valid discriminant
+// SAFETY: #[repr(C)], fifteen 4-byte fields, no padding; `mask` is always a valid discriminant
 // (only built from the enum on the host).
 unsafe impl KernelParam for AttentionShape {}
 // The kernels receive it by value: its bytes must not move when a field is edited.
-const _: () = assert!(core::mem::size_of::<AttentionShape>() == 52);
+const _: () = assert!(core::mem::size_of::<AttentionShape>() == 60);
+
+impl AttentionShape {
+    /// [`AttentionShape::softcap_k`] and `softcap_inv_k` of a softcap `cap` (0: none) at `scale`.
+    pub fn softcap_raw(cap: f32, scale: f32) -> (f32, f32) {
+        if cap > 0.0 {
+            let s = scale.abs().max(1e-30);
+            (cap / s, s / cap)
+        } else {
+            (0.0, 0.0)
+        }
+    }
+}
 
 /// [`AttentionShape::window_left`] / `window_right` of a side without a bound: `i32::MAX`, so that
 /// `i + diag` plus or minus it saturates (i32 arithmetic) past every key.
@@ -191,11 +209,18 @@ pub struct AttentionLayout {
     pub cu_seqlens_q: u64,
     /// The same for K and V (`seq_k` the longest).
     pub cu_seqlens_k: u64,
+    /// 0, or the device address of f32 ALiBi slopes (the FlashAttention kernels of the sm_90
+    /// build): query head `h` of batch entry `b` subtracts `slope[b * alibi_batch + h] |i + diag -
+    /// j|` from its score of key `j` (after the softcap; `diag = seq_k - seq_q` of its sequence).
+    pub alibi_slopes: u64,
+    /// Slopes between batch entries: 0 (one slope a head for the whole batch) or `heads`.
+    pub alibi_batch: u64,
 }
-// SAFETY: #[repr(C)], 29 u64 fields, no padding; the row offsets are only read when nonzero, and the
-// launcher passes live device arrays of `batch + 1` values.
+// SAFETY: #[repr(C)], 31 u64 fields, no padding; the row offsets and slopes are only read when
+// nonzero, and the launcher passes live device arrays of `batch + 1` offsets and of the slopes
+// every (batch entry, head) indexes.
 unsafe impl KernelParam for AttentionLayout {}
-const _: () = assert!(core::mem::size_of::<AttentionLayout>() == 232);
+const _: () = assert!(core::mem::size_of::<AttentionLayout>() == 248);
 
 /// [`AttentionShape::group_member`] of a wgmma backward launch that walks every group member in each
 /// CTA (one launch a call; dK and dV summed in registers, in member order).

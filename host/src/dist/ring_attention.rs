@@ -259,6 +259,19 @@ struct Place {
 
 impl Place {
     fn of(op: &'static str, rank: &Rank, q: &Tensor, params: &AttentionParams) -> Result<Place> {
+        // The ring's steps see key blocks by global position through the causal mask only.
+        if params.window.is_bounded() || params.modifies_scores() {
+            return Err(Error::Invalid {
+                op,
+                msg: format!(
+                    "ring attention takes no sliding window, softcap or ALiBi slopes (window {:?}, \
+                     softcap {:?}, ALiBi slopes {}); attention::flash_forward on one GPU does",
+                    params.window,
+                    params.softcap,
+                    if params.alibi_slopes.is_some() { "given" } else { "none" }
+                ),
+            });
+        }
         let shape = q.shape().to_vec();
         let (world, me) = (rank.world(), rank.rank());
         Ok(Place {
@@ -359,7 +372,7 @@ fn accumulate(acc: &Tensor, x: &Tensor) -> Result<()> {
     )
 }
 
-fn pair_params(scale: f32, causal: bool) -> AttentionParams {
+fn pair_params(scale: f32, causal: bool) -> AttentionParams<'static> {
     AttentionParams {
         causal: if causal { Causal::Yes } else { Causal::No },
         scale: Some(scale),

@@ -249,7 +249,7 @@ pub fn bits(t: &Tensor) -> Vec<u32> {
 }
 
 /// Attention options: causal or not, the default scale (`1 / sqrt(head_dim)`).
-pub fn attention_params(causal: bool) -> host::ops::attention::AttentionParams {
+pub fn attention_params(causal: bool) -> host::ops::attention::AttentionParams<'static> {
     use host::ops::attention::{AttentionParams, Causal};
     AttentionParams {
         causal: if causal { Causal::Yes } else { Causal::No },

@@ -27,7 +27,7 @@ use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, fence_init};
 use crate::dev::mem::SliceMut;
 use crate::dev::shared::{check_index, dynamic_base, ld_shared_v4, st_shared_v4};
 use crate::dev::sync::{named_barrier, named_barrier_arrive, sync_threads};
-use crate::dev::thread::{lane_id, thread_idx_x};
+use crate::dev::thread::{block_idx_z, lane_id, thread_idx_x};
 use crate::dev::tma::TensorMapRef;
 use crate::dev::wgmma::{
     Accumulator, SwizzledTile, Wgmma, fence, fence_proxy_async, set_max_registers_dec,
@@ -41,9 +41,10 @@ use crate::params::attention::{
 use crate::unroll_lt;
 
 use super::flash_wgmma::{
-    KeyLimits, OnlineSoftmax, QueryBlock, issue_pv, issue_s, key_limits, mask, pack_p, rescale,
-    softcap, softcap_k, store_output,
+    KeyLimits, OnlineSoftmax, QueryBlock, alibi, issue_pv, issue_s, key_limits, mask, pack_p,
+    rescale, softcap, softcap_k, store_output,
 };
+use super::alibi_slope;
 
 /// K/V ring depth.
 const STAGES: usize = 2;
@@ -204,6 +205,11 @@ unsafe fn flash_tma_fwd<
         let cap = softcap_k(&p);
         if cap > 0.0 {
             softcap(&mut s, cap);
+        }
+        let slope = alibi_slope(&st, &p, block_idx_z(), h);
+        if slope != 0.0 {
+            let pos = first_row as i32 + diag;
+            alibi(&mut s, n0, [pos, pos + 8], slope);
         }
         if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);

@@ -43,7 +43,7 @@
 use crate::dev::atomic::{add_release_u32, red_add_v4_f32, wait_for_turn};
 use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
-use crate::dev::math::{LOG2_E, exp2, fma};
+use crate::dev::math::{LOG2_E, abs, exp2, fma, max, tanh};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::MmaElem;
 use crate::dev::opaque_dep_u32;
@@ -61,9 +61,9 @@ use crate::params::attention::{
 };
 use crate::{unroll, unroll_lt};
 
-use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, add_rows_f32};
+use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, QueryBounds, add_rows_f32};
 use super::flash_wgmma::{load_rows, pack_p};
-use super::{HeadRows, HeadRowsMut, Sequence};
+use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
 
 /// The main backward kernel. `ON = D / 2`: f32 a thread of dK and of dV (checked against the
 /// config); S^T, dP^T (per 64-query sub-block) and the dQ half are 32 each (64 x 64).
@@ -78,6 +78,7 @@ unsafe fn flash_wg_bwd<
     const STAGES: usize,
     const GENERAL: bool,
     const WINDOW: bool,
+    const SCORE: bool,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -172,7 +173,11 @@ unsafe fn flash_wg_bwd<
         zero_tile::<BK, BQ, TH>(ds_tiles.stage(1));
     }
 
-    let c = p.scale * LOG2_E;
+    let c = if SCORE {
+        scored_c(&p)
+    } else {
+        p.scale * LOG2_E
+    };
     let mut dk_acc = [0.0f32; ON];
     let mut dv_acc = [0.0f32; ON];
     for member in first_member..first_member + members {
@@ -312,7 +317,7 @@ unsafe fn flash_wg_bwd<
 
             // Per key row of this thread (0: key_row, 1: key_row + 8): the queries that see it.
             let qb = walk.first_queries::<BK, BQ, WINDOW>(m0, n0 + key_row);
-            let st = stats_base + stage * stat_stage;
+            let stats_at = stats_base + stage * stat_stage;
 
             // The block's queries in sub-blocks of 64 (the N of S^T): S^T and dP^T stay at 32 f32 a
             // thread each, and sub-block h's dV/dK products run while h + 1's S^T and dP^T are
@@ -359,25 +364,21 @@ unsafe fn flash_wg_bwd<
                 dv_acc.hold();
                 dk_acc.hold();
 
-                // P^T = exp2(S^T c - LSE2), dS^T = P^T (dP^T - D), masked entries 0.
-                unroll_lt!(n < 8, {
-                    let col = q0 + (8 * n) as u32 + 2 * t;
-                    // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
-                    let (lse2, delta) = unsafe {
-                        (
-                            ld_shared_v2_f32(st + 4 * col),
-                            ld_shared_v2_f32(st + 4 * (BQ as u32 + col)),
-                        )
-                    };
-                    unroll!(e in [0, 1, 2, 3] {
-                        let pv = exp2(fma(s[4 * n + e], c, -lse2[e % 2]));
-                        let qq = (col + (e % 2) as u32) as i32;
-                        let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
-                        let pv = if keep { pv } else { 0.0 };
-                        s[4 * n + e] = pv;
-                        dp[4 * n + e] = pv * (dp[4 * n + e] - delta[e % 2]);
-                    });
-                });
+                // P^T = exp2(S^T c - LSE2), dS^T = P^T (dP^T - D), masked entries 0; the scored
+                // kernels take the softcap and ALiBi's bias into S^T first (and the cap's
+                // derivative into dS^T). The cap's branch is uniform and outside the entries.
+                let at = (q0 + 2 * t, stats_at, c);
+                if !SCORE {
+                    p_and_ds::<BQ, false, false>(&mut s, &mut dp, at, (qb, &p), ScoreMods::NONE);
+                } else {
+                    let q = m0 + q0 + 2 * t;
+                    let mods = ScoreMods::of(&p, &st, bh, (q, n0 + key_row), walk.dq.diag);
+                    if p.softcap_k != 0.0 {
+                        p_and_ds::<BQ, true, true>(&mut s, &mut dp, at, (qb, &p), mods);
+                    } else {
+                        p_and_ds::<BQ, false, true>(&mut s, &mut dp, at, (qb, &p), mods);
+                    }
+                }
                 let pa = pack_p::<T, 32>(&s);
                 let dsa = pack_p::<T, 32>(&dp);
                 // dS^T into this step's tile (rows = keys, columns = queries): fragment word (r, h) of
@@ -516,6 +517,102 @@ unsafe fn flash_wg_bwd<
             out_row0,
         );
     }
+}
+
+/// The ALiBi bias of the scored kernels in the backward's raw units: `P^T = exp2(w c - LSE2)` with
+/// `c = scale log2 e` (signed: the backward does not negate Q; clamped away from 0 as the forward's
+/// softmax clamps it, so that both see the same logits) and `w` the modified raw score, `w = k
+/// tanh(s / k) - slope |pos - key|` with `slope = alibi log2 e / c` and the softcap's `k` from the
+/// shape ([`AttentionShape::softcap_k`]: read from the parameters, no register).
+#[derive(Clone, Copy)]
+struct ScoreMods {
+    slope: f32,
+    /// `pos - key` of this thread's first key row and query offset 0 of its columns (entry `8 n +
+    /// e % 2` of key row `e / 2` adds `8 n + e % 2 - 8 (e / 2)`).
+    base: f32,
+}
+
+impl ScoreMods {
+    const NONE: Self = Self {
+        slope: 0.0,
+        base: 0.0,
+    };
+
+    /// Of query head `bh` (its `batch * heads + head` index), for a thread whose first query
+    /// column is query `q` of its sequence and whose first key is `key`; `diag` aligns them.
+    #[inline(always)]
+    fn of(
+        p: &AttentionShape,
+        st: &AttentionLayout,
+        bh: u64,
+        (q, key): (u32, u32),
+        diag: i32,
+    ) -> Self {
+        // (u32: batch * heads < 2^32, and a u64 division is a subroutine call, whose saved
+        // registers spilled D = 128.)
+        let bh = bh as u32;
+        let (b, h) = (bh / p.heads, bh % p.heads);
+        // `alibi_slope` divides by |c|; the backward's raw units carry the scale's sign.
+        let slope = alibi_slope(st, p, b, h);
+        let slope = if p.scale < 0.0 { -slope } else { slope };
+        Self {
+            slope,
+            base: (q as i32 + diag - key as i32) as f32,
+        }
+    }
+}
+
+/// The scored kernels' `c = scale log2 e`, its magnitude clamped away from 0 as the forward's.
+#[inline(always)]
+fn scored_c(p: &AttentionShape) -> f32 {
+    let c = max(p.scale.abs() * LOG2_E, 1e-30);
+    if p.scale < 0.0 { -c } else { c }
+}
+
+/// P^T and dS^T of one 64-query sub-block in place of S^T (`s`) and dP^T (`dp`): `P^T = exp2(w c -
+/// LSE2)`, `dS^T = P^T (dP^T - D) dw/ds`, entries outside `qb` 0, with `w` the raw score through
+/// the softcap (`CAP`) and ALiBi's bias (`ALIBI`) of `mods`, or the raw score itself. `col0`: this
+/// thread's first query column; `stats`: the stage's LSE2 and D rows; `c = scale log2 e`.
+#[inline(always)]
+fn p_and_ds<const BQ: usize, const CAP: bool, const ALIBI: bool>(
+    s: &mut [f32; 32],
+    dp: &mut [f32; 32],
+    (col0, stats, c): (u32, u32, f32),
+    (qb, p): (QueryBounds, &AttentionShape),
+    mods: ScoreMods,
+) {
+    unroll_lt!(n < 8, {
+        let col = col0 + (8 * n) as u32;
+        // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
+        let (lse2, delta) = unsafe {
+            (
+                ld_shared_v2_f32(stats + 4 * col),
+                ld_shared_v2_f32(stats + 4 * (BQ as u32 + col)),
+            )
+        };
+        unroll!(e in [0, 1, 2, 3] {
+            let raw = s[4 * n + e];
+            let (w, dw) = if CAP {
+                let th = tanh(raw * p.softcap_inv_k);
+                (p.softcap_k * th, fma(-th, th, 1.0))
+            } else {
+                (raw, 1.0)
+            };
+            let w = if ALIBI {
+                let off = (8 * n + e % 2) as f32 - (8 * (e / 2)) as f32;
+                fma(-mods.slope, abs(mods.base + off), w)
+            } else {
+                w
+            };
+            let pv = exp2(fma(w, c, -lse2[e % 2]));
+            let qq = (col + (e % 2) as u32) as i32;
+            let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
+            let pv = if keep { pv } else { 0.0 };
+            s[4 * n + e] = pv;
+            let ds = pv * (dp[4 * n + e] - delta[e % 2]);
+            dp[4 * n + e] = if CAP { ds * dw } else { ds };
+        });
+    });
 }
 
 /// Issues (fence, products, commit) this warpgroup's dQ half `dq = dS K`: query rows `dq_row0..`
@@ -797,13 +894,14 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
 }
 
 macro_rules! flash_wg_bwd_entry_points {
-    ($($name:ident: $t:ty, $out:ty, $cfg:path, $general:expr, $window:expr;)*) => {$(
+    ($($name:ident: $t:ty, $out:ty, $cfg:path, $general:expr, $window:expr, $score:expr;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
         /// `order`: how the dQ blocks are walked and summed (`DQ_*` flags; without `DQ_ORDERED`
         /// in arrival order, the explicit nondeterministic mode). The `_general_` kernels take a
         /// packed (variable-length) batch, a head dim narrower than the tile and (not the f32-adding
-        /// ones) a sliding window; the others a dense batch at the tile's head dim.
+        /// ones) a sliding window, the `_scored_` ones also the softcap and ALiBi slopes; the others
+        /// a dense batch at the tile's head dim.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
@@ -813,7 +911,7 @@ macro_rules! flash_wg_bwd_entry_points {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.head_dim / 2 }, { C.stages }, $general, $window>(
+                    { C.head_dim / 2 }, { C.stages }, $general, $window, $score>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
@@ -823,24 +921,29 @@ macro_rules! flash_wg_bwd_entry_points {
 }
 
 flash_wg_bwd_entry_points! {
-    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false, false;
-    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false;
-    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false;
-    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false, false;
+    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false, false, false;
+    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false, false;
+    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false, false, false;
     // dK and dV added into f32 accumulators (ring attention's steps).
-    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false;
-    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false;
-    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false, false;
-    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false, false;
+    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false, false;
+    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false, false;
+    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false, false, false;
     // Packed (variable-length) batches (`flash_backward_varlen`), head dims narrower than the
     // tile and windows; the f32-adding forms without windows (ring attention takes none, and the
     // window's bounds would spill D = 128's registers there).
-    flash_wg_bwd_general_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true;
-    flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true;
-    flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true, true;
-    flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true, true;
-    flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false;
-    flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false;
-    flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false;
-    flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true, false;
+    flash_wg_bwd_general_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true, false;
+    flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, false;
+    flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true, true, false;
+    flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true, true, false;
+    flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false;
+    flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false;
+    flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false, false;
+    flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true, false, false;
+    // The softcap and ALiBi: kernels of their own, so that the calls without them keep the
+    // general kernels' registers and code; D = 64 only (at D = 128 the slope, the distance and
+    // the cap's derivative spilled 56-72 bytes, with or without the window's bounds).
+    flash_wg_bwd_scored_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true, true;
+    flash_wg_bwd_scored_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, true;
 }

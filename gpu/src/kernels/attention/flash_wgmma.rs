@@ -33,7 +33,7 @@
 
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
-use crate::dev::math::{LN_2, LOG2_E, exp2, fma, log2, max, tanh};
+use crate::dev::math::{LN_2, LOG2_E, abs, exp2, fma, log2, max, tanh};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::MmaElem;
 use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v4};
@@ -427,15 +427,28 @@ pub(super) fn softcap<const SN: usize>(s: &mut [f32; SN], k: f32) {
     });
 }
 
+/// ALiBi on raw scores: subtracts `slope |pos[r] - key|` (`slope` from [`super::alibi_slope`],
+/// `pos[r]` the aligned position `row + diag` of this thread's row `r`), with `s` laid out as in
+/// [`mask`]. The distances are f32 offsets from the tile's first key (exact below 2^24), one add
+/// and one fma an entry.
+#[inline(always)]
+pub(super) fn alibi<const SN: usize>(s: &mut [f32; SN], n0: u32, pos: [i32; 2], slope: f32) {
+    let first = (n0 + 2 * (lane_id() % 4)) as i32;
+    let base = [(pos[0] - first) as f32, (pos[1] - first) as f32];
+    unroll_lt!(n < SN / 4, {
+        unroll!(e in [0, 1] {
+            let off = (8 * n + e) as f32;
+            s[4 * n + e] = fma(-slope, abs(base[0] - off), s[4 * n + e]);
+            s[4 * n + 2 + e] = fma(-slope, abs(base[1] - off), s[4 * n + 2 + e]);
+        });
+    });
+}
+
 /// The softcap of shape `p` in raw-score units (`c / |scale|`, the scale clamped away from 0 as the
-/// softmax's is), or 0 without one.
+/// softmax's is: [`AttentionShape::softcap_k`], from the host), or 0 without one.
 #[inline(always)]
 pub(super) fn softcap_k(p: &AttentionShape) -> f32 {
-    if p.softcap > 0.0 {
-        p.softcap / max(p.scale.abs(), 1e-30)
-    } else {
-        0.0
-    }
+    p.softcap_k
 }
 
 /// For this thread's two rows (`row`, `row + 8`): the keys each sees, `lo[r]..hi[r]` (`hi` at

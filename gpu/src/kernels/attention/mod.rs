@@ -19,6 +19,8 @@ mod flash_wgmma;
 mod naive;
 mod ring;
 
+#[cfg(target_feature = "sm_90a")]
+use crate::dev::math::{LOG2_E, max, rcp};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::shared::check_index;
 use crate::dev::warp::warp_uniform_u32;
@@ -133,6 +135,25 @@ impl Sequence {
     pub(super) fn lse_at(&self, l: &AttentionLayout, h: u32, row: u32) -> u64 {
         self.bi as u64 * l.lse.batch + h as u64 * l.lse.head + (self.q0 + row) as u64
     }
+}
+
+/// The ALiBi slope of query head `h` of batch entry `b` in the raw-score units the forward's softmax
+/// takes (it multiplies scores by `c = |scale| log2 e`, clamped away from 0): `slope log2 e / c`,
+/// which is `slope / |scale|` but for a zero scale, where the bias must still count; 0 without
+/// slopes ([`AttentionLayout::alibi_slopes`]).
+#[cfg(target_feature = "sm_90a")]
+#[inline(always)]
+pub(super) fn alibi_slope(l: &AttentionLayout, p: &AttentionShape, b: u32, h: u32) -> f32 {
+    if l.alibi_slopes == 0 {
+        return 0.0;
+    }
+    // SAFETY: the launcher passes `batch * alibi_batch + heads` slopes or more when the address
+    // is nonzero (b < batch: the grid's z; h < heads).
+    let slope = unsafe {
+        *(l.alibi_slopes as *const f32).add((b as u64 * l.alibi_batch + h as u64) as usize)
+    };
+    // (`rcp`: a `div.rn.f32` calls a slow-path subroutine, whose call made the backward spill.)
+    slope * LOG2_E * rcp(max(p.scale.abs() * LOG2_E, 1e-30))
 }
 
 /// The rows of one head of a strided `[batch, heads, seq, D]` operand (any strides, last dim

@@ -168,6 +168,12 @@ impl<'a> Plan<'a> {
                 msg: format!("decoding takes no softcap (softcap {c}); flash_forward does"),
             });
         }
+        if params.alibi_slopes.is_some() {
+            return Err(Error::Invalid {
+                op,
+                msg: "decoding takes no ALiBi slopes; flash_forward does".into(),
+            });
+        }
         let [b, hq, sq, d] = *q.shape() else {
             return Err(Error::Shape {
                 op,

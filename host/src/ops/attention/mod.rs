@@ -80,17 +80,33 @@ pub enum Causal {
 }
 
 /// Options of an attention call.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct AttentionParams {
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionParams<'a> {
     pub causal: Causal,
     /// Multiplies `Q K^T`; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// A sliding window (Mistral's, Gemma-2's local layers); the default sees every key.
     pub window: Window,
     /// A logit softcap `c > 0` (Gemma-2: 50): each score `s = scale q . k` becomes `c tanh(s / c)`
-    /// before the softmax. The forward FlashAttention kernels of the sm_90 build (dense and packed
-    /// batches); the backward, the sm_80 build, the naive path and decoding refuse it by name.
+    /// before the softmax. The FlashAttention kernels of the sm_90 build, forward and backward
+    /// (dense and packed batches); the sm_80 build, the naive path, `flash_backward_add`, ring
+    /// attention and decoding refuse it by name.
     pub softcap: Option<f32>,
+    /// ALiBi slopes (BLOOM, MPT): f32 on the call's device, `[heads]` (one slope a query head) or
+    /// `[batch, heads]` (one a sequence and head; a packed batch's sequences count as its batch).
+    /// Query head `h` subtracts `slope[h] |i + seq_k - seq_q - j|` from its score of key `j`,
+    /// after the softcap, as FlashAttention-2 does; within each sequence of a packed batch. The
+    /// FlashAttention kernels of the sm_90 build, forward and backward; the sm_80 build, the
+    /// naive path, `flash_backward_add`, ring attention and decoding refuse them by name.
+    pub alibi_slopes: Option<&'a crate::tensor::Tensor>,
+}
+
+impl AttentionParams<'_> {
+    /// Whether the scores pass through a softcap or take ALiBi's bias (the backward's `_scored_`
+    /// kernels).
+    pub fn modifies_scores(&self) -> bool {
+        self.softcap.is_some() || self.alibi_slopes.is_some()
+    }
 }
 
 /// A sliding window: query `i` sees key `j` only if `i + off - left <= j <= i + off + right`, with
@@ -291,17 +307,19 @@ fn validate(
         Operand::of("v", v),
     ];
     let checked = validate_operands(op, path, &ops, params)?;
-    validate_window_and_softcap(op, path, q.gpu(), params)?;
+    validate_model_features(op, path, q, params, (checked.0.batch, checked.0.heads))?;
     Ok(checked)
 }
 
-/// A bounded [`Window`] and a softcap run on the wgmma kernels only: the sm_90 build's
-/// FlashAttention. The softcap must be finite and positive.
-fn validate_window_and_softcap(
+/// A bounded [`Window`], a softcap and ALiBi slopes run on the wgmma kernels only: the sm_90
+/// build's FlashAttention. The softcap must be finite and positive; the slopes f32 `[heads]` or
+/// `[batch, heads]`, contiguous, on q's device.
+fn validate_model_features(
     op: &'static str,
     path: Path,
-    gpu: &crate::Gpu,
+    q: &Tensor,
     params: &AttentionParams,
+    (batch, heads): (usize, usize),
 ) -> Result<()> {
     if let Some(c) = params.softcap
         && !(c.is_finite() && c > 0.0)
@@ -311,27 +329,71 @@ fn validate_window_and_softcap(
             msg: format!("softcap must be finite and positive; got {c}"),
         });
     }
-    if !params.window.is_bounded() && params.softcap.is_none() {
+    if let Some(slopes) = params.alibi_slopes {
+        if !slopes.gpu().same_device(q.gpu()) {
+            return Err(Error::DeviceMismatch { op });
+        }
+        if slopes.dtype() != DType::F32 {
+            return Err(Error::DType {
+                op,
+                expected: "f32 (alibi_slopes)".to_string(),
+                got: slopes.dtype(),
+            });
+        }
+        let shape = slopes.shape();
+        if shape != [heads] && shape != [batch, heads] {
+            return Err(Error::Invalid {
+                op,
+                msg: format!(
+                    "alibi_slopes must be [heads] = [{heads}] or [batch, heads] = [{batch}, \
+                     {heads}]; got {shape:?}"
+                ),
+            });
+        }
+        if !slopes.is_contiguous() {
+            return Err(Error::NotContiguous {
+                op,
+                what: "alibi_slopes",
+                shape: shape.to_vec(),
+                strides: slopes.strides().to_vec(),
+            });
+        }
+    }
+    if !params.window.is_bounded() && !params.modifies_scores() {
         return Ok(());
     }
     let msg = match path {
-        Path::Naive => "the naive path takes no window or softcap (attention::model_features is \
-                        the reference with them)"
+        Path::Naive => "the naive path takes no window, softcap or ALiBi slopes \
+                        (attention::model_features is the reference with them)"
             .to_string(),
-        Path::Flash if gpu.ptx_arch() != "sm_90" => format!(
-            "a sliding window or a softcap needs the sm_90 build (compute capability 9.0); this \
-             device runs the {} build",
-            gpu.ptx_arch()
+        Path::Flash if q.gpu().ptx_arch() != "sm_90" => format!(
+            "a sliding window, a softcap or ALiBi slopes need the sm_90 build (compute capability \
+             9.0); this device runs the {} build",
+            q.gpu().ptx_arch()
         ),
         Path::Flash => return Ok(()),
     };
     Err(Error::Invalid {
         op,
         msg: format!(
-            "{msg} (window {:?}, softcap {:?})",
-            params.window, params.softcap
+            "{msg} (window {:?}, softcap {:?}, ALiBi slopes {})",
+            params.window,
+            params.softcap,
+            if params.alibi_slopes.is_some() { "given" } else { "none" }
         ),
     })
+}
+
+/// The kernels' [`AttentionLayout::alibi_slopes`] and `alibi_batch` of validated params: (0, 0)
+/// without slopes.
+fn alibi_fields(params: &AttentionParams) -> (u64, u64) {
+    match params.alibi_slopes {
+        None => (0, 0),
+        Some(t) => {
+            let per_batch = t.shape().len() == 2;
+            (t.raw().ptr, if per_batch { t.shape()[1] as u64 } else { 0 })
+        }
+    }
 }
 
 /// Every rule except "same device": ranks and shapes, dtypes, head dim, contiguity, alignment, sizes.
@@ -593,6 +655,7 @@ fn validate_backward_operands(
 
 fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize) -> AttentionShape {
     // Every value was bounded by `validate` (seq <= 2^30, batch and heads <= 65535, head_dim <= 256).
+    let softcap_k = AttentionShape::softcap_raw(params.softcap.unwrap_or(0.0), scale);
     AttentionShape {
         batch: d.batch as u32,
         heads: d.heads as u32,
@@ -610,6 +673,8 @@ fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize)
         window_left: window_side(params.window.left),
         window_right: window_side(params.window.right),
         softcap: params.softcap.unwrap_or(0.0),
+        softcap_k: softcap_k.0,
+        softcap_inv_k: softcap_k.1,
     }
 }
 
@@ -652,7 +717,7 @@ pub fn flash_forward(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    let variant = flash_wgmma_variant(q.gpu(), &d);
+    let variant = flash_wgmma_variant(q.gpu(), &d, params);
     flash_launch(OP, q, k, v, params, &d, scale, variant)
 }
 
@@ -666,9 +731,13 @@ pub fn flash_forward(
 ///   replaced (2026-11-26, the bundles of 3963f5f and 8bc2a13 in one call, docs/PERF_NOTES.md), D = 128
 ///   19%-23% faster before its consumers took turns and 3%-4% more after; D = 64 1.6%-6.4% faster
 ///   at S 8192 and within 1.7% (no significant change) at S 2048.
-fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims) -> u32 {
+/// - ALiBi slopes: variant 5 (variant 4 takes none: the bias's registers spilled it, 152 bytes).
+fn flash_wgmma_variant(gpu: &crate::Gpu, d: &Dims, params: &AttentionParams) -> u32 {
     if gpu.ptx_arch() != "sm_90" {
         return 0;
+    }
+    if params.alibi_slopes.is_some() {
+        return FLASH_TMA_VARIANT;
     }
     let ctas_of_128_rows = d.seq_q.div_ceil(128) as u64 * d.heads as u64 * d.batch as u64;
     let sms = gpu.sm_count().unwrap_or(0) as u64;
@@ -696,6 +765,7 @@ fn flash_launch(
         return Ok((o, lse));
     }
     let (qs, ks) = (strides_of(q), strides_of(k));
+    let (alibi_slopes, alibi_batch) = alibi_fields(params);
     let layout = AttentionLayout {
         q: qs,
         k: ks,
@@ -709,6 +779,8 @@ fn flash_launch(
         lse: HeadStrides::dense(d.heads as u64, d.seq_q as u64, 1),
         cu_seqlens_q: 0,
         cu_seqlens_k: 0,
+        alibi_slopes,
+        alibi_batch,
     };
     let views = flash_tma_views(
         [q, k, v],
@@ -804,8 +876,12 @@ fn query_blocks(op: &'static str, d: &Dims, block_q: usize) -> Result<u32> {
     })
 }
 
+/// The largest head dim whose backward takes a softcap or ALiBi slopes (the `_scored_` kernels
+/// exist for the 64-wide tile only: at 128 they spilled).
+pub const FLASH_SCORED_MAX_HEAD_DIM_BACKWARD: usize = 64;
+
 /// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`).
-const FLASH_TMA_VARIANT: u32 = 5;
+pub const FLASH_TMA_VARIANT: u32 = 5;
 
 /// Q as a rank-4 tensor `[batch][heads][rows_q][D]` and K, V as `[batch][kv_heads][rows_k][D]`, each
 /// with its own (batch, head, row) `strides`, for the copy engine, or `None` when it cannot read
@@ -956,6 +1032,15 @@ pub fn flash_forward_variant(
             ),
         });
     }
+    if variant != FLASH_TMA_VARIANT && params.alibi_slopes.is_some() {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "FlashAttention kernel {variant} takes no ALiBi slopes; kernel \
+                 {FLASH_TMA_VARIANT} (what flash_forward runs with them) does"
+            ),
+        });
+    }
     flash_launch(OP, q, k, v, params, &d, scale, variant)
 }
 
@@ -1058,13 +1143,15 @@ pub fn flash_backward_add(
 ) -> Result<()> {
     const OP: &str = "attention::flash_backward_add";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    if params.window.is_bounded() {
+    if params.window.is_bounded() || params.modifies_scores() {
         return Err(Error::Invalid {
             op: OP,
             msg: format!(
-                "the accumulating backward takes no sliding window (window {:?}); flash_backward \
-                 does",
-                params.window
+                "the accumulating backward takes no sliding window, softcap or ALiBi slopes \
+                 (window {:?}, softcap {:?}, ALiBi slopes {}); flash_backward does",
+                params.window,
+                params.softcap,
+                if params.alibi_slopes.is_some() { "given" } else { "none" }
             ),
         });
     }
@@ -1143,6 +1230,7 @@ fn flash_backward_launch(
         ],
     )?;
     let layout = {
+        let (alibi_slopes, alibi_batch) = alibi_fields(params);
         let (dq, dk, dv) = match out {
             GradsOut::Rounded(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
             GradsOut::AddF32(g) => (strides_of(&g.dq), strides_of(&g.dk), strides_of(&g.dv)),
@@ -1159,6 +1247,8 @@ fn flash_backward_launch(
             lse: HeadStrides::dense(d.heads as u64, d.seq_q as u64, 1),
             cu_seqlens_q: 0,
             cu_seqlens_k: 0,
+            alibi_slopes,
+            alibi_batch,
         }
     };
     flash_backward_run(op, x, (params, d, scale), mode, out, layout)
@@ -1179,18 +1269,28 @@ fn flash_backward_run(
 ) -> Result<()> {
     let packed = layout.cu_seqlens_q != 0;
     let gpu = q.gpu();
-    if let Some(c) = params.softcap {
+    // A window walks the plain order, which the general kernels take; the scored kernels walk it
+    // too and take the softcap and ALiBi.
+    let needs = if params.modifies_scores() {
+        BwdNeeds::Scores
+    } else if packed || params.window.is_bounded() {
+        BwdNeeds::GeneralWalk
+    } else {
+        BwdNeeds::Dense
+    };
+    if needs == BwdNeeds::Scores && d.head_dim > FLASH_SCORED_MAX_HEAD_DIM_BACKWARD {
         return Err(Error::Invalid {
             op,
             msg: format!(
-                "the FlashAttention backward takes no softcap yet (softcap {c}); the forward does, \
-                 and attention::model_features::backward is its reference"
+                "the backward takes a softcap or ALiBi slopes at head dims up to \
+                 {FLASH_SCORED_MAX_HEAD_DIM_BACKWARD} (head dim {}; softcap {:?}, ALiBi slopes {})",
+                d.head_dim,
+                params.softcap,
+                if params.alibi_slopes.is_some() { "given" } else { "none" }
             ),
         });
     }
-    // A window walks the plain order, which the general kernels take.
-    let general = packed || params.window.is_bounded();
-    let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), general) else {
+    let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), needs) else {
         return Err(Error::Invalid {
             op,
             msg: format!(
@@ -1472,7 +1572,8 @@ fn dq_order(gpu: &crate::Gpu, mode: BackwardMode, w: &DqWalk) -> u32 {
 struct FlashBwdKernels {
     pre: &'static str,
     main: &'static str,
-    /// The main kernel adding dK and dV into f32 accumulators.
+    /// The main kernel adding dK and dV into f32 accumulators ("" for the scored kernels: the
+    /// accumulating backward refuses a softcap and ALiBi).
     main_add: &'static str,
     convert: &'static str,
     /// Keys per CTA of the main kernel, query rows a step, its threads and dynamic shared memory.
@@ -1485,18 +1586,31 @@ struct FlashBwdKernels {
     general: bool,
 }
 
+/// What a backward call needs of its main kernel beyond a dense batch at the tile's head dim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BwdNeeds {
+    /// Nothing more (a narrower head dim is read off the head dim).
+    Dense,
+    /// The general walk: a packed batch or a sliding window.
+    GeneralWalk,
+    /// A softcap or ALiBi slopes (and anything the general walk takes).
+    Scores,
+}
+
 /// The backward's kernels for head dim `head_dim` (any [`flash_head_dim_supported`]; `None` for
 /// another) and the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the sm_90 build's main
-/// kernel is a wgmma one (`flash_wg_bwd_*`: the dense tile-wide kernels, or the `_general_` ones for
-/// a call whose walk needs them, `general_walk` (a packed batch, a window), or a head dim narrower
-/// than the tile), the sm_80 build's the `mma.sync` one (`flash_bwd_d*`, none of those walks); the
-/// pre-pass and the dQ conversion are shared.
+/// kernel is a wgmma one (`flash_wg_bwd_*`: the dense tile-wide kernels; the `_general_` ones for a
+/// call whose walk needs them ([`BwdNeeds::GeneralWalk`]) or a head dim narrower than the tile; the
+/// `_scored_` ones for a softcap or ALiBi, whose main kernel adds into no f32 accumulators), the
+/// sm_80 build's the `mma.sync` one (`flash_bwd_d*`, none of those); the pre-pass and the dQ
+/// conversion are shared.
 fn flash_bwd_kernels(
     head_dim: usize,
     dtype: DType,
     ptx_arch: &str,
-    general_walk: bool,
+    needs: BwdNeeds,
 ) -> Option<FlashBwdKernels> {
+    let general_walk = needs != BwdNeeds::Dense;
     let (pre, convert) = match dtype {
         DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
@@ -1510,6 +1624,11 @@ fn flash_bwd_kernels(
     let general = wgmma && (general_walk || head_dim != tile);
     let (main, main_add) = match (wgmma, general, tile, dtype) {
         (false, _, _, _) if general_walk => return None,
+        (true, _, 64, DType::F16) if needs == BwdNeeds::Scores => ("flash_wg_bwd_scored_d64_f16", ""),
+        (true, _, 64, DType::BF16) if needs == BwdNeeds::Scores => {
+            ("flash_wg_bwd_scored_d64_bf16", "")
+        }
+        (true, _, _, _) if needs == BwdNeeds::Scores => return None,
         (false, _, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
         (false, _, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
         (false, _, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),

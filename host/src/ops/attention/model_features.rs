@@ -1,8 +1,8 @@
 //! The f64 reference of the attention features that real models call: grouped-query heads (GQA/MQA),
 //! sliding windows, logit softcapping, ALiBi biases, variable-length (packed) batches, paged KV
 //! caches and split-KV decoding with its LSE merge. `decode_forward`, the flash kernels' grouped
-//! heads, packed batches (`varlen`), sliding windows and the forward's softcap are tested against
-//! it; the softcap's backward and ALiBi are here only. It is the
+//! heads, packed batches (`varlen`), sliding windows, softcap and ALiBi slopes are tested against
+//! it. It is the
 //! independent reference (and the exact semantics, `docs/math/attention.md`, "Features of real
 //! models"), checked here against compositions of the plain
 //! reference: GQA against repeated K/V, a window against the causal mask, varlen against one call

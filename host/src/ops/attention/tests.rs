@@ -722,7 +722,7 @@ fn every_supported_head_dim_runs_on_the_narrowest_tile_that_holds_it() {
         );
         for arch in ["sm_80", "sm_90"] {
             assert_eq!(
-                flash_bwd_kernels(dh, DType::F16, arch, false).is_some(),
+                flash_bwd_kernels(dh, DType::F16, arch, BwdNeeds::Dense).is_some(),
                 dh <= FLASH_MAX_HEAD_DIM_BACKWARD,
                 "{dh} {arch}"
             );
@@ -883,7 +883,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert_eq!((cfg.head_dim, wg.head_dim), (d, d));
         for dt in [DType::F16, DType::BF16] {
             for arch in ["sm_80", "sm_90"] {
-                let k = flash_bwd_kernels(d, dt, arch, false).unwrap();
+                let k = flash_bwd_kernels(d, dt, arch, BwdNeeds::Dense).unwrap();
                 for name in [k.pre, k.main, k.convert] {
                     assert!(in_build(name, arch), "{name} {arch}");
                 }
@@ -914,7 +914,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         // Packed batches: the wgmma kernels' packed forms (their own D = 64 config), sm_90 only.
         let packed = gpu::params::attention::flash_wg_bwd_config_of(d, true).unwrap();
         for dt in [DType::F16, DType::BF16] {
-            let k = flash_bwd_kernels(d, dt, "sm_90", true).unwrap();
+            let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::GeneralWalk).unwrap();
             assert!(k.main.starts_with("flash_wg_bwd_general_") && in_build(k.main, "sm_90"));
             assert!(k.general && in_build(k.main_add, "sm_90"), "{}", k.main_add);
             assert_eq!(
@@ -927,23 +927,43 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
                 (k.block_k, k.block_q, k.smem_bytes as usize),
                 (packed.block_k, packed.block_q, packed.smem_bytes())
             );
-            assert!(flash_bwd_kernels(d, dt, "sm_80", true).is_none());
+            assert!(flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::GeneralWalk).is_none());
+            // A softcap or ALiBi: the scored kernels (64-wide only), the general walk's config, no
+            // f32-adding form.
+            if d > FLASH_SCORED_MAX_HEAD_DIM_BACKWARD {
+                assert!(flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::Scores).is_none());
+                continue;
+            }
+            let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::Scores).unwrap();
+            assert!(k.main.starts_with("flash_wg_bwd_scored_") && in_build(k.main, "sm_90"));
+            assert!(k.general && k.main_add.is_empty(), "{k:?}");
+            assert_eq!(
+                crate::modules::launch_bounds(k.main, "sm_90"),
+                Some((packed.threads() as u32, 1)),
+                "{}",
+                k.main
+            );
+            assert_eq!(
+                (k.block_k, k.block_q, k.smem_bytes as usize),
+                (packed.block_k, packed.block_q, packed.smem_bytes())
+            );
+            assert!(flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::Scores).is_none());
         }
     }
-    assert!(flash_bwd_kernels(64, DType::F32, "sm_90", false).is_none());
+    assert!(flash_bwd_kernels(64, DType::F32, "sm_90", BwdNeeds::Dense).is_none());
     // Head dims off the tiles: the narrowest tile that holds them; on sm_90 its general kernels.
     for (d, tile) in [(8, 64), (40, 64), (72, 128), (96, 128), (120, 128)] {
-        let k = flash_bwd_kernels(d, DType::F16, "sm_80", false).unwrap();
+        let k = flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense).unwrap();
         assert_eq!(k.main, format!("flash_bwd_d{tile}_f16"));
         assert!(!k.general);
-        let k = flash_bwd_kernels(d, DType::BF16, "sm_90", false).unwrap();
+        let k = flash_bwd_kernels(d, DType::BF16, "sm_90", BwdNeeds::Dense).unwrap();
         assert_eq!(k.main, format!("flash_wg_bwd_general_d{tile}_bf16"));
         assert_eq!(k.main_add, format!("flash_wg_bwd_general_add_d{tile}_bf16"));
         assert!(k.general && in_build(k.main, "sm_90") && in_build(k.main_add, "sm_90"));
     }
     for d in [0, 12, 100, 136, 256, FLASH_MAX_HEAD_DIM + 8] {
         assert!(
-            flash_bwd_kernels(d, DType::F16, "sm_90", false).is_none(),
+            flash_bwd_kernels(d, DType::F16, "sm_90", BwdNeeds::Dense).is_none(),
             "{d}"
         );
     }

@@ -61,7 +61,7 @@ pub fn flash_forward_varlen(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "attention::flash_forward_varlen";
     let call = validate_varlen(OP, [q, k, v], seqs, params)?;
-    let variant = flash_wgmma_variant(q.gpu(), &call.d);
+    let variant = flash_wgmma_variant(q.gpu(), &call.d, params);
     launch_varlen(OP, [q, k, v], seqs, params, &call, variant)
 }
 
@@ -179,6 +179,7 @@ pub fn flash_backward_varlen(
         ],
         (tq, d.batch),
         (&cu_q, &cu_k),
+        super::alibi_fields(params),
     );
     flash_backward_run(
         OP,
@@ -195,7 +196,7 @@ pub fn flash_backward_varlen(
 
 /// The layout of a packed call: the operands' strides (`[q, k, v, o, d_o, dq, dk, dv]`) without a
 /// batch stride (a sequence's rows start at its offset), the LSE `[heads, total_q]` (`tq` rows),
-/// and the uploaded offsets of the `batch` sequences.
+/// the uploaded offsets of the `batch` sequences, and the ALiBi fields ([`super::alibi_fields`]).
 fn packed_layout(
     gpu: &crate::Gpu,
     strides: [HeadStrides; 8],
@@ -204,6 +205,7 @@ fn packed_layout(
         &cudarc::driver::CudaSlice<u32>,
         &cudarc::driver::CudaSlice<u32>,
     ),
+    (alibi_slopes, alibi_batch): (u64, u64),
 ) -> AttentionLayout {
     let [q, k, v, o, d_o, dq, dk, dv] = strides.map(|s| HeadStrides { batch: 0, ..s });
     AttentionLayout {
@@ -222,6 +224,8 @@ fn packed_layout(
         },
         cu_seqlens_q: raw_u32(gpu, cu_q, batch + 1).ptr,
         cu_seqlens_k: raw_u32(gpu, cu_k, batch + 1).ptr,
+        alibi_slopes,
+        alibi_batch,
     }
 }
 
@@ -291,7 +295,6 @@ fn validate_varlen(
     ];
     // Head counts, dtype, head dim, strides, alignment, scale: the dense path's rules.
     let (d0, scale) = validate_operands(op, Path::Flash, &ops, params)?;
-    super::validate_window_and_softcap(op, Path::Flash, q.gpu(), params)?;
     let strides = [
         head_strides(op, &ops[0])?,
         head_strides(op, &ops[1])?,
@@ -314,6 +317,7 @@ fn validate_varlen(
             max: GRID_YZ_MAX as u64,
         });
     }
+    super::validate_model_features(op, Path::Flash, q, params, (batch, d0.heads))?;
     let longest = |cu: &[usize]| cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
     let (max_q, max_k) = (longest(seqs.cu_seqlens_q), longest(seqs.cu_seqlens_k));
     for (what, given, max) in [
@@ -387,6 +391,7 @@ fn launch_varlen(
         [qs, ks, vs, packed_strides(&o), qs, qs, ks, vs],
         (tq, d.batch),
         (&cu_q, &cu_k),
+        super::alibi_fields(params),
     );
     // The copy engine's views: `[1][heads][total][head_dim]` (a batch dim of one, any valid stride).
     // The batch dim of one entry takes any valid stride: the row stride.

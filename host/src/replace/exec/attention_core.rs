@@ -120,7 +120,7 @@ fn scaled_grad_f16(d_o: &HostTensor, s: f32) -> Result<HostTensor> {
 }
 
 impl Exec<'_> {
-    fn core_params(&self, scale: f32) -> AttentionParams {
+    fn core_params(&self, scale: f32) -> AttentionParams<'static> {
         // The planted defect drops the mask: every query sees the later tokens too.
         let causal = if self.planted(Planted::FlashAttentionNotCausal) {
             Causal::No

@@ -21,7 +21,7 @@ fn random(r: &mut StdRng, shape: &[usize]) -> HostTensor {
     .unwrap()
 }
 
-fn params(causal: bool, scale: Option<f32>) -> AttentionParams {
+fn params(causal: bool, scale: Option<f32>) -> AttentionParams<'static> {
     AttentionParams {
         causal: if causal { Causal::Yes } else { Causal::No },
         scale,
