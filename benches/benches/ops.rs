@@ -1097,21 +1097,14 @@ fn attention_scores(b: &mut Bencher) {
         let inputs = LazySets::new(b, [[bb, h, s, d]; 4], dtype, copies);
         for causal in [Causal::No, Causal::Yes] {
             let (mask, fwd_flops) = attention_mask_and_flops(causal, bb, h, s, d);
-            let (params, tag) = if family == "attn_alibi" {
-                let p = AttentionParams {
-                    causal,
-                    alibi_slopes: Some(&slopes),
-                    ..Default::default()
-                };
-                (p, "geometric")
-            } else {
-                let p = AttentionParams {
-                    causal,
-                    softcap: Some(50.0),
-                    ..Default::default()
-                };
-                (p, "c50")
+            let alibi = family == "attn_alibi";
+            let params = AttentionParams {
+                causal,
+                softcap: (!alibi).then_some(50.0),
+                alibi_slopes: alibi.then_some(&slopes),
+                ..Default::default()
             };
+            let tag = if alibi { "geometric" } else { "c50" };
             let name = format!("{family}/{dtype}/B{bb}H{h}S{s}D{d}/{tag}/{mask}");
             inputs.bench_passes(
                 b,

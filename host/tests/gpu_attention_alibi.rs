@@ -16,8 +16,8 @@
 mod common;
 
 use common::{
-    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip, read,
-    rng, sanitizing, tol, uniform,
+    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip,
+    offsets, read, rng, sanitizing, tol, uniform,
 };
 use host::ops::attention::{
     self, AttentionGrads, AttentionParams, PackedSeqs, Window, flash_forward_variant,
@@ -325,14 +325,9 @@ fn alibi_packed_batches_match_one_call_per_sequence() {
     }
     let mut r = rng("alibi packed");
     let (h, d) = (2, 64);
-    let lens = [(70usize, 70usize), (1, 200), (257, 130), (0, 5), (33, 33)];
-    let (tq, tk) = lens.iter().fold((0, 0), |(a, b), (q, k)| (a + q, b + k));
-    let mut cu_q = vec![0];
-    let mut cu_k = vec![0];
-    for (a, b) in lens {
-        cu_q.push(cu_q.last().unwrap() + a);
-        cu_k.push(cu_k.last().unwrap() + b);
-    }
+    let (lq, lk) = ([70, 1, 257, 0, 33], [70, 200, 130, 5, 33]);
+    let (cu_q, cu_k) = (offsets(&lq), offsets(&lk));
+    let (tq, tk) = (cu_q[lq.len()], cu_k[lk.len()]);
     let seqs = PackedSeqs {
         cu_seqlens_q: &cu_q,
         cu_seqlens_k: &cu_k,
@@ -340,67 +335,37 @@ fn alibi_packed_batches_match_one_call_per_sequence() {
     for dtype in [DType::F16, DType::BF16] {
         let [qd, kd, vd, dod] = [[tq, h, d], [tk, h, d], [tk, h, d], [tq, h, d]]
             .map(|s| Tensor::from_host(&gpu, &uniform(&mut r, &s, -1.0, 1.0, dtype)).unwrap());
-        let slope_rows = slopes(&mut r, lens.len(), h);
-        let s = Tensor::from_f32(&gpu, &slope_rows, &[lens.len(), h], DType::F32).unwrap();
+        let slope_rows = slopes(&mut r, lq.len(), h);
+        let s = Tensor::from_f32(&gpu, &slope_rows, &[lq.len(), h], DType::F32).unwrap();
         for causal in [false, true] {
             let p = AttentionParams {
                 alibi_slopes: Some(&s),
                 softcap: Some(8.0),
                 ..attention_params(causal)
             };
-            let what = format!("{dtype} packed {lens:?} causal {causal}");
-            let (o_t, lse_t) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
-            let g = attention::flash_backward_varlen(&qd, &kd, &vd, &o_t, &lse_t, &dod, seqs, &p)
-                .unwrap();
-            let (gq, gk, gv, o) = (read(&g.dq), read(&g.dk), read(&g.dv), read(&o_t));
-            for (i, (a, b)) in lens.iter().enumerate() {
-                if *a == 0 {
-                    continue;
-                }
-                // The sequence as a dense [1, H, S, D] call with its row of slopes.
-                let rows = |x: &Tensor, from: usize, n: usize| {
-                    x.narrow(from, n)
-                        .unwrap()
-                        .reshape(&[1, n, h, d])
-                        .unwrap()
-                        .transpose(1, 2)
-                        .unwrap()
-                };
-                let row = Tensor::from_f32(&gpu, &slope_rows[i * h..(i + 1) * h], &[h], DType::F32)
-                    .unwrap();
-                let ps = AttentionParams {
-                    alibi_slopes: Some(&row),
-                    ..p
-                };
-                let (qs, ks, vs, dos) = (
-                    rows(&qd, cu_q[i], *a),
-                    rows(&kd, cu_k[i], *b),
-                    rows(&vd, cu_k[i], *b),
-                    rows(&dod, cu_q[i], *a),
-                );
-                let (os, lses) = attention::flash_forward(&qs, &ks, &vs, &ps).unwrap();
-                let gs = attention::flash_backward(&qs, &ks, &vs, &os, &lses, &dos, &ps).unwrap();
-                let back = |t: &Tensor| read(&t.transpose(1, 2).unwrap());
-                for (n, packed, per, from, cnt) in [
-                    ("dQ", &gq, back(&gs.dq), cu_q[i], *a),
-                    ("dK", &gk, back(&gs.dk), cu_k[i], *b),
-                    ("dV", &gv, back(&gs.dv), cu_k[i], *b),
-                ] {
-                    assert_close(
-                        &format!("{what}: sequence {i} {n}"),
-                        &packed[from * h * d..(from + cnt) * h * d],
-                        &per,
-                        tol(dtype) / 8.0,
-                    );
-                }
-                let os = read(&os.transpose(1, 2).unwrap());
-                let got = &o[cu_q[i] * h * d..(cu_q[i] + a) * h * d];
-                assert_eq!(
-                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    os.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    "{what}: sequence {i} O"
-                );
-            }
+            let what = format!("{dtype} packed q {lq:?} k {lk:?} causal {causal}");
+            let (o, lse) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
+            let g =
+                attention::flash_backward_varlen(&qd, &kd, &vd, &o, &lse, &dod, seqs, &p).unwrap();
+            // Each sequence as a dense call with its row of slopes.
+            common::assert_packed_matches_per_sequence(
+                &what,
+                [&qd, &kd, &vd, &dod],
+                (&cu_q, &cu_k),
+                (&o, &g),
+                tol(dtype) / 8.0,
+                |i, [q, k, v, d_o]| {
+                    let row = &slope_rows[i * h..(i + 1) * h];
+                    let row = Tensor::from_f32(&gpu, row, &[h], DType::F32).unwrap();
+                    let ps = AttentionParams {
+                        alibi_slopes: Some(&row),
+                        ..p
+                    };
+                    let (o, lse) = attention::flash_forward(&q, &k, &v, &ps).unwrap();
+                    let g = attention::flash_backward(&q, &k, &v, &o, &lse, &d_o, &ps).unwrap();
+                    (o, g)
+                },
+            );
             println!("{what}: ok");
         }
     }

@@ -16,7 +16,9 @@
 //! printed).
 mod common;
 
-use common::{attention_params, bits, gpu_or_skip, read, rng, sanitizing, tol, uniform};
+use common::{
+    attention_params, bits, gpu_or_skip, offsets, read, rng, sanitizing, sequence_view, tol, uniform,
+};
 use host::ops::attention::{
     self, PackedSeqs, flash_forward_variant, model_features as mf,
     varlen::flash_forward_varlen_variant,
@@ -64,14 +66,6 @@ fn cases() -> Vec<Case> {
     }
 }
 
-fn offsets(lens: &[usize]) -> Vec<usize> {
-    let mut cu = vec![0];
-    for l in lens {
-        cu.push(cu.last().unwrap() + l);
-    }
-    cu
-}
-
 /// One case's packed batch: the offsets of its query and key lengths, the row totals, and fresh
 /// Q, K, V and dO (`[T, H, D]`) on the host and uploaded.
 #[allow(clippy::type_complexity)]
@@ -92,17 +86,6 @@ fn packed_inputs(
         .map(|shape| uniform(r, &shape, -1.0, 1.0, dtype));
     let dev = [0, 1, 2, 3].map(|i| Tensor::from_host(gpu, &host[i]).unwrap());
     ((cu_q, cu_k), (tq, tk), host, dev)
-}
-
-/// Rows `r0..r1` of a packed contiguous `[T, H, D]` tensor as a `[1, H, r1 - r0, D]` view.
-fn sequence_view(t: &Tensor, r0: usize, r1: usize) -> Tensor {
-    let (h, d) = (t.shape()[1], t.shape()[2]);
-    t.narrow(r0, r1 - r0)
-        .unwrap()
-        .reshape(&[1, r1 - r0, h, d])
-        .unwrap()
-        .transpose(1, 2)
-        .unwrap()
 }
 
 #[test]

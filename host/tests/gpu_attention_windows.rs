@@ -14,8 +14,8 @@
 mod common;
 
 use common::{
-    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip, read,
-    rng, sanitizing, tol, uniform,
+    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip,
+    offsets, read, rng, sanitizing, tol, uniform,
 };
 use host::ops::attention::{
     self, AttentionParams, PackedSeqs, Window, flash_forward_variant, model_features as mf,
@@ -251,82 +251,36 @@ fn windowed_packed_batches_match_one_call_per_sequence() {
     }
     let mut r = rng("windows packed");
     let (h, d) = (2, 64);
-    let lens = [(70usize, 70usize), (1, 200), (257, 130), (0, 5)];
-    let (tq, tk) = lens.iter().fold((0, 0), |(a, b), (q, k)| (a + q, b + k));
+    let (lq, lk) = ([70, 1, 257, 0], [70, 200, 130, 5]);
+    let (cu_q, cu_k) = (offsets(&lq), offsets(&lk));
+    let (tq, tk) = (cu_q[lq.len()], cu_k[lk.len()]);
+    let seqs = PackedSeqs {
+        cu_seqlens_q: &cu_q,
+        cu_seqlens_k: &cu_k,
+    };
     for dtype in [DType::F16, DType::BF16] {
-        let q = uniform(&mut r, &[tq, h, d], -1.0, 1.0, dtype);
-        let k = uniform(&mut r, &[tk, h, d], -1.0, 1.0, dtype);
-        let v = uniform(&mut r, &[tk, h, d], -1.0, 1.0, dtype);
-        let d_o = uniform(&mut r, &[tq, h, d], -1.0, 1.0, dtype);
-        let (qd, kd, vd, dod) = (
-            Tensor::from_host(&gpu, &q).unwrap(),
-            Tensor::from_host(&gpu, &k).unwrap(),
-            Tensor::from_host(&gpu, &v).unwrap(),
-            Tensor::from_host(&gpu, &d_o).unwrap(),
-        );
-        let mut cu_q = vec![0];
-        let mut cu_k = vec![0];
-        for (a, b) in lens {
-            cu_q.push(cu_q.last().unwrap() + a);
-            cu_k.push(cu_k.last().unwrap() + b);
-        }
-        let seqs = PackedSeqs {
-            cu_seqlens_q: &cu_q,
-            cu_seqlens_k: &cu_k,
-        };
+        let [qd, kd, vd, dod] = [[tq, h, d], [tk, h, d], [tk, h, d], [tq, h, d]]
+            .map(|s| Tensor::from_host(&gpu, &uniform(&mut r, &s, -1.0, 1.0, dtype)).unwrap());
         for causal in [false, true] {
             let p = params(causal, Some(20), Some(9));
-            let what = format!("{dtype} packed {lens:?} causal {causal}");
-            let (o_t, lse_t) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
-            let g = attention::flash_backward_varlen(&qd, &kd, &vd, &o_t, &lse_t, &dod, seqs, &p)
-                .unwrap();
-            let (gq, gk, gv) = (read(&g.dq), read(&g.dk), read(&g.dv));
-            let o = read(&o_t);
-            for (s, (a, b)) in lens.iter().enumerate() {
-                if *a == 0 {
-                    continue;
-                }
-                // The sequence as a dense [1, H, S, D] call.
-                let rows = |x: &Tensor, from: usize, n: usize| {
-                    x.narrow(from, n)
-                        .unwrap()
-                        .reshape(&[1, n, h, d])
-                        .unwrap()
-                        .transpose(1, 2)
-                        .unwrap()
-                };
-                let (qs, ks, vs) = (
-                    rows(&qd, cu_q[s], *a),
-                    rows(&kd, cu_k[s], *b),
-                    rows(&vd, cu_k[s], *b),
-                );
-                let (os, lses) = attention::flash_forward(&qs, &ks, &vs, &p).unwrap();
-                // The backward per sequence, against the packed one's rows (the same general
-                // kernel walks both; a tolerance all the same, as the grids differ).
-                let dos = rows(&dod, cu_q[s], *a);
-                let gs = attention::flash_backward(&qs, &ks, &vs, &os, &lses, &dos, &p).unwrap();
-                let back = |t: &Tensor| read(&t.transpose(1, 2).unwrap());
-                for (n, packed, per, from, cnt) in [
-                    ("dQ", &gq, back(&gs.dq), cu_q[s], *a),
-                    ("dK", &gk, back(&gs.dk), cu_k[s], *b),
-                    ("dV", &gv, back(&gs.dv), cu_k[s], *b),
-                ] {
-                    assert_close(
-                        &format!("{what}: sequence {s} {n}"),
-                        &packed[from * h * d..(from + cnt) * h * d],
-                        &per,
-                        tol(dtype) / 8.0,
-                    );
-                }
-                // [1, H, a, D] in [a, H, D] memory (Q's layout): its values row by row.
-                let os = read(&os.transpose(1, 2).unwrap());
-                let got = &o[cu_q[s] * h * d..(cu_q[s] + a) * h * d];
-                assert_eq!(
-                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    os.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    "{what}: sequence {s}"
-                );
-            }
+            let what = format!("{dtype} packed q {lq:?} k {lk:?} causal {causal}");
+            let (o, lse) = attention::flash_forward_varlen(&qd, &kd, &vd, seqs, &p).unwrap();
+            let g =
+                attention::flash_backward_varlen(&qd, &kd, &vd, &o, &lse, &dod, seqs, &p).unwrap();
+            // The backward per sequence: the same general kernel walks both, within an eighth of
+            // the tolerance all the same, as the grids differ.
+            common::assert_packed_matches_per_sequence(
+                &what,
+                [&qd, &kd, &vd, &dod],
+                (&cu_q, &cu_k),
+                (&o, &g),
+                tol(dtype) / 8.0,
+                |_, [q, k, v, d_o]| {
+                    let (o, lse) = attention::flash_forward(&q, &k, &v, &p).unwrap();
+                    let g = attention::flash_backward(&q, &k, &v, &o, &lse, &d_o, &p).unwrap();
+                    (o, g)
+                },
+            );
             println!("{what}: ok");
         }
     }

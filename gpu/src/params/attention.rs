@@ -43,21 +43,20 @@ pub struct AttentionShape {
     /// [`NO_WINDOW`]: unbounded on that side.
     pub window_left: u32,
     pub window_right: u32,
-    /// A logit softcap `c > 0` (the sm_90 forward kernels): each score `s = scale q . k` becomes
-    /// `c tanh(s / c)` before the softmax; 0: none.
-    pub softcap: f32,
-    /// The softcap in the kernels' raw-score units, `softcap / |scale|` (the scale clamped to at
-    /// least 1e-30; `k tanh(s / k)` is even in `k`, so the backward's signed raw units take it too),
-    /// and its inverse; 0 without a softcap. From the host, so that the backward reads them from
-    /// the parameters rather than holding registers for them.
+    /// A logit softcap `c > 0` (the sm_90 kernels: each score `s = scale q . k` becomes `c tanh(s /
+    /// c)` before the softmax) in the kernels' raw-score units, `k = c / |scale|` (the scale
+    /// clamped to at least 1e-30; `k tanh(s / k)` is even in `k`, so the backward's signed raw units
+    /// take it too), and its inverse; both 0 without a softcap. From the host
+    /// ([`AttentionShape::softcap_raw`]), so that the backward reads them from the parameters
+    /// rather than holding registers for them.
     pub softcap_k: f32,
     pub softcap_inv_k: f32,
 }
-// SAFETY: #[repr(C)], fifteen 4-byte fields, no padding; `mask` is always a valid discriminant
+// SAFETY: #[repr(C)], fourteen 4-byte fields, no padding; `mask` is always a valid discriminant
 // (only built from the enum on the host).
 unsafe impl KernelParam for AttentionShape {}
 // The kernels receive it by value: its bytes must not move when a field is edited.
-const _: () = assert!(core::mem::size_of::<AttentionShape>() == 60);
+const _: () = assert!(core::mem::size_of::<AttentionShape>() == 56);
 
 impl AttentionShape {
     /// [`AttentionShape::softcap_k`] and `softcap_inv_k` of a softcap `cap` (0: none) at `scale`.

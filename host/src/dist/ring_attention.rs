@@ -260,15 +260,13 @@ struct Place {
 impl Place {
     fn of(op: &'static str, rank: &Rank, q: &Tensor, params: &AttentionParams) -> Result<Place> {
         // The ring's steps see key blocks by global position through the causal mask only.
-        if params.window.is_bounded() || params.modifies_scores() {
+        if params.has_model_features() {
             return Err(Error::Invalid {
                 op,
                 msg: format!(
-                    "ring attention takes no sliding window, softcap or ALiBi slopes (window {:?}, \
-                     softcap {:?}, ALiBi slopes {}); attention::flash_forward on one GPU does",
-                    params.window,
-                    params.softcap,
-                    if params.alibi_slopes.is_some() { "given" } else { "none" }
+                    "ring attention takes no sliding window, softcap or ALiBi slopes ({}); \
+                     attention::flash_forward on one GPU does",
+                    params.model_features_given()
                 ),
             });
         }

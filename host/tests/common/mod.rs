@@ -307,3 +307,73 @@ pub fn sm90_feature_or_skip(
     println!("SKIP {test}: {what} needs the sm_90 build; this device refuses it by name");
     false
 }
+
+/// FlashAttention-2's `cu_seqlens` of packed sequences of lengths `lens`: `[0, l0, l0 + l1, ..]`.
+pub fn offsets(lens: &[usize]) -> Vec<usize> {
+    let mut cu = vec![0];
+    for l in lens {
+        cu.push(cu.last().unwrap() + l);
+    }
+    cu
+}
+
+/// Rows `r0..r1` of a packed contiguous `[T, H, D]` tensor as a `[1, H, r1 - r0, D]` view.
+pub fn sequence_view(t: &Tensor, r0: usize, r1: usize) -> Tensor {
+    let (h, d) = (t.shape()[1], t.shape()[2]);
+    t.narrow(r0, r1 - r0)
+        .unwrap()
+        .reshape(&[1, r1 - r0, h, d])
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+}
+
+/// Asserts a packed call against one dense call per sequence: O bit for bit, dQ, dK and dV within
+/// `tol` (the packed and dense grids differ). `inputs`: the packed Q, K, V, dO (`[T, H, D]`);
+/// `(o, g)`: the packed call's O and gradients; `per_seq(i, views)` runs sequence `i`'s dense
+/// forward and backward on its `[1, H, S, D]` views ([`sequence_view`]) and returns its O and
+/// gradients. Sequences without query rows are skipped.
+pub fn assert_packed_matches_per_sequence(
+    what: &str,
+    inputs: [&Tensor; 4],
+    (cu_q, cu_k): (&[usize], &[usize]),
+    (o, g): (&Tensor, &host::ops::attention::AttentionGrads),
+    tol: f64,
+    per_seq: impl Fn(usize, [Tensor; 4]) -> (Tensor, host::ops::attention::AttentionGrads),
+) {
+    let [q, k, v, d_o] = inputs;
+    let (o, gq, gk, gv) = (read(o), read(&g.dq), read(&g.dk), read(&g.dv));
+    // [1, H, n, D] as the rows of [n, H, D] memory.
+    let rows = |t: &Tensor| read(&t.transpose(1, 2).unwrap());
+    for i in 0..cu_q.len() - 1 {
+        let ((q0, q1), (k0, k1)) = ((cu_q[i], cu_q[i + 1]), (cu_k[i], cu_k[i + 1]));
+        if q1 == q0 {
+            continue;
+        }
+        let views = [
+            sequence_view(q, q0, q1),
+            sequence_view(k, k0, k1),
+            sequence_view(v, k0, k1),
+            sequence_view(d_o, q0, q1),
+        ];
+        let (os, gs) = per_seq(i, views);
+        for (n, packed, per, (r0, r1), row) in [
+            ("dQ", &gq, rows(&gs.dq), (q0, q1), q.shape()[1] * q.shape()[2]),
+            ("dK", &gk, rows(&gs.dk), (k0, k1), k.shape()[1] * k.shape()[2]),
+            ("dV", &gv, rows(&gs.dv), (k0, k1), v.shape()[1] * v.shape()[2]),
+        ] {
+            assert_close(
+                &format!("{what}: sequence {i} {n}"),
+                &packed[r0 * row..r1 * row],
+                &per,
+                tol,
+            );
+        }
+        let row = q.shape()[1] * q.shape()[2];
+        assert_eq!(
+            o[q0 * row..q1 * row].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            rows(&os).iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{what}: sequence {i} O"
+        );
+    }
+}

@@ -42,7 +42,7 @@ use crate::unroll_lt;
 
 use super::flash_wgmma::{
     KeyLimits, OnlineSoftmax, QueryBlock, alibi, issue_pv, issue_s, key_limits, mask, pack_p,
-    rescale, softcap, softcap_k, store_output,
+    rescale, softcap, store_output,
 };
 use super::alibi_slope;
 
@@ -201,10 +201,9 @@ unsafe fn flash_tma_fwd<
             unsafe { k_ring.consumer_release(ks) };
         }
         ks = ks.next();
-        // (Re-derived from the parameters each tile: no register held through the loop.)
-        let cap = softcap_k(&p);
-        if cap > 0.0 {
-            softcap(&mut s, cap);
+        // (Read from the parameters each tile: no register held through the loop.)
+        if p.softcap_k > 0.0 {
+            softcap(&mut s, p.softcap_k);
         }
         let slope = alibi_slope(&st, &p, block_idx_z(), h);
         if slope != 0.0 {

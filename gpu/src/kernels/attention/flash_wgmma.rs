@@ -170,9 +170,8 @@ unsafe fn flash_wg_fwd<
         } else {
             s.wait::<0>();
         }
-        let cap = softcap_k(&p);
-        if cap > 0.0 {
-            softcap(&mut s, cap);
+        if p.softcap_k > 0.0 {
+            softcap(&mut s, p.softcap_k);
         }
         if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
@@ -416,7 +415,7 @@ pub(super) fn pack_p<T: MmaElem, const SN: usize>(s: &[f32; SN]) -> [[u32; 4]; 1
 
 /// The logit softcap on raw scores `s` (the softmax multiplies them by `|scale|`): with `k = c /
 /// |scale|`, `s = k tanh(s / k)`, so that `|scale| s = c tanh(scale q . k / c)`. (A negative scale
-/// was folded into Q's sign.) `k` is [`softcap_k`] of the shape, > 0.
+/// was folded into Q's sign.) `k` is the shape's [`AttentionShape::softcap_k`], > 0.
 #[inline(always)]
 pub(super) fn softcap<const SN: usize>(s: &mut [f32; SN], k: f32) {
     let inv = 1.0 / k;
@@ -442,13 +441,6 @@ pub(super) fn alibi<const SN: usize>(s: &mut [f32; SN], n0: u32, pos: [i32; 2], 
             s[4 * n + 2 + e] = fma(-slope, abs(base[1] - off), s[4 * n + 2 + e]);
         });
     });
-}
-
-/// The softcap of shape `p` in raw-score units (`c / |scale|`, the scale clamped away from 0 as the
-/// softmax's is: [`AttentionShape::softcap_k`], from the host), or 0 without one.
-#[inline(always)]
-pub(super) fn softcap_k(p: &AttentionShape) -> f32 {
-    p.softcap_k
 }
 
 /// For this thread's two rows (`row`, `row + 8`): the keys each sees, `lo[r]..hi[r]` (`hi` at

@@ -107,6 +107,22 @@ impl AttentionParams<'_> {
     pub fn modifies_scores(&self) -> bool {
         self.softcap.is_some() || self.alibi_slopes.is_some()
     }
+
+    /// Whether the call asks for any of a bounded window, a softcap and ALiBi slopes (what only
+    /// the sm_90 FlashAttention kernels take).
+    pub(crate) fn has_model_features(&self) -> bool {
+        self.window.is_bounded() || self.modifies_scores()
+    }
+
+    /// `window .., softcap .., ALiBi slopes given|none`, for the errors that refuse them.
+    pub(crate) fn model_features_given(&self) -> String {
+        format!(
+            "window {:?}, softcap {:?}, ALiBi slopes {}",
+            self.window,
+            self.softcap,
+            if self.alibi_slopes.is_some() { "given" } else { "none" }
+        )
+    }
 }
 
 /// A sliding window: query `i` sees key `j` only if `i + off - left <= j <= i + off + right`, with
@@ -359,7 +375,7 @@ fn validate_model_features(
             });
         }
     }
-    if !params.window.is_bounded() && !params.modifies_scores() {
+    if !params.has_model_features() {
         return Ok(());
     }
     let msg = match path {
@@ -375,12 +391,7 @@ fn validate_model_features(
     };
     Err(Error::Invalid {
         op,
-        msg: format!(
-            "{msg} (window {:?}, softcap {:?}, ALiBi slopes {})",
-            params.window,
-            params.softcap,
-            if params.alibi_slopes.is_some() { "given" } else { "none" }
-        ),
+        msg: format!("{msg} ({})", params.model_features_given()),
     })
 }
 
@@ -672,7 +683,6 @@ fn shape_param(d: &Dims, params: &AttentionParams, scale: f32, bh_offset: usize)
         bh_offset: bh_offset as u32,
         window_left: window_side(params.window.left),
         window_right: window_side(params.window.right),
-        softcap: params.softcap.unwrap_or(0.0),
         softcap_k: softcap_k.0,
         softcap_inv_k: softcap_k.1,
     }
@@ -1143,15 +1153,13 @@ pub fn flash_backward_add(
 ) -> Result<()> {
     const OP: &str = "attention::flash_backward_add";
     let (d, scale) = validate(OP, Path::Flash, q, k, v, params)?;
-    if params.window.is_bounded() || params.modifies_scores() {
+    if params.has_model_features() {
         return Err(Error::Invalid {
             op: OP,
             msg: format!(
-                "the accumulating backward takes no sliding window, softcap or ALiBi slopes \
-                 (window {:?}, softcap {:?}, ALiBi slopes {}); flash_backward does",
-                params.window,
-                params.softcap,
-                if params.alibi_slopes.is_some() { "given" } else { "none" }
+                "the accumulating backward takes no sliding window, softcap or ALiBi slopes ({}); \
+                 flash_backward does",
+                params.model_features_given()
             ),
         });
     }
@@ -1283,10 +1291,9 @@ fn flash_backward_run(
             op,
             msg: format!(
                 "the backward takes a softcap or ALiBi slopes at head dims up to \
-                 {FLASH_SCORED_MAX_HEAD_DIM_BACKWARD} (head dim {}; softcap {:?}, ALiBi slopes {})",
+                 {FLASH_SCORED_MAX_HEAD_DIM_BACKWARD} (head dim {}; {})",
                 d.head_dim,
-                params.softcap,
-                if params.alibi_slopes.is_some() { "given" } else { "none" }
+                params.model_features_given()
             ),
         });
     }

@@ -913,41 +913,37 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert!(!in_build(&format!("flash_wg_bwd_d{d}_f16"), "sm_80"));
         // Packed batches: the wgmma kernels' packed forms (their own D = 64 config), sm_90 only.
         let packed = gpu::params::attention::flash_wg_bwd_config_of(d, true).unwrap();
+        // A softcap or ALiBi: the scored kernels (64-wide only) on the same config, without an
+        // f32-adding form.
+        let walks = [
+            (BwdNeeds::GeneralWalk, "flash_wg_bwd_general_"),
+            (BwdNeeds::Scores, "flash_wg_bwd_scored_"),
+        ];
         for dt in [DType::F16, DType::BF16] {
-            let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::GeneralWalk).unwrap();
-            assert!(k.main.starts_with("flash_wg_bwd_general_") && in_build(k.main, "sm_90"));
-            assert!(k.general && in_build(k.main_add, "sm_90"), "{}", k.main_add);
-            assert_eq!(
-                crate::modules::launch_bounds(k.main, "sm_90"),
-                Some((packed.threads() as u32, 1)),
-                "{}",
-                k.main
-            );
-            assert_eq!(
-                (k.block_k, k.block_q, k.smem_bytes as usize),
-                (packed.block_k, packed.block_q, packed.smem_bytes())
-            );
-            assert!(flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::GeneralWalk).is_none());
-            // A softcap or ALiBi: the scored kernels (64-wide only), the general walk's config, no
-            // f32-adding form.
-            if d > FLASH_SCORED_MAX_HEAD_DIM_BACKWARD {
-                assert!(flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::Scores).is_none());
-                continue;
+            for (needs, prefix) in walks {
+                assert!(flash_bwd_kernels(d, dt, "sm_80", needs).is_none());
+                if needs == BwdNeeds::Scores && d > FLASH_SCORED_MAX_HEAD_DIM_BACKWARD {
+                    assert!(flash_bwd_kernels(d, dt, "sm_90", needs).is_none());
+                    continue;
+                }
+                let k = flash_bwd_kernels(d, dt, "sm_90", needs).unwrap();
+                assert!(k.main.starts_with(prefix) && in_build(k.main, "sm_90"), "{k:?}");
+                if needs == BwdNeeds::Scores {
+                    assert!(k.general && k.main_add.is_empty(), "{k:?}");
+                } else {
+                    assert!(k.general && in_build(k.main_add, "sm_90"), "{}", k.main_add);
+                }
+                assert_eq!(
+                    crate::modules::launch_bounds(k.main, "sm_90"),
+                    Some((packed.threads() as u32, 1)),
+                    "{}",
+                    k.main
+                );
+                assert_eq!(
+                    (k.block_k, k.block_q, k.smem_bytes as usize),
+                    (packed.block_k, packed.block_q, packed.smem_bytes())
+                );
             }
-            let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::Scores).unwrap();
-            assert!(k.main.starts_with("flash_wg_bwd_scored_") && in_build(k.main, "sm_90"));
-            assert!(k.general && k.main_add.is_empty(), "{k:?}");
-            assert_eq!(
-                crate::modules::launch_bounds(k.main, "sm_90"),
-                Some((packed.threads() as u32, 1)),
-                "{}",
-                k.main
-            );
-            assert_eq!(
-                (k.block_k, k.block_q, k.smem_bytes as usize),
-                (packed.block_k, packed.block_q, packed.smem_bytes())
-            );
-            assert!(flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::Scores).is_none());
         }
     }
     assert!(flash_bwd_kernels(64, DType::F32, "sm_90", BwdNeeds::Dense).is_none());
