@@ -17,7 +17,7 @@
 mod common;
 
 use common::{
-    attention_params, bits, gpu_or_skip, offsets, read, rng, sanitizing, sequence_view, tol, uniform,
+    attention_params, bits, gpu_or_skip, packed_inputs, read, rng, sanitizing, sequence_view, tol,
 };
 use host::ops::attention::{
     self, PackedSeqs, flash_forward_variant, model_features as mf,
@@ -64,28 +64,6 @@ fn cases() -> Vec<Case> {
     } else {
         all
     }
-}
-
-/// One case's packed batch: the offsets of its query and key lengths, the row totals, and fresh
-/// Q, K, V and dO (`[T, H, D]`) on the host and uploaded.
-#[allow(clippy::type_complexity)]
-fn packed_inputs(
-    gpu: &host::Gpu,
-    r: &mut rand::rngs::StdRng,
-    (lq, lk, hq, hkv, d): (&[usize], &[usize], usize, usize, usize),
-    dtype: DType,
-) -> (
-    (Vec<usize>, Vec<usize>),
-    (usize, usize),
-    [HostTensor; 4],
-    [Tensor; 4],
-) {
-    let (cu_q, cu_k) = (offsets(lq), offsets(lk));
-    let (tq, tk) = (cu_q[lq.len()], cu_k[lk.len()]);
-    let host = [[tq, hq, d], [tk, hkv, d], [tk, hkv, d], [tq, hq, d]]
-        .map(|shape| uniform(r, &shape, -1.0, 1.0, dtype));
-    let dev = [0, 1, 2, 3].map(|i| Tensor::from_host(gpu, &host[i]).unwrap());
-    ((cu_q, cu_k), (tq, tk), host, dev)
 }
 
 #[test]

@@ -15,7 +15,7 @@ mod common;
 
 use common::{
     assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip,
-    offsets, read, rng, sanitizing, tol, uniform,
+    packed_inputs, read, rng, sanitizing, tol, uniform,
 };
 use host::ops::attention::{
     self, AttentionParams, PackedSeqs, Window, flash_forward_variant, model_features as mf,
@@ -252,15 +252,13 @@ fn windowed_packed_batches_match_one_call_per_sequence() {
     let mut r = rng("windows packed");
     let (h, d) = (2, 64);
     let (lq, lk) = ([70, 1, 257, 0], [70, 200, 130, 5]);
-    let (cu_q, cu_k) = (offsets(&lq), offsets(&lk));
-    let (tq, tk) = (cu_q[lq.len()], cu_k[lk.len()]);
-    let seqs = PackedSeqs {
-        cu_seqlens_q: &cu_q,
-        cu_seqlens_k: &cu_k,
-    };
     for dtype in [DType::F16, DType::BF16] {
-        let [qd, kd, vd, dod] = [[tq, h, d], [tk, h, d], [tk, h, d], [tq, h, d]]
-            .map(|s| Tensor::from_host(&gpu, &uniform(&mut r, &s, -1.0, 1.0, dtype)).unwrap());
+        let ((cu_q, cu_k), _, _, [qd, kd, vd, dod]) =
+            packed_inputs(&gpu, &mut r, (&lq, &lk, h, h, d), dtype);
+        let seqs = PackedSeqs {
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        };
         for causal in [false, true] {
             let p = params(causal, Some(20), Some(9));
             let what = format!("{dtype} packed q {lq:?} k {lk:?} causal {causal}");

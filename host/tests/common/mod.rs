@@ -377,3 +377,25 @@ pub fn assert_packed_matches_per_sequence(
         );
     }
 }
+
+/// One case's packed batch: the offsets of its query and key lengths, the row totals, and fresh
+/// Q, K, V and dO (`[T, H, D]`) on the host and uploaded.
+#[allow(clippy::type_complexity)]
+pub fn packed_inputs(
+    gpu: &Gpu,
+    r: &mut StdRng,
+    (lq, lk, hq, hkv, d): (&[usize], &[usize], usize, usize, usize),
+    dtype: DType,
+) -> (
+    (Vec<usize>, Vec<usize>),
+    (usize, usize),
+    [HostTensor; 4],
+    [Tensor; 4],
+) {
+    let (cu_q, cu_k) = (offsets(lq), offsets(lk));
+    let (tq, tk) = (cu_q[lq.len()], cu_k[lk.len()]);
+    let host = [[tq, hq, d], [tk, hkv, d], [tk, hkv, d], [tq, hq, d]]
+        .map(|shape| uniform(r, &shape, -1.0, 1.0, dtype));
+    let dev = [0, 1, 2, 3].map(|i| Tensor::from_host(gpu, &host[i]).unwrap());
+    ((cu_q, cu_k), (tq, tk), host, dev)
+}
