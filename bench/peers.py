@@ -1008,10 +1008,9 @@ def build_cases(quick):
     cases += [attn_window_case("f16", 2, 16, 8192, 128, left, right, causal, backward)
               for (left, right, causal) in ((1024, 0, True), (512, 512, False))
               for backward in (False, True)]
-    # (Our backward takes head dims up to 128: no forward + backward case past it.)
     cases += [sdpa_layout_case("attn_hdim", "f16", 4, 16, 4096, d, "bhsd", causal, backward)
               for d in (32, 64, 96, 128, 192, 256) for causal in (False, True)
-              for backward in (False, True) if d <= 128 or not backward]
+              for backward in (False, True)]
     cases += [attn_bwd_case(tag, b, h, s, d, causal)
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_BWD_SHAPES
               for causal in (False, True)]

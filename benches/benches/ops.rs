@@ -999,7 +999,7 @@ fn attention_layouts(b: &mut Bencher) {
 
 /// FlashAttention at head dims on and off the kernels' tiles (`attn_hdim`): B4 H16 S4096 f16, head
 /// dims 32, 64, 96, 128, 192 and 256 (32, 96 and 192 run on the 64-, 128- and 256-wide tiles,
-/// zero-padded), forward and (up to `FLASH_MAX_HEAD_DIM_BACKWARD`) forward + backward, both masks,
+/// zero-padded), forward and forward + backward, both masks,
 /// beside SDPA at the same shapes (bench/peers.py). The goal: every head dim at least as fast as
 /// SDPA's flash backend.
 fn attention_head_dims(b: &mut Bencher) {
@@ -1020,7 +1020,7 @@ fn attention_head_dims(b: &mut Bencher) {
             let name = format!("attn_hdim/{dtype}/B{bb}H{h}S{s}D{d}/bhsd/{mask}");
             inputs.bench_passes(
                 b,
-                (&name, d <= attn::FLASH_MAX_HEAD_DIM_BACKWARD),
+                (&name, true),
                 (4 * bytes1, 10 * bytes1),
                 fwd_flops,
                 |set, backward| attention_step(set, &params, backward),

@@ -1,6 +1,6 @@
 //! FlashAttention at head dims off the kernels' tiles (every multiple of 8 up to
 //! `FLASH_MAX_HEAD_DIM`; a head dim runs on the narrowest tile of `FLASH_TILE_DIMS` that holds it),
-//! and at the widest tile (256, forward only):
+//! and at the widest tile (256; the sm_90 build's):
 //! - forward, every kernel this build has (`FLASH_VARIANTS`): O and LSE bit-identical to the same
 //!   kernel on the operands zero-padded to the tile's width (the padded call's O cut back to the head
 //!   dim; its padded columns exactly 0), and O within tolerance of the f64 reference of
@@ -8,7 +8,8 @@
 //! - backward: dQ, dK, dV within an eighth of the tolerance of the padded call's, cut back (its
 //!   padded columns exactly 0; not bit-identical: see the test), and within tolerance of that
 //!   reference (the padded call takes the scale of the unpadded head dim, so both compute the same
-//!   function); past `FLASH_MAX_HEAD_DIM_BACKWARD` a named error.
+//!   function); the accumulating backward (`flash_backward_add`) past
+//!   `FLASH_MAX_HEAD_DIM_ACCUMULATING` a named error.
 //!
 //! Multi-head and grouped-query heads, odd lengths, a `[B, S, H, D]` strided case, both masks, f16
 //! and bf16. Outputs are poisoned before every launch; inputs are fresh (the seed is printed).
@@ -19,8 +20,8 @@ use common::{
     rng, sanitizing, tol, uniform,
 };
 use host::ops::attention::{
-    self, AttentionParams, FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_BACKWARD, flash_forward_variant,
-    model_features as mf,
+    self, AttentionGrads, AttentionParams, FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_ACCUMULATING,
+    flash_forward_variant, model_features as mf,
 };
 use host::{DType, Gpu, HostTensor, Tensor};
 
@@ -32,10 +33,10 @@ const CASES: [(usize, usize, usize, usize, usize, usize, bool); 7] = [
     (1, 4, 4, 200, 333, 72, false),
     (2, 4, 1, 97, 97, 96, false),
     (1, 3, 3, 1, 257, 104, true),
-    (1, 2, 2, 150, 150, FLASH_MAX_HEAD_DIM_BACKWARD - 8, false),
+    (1, 2, 2, 150, 150, 120, false),
 ];
 
-/// Head dims past the backward's: forward only, on the 256-wide tile.
+/// Head dims on the 256-wide tile (the sm_90 build's only), forward and backward.
 const WIDE_CASES: [(usize, usize, usize, usize, usize, usize, bool); 4] = [
     (1, 3, 3, 64, 64, 136, false),
     (2, 2, 1, 77, 301, 192, true),
@@ -53,10 +54,12 @@ fn cases() -> Vec<(usize, usize, usize, usize, usize, usize, bool)> {
     }
 }
 
-/// [`cases`] and the forward-only ones.
-fn forward_cases() -> Vec<(usize, usize, usize, usize, usize, usize, bool)> {
+/// [`cases`] and, in the sm_90 build, the 256-wide ones.
+fn wide_cases(gpu: &Gpu) -> Vec<(usize, usize, usize, usize, usize, usize, bool)> {
     let mut c = cases();
-    if sanitizing() {
+    if gpu.ptx_arch() != "sm_90" {
+        println!("the {} build takes head dims up to 128", gpu.ptx_arch());
+    } else if sanitizing() {
         c.extend([WIDE_CASES[1], WIDE_CASES[3]]);
     } else {
         c.extend(WIDE_CASES);
@@ -148,7 +151,7 @@ fn head_dims_off_the_tiles_forward_match_the_padded_call_and_the_reference() {
     };
     let mut r = rng("head dims forward");
     for dtype in [DType::F16, DType::BF16] {
-        for case in forward_cases() {
+        for case in wide_cases(&gpu) {
             let (b, hq, hkv, sq, sk, d, bshd) = case;
             let x = operands(&gpu, &mut r, case, dtype);
             let [q, k, v, _] = &x.given;
@@ -208,7 +211,7 @@ fn head_dims_off_the_tiles_backward_match_the_padded_call_and_the_reference() {
     };
     let mut r = rng("head dims backward");
     for dtype in [DType::F16, DType::BF16] {
-        for case in cases() {
+        for case in wide_cases(&gpu) {
             let (b, hq, hkv, sq, sk, d, bshd) = case;
             let x = operands(&gpu, &mut r, case, dtype);
             let [q, k, v, d_o] = &x.given;
@@ -263,22 +266,38 @@ fn head_dims_off_the_tiles_backward_match_the_padded_call_and_the_reference() {
 }
 
 #[test]
-fn head_dims_past_the_backwards_are_a_named_error() {
-    let Some(gpu) = gpu_or_skip("head_dims_past_the_backwards_are_a_named_error") else {
+fn head_dims_past_the_accumulating_backward_are_a_named_error() {
+    let Some(gpu) = gpu_or_skip("head_dims_past_the_accumulating_backward_are_a_named_error")
+    else {
         return;
     };
-    let mut r = rng("head dims backward refusal");
-    for d in [FLASH_MAX_HEAD_DIM_BACKWARD + 8, FLASH_MAX_HEAD_DIM] {
+    if gpu.ptx_arch() != "sm_90" {
+        println!("skipped: the {} build has no 256-wide tile", gpu.ptx_arch());
+        return;
+    }
+    let mut r = rng("head dims accumulating backward refusal");
+    for d in [FLASH_MAX_HEAD_DIM_ACCUMULATING + 8, FLASH_MAX_HEAD_DIM] {
         let x = operands(&gpu, &mut r, (1, 2, 2, 33, 33, d, false), DType::F16);
         let [q, k, v, d_o] = &x.given;
         let p = attention_params(true);
         let (o, lse) = attention::flash_forward(q, k, v, &p).unwrap();
-        let e = attention::flash_backward(q, k, v, &o, &lse, d_o, &p).unwrap_err();
+        let acc = AttentionGrads {
+            dq: Tensor::zeros(&gpu, q.shape(), DType::F32).unwrap(),
+            dk: Tensor::zeros(&gpu, k.shape(), DType::F32).unwrap(),
+            dv: Tensor::zeros(&gpu, v.shape(), DType::F32).unwrap(),
+        };
+        let e = attention::flash_backward_add(q, k, v, &o, &lse, d_o, &p, &acc).unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains(&format!("head dim {d}"))
-                && msg.contains(&format!("up to {FLASH_MAX_HEAD_DIM_BACKWARD}")),
+                && msg.contains(&format!("up to {FLASH_MAX_HEAD_DIM_ACCUMULATING}")),
             "{msg}"
         );
+        // The accumulators are untouched.
+        for t in [&acc.dq, &acc.dk, &acc.dv] {
+            assert!(read(t).iter().all(|&x| x.to_bits() == 0), "d {d}");
+        }
+        // The plain backward takes the head dim.
+        attention::flash_backward(q, k, v, &o, &lse, d_o, &p).unwrap();
     }
 }

@@ -35,7 +35,7 @@ type Case = (
     bool,
 );
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 8] = [
     // Mistral's: causal with a left window.
     (1, 4, 2, 300, 300, 64, Some(70), None, true),
     // Bidirectional local attention, Sq != Sk.
@@ -50,12 +50,14 @@ const CASES: [Case; 7] = [
     (1, 4, 1, 64, 700, 64, None, Some(3), false),
     // Both sides, a narrow head dim, tiny lengths.
     (3, 2, 2, 17, 33, 40, Some(5), Some(7), false),
+    // Gemma-2's head dim (the 256-wide tile), causal with a left window, grouped heads.
+    (2, 4, 2, 190, 190, 256, Some(50), None, true),
 ];
 
-/// The cases a run takes: under compute-sanitizer (tens of times slower) three of them.
+/// The cases a run takes: under compute-sanitizer (tens of times slower) four of them.
 fn cases() -> Vec<Case> {
     if sanitizing() {
-        vec![CASES[0], CASES[1], CASES[4]]
+        vec![CASES[0], CASES[1], CASES[4], CASES[7]]
     } else {
         CASES.to_vec()
     }

@@ -290,8 +290,8 @@ pub const fn flash_config(head_dim: usize) -> Option<FlashConfig> {
 }
 
 /// The head dims the FlashAttention kernels are built for: their tiles' widths (a kernel's `D`).
-/// 256 has a forward only, in the sm_90 build (the warp-specialised kernel): the backward takes
-/// head dims up to [`FLASH_MAX_HEAD_DIM_BACKWARD`].
+/// 256 runs in the sm_90 build only (the warp-specialised forward, the wgmma backward): the sm_80
+/// build takes head dims up to [`FLASH_MAX_HEAD_DIM_SM80`].
 pub const FLASH_TILE_DIMS: [usize; 3] = [64, 128, 256];
 
 /// The widest head dim FlashAttention takes. It takes every multiple of 8 from 8 up to this: a head
@@ -299,8 +299,11 @@ pub const FLASH_TILE_DIMS: [usize; 3] = [64, 128, 256];
 /// ([`flash_tile_dim`]). The tiles' columns past the head dim are zero-filled on load (zero terms of
 /// every dot product over the head dim, zero columns of O and of every gradient) and never stored.
 pub const FLASH_MAX_HEAD_DIM: usize = 256;
-/// The widest head dim the FlashAttention backward (and the sm_80 build's forward) takes.
-pub const FLASH_MAX_HEAD_DIM_BACKWARD: usize = 128;
+/// The widest head dim the sm_80 build's FlashAttention (forward and backward) takes.
+pub const FLASH_MAX_HEAD_DIM_SM80: usize = 128;
+/// The widest head dim the accumulating backward (`flash_backward_add`, ring attention's steps)
+/// takes: its kernels are built up to the 128-wide tile.
+pub const FLASH_MAX_HEAD_DIM_ACCUMULATING: usize = 128;
 
 /// Whether FlashAttention takes head dim `head_dim`: a multiple of 8 (a 16-byte chunk of 16-bit
 /// elements, the unit of every copy) in `8..=FLASH_MAX_HEAD_DIM`.
@@ -779,12 +782,14 @@ const _: () = {
 };
 
 /// The Hopper (`wgmma`, sm_90a) FlashAttention backward (`flash_wg_bwd_d*`): one CTA of two
-/// warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys `64 w..64 w + 64` (the
-/// M = 64 of `S^T = K Q^T`, `dP^T = V dO^T`, `dV += P^T dO`, `dK += dS^T Q`), and both share the
-/// `dQ = dS K` product of a step (`block_q x head_dim`) as two 64 x 64 halves: by query rows when
-/// `block_q` = 128, by columns when `head_dim` = 128. Tiles use the 128-byte-swizzle layout (what
-/// wgmma descriptors read). The pre-pass, the statistics, the turn counters and the dQ conversion are
-/// those of [`FlashBwdConfig`]'s kernels.
+/// warpgroups per (block of keys, head, batch). Up to D = 128 the block has 128 keys and warpgroup
+/// `w` owns keys `64 w..64 w + 64` (the M = 64 of `S^T = K Q^T`, `dP^T = V dO^T`, `dV += P^T dO`,
+/// `dK += dS^T Q`); at D = 256 ([`Self::split_head`]) the block has 64 keys, both warpgroups
+/// compute its S^T and dP^T, and warpgroup `w` owns columns `128 w..128 w + 128` of its dK and dV.
+/// Both share the `dQ = dS K` product of a step (`block_q x head_dim`) as two shares: by query rows
+/// when `block_q` = 128, else by columns (each share one or two 64 x 64 parts). Tiles use the
+/// 128-byte-swizzle layout (what wgmma descriptors read). The pre-pass, the statistics, the turn
+/// counters and the dQ conversion are those of [`FlashBwdConfig`]'s kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashWgBwdConfig {
     pub head_dim: usize,
@@ -799,18 +804,35 @@ pub struct FlashWgBwdConfig {
     /// Stages of the Q / dO / statistics pipeline: 2, or 3 with `defer_dq` (a step's last dV/dK
     /// products then retire only in the next step, after that step's loads were issued).
     pub stages: usize,
+    /// Whether the two warpgroups own the same 64 keys and split the head dim's columns of dK and
+    /// dV between them (each computing the block's S^T and dP^T), instead of owning 64 keys each:
+    /// 128 columns of dK and dV are what a warpgroup's registers hold.
+    pub split_head: bool,
 }
 
 impl FlashWgBwdConfig {
+    /// Two warpgroups, whichever way they split the work.
     pub const fn threads(&self) -> usize {
-        self.block_k / 64 * 128
+        256
+    }
+    /// Columns of dK and dV a warpgroup accumulates (the N of its `dV += P^T dO`, `dK += dS^T Q`).
+    pub const fn wg_cols(&self) -> usize {
+        if self.split_head {
+            self.head_dim / 2
+        } else {
+            self.head_dim
+        }
     }
     /// dQ splits over the warpgroups: by query rows (`block_q / 64` halves) times by columns.
     pub const fn dq_row_splits(&self) -> usize {
         self.block_q / 64
     }
     pub const fn dq_col_splits(&self) -> usize {
-        self.block_k / 64 / self.dq_row_splits()
+        2 / self.dq_row_splits()
+    }
+    /// 64 x 64 parts of a warpgroup's dQ share (one m64n64 wgmma chain each).
+    pub const fn dq_parts(&self) -> usize {
+        self.head_dim / self.dq_col_splits() / 64
     }
     /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, `stages` stages of
     /// Q, as many of dO, two of the dS^T block (`block_k x block_q`), and `stages` of the per-row
@@ -833,6 +855,11 @@ impl FlashWgBwdConfig {
 ///   so that S^T and dP^T stay 32 f32 each (128 rows at once spilled: 255 registers, 140 bytes);
 ///   dK and dV 32 + 32, the dQ half 32 in flight into the next step's S^T / dP^T; 3 stages of
 ///   Q / dO; 195 KiB.
+/// - D = 256: 64 keys a CTA, 64 query rows a step, the head dim split between the warpgroups
+///   ([`FlashWgBwdConfig::split_head`]): per thread dK and dV 64 + 64 f32 (128 columns each), S^T
+///   and dP^T 32 + 32, the dQ share two 64 x 64 parts; 209 KiB. 128 keys a CTA with 64 each would
+///   need 256 f32 of dK and dV a thread; the price of the split is S^T and dP^T computed by both
+///   warpgroups (7 products' work for 5).
 /// - One CTA per SM (up to 255 registers a thread).
 pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 64,
@@ -840,6 +867,7 @@ pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
     block_q: 128,
     defer_dq: true,
     stages: 3,
+    split_head: false,
 };
 pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 128,
@@ -847,6 +875,15 @@ pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
     block_q: 64,
     defer_dq: false,
     stages: 2,
+    split_head: false,
+};
+pub const FLASH_WG_BWD_D256: FlashWgBwdConfig = FlashWgBwdConfig {
+    head_dim: 256,
+    block_k: 64,
+    block_q: 64,
+    defer_dq: false,
+    stages: 2,
+    split_head: true,
 };
 
 /// The wgmma backward's general kernels (packed batches, head dims narrower than the tile) at
@@ -860,6 +897,7 @@ pub const FLASH_WG_BWD_D64_GENERAL: FlashWgBwdConfig = FlashWgBwdConfig {
     block_q: 128,
     defer_dq: false,
     stages: 2,
+    split_head: false,
 };
 
 /// The wgmma backward's config for a tile width, for the dense tile-wide kernels (`general`
@@ -875,24 +913,32 @@ pub const fn flash_wg_bwd_config(head_dim: usize) -> Option<FlashWgBwdConfig> {
     match head_dim {
         64 => Some(FLASH_WG_BWD_D64),
         128 => Some(FLASH_WG_BWD_D128),
+        256 => Some(FLASH_WG_BWD_D256),
         _ => None,
     }
 }
 
-// Every wgmma backward config: two warpgroups; each dQ share 64 x 64 (one m64n64 wgmma chain);
-// the step's rows cover whole turn counters and divide the statistics' padding; sm_90's 227 KiB.
+// Every wgmma backward config: two warpgroups of 64 keys each, or one block of 64 keys with the
+// head dim split (never deferring dQ: its dS^T tile is written half by each warpgroup); each dQ
+// share one or two 64 x 64 parts; a warpgroup's dK and dV at most 128 columns (its registers); the
+// step's rows cover whole turn counters and divide the statistics' padding; sm_90's 227 KiB.
 const _: () = {
     let cfgs = [
         FLASH_WG_BWD_D64,
         FLASH_WG_BWD_D128,
+        FLASH_WG_BWD_D256,
         FLASH_WG_BWD_D64_GENERAL,
     ];
     let mut i = 0;
     while i < cfgs.len() {
         let c = cfgs[i];
-        assert!(c.block_k == 128 && c.block_q.is_multiple_of(64) && c.head_dim.is_multiple_of(64));
+        assert!(c.block_k == if c.split_head { 64 } else { 128 });
+        assert!(!(c.split_head && c.defer_dq) && (!c.split_head || c.block_q == 64));
+        assert!(c.block_q.is_multiple_of(64) && c.head_dim.is_multiple_of(64));
+        assert!(c.wg_cols() <= 128 && c.block_q <= 128);
         assert!(c.dq_row_splits() * c.dq_col_splits() == 2);
-        assert!(c.head_dim / c.dq_col_splits() == 64);
+        assert!(c.dq_parts() >= 1 && c.dq_parts() <= 2);
+        assert!(c.head_dim == c.dq_col_splits() * c.dq_parts() * 64);
         // A turn counter for each of the 8 warps within every block's rows.
         assert!(c.block_q.is_multiple_of(FLASH_BWD_TURN_ROWS));
         assert!(c.block_q / FLASH_BWD_TURN_ROWS >= c.threads() / 32);

@@ -376,7 +376,7 @@ unsafe fn flash_bwd<
             |n| dv_acc[n],
             key_row,
             rows_left,
-            (out, p.head_dim),
+            (out, p.head_dim, 0),
             out_row0,
         );
     }
@@ -385,7 +385,7 @@ unsafe fn flash_bwd<
             |n| dk_acc[n],
             key_row,
             rows_left,
-            (out, p.head_dim),
+            (out, p.head_dim, 0),
             out_row0,
         );
     }
@@ -431,20 +431,21 @@ impl<T> KvOut<T> for AddF32 {
 /// Adds this warp's 16 rows of an accumulator (`quad(n)`, `n < VALUES / PER_QUAD`: rows `g` and
 /// `g + 8`, columns `8 n + 2 t` and the next, of lane `4 g + t`: the layout of both the `mma.sync`
 /// (`VALUES` fragments of 4, `PER_QUAD` 1) and the wgmma accumulators (`VALUES` f32, 4 a quad)) into
-/// rows `out_row0..` of the f32 `out`, whose rows are `cols` (the head dim) wide: the
-/// accumulator's columns past `cols` (a padded tile's) are dropped. `rows_left` = valid rows from
-/// the CTA's first row (`warp_row` is the warp's first row in the block).
+/// rows `out_row0..` of the f32 `out`, whose rows are `cols` (the head dim) wide, from column
+/// `col0` (the warp's first): the accumulator's columns past `cols` (a padded tile's) are dropped.
+/// `rows_left` = valid rows from the CTA's first row (`warp_row` is the warp's first row in the
+/// block).
 #[inline(always)]
 pub(super) fn add_rows_f32<const VALUES: usize, const PER_QUAD: usize>(
     quad: impl Fn(usize) -> [f32; 4],
     warp_row: u32,
     rows_left: u32,
-    (out, cols): (SliceMut<f32>, u32),
+    (out, cols, col0): (SliceMut<f32>, u32, u32),
     out_row0: u64,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     unroll_lt!(n < VALUES / PER_QUAD, {
-        let col = (8 * n) as u64 + 2 * t as u64;
+        let col = col0 as u64 + (8 * n) as u64 + 2 * t as u64;
         let a = quad(n);
         if warp_row + g < rows_left && col < cols as u64 {
             let at = (out_row0 + g as u64) * cols as u64 + col;

@@ -56,7 +56,7 @@ use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
-    FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D128, FlashWgBwdConfig, GROUP_ALL,
+    FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D128, FLASH_WG_BWD_D256, FlashWgBwdConfig, GROUP_ALL,
     flash_wg_bwd_config_of,
 };
 use crate::{unroll, unroll_lt};
@@ -98,6 +98,8 @@ unsafe fn flash_wg_bwd<
     [f32; 32]: Accumulator,
 {
     let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL>() };
+    // (Its own const: read off `cfg`, the branches it picks folded later, and ptxas spilled.)
+    let split: bool = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL>().split_head };
     const TH: usize = 256;
     // The general kernels walk in the plain order (the host passes nothing else): known here, the
     // rotated orders' arithmetic folds away, which a packed walk's registers need.
@@ -274,11 +276,21 @@ unsafe fn flash_wg_bwd<
             let wg = tid / 128;
             let warp_in_wg = (tid / 32) % 4;
             let (g, t) = ((tid % 32) / 4, tid % 4);
-            let wg_key = 64 * wg; // this warpgroup's first key in the block
+            // (Split, the first key is 0 through `opaque_dep_u32`, so that the K and V tiles'
+            // descriptors are not loop-invariant: hoisted, they would hold 64 registers.)
+            let (wg_key, wg_col) = if split {
+                (opaque_dep_u32(0, i), (D / 2) as u32 * wg)
+            } else {
+                (64 * wg, 0)
+            };
             let key_row = wg_key + 16 * warp_in_wg + g; // this thread's keys: key_row, key_row + 8
             // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
             let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
-            let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
+            let dq_col0 = if split {
+                128 * wg
+            } else {
+                64 * (wg / cfg.dq_row_splits() as u32)
+            };
             // Q_i, dO_i and the statistics have landed (and the zeroed dS^T tile); every warpgroup
             // wrote and fenced the previous step's dS^T and retired what the loads below overwrite.
             cp_async_wait::<0>();
@@ -386,12 +398,14 @@ unsafe fn flash_wg_bwd<
                 // the dQ product of two steps back, retired before the barrier at the top.
                 unroll_lt!(ks < 4, {
                     let col = q0 + (16 * ks) as u32 + 2 * t;
-                    // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
-                    unsafe {
-                        u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
-                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
-                        u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
-                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
+                    if !split || ks as u32 / 2 == wg {
+                        // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
+                        unsafe {
+                            u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
+                            u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
+                            u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
+                            u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
+                        }
                     }
                 });
                 fence_proxy_async();
@@ -404,8 +418,8 @@ unsafe fn flash_wg_bwd<
                     // at the top and are not written until these products retired; the fragments and
                     // accumulators are untouched until the next wait.
                     unsafe {
-                        T::mma_rs_tb(&mut dv_acc, &pa[ks], dot.desc_mn_major(k_step));
-                        T::mma_rs_tb(&mut dk_acc, &dsa[ks], qt.desc_mn_major(k_step));
+                        T::mma_rs_tb(&mut dv_acc, &pa[ks], dot.desc_mn_major_from(k_step, wg_col));
+                        T::mma_rs_tb(&mut dk_acc, &dsa[ks], qt.desc_mn_major_from(k_step, wg_col));
                     }
                 });
                 commit();
@@ -430,6 +444,19 @@ unsafe fn flash_wg_bwd<
                 dq.wait::<0>();
                 dv_acc.hold();
                 dk_acc.hold();
+                if split {
+                    // The head dim split: the share's first 64 columns are added inside the turn
+                    // just taken, then its second 64 take the same registers (one after the
+                    // other: both at once spilled), and their additions release the turn.
+                    sink.add_part(&dq, i, tid, cfg, dq_col0);
+                    // SAFETY: as above (the tiles are not written until the wait below).
+                    unsafe {
+                        issue_dq::<T, BK, D, BQ>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0 + 64)
+                    };
+                    dq.wait::<0>();
+                    dv_acc.hold();
+                    dk_acc.hold();
+                }
                 sink.add_waited(&dq, i, tid, cfg, false);
             }
             prev = i;
@@ -477,7 +504,12 @@ unsafe fn flash_wg_bwd<
     }
 
     let dk_acc = dk_acc.map(|x| x * p.scale);
-    let warp_key = 16 * (thread_idx_x() / 32); // this warp's first key in the block
+    let (warp_key, warp_col) = if split {
+        let tid = thread_idx_x();
+        (16 * (tid / 32 % 4), (D / 2) as u32 * (tid / 128))
+    } else {
+        (16 * (thread_idx_x() / 32), 0)
+    };
     // dK and dV rows are the key/value head's.
     let out_row0 = bkv * sk as u64 + n0 as u64 + warp_key as u64;
     // The sequence again (kept from the start, its values would hold registers through the loops).
@@ -490,11 +522,11 @@ unsafe fn flash_wg_bwd<
     };
     if let Some(out) = dv.rounded() {
         let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), cols);
-        store_rows::<T, BK, D, ON>(&dv_acc, v_tile, warp_key, rows_left, out, n0 + warp_key);
+        store_rows::<T, BK, D, ON>(&dv_acc, v_tile, (warp_key, warp_col), rows_left, out, n0);
     }
     if let Some(out) = dk.rounded() {
         let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), cols);
-        store_rows::<T, BK, D, ON>(&dk_acc, k_tile, warp_key, rows_left, out, n0 + warp_key);
+        store_rows::<T, BK, D, ON>(&dk_acc, k_tile, (warp_key, warp_col), rows_left, out, n0);
     }
     // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
     let quad =
@@ -504,7 +536,7 @@ unsafe fn flash_wg_bwd<
             |n| quad(&dv_acc, n),
             warp_key,
             rows_left,
-            (out, cols),
+            (out, cols, warp_col),
             out_row0,
         );
     }
@@ -513,7 +545,7 @@ unsafe fn flash_wg_bwd<
             |n| quad(&dk_acc, n),
             warp_key,
             rows_left,
-            (out, cols),
+            (out, cols, warp_col),
             out_row0,
         );
     }
@@ -750,7 +782,12 @@ impl DqSink {
     ) {
         let (wg, warp) = (tid / 128, tid / 32);
         let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
-        let dq_col0 = 64 * (wg / cfg.dq_row_splits() as u32);
+        // With the head dim split, the share's second part (`Self::add_part` added the first).
+        let dq_col0 = if cfg.split_head {
+            128 * wg + 64
+        } else {
+            64 * (wg / cfg.dq_row_splits() as u32)
+        };
         let counter = self.counter(i, warp);
         let row0 = i * cfg.block_q as u32 + dq_row0 + 16 * (warp % 4);
         add_dq_half(
@@ -766,6 +803,21 @@ impl DqSink {
             // SAFETY: as above.
             unsafe { add_release_u32(counter, 1) };
         }
+    }
+
+    /// Adds this warp's part of the first 64 x 64 part of block `i`'s dQ share (the head dim
+    /// split), from column `col0`, inside the turn [`Self::wait`] took; [`Self::add_waited`] adds
+    /// the second and releases the turn.
+    #[inline(always)]
+    fn add_part(&self, dq: &[f32; 32], i: u32, tid: u32, cfg: FlashWgBwdConfig, col0: u32) {
+        let row0 = i * cfg.block_q as u32 + 16 * (tid / 32 % 4);
+        add_dq_half(
+            dq,
+            (self.acc, self.bh, self.rows),
+            self.sq,
+            (row0, col0),
+            cfg.head_dim,
+        );
     }
 
     /// Releases warp `tid / 32`'s turn on block `i`, whose additions it made earlier (after a
@@ -834,7 +886,11 @@ const fn checked_config<
         panic!("no wgmma FlashAttention backward config for this head dim")
     };
     assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.threads() == 256);
-    assert!(ON == D / 2 && BQ % 64 == 0 && BQ <= 128 && D <= 128);
+    assert!(ON == cfg.wg_cols() / 2 && BQ % 64 == 0 && BQ <= 128);
+    // A dQ share of two 64 x 64 parts (128 columns) only with the head dim split, which does not
+    // defer dQ (the non-deferred step adds the parts one after the other).
+    assert!((cfg.dq_parts() == 2) == cfg.split_head && !(cfg.split_head && cfg.defer_dq));
+    assert!(!cfg.split_head || cfg.wg_cols() == 128);
     assert!(cfg.stages == STAGES);
     let planned = 2 * SwizzledTile::<BK, D>::BYTES
         + 2 * STAGES * SwizzledTile::<BQ, D>::BYTES
@@ -852,15 +908,15 @@ const fn checked_config<
 fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
     acc: &[f32; ON],
     staging: SwizzledTile<BK, D>,
-    warp_row: u32,
+    (warp_row, warp_col): (u32, u32),
     rows_left: u32,
     out: HeadRowsMut<T>,
-    out_row0: u32,
+    block_row0: u32,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     sync_warp(FULL_MASK);
     unroll_lt!(n < ON / 4, {
-        let col = (8 * n) as u32 + 2 * t;
+        let col = warp_col + (8 * n) as u32 + 2 * t;
         let a = &acc[4 * n..4 * n + 4];
         // SAFETY: 4-byte aligned addresses (even column) inside the tile; only this warp touches
         // its rows from here on.
@@ -873,10 +929,11 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
         }
     });
     sync_warp(FULL_MASK);
-    let chunks_per_row = (D / 8) as u32;
-    unroll_lt!(i < 16 * D / 8 / 32, {
+    let chunks_per_row = (2 * ON / 8) as u32;
+    const { assert!((16 * 2 * ON / 8) % 32 == 0) };
+    unroll_lt!(i < 16 * 2 * ON / 8 / 32, {
         let c = lane_id() + 32 * i as u32;
-        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+        let (r, chunk) = (c / chunks_per_row, warp_col / 8 + c % chunks_per_row);
         if warp_row + r < rows_left && out.has_chunk(chunk) {
             // SAFETY: the row is < seq_k of this head (checked just above), so the chunk lies in
             // the head's rows (launcher-validated strides, 16-byte aligned); each chunk has one
@@ -884,7 +941,7 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
             unsafe {
                 let words = ld_shared_v4(staging.chunk_addr(warp_row + r, chunk));
                 store_chunk(
-                    out.at(out_row0 + r, 8 * chunk) as *mut Chunk16,
+                    out.at(block_row0 + warp_row + r, 8 * chunk) as *mut Chunk16,
                     0,
                     Chunk16(words),
                 )
@@ -911,7 +968,7 @@ macro_rules! flash_wg_bwd_entry_points {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.head_dim / 2 }, { C.stages }, $general, $window, $score>(
+                    { C.wg_cols() / 2 }, { C.stages }, $general, $window, $score>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
@@ -925,6 +982,8 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false, false;
     flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false, false;
     flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, false, false, false;
+    flash_wg_bwd_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, false, false, false;
     // dK and dV added into f32 accumulators (ring attention's steps).
     flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false, false;
     flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false, false;
@@ -937,6 +996,8 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, false;
     flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true, true, false;
     flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true, true, false;
+    flash_wg_bwd_general_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, true, true, false;
+    flash_wg_bwd_general_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, true, true, false;
     flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false;
     flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false;
     flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false, false;

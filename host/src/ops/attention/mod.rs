@@ -24,8 +24,8 @@
 //!   bottom-right corner when `seq_q != seq_k`, as in PyTorch's SDPA and FlashAttention). A query that
 //!   sees no key (causal with `seq_q > seq_k`, or `seq_k = 0`) gets O = 0 and LSE = -inf, never NaN.
 //! - [`flash_forward`]: the FlashAttention-2 kernel; f16/bf16, every head dim that is a multiple
-//!   of 8 up to [`FLASH_MAX_HEAD_DIM`] (256; the sm_80 build and the backward up to
-//!   [`FLASH_MAX_HEAD_DIM_BACKWARD`], 128). The kernels are built for [`FLASH_TILE_DIMS`]; any other
+//!   of 8 up to [`FLASH_MAX_HEAD_DIM`] (256, forward and backward; the sm_80 build up to
+//!   [`FLASH_MAX_HEAD_DIM_SM80`], 128). The kernels are built for [`FLASH_TILE_DIMS`]; any other
 //!   head dim runs on the narrowest of those that holds it, its columns past the head dim zero in
 //!   the tiles and never stored (so a head dim of 96 costs what 128 does).
 //!   [`naive_forward`]: scores materialised in a scratch buffer of `seq_q * seq_k` f32 per head,
@@ -60,7 +60,8 @@ use gpu::params::attention::{
     flash_tile_dim, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config_of, naive,
 };
 pub use gpu::params::attention::{
-    FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_BACKWARD, FLASH_TILE_DIMS, flash_head_dim_supported,
+    FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_ACCUMULATING, FLASH_MAX_HEAD_DIM_SM80, FLASH_TILE_DIMS,
+    flash_head_dim_supported,
 };
 pub use varlen::{PackedSeqs, flash_backward_varlen, flash_forward_varlen};
 
@@ -120,7 +121,11 @@ impl AttentionParams<'_> {
             "window {:?}, softcap {:?}, ALiBi slopes {}",
             self.window,
             self.softcap,
-            if self.alibi_slopes.is_some() { "given" } else { "none" }
+            if self.alibi_slopes.is_some() {
+                "given"
+            } else {
+                "none"
+            }
         )
     }
 }
@@ -846,7 +851,7 @@ fn flash_run(
             op,
             msg: format!(
                 "head_dim {} has no FlashAttention forward kernel in the {} build (it takes head \
-                 dims up to {FLASH_MAX_HEAD_DIM_BACKWARD}; up to {FLASH_MAX_HEAD_DIM} need the sm_90 \
+                 dims up to {FLASH_MAX_HEAD_DIM_SM80}; up to {FLASH_MAX_HEAD_DIM} need the sm_90 \
                  build: compute capability 9.0)",
                 d.head_dim,
                 q.gpu().ptx_arch()
@@ -1297,12 +1302,28 @@ fn flash_backward_run(
             ),
         });
     }
+    if matches!(out, GradsOut::AddF32(_)) && d.head_dim > FLASH_MAX_HEAD_DIM_ACCUMULATING {
+        return Err(Error::Invalid {
+            op,
+            msg: format!(
+                "the accumulating backward takes head dims up to \
+                 {FLASH_MAX_HEAD_DIM_ACCUMULATING} (head dim {}); flash_backward takes up to \
+                 {FLASH_MAX_HEAD_DIM}",
+                d.head_dim
+            ),
+        });
+    }
     let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), needs) else {
+        let widest = if gpu.ptx_arch() == "sm_90" {
+            FLASH_MAX_HEAD_DIM
+        } else {
+            FLASH_MAX_HEAD_DIM_SM80
+        };
         return Err(Error::Invalid {
             op,
             msg: format!(
                 "no FlashAttention backward kernel for head dim {} {} in the {} build (the backward \
-                 takes multiples of 8 up to {FLASH_MAX_HEAD_DIM_BACKWARD}){}",
+                 takes multiples of 8 up to {widest}){}",
                 d.head_dim,
                 q.dtype(),
                 gpu.ptx_arch(),
@@ -1631,7 +1652,9 @@ fn flash_bwd_kernels(
     let general = wgmma && (general_walk || head_dim != tile);
     let (main, main_add) = match (wgmma, general, tile, dtype) {
         (false, _, _, _) if general_walk => return None,
-        (true, _, 64, DType::F16) if needs == BwdNeeds::Scores => ("flash_wg_bwd_scored_d64_f16", ""),
+        (true, _, 64, DType::F16) if needs == BwdNeeds::Scores => {
+            ("flash_wg_bwd_scored_d64_f16", "")
+        }
         (true, _, 64, DType::BF16) if needs == BwdNeeds::Scores => {
             ("flash_wg_bwd_scored_d64_bf16", "")
         }
@@ -1644,6 +1667,11 @@ fn flash_bwd_kernels(
         (true, false, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_add_d64_bf16"),
         (true, false, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_add_d128_f16"),
         (true, false, 128, DType::BF16) => ("flash_wg_bwd_d128_bf16", "flash_wg_bwd_add_d128_bf16"),
+        // No f32-adding form at D = 256 (FLASH_MAX_HEAD_DIM_ACCUMULATING).
+        (true, false, 256, DType::F16) => ("flash_wg_bwd_d256_f16", ""),
+        (true, false, 256, DType::BF16) => ("flash_wg_bwd_d256_bf16", ""),
+        (true, true, 256, DType::F16) => ("flash_wg_bwd_general_d256_f16", ""),
+        (true, true, 256, DType::BF16) => ("flash_wg_bwd_general_d256_bf16", ""),
         (true, true, 64, DType::F16) => (
             "flash_wg_bwd_general_d64_f16",
             "flash_wg_bwd_general_add_d64_f16",

@@ -712,18 +712,21 @@ fn every_supported_head_dim_runs_on_the_narrowest_tile_that_holds_it() {
             FLASH_TILE_DIMS.iter().all(|&t| t < dh || t >= tile),
             "{dh} -> {tile}: a narrower tile holds it"
         );
-        // Every kernel lookup takes the tile: the warp-specialised forward every one, the sm_80
-        // forward and the backward those up to FLASH_MAX_HEAD_DIM_BACKWARD.
+        // Every kernel lookup takes the tile: the warp-specialised forward and the wgmma backward
+        // every one, the sm_80 build's forward and backward those up to FLASH_MAX_HEAD_DIM_SM80.
         assert!(flash_tma_config(tile).is_some());
         assert_eq!(
             flash_config(tile).is_some(),
-            dh <= FLASH_MAX_HEAD_DIM_BACKWARD,
+            dh <= FLASH_MAX_HEAD_DIM_SM80,
             "{dh}"
         );
-        for arch in ["sm_80", "sm_90"] {
+        for (arch, widest) in [
+            ("sm_80", FLASH_MAX_HEAD_DIM_SM80),
+            ("sm_90", FLASH_MAX_HEAD_DIM),
+        ] {
             assert_eq!(
                 flash_bwd_kernels(dh, DType::F16, arch, BwdNeeds::Dense).is_some(),
-                dh <= FLASH_MAX_HEAD_DIM_BACKWARD,
+                dh <= widest,
                 "{dh} {arch}"
             );
         }
@@ -733,11 +736,11 @@ fn every_supported_head_dim_runs_on_the_narrowest_tile_that_holds_it() {
 
 #[test]
 fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
-    // The mma.sync kernel in the sm_80 build only (tiles up to FLASH_MAX_HEAD_DIM_BACKWARD); the
+    // The mma.sync kernel in the sm_80 build only (tiles up to FLASH_MAX_HEAD_DIM_SM80); the
     // wgmma kernels in the sm_90 build only.
     for d in FLASH_TILE_DIMS
         .into_iter()
-        .filter(|&d| d <= FLASH_MAX_HEAD_DIM_BACKWARD)
+        .filter(|&d| d <= FLASH_MAX_HEAD_DIM_SM80)
     {
         assert!(flash_config(d).is_some());
         for dt in [DType::F16, DType::BF16] {
@@ -874,16 +877,29 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
 
 #[test]
 fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
-    for d in FLASH_TILE_DIMS
-        .into_iter()
-        .filter(|&d| d <= FLASH_MAX_HEAD_DIM_BACKWARD)
-    {
-        let cfg = gpu::params::attention::flash_bwd_config(d).unwrap();
+    for d in FLASH_TILE_DIMS {
+        // The sm_80 build's mma.sync kernel up to FLASH_MAX_HEAD_DIM_SM80; the wgmma kernel at
+        // every tile, with an f32-adding form up to FLASH_MAX_HEAD_DIM_ACCUMULATING.
+        let cfg = gpu::params::attention::flash_bwd_config(d);
+        assert_eq!(cfg.is_some(), d <= FLASH_MAX_HEAD_DIM_SM80, "{d}");
         let wg = gpu::params::attention::flash_wg_bwd_config(d).unwrap();
-        assert_eq!((cfg.head_dim, wg.head_dim), (d, d));
+        assert_eq!(wg.head_dim, d);
+        let adds = d <= FLASH_MAX_HEAD_DIM_ACCUMULATING;
         for dt in [DType::F16, DType::BF16] {
-            for arch in ["sm_80", "sm_90"] {
+            if cfg.is_none() {
+                assert!(flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::Dense).is_none());
+            }
+            let archs: &[&str] = if cfg.is_some() {
+                &["sm_80", "sm_90"]
+            } else {
+                &["sm_90"]
+            };
+            for &arch in archs {
                 let k = flash_bwd_kernels(d, dt, arch, BwdNeeds::Dense).unwrap();
+                assert_eq!(!k.main_add.is_empty(), adds, "{k:?}");
+                if adds {
+                    assert!(in_build(k.main_add, arch), "{} {arch}", k.main_add);
+                }
                 for name in [k.pre, k.main, k.convert] {
                     assert!(in_build(name, arch), "{name} {arch}");
                 }
@@ -891,6 +907,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
                     assert!(k.main.starts_with("flash_wg_bwd_"), "{}", k.main);
                     ((wg.threads() as u32, 1), wg.block_k, wg.smem_bytes())
                 } else {
+                    let cfg = cfg.unwrap();
                     (
                         (cfg.threads() as u32, cfg.min_blocks),
                         cfg.block_k,
@@ -927,8 +944,11 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
                     continue;
                 }
                 let k = flash_bwd_kernels(d, dt, "sm_90", needs).unwrap();
-                assert!(k.main.starts_with(prefix) && in_build(k.main, "sm_90"), "{k:?}");
-                if needs == BwdNeeds::Scores {
+                assert!(
+                    k.main.starts_with(prefix) && in_build(k.main, "sm_90"),
+                    "{k:?}"
+                );
+                if needs == BwdNeeds::Scores || !adds {
                     assert!(k.general && k.main_add.is_empty(), "{k:?}");
                 } else {
                     assert!(k.general && in_build(k.main_add, "sm_90"), "{}", k.main_add);
@@ -957,7 +977,13 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert_eq!(k.main_add, format!("flash_wg_bwd_general_add_d{tile}_bf16"));
         assert!(k.general && in_build(k.main, "sm_90") && in_build(k.main_add, "sm_90"));
     }
-    for d in [0, 12, 100, 136, 256, FLASH_MAX_HEAD_DIM + 8] {
+    for d in [136, 192, 248] {
+        assert!(flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense).is_none());
+        let k = flash_bwd_kernels(d, DType::F16, "sm_90", BwdNeeds::Dense).unwrap();
+        assert_eq!(k.main, "flash_wg_bwd_general_d256_f16");
+        assert!(k.general && k.main_add.is_empty() && in_build(k.main, "sm_90"));
+    }
+    for d in [0, 12, 100, 252, FLASH_MAX_HEAD_DIM + 8] {
         assert!(
             flash_bwd_kernels(d, DType::F16, "sm_90", BwdNeeds::Dense).is_none(),
             "{d}"
