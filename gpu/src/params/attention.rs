@@ -830,19 +830,31 @@ impl FlashWgBwdConfig {
     pub const fn dq_col_splits(&self) -> usize {
         2 / self.dq_row_splits()
     }
+    /// 64-query sub-blocks of a step in which both warpgroups compute S^T and dP^T for their own
+    /// keys: all of the step's (`block_q / 64`), or none with the head dim split (whose step takes
+    /// another path).
+    pub const fn paired_sub_blocks(&self) -> usize {
+        if self.split_head {
+            0
+        } else {
+            self.block_q / 64
+        }
+    }
     /// 64 x 64 parts of a warpgroup's dQ share (one m64n64 wgmma chain each).
     pub const fn dq_parts(&self) -> usize {
         self.head_dim / self.dq_col_splits() / 64
     }
     /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, `stages` stages of
-    /// Q, as many of dO, two of the dS^T block (`block_k x block_q`), and `stages` of the per-row
-    /// statistics (LSE and D, f32, `2 x block_q`). Every 16-bit tile is whole 1024-byte swizzle
+    /// Q, as many of dO, two of the dS^T block (`block_k x block_q`), `stages` of the per-row
+    /// statistics (LSE and D, f32, `2 x block_q`), and with the head dim split the P^T block in
+    /// f32 (one warpgroup computes it for both). Every 16-bit tile is whole 1024-byte swizzle
     /// atoms.
     pub const fn smem_bytes(&self) -> usize {
         2 * self.block_k * self.head_dim * 2
             + 2 * self.stages * self.block_q * self.head_dim * 2
             + 2 * self.block_k * self.block_q * 2
             + self.stages * 2 * self.block_q * 4
+            + self.split_head as usize * self.block_k * self.block_q * 4
     }
 }
 
@@ -857,9 +869,9 @@ impl FlashWgBwdConfig {
 ///   Q / dO; 195 KiB.
 /// - D = 256: 64 keys a CTA, 64 query rows a step, the head dim split between the warpgroups
 ///   ([`FlashWgBwdConfig::split_head`]): per thread dK and dV 64 + 64 f32 (128 columns each), S^T
-///   and dP^T 32 + 32, the dQ share two 64 x 64 parts; 209 KiB. 128 keys a CTA with 64 each would
-///   need 256 f32 of dK and dV a thread; the price of the split is S^T and dP^T computed by both
-///   warpgroups (7 products' work for 5).
+///   or dP^T 32 (warpgroup 0 computes S^T, warpgroup 1 dP^T; P^T and dS^T cross through shared
+///   memory), the dQ share two 64 x 64 parts one after the other; 225 KiB. 128 keys a CTA with 64
+///   each would need 256 f32 of dK and dV a thread.
 /// - One CTA per SM (up to 255 registers a thread).
 pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 64,

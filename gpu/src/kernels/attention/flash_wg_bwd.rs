@@ -76,6 +76,7 @@ unsafe fn flash_wg_bwd<
     const BQ: usize,
     const ON: usize,
     const STAGES: usize,
+    const SUBS: usize,
     const GENERAL: bool,
     const WINDOW: bool,
     const SCORE: bool,
@@ -98,6 +99,7 @@ unsafe fn flash_wg_bwd<
     [f32; 32]: Accumulator,
 {
     let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL>() };
+    const { assert!(SUBS == cfg_subs::<D, GENERAL>()) };
     // (Its own const: read off `cfg`, the branches it picks folded later, and ptxas spilled.)
     let split: bool = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL>().split_head };
     const TH: usize = 256;
@@ -155,10 +157,10 @@ unsafe fn flash_wg_bwd<
         + 2 * STAGES as u32 * qo_bytes
         + 2 * SwizzledTile::<BK, BQ>::BYTES as u32;
     let stat_stage = (2 * BQ * 4) as u32; // a stage: LSE2 of the BQ rows, then their D
-    check_index(
-        (stats_base + STAGES as u32 * stat_stage - base) as usize,
-        cfg.smem_bytes() + 1,
-    );
+    // The head dim split's P^T block (f32, see `split_step`).
+    let p_tile = stats_base + STAGES as u32 * stat_stage;
+    let p_bytes = if split { (BK * BQ * 4) as u32 } else { 0 };
+    check_index((p_tile + p_bytes - base) as usize, cfg.smem_bytes() + 1);
 
     // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0. K and V are loaded
     // once (they join the first member's first copy group).
@@ -334,7 +336,19 @@ unsafe fn flash_wg_bwd<
             // The block's queries in sub-blocks of 64 (the N of S^T): S^T and dP^T stay at 32 f32 a
             // thread each, and sub-block h's dV/dK products run while h + 1's S^T and dP^T are
             // computed (the wait for those retires them).
-            unroll_lt!(h < BQ / 64, {
+            if split {
+                // SAFETY: the whole CTA calls it here (see `split_step`).
+                unsafe {
+                    split_step::<T, D, BK, BQ, ON, STAGES>(
+                        (k_tile, q_tiles, ds_tile, stage),
+                        (stats_at, p_tile, c, qb),
+                        wg_key,
+                        wg_col,
+                        (&mut dv_acc, &mut dk_acc),
+                    )
+                };
+            }
+            unroll_lt!(h < SUBS, {
                 let q0 = (64 * h) as u32;
                 // S^T and dP^T (64 keys x 64 queries for this warpgroup).
                 let mut s = [0.0f32; 32];
@@ -398,14 +412,12 @@ unsafe fn flash_wg_bwd<
                 // the dQ product of two steps back, retired before the barrier at the top.
                 unroll_lt!(ks < 4, {
                     let col = q0 + (16 * ks) as u32 + 2 * t;
-                    if !split || ks as u32 / 2 == wg {
-                        // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
-                        unsafe {
-                            u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
-                            u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
-                            u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
-                            u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
-                        }
+                    // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
+                    unsafe {
+                        u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
+                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
+                        u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
+                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
                     }
                 });
                 fence_proxy_async();
@@ -549,6 +561,160 @@ unsafe fn flash_wg_bwd<
             out_row0,
         );
     }
+}
+
+/// One step's products before dQ with the head dim split ([`FlashWgBwdConfig::split_head`]: 64
+/// keys, 64 queries, both warpgroups on the same keys): warpgroup 0 computes `S^T = K Q^T` and
+/// warpgroup 1 `dP^T = V dO^T`, each over the whole head dim (the step's two products once, not
+/// each twice). Warpgroup 0 turns S^T into P^T (f32, masked) and stores it to `p_tile`; after a
+/// barrier warpgroup 1 reads it back, forms `dS^T = P^T (dP^T - D)` and stores it (rounded) to the
+/// dS^T tile; after a second barrier warpgroup 0 reads dS^T. Each thread reads back exactly the
+/// entries of its own fragment positions (both warpgroups' accumulators cover the same 64 x 64
+/// block alike), so both hold the P^T and dS^T fragments [`p_and_ds`] gives, bit for bit. Then
+/// `dV_w += P^T dO_i`, `dK_w += dS^T Q_i` on the warpgroup's 128 columns, issued and committed
+/// (the caller's dQ wait retires them). Returns with the dS^T tile whole and fenced for the dQ
+/// product. `p_tile`: `BK x BQ` f32, entry `e` of thread `t` of a warpgroup at `4 (128 e + t)`
+/// (a warp's access is 128 consecutive bytes).
+///
+/// # Safety
+/// Every thread of the CTA calls it at the same point of its step (two barriers); Q_i, dO_i, the
+/// statistics and K, V landed and were fenced before a barrier the caller passed; the dS^T tile
+/// and `p_tile` have no reader left from earlier steps (the dQ product that read the tile retired).
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+unsafe fn split_step<
+    T,
+    const D: usize,
+    const BK: usize,
+    const BQ: usize,
+    const ON: usize,
+    const STAGES: usize,
+>(
+    (k_tile, q_tiles, ds_tile, stage): (
+        SwizzledTile<BK, D>,
+        SwizzledTile<BQ, D>,
+        SwizzledTile<BK, BQ>,
+        u32,
+    ),
+    (stats, p_tile, c, qb): (u32, u32, f32, QueryBounds),
+    wg_key: u32,
+    wg_col: u32,
+    (dv_acc, dk_acc): (&mut [f32; ON], &mut [f32; ON]),
+) where
+    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
+    [f32; ON]: Accumulator,
+    [f32; 32]: Accumulator,
+{
+    // (Instantiated by every kernel, run by the split ones only, whose config has BK = BQ = 64.)
+    let tid = opaque_dep_u32(thread_idx_x(), stage);
+    let (wg, tw) = (tid / 128, tid % 128);
+    let (g, t) = ((tid % 32) / 4, tid % 4);
+    let key_row = wg_key + 16 * (tw / 32) + g;
+    // A = K (warpgroup 0) or V (the next tile); B = Q_i or dO_i (`STAGES` tiles on).
+    let a_tile = k_tile.stage(wg);
+    let b_tile = q_tiles.stage(stage + wg * STAGES as u32);
+    let mut acc = [0.0f32; 32];
+    fence();
+    unroll_lt!(kd < D / 16, {
+        // SAFETY: the whole warpgroup issues it; the tiles landed and were fenced (the caller's
+        // contract); `acc` is untouched until the wait below.
+        unsafe {
+            T::mma_ss(
+                &mut acc,
+                a_tile.desc_k_major(wg_key, kd as u32),
+                b_tile.desc_k_major(0, kd as u32),
+                (kd > 0) as u32,
+            )
+        };
+    });
+    commit();
+    acc.wait::<0>();
+    dv_acc.hold();
+    dk_acc.hold();
+    let p_at = |e: usize| p_tile + 4 * (128 * e as u32 + tw);
+    if wg == 0 {
+        // P^T = exp2(S^T c - LSE2) in place of S^T, entries outside `qb` 0 (as `p_and_ds`).
+        unroll_lt!(n < 8, {
+            let col = 2 * t + (8 * n) as u32;
+            // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
+            let lse2 = unsafe { ld_shared_v2_f32(stats + 4 * col) };
+            unroll!(e in [0, 1, 2, 3] {
+                let pv = exp2(fma(acc[4 * n + e], c, -lse2[e % 2]));
+                let qq = (col + (e % 2) as u32) as i32;
+                let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
+                acc[4 * n + e] = if keep { pv } else { 0.0 };
+                // SAFETY: inside `p_tile` (4-byte aligned); this thread's own entry, read back
+                // only after the barrier below.
+                unsafe { f32::st_shared(p_at(4 * n + e), acc[4 * n + e]) };
+            });
+        });
+    }
+    sync_threads();
+    if wg == 1 {
+        // dS^T = P^T (dP^T - D) in place of dP^T, P^T read back at this thread's positions.
+        unroll_lt!(n < 8, {
+            let col = 2 * t + (8 * n) as u32;
+            // SAFETY: as above.
+            let delta = unsafe { ld_shared_v2_f32(stats + 4 * (BQ as u32 + col)) };
+            unroll!(e in [0, 1, 2, 3] {
+                // SAFETY: written by warpgroup 0's thread `tw` before the barrier above.
+                let pv = unsafe { f32::ld_shared(p_at(4 * n + e)) };
+                acc[4 * n + e] = pv * (acc[4 * n + e] - delta[e % 2]);
+            });
+        });
+        let dsa = pack_p::<T, 32>(&acc);
+        unroll_lt!(ks < 4, {
+            let col = (16 * ks) as u32 + 2 * t;
+            // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word; the
+            // tile's last reader retired (the caller's contract).
+            unsafe {
+                u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
+                u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
+                u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
+                u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
+            }
+        });
+        fence_proxy_async();
+    }
+    sync_threads();
+    // Both warpgroups read P^T back here (nothing of it is held across the barriers).
+    let mut p = [0.0f32; 32];
+    unroll_lt!(n < 8, {
+        unroll!(e in [0, 1, 2, 3] {
+            // SAFETY: written by warpgroup 0's thread `tw` before the first barrier; not written
+            // again until the next step's first barrier.
+            p[4 * n + e] = unsafe { f32::ld_shared(p_at(4 * n + e)) };
+        });
+    });
+    let pa = pack_p::<T, 32>(&p);
+    // Warpgroup 1's dS^T; warpgroup 0 reads it back.
+    let mut dsa = pack_p::<T, 32>(&acc);
+    if wg == 0 {
+        unroll_lt!(ks < 4, {
+            let col = (16 * ks) as u32 + 2 * t;
+            // SAFETY: written by warpgroup 1 before the barrier above; nothing writes the tile
+            // until the next step.
+            unsafe {
+                dsa[ks] = [
+                    u32::ld_shared(ds_tile.elem_addr(key_row, col)),
+                    u32::ld_shared(ds_tile.elem_addr(key_row + 8, col)),
+                    u32::ld_shared(ds_tile.elem_addr(key_row, col + 8)),
+                    u32::ld_shared(ds_tile.elem_addr(key_row + 8, col + 8)),
+                ]
+            };
+        });
+    }
+    let (qt, dot) = (q_tiles.stage(stage), q_tiles.stage(stage + STAGES as u32));
+    fence();
+    unroll_lt!(ks < 4, {
+        // SAFETY: the whole warpgroup; the tiles landed and were fenced; the fragments and
+        // accumulators are untouched until the caller's wait.
+        unsafe {
+            T::mma_rs_tb(dv_acc, &pa[ks], dot.desc_mn_major_from(ks as u32, wg_col));
+            T::mma_rs_tb(dk_acc, &dsa[ks], qt.desc_mn_major_from(ks as u32, wg_col));
+        }
+    });
+    commit();
 }
 
 /// The ALiBi bias of the scored kernels in the backward's raw units: `P^T = exp2(w c - LSE2)` with
@@ -873,6 +1039,14 @@ fn add_dq_half(
     });
 }
 
+/// The config's [`FlashWgBwdConfig::paired_sub_blocks`] (checked against `SUBS`).
+const fn cfg_subs<const D: usize, const GENERAL: bool>() -> usize {
+    match flash_wg_bwd_config_of(D, GENERAL) {
+        Some(c) => c.paired_sub_blocks(),
+        None => 0,
+    }
+}
+
 /// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).
 const fn checked_config<
     const D: usize,
@@ -895,7 +1069,8 @@ const fn checked_config<
     let planned = 2 * SwizzledTile::<BK, D>::BYTES
         + 2 * STAGES * SwizzledTile::<BQ, D>::BYTES
         + 2 * SwizzledTile::<BK, BQ>::BYTES
-        + STAGES * 2 * BQ * 4;
+        + STAGES * 2 * BQ * 4
+        + if cfg.split_head { BK * BQ * 4 } else { 0 };
     assert!(planned == cfg.smem_bytes());
     cfg
 }
@@ -968,7 +1143,8 @@ macro_rules! flash_wg_bwd_entry_points {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.wg_cols() / 2 }, { C.stages }, $general, $window, $score>(
+                    { C.wg_cols() / 2 }, { C.stages }, { C.paired_sub_blocks() }, $general,
+                    $window, $score>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
