@@ -854,6 +854,8 @@ impl FlashWgBwdConfig {
             + 2 * self.stages * self.block_q * self.head_dim * 2
             + 2 * self.block_k * self.block_q * 2
             + self.stages * 2 * self.block_q * 4
+            // (Arithmetic, not a branch: kernels evaluate this where they check their carve, and
+            // a branch here spilled the D 64 and D 128 kernels.)
             + self.split_head as usize * self.block_k * self.block_q * 4
     }
 }

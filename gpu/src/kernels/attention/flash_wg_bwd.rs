@@ -1,11 +1,13 @@
 //! FlashAttention backward on Hopper warpgroup MMA (`wgmma`, sm_90a): the sm_90 build's main
-//! backward kernel (`flash_wg_bwd_d{64,128}_{dtype}`), between the pre-pass and the dQ conversion of
+//! backward kernel (`flash_wg_bwd_d{64,128,256}_{dtype}`), between the pre-pass and the dQ conversion of
 //! `flash_bwd.rs`, whose statistics, f32 dQ accumulator, turn counters and determinism argument it
 //! shares (see that module's doc). Compiled only into the sm_90 PTX.
 //!
 //! One CTA of two warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys
 //! `64 w..64 w + 64`, the M = 64 of its products, and keeps their dK and dV rows in registers (wgmma
-//! accumulators). K and V stay in shared memory; the CTA walks the query blocks that see its keys
+//! accumulators). At D = 256 (`flash_wg_bwd_{d256,general_d256}_*`) a CTA takes 64 keys and the
+//! warpgroups split the head dim instead: see [`split_step`].
+//! K and V stay in shared memory; the CTA walks the query blocks that see its keys
 //! in the order its dQ order asks (`KeyBlockWalk::block_at`: last-first, or rotated), Q_i, dO_i
 //! and their statistics pipelined by `cp.async` (2 stages, 3 with `defer_dq`). Per query block i
 //! (D = 128, [`FlashWgBwdConfig::defer_dq`] false):
@@ -65,8 +67,10 @@ use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, QueryBounds, add_rows_f32};
 use super::flash_wgmma::{load_rows, pack_p};
 use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
 
-/// The main backward kernel. `ON = D / 2`: f32 a thread of dK and of dV (checked against the
-/// config); S^T, dP^T (per 64-query sub-block) and the dQ half are 32 each (64 x 64).
+/// The main backward kernel. `ON`: f32 a thread of dK and of dV (`D / 2`, or `D / 4` with the
+/// head dim split), `SUBS`: the step's sub-blocks on the paired path (0 with the split: its step
+/// is [`split_step`]); all checked against the config. S^T, dP^T (per 64-query sub-block) and the
+/// dQ half are 32 each (64 x 64).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn flash_wg_bwd<
