@@ -414,16 +414,8 @@ unsafe fn flash_wg_bwd<
                 // dS^T into this step's tile (rows = keys, columns = queries): fragment word (r, h) of
                 // step ks is row key_row + 8 r, columns q0 + 16 ks + 8 h + 2t, +1. The tile's readers,
                 // the dQ product of two steps back, retired before the barrier at the top.
-                unroll_lt!(ks < 4, {
-                    let col = q0 + (16 * ks) as u32 + 2 * t;
-                    // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word.
-                    unsafe {
-                        u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
-                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
-                        u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
-                        u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
-                    }
-                });
+                // SAFETY: one writer per word (this thread's fragment positions).
+                unsafe { store_ds(ds_tile, &dsa, key_row, q0 + 2 * t) };
                 fence_proxy_async();
 
                 // dV_w += P^T dO_i, dK_w += dS^T Q_i over this sub-block's 64 queries.
@@ -666,18 +658,8 @@ unsafe fn split_step<
                 acc[4 * n + e] = pv * (acc[4 * n + e] - delta[e % 2]);
             });
         });
-        let dsa = pack_p::<T, 32>(&acc);
-        unroll_lt!(ks < 4, {
-            let col = (16 * ks) as u32 + 2 * t;
-            // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word; the
-            // tile's last reader retired (the caller's contract).
-            unsafe {
-                u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
-                u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
-                u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
-                u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
-            }
-        });
+        // SAFETY: one writer per word; the tile's last reader retired (the caller's contract).
+        unsafe { store_ds(ds_tile, &pack_p::<T, 32>(&acc), key_row, 2 * t) };
         fence_proxy_async();
     }
     sync_threads();
@@ -814,6 +796,32 @@ fn p_and_ds<const BQ: usize, const CAP: bool, const ALIBI: bool>(
             let ds = pv * (dp[4 * n + e] - delta[e % 2]);
             dp[4 * n + e] = if CAP { ds * dw } else { ds };
         });
+    });
+}
+
+/// Stores this thread's dS^T fragments (`dsa[ks]`, 4 k-steps of 16 queries) into the dS^T tile
+/// (rows = keys, columns = queries): word (r, h) of step ks is row `key_row + 8 r`, columns
+/// `col0 + 16 ks + 8 h`, +1 (`col0` even).
+///
+/// # Safety
+/// No other thread accesses these words until a barrier after the stores, and no wgmma reads the
+/// tile until a `fence_proxy_async` and a barrier after them.
+#[inline(always)]
+unsafe fn store_ds<const BK: usize, const BQ: usize>(
+    ds_tile: SwizzledTile<BK, BQ>,
+    dsa: &[[u32; 4]; 16],
+    key_row: u32,
+    col0: u32,
+) {
+    unroll_lt!(ks < 4, {
+        let col = col0 + (16 * ks) as u32;
+        // SAFETY: 4-byte aligned (even column) inside the tile; the caller's contract.
+        unsafe {
+            u32::st_shared(ds_tile.elem_addr(key_row, col), dsa[ks][0]);
+            u32::st_shared(ds_tile.elem_addr(key_row + 8, col), dsa[ks][1]);
+            u32::st_shared(ds_tile.elem_addr(key_row, col + 8), dsa[ks][2]);
+            u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
+        }
     });
 }
 
