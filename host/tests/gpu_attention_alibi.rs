@@ -76,7 +76,7 @@ const CASES: [Case; 7] = [
     case((3, 2, 2, 17, 33, 40), Some(0.5), true, (Some(2.0), None, false)),
     // Head dim 96 (the 128 tile), a window on both masks.
     case((1, 2, 2, 150, 150, 96), None, false, (None, Some(25), false)),
-    // Head dim 256 (forward only).
+    // Head dim 256 (forward only: the scored backward stops at 64).
     case((1, 2, 2, 70, 90, 256), None, false, (Some(30.0), None, true)),
 ];
 
