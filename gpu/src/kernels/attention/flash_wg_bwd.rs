@@ -434,8 +434,11 @@ unsafe fn flash_wg_bwd<
             });
 
             if !cfg.defer_dq {
-                // Both warpgroups' dS^T rows are in the tile (written and fenced before this barrier).
-                sync_threads();
+                // Both warpgroups' dS^T rows are in the tile (written and fenced before this
+                // barrier; with the head dim split, before `split_step`'s second, which serves).
+                if !split {
+                    sync_threads();
+                }
                 // SAFETY: the whole warpgroup; the dS^T tile was fenced before the barrier above and
                 // the K tile before the one at the top; neither is written until the wait below;
                 // `dq` is untouched until then.
