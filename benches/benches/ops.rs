@@ -1073,9 +1073,8 @@ fn attention_windows(b: &mut Bencher) {
 
 /// Score modifications: the logit softcap (`attn_softcap`, cap 50, Gemma-2's; D 64, 128 and 256)
 /// and ALiBi (`attn_alibi`, BLOOM's geometric slopes `2^(-8 (h + 1) / H)`; D 64 and 128): B4 H16
-/// S4096 f16, both masks, forward and (D 64: the backward takes them up to there) forward +
-/// backward, beside FlexAttention with the same score modification (bench/peers.py). The
-/// unmodified call of the same shape is `attn_hdim`'s.
+/// S4096 f16, both masks, forward and forward + backward, beside FlexAttention with the same score
+/// modification (bench/peers.py). The unmodified call of the same shape is `attn_hdim`'s.
 fn attention_scores(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let (bb, h, s) = if quick { (1, 4, 1024) } else { (4, 16, 4096) };
@@ -1108,7 +1107,7 @@ fn attention_scores(b: &mut Bencher) {
             let name = format!("{family}/{dtype}/B{bb}H{h}S{s}D{d}/{tag}/{mask}");
             inputs.bench_passes(
                 b,
-                (&name, d <= attn::FLASH_SCORED_MAX_HEAD_DIM_BACKWARD),
+                (&name, true),
                 (4 * bytes1, 10 * bytes1),
                 fwd_flops,
                 |set, backward| attention_step(set, &params, backward),

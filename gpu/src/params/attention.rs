@@ -784,8 +784,9 @@ const _: () = {
 /// The Hopper (`wgmma`, sm_90a) FlashAttention backward (`flash_wg_bwd_d*`): one CTA of two
 /// warpgroups per (block of keys, head, batch). Up to D = 128 the block has 128 keys and warpgroup
 /// `w` owns keys `64 w..64 w + 64` (the M = 64 of `S^T = K Q^T`, `dP^T = V dO^T`, `dV += P^T dO`,
-/// `dK += dS^T Q`); at D = 256 ([`Self::split_head`]) the block has 64 keys, both warpgroups
-/// compute its S^T and dP^T, and warpgroup `w` owns columns `128 w..128 w + 128` of its dK and dV.
+/// `dK += dS^T Q`); at D = 256 and in the scored kernels at D = 128 ([`Self::split_head`]) the
+/// block has 64 keys, one warpgroup computes its S^T and the other its dP^T, and warpgroup `w`
+/// owns columns `D/2 w..D/2 (w + 1)` of its dK and dV.
 /// Both share the `dQ = dS K` product of a step (`block_q x head_dim`) as two shares: by query rows
 /// when `block_q` = 128, else by columns (each share one or two 64 x 64 parts). Tiles use the
 /// 128-byte-swizzle layout (what wgmma descriptors read). The pre-pass, the statistics, the turn
@@ -805,8 +806,9 @@ pub struct FlashWgBwdConfig {
     /// products then retire only in the next step, after that step's loads were issued).
     pub stages: usize,
     /// Whether the two warpgroups own the same 64 keys and split the head dim's columns of dK and
-    /// dV between them (each computing the block's S^T and dP^T), instead of owning 64 keys each:
-    /// 128 columns of dK and dV are what a warpgroup's registers hold.
+    /// dV between them (one computing the block's S^T, the other its dP^T), instead of owning 64
+    /// keys each: 128 columns of dK and dV are what a warpgroup's registers hold (at D = 256),
+    /// and 64 leave the scored kernels' modifications registers (at D = 128).
     pub split_head: bool,
 }
 
@@ -914,11 +916,29 @@ pub const FLASH_WG_BWD_D64_GENERAL: FlashWgBwdConfig = FlashWgBwdConfig {
     split_head: false,
 };
 
+/// The scored backward (`flash_wg_bwd_scored_d128_*`: the softcap and ALiBi) at D = 128: 64 keys
+/// a CTA with the head dim split ([`FlashWgBwdConfig::split_head`]), so that a warpgroup keeps 64
+/// columns of dK and dV (32 + 32 f32 a thread) and the score's modification has registers. The
+/// 128-key pairing of [`FLASH_WG_BWD_D128`] keeps 128 and spilled 56-224 bytes with it.
+pub const FLASH_WG_BWD_D128_SCORED: FlashWgBwdConfig = FlashWgBwdConfig {
+    head_dim: 128,
+    block_k: 64,
+    block_q: 64,
+    defer_dq: false,
+    stages: 2,
+    split_head: true,
+};
+
 /// The wgmma backward's config for a tile width, for the dense tile-wide kernels (`general`
-/// false) or the general ones.
-pub const fn flash_wg_bwd_config_of(head_dim: usize, general: bool) -> Option<FlashWgBwdConfig> {
-    match (head_dim, general) {
-        (64, true) => Some(FLASH_WG_BWD_D64_GENERAL),
+/// false), the general ones, or the scored ones (`scored`: the softcap and ALiBi; general too).
+pub const fn flash_wg_bwd_config_of(
+    head_dim: usize,
+    general: bool,
+    scored: bool,
+) -> Option<FlashWgBwdConfig> {
+    match (head_dim, general, scored) {
+        (128, _, true) => Some(FLASH_WG_BWD_D128_SCORED),
+        (64, true, _) | (64, _, true) => Some(FLASH_WG_BWD_D64_GENERAL),
         _ => flash_wg_bwd_config(head_dim),
     }
 }
@@ -942,6 +962,7 @@ const _: () = {
         FLASH_WG_BWD_D128,
         FLASH_WG_BWD_D256,
         FLASH_WG_BWD_D64_GENERAL,
+        FLASH_WG_BWD_D128_SCORED,
     ];
     let mut i = 0;
     while i < cfgs.len() {

@@ -58,8 +58,8 @@ use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
-    FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D128, FLASH_WG_BWD_D256, FlashWgBwdConfig, GROUP_ALL,
-    flash_wg_bwd_config_of,
+    FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D128, FLASH_WG_BWD_D128_SCORED, FLASH_WG_BWD_D256,
+    FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config_of,
 };
 use crate::{unroll, unroll_lt};
 
@@ -102,10 +102,13 @@ unsafe fn flash_wg_bwd<
     [f32; ON]: Accumulator,
     [f32; 32]: Accumulator,
 {
-    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL>() };
-    const { assert!(SUBS == cfg_subs::<D, GENERAL>()) };
-    // (Its own const: read off `cfg`, the branches it picks folded later, and ptxas spilled.)
-    let split: bool = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL>().split_head };
+    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL, SCORE>() };
+    const { assert!(SUBS == cfg_subs::<D, GENERAL, SCORE>()) };
+    // (Their own consts: read off `cfg`, the branches they pick folded later, and ptxas spilled.)
+    let split: bool =
+        const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL, SCORE>().split_head };
+    let two_dq_parts: bool =
+        const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL, SCORE>().dq_parts() == 2 };
     const TH: usize = 256;
     // The general kernels walk in the plain order (the host passes nothing else): known here, the
     // rotated orders' arithmetic folds away, which a packed walk's registers need.
@@ -293,7 +296,7 @@ unsafe fn flash_wg_bwd<
             // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
             let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
             let dq_col0 = if split {
-                128 * wg
+                (D / 2) as u32 * wg
             } else {
                 64 * (wg / cfg.dq_row_splits() as u32)
             };
@@ -341,13 +344,18 @@ unsafe fn flash_wg_bwd<
             // thread each, and sub-block h's dV/dK products run while h + 1's S^T and dP^T are
             // computed (the wait for those retires them).
             if split {
-                // SAFETY: the whole CTA calls it here (see `split_step`).
+                // The scored kernels' modifications at this thread's first query and key (read
+                // where warpgroup 0 applies them: held through the products, they spilled).
+                let diag = walk.dq.diag;
+                let mods = || ScoreMods::of(&p, &st, bh, (m0 + 2 * t, n0 + key_row), diag);
+                // SAFETY: the whole CTA calls it here (see `split_step`); the other dS^T stage is
+                // free (this step's dQ product reads this step's, and the last step's retired).
                 unsafe {
-                    split_step::<T, D, BK, BQ, ON, STAGES>(
+                    split_step::<T, D, BK, BQ, ON, STAGES, SCORE>(
                         (k_tile, q_tiles, ds_tile, stage),
-                        (stats_at, p_tile, c, qb),
-                        wg_key,
-                        wg_col,
+                        (stats_at, p_tile, ds_tiles.stage(ds_stage ^ 1)),
+                        (c, qb, &p, mods),
+                        (wg_key, wg_col),
                         (&mut dv_acc, &mut dk_acc),
                     )
                 };
@@ -455,8 +463,8 @@ unsafe fn flash_wg_bwd<
                 dq.wait::<0>();
                 dv_acc.hold();
                 dk_acc.hold();
-                if split {
-                    // The head dim split: the share's first 64 columns are added inside the turn
+                if two_dq_parts {
+                    // The head dim split at D = 256: the share's first 64 columns are added inside the turn
                     // just taken, then its second 64 take the same registers (one after the
                     // other: both at once spilled), and their additions release the turn.
                     sink.add_part(&dq, i, tid, cfg, dq_col0);
@@ -588,6 +596,7 @@ unsafe fn split_step<
     const BQ: usize,
     const ON: usize,
     const STAGES: usize,
+    const SCORE: bool,
 >(
     (k_tile, q_tiles, ds_tile, stage): (
         SwizzledTile<BK, D>,
@@ -595,9 +604,14 @@ unsafe fn split_step<
         SwizzledTile<BK, BQ>,
         u32,
     ),
-    (stats, p_tile, c, qb): (u32, u32, f32, QueryBounds),
-    wg_key: u32,
-    wg_col: u32,
+    (stats, p_tile, pt_tile): (u32, u32, SwizzledTile<BK, BQ>),
+    (c, qb, p, mods): (
+        f32,
+        QueryBounds,
+        &AttentionShape,
+        impl FnOnce() -> ScoreMods,
+    ),
+    (wg_key, wg_col): (u32, u32),
     (dv_acc, dk_acc): (&mut [f32; ON], &mut [f32; ON]),
 ) where
     T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
@@ -632,25 +646,25 @@ unsafe fn split_step<
     dk_acc.hold();
     let p_at = |e: usize| p_tile + 4 * (128 * e as u32 + tw);
     if wg == 0 {
-        // P^T = exp2(S^T c - LSE2) in place of S^T, entries outside `qb` 0 (as `p_and_ds`).
-        unroll_lt!(n < 8, {
-            let col = 2 * t + (8 * n) as u32;
-            // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
-            let lse2 = unsafe { ld_shared_v2_f32(stats + 4 * col) };
-            unroll!(e in [0, 1, 2, 3] {
-                let pv = exp2(fma(acc[4 * n + e], c, -lse2[e % 2]));
-                let qq = (col + (e % 2) as u32) as i32;
-                let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
-                acc[4 * n + e] = if keep { pv } else { 0.0 };
-                // SAFETY: inside `p_tile` (4-byte aligned); this thread's own entry, read back
-                // only after the barrier below.
-                unsafe { f32::st_shared(p_at(4 * n + e), acc[4 * n + e]) };
-            });
-        });
+        // P^T in place of S^T (as `p_and_ds`); the cap's branch is uniform.
+        // With SCORE, the rounded P^T for both warpgroups' `dV += P^T dO` goes to `pt_tile`
+        // (`p_tile` holds P^T dw/ds). Its last readers (the previous step's read-backs) passed
+        // the barrier at the top of the step.
+        let pass = (stats, c, qb, p_tile, tw);
+        if !SCORE {
+            split_p::<T, false, false, BK, BQ>(&mut acc, pass, p, ScoreMods::NONE, None);
+        } else if p.softcap_k != 0.0 {
+            let pt = Some((pt_tile, key_row));
+            split_p::<T, true, true, BK, BQ>(&mut acc, pass, p, mods(), pt);
+        } else {
+            let pt = Some((pt_tile, key_row));
+            split_p::<T, false, true, BK, BQ>(&mut acc, pass, p, mods(), pt);
+        }
     }
     sync_threads();
     if wg == 1 {
-        // dS^T = P^T (dP^T - D) in place of dP^T, P^T read back at this thread's positions.
+        // dS^T = P^T (dP^T - D) in place of dP^T, P^T (times dw/ds, scored) read back at this
+        // thread's positions.
         unroll_lt!(n < 8, {
             let col = 2 * t + (8 * n) as u32;
             // SAFETY: as above.
@@ -666,32 +680,29 @@ unsafe fn split_step<
         fence_proxy_async();
     }
     sync_threads();
-    // Both warpgroups read P^T back here (nothing of it is held across the barriers).
-    let mut p = [0.0f32; 32];
-    unroll_lt!(n < 8, {
-        unroll!(e in [0, 1, 2, 3] {
-            // SAFETY: written by warpgroup 0's thread `tw` before the first barrier; not written
-            // again until the next step's first barrier.
-            p[4 * n + e] = unsafe { f32::ld_shared(p_at(4 * n + e)) };
+    // Both warpgroups read P^T back here (nothing of it is held across the barriers): the f32
+    // block rounded, or (scored) the rounded tile.
+    let pa = if SCORE {
+        // SAFETY: written by warpgroup 0 before the first barrier; not written again until the
+        // next step's.
+        unsafe { load_ds(pt_tile, key_row, 2 * t) }
+    } else {
+        let mut p = [0.0f32; 32];
+        unroll_lt!(n < 8, {
+            unroll!(e in [0, 1, 2, 3] {
+                // SAFETY: written by warpgroup 0's thread `tw` before the first barrier; not
+                // written again until the next step's first barrier.
+                p[4 * n + e] = unsafe { f32::ld_shared(p_at(4 * n + e)) };
+            });
         });
-    });
-    let pa = pack_p::<T, 32>(&p);
+        pack_p::<T, 32>(&p)
+    };
     // Warpgroup 1's dS^T; warpgroup 0 reads it back.
     let mut dsa = pack_p::<T, 32>(&acc);
     if wg == 0 {
-        unroll_lt!(ks < 4, {
-            let col = (16 * ks) as u32 + 2 * t;
-            // SAFETY: written by warpgroup 1 before the barrier above; nothing writes the tile
-            // until the next step.
-            unsafe {
-                dsa[ks] = [
-                    u32::ld_shared(ds_tile.elem_addr(key_row, col)),
-                    u32::ld_shared(ds_tile.elem_addr(key_row + 8, col)),
-                    u32::ld_shared(ds_tile.elem_addr(key_row, col + 8)),
-                    u32::ld_shared(ds_tile.elem_addr(key_row + 8, col + 8)),
-                ]
-            };
-        });
+        // SAFETY: written by warpgroup 1 before the barrier above; nothing writes the tile
+        // until the next step.
+        dsa = unsafe { load_ds(ds_tile, key_row, 2 * t) };
     }
     let (qt, dot) = (q_tiles.stage(stage), q_tiles.stage(stage + STAGES as u32));
     fence();
@@ -756,6 +767,78 @@ fn scored_c(p: &AttentionShape) -> f32 {
     if p.scale < 0.0 { -c } else { c }
 }
 
+/// The modified score `w` of raw score `raw` (through the softcap with `CAP`, then ALiBi's bias of
+/// `mods` with `ALIBI`, `off` the entry's `pos - key` past `mods.base`) as `(exp2(w c - lse2),
+/// dw/ds)` (1 without the cap).
+#[inline(always)]
+fn modified_p<const CAP: bool, const ALIBI: bool>(
+    raw: f32,
+    off: f32,
+    (lse2, c): (f32, f32),
+    p: &AttentionShape,
+    mods: ScoreMods,
+) -> (f32, f32) {
+    let (w, dw) = if CAP {
+        let th = tanh(raw * p.softcap_inv_k);
+        (p.softcap_k * th, fma(-th, th, 1.0))
+    } else {
+        (raw, 1.0)
+    };
+    let w = if ALIBI {
+        fma(-mods.slope, abs(mods.base + off), w)
+    } else {
+        w
+    };
+    (exp2(fma(w, c, -lse2)), dw)
+}
+
+/// [`split_step`]'s P^T in place of S^T (`s`, 64 keys x 64 queries: `P^T = exp2(w c - LSE2)`,
+/// entries outside `qb` 0, `w` as [`modified_p`]), each entry `e` also stored to `p_tile` at
+/// `4 (128 e + tw)` as `P^T dw/ds` (what warpgroup 1's dS^T takes), and with `pt` = (tile, this
+/// thread's first key row) rounded to the tile as [`store_ds`] lays it out.
+#[inline(always)]
+fn split_p<T: MmaElem, const CAP: bool, const ALIBI: bool, const BK: usize, const BQ: usize>(
+    s: &mut [f32; 32],
+    (stats, c, qb, p_tile, tw): (u32, f32, QueryBounds, u32, u32),
+    p: &AttentionShape,
+    mods: ScoreMods,
+    pt: Option<(SwizzledTile<BK, BQ>, u32)>,
+) {
+    let t = tw % 4;
+    unroll_lt!(n < 8, {
+        let col = 2 * t + (8 * n) as u32;
+        // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
+        let lse2 = unsafe { ld_shared_v2_f32(stats + 4 * col) };
+        unroll!(e in [0, 1, 2, 3] {
+            let off = (8 * n + e % 2) as f32 - (8 * (e / 2)) as f32;
+            let (pv, dw) = modified_p::<CAP, ALIBI>(s[4 * n + e], off, (lse2[e % 2], c), p, mods);
+            let qq = (col + (e % 2) as u32) as i32;
+            let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
+            s[4 * n + e] = if keep { pv } else { 0.0 };
+            let pd = if CAP { s[4 * n + e] * dw } else { s[4 * n + e] };
+            // SAFETY: inside `p_tile` (4-byte aligned); this thread's own entry, read back only
+            // after the caller's barrier.
+            unsafe { f32::st_shared(p_tile + 4 * (128 * (4 * n + e) as u32 + tw), pd) };
+        });
+        if let Some((tile, key_row)) = pt {
+            // Entries 4n, 4n + 1 (row key_row) and 4n + 2, 4n + 3 (row key_row + 8), columns col,
+            // col + 1: `store_ds`'s words of this n.
+            // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word, read
+            // back only after the caller's barrier.
+            unsafe {
+                u32::st_shared(
+                    tile.elem_addr(key_row, col),
+                    T::pack2(s[4 * n], s[4 * n + 1]),
+                );
+                u32::st_shared(
+                    tile.elem_addr(key_row + 8, col),
+                    T::pack2(s[4 * n + 2], s[4 * n + 3]),
+                );
+            }
+        }
+    });
+}
+
 /// P^T and dS^T of one 64-query sub-block in place of S^T (`s`) and dP^T (`dp`): `P^T = exp2(w c -
 /// LSE2)`, `dS^T = P^T (dP^T - D) dw/ds`, entries outside `qb` 0, with `w` the raw score through
 /// the softcap (`CAP`) and ALiBi's bias (`ALIBI`) of `mods`, or the raw score itself. `col0`: this
@@ -778,20 +861,8 @@ fn p_and_ds<const BQ: usize, const CAP: bool, const ALIBI: bool>(
             )
         };
         unroll!(e in [0, 1, 2, 3] {
-            let raw = s[4 * n + e];
-            let (w, dw) = if CAP {
-                let th = tanh(raw * p.softcap_inv_k);
-                (p.softcap_k * th, fma(-th, th, 1.0))
-            } else {
-                (raw, 1.0)
-            };
-            let w = if ALIBI {
-                let off = (8 * n + e % 2) as f32 - (8 * (e / 2)) as f32;
-                fma(-mods.slope, abs(mods.base + off), w)
-            } else {
-                w
-            };
-            let pv = exp2(fma(w, c, -lse2[e % 2]));
+            let off = (8 * n + e % 2) as f32 - (8 * (e / 2)) as f32;
+            let (pv, dw) = modified_p::<CAP, ALIBI>(s[4 * n + e], off, (lse2[e % 2], c), p, mods);
             let qq = (col + (e % 2) as u32) as i32;
             let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
             let pv = if keep { pv } else { 0.0 };
@@ -826,6 +897,34 @@ unsafe fn store_ds<const BK: usize, const BQ: usize>(
             u32::st_shared(ds_tile.elem_addr(key_row + 8, col + 8), dsa[ks][3]);
         }
     });
+}
+
+/// Reads back the fragments [`store_ds`] stores (the A fragments of 4 k-steps of 16 queries, in
+/// the first 4 entries).
+///
+/// # Safety
+/// The words were written before a barrier this thread passed and are not written again until
+/// this thread's next barrier.
+#[inline(always)]
+unsafe fn load_ds<const BK: usize, const BQ: usize>(
+    tile: SwizzledTile<BK, BQ>,
+    key_row: u32,
+    col0: u32,
+) -> [[u32; 4]; 16] {
+    let mut frags = [[0u32; 4]; 16];
+    unroll_lt!(ks < 4, {
+        let col = col0 + (16 * ks) as u32;
+        // SAFETY: 4-byte aligned (even column) inside the tile; the caller's contract.
+        unsafe {
+            frags[ks] = [
+                u32::ld_shared(tile.elem_addr(key_row, col)),
+                u32::ld_shared(tile.elem_addr(key_row + 8, col)),
+                u32::ld_shared(tile.elem_addr(key_row, col + 8)),
+                u32::ld_shared(tile.elem_addr(key_row + 8, col + 8)),
+            ]
+        };
+    });
+    frags
 }
 
 /// Issues (fence, products, commit) this warpgroup's dQ half `dq = dS K`: query rows `dq_row0..`
@@ -963,9 +1062,10 @@ impl DqSink {
     ) {
         let (wg, warp) = (tid / 128, tid / 32);
         let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
-        // With the head dim split, the share's second part (`Self::add_part` added the first).
+        // With the head dim split, the share's last part (`Self::add_part` added a first one at
+        // D = 256).
         let dq_col0 = if cfg.split_head {
-            128 * wg + 64
+            cfg.wg_cols() as u32 * wg + 64 * (cfg.dq_parts() as u32 - 1)
         } else {
             64 * (wg / cfg.dq_row_splits() as u32)
         };
@@ -1055,8 +1155,8 @@ fn add_dq_half(
 }
 
 /// The config's [`FlashWgBwdConfig::paired_sub_blocks`] (checked against `SUBS`).
-const fn cfg_subs<const D: usize, const GENERAL: bool>() -> usize {
-    match flash_wg_bwd_config_of(D, GENERAL) {
+const fn cfg_subs<const D: usize, const GENERAL: bool, const SCORE: bool>() -> usize {
+    match flash_wg_bwd_config_of(D, GENERAL, SCORE) {
         Some(c) => c.paired_sub_blocks(),
         None => 0,
     }
@@ -1070,16 +1170,19 @@ const fn checked_config<
     const ON: usize,
     const STAGES: usize,
     const GENERAL: bool,
+    const SCORE: bool,
 >() -> FlashWgBwdConfig {
-    let Some(cfg) = flash_wg_bwd_config_of(D, GENERAL) else {
+    let Some(cfg) = flash_wg_bwd_config_of(D, GENERAL, SCORE) else {
         panic!("no wgmma FlashAttention backward config for this head dim")
     };
     assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.threads() == 256);
     assert!(ON == cfg.wg_cols() / 2 && BQ % 64 == 0 && BQ <= 128);
     // A dQ share of two 64 x 64 parts (128 columns) only with the head dim split, which does not
-    // defer dQ (the non-deferred step adds the parts one after the other).
-    assert!((cfg.dq_parts() == 2) == cfg.split_head && !(cfg.split_head && cfg.defer_dq));
-    assert!(!cfg.split_head || cfg.wg_cols() == 128);
+    // defer dQ (the non-deferred step adds the parts one after the other); the scored kernels
+    // walk the general way.
+    assert!((cfg.dq_parts() == 1 || cfg.split_head) && !(cfg.split_head && cfg.defer_dq));
+    assert!(!cfg.split_head || cfg.wg_cols() == 64 * cfg.dq_parts());
+    assert!(GENERAL || !SCORE);
     assert!(cfg.stages == STAGES);
     let planned = 2 * SwizzledTile::<BK, D>::BYTES
         + 2 * STAGES * SwizzledTile::<BQ, D>::BYTES
@@ -1194,8 +1297,13 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false, false;
     flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true, false, false;
     // The softcap and ALiBi: kernels of their own, so that the calls without them keep the
-    // general kernels' registers and code; D = 64 only (at D = 128 the slope, the distance and
-    // the cap's derivative spilled 56-72 bytes, with or without the window's bounds).
+    // general kernels' registers and code. D = 128 splits the head dim (FLASH_WG_BWD_D128_SCORED:
+    // on the 128-key pairing the slope, the distance and the cap's derivative spilled 56-224
+    // bytes).
     flash_wg_bwd_scored_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true, true;
     flash_wg_bwd_scored_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, true;
+    flash_wg_bwd_scored_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128_SCORED, true, true, true;
+    flash_wg_bwd_scored_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128_SCORED, true, true, true;
+    flash_wg_bwd_scored_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, true, true, true;
+    flash_wg_bwd_scored_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, true, true, true;
 }

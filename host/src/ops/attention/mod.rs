@@ -891,10 +891,6 @@ fn query_blocks(op: &'static str, d: &Dims, block_q: usize) -> Result<u32> {
     })
 }
 
-/// The largest head dim whose backward takes a softcap or ALiBi slopes (the `_scored_` kernels
-/// exist for the 64-wide tile only: at 128 they spilled).
-pub const FLASH_SCORED_MAX_HEAD_DIM_BACKWARD: usize = 64;
-
 /// The variant number of the warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`).
 pub const FLASH_TMA_VARIANT: u32 = 5;
 
@@ -1291,17 +1287,6 @@ fn flash_backward_run(
     } else {
         BwdNeeds::Dense
     };
-    if needs == BwdNeeds::Scores && d.head_dim > FLASH_SCORED_MAX_HEAD_DIM_BACKWARD {
-        return Err(Error::Invalid {
-            op,
-            msg: format!(
-                "the backward takes a softcap or ALiBi slopes at head dims up to \
-                 {FLASH_SCORED_MAX_HEAD_DIM_BACKWARD} (head dim {}; {})",
-                d.head_dim,
-                params.model_features_given()
-            ),
-        });
-    }
     if matches!(out, GradsOut::AddF32(_)) && d.head_dim > FLASH_MAX_HEAD_DIM_ACCUMULATING {
         return Err(Error::Invalid {
             op,
@@ -1658,7 +1643,18 @@ fn flash_bwd_kernels(
         (true, _, 64, DType::BF16) if needs == BwdNeeds::Scores => {
             ("flash_wg_bwd_scored_d64_bf16", "")
         }
-        (true, _, _, _) if needs == BwdNeeds::Scores => return None,
+        (true, _, 128, DType::F16) if needs == BwdNeeds::Scores => {
+            ("flash_wg_bwd_scored_d128_f16", "")
+        }
+        (true, _, 128, DType::BF16) if needs == BwdNeeds::Scores => {
+            ("flash_wg_bwd_scored_d128_bf16", "")
+        }
+        (true, _, 256, DType::F16) if needs == BwdNeeds::Scores => {
+            ("flash_wg_bwd_scored_d256_f16", "")
+        }
+        (true, _, 256, DType::BF16) if needs == BwdNeeds::Scores => {
+            ("flash_wg_bwd_scored_d256_bf16", "")
+        }
         (false, _, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
         (false, _, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
         (false, _, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),
@@ -1691,7 +1687,7 @@ fn flash_bwd_kernels(
         _ => return None,
     };
     let (block_k, block_q, threads, smem_bytes) = if wgmma {
-        let c = flash_wg_bwd_config_of(tile, general)?;
+        let c = flash_wg_bwd_config_of(tile, general, needs == BwdNeeds::Scores)?;
         (c.block_k, c.block_q, c.threads(), c.smem_bytes())
     } else {
         let c = flash_bwd_config(tile)?;

@@ -929,20 +929,26 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         // The wgmma kernels exist only in the sm_90 build.
         assert!(!in_build(&format!("flash_wg_bwd_d{d}_f16"), "sm_80"));
         // Packed batches: the wgmma kernels' packed forms (their own D = 64 config), sm_90 only.
-        let packed = gpu::params::attention::flash_wg_bwd_config_of(d, true).unwrap();
-        // A softcap or ALiBi: the scored kernels (64-wide only) on the same config, without an
-        // f32-adding form.
+        // A softcap or ALiBi: the scored kernels at every tile, on their own config (the head dim
+        // split at 128 and 256), without an f32-adding form.
         let walks = [
             (BwdNeeds::GeneralWalk, "flash_wg_bwd_general_"),
             (BwdNeeds::Scores, "flash_wg_bwd_scored_"),
         ];
         for dt in [DType::F16, DType::BF16] {
             for (needs, prefix) in walks {
+                let packed = gpu::params::attention::flash_wg_bwd_config_of(
+                    d,
+                    true,
+                    needs == BwdNeeds::Scores,
+                )
+                .unwrap();
+                assert_eq!(
+                    packed.split_head,
+                    d == 256 || (d == 128 && needs == BwdNeeds::Scores),
+                    "{d} {needs:?}"
+                );
                 assert!(flash_bwd_kernels(d, dt, "sm_80", needs).is_none());
-                if needs == BwdNeeds::Scores && d > FLASH_SCORED_MAX_HEAD_DIM_BACKWARD {
-                    assert!(flash_bwd_kernels(d, dt, "sm_90", needs).is_none());
-                    continue;
-                }
                 let k = flash_bwd_kernels(d, dt, "sm_90", needs).unwrap();
                 assert!(
                     k.main.starts_with(prefix) && in_build(k.main, "sm_90"),
@@ -982,6 +988,12 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         let k = flash_bwd_kernels(d, DType::F16, "sm_90", BwdNeeds::Dense).unwrap();
         assert_eq!(k.main, "flash_wg_bwd_general_d256_f16");
         assert!(k.general && k.main_add.is_empty() && in_build(k.main, "sm_90"));
+    }
+    // A softcap or ALiBi off the tiles: the scored kernel of the narrowest tile that holds it.
+    for (d, tile) in [(40, 64), (96, 128), (200, 256)] {
+        let k = flash_bwd_kernels(d, DType::BF16, "sm_90", BwdNeeds::Scores).unwrap();
+        assert_eq!(k.main, format!("flash_wg_bwd_scored_d{tile}_bf16"));
+        assert!(k.general && k.main_add.is_empty());
     }
     for d in [0, 12, 100, 252, FLASH_MAX_HEAD_DIM + 8] {
         assert!(
