@@ -737,7 +737,8 @@ fn attention(b: &mut Bencher) {
 /// Decoding against a dense KV cache (`attn_decode`): one query row a sequence, 32 query heads on 8
 /// key/value heads (Llama-3's grouping), D128, B 1-64 x S_k 4k-128k at a fixed K/V size where it
 /// fits. Bytes: the K and V read once (what the goal measures against copy bandwidth) plus Q
-/// and O; FLOPs `4 B Hq S_k D`.
+/// and O; FLOPs `4 B Hq S_k D`. f16 at three shapes also with the softcap 50 (`/c50`, the scored
+/// kernel) and ALiBi's geometric slopes (`/geometric`), for what they cost against the plain call.
 fn attention_decode(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let shapes: &[(usize, usize)] = if quick {
@@ -754,8 +755,23 @@ fn attention_decode(b: &mut Bencher) {
         ]
     };
     let (hq, hkv, d) = (32, 8, 128);
+    let geometric: Vec<f32> = (0..hq)
+        .map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / hq as f32))
+        .collect();
+    let slopes = Tensor::from_f32(&b.gpu, &geometric, &[hq], DType::F32).expect("ALiBi slopes");
+    let scored_shapes: &[(usize, usize)] = if quick {
+        &[(1, 4096)]
+    } else {
+        &[(8, 8192), (16, 32768), (64, 16384)]
+    };
     for dtype in [DType::F16, DType::BF16] {
         for &(bb, sk) in shapes {
+            // The plain call, then (f16, `scored_shapes`) the softcap and ALiBi.
+            let mods: &[&str] = if dtype == DType::F16 && scored_shapes.contains(&(bb, sk)) {
+                &["", "/c50", "/geometric"]
+            } else {
+                &[""]
+            };
             let kv_bytes = 2 * bb * hkv * sk * d * dtype.size_bytes();
             let copies = rotation_copies(kv_bytes, b.l2_bytes);
             let (q, k, v) = (
@@ -763,27 +779,31 @@ fn attention_decode(b: &mut Bencher) {
                 b.inputs(&[bb, hkv, sk, d], dtype, copies),
                 b.inputs(&[bb, hkv, sk, d], dtype, copies),
             );
-            let params = AttentionParams {
-                causal: Causal::No,
-                scale: None,
-                ..Default::default()
-            };
-            b.bench(
-                spec(
-                    format!("attn_decode/{dtype}/B{bb}Hq{hq}Hkv{hkv}Sk{sk}D{d}"),
-                    Some((kv_bytes + 2 * bb * hq * d * dtype.size_bytes()) as u64),
-                    Some(4 * (bb * hq * sk * d) as u64),
-                ),
-                copies,
-                |i| {
-                    attn::decode_forward(
-                        &q[i],
-                        attn::KvCache::Dense { k: &k[i], v: &v[i] },
-                        &params,
-                    )
-                    .expect("decode_forward");
-                },
-            );
+            for &tag in mods {
+                let params = AttentionParams {
+                    causal: Causal::No,
+                    scale: None,
+                    softcap: (tag == "/c50").then_some(50.0),
+                    alibi_slopes: (tag == "/geometric").then_some(&slopes),
+                    ..Default::default()
+                };
+                b.bench(
+                    spec(
+                        format!("attn_decode/{dtype}/B{bb}Hq{hq}Hkv{hkv}Sk{sk}D{d}{tag}"),
+                        Some((kv_bytes + 2 * bb * hq * d * dtype.size_bytes()) as u64),
+                        Some(4 * (bb * hq * sk * d) as u64),
+                    ),
+                    copies,
+                    |i| {
+                        attn::decode_forward(
+                            &q[i],
+                            attn::KvCache::Dense { k: &k[i], v: &v[i] },
+                            &params,
+                        )
+                        .expect("decode_forward");
+                    },
+                );
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Decoding attention (`attention::decode_forward`) against the f64 reference of
 //! `attention::model_features`: dense and paged caches, grouped-query heads, one and several query
 //! rows (causal, bottom-right aligned per sequence), sliding windows (one side and both), sequences
-//! of unequal length (an empty one included), keys split over CTAs and merged. Poisoned outputs, fresh random inputs (the seed is
-//! printed). The rule: `max |out - ref| <= ulp(dtype) (1 + max |ref|)` for O (one rounding of O, f32
+//! of unequal length (an empty one included), keys split over CTAs and merged, the softcap and
+//! ALiBi slopes (`[heads]` and one row a sequence), head dims off the 64 and 128 tiles. Poisoned
+//! outputs, fresh random inputs (the seed is printed). The rule: `max |out - ref| <= ulp(dtype) (1 + max |ref|)` for O (one rounding of O, f32
 //! arithmetic inside), `1e-3 (1 + |ref|)` for the LSE, and rows that see no key exactly O = 0,
 //! LSE = -inf.
 mod common;
@@ -31,11 +32,28 @@ fn check_sequence(
     (b, len, p): (usize, usize, &AttentionParams),
     dtype: DType,
 ) {
+    check_scored_sequence(what, (o, lse), (q, k, v), (b, len, p, None), dtype);
+}
+
+/// [`check_sequence`] with this sequence's ALiBi slopes (one a query head; the reference takes
+/// `p`'s softcap and window, not its slopes tensor).
+fn check_scored_sequence(
+    what: &str,
+    (o, lse): (&[f32], &[f32]),
+    (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
+    (b, len, p, slopes): (usize, usize, &AttentionParams, Option<Vec<f32>>),
+    dtype: DType,
+) {
     let (hq, sq, d) = (q.shape[1], q.shape[2], q.shape[3]);
     let features = mf::ModelFeatures {
         window_left: p.window.left,
         window_right: p.window.right,
-        ..Default::default()
+        softcap: p.softcap,
+        alibi_slopes: slopes,
+    };
+    let p = &AttentionParams {
+        alibi_slopes: None,
+        ..*p
     };
     let (o_ref, lse_ref) = mf::forward(
         &take(q, b, sq),
@@ -349,9 +367,169 @@ fn bad_caches_are_named_errors() {
         seq_lens: &[20, 40],
     });
     assert!(e.contains("40 keys"), "{e}");
-    let q96 = t(&[2, 6, 1, 96]);
-    let e = decode_forward(&q96, KvCache::Dense { k: &k4, v: &k4 }, &p)
+    for d in [100, 136] {
+        let qd = t(&[2, 6, 1, d]);
+        let kd = t(&[2, 2, 10, d]);
+        let e = decode_forward(&qd, KvCache::Dense { k: &kd, v: &kd }, &p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("head_dim {d}")) && e.contains("128"),
+            "{e}"
+        );
+    }
+    let k2 = t(&[2, 2, 10, 128]);
+    let dense = || KvCache::Dense { k: &k2, v: &k2 };
+    let capped = AttentionParams {
+        softcap: Some(-1.0),
+        ..attention_params(true)
+    };
+    let e = decode_forward(&q, dense(), &capped)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("96"), "{e}");
+    assert!(e.contains("softcap must be finite and positive"), "{e}");
+    let slopes = Tensor::zeros(&gpu, &[5], DType::F32).unwrap();
+    let sloped = AttentionParams {
+        alibi_slopes: Some(&slopes),
+        ..attention_params(true)
+    };
+    let e = decode_forward(&q, dense(), &sloped)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("alibi_slopes must be [heads] = [6]"), "{e}");
+}
+
+/// The scored kernels (a softcap, ALiBi slopes, both) and head dims off the tiles, dense and
+/// paged, against the f64 reference per sequence.
+#[test]
+fn scores_and_narrow_head_dims_match_the_reference() {
+    let Some(gpu) = gpu_or_skip("scores_and_narrow_head_dims_match_the_reference") else {
+        return;
+    };
+    let mut r = rng("decode scores");
+    // (Hq, Hkv, Sq, sequence lengths (equal: a dense cache), D, softcap, slopes (None, or one row
+    // a sequence), window left, causal)
+    type Case = (
+        usize,
+        usize,
+        usize,
+        &'static [usize],
+        usize,
+        Option<f32>,
+        Option<bool>,
+        Option<usize>,
+        bool,
+    );
+    let cases: [Case; 7] = [
+        (32, 8, 1, &[4099, 4099], 128, Some(50.0), None, None, true),
+        (
+            8,
+            2,
+            4,
+            &[1, 50, 333, 0, 1031],
+            128,
+            None,
+            Some(true),
+            None,
+            true,
+        ),
+        (
+            4,
+            4,
+            3,
+            &[777],
+            64,
+            Some(5.0),
+            Some(false),
+            Some(100),
+            false,
+        ),
+        (8, 2, 1, &[17, 2000, 640], 96, None, None, None, true),
+        (
+            6,
+            3,
+            5,
+            &[300, 300, 300],
+            40,
+            Some(20.0),
+            Some(false),
+            None,
+            true,
+        ),
+        (4, 1, 2, &[2000, 2000], 80, None, None, None, false),
+        (
+            16,
+            4,
+            1,
+            &[5000, 129],
+            120,
+            Some(30.0),
+            Some(true),
+            Some(1000),
+            true,
+        ),
+    ];
+    let page = 16;
+    for dtype in [DType::F16, DType::BF16] {
+        for (hq, hkv, sq, lens, d, cap, per_seq, left, causal) in cases {
+            let (b, s) = (lens.len(), *lens.iter().max().unwrap());
+            let dense = lens.iter().all(|&l| l == s);
+            let q = uniform(&mut r, &[b, hq, sq, d], -1.0, 1.0, dtype);
+            let k = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            let v = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
+            // ALiBi's geometric slopes, each scaled by a random factor in [0.5, 2).
+            let rows = if per_seq == Some(true) { b } else { 1 };
+            let slope_rows: Vec<f32> = (0..rows * hq)
+                .map(|i| {
+                    2f32.powf(-8.0 * ((i % hq) + 1) as f32 / hq as f32) * r.random_range(0.5..2.0)
+                })
+                .collect();
+            let shape: &[usize] = if rows == b { &[b, hq] } else { &[hq] };
+            let slopes = Tensor::from_f32(&gpu, &slope_rows, shape, DType::F32).unwrap();
+            let p = AttentionParams {
+                softcap: cap,
+                alibi_slopes: per_seq.map(|_| &slopes),
+                window: Window { left, right: None },
+                ..attention_params(causal)
+            };
+            let up = |x: &HostTensor| Tensor::from_host(&gpu, x).unwrap();
+            let (o, lse) = if dense {
+                let (kd, vd) = (up(&k), up(&v));
+                decode_forward(&up(&q), KvCache::Dense { k: &kd, v: &vd }, &p).unwrap()
+            } else {
+                let max_pages = s.div_ceil(page);
+                let needed: usize = lens.iter().map(|l| l.div_ceil(page)).sum();
+                let order: Vec<usize> = (0..needed).rev().collect();
+                let (kc, table) = paged(&k, lens, page, max_pages, &order);
+                let (vc, _) = paged(&v, lens, page, max_pages, &order);
+                let (kd, vd) = (up(&kc), up(&vc));
+                let seq_lens: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+                let cache = KvCache::Paged {
+                    k: &kd,
+                    v: &vd,
+                    block_table: &table,
+                    max_pages,
+                    seq_lens: &seq_lens,
+                };
+                decode_forward(&up(&q), cache, &p).unwrap()
+            };
+            let (o, lse) = (read(&o), read(&lse));
+            let what = format!(
+                "{dtype} Hq{hq} Hkv{hkv} Sq{sq} lens {lens:?} D{d} cap {cap:?} slopes per sequence \
+                 {per_seq:?} window left {left:?} causal {causal}"
+            );
+            for (bi, &len) in lens.iter().enumerate() {
+                let row = if rows == b { bi } else { 0 };
+                let seq_slopes = per_seq.map(|_| slope_rows[row * hq..(row + 1) * hq].to_vec());
+                check_scored_sequence(
+                    &what,
+                    (&o, &lse),
+                    (&q, &k, &v),
+                    (bi, len, &p, seq_slopes),
+                    dtype,
+                );
+            }
+            println!("{what}: ok");
+        }
+    }
 }

@@ -1011,6 +1011,8 @@ pub struct DecodeShape {
     pub q_heads: u32,
     pub kv_heads: u32,
     pub seq_q: u32,
+    /// Q's, the cache's and O's head dim: a multiple of 8 up to the kernel's tile (64 or 128;
+    /// the columns past it are zero-filled on load and not stored).
     pub head_dim: u32,
     pub page_size: u32,
     pub max_pages: u32,
@@ -1026,17 +1028,29 @@ pub struct DecodeShape {
     /// [`NO_WINDOW`]: unbounded): the splits cover the keys from the first row's first visible key.
     pub window_left: u32,
     pub window_right: u32,
+    /// The logit softcap in the kernel's base-2 units (`cap log2 e`, and its inverse; 0: none):
+    /// a score `s` (the scale and `log2 e` folded in) becomes `k tanh(s / k)`. The `_scored_`
+    /// kernels only.
+    pub softcap_k: f32,
+    pub softcap_inv_k: f32,
     /// Elements between pages, between a page's consecutive keys, and between heads.
     pub page_stride: u64,
     pub row_stride: u64,
     pub head_stride: u64,
+    /// ALiBi slopes as [`AttentionLayout::alibi_slopes`] (0: none; f32 `[batch, heads]` with
+    /// `alibi_batch` = heads, or `[heads]` with 0): query head `h` of sequence `b` subtracts
+    /// `slope |i + len - seq_q - j|` from its score of key `j`, after the softcap. The `_scored_`
+    /// kernels only.
+    pub alibi_slopes: u64,
+    pub alibi_batch: u64,
 }
-// SAFETY: #[repr(C)], fourteen 4-byte fields then three 8-byte ones at offset 56: no padding;
+// SAFETY: #[repr(C)], sixteen 4-byte fields then five 8-byte ones at offset 64: no padding;
 // `mask` is only built from the enum on the host.
 unsafe impl KernelParam for DecodeShape {}
 // The kernel receives it by value: its bytes must not move when a field is edited.
-const _: () =
-    assert!(core::mem::size_of::<DecodeShape>() == 80 && core::mem::align_of::<DecodeShape>() == 8);
+const _: () = assert!(
+    core::mem::size_of::<DecodeShape>() == 104 && core::mem::align_of::<DecodeShape>() == 8
+);
 
 /// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8, a group on one key
 /// at a time.

@@ -358,9 +358,27 @@ pub fn assert_packed_matches_per_sequence(
         ];
         let (os, gs) = per_seq(i, views);
         for (n, packed, per, (r0, r1), row) in [
-            ("dQ", &gq, rows(&gs.dq), (q0, q1), q.shape()[1] * q.shape()[2]),
-            ("dK", &gk, rows(&gs.dk), (k0, k1), k.shape()[1] * k.shape()[2]),
-            ("dV", &gv, rows(&gs.dv), (k0, k1), v.shape()[1] * v.shape()[2]),
+            (
+                "dQ",
+                &gq,
+                rows(&gs.dq),
+                (q0, q1),
+                q.shape()[1] * q.shape()[2],
+            ),
+            (
+                "dK",
+                &gk,
+                rows(&gs.dk),
+                (k0, k1),
+                k.shape()[1] * k.shape()[2],
+            ),
+            (
+                "dV",
+                &gv,
+                rows(&gs.dv),
+                (k0, k1),
+                v.shape()[1] * v.shape()[2],
+            ),
         ] {
             assert_close(
                 &format!("{what}: sequence {i} {n}"),
@@ -371,7 +389,10 @@ pub fn assert_packed_matches_per_sequence(
         }
         let row = q.shape()[1] * q.shape()[2];
         assert_eq!(
-            o[q0 * row..q1 * row].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            o[q0 * row..q1 * row]
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
             rows(&os).iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             "{what}: sequence {i} O"
         );

@@ -13,6 +13,11 @@
 //!   scale and `log2 e` folded into Q) over its keys, rescaling once per two keys. The 16 groups
 //!   then merge: within a warp by shuffles, across warps through shared memory. Rows beyond
 //!   [`DECODE_ROWS`] take further passes over the split's keys.
+//! - `decode_split_scored_*`: the same with the softcap and ALiBi's bias on each score once the
+//!   group has summed it (as the FlashAttention forward: the cap, then the bias).
+//! - Head dims: multiples of 8 up to 128 on the tile of 64 or 128 columns that holds them; the
+//!   tile's columns past the head dim are zero-filled on load (they add nothing to a score or to
+//!   O) and not stored.
 //! - `decode_merge_*`: per query row, the splits' `(O, LSE)` combined (`LSE = ln sum e^LSE_s`,
 //!   `O = sum O_s e^(LSE_s - LSE)`), O rounded to the input dtype.
 //!
@@ -49,6 +54,9 @@ crate::static_shared!(fn merge_m() -> [f32; WARPS * ROWS] as DECODE_MERGE_M);
 crate::static_shared!(fn merge_l() -> [f32; WARPS * ROWS] as DECODE_MERGE_L);
 crate::static_shared!(fn merge_acc() -> [f32; WARPS * ROWS * 128] as DECODE_MERGE_ACC);
 crate::static_shared!(fn merge_w() -> [f32; MAX_SPLITS as usize] as DECODE_MERGE_W);
+// The scored kernels' ALiBi slope (base 2) of each row of a pass, then its aligned position
+// `i + len - seq_q` (i32 bits): read per score from here, as registers they spilled D = 128.
+crate::static_shared!(fn row_mods() -> [f32; 2 * ROWS] as DECODE_ROW_MODS);
 
 /// `$body` for each of this lane's 16-byte chunks `$c < CH` (one or two), unrolled.
 macro_rules! chunks {
@@ -95,7 +103,8 @@ fn stage_bytes(d: u32) -> u32 {
 }
 
 /// Starts the copies of keys `kt..kt + TILE_KEYS` of K and V into stage `stage` (this thread's
-/// share: `CH * 4` chunks of 16 bytes of each); keys at or past `k1` are zero-filled without a read.
+/// share: `CH * 4` chunks of 16 bytes of each); keys at or past `k1`, and the tile's columns past
+/// the head dim, are zero-filled without a read.
 ///
 /// # Safety
 /// Stage `stage` is idle: no thread reads it until a wait covering this thread's next commit and a
@@ -121,7 +130,7 @@ unsafe fn load_tile<T: Elem, const CH: usize>(
         let c = thread_idx_x() + i * DECODE_THREADS;
         let (row, chunk) = (c / per_row, c % per_row);
         let j = kt + row;
-        let fill = j < k1;
+        let fill = j < k1 && chunk < sh.head_dim / 8;
         let off = if fill {
             key_offset(sh, table, b, h, j) + chunk as u64 * 8
         } else {
@@ -144,10 +153,11 @@ unsafe fn load_tile<T: Elem, const CH: usize>(
 }
 
 /// One split of one (key/value head, sequence): every query row of the head's group, `ROWS` a pass.
-/// `CH` 16-byte chunks a lane (`head_dim = 64 CH`).
+/// `CH` 16-byte chunks a lane (the tile's width `64 CH`; the head dim may be narrower). `MODS`:
+/// the softcap and ALiBi slopes of `sh` (the `_scored_` kernels).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn split<T: Elem, const CH: usize>(
+unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
     q: Slice<T>,
     k: Slice<T>,
     v: Slice<T>,
@@ -160,7 +170,9 @@ unsafe fn split<T: Elem, const CH: usize>(
     sh: DecodeShape,
 ) {
     const { assert!(T::PER_WORD == 2) };
+    // The tile's width (shared memory, the lanes' elements) and the head dim (Q, O: rows of `hd`).
     let d = 64 * CH;
+    let hd = sh.head_dim as usize;
     let (s, h, b) = (block_idx_x(), block_idx_y(), block_idx_z());
     let (lane, warp) = (lane_id(), warp_id());
     let (sub, group) = (lane % 8, warp * 4 + lane / 8);
@@ -211,17 +223,26 @@ unsafe fn split<T: Elem, const CH: usize>(
             let rr = pass * ROWS as u32 + r as u32;
             if rr < rows {
                 let (hq, i) = row_of(rr);
-                let base = ((b * sh.q_heads + hq) * sh.seq_q + i) as u64 * d as u64;
+                let base = ((b * sh.q_heads + hq) * sh.seq_q + i) as u64 * hd as u64;
                 chunks!(c, {
-                    let at = (base + (c * 64) as u64 + sub as u64 * 8) / 8;
-                    check_index(at as usize * 8 + 7, q.len as usize);
-                    // SAFETY: a row of Q (in range above), 16-byte aligned (D a multiple of 8,
-                    // aligned base: the host checks).
-                    let x = widen::<T>(unsafe { load_chunk_ro(q.chunks(), at) }.0);
-                    crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        qv[r * 2 + c][e] = x[e] * c2;
-                    });
+                    let col = c * 64 + sub as usize * 8;
+                    if col < hd {
+                        let at = (base + col as u64) / 8;
+                        check_index(at as usize * 8 + 7, q.len as usize);
+                        // SAFETY: a chunk of a row of Q (in range above), 16-byte aligned (the head
+                        // dim a multiple of 8, aligned base: the host checks).
+                        let x = widen::<T>(unsafe { load_chunk_ro(q.chunks(), at) }.0);
+                        crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            qv[r * 2 + c][e] = x[e] * c2;
+                        });
+                    }
                 });
+                if MODS && thread_idx_x() == 0 {
+                    // Read after the tile loop's first barrier; the last pass's reads ended
+                    // before the barrier at its end.
+                    row_mods().store(r, alibi_slope2(&sh, b, hq));
+                    row_mods().store(ROWS + r, f32::from_bits((i as i64 + off) as i32 as u32));
+                }
                 end[r] = if right != NO_WINDOW {
                     // Keys j <= i + len - seq_q + right, i.e. below i + 1 + off + right (in i64:
                     // it can be negative), within the split.
@@ -302,6 +323,17 @@ unsafe fn split<T: Elem, const CH: usize>(
                         dot[u][r] += shfl_xor_f32(dot[u][r], 1);
                         dot[u][r] += shfl_xor_f32(dot[u][r], 2);
                         dot[u][r] += shfl_xor_f32(dot[u][r], 4);
+                        if MODS {
+                            // The softcap, then ALiBi's bias (base 2; a zero slope without one).
+                            // The cap's branch is uniform.
+                            if sh.softcap_k != 0.0 {
+                                dot[u][r] = sh.softcap_k * math::tanh(dot[u][r] * sh.softcap_inv_k);
+                            }
+                            // (Rows past the group: masked below whatever this gives.)
+                            let pos = row_mods().load(ROWS + r).to_bits() as i32;
+                            let dist = math::abs((pos - j as i32) as f32);
+                            dot[u][r] = math::fma(-row_mods().load(r), dist, dot[u][r]);
+                        }
                         // Past the split, masked, or a padding row: no weight.
                         if j >= end[r] || j < begin[r] {
                             dot[u][r] = f32::NEG_INFINITY;
@@ -380,8 +412,8 @@ unsafe fn split<T: Elem, const CH: usize>(
         }
         sync_threads();
         let mut t = thread_idx_x() as usize;
-        while t < ROWS * d {
-            let (r, col) = (t / d, t % d);
+        while t < ROWS * hd {
+            let (r, col) = (t / hd, t % hd);
             let rr = pass * ROWS as u32 + r as u32;
             if rr < rows {
                 let mut mx = f32::NEG_INFINITY;
@@ -407,13 +439,13 @@ unsafe fn split<T: Elem, const CH: usize>(
                 };
                 if sh.splits == 1 {
                     // One split is the answer: no merge launch.
-                    o.set(row * d as u64 + col as u64, value);
+                    o.set(row * hd as u64 + col as u64, value);
                     if col == 0 {
                         lse.set(row, row_lse);
                     }
                 } else {
                     let slot = row * sh.splits as u64 + s as u64;
-                    o_part.set(slot * d as u64 + col as u64, value);
+                    o_part.set(slot * hd as u64 + col as u64, value);
                     if col == 0 {
                         lse_part.set(slot, row_lse);
                     }
@@ -425,6 +457,21 @@ unsafe fn split<T: Elem, const CH: usize>(
         sync_threads();
         pass += 1;
     }
+}
+
+/// The ALiBi slope of query head `hq` of sequence `b` times `log2 e` (the kernel's scores are base
+/// 2); 0 without slopes.
+#[inline(always)]
+fn alibi_slope2(sh: &DecodeShape, b: u32, hq: u32) -> f32 {
+    if sh.alibi_slopes == 0 {
+        return 0.0;
+    }
+    // SAFETY: the host passes `batch * alibi_batch + q_heads` slopes or more when the address is
+    // nonzero (b < batch: the grid's z; hq < q_heads).
+    let slope = unsafe {
+        *(sh.alibi_slopes as *const f32).add((b as u64 * sh.alibi_batch + hq as u64) as usize)
+    };
+    slope * math::LOG2_E
 }
 
 /// One query row's splits merged, a CTA a row (`MERGE_THREADS` threads, one an output column
@@ -507,7 +554,7 @@ unsafe fn merge<T: Elem>(
 }
 
 macro_rules! decode_entry_points {
-    ($($split:ident, $ch:literal: $t:ty;)*) => {$(
+    ($($split:ident, $ch:literal, $mods:literal: $t:ty;)*) => {$(
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $split(
@@ -522,16 +569,22 @@ macro_rules! decode_entry_points {
             lse: SliceMut<f32>,
             shape: DecodeShape,
         ) {
-            unsafe { split::<$t, $ch>(q, k, v, table, lens, o_part, lse_part, o, lse, shape) }
+            unsafe { split::<$t, $ch, $mods>(q, k, v, table, lens, o_part, lse_part, o, lse, shape) }
         }
     )*};
 }
 
 decode_entry_points! {
-    decode_split_d64_f16, 1: F16;
-    decode_split_d128_f16, 2: F16;
-    decode_split_d64_bf16, 1: BF16;
-    decode_split_d128_bf16, 2: BF16;
+    decode_split_d64_f16, 1, false: F16;
+    decode_split_d128_f16, 2, false: F16;
+    decode_split_d64_bf16, 1, false: BF16;
+    decode_split_d128_bf16, 2, false: BF16;
+    // The softcap and ALiBi: kernels of their own, so that the calls without them keep the plain
+    // kernels' registers.
+    decode_split_scored_d64_f16, 1, true: F16;
+    decode_split_scored_d128_f16, 2, true: F16;
+    decode_split_scored_d64_bf16, 1, true: BF16;
+    decode_split_scored_d128_bf16, 2, true: BF16;
 }
 
 macro_rules! merge_entry_points {

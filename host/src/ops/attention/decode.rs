@@ -36,16 +36,20 @@ pub enum KvCache<'a> {
     },
 }
 
-/// The head dims the decoding kernels take.
-pub const DECODE_HEAD_DIMS: [usize; 2] = [64, 128];
+/// The widest head dim the decoding kernels take (every multiple of 8 up to it: the 64- and
+/// 128-column tiles, narrower head dims zero-filled).
+pub const DECODE_MAX_HEAD_DIM: usize = 128;
 
-/// Attention of Q `[B, Hq, Sq, D]` (f16/bf16, contiguous, `D` 64 or 128) against a KV cache with
-/// `Hkv` heads (`Hq` a multiple of `Hkv`; query head `h` reads key/value head `h / (Hq / Hkv)`).
-/// Causal masking is bottom-right aligned per sequence (query row `i` sees keys `j <= i + len - Sq`),
-/// and so is a sliding window ([`super::Window`]: keys `i + len - Sq - left ..= i + len - Sq +
-/// right`; the splits then cover only the keys from the first row's first visible one, so a window
-/// reads `Sq + left` keys a sequence, not its whole cache). No softcap. Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE `[B, Hq, Sq]` (f32); a row that sees no key gets
-/// O = 0 and LSE = -inf.
+/// Attention of Q `[B, Hq, Sq, D]` (f16/bf16, contiguous, `D` a multiple of 8 up to
+/// [`DECODE_MAX_HEAD_DIM`]) against a KV cache with `Hkv` heads (`Hq` a multiple of `Hkv`; query
+/// head `h` reads key/value head `h / (Hq / Hkv)`). Causal masking is bottom-right aligned per
+/// sequence (query row `i` sees keys `j <= i + len - Sq`), and so is a sliding window
+/// ([`super::Window`]: keys `i + len - Sq - left ..= i + len - Sq + right`; the splits then cover
+/// only the keys from the first row's first visible one, so a window reads `Sq + left` keys a
+/// sequence, not its whole cache). The softcap and ALiBi slopes as in
+/// [`super::AttentionParams`] (slopes `[heads]` or `[B, heads]`, one row a sequence; the distance
+/// `|i + len - Sq - j|`), in both builds. Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE
+/// `[B, Hq, Sq]` (f32); a row that sees no key gets O = 0 and LSE = -inf.
 pub fn decode_forward(
     q: &Tensor,
     kv: KvCache<'_>,
@@ -81,8 +85,8 @@ pub fn decode_forward(
         None => RawSlice { ptr: 0, len: 0 },
     };
     let (k, v) = plan.kv;
-    let split = split_kernel(plan.d, q.dtype());
-    let smem = decode_smem_bytes(plan.d as u32);
+    let split = split_kernel(plan.d, q.dtype(), params.modifies_scores());
+    let smem = decode_smem_bytes(decode_tile_dim(plan.d) as u32);
     // Always opted in: the static merge buffers count against the same 48 KiB default, so even
     // D = 64's 48 KiB of tiles needs it.
     set_max_dynamic_smem(gpu, split, smem)?;
@@ -135,12 +139,22 @@ pub fn decode_forward(
     Ok((o, lse))
 }
 
-fn split_kernel(d: usize, dtype: DType) -> &'static str {
-    match (d, dtype) {
-        (64, DType::BF16) => "decode_split_d64_bf16",
-        (64, _) => "decode_split_d64_f16",
-        (_, DType::BF16) => "decode_split_d128_bf16",
-        _ => "decode_split_d128_f16",
+/// The tile (64 or 128 columns) of a head dim up to [`DECODE_MAX_HEAD_DIM`].
+fn decode_tile_dim(d: usize) -> usize {
+    if d <= 64 { 64 } else { 128 }
+}
+
+/// The split kernel of head dim `d`'s tile, plain or (`scored`: a softcap or ALiBi slopes) scored.
+fn split_kernel(d: usize, dtype: DType, scored: bool) -> &'static str {
+    match (decode_tile_dim(d), dtype == DType::BF16, scored) {
+        (64, true, false) => "decode_split_d64_bf16",
+        (64, false, false) => "decode_split_d64_f16",
+        (_, true, false) => "decode_split_d128_bf16",
+        (_, false, false) => "decode_split_d128_f16",
+        (64, true, true) => "decode_split_scored_d64_bf16",
+        (64, false, true) => "decode_split_scored_d64_f16",
+        (_, true, true) => "decode_split_scored_d128_bf16",
+        (_, false, true) => "decode_split_scored_d128_f16",
     }
 }
 
@@ -162,18 +176,6 @@ impl<'a> Plan<'a> {
         kv: &KvCache<'a>,
         params: &AttentionParams,
     ) -> Result<Plan<'a>> {
-        if let Some(c) = params.softcap {
-            return Err(Error::Invalid {
-                op,
-                msg: format!("decoding takes no softcap (softcap {c}); flash_forward does"),
-            });
-        }
-        if params.alibi_slopes.is_some() {
-            return Err(Error::Invalid {
-                op,
-                msg: "decoding takes no ALiBi slopes; flash_forward does".into(),
-            });
-        }
         let [b, hq, sq, d] = *q.shape() else {
             return Err(Error::Shape {
                 op,
@@ -189,14 +191,16 @@ impl<'a> Plan<'a> {
                 got: q.dtype(),
             });
         }
-        if !DECODE_HEAD_DIMS.contains(&d) {
+        if !(d.is_multiple_of(8) && (8..=DECODE_MAX_HEAD_DIM).contains(&d)) {
             return Err(Error::Invalid {
                 op,
                 msg: format!(
-                    "head_dim {d} has no decoding kernel; supported: {DECODE_HEAD_DIMS:?}"
+                    "head_dim {d} has no decoding kernel; supported: multiples of 8 up to \
+                     {DECODE_MAX_HEAD_DIM}"
                 ),
             });
         }
+        super::validate_score_mods(op, q, params, (b, hq))?;
         let (k, v) = match *kv {
             KvCache::Dense { k, v } | KvCache::Paged { k, v, .. } => (k, v),
         };
@@ -346,6 +350,12 @@ impl<'a> Plan<'a> {
         // The kernels form a row's index `(b * q_heads + h) * seq_q + i` in u32.
         let rows = b * hq * sq;
         u("query rows (batch x heads x seq_q)", rows)?;
+        // The kernel's scores are base 2 (the scale and log2 e folded into Q), so is its cap.
+        let (softcap_k, softcap_inv_k) = match params.softcap {
+            Some(c) => (c * std::f32::consts::LOG2_E, 1.0 / (c * std::f32::consts::LOG2_E)),
+            None => (0.0, 0.0),
+        };
+        let (alibi_slopes, alibi_batch) = super::alibi_fields(params);
         Ok(Plan {
             rows,
             shape: DecodeShape {
@@ -366,9 +376,13 @@ impl<'a> Plan<'a> {
                 dense_len: u("sequence length", dense_len)?,
                 window_left: super::window_side(params.window.left),
                 window_right: super::window_side(params.window.right),
+                softcap_k,
+                softcap_inv_k,
                 page_stride: strides.0,
                 row_stride: strides.1,
                 head_stride: strides.2,
+                alibi_slopes,
+                alibi_batch,
             },
             d,
             kv: (k, v),

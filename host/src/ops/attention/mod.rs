@@ -51,7 +51,7 @@
 //! # Ok(()) }
 //! ```
 use cudarc::driver::LaunchConfig;
-pub use decode::{DECODE_HEAD_DIMS, KvCache, decode_forward};
+pub use decode::{DECODE_MAX_HEAD_DIM, KvCache, decode_forward};
 use gpu::params::attention::{
     AttentionLayout, AttentionShape, Band, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID,
     DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS,
@@ -90,15 +90,16 @@ pub struct AttentionParams<'a> {
     pub window: Window,
     /// A logit softcap `c > 0` (Gemma-2: 50): each score `s = scale q . k` becomes `c tanh(s / c)`
     /// before the softmax. The FlashAttention kernels of the sm_90 build, forward and backward
-    /// (dense and packed batches); the sm_80 build, the naive path, `flash_backward_add`, ring
-    /// attention and decoding refuse it by name.
+    /// (dense and packed batches), and decoding (both builds); the sm_80 build's FlashAttention,
+    /// the naive path, `flash_backward_add` and ring attention refuse it by name.
     pub softcap: Option<f32>,
     /// ALiBi slopes (BLOOM, MPT): f32 on the call's device, `[heads]` (one slope a query head) or
     /// `[batch, heads]` (one a sequence and head; a packed batch's sequences count as its batch).
     /// Query head `h` subtracts `slope[h] |i + seq_k - seq_q - j|` from its score of key `j`,
     /// after the softcap, as FlashAttention-2 does; within each sequence of a packed batch. The
-    /// FlashAttention kernels of the sm_90 build, forward and backward; the sm_80 build, the
-    /// naive path, `flash_backward_add`, ring attention and decoding refuse them by name.
+    /// FlashAttention kernels of the sm_90 build, forward and backward, and decoding (both
+    /// builds); the sm_80 build's FlashAttention, the naive path, `flash_backward_add` and ring
+    /// attention refuse them by name.
     pub alibi_slopes: Option<&'a crate::tensor::Tensor>,
 }
 
@@ -333,11 +334,39 @@ fn validate(
 }
 
 /// A bounded [`Window`], a softcap and ALiBi slopes run on the wgmma kernels only: the sm_90
-/// build's FlashAttention. The softcap must be finite and positive; the slopes f32 `[heads]` or
-/// `[batch, heads]`, contiguous, on q's device.
+/// build's FlashAttention (and decoding, [`validate_score_mods`]).
 fn validate_model_features(
     op: &'static str,
     path: Path,
+    q: &Tensor,
+    params: &AttentionParams,
+    (batch, heads): (usize, usize),
+) -> Result<()> {
+    validate_score_mods(op, q, params, (batch, heads))?;
+    if !params.has_model_features() {
+        return Ok(());
+    }
+    let msg = match path {
+        Path::Naive => "the naive path takes no window, softcap or ALiBi slopes \
+                        (attention::model_features is the reference with them)"
+            .to_string(),
+        Path::Flash if q.gpu().ptx_arch() != "sm_90" => format!(
+            "a sliding window, a softcap or ALiBi slopes need the sm_90 build (compute capability \
+             9.0); this device runs the {} build",
+            q.gpu().ptx_arch()
+        ),
+        Path::Flash => return Ok(()),
+    };
+    Err(Error::Invalid {
+        op,
+        msg: format!("{msg} ({})", params.model_features_given()),
+    })
+}
+
+/// The softcap and ALiBi slopes as given: the softcap finite and positive, the slopes f32
+/// `[heads]` or `[batch, heads]`, contiguous, on q's device.
+pub(super) fn validate_score_mods(
+    op: &'static str,
     q: &Tensor,
     params: &AttentionParams,
     (batch, heads): (usize, usize),
@@ -380,29 +409,12 @@ fn validate_model_features(
             });
         }
     }
-    if !params.has_model_features() {
-        return Ok(());
-    }
-    let msg = match path {
-        Path::Naive => "the naive path takes no window, softcap or ALiBi slopes \
-                        (attention::model_features is the reference with them)"
-            .to_string(),
-        Path::Flash if q.gpu().ptx_arch() != "sm_90" => format!(
-            "a sliding window, a softcap or ALiBi slopes need the sm_90 build (compute capability \
-             9.0); this device runs the {} build",
-            q.gpu().ptx_arch()
-        ),
-        Path::Flash => return Ok(()),
-    };
-    Err(Error::Invalid {
-        op,
-        msg: format!("{msg} ({})", params.model_features_given()),
-    })
+    Ok(())
 }
 
 /// The kernels' [`AttentionLayout::alibi_slopes`] and `alibi_batch` of validated params: (0, 0)
 /// without slopes.
-fn alibi_fields(params: &AttentionParams) -> (u64, u64) {
+pub(super) fn alibi_fields(params: &AttentionParams) -> (u64, u64) {
     match params.alibi_slopes {
         None => (0, 0),
         Some(t) => {
