@@ -391,10 +391,16 @@ fn alibi_refusals_are_named_errors() {
     };
     let e = attention::naive_forward(&q, &q, &q, &p).unwrap_err().to_string();
     assert!(e.contains("no window, softcap or ALiBi"), "{e}");
-    let e = attention::decode_forward(&q, attention::KvCache::Dense { k: &q, v: &q }, &p)
+    // Decoding takes slopes (gpu_attention_decode), checked as flash_forward checks them.
+    let s3 = Tensor::zeros(&gpu, &[3], DType::F32).unwrap();
+    let p3 = AttentionParams {
+        alibi_slopes: Some(&s3),
+        ..Default::default()
+    };
+    let e = attention::decode_forward(&q, attention::KvCache::Dense { k: &q, v: &q }, &p3)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("ALiBi"), "{e}");
+    assert!(e.contains("[heads] = [4]") && e.contains("[3]"), "{e}");
     if gpu.ptx_arch() == "sm_90" {
         let (o, lse) = attention::flash_forward(&q, &q, &q, &p).unwrap();
         let acc = AttentionGrads {
