@@ -8,16 +8,17 @@
 //!   shared memory filled by `cp.async`, so two tiles of loads are in flight while one is read
 //!   (registers alone could not hold enough loads in flight to read at copy speed). A warp's lanes
 //!   work in groups of 8, a group on four keys of each tile (two at a time), each lane holding
-//!   `head_dim / 8` elements of the key, of the query rows and of the output rows. Scores are summed
-//!   over the group with three butterfly shuffles; each group keeps an online softmax (base 2, the
+//!   `head_dim / 8` elements of the key, of the query rows and of the output rows. The group's eight
+//!   partial scores a step (two keys, four rows) are summed by recursive halving, each lane left
+//!   with one whole score (7 shuffles), which it masks, then gathered (8); each group keeps an online softmax (base 2, the
 //!   scale and `log2 e` folded into Q) over its keys, rescaling once per two keys. The 16 groups
 //!   then merge: within a warp by shuffles, across warps through shared memory. Rows beyond
 //!   [`DECODE_ROWS`] take further passes over the split's keys.
-//! - `decode_split_scored_*`: the same with the softcap and ALiBi's bias on each score once the
-//!   group has summed it (as the FlashAttention forward: the cap, then the bias).
-//! - Head dims: multiples of 8 up to 128 on the tile of 64 or 128 columns that holds them; the
-//!   tile's columns past the head dim are zero-filled on load (they add nothing to a score or to
-//!   O) and not stored.
+//! - `decode_split_general_*`: the same for a head dim narrower than the tile (multiples of 8 up
+//!   to 128 on the tile of 64 or 128 columns that holds them: the tile's columns past the head dim
+//!   are zero-filled on load, so they add nothing to a score or to O, and are not stored), the
+//!   softcap and ALiBi's bias (on each score once the group has summed it, as the FlashAttention
+//!   forward: the cap, then the bias).
 //! - `decode_merge_*`: per query row, the splits' `(O, LSE)` combined (`LSE = ln sum e^LSE_s`,
 //!   `O = sum O_s e^(LSE_s - LSE)`), O rounded to the input dtype.
 //!
@@ -31,7 +32,7 @@ use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_dim_x, block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x, warp_id,
 };
-use crate::dev::warp::shfl_xor_f32;
+use crate::dev::warp::{shfl_idx_f32, shfl_xor_f32};
 use crate::params::attention::{
     DECODE_MAX_SPLITS as MAX_SPLITS, DECODE_ROWS, DECODE_STAGES, DECODE_THREADS, DECODE_TILE_KEYS,
     DecodeShape, MaskKind, NO_WINDOW,
@@ -54,9 +55,14 @@ crate::static_shared!(fn merge_m() -> [f32; WARPS * ROWS] as DECODE_MERGE_M);
 crate::static_shared!(fn merge_l() -> [f32; WARPS * ROWS] as DECODE_MERGE_L);
 crate::static_shared!(fn merge_acc() -> [f32; WARPS * ROWS * 128] as DECODE_MERGE_ACC);
 crate::static_shared!(fn merge_w() -> [f32; MAX_SPLITS as usize] as DECODE_MERGE_W);
-// The scored kernels' ALiBi slope (base 2) of each row of a pass, then its aligned position
-// `i + len - seq_q` (i32 bits): read per score from here, as registers they spilled D = 128.
-crate::static_shared!(fn row_mods() -> [f32; 2 * ROWS] as DECODE_ROW_MODS);
+// Per row of a pass: the keys it sees, `begin..end` (u32 bits), and the general kernels' ALiBi
+// slope (base 2) and aligned position `i + len - seq_q` (i32 bits). Read per score from here (by
+// the lane that holds it): as registers of every lane they spilled D = 128.
+const ROW_BEGIN: usize = 0;
+const ROW_END: usize = ROWS;
+const ROW_SLOPE: usize = 2 * ROWS;
+const ROW_POS: usize = 3 * ROWS;
+crate::static_shared!(fn row_info() -> [f32; 4 * ROWS] as DECODE_ROW_INFO);
 
 /// `$body` for each of this lane's 16-byte chunks `$c < CH` (one or two), unrolled.
 macro_rules! chunks {
@@ -111,7 +117,7 @@ fn stage_bytes(d: u32) -> u32 {
 /// barrier after it.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn load_tile<T: Elem, const CH: usize>(
+unsafe fn load_tile<T: Elem, const CH: usize, const GENERAL: bool>(
     sh: &DecodeShape,
     k: &Slice<T>,
     v: &Slice<T>,
@@ -130,7 +136,7 @@ unsafe fn load_tile<T: Elem, const CH: usize>(
         let c = thread_idx_x() + i * DECODE_THREADS;
         let (row, chunk) = (c / per_row, c % per_row);
         let j = kt + row;
-        let fill = j < k1 && chunk < sh.head_dim / 8;
+        let fill = j < k1 && (!GENERAL || chunk < sh.head_dim / 8);
         let off = if fill {
             key_offset(sh, table, b, h, j) + chunk as u64 * 8
         } else {
@@ -153,11 +159,12 @@ unsafe fn load_tile<T: Elem, const CH: usize>(
 }
 
 /// One split of one (key/value head, sequence): every query row of the head's group, `ROWS` a pass.
-/// `CH` 16-byte chunks a lane (the tile's width `64 CH`; the head dim may be narrower). `MODS`:
-/// the softcap and ALiBi slopes of `sh` (the `_scored_` kernels).
+/// `CH` 16-byte chunks a lane (the tile's width `64 CH`). `GENERAL` (the `_general_` kernels): a
+/// head dim narrower than the tile, the softcap and ALiBi slopes of `sh`; otherwise the head dim
+/// is the tile's and the scores are plain.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
+unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
     q: Slice<T>,
     k: Slice<T>,
     v: Slice<T>,
@@ -172,7 +179,7 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
     const { assert!(T::PER_WORD == 2) };
     // The tile's width (shared memory, the lanes' elements) and the head dim (Q, O: rows of `hd`).
     let d = 64 * CH;
-    let hd = sh.head_dim as usize;
+    let hd = if GENERAL { sh.head_dim as usize } else { d };
     let (s, h, b) = (block_idx_x(), block_idx_y(), block_idx_z());
     let (lane, warp) = (lane_id(), warp_id());
     let (sub, group) = (lane % 8, warp * 4 + lane / 8);
@@ -215,46 +222,53 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
         // Every loop over a register array is unrolled (`unroll!`): a run-time index would move the
         // array to local memory.
         let mut qv = [[0f32; 8]; 2 * ROWS];
-        // Row r sees keys begin[r]..end[r] (the split's, or its window's and causal limits; none
-        // for padding rows).
-        let mut end = [0u32; ROWS];
-        let mut begin = [0u32; ROWS];
         crate::unroll!(r in [0, 1, 2, 3] {
             let rr = pass * ROWS as u32 + r as u32;
             if rr < rows {
                 let (hq, i) = row_of(rr);
                 let base = ((b * sh.q_heads + hq) * sh.seq_q + i) as u64 * hd as u64;
                 chunks!(c, {
-                    let col = c * 64 + sub as usize * 8;
-                    if col < hd {
-                        let at = (base + col as u64) / 8;
-                        check_index(at as usize * 8 + 7, q.len as usize);
-                        // SAFETY: a chunk of a row of Q (in range above), 16-byte aligned (the head
-                        // dim a multiple of 8, aligned base: the host checks).
-                        let x = widen::<T>(unsafe { load_chunk_ro(q.chunks(), at) }.0);
-                        crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
-                            qv[r * 2 + c][e] = x[e] * c2;
-                        });
-                    }
+                    // A lane whose chunk lies past a narrower head dim loads the row's last chunk
+                    // instead: finite values that meet only zeros (K's columns past the head dim
+                    // are zero-filled), so they add nothing. (A predicated load spilled D = 128.)
+                    let col = (c * 64 + sub as usize * 8).min(hd - 8);
+                    let at = (base + col as u64) / 8;
+                    check_index(at as usize * 8 + 7, q.len as usize);
+                    // SAFETY: a chunk of a row of Q (in range above), 16-byte aligned (the head
+                    // dim a multiple of 8, aligned base: the host checks).
+                    let x = widen::<T>(unsafe { load_chunk_ro(q.chunks(), at) }.0);
+                    crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        qv[r * 2 + c][e] = x[e] * c2;
+                    });
                 });
-                if MODS && thread_idx_x() == 0 {
-                    // Read after the tile loop's first barrier; the last pass's reads ended
-                    // before the barrier at its end.
-                    row_mods().store(r, alibi_slope2(&sh, b, hq));
-                    row_mods().store(ROWS + r, f32::from_bits((i as i64 + off) as i32 as u32));
+            }
+            if thread_idx_x() == 0 {
+                // Row r sees keys begin..end (the split's, or its window's and causal limits;
+                // none for padding rows). Read after the tile loop's first barrier; the last
+                // pass's reads ended before the barrier at its end.
+                let (mut begin, mut end) = (0u32, 0u32);
+                if rr < rows {
+                    let (hq, i) = row_of(rr);
+                    end = if right != NO_WINDOW {
+                        // Keys j <= i + len - seq_q + right, i.e. below i + 1 + off + right (in
+                        // i64: it can be negative), within the split.
+                        (i as i64 + 1 + off + right as i64).clamp(0, k1 as i64) as u32
+                    } else {
+                        k1
+                    };
+                    begin = if windowed {
+                        (i as i64 + off - sh.window_left as i64).clamp(0, k1 as i64) as u32
+                    } else {
+                        0
+                    };
+                    if GENERAL {
+                        row_info().store(ROW_SLOPE + r, alibi_slope2(&sh, b, hq));
+                        let pos = (i as i64 + off) as i32 as u32;
+                        row_info().store(ROW_POS + r, f32::from_bits(pos));
+                    }
                 }
-                end[r] = if right != NO_WINDOW {
-                    // Keys j <= i + len - seq_q + right, i.e. below i + 1 + off + right (in i64:
-                    // it can be negative), within the split.
-                    (i as i64 + 1 + off + right as i64).clamp(0, k1 as i64) as u32
-                } else {
-                    k1
-                };
-                begin[r] = if windowed {
-                    (i as i64 + off - sh.window_left as i64).clamp(0, k1 as i64) as u32
-                } else {
-                    0
-                };
+                row_info().store(ROW_BEGIN + r, f32::from_bits(begin));
+                row_info().store(ROW_END + r, f32::from_bits(end));
             }
         });
         let mut m = [f32::NEG_INFINITY; ROWS];
@@ -268,7 +282,7 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
             const { assert!(STAGES == 3) };
             if (t as u32) < n_tiles {
                 // SAFETY: stage `t` is idle (no read of it before the loop's first barrier).
-                unsafe { load_tile::<T, CH>(&sh, &k, &v, &table, b, h, k0 + t as u32 * TILE_KEYS, k1, t as u32) };
+                unsafe { load_tile::<T, CH, GENERAL>(&sh, &k, &v, &table, b, h, k0 + t as u32 * TILE_KEYS, k1, t as u32) };
             }
             cp_async_commit();
         });
@@ -281,7 +295,7 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
             if ahead < n_tiles {
                 // SAFETY: stage `ahead % STAGES` = `(t - 1) % STAGES`, idle since the barrier.
                 unsafe {
-                    load_tile::<T, CH>(
+                    load_tile::<T, CH, GENERAL>(
                         &sh,
                         &k,
                         &v,
@@ -303,6 +317,8 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
             // four at a time would not fit D = 128's registers).
             // A loop, not unrolled: the halves interleaved would not fit the registers.
             for half in 0..2u32 {
+                // This lane's partial dot products: `dot[u][r]` of key `2 half + u` of the group
+                // and row `r`.
                 let mut dot = [[0f32; ROWS]; 2];
                 crate::unroll!(u in [0, 1] {
                     let row = group + (2 * half + u as u32) * GROUPS;
@@ -318,26 +334,32 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
                             });
                         });
                     });
-                    let j = kt + row;
+                });
+                // Summed over the group, lane `sub` holding the score of key `sub / 4`, row
+                // `sub % 4`: its modifications and mask once, then every lane gathers all eight.
+                let mut score = group_sum_scatter(&dot, sub);
+                let (u_me, r_me) = (sub / 4, sub % 4);
+                let j = kt + group + (2 * half + u_me) * GROUPS;
+                if GENERAL {
+                    // The softcap, then ALiBi's bias (base 2; a zero slope without one). The
+                    // cap's branch is uniform.
+                    if sh.softcap_k != 0.0 {
+                        score = sh.softcap_k * math::tanh(score * sh.softcap_inv_k);
+                    }
+                    // (Rows past the group: masked below whatever this gives.)
+                    let pos = row_info().load(ROW_POS + r_me as usize).to_bits() as i32;
+                    let dist = math::abs((pos - j as i32) as f32);
+                    score = math::fma(-row_info().load(ROW_SLOPE + r_me as usize), dist, score);
+                }
+                // Past the split, masked, or a padding row: no weight.
+                let info = |at: usize| row_info().load(at + r_me as usize).to_bits();
+                if j >= info(ROW_END) || j < info(ROW_BEGIN) {
+                    score = f32::NEG_INFINITY;
+                }
+                let group_lane0 = lane & !7;
+                crate::unroll!(u in [0, 1] {
                     crate::unroll!(r in [0, 1, 2, 3] {
-                        dot[u][r] += shfl_xor_f32(dot[u][r], 1);
-                        dot[u][r] += shfl_xor_f32(dot[u][r], 2);
-                        dot[u][r] += shfl_xor_f32(dot[u][r], 4);
-                        if MODS {
-                            // The softcap, then ALiBi's bias (base 2; a zero slope without one).
-                            // The cap's branch is uniform.
-                            if sh.softcap_k != 0.0 {
-                                dot[u][r] = sh.softcap_k * math::tanh(dot[u][r] * sh.softcap_inv_k);
-                            }
-                            // (Rows past the group: masked below whatever this gives.)
-                            let pos = row_mods().load(ROWS + r).to_bits() as i32;
-                            let dist = math::abs((pos - j as i32) as f32);
-                            dot[u][r] = math::fma(-row_mods().load(r), dist, dot[u][r]);
-                        }
-                        // Past the split, masked, or a padding row: no weight.
-                        if j >= end[r] || j < begin[r] {
-                            dot[u][r] = f32::NEG_INFINITY;
-                        }
+                        dot[u][r] = shfl_idx_f32(score, group_lane0 + (4 * u + r) as u32);
                     });
                 });
                 // The scores become the weights in place.
@@ -412,10 +434,12 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
         }
         sync_threads();
         let mut t = thread_idx_x() as usize;
-        while t < ROWS * hd {
-            let (r, col) = (t / hd, t % hd);
+        while t < ROWS * d {
+            // (Over the tile's columns: a constant divisor; those past the head dim are not
+            // stored.)
+            let (r, col) = (t / d, t % d);
             let rr = pass * ROWS as u32 + r as u32;
-            if rr < rows {
+            if rr < rows && col < hd {
                 let mut mx = f32::NEG_INFINITY;
                 for w in 0..WARPS {
                     mx = math::max(mx, sm.load(w * ROWS + r));
@@ -457,6 +481,33 @@ unsafe fn split<T: Elem, const CH: usize, const MODS: bool>(
         sync_threads();
         pass += 1;
     }
+}
+
+/// The 8 partial sums a lane holds (`x[u][r]`) summed over its group of 8 lanes and scattered:
+/// lane `sub` of the group returns the sum of value `4 u + r = sub`. Recursive halving: 4 + 2 + 1
+/// shuffles, where a butterfly for each value takes 24 and leaves every lane all eight.
+#[inline(always)]
+fn group_sum_scatter(x: &[[f32; ROWS]; 2], sub: u32) -> f32 {
+    // Each step keeps the half of the values this lane's bit selects and adds the partner's copy
+    // of that half (the partner, across the bit, sends it).
+    let hi4 = sub & 4 != 0;
+    let mut y = [0f32; 4];
+    crate::unroll!(k in [0, 1, 2, 3] {
+        let (keep, send) = if hi4 { (x[1][k], x[0][k]) } else { (x[0][k], x[1][k]) };
+        y[k] = keep + shfl_xor_f32(send, 4);
+    });
+    let hi2 = sub & 2 != 0;
+    let mut z = [0f32; 2];
+    crate::unroll!(k in [0, 1] {
+        let (keep, send) = if hi2 { (y[2 + k], y[k]) } else { (y[k], y[2 + k]) };
+        z[k] = keep + shfl_xor_f32(send, 2);
+    });
+    let (keep, send) = if sub & 1 != 0 {
+        (z[1], z[0])
+    } else {
+        (z[0], z[1])
+    };
+    keep + shfl_xor_f32(send, 1)
 }
 
 /// The ALiBi slope of query head `hq` of sequence `b` times `log2 e` (the kernel's scores are base
@@ -579,12 +630,12 @@ decode_entry_points! {
     decode_split_d128_f16, 2, false: F16;
     decode_split_d64_bf16, 1, false: BF16;
     decode_split_d128_bf16, 2, false: BF16;
-    // The softcap and ALiBi: kernels of their own, so that the calls without them keep the plain
-    // kernels' registers.
-    decode_split_scored_d64_f16, 1, true: F16;
-    decode_split_scored_d128_f16, 2, true: F16;
-    decode_split_scored_d64_bf16, 1, true: BF16;
-    decode_split_scored_d128_bf16, 2, true: BF16;
+    // Head dims narrower than the tile, the softcap and ALiBi: kernels of their own, so that the
+    // plain calls keep a constant head dim and no modification.
+    decode_split_general_d64_f16, 1, true: F16;
+    decode_split_general_d128_f16, 2, true: F16;
+    decode_split_general_d64_bf16, 1, true: BF16;
+    decode_split_general_d128_bf16, 2, true: BF16;
 }
 
 macro_rules! merge_entry_points {

@@ -144,17 +144,19 @@ fn decode_tile_dim(d: usize) -> usize {
     if d <= 64 { 64 } else { 128 }
 }
 
-/// The split kernel of head dim `d`'s tile, plain or (`scored`: a softcap or ALiBi slopes) scored.
+/// The split kernel of head dim `d`'s tile: the plain one at the tile's width without a softcap
+/// or ALiBi slopes (`scored`), else the general one.
 fn split_kernel(d: usize, dtype: DType, scored: bool) -> &'static str {
-    match (decode_tile_dim(d), dtype == DType::BF16, scored) {
+    let tile = decode_tile_dim(d);
+    match (tile, dtype == DType::BF16, scored || d != tile) {
         (64, true, false) => "decode_split_d64_bf16",
         (64, false, false) => "decode_split_d64_f16",
         (_, true, false) => "decode_split_d128_bf16",
         (_, false, false) => "decode_split_d128_f16",
-        (64, true, true) => "decode_split_scored_d64_bf16",
-        (64, false, true) => "decode_split_scored_d64_f16",
-        (_, true, true) => "decode_split_scored_d128_bf16",
-        (_, false, true) => "decode_split_scored_d128_f16",
+        (64, true, true) => "decode_split_general_d64_bf16",
+        (64, false, true) => "decode_split_general_d64_f16",
+        (_, true, true) => "decode_split_general_d128_bf16",
+        (_, false, true) => "decode_split_general_d128_f16",
     }
 }
 
