@@ -442,6 +442,7 @@ def attn_case(tag, b, h, s, d, causal):
 
 DECODE_SHAPES = [(1, 4096), (1, 32768), (1, 131072), (8, 8192), (16, 32768), (64, 4096),
                  (64, 16384)]           # (B, S_k) of benches/benches/ops.rs attention_decode
+DECODE_D256_SHAPES = [(8, 8192), (64, 8192)]  # its D256 rows (16 query heads on 8)
 
 
 def decode_peer(peer, backend):
@@ -989,6 +990,8 @@ def build_cases(quick):
               for tag in ("f16", "bf16") for (b, h, s, d) in ATTN_FWD_SHAPES
               for causal in (False, True)]
     cases += [attn_decode_case(tag, b, sk) for tag in ("f16", "bf16") for (b, sk) in DECODE_SHAPES]
+    # Gemma-2 9B's decoding shape: 16 query heads on 8, D256.
+    cases += [attn_decode_case("f16", b, sk, 16, 8, 256) for (b, sk) in DECODE_D256_SHAPES]
     cases += [attn_gqa_case("f16", 2, 32, hkv, 4096, 128, causal, backward)
               for hkv in (8, 32) for causal in (False, True) for backward in (False, True)]
     cases += [attn_varlen_mixed_case("f16", 16, 128, causal, backward)

@@ -737,8 +737,9 @@ fn attention(b: &mut Bencher) {
 /// Decoding against a dense KV cache (`attn_decode`): one query row a sequence, 32 query heads on 8
 /// key/value heads (Llama-3's grouping), D128, B 1-64 x S_k 4k-128k at a fixed K/V size where it
 /// fits. Bytes: the K and V read once (what the goal measures against copy bandwidth) plus Q
-/// and O; FLOPs `4 B Hq S_k D`. f16 at three shapes also with the softcap 50 (`/c50`, the scored
-/// kernel) and ALiBi's geometric slopes (`/geometric`), for what they cost against the plain call.
+/// and O; FLOPs `4 B Hq S_k D`. f16 at three shapes also with the softcap 50 (`/c50`, the general
+/// kernel) and ALiBi's geometric slopes (`/geometric`), for what they cost against the plain call;
+/// and Gemma-2 9B's shape (16 query heads on 8, D256) plain and with its softcap.
 fn attention_decode(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let shapes: &[(usize, usize)] = if quick {
@@ -804,6 +805,42 @@ fn attention_decode(b: &mut Bencher) {
                     },
                 );
             }
+        }
+    }
+    // Gemma-2 9B: 16 query heads on 8, D256, plain and with its softcap of 50.
+    let d256_shapes: &[(usize, usize)] = if quick { &[] } else { &[(8, 8192), (64, 8192)] };
+    let (hq, hkv, d) = (16, 8, 256);
+    let dtype = DType::F16;
+    for &(bb, sk) in d256_shapes {
+        let kv_bytes = 2 * bb * hkv * sk * d * dtype.size_bytes();
+        let copies = rotation_copies(kv_bytes, b.l2_bytes);
+        let (q, k, v) = (
+            b.inputs(&[bb, hq, 1, d], dtype, copies),
+            b.inputs(&[bb, hkv, sk, d], dtype, copies),
+            b.inputs(&[bb, hkv, sk, d], dtype, copies),
+        );
+        for cap in [None, Some(50.0)] {
+            let params = AttentionParams {
+                softcap: cap,
+                ..Default::default()
+            };
+            let tag = if cap.is_some() { "/c50" } else { "" };
+            b.bench(
+                spec(
+                    format!("attn_decode/{dtype}/B{bb}Hq{hq}Hkv{hkv}Sk{sk}D{d}{tag}"),
+                    Some((kv_bytes + 2 * bb * hq * d * dtype.size_bytes()) as u64),
+                    Some(4 * (bb * hq * sk * d) as u64),
+                ),
+                copies,
+                |i| {
+                    attn::decode_forward(
+                        &q[i],
+                        attn::KvCache::Dense { k: &k[i], v: &v[i] },
+                        &params,
+                    )
+                    .expect("decode_forward");
+                },
+            );
         }
     }
 }

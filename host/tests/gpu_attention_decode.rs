@@ -2,7 +2,8 @@
 //! `attention::model_features`: dense and paged caches, grouped-query heads, one and several query
 //! rows (causal, bottom-right aligned per sequence), sliding windows (one side and both), sequences
 //! of unequal length (an empty one included), keys split over CTAs and merged, the softcap and
-//! ALiBi slopes (`[heads]` and one row a sequence), head dims off the 64 and 128 tiles. Poisoned
+//! ALiBi slopes (`[heads]` and one row a sequence), head dims 40 to 256 on and off the 64, 128
+//! and 256 tiles. Poisoned
 //! outputs, fresh random inputs (the seed is printed). The rule: `max |out - ref| <= ulp(dtype) (1 + max |ref|)` for O (one rounding of O, f32
 //! arithmetic inside), `1e-3 (1 + |ref|)` for the LSE, and rows that see no key exactly O = 0,
 //! LSE = -inf.
@@ -367,14 +368,14 @@ fn bad_caches_are_named_errors() {
         seq_lens: &[20, 40],
     });
     assert!(e.contains("40 keys"), "{e}");
-    for d in [100, 136] {
+    for d in [100, 264] {
         let qd = t(&[2, 6, 1, d]);
         let kd = t(&[2, 2, 10, d]);
         let e = decode_forward(&qd, KvCache::Dense { k: &kd, v: &kd }, &p)
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains(&format!("head_dim {d}")) && e.contains("128"),
+            e.contains(&format!("head_dim {d}")) && e.contains("256"),
             "{e}"
         );
     }
@@ -420,54 +421,21 @@ fn scores_and_narrow_head_dims_match_the_reference() {
         Option<usize>,
         bool,
     );
-    let cases: [Case; 7] = [
+    #[rustfmt::skip]
+    let cases: [Case; 11] = [
         (32, 8, 1, &[4099, 4099], 128, Some(50.0), None, None, true),
-        (
-            8,
-            2,
-            4,
-            &[1, 50, 333, 0, 1031],
-            128,
-            None,
-            Some(true),
-            None,
-            true,
-        ),
-        (
-            4,
-            4,
-            3,
-            &[777],
-            64,
-            Some(5.0),
-            Some(false),
-            Some(100),
-            false,
-        ),
+        (8, 2, 4, &[1, 50, 333, 0, 1031], 128, None, Some(true), None, true),
+        (4, 4, 3, &[777], 64, Some(5.0), Some(false), Some(100), false),
         (8, 2, 1, &[17, 2000, 640], 96, None, None, None, true),
-        (
-            6,
-            3,
-            5,
-            &[300, 300, 300],
-            40,
-            Some(20.0),
-            Some(false),
-            None,
-            true,
-        ),
+        (6, 3, 5, &[300, 300, 300], 40, Some(20.0), Some(false), None, true),
         (4, 1, 2, &[2000, 2000], 80, None, None, None, false),
-        (
-            16,
-            4,
-            1,
-            &[5000, 129],
-            120,
-            Some(30.0),
-            Some(true),
-            Some(1000),
-            true,
-        ),
+        (16, 4, 1, &[5000, 129], 120, Some(30.0), Some(true), Some(1000), true),
+        // The 256 tile (16-lane groups): Gemma-2's head dim, cap and local window, plain, and
+        // head dims off it.
+        (16, 8, 1, &[4099, 4099], 256, Some(50.0), None, Some(4096), true),
+        (4, 2, 6, &[3000, 77, 0, 1024], 256, None, None, None, true),
+        (8, 8, 1, &[700, 700], 200, None, Some(false), None, false),
+        (6, 2, 3, &[1500, 31, 900], 136, Some(10.0), Some(true), None, true),
     ];
     let page = 16;
     for dtype in [DType::F16, DType::BF16] {

@@ -1011,8 +1011,8 @@ pub struct DecodeShape {
     pub q_heads: u32,
     pub kv_heads: u32,
     pub seq_q: u32,
-    /// Q's, the cache's and O's head dim: a multiple of 8 up to the kernel's tile (64 or 128;
-    /// the columns past it are zero-filled on load and not stored).
+    /// Q's, the cache's and O's head dim: a multiple of 8 up to the kernel's tile (64, 128 or
+    /// 256; the columns past it are zero-filled on load and not stored).
     pub head_dim: u32,
     pub page_size: u32,
     pub max_pages: u32,
@@ -1060,7 +1060,7 @@ pub const DECODE_TILE_KEYS: u32 = 64;
 /// Tiles in flight: `cp.async` fills the next `DECODE_STAGES - 1` while the CTA reads one.
 pub const DECODE_STAGES: u32 = 3;
 /// Dynamic shared memory of a decoding CTA at head dim `d`: `DECODE_STAGES` tiles of K and of V,
-/// 16-bit elements (96 KiB at d = 128, so two CTAs share an SM).
+/// 16-bit elements (96 KiB at d = 128, so two CTAs share an SM; 192 KiB at 256, one).
 pub const fn decode_smem_bytes(d: u32) -> u32 {
     DECODE_STAGES * 2 * DECODE_TILE_KEYS * d * 2
 }

@@ -8,17 +8,20 @@
 //!   shared memory filled by `cp.async`, so two tiles of loads are in flight while one is read
 //!   (registers alone could not hold enough loads in flight to read at copy speed). A warp's lanes
 //!   work in groups of 8, a group on four keys of each tile (two at a time), each lane holding
-//!   `head_dim / 8` elements of the key, of the query rows and of the output rows. The group's eight
-//!   partial scores a step (two keys, four rows) are summed by recursive halving, each lane left
-//!   with one whole score (7 shuffles), which it masks, then gathered (8); each group keeps an online softmax (base 2, the
-//!   scale and `log2 e` folded into Q) over its keys, rescaling once per two keys. The 16 groups
-//!   then merge: within a warp by shuffles, across warps through shared memory. Rows beyond
-//!   [`DECODE_ROWS`] take further passes over the split's keys.
+//!   `head_dim / 8` elements of the key, of the query rows and of the output rows. The group's
+//!   eight partial scores a step (two keys, four rows) are summed by recursive halving, each lane
+//!   left with one whole score (7 shuffles), which it masks, then gathered (8); each group keeps an
+//!   online softmax (base 2, the scale and `log2 e` folded into Q) over its keys, rescaling once
+//!   per two keys. The groups then merge: within a warp by shuffles, across warps through shared
+//!   memory. Rows beyond [`DECODE_ROWS`] take further passes over the split's keys.
+//! - At 256 columns (`decode_split_d256_*`) a group has 16 lanes, each two chunks of a row, and
+//!   takes eight keys of a tile; the CTA's 192 KiB ring leaves one CTA an SM, and holds the
+//!   warps' O rows for their merge once the keys are read.
 //! - `decode_split_general_*`: the same for a head dim narrower than the tile (multiples of 8 up
-//!   to 128 on the tile of 64 or 128 columns that holds them: the tile's columns past the head dim
-//!   are zero-filled on load, so they add nothing to a score or to O, and are not stored), the
-//!   softcap and ALiBi's bias (on each score once the group has summed it, as the FlashAttention
-//!   forward: the cap, then the bias).
+//!   to 256 on the tile of 64, 128 or 256 columns that holds them: the tile's columns past the
+//!   head dim are zero-filled on load, so they add nothing to a score or to O, and are not
+//!   stored), the softcap and ALiBi's bias (on each score once the group has summed it, as the
+//!   FlashAttention forward: the cap, then the bias).
 //! - `decode_merge_*`: per query row, the splits' `(O, LSE)` combined (`LSE = ln sum e^LSE_s`,
 //!   `O = sum O_s e^(LSE_s - LSE)`), O rounded to the input dtype.
 //!
@@ -27,7 +30,7 @@ use crate::dev::elem::{BF16, Elem, F16};
 use crate::dev::math;
 use crate::dev::mem::{Slice, SliceMut, load_chunk_ro};
 use crate::dev::shared::check_index;
-use crate::dev::shared::{dynamic_base, ld_shared_v4};
+use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_dim_x, block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x, warp_id,
@@ -42,14 +45,29 @@ const ROWS: usize = DECODE_ROWS as usize;
 // The row loops below are written out for four rows.
 const _: () = assert!(ROWS == 4);
 const WARPS: usize = (DECODE_THREADS / 32) as usize;
-/// Lane groups a CTA: 8 lanes each.
-const GROUPS: u32 = DECODE_THREADS / 8;
 const TILE_KEYS: u32 = DECODE_TILE_KEYS;
 const STAGES: u32 = DECODE_STAGES;
-/// Keys of a tile each lane group takes.
-const PER_GROUP: usize = (TILE_KEYS / GROUPS) as usize;
-// The key loops below are written out for four keys a group.
-const _: () = assert!(PER_GROUP == 4 && TILE_KEYS % GROUPS == 0);
+
+/// Lanes of a group at a tile of `64 ch` columns: 8, or 16 at 256 columns (a lane holds at most
+/// two 16-byte chunks of a row: four, for four rows of Q and of O, would not fit the registers).
+const fn group_lanes(ch: usize) -> u32 {
+    if ch > 2 { 16 } else { 8 }
+}
+
+/// A lane's 16-byte chunks of a row (one or two).
+const fn lane_chunks(ch: usize) -> usize {
+    ch * 8 / group_lanes(ch) as usize
+}
+
+// Every tile splits into whole pairs of keys a group: 4 keys a group of 8 lanes, 8 of 16.
+const _: () = {
+    let mut ch = 1;
+    while ch <= 4 {
+        let groups = DECODE_THREADS / group_lanes(ch);
+        assert!(TILE_KEYS % groups == 0 && (TILE_KEYS / groups) % 2 == 0 && lane_chunks(ch) <= 2);
+        ch *= 2;
+    }
+};
 
 crate::static_shared!(fn merge_m() -> [f32; WARPS * ROWS] as DECODE_MERGE_M);
 crate::static_shared!(fn merge_l() -> [f32; WARPS * ROWS] as DECODE_MERGE_L);
@@ -64,11 +82,11 @@ const ROW_SLOPE: usize = 2 * ROWS;
 const ROW_POS: usize = 3 * ROWS;
 crate::static_shared!(fn row_info() -> [f32; 4 * ROWS] as DECODE_ROW_INFO);
 
-/// `$body` for each of this lane's 16-byte chunks `$c < CH` (one or two), unrolled.
+/// `$body` for each of this lane's 16-byte chunks `$c < lane_chunks(CH)` (one or two), unrolled.
 macro_rules! chunks {
     ($c:ident, $body:block) => {
         crate::unroll!($c in [0, 1] {
-            if $c < CH $body
+            if $c < lane_chunks(CH) $body
         })
     };
 }
@@ -182,7 +200,11 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
     let hd = if GENERAL { sh.head_dim as usize } else { d };
     let (s, h, b) = (block_idx_x(), block_idx_y(), block_idx_z());
     let (lane, warp) = (lane_id(), warp_id());
-    let (sub, group) = (lane % 8, warp * 4 + lane / 8);
+    // Lane groups of `gl` lanes: chunk `c` of lane `sub` holds columns `8 (gl c + sub)..+8`.
+    let gl = group_lanes(CH);
+    let groups = DECODE_THREADS / gl;
+    let per_group = TILE_KEYS / groups;
+    let (sub, group) = (lane % gl, warp * (32 / gl) + lane / gl);
     // Without lengths (a dense cache) every sequence has `dense_len` keys.
     let len = if lens.len == 0 {
         sh.dense_len
@@ -231,7 +253,7 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                     // A lane whose chunk lies past a narrower head dim loads the row's last chunk
                     // instead: finite values that meet only zeros (K's columns past the head dim
                     // are zero-filled), so they add nothing. (A predicated load spilled D = 128.)
-                    let col = (c * 64 + sub as usize * 8).min(hd - 8);
+                    let col = (8 * (gl as usize * c + sub as usize)).min(hd - 8);
                     let at = (base + col as u64) / 8;
                     check_index(at as usize * 8 + 7, q.len as usize);
                     // SAFETY: a chunk of a row of Q (in range above), 16-byte aligned (the head
@@ -312,21 +334,21 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
             let kt = k0 + t * TILE_KEYS;
             let k_base = dynamic_base() + (t % STAGES) * stage_bytes(d as u32);
             let v_base = k_base + tile_bytes(d as u32);
-            // This group's four keys of the tile, two at a time: scores first, then one softmax
-            // update for the pair (one rescale of the accumulators per two keys, not per key;
-            // four at a time would not fit D = 128's registers).
-            // A loop, not unrolled: the halves interleaved would not fit the registers.
-            for half in 0..2u32 {
+            // This group's keys of the tile (four, or eight with 16-lane groups), two at a time:
+            // scores first, then one softmax update for the pair (one rescale of the
+            // accumulators per two keys, not per key; four at a time would not fit D = 128's
+            // registers). A loop, not unrolled: the pairs interleaved would not fit the registers.
+            for half in 0..per_group / 2 {
                 // This lane's partial dot products: `dot[u][r]` of key `2 half + u` of the group
                 // and row `r`.
                 let mut dot = [[0f32; ROWS]; 2];
                 crate::unroll!(u in [0, 1] {
-                    let row = group + (2 * half + u as u32) * GROUPS;
+                    let row = group + (2 * half + u as u32) * groups;
                     chunks!(c, {
                         // SAFETY: inside this stage's K tile (row < TILE_KEYS, column < d),
                         // 16-byte aligned; the barrier above ordered its copy before this read.
                         let kx = widen::<T>(unsafe {
-                            ld_shared_v4(k_base + (row * d as u32 + (c * 64) as u32 + sub * 8) * 2)
+                            ld_shared_v4(k_base + (row * d as u32 + 8 * (gl * c as u32 + sub)) * 2)
                         });
                         crate::unroll!(r in [0, 1, 2, 3] {
                             crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -335,11 +357,11 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                         });
                     });
                 });
-                // Summed over the group, lane `sub` holding the score of key `sub / 4`, row
+                // Summed over the group, lane `sub` holding the score of key `sub % 8 / 4`, row
                 // `sub % 4`: its modifications and mask once, then every lane gathers all eight.
-                let mut score = group_sum_scatter(&dot, sub);
-                let (u_me, r_me) = (sub / 4, sub % 4);
-                let j = kt + group + (2 * half + u_me) * GROUPS;
+                let mut score = group_sum_scatter(&dot, sub, gl);
+                let (u_me, r_me) = (sub % 8 / 4, sub % 4);
+                let j = kt + group + (2 * half + u_me) * groups;
                 if GENERAL {
                     // The softcap, then ALiBi's bias (base 2; a zero slope without one). The
                     // cap's branch is uniform.
@@ -356,7 +378,7 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                 if j >= info(ROW_END) || j < info(ROW_BEGIN) {
                     score = f32::NEG_INFINITY;
                 }
-                let group_lane0 = lane & !7;
+                let group_lane0 = lane & !(gl - 1);
                 crate::unroll!(u in [0, 1] {
                     crate::unroll!(r in [0, 1, 2, 3] {
                         dot[u][r] = shfl_idx_f32(score, group_lane0 + (4 * u + r) as u32);
@@ -380,11 +402,11 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                     });
                 });
                 crate::unroll!(u in [0, 1] {
-                    let row = group + (2 * half + u as u32) * GROUPS;
+                    let row = group + (2 * half + u as u32) * groups;
                     chunks!(c, {
                         // SAFETY: as for K, in this stage's V tile (zero-filled past the split).
                         let vx = widen::<T>(unsafe {
-                            ld_shared_v4(v_base + (row * d as u32 + (c * 64) as u32 + sub * 8) * 2)
+                            ld_shared_v4(v_base + (row * d as u32 + 8 * (gl * c as u32 + sub)) * 2)
                         });
                         crate::unroll!(r in [0, 1, 2, 3] {
                             crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -395,10 +417,10 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                 });
             }
         }
-        // The four groups of the warp: lanes `sub`, `sub + 8`, `sub + 16`, `sub + 24` hold the same
-        // elements of different keys.
+        // The groups of the warp (four of 8 lanes, or two of 16): lanes `sub`, `sub + gl`, ...
+        // hold the same elements of different keys.
         crate::unroll!(x in [8, 16] {
-            crate::unroll!(r in [0, 1, 2, 3] {
+            if x as u32 >= gl { crate::unroll!(r in [0, 1, 2, 3] {
                 let (mo, lo) = (shfl_xor_f32(m[r], x as u32), shfl_xor_f32(l[r], x as u32));
                 let mn = math::max(m[r], mo);
                 let (wa, wb) = if mn == f32::NEG_INFINITY {
@@ -414,11 +436,28 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                     });
                 });
                 m[r] = mn;
-            });
+            }); }
         });
-        // The four warps, through shared memory.
-        let (sm, sl, sa) = (merge_m(), merge_l(), merge_acc());
-        if lane < 8 {
+        // The four warps, through shared memory: O's rows in `merge_acc` (128 columns), or at
+        // 256 columns in the tile ring, idle once every thread has read its last tile (no copy
+        // is in flight after the loop: the last ones issued were waited for). `merge_acc` at 256
+        // columns would take the second CTA of an SM from D = 128.
+        let wide = d > 128;
+        let merge_cols = if wide { d } else { 128 };
+        let sa_addr = |i: usize| {
+            check_index(i, WARPS * ROWS * merge_cols);
+            if wide {
+                dynamic_base() + 4 * i as u32
+            } else {
+                merge_acc().addr(i)
+            }
+        };
+        if wide {
+            cp_async_wait::<0>();
+            sync_threads();
+        }
+        let (sm, sl) = (merge_m(), merge_l());
+        if lane < gl {
             crate::unroll!(r in [0, 1, 2, 3] {
                 if lane == 0 {
                     sm.store(warp as usize * ROWS + r, m[r]);
@@ -426,8 +465,11 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                 }
                 chunks!(c, {
                     crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        let col = c * 64 + sub as usize * 8 + e;
-                        sa.store((warp as usize * ROWS + r) * 128 + col, acc[r * 2 + c][e]);
+                        let col = 8 * (gl as usize * c + sub as usize) + e;
+                        let at = sa_addr((warp as usize * ROWS + r) * merge_cols + col);
+                        // SAFETY: inside `merge_acc` or the ring (checked above), 4-byte
+                        // aligned; one writer per element, read after the barrier below.
+                        unsafe { f32::st_shared(at, acc[r * 2 + c][e]) };
                     });
                 });
             });
@@ -449,7 +491,10 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                     for w in 0..WARPS {
                         let wt = math::exp2(sm.load(w * ROWS + r) - mx);
                         tl += sl.load(w * ROWS + r) * wt;
-                        to += sa.load((w * ROWS + r) * 128 + col) * wt;
+                        // SAFETY: written before the barrier above (inside, aligned).
+                        let part =
+                            unsafe { f32::ld_shared(sa_addr((w * ROWS + r) * merge_cols + col)) };
+                        to += part * wt;
                     }
                 }
                 let (hq, i) = row_of(rr);
@@ -483,11 +528,12 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
     }
 }
 
-/// The 8 partial sums a lane holds (`x[u][r]`) summed over its group of 8 lanes and scattered:
-/// lane `sub` of the group returns the sum of value `4 u + r = sub`. Recursive halving: 4 + 2 + 1
-/// shuffles, where a butterfly for each value takes 24 and leaves every lane all eight.
+/// The 8 partial sums a lane holds (`x[u][r]`) summed over its group of `gl` lanes (8 or 16) and
+/// scattered: lane `sub` of the group returns the sum of value `4 u + r = sub % 8`. Recursive
+/// halving over 8 lanes: 4 + 2 + 1 shuffles (and one more across the two halves of 16), where a
+/// butterfly for each value takes 24 (32) and leaves every lane all eight.
 #[inline(always)]
-fn group_sum_scatter(x: &[[f32; ROWS]; 2], sub: u32) -> f32 {
+fn group_sum_scatter(x: &[[f32; ROWS]; 2], sub: u32, gl: u32) -> f32 {
     // Each step keeps the half of the values this lane's bit selects and adds the partner's copy
     // of that half (the partner, across the bit, sends it).
     let hi4 = sub & 4 != 0;
@@ -507,7 +553,9 @@ fn group_sum_scatter(x: &[[f32; ROWS]; 2], sub: u32) -> f32 {
     } else {
         (z[0], z[1])
     };
-    keep + shfl_xor_f32(send, 1)
+    let w = keep + shfl_xor_f32(send, 1);
+    // Lanes `sub` and `sub ^ 8` of a 16-lane group hold the same value's two halves.
+    if gl > 8 { w + shfl_xor_f32(w, 8) } else { w }
 }
 
 /// The ALiBi slope of query head `hq` of sequence `b` times `log2 e` (the kernel's scores are base
@@ -630,12 +678,16 @@ decode_entry_points! {
     decode_split_d128_f16, 2, false: F16;
     decode_split_d64_bf16, 1, false: BF16;
     decode_split_d128_bf16, 2, false: BF16;
+    decode_split_d256_f16, 4, false: F16;
+    decode_split_d256_bf16, 4, false: BF16;
     // Head dims narrower than the tile, the softcap and ALiBi: kernels of their own, so that the
     // plain calls keep a constant head dim and no modification.
     decode_split_general_d64_f16, 1, true: F16;
     decode_split_general_d128_f16, 2, true: F16;
     decode_split_general_d64_bf16, 1, true: BF16;
     decode_split_general_d128_bf16, 2, true: BF16;
+    decode_split_general_d256_f16, 4, true: F16;
+    decode_split_general_d256_bf16, 4, true: BF16;
 }
 
 macro_rules! merge_entry_points {

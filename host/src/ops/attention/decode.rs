@@ -36,9 +36,9 @@ pub enum KvCache<'a> {
     },
 }
 
-/// The widest head dim the decoding kernels take (every multiple of 8 up to it: the 64- and
-/// 128-column tiles, narrower head dims zero-filled).
-pub const DECODE_MAX_HEAD_DIM: usize = 128;
+/// The widest head dim the decoding kernels take (every multiple of 8 up to it: the 64-, 128- and
+/// 256-column tiles, narrower head dims zero-filled).
+pub const DECODE_MAX_HEAD_DIM: usize = 256;
 
 /// Attention of Q `[B, Hq, Sq, D]` (f16/bf16, contiguous, `D` a multiple of 8 up to
 /// [`DECODE_MAX_HEAD_DIM`]) against a KV cache with `Hkv` heads (`Hq` a multiple of `Hkv`; query
@@ -139,9 +139,19 @@ pub fn decode_forward(
     Ok((o, lse))
 }
 
-/// The tile (64 or 128 columns) of a head dim up to [`DECODE_MAX_HEAD_DIM`].
+/// The tile (64, 128 or 256 columns) of a head dim up to [`DECODE_MAX_HEAD_DIM`].
 fn decode_tile_dim(d: usize) -> usize {
-    if d <= 64 { 64 } else { 128 }
+    match d {
+        ..=64 => 64,
+        65..=128 => 128,
+        _ => 256,
+    }
+}
+
+/// Decoding CTAs an SM holds at a tile width: two (96 KiB of tiles each at 128 columns), one at
+/// 256 (192 KiB).
+fn decode_ctas_per_sm(tile: usize) -> usize {
+    if tile > 128 { 1 } else { 2 }
 }
 
 /// The split kernel of head dim `d`'s tile: the plain one at the tile's width without a softcap
@@ -151,12 +161,16 @@ fn split_kernel(d: usize, dtype: DType, scored: bool) -> &'static str {
     match (tile, dtype == DType::BF16, scored || d != tile) {
         (64, true, false) => "decode_split_d64_bf16",
         (64, false, false) => "decode_split_d64_f16",
-        (_, true, false) => "decode_split_d128_bf16",
-        (_, false, false) => "decode_split_d128_f16",
+        (128, true, false) => "decode_split_d128_bf16",
+        (128, false, false) => "decode_split_d128_f16",
+        (_, true, false) => "decode_split_d256_bf16",
+        (_, false, false) => "decode_split_d256_f16",
         (64, true, true) => "decode_split_general_d64_bf16",
         (64, false, true) => "decode_split_general_d64_f16",
-        (_, true, true) => "decode_split_general_d128_bf16",
-        (_, false, true) => "decode_split_general_d128_f16",
+        (128, true, true) => "decode_split_general_d128_bf16",
+        (128, false, true) => "decode_split_general_d128_f16",
+        (_, true, true) => "decode_split_general_d256_bf16",
+        (_, false, true) => "decode_split_general_d256_f16",
     }
 }
 
@@ -341,7 +355,8 @@ impl<'a> Plan<'a> {
             Some(left) => max_len.min(sq.saturating_add(left)),
             None => max_len,
         };
-        let (keys_per_split, splits) = split_plan(sms, b * hkv, span);
+        let ctas = sms * decode_ctas_per_sm(decode_tile_dim(d));
+        let (keys_per_split, splits) = split_plan(ctas, b * hkv, span);
         let too_big = |what: &'static str, given: usize| Error::TooLarge {
             op,
             what,
@@ -395,12 +410,12 @@ impl<'a> Plan<'a> {
 }
 
 /// Keys a split and the number of splits: as many CTAs (`heads` = sequences x kv heads of them a
-/// split) as fit the chip at once (two an SM: 96 KiB of shared memory each at D = 128), rounded
+/// split) as fit the chip at once (`ctas`: two an SM at D = 128, [`decode_ctas_per_sm`]), rounded
 /// down so that no second wave runs a few stragglers, but no more splits than the keys make
 /// 256-key pieces (so a split holds at least 128 keys), each a whole number of the kernel's
 /// 64-key tiles.
-fn split_plan(sms: usize, heads: usize, max_len: usize) -> (u32, u32) {
-    let want = ((2 * sms) / heads.max(1)).min(DECODE_MAX_SPLITS as usize);
+fn split_plan(ctas: usize, heads: usize, max_len: usize) -> (u32, u32) {
+    let want = (ctas / heads.max(1)).min(DECODE_MAX_SPLITS as usize);
     let most = max_len.div_ceil(256).max(1);
     let splits = want.clamp(1, most);
     let step = DECODE_TILE_KEYS as usize;
@@ -423,7 +438,7 @@ mod tests {
             (64, 1000),
             (2, 300),
         ] {
-            let (per, splits) = split_plan(132, heads, len);
+            let (per, splits) = split_plan(2 * 132, heads, len);
             let (per, splits) = (per as usize, splits as usize);
             assert_eq!(per % 64, 0, "{heads} {len}");
             assert!(per * splits >= len, "{heads} {len}: {per} x {splits}");
@@ -441,7 +456,7 @@ mod tests {
             );
         }
         // A long single-sequence decode is spread over the chip.
-        let (_, splits) = split_plan(132, 8, 131072);
+        let (_, splits) = split_plan(2 * 132, 8, 131072);
         assert!(8 * splits as usize >= 2 * 132);
     }
 }
