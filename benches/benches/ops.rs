@@ -755,63 +755,34 @@ fn attention_decode(b: &mut Bencher) {
             (64, 16384),
         ]
     };
-    let (hq, hkv, d) = (32, 8, 128);
-    let geometric: Vec<f32> = (0..hq)
-        .map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / hq as f32))
+    let geometric: Vec<f32> = (0..32)
+        .map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / 32.0))
         .collect();
-    let slopes = Tensor::from_f32(&b.gpu, &geometric, &[hq], DType::F32).expect("ALiBi slopes");
+    let slopes = Tensor::from_f32(&b.gpu, &geometric, &[32], DType::F32).expect("ALiBi slopes");
     let scored_shapes: &[(usize, usize)] = if quick {
         &[(1, 4096)]
     } else {
         &[(8, 8192), (16, 32768), (64, 16384)]
     };
+    // (dtype, B, S_k, Hq, Hkv, D, modifications): Llama-3's grouping at D128, the plain call and
+    // (f16, `scored_shapes`) the softcap and ALiBi; Gemma-2 9B's (16 query heads on 8, D256),
+    // plain and with its softcap of 50.
+    let mut cases = vec![];
     for dtype in [DType::F16, DType::BF16] {
         for &(bb, sk) in shapes {
-            // The plain call, then (f16, `scored_shapes`) the softcap and ALiBi.
             let mods: &[&str] = if dtype == DType::F16 && scored_shapes.contains(&(bb, sk)) {
                 &["", "/c50", "/geometric"]
             } else {
                 &[""]
             };
-            let kv_bytes = 2 * bb * hkv * sk * d * dtype.size_bytes();
-            let copies = rotation_copies(kv_bytes, b.l2_bytes);
-            let (q, k, v) = (
-                b.inputs(&[bb, hq, 1, d], dtype, copies),
-                b.inputs(&[bb, hkv, sk, d], dtype, copies),
-                b.inputs(&[bb, hkv, sk, d], dtype, copies),
-            );
-            for &tag in mods {
-                let params = AttentionParams {
-                    causal: Causal::No,
-                    scale: None,
-                    softcap: (tag == "/c50").then_some(50.0),
-                    alibi_slopes: (tag == "/geometric").then_some(&slopes),
-                    ..Default::default()
-                };
-                b.bench(
-                    spec(
-                        format!("attn_decode/{dtype}/B{bb}Hq{hq}Hkv{hkv}Sk{sk}D{d}{tag}"),
-                        Some((kv_bytes + 2 * bb * hq * d * dtype.size_bytes()) as u64),
-                        Some(4 * (bb * hq * sk * d) as u64),
-                    ),
-                    copies,
-                    |i| {
-                        attn::decode_forward(
-                            &q[i],
-                            attn::KvCache::Dense { k: &k[i], v: &v[i] },
-                            &params,
-                        )
-                        .expect("decode_forward");
-                    },
-                );
-            }
+            cases.push((dtype, bb, sk, 32, 8, 128, mods));
         }
     }
-    // Gemma-2 9B: 16 query heads on 8, D256, plain and with its softcap of 50.
     let d256_shapes: &[(usize, usize)] = if quick { &[] } else { &[(8, 8192), (64, 8192)] };
-    let (hq, hkv, d) = (16, 8, 256);
-    let dtype = DType::F16;
     for &(bb, sk) in d256_shapes {
+        cases.push((DType::F16, bb, sk, 16, 8, 256, &["", "/c50"][..]));
+    }
+    for (dtype, bb, sk, hq, hkv, d, mods) in cases {
         let kv_bytes = 2 * bb * hkv * sk * d * dtype.size_bytes();
         let copies = rotation_copies(kv_bytes, b.l2_bytes);
         let (q, k, v) = (
@@ -819,12 +790,14 @@ fn attention_decode(b: &mut Bencher) {
             b.inputs(&[bb, hkv, sk, d], dtype, copies),
             b.inputs(&[bb, hkv, sk, d], dtype, copies),
         );
-        for cap in [None, Some(50.0)] {
+        for &tag in mods {
             let params = AttentionParams {
-                softcap: cap,
+                causal: Causal::No,
+                scale: None,
+                softcap: (tag == "/c50").then_some(50.0),
+                alibi_slopes: (tag == "/geometric").then_some(&slopes),
                 ..Default::default()
             };
-            let tag = if cap.is_some() { "/c50" } else { "" };
             b.bench(
                 spec(
                     format!("attn_decode/{dtype}/B{bb}Hq{hq}Hkv{hkv}Sk{sk}D{d}{tag}"),

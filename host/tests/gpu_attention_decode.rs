@@ -202,6 +202,33 @@ fn paged(
     )
 }
 
+/// `decode_forward` of `q` against dense `[B, Hkv, S, D]` keys and values scattered into a paged
+/// cache (pages of `page` keys, in reverse order), sequence `b` holding its first `lens[b]` keys.
+fn decode_paged(
+    gpu: &host::Gpu,
+    [q, k, v]: [&HostTensor; 3],
+    lens: &[usize],
+    page: usize,
+    p: &AttentionParams,
+) -> (Tensor, Tensor) {
+    let max_pages = lens.iter().max().unwrap().div_ceil(page);
+    let needed: usize = lens.iter().map(|l| l.div_ceil(page)).sum();
+    let order: Vec<usize> = (0..needed).rev().collect();
+    let (kc, table) = paged(k, lens, page, max_pages, &order);
+    let (vc, _) = paged(v, lens, page, max_pages, &order);
+    let up = |x: &HostTensor| Tensor::from_host(gpu, x).unwrap();
+    let (kd, vd) = (up(&kc), up(&vc));
+    let seq_lens: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+    let cache = KvCache::Paged {
+        k: &kd,
+        v: &vd,
+        block_table: &table,
+        max_pages,
+        seq_lens: &seq_lens,
+    };
+    decode_forward(&up(q), cache, p).unwrap()
+}
+
 #[test]
 fn a_paged_cache_matches_the_reference() {
     let Some(gpu) = gpu_or_skip("a_paged_cache_matches_the_reference") else {
@@ -299,24 +326,10 @@ fn windowed_decoding_matches_the_reference() {
             // Paged: unequal lengths, an empty one included.
             let lens = [1usize, 50, 333, 0, 1031];
             let (b, s) = (lens.len(), *lens.iter().max().unwrap());
-            let max_pages = s.div_ceil(page);
             let q = uniform(&mut r, &[b, hq, sq, d], -1.0, 1.0, dtype);
             let k = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
             let v = uniform(&mut r, &[b, hkv, s, d], -1.0, 1.0, dtype);
-            let needed: usize = lens.iter().map(|l| l.div_ceil(page)).sum();
-            let order: Vec<usize> = (0..needed).rev().collect();
-            let (kc, table) = paged(&k, &lens, page, max_pages, &order);
-            let (vc, _) = paged(&v, &lens, page, max_pages, &order);
-            let (kd, vd) = (up(&kc), up(&vc));
-            let seq_lens: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
-            let cache = KvCache::Paged {
-                k: &kd,
-                v: &vd,
-                block_table: &table,
-                max_pages,
-                seq_lens: &seq_lens,
-            };
-            let (o, lse) = decode_forward(&up(&q), cache, &p).unwrap();
+            let (o, lse) = decode_paged(&gpu, [&q, &k, &v], &lens, page, &p);
             let (o, lse) = (read(&o), read(&lse));
             for (bi, &len) in lens.iter().enumerate() {
                 check_sequence(
@@ -465,21 +478,7 @@ fn scores_and_narrow_head_dims_match_the_reference() {
                 let (kd, vd) = (up(&k), up(&v));
                 decode_forward(&up(&q), KvCache::Dense { k: &kd, v: &vd }, &p).unwrap()
             } else {
-                let max_pages = s.div_ceil(page);
-                let needed: usize = lens.iter().map(|l| l.div_ceil(page)).sum();
-                let order: Vec<usize> = (0..needed).rev().collect();
-                let (kc, table) = paged(&k, lens, page, max_pages, &order);
-                let (vc, _) = paged(&v, lens, page, max_pages, &order);
-                let (kd, vd) = (up(&kc), up(&vc));
-                let seq_lens: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
-                let cache = KvCache::Paged {
-                    k: &kd,
-                    v: &vd,
-                    block_table: &table,
-                    max_pages,
-                    seq_lens: &seq_lens,
-                };
-                decode_forward(&up(&q), cache, &p).unwrap()
+                decode_paged(&gpu, [&q, &k, &v], lens, page, &p)
             };
             let (o, lse) = (read(&o), read(&lse));
             let what = format!(
