@@ -50,6 +50,41 @@ pub const DECODE_MAX_HEAD_DIM: usize = 256;
 /// [`super::AttentionParams`] (slopes `[heads]` or `[B, heads]`, one row a sequence; the distance
 /// `|i + len - Sq - j|`), in both builds. Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE
 /// `[B, Hq, Sq]` (f32); a row that sees no key gets O = 0 and LSE = -inf.
+///
+/// One generation step of Gemma-2 9B's attention (16 query heads on 8, D256, softcap 50, a local
+/// layer's 4096-key window) for two sequences held in a paged cache of 16-key pages:
+///
+/// ```no_run
+/// use host::ops::attention::{self, AttentionParams, Causal, KvCache, Window};
+/// use host::{DType, Gpu, Tensor};
+/// # fn main() -> host::Result<()> {
+/// let gpu = Gpu::new(0)?;
+/// let (pages, page, hkv, d) = (64, 16, 8, 256);
+/// // K and V pages `[pages, page_size, Hkv, D]`; sequence 0 holds 600 keys on pages 0..38,
+/// // sequence 1 holds 100 on pages 40..47 (a block table row a sequence, `max_pages` wide).
+/// let shape = [pages, page, hkv, d];
+/// let k = Tensor::from_f32(&gpu, &vec![0.1; shape.iter().product()], &shape, DType::BF16)?;
+/// let v = Tensor::from_f32(&gpu, &vec![0.2; shape.iter().product()], &shape, DType::BF16)?;
+/// let max_pages = 40;
+/// let mut block_table = vec![0u32; 2 * max_pages];
+/// for i in 0..max_pages {
+///     block_table[i] = i as u32;
+///     block_table[max_pages + i] = (40 + i % 8) as u32;
+/// }
+/// let q = Tensor::from_f32(&gpu, &vec![0.3; 2 * 16 * d], &[2, 16, 1, d], DType::BF16)?;
+/// let seq_lens = [600, 100];
+/// let cache =
+///     KvCache::Paged { k: &k, v: &v, block_table: &block_table, max_pages, seq_lens: &seq_lens };
+/// let params = AttentionParams {
+///     causal: Causal::Yes,
+///     softcap: Some(50.0),
+///     window: Window { left: Some(4096), right: None },
+///     ..Default::default()
+/// };
+/// let (o, lse) = attention::decode_forward(&q, cache, &params)?;
+/// assert_eq!((o.shape(), lse.shape()), (&[2, 16, 1, d][..], &[2, 16, 1][..]));
+/// # Ok(()) }
+/// ```
 pub fn decode_forward(
     q: &Tensor,
     kv: KvCache<'_>,
