@@ -57,7 +57,12 @@ fn cases() -> Vec<Case> {
     }
 }
 
-fn params(causal: bool, scale: Option<f32>, cap: f32, left: Option<usize>) -> AttentionParams<'static> {
+fn params(
+    causal: bool,
+    scale: Option<f32>,
+    cap: f32,
+    left: Option<usize>,
+) -> AttentionParams<'static> {
     AttentionParams {
         scale,
         softcap: Some(cap),
@@ -142,7 +147,7 @@ fn softcap_refusals_are_named_errors() {
         return;
     };
     let q = Tensor::zeros(&gpu, &[1, 2, 16, 64], DType::F16).unwrap();
-    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY, 1e-30, 1e30] {
         let e = attention::flash_forward(&q, &q, &q, &params(false, None, bad, None)).unwrap_err();
         assert!(e.to_string().contains("finite and positive"), "{bad}: {e}");
     }
@@ -207,8 +212,10 @@ fn softcapped_backward_matches_the_reference() {
                 };
                 let plain = AttentionParams { softcap: None, ..p };
                 let (o_p, lse_p) = attention::flash_forward(&q, &k, &v, &plain).unwrap();
-                let g_l = attention::flash_backward(&q, &k, &v, &o_p, &lse_p, &d_o, &loose).unwrap();
-                let g_p = attention::flash_backward(&q, &k, &v, &o_p, &lse_p, &d_o, &plain).unwrap();
+                let g_l =
+                    attention::flash_backward(&q, &k, &v, &o_p, &lse_p, &d_o, &loose).unwrap();
+                let g_p =
+                    attention::flash_backward(&q, &k, &v, &o_p, &lse_p, &d_o, &plain).unwrap();
                 common::assert_grads_close(
                     &format!("{what}: loose cap vs none"),
                     &g_l,

@@ -1029,7 +1029,7 @@ pub struct DecodeShape {
     pub window_left: u32,
     pub window_right: u32,
     /// The logit softcap in the kernel's base-2 units (`cap log2 e`, and its inverse; 0: none):
-    /// a score `s` (the scale and `log2 e` folded in) becomes `k tanh(s / k)`. The `_scored_`
+    /// a score `s` (the scale and `log2 e` folded in) becomes `k tanh(s / k)`. The `_general_`
     /// kernels only.
     pub softcap_k: f32,
     pub softcap_inv_k: f32,
@@ -1039,7 +1039,7 @@ pub struct DecodeShape {
     pub head_stride: u64,
     /// ALiBi slopes as [`AttentionLayout::alibi_slopes`] (0: none; f32 `[batch, heads]` with
     /// `alibi_batch` = heads, or `[heads]` with 0): query head `h` of sequence `b` subtracts
-    /// `slope |i + len - seq_q - j|` from its score of key `j`, after the softcap. The `_scored_`
+    /// `slope |i + len - seq_q - j|` from its score of key `j`, after the softcap. The `_general_`
     /// kernels only.
     pub alibi_slopes: u64,
     pub alibi_batch: u64,
@@ -1052,10 +1052,11 @@ const _: () = assert!(
     core::mem::size_of::<DecodeShape>() == 104 && core::mem::align_of::<DecodeShape>() == 8
 );
 
-/// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8, a group on one key
-/// at a time.
+/// Threads of a decoding CTA: four warps; each warp's lanes work in groups of 8 (16 at the
+/// 256-column tile), a group on two keys at a time.
 pub const DECODE_THREADS: u32 = 128;
-/// Keys of one shared-memory tile of K and of V: 16 lane groups x 4 keys each.
+/// Keys of one shared-memory tile of K and of V: 16 lane groups x 4 keys each (8 x 8 at the
+/// 256-column tile).
 pub const DECODE_TILE_KEYS: u32 = 64;
 /// Tiles in flight: `cp.async` fills the next `DECODE_STAGES - 1` while the CTA reads one.
 pub const DECODE_STAGES: u32 = 3;

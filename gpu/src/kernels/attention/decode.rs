@@ -8,7 +8,7 @@
 //!   shared memory filled by `cp.async`, so two tiles of loads are in flight while one is read
 //!   (registers alone could not hold enough loads in flight to read at copy speed). A warp's lanes
 //!   work in groups of 8, a group on four keys of each tile (two at a time), each lane holding
-//!   `head_dim / 8` elements of the key, of the query rows and of the output rows. The group's
+//!   an eighth of the tile's columns of the key, of the query rows and of the output rows. The group's
 //!   eight partial scores a step (two keys, four rows) are summed by recursive halving, each lane
 //!   left with one whole score (7 shuffles), which it masks, then gathered (8); each group keeps an
 //!   online softmax (base 2, the scale and `log2 e` folded into Q) over its keys, rescaling once

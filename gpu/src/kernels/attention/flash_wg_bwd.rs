@@ -5,8 +5,9 @@
 //!
 //! One CTA of two warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys
 //! `64 w..64 w + 64`, the M = 64 of its products, and keeps their dK and dV rows in registers (wgmma
-//! accumulators). At D = 256 (`flash_wg_bwd_{d256,general_d256}_*`) a CTA takes 64 keys and the
-//! warpgroups split the head dim instead: see [`split_step`].
+//! accumulators). At D = 256 (`flash_wg_bwd_{d256,general_d256,scored_d256}_*`) and in the scored
+//! kernels at D = 128 (`flash_wg_bwd_scored_d128_*`) a CTA takes 64 keys and the warpgroups split
+//! the head dim instead: see [`split_step`].
 //! K and V stay in shared memory; the CTA walks the query blocks that see its keys
 //! in the order its dQ order asks (`KeyBlockWalk::block_at`: last-first, or rotated), Q_i, dO_i
 //! and their statistics pipelined by `cp.async` (2 stages, 3 with `defer_dq`). Per query block i
@@ -577,8 +578,11 @@ unsafe fn flash_wg_bwd<
 /// barrier warpgroup 1 reads it back, forms `dS^T = P^T (dP^T - D)` and stores it (rounded) to the
 /// dS^T tile; after a second barrier warpgroup 0 reads dS^T. Each thread reads back exactly the
 /// entries of its own fragment positions (both warpgroups' accumulators cover the same 64 x 64
-/// block alike), so both hold the P^T and dS^T fragments [`p_and_ds`] gives, bit for bit. Then
-/// `dV_w += P^T dO_i`, `dK_w += dS^T Q_i` on the warpgroup's 128 columns, issued and committed
+/// block alike), so both hold the P^T and dS^T fragments [`p_and_ds`] gives, bit for bit. With
+/// `SCORE` (the softcap and ALiBi) warpgroup 0 applies them, stores `P^T dw/ds` to `p_tile` (so
+/// warpgroup 1's dS^T is `(P^T dw/ds) (dP^T - D)`, rounded in another order than `p_and_ds`'s)
+/// and the rounded P^T to `pt_tile`, which both read back. Then `dV_w += P^T dO_i`, `dK_w +=
+/// dS^T Q_i` on the warpgroup's `D / 2` columns, issued and committed
 /// (the caller's dQ wait retires them). Returns with the dS^T tile whole and fenced for the dQ
 /// product. `p_tile`: `BK x BQ` f32, entry `e` of thread `t` of a warpgroup at `4 (128 e + t)`
 /// (a warp's access is 128 consecutive bytes).

@@ -6,6 +6,7 @@
 //! all the query rows of its head group.
 //! Measured against PyTorch's SDPA: docs/PERF_NOTES.md, "Decoding".
 use cudarc::driver::LaunchConfig;
+use cudarc::driver::sys::CUdevice_attribute;
 use gpu::params::RawSlice;
 use gpu::params::attention::{
     DECODE_MAX_SPLITS, DECODE_THREADS, DECODE_TILE_KEYS, DecodeShape, MAX_SEQ, MaskKind,
@@ -48,7 +49,8 @@ pub const DECODE_MAX_HEAD_DIM: usize = 256;
 /// only the keys from the first row's first visible one, so a window reads `Sq + left` keys a
 /// sequence, not its whole cache). The softcap and ALiBi slopes as in
 /// [`super::AttentionParams`] (slopes `[heads]` or `[B, heads]`, one row a sequence; the distance
-/// `|i + len - Sq - j|`), in both builds. Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE
+/// `|i + len - Sq - j|`), in both builds. The 256-column tile (head dims past 128) takes 192 KiB of
+/// shared memory a block: sm_90 devices give it, A100's 163 KiB does not (a named error). Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE
 /// `[B, Hq, Sq]` (f32); a row that sees no key gets O = 0 and LSE = -inf.
 ///
 /// One generation step of Gemma-2 9B's attention (16 query heads on 8, D256, softcap 50, a local
@@ -123,8 +125,23 @@ pub fn decode_forward(
     let split = split_kernel(plan.d, q.dtype(), params.modifies_scores());
     let smem = decode_smem_bytes(decode_tile_dim(plan.d) as u32);
     // Always opted in: the static merge buffers count against the same 48 KiB default, so even
-    // D = 64's 48 KiB of tiles needs it.
-    set_max_dynamic_smem(gpu, split, smem)?;
+    // D = 64's 48 KiB of tiles needs it. A device that cannot give a block the tile's ring (the
+    // 256 tile's 192 KiB past sm_90) is told apart from other failures by name.
+    set_max_dynamic_smem(gpu, split, smem).map_err(|e| {
+        let optin = gpu
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .unwrap_or(0);
+        Error::Invalid {
+            op: OP,
+            msg: format!(
+                "head_dim {} decodes on the {}-column tile, whose ring of K and V tiles takes {smem} \
+                 bytes of shared memory a block (plus the kernel's static buffers); this device \
+                 gives a block at most {optin} ({e})",
+                plan.d,
+                decode_tile_dim(plan.d)
+            ),
+        }
+    })?;
     launch_cfg(
         gpu,
         split,
@@ -150,7 +167,7 @@ pub fn decode_forward(
         drop((table, lens));
         return Ok((o, lse));
     }
-    // A CTA a query row, a thread an output column.
+    // A CTA a query row, a thread an output column (two at D = 256).
     const MERGE_THREADS: u32 = 128;
     launch(
         gpu,
@@ -404,7 +421,10 @@ impl<'a> Plan<'a> {
         u("query rows (batch x heads x seq_q)", rows)?;
         // The kernel's scores are base 2 (the scale and log2 e folded into Q), so is its cap.
         let (softcap_k, softcap_inv_k) = match params.softcap {
-            Some(c) => (c * std::f32::consts::LOG2_E, 1.0 / (c * std::f32::consts::LOG2_E)),
+            Some(c) => (
+                c * std::f32::consts::LOG2_E,
+                1.0 / (c * std::f32::consts::LOG2_E),
+            ),
             None => (0.0, 0.0),
         };
         let (alibi_slopes, alibi_batch) = super::alibi_fields(params);

@@ -363,7 +363,10 @@ fn validate_model_features(
     })
 }
 
-/// The softcap and ALiBi slopes as given: the softcap finite and positive, the slopes f32
+/// The softcaps the kernels take: beyond these a cap is no cap (above) or caps every score to 0.
+pub const SOFTCAP_RANGE: (f32, f32) = (1e-20, 1e20);
+
+/// The softcap and ALiBi slopes as given: the softcap in [`SOFTCAP_RANGE`], the slopes f32
 /// `[heads]` or `[batch, heads]`, contiguous, on q's device.
 pub(super) fn validate_score_mods(
     op: &'static str,
@@ -372,11 +375,16 @@ pub(super) fn validate_score_mods(
     (batch, heads): (usize, usize),
 ) -> Result<()> {
     if let Some(c) = params.softcap
-        && !(c.is_finite() && c > 0.0)
+        && !(SOFTCAP_RANGE.0..=SOFTCAP_RANGE.1).contains(&c)
     {
+        // (The range keeps the kernels' cap units, `c log2 e` or `c / |scale|`, and their inverses
+        // finite and normal.)
         return Err(Error::Invalid {
             op,
-            msg: format!("softcap must be finite and positive; got {c}"),
+            msg: format!(
+                "softcap must be finite and positive, between {:e} and {:e}; got {c}",
+                SOFTCAP_RANGE.0, SOFTCAP_RANGE.1
+            ),
         });
     }
     if let Some(slopes) = params.alibi_slopes {
