@@ -41,6 +41,8 @@ use crate::params::attention::{
     DecodeShape, MaskKind, NO_WINDOW,
 };
 
+use super::alibi_slope_at;
+
 const ROWS: usize = DECODE_ROWS as usize;
 // The row loops below are written out for four rows.
 const _: () = assert!(ROWS == 4);
@@ -205,6 +207,7 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
     let groups = DECODE_THREADS / gl;
     let per_group = TILE_KEYS / groups;
     let (sub, group) = (lane % gl, warp * (32 / gl) + lane / gl);
+    let lane_col = |c: usize| 8 * (gl as usize * c + sub as usize);
     // Without lengths (a dense cache) every sequence has `dense_len` keys.
     let len = if lens.len == 0 {
         sh.dense_len
@@ -253,7 +256,7 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                     // A lane whose chunk lies past a narrower head dim loads the row's last chunk
                     // instead: finite values that meet only zeros (K's columns past the head dim
                     // are zero-filled), so they add nothing. (A predicated load spilled D = 128.)
-                    let col = (8 * (gl as usize * c + sub as usize)).min(hd - 8);
+                    let col = lane_col(c).min(hd - 8);
                     let at = (base + col as u64) / 8;
                     check_index(at as usize * 8 + 7, q.len as usize);
                     // SAFETY: a chunk of a row of Q (in range above), 16-byte aligned (the head
@@ -284,7 +287,17 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                         0
                     };
                     if GENERAL {
-                        row_info().store(ROW_SLOPE + r, alibi_slope2(&sh, b, hq));
+                        // The slope times log2 e (the kernel's scores are base 2); 0 without slopes.
+                        row_info().store(
+                            ROW_SLOPE + r,
+                            if sh.alibi_slopes == 0 {
+                                0.0
+                            } else {
+                                // SAFETY: a nonzero address, from the host's validated slopes.
+                                let at = (sh.alibi_slopes, sh.alibi_batch);
+                                (unsafe { alibi_slope_at(at, b, hq) }) * math::LOG2_E
+                            },
+                        );
                         let pos = (i as i64 + off) as i32 as u32;
                         row_info().store(ROW_POS + r, f32::from_bits(pos));
                     }
@@ -348,7 +361,7 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                         // SAFETY: inside this stage's K tile (row < TILE_KEYS, column < d),
                         // 16-byte aligned; the barrier above ordered its copy before this read.
                         let kx = widen::<T>(unsafe {
-                            ld_shared_v4(k_base + (row * d as u32 + 8 * (gl * c as u32 + sub)) * 2)
+                            ld_shared_v4(k_base + (row * d as u32 + lane_col(c) as u32) * 2)
                         });
                         crate::unroll!(r in [0, 1, 2, 3] {
                             crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -406,7 +419,7 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                     chunks!(c, {
                         // SAFETY: as for K, in this stage's V tile (zero-filled past the split).
                         let vx = widen::<T>(unsafe {
-                            ld_shared_v4(v_base + (row * d as u32 + 8 * (gl * c as u32 + sub)) * 2)
+                            ld_shared_v4(v_base + (row * d as u32 + lane_col(c) as u32) * 2)
                         });
                         crate::unroll!(r in [0, 1, 2, 3] {
                             crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -465,7 +478,7 @@ unsafe fn split<T: Elem, const CH: usize, const GENERAL: bool>(
                 }
                 chunks!(c, {
                     crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        let col = 8 * (gl as usize * c + sub as usize) + e;
+                        let col = lane_col(c) + e;
                         let at = sa_addr((warp as usize * ROWS + r) * merge_cols + col);
                         // SAFETY: inside `merge_acc` or the ring (checked above), 4-byte
                         // aligned; one writer per element, read after the barrier below.
@@ -558,21 +571,6 @@ fn group_sum_scatter(x: &[[f32; ROWS]; 2], sub: u32, gl: u32) -> f32 {
     if gl > 8 { w + shfl_xor_f32(w, 8) } else { w }
 }
 
-/// The ALiBi slope of query head `hq` of sequence `b` times `log2 e` (the kernel's scores are base
-/// 2); 0 without slopes.
-#[inline(always)]
-fn alibi_slope2(sh: &DecodeShape, b: u32, hq: u32) -> f32 {
-    if sh.alibi_slopes == 0 {
-        return 0.0;
-    }
-    // SAFETY: the host passes `batch * alibi_batch + q_heads` slopes or more when the address is
-    // nonzero (b < batch: the grid's z; hq < q_heads).
-    let slope = unsafe {
-        *(sh.alibi_slopes as *const f32).add((b as u64 * sh.alibi_batch + hq as u64) as usize)
-    };
-    slope * math::LOG2_E
-}
-
 /// One query row's splits merged, a CTA a row (`MERGE_THREADS` threads, one an output column
 /// and more for D = 64): the splits' LSEs go through shared memory once, as weights
 /// `e^(LSE_s - max)`, so each column's sum over the splits is independent loads (not a chain of
@@ -653,7 +651,7 @@ unsafe fn merge<T: Elem>(
 }
 
 macro_rules! decode_entry_points {
-    ($($split:ident, $ch:literal, $mods:literal: $t:ty;)*) => {$(
+    ($($split:ident, $ch:literal, $general:literal: $t:ty;)*) => {$(
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $split(
@@ -668,7 +666,7 @@ macro_rules! decode_entry_points {
             lse: SliceMut<f32>,
             shape: DecodeShape,
         ) {
-            unsafe { split::<$t, $ch, $mods>(q, k, v, table, lens, o_part, lse_part, o, lse, shape) }
+            unsafe { split::<$t, $ch, $general>(q, k, v, table, lens, o_part, lse_part, o, lse, shape) }
         }
     )*};
 }

@@ -147,13 +147,24 @@ pub(super) fn alibi_slope(l: &AttentionLayout, p: &AttentionShape, b: u32, h: u3
     if l.alibi_slopes == 0 {
         return 0.0;
     }
-    // SAFETY: the launcher passes `batch * alibi_batch + heads` slopes or more when the address
-    // is nonzero (b < batch: the grid's z; h < heads).
-    let slope = unsafe {
-        *(l.alibi_slopes as *const f32).add((b as u64 * l.alibi_batch + h as u64) as usize)
-    };
+    // SAFETY: a nonzero address, from the launcher's validated slopes.
+    let slope = unsafe { alibi_slope_at((l.alibi_slopes, l.alibi_batch), b, h) };
     // (`rcp`: a `div.rn.f32` calls a slow-path subroutine, whose call made the backward spill.)
     slope * LOG2_E * rcp(max(p.scale.abs() * LOG2_E, 1e-30))
+}
+
+/// The ALiBi slope of query head `h` of batch entry `b` as given: from the slopes at address
+/// `slopes` (f32, `alibi_batch` of them a batch entry, 0 for one row shared by all), as
+/// [`AttentionLayout::alibi_slopes`] and the decoding shape hold them. (The callers test for a
+/// zero address, no slopes, themselves: a test in here moved the forwards' code.)
+///
+/// # Safety
+/// `slopes` is nonzero: the launchers then pass `batch * alibi_batch + heads` slopes or more
+/// (b < batch: the grid's z; h < heads).
+#[inline(always)]
+pub(super) unsafe fn alibi_slope_at((slopes, alibi_batch): (u64, u64), b: u32, h: u32) -> f32 {
+    // SAFETY: the caller's.
+    unsafe { *(slopes as *const f32).add((b as u64 * alibi_batch + h as u64) as usize) }
 }
 
 /// The rows of one head of a strided `[batch, heads, seq, D]` operand (any strides, last dim

@@ -50,8 +50,9 @@ pub const DECODE_MAX_HEAD_DIM: usize = 256;
 /// sequence, not its whole cache). The softcap and ALiBi slopes as in
 /// [`super::AttentionParams`] (slopes `[heads]` or `[B, heads]`, one row a sequence; the distance
 /// `|i + len - Sq - j|`), in both builds. The 256-column tile (head dims past 128) takes 192 KiB of
-/// shared memory a block: sm_90 devices give it, A100's 163 KiB does not (a named error). Returns O `[B, Hq, Sq, D]` (q's dtype) and LSE
-/// `[B, Hq, Sq]` (f32); a row that sees no key gets O = 0 and LSE = -inf.
+/// shared memory a block: sm_90 devices give it, A100's 163 KiB does not (a named error). Returns
+/// O `[B, Hq, Sq, D]` (q's dtype) and LSE `[B, Hq, Sq]` (f32); a row that sees no key gets O = 0
+/// and LSE = -inf.
 ///
 /// One generation step of Gemma-2 9B's attention (16 query heads on 8, D256, softcap 50, a local
 /// layer's 4096-key window) for two sequences held in a paged cache of 16-key pages:
@@ -123,7 +124,8 @@ pub fn decode_forward(
     };
     let (k, v) = plan.kv;
     let split = split_kernel(plan.d, q.dtype(), params.modifies_scores());
-    let smem = decode_smem_bytes(decode_tile_dim(plan.d) as u32);
+    let tile = decode_tile_dim(plan.d);
+    let smem = decode_smem_bytes(tile as u32);
     // Always opted in: the static merge buffers count against the same 48 KiB default, so even
     // D = 64's 48 KiB of tiles needs it. A device that cannot give a block the tile's ring (the
     // 256 tile's 192 KiB past sm_90) is told apart from other failures by name.
@@ -134,11 +136,10 @@ pub fn decode_forward(
         Error::Invalid {
             op: OP,
             msg: format!(
-                "head_dim {} decodes on the {}-column tile, whose ring of K and V tiles takes {smem} \
-                 bytes of shared memory a block (plus the kernel's static buffers); this device \
-                 gives a block at most {optin} ({e})",
-                plan.d,
-                decode_tile_dim(plan.d)
+                "head_dim {} decodes on the {tile}-column tile, whose ring of K and V tiles takes \
+                 {smem} bytes of shared memory a block (plus the kernel's static buffers); this \
+                 device gives a block at most {optin} ({e})",
+                plan.d
             ),
         }
     })?;
