@@ -1,6 +1,7 @@
 //! FlashAttention at head dims off the kernels' tiles (every multiple of 8 up to
-//! `FLASH_MAX_HEAD_DIM`; a head dim runs on the narrowest tile of `FLASH_TILE_DIMS` that holds it),
-//! and at the widest tile (256; the sm_90 build's):
+//! `FLASH_MAX_HEAD_DIM`; a head dim runs on the narrowest tile of `FLASH_TILE_DIMS` that holds it,
+//! in the sm_90 build with products over the narrowest of `FLASH_PRODUCT_DIMS` that holds it), and
+//! at the widest tile (256; the sm_90 build's):
 //! - forward, every kernel this build has (`FLASH_VARIANTS`): O and LSE bit-identical to the same
 //!   kernel on the operands zero-padded to the tile's width (the padded call's O cut back to the head
 //!   dim; its padded columns exactly 0), and O within tolerance of the f64 reference of
@@ -26,7 +27,9 @@ use host::ops::attention::{
 use host::{DType, Gpu, HostTensor, Tensor};
 
 /// (B, Hq, Hkv, Sq, Sk, D, Q/K/V/dO in `[B, S, H, D]` memory)
-const CASES: [(usize, usize, usize, usize, usize, usize, bool); 7] = [
+/// 32 and 96 have dense backward kernels of their own in the sm_90 build (their products cover
+/// their columns, on the 64 and 128 tiles); the others run the general kernels.
+const CASES: [(usize, usize, usize, usize, usize, usize, bool); 9] = [
     (2, 3, 3, 77, 131, 8, false),
     (1, 4, 2, 130, 65, 40, false),
     (2, 2, 2, 129, 129, 56, true),
@@ -34,6 +37,8 @@ const CASES: [(usize, usize, usize, usize, usize, usize, bool); 7] = [
     (2, 4, 1, 97, 97, 96, false),
     (1, 3, 3, 1, 257, 104, true),
     (1, 2, 2, 150, 150, 120, false),
+    (2, 4, 2, 131, 190, 32, true),
+    (1, 3, 3, 250, 129, 96, true),
 ];
 
 /// Head dims on the 256-wide tile (the sm_90 build's only), forward and backward.
@@ -48,7 +53,7 @@ const WIDE_CASES: [(usize, usize, usize, usize, usize, usize, bool); 4] = [
 /// grouped among them.
 fn cases() -> Vec<(usize, usize, usize, usize, usize, usize, bool)> {
     if sanitizing() {
-        vec![CASES[1], CASES[4], CASES[5]]
+        vec![CASES[1], CASES[4], CASES[5], CASES[7]]
     } else {
         CASES.to_vec()
     }

@@ -325,6 +325,35 @@ pub const fn flash_tile_dim(head_dim: usize) -> usize {
 }
 const _: () = assert!(FLASH_MAX_HEAD_DIM == FLASH_TILE_DIMS[FLASH_TILE_DIMS.len() - 1]);
 
+/// The head-dim columns the sm_90 build's products cover (`flash_tma_fwd_d{N}_*`; the backward's
+/// dense kernels at 32 and 96 too): every tile width, and 32, 96 and 192 on the tile above them
+/// (`Q K^T` over fewer k-steps, `P V` and the gradients' products over fewer columns). 32-column
+/// steps are what the 128-byte-swizzled tiles allow: an MN-major operand narrower than a 64-column
+/// panel starts at a panel's first column.
+pub const FLASH_PRODUCT_DIMS: [usize; 6] = [32, 64, 96, 128, 192, 256];
+
+/// The columns the products cover for a supported head dim: the narrowest of
+/// [`FLASH_PRODUCT_DIMS`] that holds it (zero columns past the head dim add nothing).
+pub const fn flash_product_dim(head_dim: usize) -> usize {
+    let mut i = 0;
+    while i < FLASH_PRODUCT_DIMS.len() {
+        if head_dim <= FLASH_PRODUCT_DIMS[i] {
+            return FLASH_PRODUCT_DIMS[i];
+        }
+        i += 1;
+    }
+    FLASH_PRODUCT_DIMS[FLASH_PRODUCT_DIMS.len() - 1]
+}
+// Every product width lies in its head dim's tile (16-column k-steps, 32-column N steps).
+const _: () = {
+    let mut i = 0;
+    while i < FLASH_PRODUCT_DIMS.len() {
+        let n = FLASH_PRODUCT_DIMS[i];
+        assert!(n.is_multiple_of(32) && n <= flash_tile_dim(n));
+        i += 1;
+    }
+};
+
 // The configs' shared-memory plans, recomputed from the tile layouts the kernel uses.
 const _: () = {
     type D64Q = TileLayout<u16, { FLASH_D64.block_q }, { FLASH_D64.head_dim }, Xor8>;
@@ -793,7 +822,12 @@ const _: () = {
 /// counters and the dQ conversion are those of [`FlashBwdConfig`]'s kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashWgBwdConfig {
+    /// The tiles' width (a multiple of 64: whole 128-byte swizzle panels).
     pub head_dim: usize,
+    /// The head-dim columns the products cover (`<= head_dim`): the tile's width, or 32 / 96 in the
+    /// dense kernels of those head dims (`flash_wg_bwd_d{32,96}_*`), whose `S^T` and `dP^T` take
+    /// fewer k-steps and whose dK, dV (and at 32 dQ) products fewer columns.
+    pub cols: usize,
     /// Keys per CTA: 64 per warpgroup.
     pub block_k: usize,
     /// Query rows a step (the N of `S^T`, the K of `dV += P^T dO`).
@@ -822,8 +856,13 @@ impl FlashWgBwdConfig {
         if self.split_head {
             self.head_dim / 2
         } else {
-            self.head_dim
+            self.cols
         }
+    }
+    /// Columns of one dQ part (the N of its wgmma chain): 64, or the product columns below 64
+    /// (a part past them adds only its columns within them).
+    pub const fn dq_part_cols(&self) -> usize {
+        if self.cols < 64 { self.cols } else { 64 }
     }
     /// dQ splits over the warpgroups: by query rows (`block_q / 64` halves) times by columns.
     pub const fn dq_row_splits(&self) -> usize {
@@ -879,6 +918,7 @@ impl FlashWgBwdConfig {
 /// - One CTA per SM (up to 255 registers a thread).
 pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 64,
+    cols: 64,
     block_k: 128,
     block_q: 128,
     defer_dq: true,
@@ -887,6 +927,7 @@ pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
 };
 pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 128,
+    cols: 128,
     block_k: 128,
     block_q: 64,
     defer_dq: false,
@@ -895,11 +936,27 @@ pub const FLASH_WG_BWD_D128: FlashWgBwdConfig = FlashWgBwdConfig {
 };
 pub const FLASH_WG_BWD_D256: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 256,
+    cols: 256,
     block_k: 64,
     block_q: 64,
     defer_dq: false,
     stages: 2,
     split_head: true,
+};
+
+/// Head dim 32 on the 64-wide tiles ([`FLASH_WG_BWD_D64`]'s walk and deferred dQ): `S^T`, `dP^T`
+/// over 2 k-steps, dV, dK and the dQ parts 32 columns wide (16 + 16 + 16 f32 a thread).
+pub const FLASH_WG_BWD_D32: FlashWgBwdConfig = FlashWgBwdConfig {
+    cols: 32,
+    ..FLASH_WG_BWD_D64
+};
+/// Head dim 96 on the 128-wide tiles ([`FLASH_WG_BWD_D128`]'s walk): `S^T`, `dP^T` over 6 k-steps,
+/// dV and dK 96 columns (48 + 48 f32 a thread); the dQ parts stay 64 x 64 (an MN-major operand of
+/// 32 columns must start a 64-column panel), and warpgroup 1 adds the 32 of its 64 columns that
+/// are the head dim's.
+pub const FLASH_WG_BWD_D96: FlashWgBwdConfig = FlashWgBwdConfig {
+    cols: 96,
+    ..FLASH_WG_BWD_D128
 };
 
 /// The wgmma backward's general kernels (packed batches, head dims narrower than the tile) at
@@ -909,6 +966,7 @@ pub const FLASH_WG_BWD_D256: FlashWgBwdConfig = FlashWgBwdConfig {
 /// [`FLASH_WG_BWD_D128`].
 pub const FLASH_WG_BWD_D64_GENERAL: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 64,
+    cols: 64,
     block_k: 128,
     block_q: 128,
     defer_dq: false,
@@ -922,6 +980,7 @@ pub const FLASH_WG_BWD_D64_GENERAL: FlashWgBwdConfig = FlashWgBwdConfig {
 /// 128-key pairing of [`FLASH_WG_BWD_D128`] keeps 128 and spilled 56-224 bytes with it.
 pub const FLASH_WG_BWD_D128_SCORED: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 128,
+    cols: 128,
     block_k: 64,
     block_q: 64,
     defer_dq: false,
@@ -943,9 +1002,12 @@ pub const fn flash_wg_bwd_config_of(
     }
 }
 
+/// The dense kernels' config for a head dim (their product columns, [`FlashWgBwdConfig::cols`]).
 pub const fn flash_wg_bwd_config(head_dim: usize) -> Option<FlashWgBwdConfig> {
     match head_dim {
+        32 => Some(FLASH_WG_BWD_D32),
         64 => Some(FLASH_WG_BWD_D64),
+        96 => Some(FLASH_WG_BWD_D96),
         128 => Some(FLASH_WG_BWD_D128),
         256 => Some(FLASH_WG_BWD_D256),
         _ => None,
@@ -963,10 +1025,16 @@ const _: () = {
         FLASH_WG_BWD_D256,
         FLASH_WG_BWD_D64_GENERAL,
         FLASH_WG_BWD_D128_SCORED,
+        FLASH_WG_BWD_D32,
+        FLASH_WG_BWD_D96,
     ];
     let mut i = 0;
     while i < cfgs.len() {
         let c = cfgs[i];
+        // Product columns: whole 32-column steps inside the tile, the tile's own with the split.
+        assert!(c.cols.is_multiple_of(32) && c.cols <= c.head_dim && c.head_dim - c.cols < 64);
+        assert!(!c.split_head || c.cols == c.head_dim);
+        assert!(c.dq_part_cols() == 64 || c.dq_col_splits() == 1);
         assert!(c.block_k == if c.split_head { 64 } else { 128 });
         assert!(!(c.split_head && c.defer_dq) && (!c.split_head || c.block_q == 64));
         assert!(c.block_q.is_multiple_of(64) && c.head_dim.is_multiple_of(64));

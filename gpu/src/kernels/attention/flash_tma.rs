@@ -1,5 +1,5 @@
 //! FlashAttention forward, warp-specialised on the Hopper pipeline (sm_90 build only): entry points
-//! `flash_tma_fwd_d{64,128,256}_{f16,bf16}`. Same contract (masking, LSE, any S_q / S_k, scale sign) as the
+//! `flash_tma_fwd_d{32,64,96,128,192,256}_{f16,bf16}`. Same contract (masking, LSE, any S_q / S_k, scale sign) as the
 //! other forward kernels; the masking, online softmax, P packing and epilogue are those of
 //! `flash_wgmma.rs`, shared.
 //!
@@ -40,11 +40,11 @@ use crate::params::attention::{
 };
 use crate::unroll_lt;
 
+use super::alibi_slope;
 use super::flash_wgmma::{
     KeyLimits, OnlineSoftmax, QueryBlock, alibi, issue_pv, issue_s, key_limits, mask, pack_p,
     rescale, softcap, store_output,
 };
-use super::alibi_slope;
 
 /// K/V ring depth.
 const STAGES: usize = 2;
@@ -56,6 +56,7 @@ const TURN: u32 = 3;
 unsafe fn flash_tma_fwd<
     T,
     const D: usize,
+    const COLS: usize,
     const BQ: usize,
     const BK: usize,
     const SN: usize,
@@ -73,7 +74,9 @@ unsafe fn flash_tma_fwd<
     [f32; SN]: Accumulator,
     [f32; ON]: Accumulator,
 {
-    const { assert!(BQ == 128 && SN == BK / 2 && ON == D / 2 && BK <= 128 && D <= 256) };
+    // The products cover the first `COLS` columns of the tile's `D` (the head dim's, rounded up to
+    // 16; the rest are zeros in Q, K and V): fewer k-steps of `Q K^T`, a narrower `P V`.
+    const { assert!(BQ == 128 && SN == BK / 2 && ON == COLS / 2 && BK <= 128 && D <= 256) };
     // (A packed batch's CTAs past their sequence's last block walk no tile and store nothing.)
     let qb = QueryBlock::of::<BQ, BK>(&p, &st);
     let p0 = p;
@@ -181,7 +184,7 @@ unsafe fn flash_tma_fwd<
         fence();
         // SAFETY: the whole warpgroup; Q and K(j) have landed (their barriers) and stay until this
         // warpgroup releases K(j) after the wait below.
-        unsafe { issue_s::<T, BQ, BK, D, SN>(&mut s, q_tile, wg_row, kt) };
+        unsafe { issue_s::<T, BQ, BK, D, COLS, SN>(&mut s, q_tile, wg_row, kt) };
         if t > 0 {
             let vt = v_ring.consumer_wait(vs);
             // SAFETY: the whole warpgroup; V(j-1) has landed; P(j-1) and the rescaled O were
@@ -263,7 +266,7 @@ fn negate_rows<const ROWS: usize, const D: usize>(tile: SwizzledTile<ROWS, D>, r
 }
 
 macro_rules! flash_tma_entry_points {
-    ($($name:ident: $t:ty, $cfg:path;)*) => {$(
+    ($($name:ident: $t:ty, $cfg:path, $cols:literal;)*) => {$(
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
         crate::launch_bounds!($name, FLASH_TMA_THREADS, 1);
         crate::tensor_map_params!($name, 0, 1, 2);
@@ -281,7 +284,7 @@ macro_rules! flash_tma_entry_points {
             let map_k = crate::tensor_map_param!($name, 1, C.block_k, 4);
             let map_v = crate::tensor_map_param!($name, 2, C.block_k, 4);
             unsafe {
-                flash_tma_fwd::<$t, { C.head_dim }, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { C.head_dim / 2 }>(
+                flash_tma_fwd::<$t, { C.head_dim }, $cols, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { $cols / 2 }>(
                     map_q, map_k, map_v, o, lse, shape, strides,
                 )
             }
@@ -289,11 +292,20 @@ macro_rules! flash_tma_entry_points {
     )*};
 }
 
+// Name, element, tile config, the columns the products cover. Head dims 32, 96 and 192 (and the
+// narrower ones each serves) run on the tile above them with products over their own columns only:
+// half, three quarters and three quarters of the tile's `Q K^T` and `P V`.
 flash_tma_entry_points! {
-    flash_tma_fwd_d64_f16: F16, FLASH_TMA_D64;
-    flash_tma_fwd_d64_bf16: BF16, FLASH_TMA_D64;
-    flash_tma_fwd_d128_f16: F16, FLASH_TMA_D128;
-    flash_tma_fwd_d128_bf16: BF16, FLASH_TMA_D128;
-    flash_tma_fwd_d256_f16: F16, FLASH_TMA_D256;
-    flash_tma_fwd_d256_bf16: BF16, FLASH_TMA_D256;
+    flash_tma_fwd_d32_f16: F16, FLASH_TMA_D64, 32;
+    flash_tma_fwd_d32_bf16: BF16, FLASH_TMA_D64, 32;
+    flash_tma_fwd_d64_f16: F16, FLASH_TMA_D64, 64;
+    flash_tma_fwd_d64_bf16: BF16, FLASH_TMA_D64, 64;
+    flash_tma_fwd_d96_f16: F16, FLASH_TMA_D128, 96;
+    flash_tma_fwd_d96_bf16: BF16, FLASH_TMA_D128, 96;
+    flash_tma_fwd_d128_f16: F16, FLASH_TMA_D128, 128;
+    flash_tma_fwd_d128_bf16: BF16, FLASH_TMA_D128, 128;
+    flash_tma_fwd_d192_f16: F16, FLASH_TMA_D256, 192;
+    flash_tma_fwd_d192_bf16: BF16, FLASH_TMA_D256, 192;
+    flash_tma_fwd_d256_f16: F16, FLASH_TMA_D256, 256;
+    flash_tma_fwd_d256_bf16: BF16, FLASH_TMA_D256, 256;
 }

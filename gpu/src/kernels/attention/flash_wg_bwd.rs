@@ -58,9 +58,10 @@ use crate::dev::thread::{block_idx_z, lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D64,
-    FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D128, FLASH_WG_BWD_D128_SCORED, FLASH_WG_BWD_D256,
-    FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config_of,
+    AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D32,
+    FLASH_WG_BWD_D64, FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D96, FLASH_WG_BWD_D128,
+    FLASH_WG_BWD_D128_SCORED, FLASH_WG_BWD_D256, FlashWgBwdConfig, GROUP_ALL,
+    flash_wg_bwd_config_of,
 };
 use crate::{unroll, unroll_lt};
 
@@ -68,18 +69,21 @@ use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, QueryBounds, add_rows_f32};
 use super::flash_wgmma::{load_rows, pack_p};
 use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
 
-/// The main backward kernel. `ON`: f32 a thread of dK and of dV (`D / 2`, or `D / 4` with the
-/// head dim split), `SUBS`: the step's sub-blocks on the paired path (0 with the split: its step
-/// is [`split_step`]); all checked against the config. S^T, dP^T (per 64-query sub-block) and the
-/// dQ half are 32 each (64 x 64).
+/// The main backward kernel. `D`: the tiles' width; `HD`: the head-dim columns the products cover
+/// (`D`, or 32 / 96 on the 64 / 128 tiles); `ON`: f32 a thread of dK and of dV (`HD / 2`, or
+/// `D / 4` with the head dim split), `QN`: of a dQ part (32, or 16 at `HD` = 32), `SUBS`: the
+/// step's sub-blocks on the paired path (0 with the split: its step is [`split_step`]); all
+/// checked against the config. S^T and dP^T (per 64-query sub-block) are 32 each (64 x 64).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn flash_wg_bwd<
     T,
     const D: usize,
+    const HD: usize,
     const BK: usize,
     const BQ: usize,
     const ON: usize,
+    const QN: usize,
     const STAGES: usize,
     const SUBS: usize,
     const GENERAL: bool,
@@ -99,23 +103,26 @@ unsafe fn flash_wg_bwd<
     order: u32,
     st: AttentionLayout,
 ) where
-    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
+    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]> + Wgmma<[f32; QN]>,
     [f32; ON]: Accumulator,
     [f32; 32]: Accumulator,
+    [f32; QN]: Accumulator,
 {
-    let cfg: FlashWgBwdConfig = const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL, SCORE>() };
-    const { assert!(SUBS == cfg_subs::<D, GENERAL, SCORE>()) };
+    let cfg: FlashWgBwdConfig =
+        const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>() };
+    const { assert!(SUBS == cfg_subs::<HD, GENERAL, SCORE>()) };
     // (Their own consts: read off `cfg`, the branches they pick folded later, and ptxas spilled.)
     let split: bool =
-        const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL, SCORE>().split_head };
+        const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().split_head };
     let two_dq_parts: bool =
-        const { checked_config::<D, BK, BQ, ON, STAGES, GENERAL, SCORE>().dq_parts() == 2 };
+        const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().dq_parts() == 2 };
     const TH: usize = 256;
     // The general kernels walk in the plain order (the host passes nothing else): known here, the
     // rotated orders' arithmetic folds away, which a packed walk's registers need.
-    // The head dim's columns: the tile's own in a dense kernel (every column test folds away), the
-    // shape's in a general one (narrower head dims zero-filled on load and cut on store).
-    let cols = if GENERAL { p.head_dim } else { D as u32 };
+    // The head dim's columns: the products' own in a dense kernel (every column test folds away;
+    // the tile's columns past them are zero-filled on load), the shape's in a general one
+    // (narrower head dims zero-filled on load and cut on store).
+    let cols = if GENERAL { p.head_dim } else { HD as u32 };
     let order = if GENERAL { order & DQ_ORDERED } else { order };
 
     // The query heads this launch walks: one group member, or (`GROUP_ALL`) every member of the
@@ -323,11 +330,11 @@ unsafe fn flash_wg_bwd<
 
             // Deferred: the previous block's dQ half (its dS^T tile is whole since the barrier
             // above), computed ahead of this block's first S^T / dP^T and added while they run.
-            let mut dq = [0.0f32; 32];
+            let mut dq = [0.0f32; QN];
             if cfg.defer_dq {
                 // SAFETY: as for the dQ product in the non-deferred branch below.
                 unsafe {
-                    issue_dq::<T, BK, D, BQ>(
+                    issue_dq::<T, BK, D, BQ, QN>(
                         &mut dq,
                         ds_tiles.stage(ds_stage ^ 1),
                         k_tile,
@@ -367,7 +374,7 @@ unsafe fn flash_wg_bwd<
                 let mut s = [0.0f32; 32];
                 let mut dp = [0.0f32; 32];
                 fence();
-                unroll_lt!(kd < D / 16, {
+                unroll_lt!(kd < HD / 16, {
                     // SAFETY: the whole warpgroup issues it (no divergence above); K, V and Q_i, dO_i
                     // landed and were fenced before the barrier; `s`, `dp` are untouched until the
                     // wait below.
@@ -451,7 +458,7 @@ unsafe fn flash_wg_bwd<
                 // SAFETY: the whole warpgroup; the dS^T tile was fenced before the barrier above and
                 // the K tile before the one at the top; neither is written until the wait below;
                 // `dq` is untouched until then.
-                unsafe { issue_dq::<T, BK, D, BQ>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0) };
+                unsafe { issue_dq::<T, BK, D, BQ, QN>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0) };
                 if sink.late() && step > 0 {
                     // The previous step's additions (a step ago: landed) before this turn. Its block
                     // is recomputed: kept through the step, ptxas spilled.
@@ -471,7 +478,13 @@ unsafe fn flash_wg_bwd<
                     sink.add_part(&dq, i, tid, cfg, dq_col0);
                     // SAFETY: as above (the tiles are not written until the wait below).
                     unsafe {
-                        issue_dq::<T, BK, D, BQ>(&mut dq, ds_tile, k_tile, dq_row0, dq_col0 + 64)
+                        issue_dq::<T, BK, D, BQ, QN>(
+                            &mut dq,
+                            ds_tile,
+                            k_tile,
+                            dq_row0,
+                            dq_col0 + 64,
+                        )
                     };
                     dq.wait::<0>();
                     dv_acc.hold();
@@ -493,10 +506,10 @@ unsafe fn flash_wg_bwd<
             sync_threads();
             let tid = opaque_dep_u32(thread_idx_x(), i);
             let wg = tid / 128;
-            let mut dq = [0.0f32; 32];
+            let mut dq = [0.0f32; QN];
             // SAFETY: as in the loop; nothing writes the tiles any more.
             unsafe {
-                issue_dq::<T, BK, D, BQ>(
+                issue_dq::<T, BK, D, BQ, QN>(
                     &mut dq,
                     ds_tiles.stage((step - 1) % 2),
                     k_tile,
@@ -940,14 +953,14 @@ unsafe fn load_ds<const BK: usize, const BQ: usize>(
 /// a barrier the caller passed, and are not written until the caller's wait; `dq` is not touched
 /// until then.
 #[inline(always)]
-unsafe fn issue_dq<T, const BK: usize, const D: usize, const BQ: usize>(
-    dq: &mut [f32; 32],
+unsafe fn issue_dq<T, const BK: usize, const D: usize, const BQ: usize, const QN: usize>(
+    dq: &mut [f32; QN],
     ds_tile: SwizzledTile<BK, BQ>,
     k_tile: SwizzledTile<BK, D>,
     dq_row0: u32,
     dq_col0: u32,
 ) where
-    T: Wgmma<[f32; 32]>,
+    T: Wgmma<[f32; QN]>,
 {
     fence();
     unroll_lt!(ks < BK / 16, {
@@ -1030,9 +1043,9 @@ impl DqSink {
     /// additions, or with `DQ_LATE_RELEASE` by the caller's later [`Self::release`] (unless
     /// `release_now`). Every lane polls the same word, so the warp leaves the wait together.
     #[inline(always)]
-    fn add(
+    fn add<const QN: usize>(
         &self,
-        dq: &[f32; 32],
+        dq: &[f32; QN],
         i: u32,
         turn: u32,
         tid: u32,
@@ -1056,9 +1069,9 @@ impl DqSink {
 
     /// The rest of [`Self::add`], after [`Self::wait`]: the additions and the release.
     #[inline(always)]
-    fn add_waited(
+    fn add_waited<const QN: usize>(
         &self,
-        dq: &[f32; 32],
+        dq: &[f32; QN],
         i: u32,
         tid: u32,
         cfg: FlashWgBwdConfig,
@@ -1080,7 +1093,7 @@ impl DqSink {
             (self.acc, self.bh, self.rows),
             self.sq,
             (row0, dq_col0),
-            cfg.head_dim,
+            (cfg.head_dim, cfg.cols),
         );
         // Every lane's additions, then the release (cumulative over the warp barrier).
         sync_warp(FULL_MASK);
@@ -1094,14 +1107,21 @@ impl DqSink {
     /// split), from column `col0`, inside the turn [`Self::wait`] took; [`Self::add_waited`] adds
     /// the second and releases the turn.
     #[inline(always)]
-    fn add_part(&self, dq: &[f32; 32], i: u32, tid: u32, cfg: FlashWgBwdConfig, col0: u32) {
+    fn add_part<const QN: usize>(
+        &self,
+        dq: &[f32; QN],
+        i: u32,
+        tid: u32,
+        cfg: FlashWgBwdConfig,
+        col0: u32,
+    ) {
         let row0 = i * cfg.block_q as u32 + 16 * (tid / 32 % 4);
         add_dq_half(
             dq,
             (self.acc, self.bh, self.rows),
             self.sq,
             (row0, col0),
-            cfg.head_dim,
+            (cfg.head_dim, cfg.cols),
         );
     }
 
@@ -1117,26 +1137,27 @@ impl DqSink {
     }
 }
 
-/// Adds this thread's share of a warp's 16 rows of a 64 x 64 dQ half (wgmma accumulator layout:
+/// Adds this thread's share of a warp's 16 rows of a 64 x `2 QN` dQ part (wgmma accumulator layout:
 /// `dq[4n], dq[4n + 1]` row g, columns 8n + 2t, +1; `dq[4n + 2], dq[4n + 3]` row g + 8) to the
 /// f32 accumulator (`rows` rows a head, of which the first `sq` are this sequence's), 16 bytes an
 /// instruction: lanes t and t ^ 1 trade halves, so the even lane adds row g, columns
 /// 8n + 4 (t / 2)..+4 and the odd lane row g + 8, the same columns (a warp's instruction covers 16
-/// whole 32-byte sectors). `row0` = the warp's first query row in the head, `col0` = the half's
-/// first column.
+/// whole 32-byte sectors). `row0` = the warp's first query row in the head, `col0` = the part's
+/// first column; the accumulator's rows are `d` f32 (the tile's width), of which the first `cols`
+/// are the products' (the columns past them, zeros, are not added).
 #[inline(always)]
-fn add_dq_half(
-    dq: &[f32; 32],
+fn add_dq_half<const QN: usize>(
+    dq: &[f32; QN],
     (acc, bh, rows): (SliceMut<f32>, u64, u32),
     sq: u32,
     (row0, col0): (u32, u32),
-    d: usize,
+    (d, cols): (usize, usize),
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
     let odd = t % 2 == 1;
     let row = row0 + g + if odd { 8 } else { 0 };
     let base = (bh * rows as u64 + row as u64) * d as u64 + (col0 + 4 * (t / 2)) as u64;
-    unroll_lt!(n < 8, {
+    unroll_lt!(n < QN / 4, {
         let a = &dq[4 * n..4 * n + 4];
         // What the partner lane needs: the even lane sends its row g + 8, the odd lane its row g.
         let (s0, s1) = if odd { (a[0], a[1]) } else { (a[2], a[3]) };
@@ -1146,7 +1167,8 @@ fn add_dq_half(
         } else {
             [a[0], a[1], r0, r1]
         };
-        if row < sq {
+        // (`cols` is the tile's in all but the 96 kernel, whose test is one compare.)
+        if row < sq && (cols == d || col0 + ((8 * n) as u32) < cols as u32) {
             let at = base + 8 * n as u64;
             check_index(at as usize + 3, acc.len as usize);
             // SAFETY: row < seq_q of this head and col + 3 < D: inside the accumulator
@@ -1166,21 +1188,26 @@ const fn cfg_subs<const D: usize, const GENERAL: bool, const SCORE: bool>() -> u
     }
 }
 
-/// The config for `D`, checked against the kernel's const parameters (evaluated at compile time).
+/// The config for product columns `HD` on `D`-wide tiles, checked against the kernel's const
+/// parameters (evaluated at compile time).
 const fn checked_config<
     const D: usize,
+    const HD: usize,
     const BK: usize,
     const BQ: usize,
     const ON: usize,
+    const QN: usize,
     const STAGES: usize,
     const GENERAL: bool,
     const SCORE: bool,
 >() -> FlashWgBwdConfig {
-    let Some(cfg) = flash_wg_bwd_config_of(D, GENERAL, SCORE) else {
+    let Some(cfg) = flash_wg_bwd_config_of(HD, GENERAL, SCORE) else {
         panic!("no wgmma FlashAttention backward config for this head dim")
     };
+    assert!(cfg.head_dim == D && cfg.cols == HD && (HD == D || !GENERAL));
     assert!(cfg.block_k == BK && cfg.block_q == BQ && cfg.threads() == 256);
     assert!(ON == cfg.wg_cols() / 2 && BQ % 64 == 0 && BQ <= 128);
+    assert!(QN == cfg.dq_part_cols() / 2 && (QN == 32 || !cfg.split_head));
     // A dQ share of two 64 x 64 parts (128 columns) only with the head dim split, which does not
     // defer dQ (the non-deferred step adds the parts one after the other); the scored kernels
     // walk the general way.
@@ -1264,9 +1291,9 @@ macro_rules! flash_wg_bwd_entry_points {
         ) {
             const C: FlashWgBwdConfig = $cfg;
             unsafe {
-                flash_wg_bwd::<$t, { C.head_dim }, { C.block_k }, { C.block_q },
-                    { C.wg_cols() / 2 }, { C.stages }, { C.paired_sub_blocks() }, $general,
-                    $window, $score>(
+                flash_wg_bwd::<$t, { C.head_dim }, { C.cols }, { C.block_k }, { C.block_q },
+                    { C.wg_cols() / 2 }, { C.dq_part_cols() / 2 }, { C.stages },
+                    { C.paired_sub_blocks() }, $general, $window, $score>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
@@ -1276,6 +1303,13 @@ macro_rules! flash_wg_bwd_entry_points {
 }
 
 flash_wg_bwd_entry_points! {
+    // Head dims 32 and 96 on the 64 and 128 tiles, products over their own columns (dense batches
+    // at exactly that head dim; no f32-adding form: the accumulating backward takes the general
+    // kernels there).
+    flash_wg_bwd_d32_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D32, false, false, false;
+    flash_wg_bwd_d32_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D32, false, false, false;
+    flash_wg_bwd_d96_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D96, false, false, false;
+    flash_wg_bwd_d96_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D96, false, false, false;
     flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false, false, false;
     flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false, false;
     flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false, false;

@@ -159,7 +159,7 @@ unsafe fn flash_wg_fwd<
         fence();
         // SAFETY: the whole warpgroup issues it (no divergence above); Q and K(j) landed and were
         // fenced before the barrier; `s` is untouched until the wait below.
-        unsafe { issue_s::<T, BQ, BK, D, SN>(&mut s, q_tile, wg_row, k_tiles.stage(stage)) };
+        unsafe { issue_s::<T, BQ, BK, D, D, SN>(&mut s, q_tile, wg_row, k_tiles.stage(stage)) };
         if t > 0 {
             // P V(j-1): V(j-1) landed before the barrier above; P(j-1) and the rescaled O were
             // written before the fence above.
@@ -262,14 +262,22 @@ impl QueryBlock {
     }
 }
 
-/// Issues `S = Q K^T` for the warpgroup whose query rows start at `wg_row` of `q_tile`: `D / 16`
-/// wgmma k-steps against `k_tile` in one committed group (the caller fenced and later waits).
+/// Issues `S = Q K^T` for the warpgroup whose query rows start at `wg_row` of `q_tile`: `COLS / 16`
+/// wgmma k-steps (the head dim's columns, `COLS <= D`: the tile's columns past them are zeros and
+/// add nothing) against `k_tile` in one committed group (the caller fenced and later waits).
 ///
 /// # Safety
 /// The whole warpgroup calls it; both tiles have landed and are fenced for the async proxy, and stay
 /// until a wait covering this group; `s` is untouched until then.
 #[inline(always)]
-pub(super) unsafe fn issue_s<T, const BQ: usize, const BK: usize, const D: usize, const SN: usize>(
+pub(super) unsafe fn issue_s<
+    T,
+    const BQ: usize,
+    const BK: usize,
+    const D: usize,
+    const COLS: usize,
+    const SN: usize,
+>(
     s: &mut [f32; SN],
     q_tile: SwizzledTile<BQ, D>,
     wg_row: u32,
@@ -277,7 +285,8 @@ pub(super) unsafe fn issue_s<T, const BQ: usize, const BK: usize, const D: usize
 ) where
     T: Wgmma<[f32; SN]>,
 {
-    unroll_lt!(kd < D / 16, {
+    const { assert!(COLS <= D && COLS % 16 == 0) };
+    unroll_lt!(kd < COLS / 16, {
         // SAFETY: the caller's.
         unsafe {
             T::mma_ss(
@@ -292,7 +301,7 @@ pub(super) unsafe fn issue_s<T, const BQ: usize, const BK: usize, const D: usize
 }
 
 /// Issues `O += P V` from the packed P fragments `pf` and `v_tile`: `BK / 16` wgmma in one
-/// committed group.
+/// committed group, over V's first `2 ON` columns (the head dim's; `2 ON <= D`).
 ///
 /// # Safety
 /// As for [`issue_s`], with `acc` for `s`; `pf` and `acc` were written before the caller's fence.
@@ -304,6 +313,7 @@ pub(super) unsafe fn issue_pv<T, const BK: usize, const D: usize, const ON: usiz
 ) where
     T: Wgmma<[f32; ON]>,
 {
+    const { assert!(2 * ON <= D) };
     unroll_lt!(ks < BK / 16, {
         // SAFETY: the caller's.
         unsafe { T::mma_rs_tb(acc, &pf[ks], v_tile.desc_mn_major(ks as u32)) };

@@ -57,11 +57,12 @@ use gpu::params::attention::{
     DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS,
     FLASH_WG_D64_Q64, FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, NO_WINDOW,
     dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
-    flash_tile_dim, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config_of, naive,
+    flash_product_dim, flash_tile_dim, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config,
+    flash_wg_bwd_config_of, naive,
 };
 pub use gpu::params::attention::{
-    FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_ACCUMULATING, FLASH_MAX_HEAD_DIM_SM80, FLASH_TILE_DIMS,
-    flash_head_dim_supported,
+    FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_ACCUMULATING, FLASH_MAX_HEAD_DIM_SM80,
+    FLASH_PRODUCT_DIMS, FLASH_TILE_DIMS, flash_head_dim_supported,
 };
 pub use varlen::{PackedSeqs, flash_backward_varlen, flash_forward_varlen};
 
@@ -963,9 +964,17 @@ fn flash_tma_launch(
             msg: format!("no warp-specialised kernel at head dim {}", d.head_dim),
         });
     };
-    let name = match (d.tile_dim(), q.dtype()) {
+    // The kernel's products cover the head dim's columns rounded up to FLASH_PRODUCT_DIMS, on
+    // its tile's shared memory and tensor maps.
+    let name = match (flash_product_dim(d.head_dim), q.dtype()) {
+        (32, DType::F16) => "flash_tma_fwd_d32_f16",
+        (32, DType::BF16) => "flash_tma_fwd_d32_bf16",
         (64, DType::F16) => "flash_tma_fwd_d64_f16",
         (64, DType::BF16) => "flash_tma_fwd_d64_bf16",
+        (96, DType::F16) => "flash_tma_fwd_d96_f16",
+        (96, DType::BF16) => "flash_tma_fwd_d96_bf16",
+        (192, DType::F16) => "flash_tma_fwd_d192_f16",
+        (192, DType::BF16) => "flash_tma_fwd_d192_bf16",
         (256, DType::F16) => "flash_tma_fwd_d256_f16",
         (256, DType::BF16) => "flash_tma_fwd_d256_bf16",
         (_, DType::F16) => "flash_tma_fwd_d128_f16",
@@ -1300,9 +1309,14 @@ fn flash_backward_run(
     let gpu = q.gpu();
     // A window walks the plain order, which the general kernels take; the scored kernels walk it
     // too and take the softcap and ALiBi.
+    // The accumulating backward at a head dim whose dense kernel has no f32-adding form (32, 96)
+    // takes the general kernels too.
+    let adds_without_dense_form = matches!(out, GradsOut::AddF32(_))
+        && d.head_dim != d.tile_dim()
+        && flash_wg_bwd_config(d.head_dim).is_some();
     let needs = if params.modifies_scores() {
         BwdNeeds::Scores
-    } else if packed || params.window.is_bounded() {
+    } else if packed || params.window.is_bounded() || adds_without_dense_form {
         BwdNeeds::GeneralWalk
     } else {
         BwdNeeds::Dense
@@ -1632,8 +1646,8 @@ enum BwdNeeds {
 
 /// The backward's kernels for head dim `head_dim` (any [`flash_head_dim_supported`]; `None` for
 /// another) and the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the sm_90 build's main
-/// kernel is a wgmma one (`flash_wg_bwd_*`: the dense tile-wide kernels; the `_general_` ones for a
-/// call whose walk needs them ([`BwdNeeds::GeneralWalk`]) or a head dim narrower than the tile; the
+/// kernel is a wgmma one (`flash_wg_bwd_*`: the dense kernels at a tile's width or at 32 and 96; the
+/// `_general_` ones for a call whose walk needs them ([`BwdNeeds::GeneralWalk`]) or another head dim; the
 /// `_scored_` ones for a softcap or ALiBi, whose main kernel adds into no f32 accumulators), the
 /// sm_80 build's the `mma.sync` one (`flash_bwd_d*`, none of those); the pre-pass and the dQ
 /// conversion are shared.
@@ -1654,8 +1668,13 @@ fn flash_bwd_kernels(
     }
     let tile = flash_tile_dim(head_dim);
     let wgmma = ptx_arch == "sm_90";
-    let general = wgmma && (general_walk || head_dim != tile);
-    let (main, main_add) = match (wgmma, general, tile, dtype) {
+    // The dense wgmma kernels take a dense batch at their product columns exactly (the tile's, or
+    // 32 / 96 on the tile above); other head dims zero-fill on the general kernels.
+    let dense_dim = flash_wg_bwd_config(head_dim).is_some();
+    let general = wgmma && (general_walk || !dense_dim);
+    // The dense kernels' key: their product columns (the general ones': their tile).
+    let key = if wgmma && !general { head_dim } else { tile };
+    let (main, main_add) = match (wgmma, general, key, dtype) {
         (false, _, _, _) if general_walk => return None,
         (true, _, 64, DType::F16) if needs == BwdNeeds::Scores => {
             ("flash_wg_bwd_scored_d64_f16", "")
@@ -1679,6 +1698,12 @@ fn flash_bwd_kernels(
         (false, _, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
         (false, _, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),
         (false, _, 128, DType::BF16) => ("flash_bwd_d128_bf16", "flash_bwd_add_d128_bf16"),
+        // No f32-adding form at 32 and 96: the accumulating backward runs the general kernels there
+        // (`flash_backward_run`).
+        (true, false, 32, DType::F16) => ("flash_wg_bwd_d32_f16", ""),
+        (true, false, 32, DType::BF16) => ("flash_wg_bwd_d32_bf16", ""),
+        (true, false, 96, DType::F16) => ("flash_wg_bwd_d96_f16", ""),
+        (true, false, 96, DType::BF16) => ("flash_wg_bwd_d96_bf16", ""),
         (true, false, 64, DType::F16) => ("flash_wg_bwd_d64_f16", "flash_wg_bwd_add_d64_f16"),
         (true, false, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_add_d64_bf16"),
         (true, false, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_add_d128_f16"),
@@ -1707,7 +1732,7 @@ fn flash_bwd_kernels(
         _ => return None,
     };
     let (block_k, block_q, threads, smem_bytes) = if wgmma {
-        let c = flash_wg_bwd_config_of(tile, general, needs == BwdNeeds::Scores)?;
+        let c = flash_wg_bwd_config_of(key, general, needs == BwdNeeds::Scores)?;
         (c.block_k, c.block_q, c.threads(), c.smem_bytes())
     } else {
         let c = flash_bwd_config(tile)?;

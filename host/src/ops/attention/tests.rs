@@ -751,6 +751,20 @@ fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
             );
         }
     }
+    // The warp-specialised forward at every product width (32, 96 and 192 on the tile above).
+    for d in FLASH_PRODUCT_DIMS {
+        for dt in [DType::F16, DType::BF16] {
+            let name = format!("flash_tma_fwd_d{d}_{dt}");
+            assert!(
+                in_build(&name, "sm_90") && !in_build(&name, "sm_80"),
+                "{name}"
+            );
+            let bound = crate::modules::launch_bounds(&name, "sm_90");
+            assert_eq!(bound, Some((FLASH_TMA_THREADS as u32, 1)), "{name}");
+        }
+        assert_eq!(flash_product_dim(d), d);
+        assert_eq!(flash_product_dim(d - 8), d);
+    }
     // The sm_90 build's kernels: the warp-specialised one at every head dim, the one-warpgroup one
     // at D = 64; each with the launch bound the host launches it with.
     for d in FLASH_TILE_DIMS {
@@ -973,8 +987,35 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         }
     }
     assert!(flash_bwd_kernels(64, DType::F32, "sm_90", BwdNeeds::Dense).is_none());
-    // Head dims off the tiles: the narrowest tile that holds them; on sm_90 its general kernels.
-    for (d, tile) in [(8, 64), (40, 64), (72, 128), (96, 128), (120, 128)] {
+    // Head dims 32 and 96 on sm_90: dense kernels of their own on the tile above (products over
+    // their columns), with no f32-adding form (`flash_backward_run` takes the general kernels
+    // there); on sm_80 the tile's kernel.
+    for (d, tile) in [(32, 64), (96, 128)] {
+        let cfg = gpu::params::attention::flash_wg_bwd_config(d).unwrap();
+        assert_eq!((cfg.cols, cfg.head_dim), (d, tile));
+        let k = flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense).unwrap();
+        assert_eq!(k.main, format!("flash_bwd_d{tile}_f16"));
+        for dt in [DType::F16, DType::BF16] {
+            let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::Dense).unwrap();
+            assert_eq!(k.main, format!("flash_wg_bwd_d{d}_{dt}"));
+            assert!(!k.general && k.main_add.is_empty() && in_build(k.main, "sm_90"));
+            assert!(!in_build(k.main, "sm_80"));
+            assert_eq!(
+                crate::modules::launch_bounds(k.main, "sm_90"),
+                Some((cfg.threads() as u32, 1))
+            );
+            assert_eq!(
+                (k.block_k, k.block_q, k.smem_bytes as usize),
+                (cfg.block_k, cfg.block_q, cfg.smem_bytes())
+            );
+            let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::GeneralWalk).unwrap();
+            assert_eq!(k.main, format!("flash_wg_bwd_general_d{tile}_{dt}"));
+            assert!(k.general && in_build(k.main_add, "sm_90"));
+        }
+    }
+    // Other head dims off the tiles: the narrowest tile that holds them; on sm_90 its general
+    // kernels.
+    for (d, tile) in [(8, 64), (40, 64), (72, 128), (88, 128), (120, 128)] {
         let k = flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense).unwrap();
         assert_eq!(k.main, format!("flash_bwd_d{tile}_f16"));
         assert!(!k.general);
