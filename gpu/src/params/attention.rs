@@ -301,9 +301,6 @@ pub const FLASH_TILE_DIMS: [usize; 3] = [64, 128, 256];
 pub const FLASH_MAX_HEAD_DIM: usize = 256;
 /// The widest head dim the sm_80 build's FlashAttention (forward and backward) takes.
 pub const FLASH_MAX_HEAD_DIM_SM80: usize = 128;
-/// The widest head dim the accumulating backward (`flash_backward_add`, ring attention's steps)
-/// takes: its kernels are built up to the 128-wide tile.
-pub const FLASH_MAX_HEAD_DIM_ACCUMULATING: usize = 128;
 
 /// Whether FlashAttention takes head dim `head_dim`: a multiple of 8 (a 16-byte chunk of 16-bit
 /// elements, the unit of every copy) in `8..=FLASH_MAX_HEAD_DIM`.

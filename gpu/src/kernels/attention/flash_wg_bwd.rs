@@ -66,7 +66,7 @@ use crate::params::attention::{
 use crate::{unroll, unroll_lt};
 
 use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, QueryBounds, add_rows_f32};
-use super::flash_wgmma::{load_rows, pack_p};
+use super::flash_wgmma::{load_cols, load_rows, pack_p};
 use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
 
 /// The main backward kernel. `D`: the tiles' width; `HD`: the head-dim columns the products cover
@@ -178,12 +178,14 @@ unsafe fn flash_wg_bwd<
     check_index((p_tile + p_bytes - base) as usize, cfg.smem_bytes() + 1);
 
     // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0. K and V are loaded
-    // once (they join the first member's first copy group).
+    // once (they join the first member's first copy group). Q, dO and V only in the products'
+    // `HD` columns (no product reads past them); K whole, zero-filled past them, since a dQ part
+    // of 64 columns reads K's columns to the tile's edge (at `HD` = 96).
     if n_steps > 0 {
         // SAFETY: rows past seq_k are zero-filled without reading; nothing has touched the tiles.
         unsafe {
             load_rows::<BK, D, TH, T>(k_tile, k_src, n0, sk);
-            load_rows::<BK, D, TH, T>(v_tile, v_src, n0, sk);
+            load_cols::<BK, D, HD, TH, T>(v_tile, v_src, n0, sk);
         }
     }
     if cfg.defer_dq {
@@ -261,8 +263,8 @@ unsafe fn flash_wg_bwd<
             let (q0, sq) = Sequence::q_rows::<GENERAL>(&st, &p, b_);
             let q_src = HeadRows::of(q, st.q, (b_, h_), (q0, sq), cols);
             let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (q0, sq), cols);
-            load_rows::<BQ, D, TH, T>(q_tiles.stage(s), q_src, m0, sq);
-            load_rows::<BQ, D, TH, T>(do_tiles.stage(s), do_src, m0, sq);
+            load_cols::<BQ, D, HD, TH, T>(q_tiles.stage(s), q_src, m0, sq);
+            load_cols::<BQ, D, HD, TH, T>(do_tiles.stage(s), do_src, m0, sq);
             let t = thread_idx_x();
             let chunks = (2 * BQ / 4) as u32;
             if t < chunks {
@@ -1321,6 +1323,8 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false, false;
     flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false, false, false;
     flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_add_d256_f16: F16, AddF32, FLASH_WG_BWD_D256, false, false, false;
+    flash_wg_bwd_add_d256_bf16: BF16, AddF32, FLASH_WG_BWD_D256, false, false, false;
     // Packed (variable-length) batches (`flash_backward_varlen`), head dims narrower than the
     // tile and windows; the f32-adding forms without windows (ring attention takes none, and the
     // window's bounds would spill D = 128's registers there).
@@ -1334,6 +1338,8 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false;
     flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false, false;
     flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true, false, false;
+    flash_wg_bwd_general_add_d256_f16: F16, AddF32, FLASH_WG_BWD_D256, true, false, false;
+    flash_wg_bwd_general_add_d256_bf16: BF16, AddF32, FLASH_WG_BWD_D256, true, false, false;
     // The softcap and ALiBi: kernels of their own, so that the calls without them keep the
     // general kernels' registers and code. D = 128 splits the head dim (FLASH_WG_BWD_D128_SCORED:
     // on the 128-key pairing the slope, the distance and the cap's derivative spilled 56-224

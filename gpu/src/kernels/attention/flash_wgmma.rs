@@ -353,14 +353,36 @@ pub(super) unsafe fn load_rows<const ROWS: usize, const D: usize, const TH: usiz
     row0: u32,
     rows: u32,
 ) {
-    let chunks_per_row = (D / 8) as u32;
+    // SAFETY: the caller's.
+    unsafe { load_cols::<ROWS, D, D, TH, T>(tile, src, row0, rows) }
+}
+
+/// [`load_rows`] into the first `LD` columns of each row only (the columns a kernel's products
+/// read; the rest of the tile is left as it was).
+///
+/// # Safety
+/// As [`load_rows`].
+#[inline(always)]
+pub(super) unsafe fn load_cols<
+    const ROWS: usize,
+    const D: usize,
+    const LD: usize,
+    const TH: usize,
+    T,
+>(
+    tile: SwizzledTile<ROWS, D>,
+    src: HeadRows<T>,
+    row0: u32,
+    rows: u32,
+) {
+    let chunks_per_row = (LD / 8) as u32;
     const {
         assert!(
-            (ROWS * D / 8) % TH == 0,
+            (ROWS * LD / 8) % TH == 0 && LD <= D && LD % 8 == 0,
             "copies must divide evenly among threads"
         )
     };
-    unroll_lt!(i < ROWS * D / 8 / TH, {
+    unroll_lt!(i < ROWS * LD / 8 / TH, {
         let c = thread_idx_x() + (i * TH) as u32;
         let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
         let fill = row0 + r < rows && src.has_chunk(chunk);

@@ -27,7 +27,10 @@
 //!   of 8 up to [`FLASH_MAX_HEAD_DIM`] (256, forward and backward; the sm_80 build up to
 //!   [`FLASH_MAX_HEAD_DIM_SM80`], 128). The kernels are built for [`FLASH_TILE_DIMS`]; any other
 //!   head dim runs on the narrowest of those that holds it, its columns past the head dim zero in
-//!   the tiles and never stored (so a head dim of 96 costs what 128 does).
+//!   the tiles and never stored. In the sm_90 build the products cover only the narrowest of
+//!   [`FLASH_PRODUCT_DIMS`] (32, 64, 96, 128, 192, 256) that holds the head dim: the forward at
+//!   every head dim, the backward at 32 and 96 exactly (dense batches), so 96 costs three quarters
+//!   of 128's tensor-core work there; other head dims pay their tile's.
 //!   [`naive_forward`]: scores materialised in a scratch buffer of `seq_q * seq_k` f32 per head,
 //!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
 //! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
@@ -61,8 +64,8 @@ use gpu::params::attention::{
     flash_wg_bwd_config_of, naive,
 };
 pub use gpu::params::attention::{
-    FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_ACCUMULATING, FLASH_MAX_HEAD_DIM_SM80,
-    FLASH_PRODUCT_DIMS, FLASH_TILE_DIMS, flash_head_dim_supported,
+    FLASH_MAX_HEAD_DIM, FLASH_MAX_HEAD_DIM_SM80, FLASH_PRODUCT_DIMS, FLASH_TILE_DIMS,
+    flash_head_dim_supported,
 };
 pub use varlen::{PackedSeqs, flash_backward_varlen, flash_forward_varlen};
 
@@ -1321,17 +1324,6 @@ fn flash_backward_run(
     } else {
         BwdNeeds::Dense
     };
-    if matches!(out, GradsOut::AddF32(_)) && d.head_dim > FLASH_MAX_HEAD_DIM_ACCUMULATING {
-        return Err(Error::Invalid {
-            op,
-            msg: format!(
-                "the accumulating backward takes head dims up to \
-                 {FLASH_MAX_HEAD_DIM_ACCUMULATING} (head dim {}); flash_backward takes up to \
-                 {FLASH_MAX_HEAD_DIM}",
-                d.head_dim
-            ),
-        });
-    }
     let Some(names) = flash_bwd_kernels(d.head_dim, q.dtype(), gpu.ptx_arch(), needs) else {
         let widest = if gpu.ptx_arch() == "sm_90" {
             FLASH_MAX_HEAD_DIM
@@ -1708,11 +1700,16 @@ fn flash_bwd_kernels(
         (true, false, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_add_d64_bf16"),
         (true, false, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_add_d128_f16"),
         (true, false, 128, DType::BF16) => ("flash_wg_bwd_d128_bf16", "flash_wg_bwd_add_d128_bf16"),
-        // No f32-adding form at D = 256 (FLASH_MAX_HEAD_DIM_ACCUMULATING).
-        (true, false, 256, DType::F16) => ("flash_wg_bwd_d256_f16", ""),
-        (true, false, 256, DType::BF16) => ("flash_wg_bwd_d256_bf16", ""),
-        (true, true, 256, DType::F16) => ("flash_wg_bwd_general_d256_f16", ""),
-        (true, true, 256, DType::BF16) => ("flash_wg_bwd_general_d256_bf16", ""),
+        (true, false, 256, DType::F16) => ("flash_wg_bwd_d256_f16", "flash_wg_bwd_add_d256_f16"),
+        (true, false, 256, DType::BF16) => ("flash_wg_bwd_d256_bf16", "flash_wg_bwd_add_d256_bf16"),
+        (true, true, 256, DType::F16) => (
+            "flash_wg_bwd_general_d256_f16",
+            "flash_wg_bwd_general_add_d256_f16",
+        ),
+        (true, true, 256, DType::BF16) => (
+            "flash_wg_bwd_general_d256_bf16",
+            "flash_wg_bwd_general_add_d256_bf16",
+        ),
         (true, true, 64, DType::F16) => (
             "flash_wg_bwd_general_d64_f16",
             "flash_wg_bwd_general_add_d64_f16",

@@ -893,12 +893,11 @@ fn flash_backward_validation_checks_o_lse_and_the_gradient() {
 fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
     for d in FLASH_TILE_DIMS {
         // The sm_80 build's mma.sync kernel up to FLASH_MAX_HEAD_DIM_SM80; the wgmma kernel at
-        // every tile, with an f32-adding form up to FLASH_MAX_HEAD_DIM_ACCUMULATING.
+        // every tile; each with an f32-adding form.
         let cfg = gpu::params::attention::flash_bwd_config(d);
         assert_eq!(cfg.is_some(), d <= FLASH_MAX_HEAD_DIM_SM80, "{d}");
         let wg = gpu::params::attention::flash_wg_bwd_config(d).unwrap();
         assert_eq!(wg.head_dim, d);
-        let adds = d <= FLASH_MAX_HEAD_DIM_ACCUMULATING;
         for dt in [DType::F16, DType::BF16] {
             if cfg.is_none() {
                 assert!(flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::Dense).is_none());
@@ -910,10 +909,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
             };
             for &arch in archs {
                 let k = flash_bwd_kernels(d, dt, arch, BwdNeeds::Dense).unwrap();
-                assert_eq!(!k.main_add.is_empty(), adds, "{k:?}");
-                if adds {
-                    assert!(in_build(k.main_add, arch), "{} {arch}", k.main_add);
-                }
+                assert!(in_build(k.main_add, arch), "{} {arch}", k.main_add);
                 for name in [k.pre, k.main, k.convert] {
                     assert!(in_build(name, arch), "{name} {arch}");
                 }
@@ -968,7 +964,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
                     k.main.starts_with(prefix) && in_build(k.main, "sm_90"),
                     "{k:?}"
                 );
-                if needs == BwdNeeds::Scores || !adds {
+                if needs == BwdNeeds::Scores {
                     assert!(k.general && k.main_add.is_empty(), "{k:?}");
                 } else {
                     assert!(k.general && in_build(k.main_add, "sm_90"), "{}", k.main_add);
@@ -1028,7 +1024,8 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert!(flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense).is_none());
         let k = flash_bwd_kernels(d, DType::F16, "sm_90", BwdNeeds::Dense).unwrap();
         assert_eq!(k.main, "flash_wg_bwd_general_d256_f16");
-        assert!(k.general && k.main_add.is_empty() && in_build(k.main, "sm_90"));
+        assert_eq!(k.main_add, "flash_wg_bwd_general_add_d256_f16");
+        assert!(k.general && in_build(k.main, "sm_90") && in_build(k.main_add, "sm_90"));
     }
     // A softcap or ALiBi off the tiles: the scored kernel of the narrowest tile that holds it.
     for (d, tile) in [(40, 64), (96, 128), (200, 256)] {
