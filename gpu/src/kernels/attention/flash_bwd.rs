@@ -141,7 +141,8 @@ unsafe fn flash_bwd<
     const { assert!(THREADS == BK / 16 * 32) };
 
     // The mma.sync kernel serves dense batches only (the host refuses packed ones in its build).
-    let walk = KeyBlockWalk::of::<D, BK, BQ, false, false>(p, &st, (stats.len, turns.len), 0, 0);
+    let walk =
+        KeyBlockWalk::of::<D, BK, BQ, false, false>(p, &st, (stats.len, turns.len), 0, (0, false));
     let KeyBlockWalk {
         sq,
         sk,
@@ -377,7 +378,7 @@ unsafe fn flash_bwd<
             key_row,
             rows_left,
             (out, p.head_dim, 0),
-            out_row0,
+            (out_row0, false),
         );
     }
     if let Some(out) = dk.added() {
@@ -386,7 +387,7 @@ unsafe fn flash_bwd<
             key_row,
             rows_left,
             (out, p.head_dim, 0),
-            out_row0,
+            (out_row0, false),
         );
     }
 }
@@ -396,6 +397,9 @@ unsafe fn flash_bwd<
 /// key blocks' gradients over ring steps, rounding once at the end). Known at compile time: each
 /// entry point takes one.
 pub(super) trait KvOut<T>: Copy {
+    /// The wgmma kernel's member grid: a CTA a query head, dK and dV added in member order
+    /// ([`MemberSumF32`]).
+    const MEMBER_GRID: bool = false;
     fn rounded(self) -> Option<SliceMut<T>>;
     fn added(self) -> Option<SliceMut<f32>>;
 }
@@ -428,34 +432,73 @@ impl<T> KvOut<T> for AddF32 {
     }
 }
 
+/// f32 sums of a key/value head's dK and dV over its group's query heads: the wgmma kernel's
+/// *member grid* (`flash_wg_bwd_members_*`, dense batches). One CTA a query head (grid y =
+/// `heads`; the key/value head `y / group`, the member `y % group`), as a multi-head call's,
+/// instead of one a key/value head walking its whole group: under the causal mask whole-group
+/// walks are `group` times longer and the longest finish last. The members' dK and dV meet here
+/// in member order: member m waits until its key block's counter (after the dQ turn counters in
+/// `turns`, one a key/value head's key block, zeroed by the host) reads m, adds its rows
+/// (`red.global.add`), and releases m + 1; so the sums take the same order, and bits, every run. A
+/// wait points to the CTA of the same key block and the member before, `n_kblocks` CTAs earlier
+/// in the launch: started before it. The host zeroes the sums and rounds them after the launch.
+/// Passed as the `SliceMut<f32>` it wraps.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct MemberSumF32(pub SliceMut<f32>);
+
+impl<T> KvOut<T> for MemberSumF32 {
+    const MEMBER_GRID: bool = true;
+    #[inline(always)]
+    fn rounded(self) -> Option<SliceMut<T>> {
+        None
+    }
+    #[inline(always)]
+    fn added(self) -> Option<SliceMut<f32>> {
+        Some(self.0)
+    }
+}
+
 /// Adds this warp's 16 rows of an accumulator (`quad(n)`, `n < VALUES / PER_QUAD`: rows `g` and
 /// `g + 8`, columns `8 n + 2 t` and the next, of lane `4 g + t`: the layout of both the `mma.sync`
 /// (`VALUES` fragments of 4, `PER_QUAD` 1) and the wgmma accumulators (`VALUES` f32, 4 a quad)) into
 /// rows `out_row0..` of the f32 `out`, whose rows are `cols` (the head dim) wide, from column
 /// `col0` (the warp's first): the accumulator's columns past `cols` (a padded tile's) are dropped.
 /// `rows_left` = valid rows from the CTA's first row (`warp_row` is the warp's first row in the
-/// block).
+/// block). `reduce`: as L2 reductions (`red.global.add`; rows other CTAs add to in turn, which a
+/// load through L1 could see stale), else loaded, added and stored (rows this launch alone adds
+/// to).
 #[inline(always)]
 pub(super) fn add_rows_f32<const VALUES: usize, const PER_QUAD: usize>(
     quad: impl Fn(usize) -> [f32; 4],
     warp_row: u32,
     rows_left: u32,
     (out, cols, col0): (SliceMut<f32>, u32, u32),
-    out_row0: u64,
+    (out_row0, reduce): (u64, bool),
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
+    let add = |at: u64, v: f32| {
+        if reduce {
+            check_index(at as usize, out.len as usize);
+            // SAFETY: `at` is inside `out` (the callers' row and column tests; checked builds
+            // re-check), a 4-byte aligned f32.
+            unsafe { red_add_f32(out.ptr.add(at as usize), v) };
+        } else {
+            out.set(at, out.get(at) + v);
+        }
+    };
     unroll_lt!(n < VALUES / PER_QUAD, {
         let col = col0 as u64 + (8 * n) as u64 + 2 * t as u64;
         let a = quad(n);
         if warp_row + g < rows_left && col < cols as u64 {
             let at = (out_row0 + g as u64) * cols as u64 + col;
-            out.set(at, out.get(at) + a[0]);
-            out.set(at + 1, out.get(at + 1) + a[1]);
+            add(at, a[0]);
+            add(at + 1, a[1]);
         }
         if warp_row + g + 8 < rows_left && col < cols as u64 {
             let at = (out_row0 + g as u64 + 8) * cols as u64 + col;
-            out.set(at, out.get(at) + a[2]);
-            out.set(at + 1, out.get(at + 1) + a[3]);
+            add(at, a[2]);
+            add(at + 1, a[3]);
         }
     });
 }
@@ -517,7 +560,7 @@ impl KeyBlockWalk {
         l: &AttentionLayout,
         (stats_len, turns_len): (u64, u64),
         order: u32,
-        salt: u32,
+        (salt, members): (u32, bool),
     ) -> Self {
         // The statistics, turn counters and dQ accumulator are sized by the shape (a packed batch:
         // its longest sequences); the walk by this batch entry's own lengths.
@@ -560,7 +603,14 @@ impl KeyBlockWalk {
             block_idx_x()
         };
         let n0 = j * BK as u32;
-        let (bh, bkv) = p.bwd_heads(block_idx_y(), block_idx_z());
+        // With the member grid ([`MemberSumF32`]) grid y is the query head (the caller passes its
+        // member).
+        let y = if members {
+            block_idx_y() / p.group()
+        } else {
+            block_idx_y()
+        };
+        let (bh, bkv) = p.bwd_heads(y, block_idx_z());
         let sq_pad = p.seq_q.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32;
         let dq = DqWalk {
             n_qblocks: sq.div_ceil(BQ as u32),
@@ -578,8 +628,8 @@ impl KeyBlockWalk {
             j,
             n0,
             seq,
-            h: block_idx_y() * p.group() + p.group_member,
-            hkv: block_idx_y(),
+            h: y * p.group() + p.group_member,
+            hkv: y,
             bh,
             bkv,
             sq_pad,

@@ -8,6 +8,9 @@
 //! accumulators). At D = 256 (`flash_wg_bwd_{d256,general_d256,scored_d256}_*`) and in the scored
 //! kernels at D = 128 (`flash_wg_bwd_scored_d128_*`) a CTA takes 64 keys and the warpgroups split
 //! the head dim instead: see [`split_step`].
+//! Grouped-query heads: a CTA walks every query head of its key/value head's group, dK and dV
+//! summed in its registers; the member-grid kernels (`flash_wg_bwd_members_*`, [`MemberSumF32`])
+//! take one query head a CTA instead and add dK and dV into f32 in member order.
 //! K and V stay in shared memory; the CTA walks the query blocks that see its keys
 //! in the order its dQ order asks (`KeyBlockWalk::block_at`: last-first, or rotated), Q_i, dO_i
 //! and their statistics pipelined by `cp.async` (2 stages, 3 with `defer_dq`). Per query block i
@@ -54,18 +57,18 @@ use crate::dev::shared::{
     SharedScalar, check_index, dynamic_base, ld_shared_v2_f32, ld_shared_v4, st_shared_v4,
 };
 use crate::dev::sync::{sync_threads, sync_warp};
-use crate::dev::thread::{block_idx_z, lane_id, thread_idx_x};
+use crate::dev::thread::{block_idx_y, block_idx_z, lane_id, thread_idx_x};
 use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
-    AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_WG_BWD_D32,
-    FLASH_WG_BWD_D64, FLASH_WG_BWD_D64_GENERAL, FLASH_WG_BWD_D96, FLASH_WG_BWD_D128,
-    FLASH_WG_BWD_D128_SCORED, FLASH_WG_BWD_D256, FlashWgBwdConfig, GROUP_ALL,
-    flash_wg_bwd_config_of,
+    AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_BWD_PRE_ROWS,
+    FLASH_BWD_TURN_ROWS, FLASH_WG_BWD_D32, FLASH_WG_BWD_D64, FLASH_WG_BWD_D64_GENERAL,
+    FLASH_WG_BWD_D96, FLASH_WG_BWD_D128, FLASH_WG_BWD_D128_SCORED, FLASH_WG_BWD_D256,
+    FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config_of,
 };
 use crate::{unroll, unroll_lt};
 
-use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, QueryBounds, add_rows_f32};
+use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, MemberSumF32, QueryBounds, add_rows_f32};
 use super::flash_wgmma::{load_cols, load_rows, pack_p};
 use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
 
@@ -89,6 +92,7 @@ unsafe fn flash_wg_bwd<
     const GENERAL: bool,
     const WINDOW: bool,
     const SCORE: bool,
+    O: KvOut<T>,
 >(
     q: Slice<T>,
     k: Slice<T>,
@@ -97,8 +101,8 @@ unsafe fn flash_wg_bwd<
     stats: Slice<f32>,
     dq_acc: SliceMut<f32>,
     turns: SliceMut<u32>,
-    dk: impl KvOut<T>,
-    dv: impl KvOut<T>,
+    dk: O,
+    dv: O,
     p: AttentionShape,
     order: u32,
     st: AttentionLayout,
@@ -123,11 +127,17 @@ unsafe fn flash_wg_bwd<
     // the tile's columns past them are zero-filled on load), the shape's in a general one
     // (narrower head dims zero-filled on load and cut on store).
     let cols = if GENERAL { p.head_dim } else { HD as u32 };
+    // The member-sum kernels run a CTA a query head ([`MemberSumF32`]; a constant: every other
+    // kernel's member-grid code folds away).
+    let member_grid = O::MEMBER_GRID;
+    const { assert!(!(GENERAL && O::MEMBER_GRID)) };
     let order = if GENERAL { order & DQ_ORDERED } else { order };
 
     // The query heads this launch walks: one group member, or (`GROUP_ALL`) every member of the
     // key/value head's group in turn, dK and dV summed in the registers across them.
-    let (first_member, members) = if p.group_member == GROUP_ALL {
+    let (first_member, members) = if member_grid {
+        (block_idx_y() % p.group(), 1)
+    } else if p.group_member == GROUP_ALL {
         (0, p.group())
     } else {
         (p.group_member, 1)
@@ -140,7 +150,7 @@ unsafe fn flash_wg_bwd<
         &st,
         (stats.len, turns.len),
         order,
-        0,
+        (0, member_grid),
     );
     // What does not depend on the query head: the key block, its key/value head, the walk's length.
     let KeyBlockWalk {
@@ -215,7 +225,7 @@ unsafe fn flash_wg_bwd<
                 &st,
                 (stats.len, turns.len),
                 order,
-                salt,
+                (salt, member_grid),
             )
         };
         let sink_of = |w: &KeyBlockWalk| DqSink {
@@ -566,13 +576,33 @@ unsafe fn flash_wg_bwd<
     // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
     let quad =
         |acc: &[f32; ON], n: usize| [acc[4 * n], acc[4 * n + 1], acc[4 * n + 2], acc[4 * n + 3]];
+    // The member grid: this member's turn on its key block's sums ([`MemberSumF32`]), the
+    // additions as L2 reductions (the sums are other CTAs' too: no load of them through L1).
+    let member_counter = || {
+        let n_turns = p.seq_q.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32
+            / FLASH_BWD_TURN_ROWS as u32;
+        let at = (p.batch * p.heads) as u64 * n_turns as u64
+            + bkv * p.seq_k.div_ceil(BK as u32) as u64
+            + (n0 / BK as u32) as u64;
+        check_index(at as usize, turns.len as usize);
+        // SAFETY: inside `turns` (the host sizes it with a counter a key/value head's key block
+        // after the dQ turns; checked builds re-check).
+        unsafe { turns.ptr.add(at as usize) }
+    };
+    if member_grid {
+        if thread_idx_x() == 0 {
+            // SAFETY: a live counter.
+            unsafe { wait_for_turn(member_counter(), block_idx_y() % p.group()) };
+        }
+        sync_threads();
+    }
     if let Some(out) = dv.added() {
         add_rows_f32::<ON, 4>(
             |n| quad(&dv_acc, n),
             warp_key,
             rows_left,
             (out, cols, warp_col),
-            out_row0,
+            (out_row0, member_grid),
         );
     }
     if let Some(out) = dk.added() {
@@ -581,8 +611,16 @@ unsafe fn flash_wg_bwd<
             warp_key,
             rows_left,
             (out, cols, warp_col),
-            out_row0,
+            (out_row0, member_grid),
         );
+    }
+    if member_grid {
+        // Every thread's reductions, then the release (cumulative over the barrier).
+        sync_threads();
+        if thread_idx_x() == 0 {
+            // SAFETY: a live counter.
+            unsafe { add_release_u32(member_counter(), 1) };
+        }
     }
 }
 
@@ -1295,7 +1333,7 @@ macro_rules! flash_wg_bwd_entry_points {
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.cols }, { C.block_k }, { C.block_q },
                     { C.wg_cols() / 2 }, { C.dq_part_cols() / 2 }, { C.stages },
-                    { C.paired_sub_blocks() }, $general, $window, $score>(
+                    { C.paired_sub_blocks() }, $general, $window, $score, $out>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
@@ -1318,6 +1356,11 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false, false, false;
     flash_wg_bwd_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, false, false, false;
     flash_wg_bwd_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, false, false, false;
+    // Grouped-query heads under the causal mask: a CTA a query head, the group's dK and dV summed
+    // into f32 in member order (`MemberSumF32`), rounded after the launch.
+    // D = 128 only: at 64 ptxas serialised the member grid's wgmma, at 256 it spilled 28 bytes.
+    flash_wg_bwd_members_d128_f16: F16, MemberSumF32, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_members_d128_bf16: BF16, MemberSumF32, FLASH_WG_BWD_D128, false, false, false;
     // dK and dV added into f32 accumulators (ring attention's steps).
     flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false, false;
     flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false, false;

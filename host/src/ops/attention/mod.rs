@@ -1353,22 +1353,30 @@ fn flash_backward_run(
     let group = d.heads / d.kv_heads;
     // Grouped-query heads: dK and dV sum over the group's query heads in member order (the same
     // bits every run). The wgmma kernel walks the whole group in each CTA ([`GROUP_ALL`]: one
-    // launch, the sums in registers); the mma.sync kernel takes one launch a group member, each
-    // adding every dK/dV row once into f32 accumulators (rounded outputs get zeroed accumulators
-    // first and are rounded at the end).
+    // launch, the sums in registers), or under the causal mask runs a CTA a query head
+    // (`flash_wg_bwd_members_*`, the member grid: the group's CTAs add into f32 in member
+    // order): whole-group CTAs walk `group` times longer and, the causal walks' lengths spread
+    // from 1 to `n_q` blocks, the longest of them finish last. The mma.sync kernel takes one
+    // launch a group member, each adding every dK/dV row once into f32 accumulators. Rounded
+    // outputs of the f32 paths get zeroed accumulators first and are rounded at the end.
     let wgmma = names.main.starts_with("flash_wg_bwd_");
+    let member_grid = matches!(out, GradsOut::Rounded(_))
+        && group > 1
+        && params.causal == Causal::Yes
+        && !names.members.is_empty();
     let launches_per_member = group > 1 && !wgmma;
     let kv_elems = d.batch * d.kv_heads * d.seq_k * d.head_dim;
     let kv_acc = match out {
-        GradsOut::Rounded(_) if launches_per_member => Some((
+        GradsOut::Rounded(_) if launches_per_member || member_grid => Some((
             Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
             Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
         )),
         _ => None,
     };
     let (grads, main, add) = match out {
-        GradsOut::Rounded(g) if !launches_per_member => (g, names.main, false),
-        GradsOut::Rounded(g) => (g, names.main_add, false),
+        GradsOut::Rounded(g) if member_grid => (g, names.members, false),
+        GradsOut::Rounded(g) if launches_per_member => (g, names.main_add, false),
+        GradsOut::Rounded(g) => (g, names.main, false),
         GradsOut::AddF32(g) => (g, names.main_add, true),
     };
     let pre_blocks = d.seq_q.div_ceil(FLASH_BWD_PRE_ROWS);
@@ -1381,11 +1389,17 @@ fn flash_backward_run(
         &[2 * heads_total * pre_blocks * FLASH_BWD_PRE_ROWS],
         DType::F32,
     )?;
-    let turns = Tensor::empty(
-        gpu,
-        &[heads_total * pre_blocks * (FLASH_BWD_PRE_ROWS / FLASH_BWD_TURN_ROWS)],
-        DType::F32,
-    )?;
+    // With the member grid, a zeroed counter a key/value head's key block follows the dQ turns.
+    let dq_turns = heads_total * pre_blocks * (FLASH_BWD_PRE_ROWS / FLASH_BWD_TURN_ROWS);
+    let turns = if member_grid {
+        Tensor::zeros(
+            gpu,
+            &[dq_turns + d.batch * d.kv_heads * n_kblocks],
+            DType::F32,
+        )?
+    } else {
+        Tensor::empty(gpu, &[dq_turns], DType::F32)?
+    };
     // The dQ accumulator's rows are the kernels' tile wide (padded past the head dim); the f32 dK
     // and dV sums' (`kv_acc`, or the caller's) the head dim.
     let dq_acc = Tensor::empty(gpu, &[heads_total * d.seq_q * d.tile_dim()], DType::F32)?;
@@ -1465,15 +1479,16 @@ fn flash_backward_run(
         );
         let strides_ = ByValue(layout);
         // Grid y: the key/value heads; launch `r` takes query head `y * group + r` of each, or
-        // the one launch all of them.
-        let members: Vec<u32> = if launches_per_member {
+        // the one launch all of them; with the member grid, the query heads.
+        let launch_members: Vec<u32> = if launches_per_member {
             (0..group as u32).collect()
-        } else if group > 1 {
+        } else if group > 1 && !member_grid {
             vec![GROUP_ALL]
         } else {
             vec![0]
         };
-        for member in members {
+        let grid_y = if member_grid { d.heads } else { d.kv_heads };
+        for member in launch_members {
             let shape_ = ByValue(AttentionShape {
                 group_member: member,
                 ..shape
@@ -1490,7 +1505,7 @@ fn flash_backward_run(
                 gpu,
                 main,
                 LaunchConfig {
-                    grid_dim: (kb, d.kv_heads as u32, d.batch as u32),
+                    grid_dim: (kb, grid_y as u32, d.batch as u32),
                     block_dim: (names.threads, 1, 1),
                     shared_mem_bytes: names.smem_bytes,
                 },
@@ -1614,6 +1629,10 @@ struct FlashBwdKernels {
     /// The main kernel adding dK and dV into f32 accumulators ("" for the scored kernels: the
     /// accumulating backward refuses a softcap and ALiBi).
     main_add: &'static str,
+    /// The member-grid kernel (`flash_wg_bwd_members_*`: a CTA a query head, the group's dK and
+    /// dV summed into f32 in member order) that grouped-query heads take under the causal mask;
+    /// "" where there is none (head dims other than 128; the general, scored and mma.sync kernels).
+    members: &'static str,
     convert: &'static str,
     /// Keys per CTA of the main kernel, query rows a step, its threads and dynamic shared memory.
     block_k: usize,
@@ -1735,10 +1754,17 @@ fn flash_bwd_kernels(
         let c = flash_bwd_config(tile)?;
         (c.block_k, c.block_q, c.threads(), c.smem_bytes())
     };
+    let members = match (wgmma && !general && needs == BwdNeeds::Dense, key, dtype) {
+        // (At 64 and 256 ptxas serialised or spilled the member grid: those keep whole groups.)
+        (true, 128, DType::F16) => "flash_wg_bwd_members_d128_f16",
+        (true, 128, DType::BF16) => "flash_wg_bwd_members_d128_bf16",
+        _ => "",
+    };
     Some(FlashBwdKernels {
         pre,
         main,
         main_add,
+        members,
         convert,
         block_k,
         block_q,

@@ -983,6 +983,28 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         }
     }
     assert!(flash_bwd_kernels(64, DType::F32, "sm_90", BwdNeeds::Dense).is_none());
+    // The member grid (grouped-query heads under the causal mask): the dense D = 128 kernels'
+    // config, sm_90 only; none elsewhere.
+    for dt in [DType::F16, DType::BF16] {
+        let k = flash_bwd_kernels(128, dt, "sm_90", BwdNeeds::Dense).unwrap();
+        assert_eq!(k.members, format!("flash_wg_bwd_members_d128_{dt}"));
+        assert!(in_build(k.members, "sm_90") && !in_build(k.members, "sm_80"));
+        assert_eq!(
+            crate::modules::launch_bounds(k.members, "sm_90"),
+            Some((k.threads, 1))
+        );
+        for (d, arch, needs) in [
+            (64, "sm_90", BwdNeeds::Dense),
+            (256, "sm_90", BwdNeeds::Dense),
+            (96, "sm_90", BwdNeeds::Dense),
+            (128, "sm_90", BwdNeeds::GeneralWalk),
+            (128, "sm_90", BwdNeeds::Scores),
+            (128, "sm_80", BwdNeeds::Dense),
+        ] {
+            let k = flash_bwd_kernels(d, dt, arch, needs).unwrap();
+            assert!(k.members.is_empty(), "{k:?}");
+        }
+    }
     // Head dims 32 and 96 on sm_90: dense kernels of their own on the tile above (products over
     // their columns), with no f32-adding form (`flash_backward_run` takes the general kernels
     // there); on sm_80 the tile's kernel.
