@@ -45,6 +45,21 @@ pub unsafe fn load_acquire_u32(addr: *const u32) -> u32 {
     v
 }
 
+/// `ld.relaxed.gpu.global.f32`: a load coherent at GPU scope (never a stale L1 line), for values
+/// other blocks wrote and published through a release this thread's block acquired (the acquire
+/// by one thread, then a block barrier, then this load).
+///
+/// # Safety
+/// `addr` must point to a live, 4-byte aligned `f32` in global memory.
+#[inline(always)]
+pub unsafe fn load_relaxed_f32(addr: *const f32) -> f32 {
+    let v: f32;
+    unsafe {
+        core::arch::asm!("ld.relaxed.gpu.global.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg64) addr, options(nostack))
+    }
+    v
+}
+
 /// `red.release.gpu.global.add.u32`: adds `v` after every earlier memory operation of this thread,
 /// and of every thread ordered before it by a block barrier, is visible at GPU scope (release is
 /// cumulative). The signal side of [`load_acquire_u32`]: `sync_threads()`, then one thread calls this.

@@ -587,6 +587,19 @@ pub const DQ_ROTATED: u32 = 2;
 pub const DQ_LATE_RELEASE: u32 = 4;
 pub const DQ_REVERSED_GRID: u32 = 8;
 
+/// The member-grid backward's dK or dV parameter (`flash_wg_bwd_members_*`, the kernels'
+/// `MemberSum<T>` bit for bit): the f32 sums of a key/value head's rows over its group's query
+/// heads (scratch: `[batch, kv_heads, seq_k, head_dim]`, written by the kernel before it reads
+/// them) and the rounded output.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberSumParam {
+    pub sums: super::RawSlice,
+    pub out: super::RawSlice,
+}
+// SAFETY: plain data, laid out as the kernels read it.
+unsafe impl super::KernelParam for MemberSumParam {}
+
 /// What fixes a head's dQ walks and turns: its query and key blocks (`ceil(seq / block)`), the
 /// mask, and the causal diagonal `seq_k - seq_q` (query q sees key k iff `k <= q + diag`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

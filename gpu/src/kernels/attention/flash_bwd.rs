@@ -77,7 +77,7 @@
 //!
 //! Extra memory is O((S_q + S_k) D): the f32 dQ accumulator, two f32 per query row and one counter per
 //! 8 query rows.
-use crate::dev::atomic::{add_release_u32, red_add_f32, wait_for_turn};
+use crate::dev::atomic::{add_release_u32, load_relaxed_f32, red_add_f32, wait_for_turn};
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LOG2_E, exp2, fma};
@@ -378,7 +378,7 @@ unsafe fn flash_bwd<
             key_row,
             rows_left,
             (out, p.head_dim, 0),
-            (out_row0, false),
+            (out_row0, AddMode::LoadAddStore),
         );
     }
     if let Some(out) = dk.added() {
@@ -387,7 +387,7 @@ unsafe fn flash_bwd<
             key_row,
             rows_left,
             (out, p.head_dim, 0),
-            (out_row0, false),
+            (out_row0, AddMode::LoadAddStore),
         );
     }
 }
@@ -432,31 +432,83 @@ impl<T> KvOut<T> for AddF32 {
     }
 }
 
-/// f32 sums of a key/value head's dK and dV over its group's query heads: the wgmma kernel's
-/// *member grid* (`flash_wg_bwd_members_*`, dense batches). One CTA a query head (grid y =
-/// `heads`; the key/value head `y / group`, the member `y % group`), as a multi-head call's,
-/// instead of one a key/value head walking its whole group: under the causal mask whole-group
-/// walks are `group` times longer and the longest finish last. The members' dK and dV meet here
+/// dK or dV of the wgmma kernel's *member grid* (`flash_wg_bwd_members_*`, dense batches): the
+/// f32 sums of a key/value head's rows over its group's query heads, and the rounded output. One
+/// CTA a query head (grid y = `heads`; the key/value head `y / group`, the member `y % group`), as
+/// a multi-head call's, instead of one a key/value head walking its whole group: under the causal
+/// mask whole-group walks are `group` times longer and the longest finish last. The members meet
 /// in member order: member m waits until its key block's counter (after the dQ turn counters in
-/// `turns`, one a key/value head's key block, zeroed by the host) reads m, adds its rows
-/// (`red.global.add`), and releases m + 1; so the sums take the same order, and bits, every run. A
-/// wait points to the CTA of the same key block and the member before, `n_kblocks` CTAs earlier
-/// in the launch: started before it. The host zeroes the sums and rounds them after the launch.
-/// Passed as the `SliceMut<f32>` it wraps.
-#[repr(transparent)]
+/// `turns`, one a key/value head's key block, zeroed by the host) reads m; member 0 stores its
+/// rows to the sums, the next ones add theirs (`red.global.add`), each releasing m + 1; the last
+/// takes the sums into its registers and stores the rounded rows. So the sums take the same
+/// order, and bits, every run. A wait points to the CTA of the same key block and the member
+/// before, `n_kblocks` CTAs earlier in the launch: started before it. Laid out as
+/// `params::attention::MemberSumParam`.
+#[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MemberSumF32(pub SliceMut<f32>);
+pub struct MemberSum<T> {
+    pub sums: SliceMut<f32>,
+    pub out: SliceMut<T>,
+}
 
-impl<T> KvOut<T> for MemberSumF32 {
+impl<T: Copy> KvOut<T> for MemberSum<T> {
     const MEMBER_GRID: bool = true;
     #[inline(always)]
     fn rounded(self) -> Option<SliceMut<T>> {
-        None
+        Some(self.out)
     }
     #[inline(always)]
     fn added(self) -> Option<SliceMut<f32>> {
-        Some(self.0)
+        Some(self.sums)
     }
+}
+const _: () = assert!(
+    core::mem::size_of::<MemberSum<u16>>()
+        == core::mem::size_of::<crate::params::attention::MemberSumParam>()
+);
+
+/// How [`add_rows_f32`] writes: load, add and store (rows this launch alone adds to), an L2
+/// reduction (`red.global.add`: rows other blocks add to in turn, which a load through L1 could
+/// see stale), or a plain store (the first of those turns).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum AddMode {
+    LoadAddStore,
+    Reduce,
+    Store,
+}
+
+/// Adds the f32 rows [`add_rows_f32`] would add to into this warp's accumulator (`acc[4 n..]`:
+/// rows `g` and `g + 8`, columns `8 n + 2 t` and the next, wgmma layout) instead, with loads
+/// coherent at GPU scope (other blocks wrote them; the caller acquired their release and passed a
+/// block barrier). Entries of rows past `rows_left` or columns past `cols` are left as they are.
+#[inline(always)]
+pub(super) fn take_rows_f32<const ON: usize>(
+    acc: &mut [f32; ON],
+    warp_row: u32,
+    rows_left: u32,
+    (sums, cols, col0): (SliceMut<f32>, u32, u32),
+    out_row0: u64,
+) {
+    let (g, t) = (lane_id() / 4, lane_id() % 4);
+    let load = |at: u64| {
+        check_index(at as usize, sums.len as usize);
+        // SAFETY: inside `sums` (the callers' row and column tests; checked builds re-check),
+        // a 4-byte aligned f32.
+        unsafe { load_relaxed_f32(sums.ptr.add(at as usize)) }
+    };
+    unroll_lt!(n < ON / 4, {
+        let col = col0 as u64 + (8 * n) as u64 + 2 * t as u64;
+        if warp_row + g < rows_left && col < cols as u64 {
+            let at = (out_row0 + g as u64) * cols as u64 + col;
+            acc[4 * n] += load(at);
+            acc[4 * n + 1] += load(at + 1);
+        }
+        if warp_row + g + 8 < rows_left && col < cols as u64 {
+            let at = (out_row0 + g as u64 + 8) * cols as u64 + col;
+            acc[4 * n + 2] += load(at);
+            acc[4 * n + 3] += load(at + 1);
+        }
+    });
 }
 
 /// Adds this warp's 16 rows of an accumulator (`quad(n)`, `n < VALUES / PER_QUAD`: rows `g` and
@@ -465,26 +517,24 @@ impl<T> KvOut<T> for MemberSumF32 {
 /// rows `out_row0..` of the f32 `out`, whose rows are `cols` (the head dim) wide, from column
 /// `col0` (the warp's first): the accumulator's columns past `cols` (a padded tile's) are dropped.
 /// `rows_left` = valid rows from the CTA's first row (`warp_row` is the warp's first row in the
-/// block). `reduce`: as L2 reductions (`red.global.add`; rows other CTAs add to in turn, which a
-/// load through L1 could see stale), else loaded, added and stored (rows this launch alone adds
-/// to).
+/// block), written as `mode` says.
 #[inline(always)]
 pub(super) fn add_rows_f32<const VALUES: usize, const PER_QUAD: usize>(
     quad: impl Fn(usize) -> [f32; 4],
     warp_row: u32,
     rows_left: u32,
     (out, cols, col0): (SliceMut<f32>, u32, u32),
-    (out_row0, reduce): (u64, bool),
+    (out_row0, mode): (u64, AddMode),
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
-    let add = |at: u64, v: f32| {
-        if reduce {
+    let add = |at: u64, v: f32| match mode {
+        AddMode::LoadAddStore => out.set(at, out.get(at) + v),
+        AddMode::Store => out.set(at, v),
+        AddMode::Reduce => {
             check_index(at as usize, out.len as usize);
             // SAFETY: `at` is inside `out` (the callers' row and column tests; checked builds
             // re-check), a 4-byte aligned f32.
             unsafe { red_add_f32(out.ptr.add(at as usize), v) };
-        } else {
-            out.set(at, out.get(at) + v);
         }
     };
     unroll_lt!(n < VALUES / PER_QUAD, {

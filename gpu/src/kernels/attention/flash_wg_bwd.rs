@@ -9,7 +9,7 @@
 //! kernels at D = 128 (`flash_wg_bwd_scored_d128_*`) a CTA takes 64 keys and the warpgroups split
 //! the head dim instead: see [`split_step`].
 //! Grouped-query heads: a CTA walks every query head of its key/value head's group, dK and dV
-//! summed in its registers; the member-grid kernels (`flash_wg_bwd_members_*`, [`MemberSumF32`])
+//! summed in its registers; the member-grid kernels (`flash_wg_bwd_members_*`, [`MemberSum`])
 //! take one query head a CTA instead and add dK and dV into f32 in member order.
 //! K and V stay in shared memory; the CTA walks the query blocks that see its keys
 //! in the order its dQ order asks (`KeyBlockWalk::block_at`: last-first, or rotated), Q_i, dO_i
@@ -68,7 +68,9 @@ use crate::params::attention::{
 };
 use crate::{unroll, unroll_lt};
 
-use super::flash_bwd::{AddF32, KeyBlockWalk, KvOut, MemberSumF32, QueryBounds, add_rows_f32};
+use super::flash_bwd::{
+    AddF32, AddMode, KeyBlockWalk, KvOut, MemberSum, QueryBounds, add_rows_f32, take_rows_f32,
+};
 use super::flash_wgmma::{load_cols, load_rows, pack_p};
 use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
 
@@ -127,7 +129,7 @@ unsafe fn flash_wg_bwd<
     // the tile's columns past them are zero-filled on load), the shape's in a general one
     // (narrower head dims zero-filled on load and cut on store).
     let cols = if GENERAL { p.head_dim } else { HD as u32 };
-    // The member-sum kernels run a CTA a query head ([`MemberSumF32`]; a constant: every other
+    // The member-sum kernels run a CTA a query head ([`MemberSum`]; a constant: every other
     // kernel's member-grid code folds away).
     let member_grid = O::MEMBER_GRID;
     const { assert!(!(GENERAL && O::MEMBER_GRID)) };
@@ -565,6 +567,57 @@ unsafe fn flash_wg_bwd<
     } else {
         sk - n0
     };
+    if member_grid {
+        // The member grid ([`MemberSum`]): in this member's turn on its key block, the members
+        // before the last add their rows to the sums (member 0 stores them) and release the
+        // next; the last takes the sums into its registers and stores the rounded rows.
+        let (member, last) = (
+            block_idx_y() % p.group(),
+            block_idx_y() % p.group() + 1 == p.group(),
+        );
+        let counter = member_counter::<BK>(&p, turns, bkv, n0);
+        if thread_idx_x() == 0 {
+            // SAFETY: a live counter (`member_counter`).
+            unsafe { wait_for_turn(counter, member) };
+        }
+        sync_threads();
+        let rows = (warp_key, rows_left, cols, warp_col, out_row0);
+        let (mut dv_acc, mut dk_acc) = (dv_acc, dk_acc);
+        member_sums::<ON>(&mut dv_acc, dv.added(), (member, last), rows);
+        member_sums::<ON>(&mut dk_acc, dk.added(), (member, last), rows);
+        if last {
+            if let Some(out) = dv.rounded() {
+                let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), cols);
+                store_rows::<T, BK, D, ON>(
+                    &dv_acc,
+                    v_tile,
+                    (warp_key, warp_col),
+                    rows_left,
+                    out,
+                    n0,
+                );
+            }
+            if let Some(out) = dk.rounded() {
+                let out = HeadRowsMut::of(out, st.dk, (seq.bi, hkv), (seq.k0, sk), cols);
+                store_rows::<T, BK, D, ON>(
+                    &dk_acc,
+                    k_tile,
+                    (warp_key, warp_col),
+                    rows_left,
+                    out,
+                    n0,
+                );
+            }
+        } else {
+            // Every thread's additions, then the release (cumulative over the barrier).
+            sync_threads();
+            if thread_idx_x() == 0 {
+                // SAFETY: a live counter.
+                unsafe { add_release_u32(counter, 1) };
+            }
+        }
+        return;
+    }
     if let Some(out) = dv.rounded() {
         let out = HeadRowsMut::of(out, st.dv, (seq.bi, hkv), (seq.k0, sk), cols);
         store_rows::<T, BK, D, ON>(&dv_acc, v_tile, (warp_key, warp_col), rows_left, out, n0);
@@ -576,33 +629,13 @@ unsafe fn flash_wg_bwd<
     // The accumulators' quads (4 f32 an 8-column tile), as the f32 epilogue reads them.
     let quad =
         |acc: &[f32; ON], n: usize| [acc[4 * n], acc[4 * n + 1], acc[4 * n + 2], acc[4 * n + 3]];
-    // The member grid: this member's turn on its key block's sums ([`MemberSumF32`]), the
-    // additions as L2 reductions (the sums are other CTAs' too: no load of them through L1).
-    let member_counter = || {
-        let n_turns = p.seq_q.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32
-            / FLASH_BWD_TURN_ROWS as u32;
-        let at = (p.batch * p.heads) as u64 * n_turns as u64
-            + bkv * p.seq_k.div_ceil(BK as u32) as u64
-            + (n0 / BK as u32) as u64;
-        check_index(at as usize, turns.len as usize);
-        // SAFETY: inside `turns` (the host sizes it with a counter a key/value head's key block
-        // after the dQ turns; checked builds re-check).
-        unsafe { turns.ptr.add(at as usize) }
-    };
-    if member_grid {
-        if thread_idx_x() == 0 {
-            // SAFETY: a live counter.
-            unsafe { wait_for_turn(member_counter(), block_idx_y() % p.group()) };
-        }
-        sync_threads();
-    }
     if let Some(out) = dv.added() {
         add_rows_f32::<ON, 4>(
             |n| quad(&dv_acc, n),
             warp_key,
             rows_left,
             (out, cols, warp_col),
-            (out_row0, member_grid),
+            (out_row0, AddMode::LoadAddStore),
         );
     }
     if let Some(out) = dk.added() {
@@ -611,16 +644,58 @@ unsafe fn flash_wg_bwd<
             warp_key,
             rows_left,
             (out, cols, warp_col),
-            (out_row0, member_grid),
+            (out_row0, AddMode::LoadAddStore),
         );
     }
-    if member_grid {
-        // Every thread's reductions, then the release (cumulative over the barrier).
-        sync_threads();
-        if thread_idx_x() == 0 {
-            // SAFETY: a live counter.
-            unsafe { add_release_u32(member_counter(), 1) };
-        }
+}
+
+/// The member grid's turn counter of key block `n0 / BK` of key/value head `bkv` ([`MemberSum`]):
+/// after the dQ turn counters in `turns`.
+#[inline(always)]
+fn member_counter<const BK: usize>(
+    p: &AttentionShape,
+    turns: SliceMut<u32>,
+    bkv: u64,
+    n0: u32,
+) -> *mut u32 {
+    let n_turns = p.seq_q.div_ceil(FLASH_BWD_PRE_ROWS as u32) * FLASH_BWD_PRE_ROWS as u32
+        / FLASH_BWD_TURN_ROWS as u32;
+    let at = (p.batch * p.heads) as u64 * n_turns as u64
+        + bkv * p.seq_k.div_ceil(BK as u32) as u64
+        + (n0 / BK as u32) as u64;
+    check_index(at as usize, turns.len as usize);
+    // SAFETY: inside `turns` (the host sizes it with a counter a key/value head's key block after
+    // the dQ turns; checked builds re-check).
+    unsafe { turns.ptr.add(at as usize) }
+}
+
+/// One of the member grid's sums ([`MemberSum`]), in this CTA's member's turn: member 0 stores
+/// its rows (`acc`), the next ones add theirs, the last (`last`) takes the sums into `acc`.
+/// `rows`: this warp's first row, the valid rows, the columns, the warp's first column and its
+/// first row in the sums.
+#[inline(always)]
+fn member_sums<const ON: usize>(
+    acc: &mut [f32; ON],
+    sums: Option<SliceMut<f32>>,
+    (member, last): (u32, bool),
+    (warp_row, rows_left, cols, col0, out_row0): (u32, u32, u32, u32, u64),
+) {
+    let Some(sums) = sums else { return };
+    if last {
+        take_rows_f32::<ON>(acc, warp_row, rows_left, (sums, cols, col0), out_row0);
+    } else {
+        let mode = if member == 0 {
+            AddMode::Store
+        } else {
+            AddMode::Reduce
+        };
+        add_rows_f32::<ON, 4>(
+            |n| [acc[4 * n], acc[4 * n + 1], acc[4 * n + 2], acc[4 * n + 3]],
+            warp_row,
+            rows_left,
+            (sums, cols, col0),
+            (out_row0, mode),
+        );
     }
 }
 
@@ -1357,10 +1432,10 @@ flash_wg_bwd_entry_points! {
     flash_wg_bwd_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, false, false, false;
     flash_wg_bwd_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, false, false, false;
     // Grouped-query heads under the causal mask: a CTA a query head, the group's dK and dV summed
-    // into f32 in member order (`MemberSumF32`), rounded after the launch.
+    // in member order through f32 sums, the last member storing them rounded (`MemberSum`).
     // D = 128 only: at 64 ptxas serialised the member grid's wgmma, at 256 it spilled 28 bytes.
-    flash_wg_bwd_members_d128_f16: F16, MemberSumF32, FLASH_WG_BWD_D128, false, false, false;
-    flash_wg_bwd_members_d128_bf16: BF16, MemberSumF32, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_members_d128_f16: F16, MemberSum<F16>, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_members_d128_bf16: BF16, MemberSum<BF16>, FLASH_WG_BWD_D128, false, false, false;
     // dK and dV added into f32 accumulators (ring attention's steps).
     flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false, false;
     flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false, false;

@@ -58,8 +58,8 @@ pub use decode::{DECODE_MAX_HEAD_DIM, KvCache, decode_forward};
 use gpu::params::attention::{
     AttentionLayout, AttentionShape, Band, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID,
     DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS,
-    FLASH_WG_D64_Q64, FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, NO_WINDOW,
-    dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
+    FLASH_WG_D64_Q64, FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, MemberSumParam,
+    NO_WINDOW, dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
     flash_product_dim, flash_tile_dim, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config,
     flash_wg_bwd_config_of, naive,
 };
@@ -1353,12 +1353,12 @@ fn flash_backward_run(
     let group = d.heads / d.kv_heads;
     // Grouped-query heads: dK and dV sum over the group's query heads in member order (the same
     // bits every run). The wgmma kernel walks the whole group in each CTA ([`GROUP_ALL`]: one
-    // launch, the sums in registers), or under the causal mask runs a CTA a query head
-    // (`flash_wg_bwd_members_*`, the member grid: the group's CTAs add into f32 in member
-    // order): whole-group CTAs walk `group` times longer and, the causal walks' lengths spread
-    // from 1 to `n_q` blocks, the longest of them finish last. The mma.sync kernel takes one
-    // launch a group member, each adding every dK/dV row once into f32 accumulators. Rounded
-    // outputs of the f32 paths get zeroed accumulators first and are rounded at the end.
+    // launch, the sums in registers), or under the causal mask at D = 128 runs a CTA a query head
+    // (`flash_wg_bwd_members_*`, the member grid: the group's CTAs meet in f32 sums in member
+    // order, the last storing them rounded): whole-group CTAs walk `group` times longer and, the
+    // causal walks' lengths spreading from 1 to `n_q` blocks, the longest of them finish last.
+    // The mma.sync kernel takes one launch a group member, each adding every dK/dV row once into
+    // f32 accumulators (rounded outputs get zeroed accumulators first and are rounded at the end).
     let wgmma = names.main.starts_with("flash_wg_bwd_");
     let member_grid = matches!(out, GradsOut::Rounded(_))
         && group > 1
@@ -1367,11 +1367,20 @@ fn flash_backward_run(
     let launches_per_member = group > 1 && !wgmma;
     let kv_elems = d.batch * d.kv_heads * d.seq_k * d.head_dim;
     let kv_acc = match out {
-        GradsOut::Rounded(_) if launches_per_member || member_grid => Some((
+        GradsOut::Rounded(_) if launches_per_member => Some((
             Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
             Tensor::zeros(gpu, &[kv_elems], DType::F32)?,
         )),
         _ => None,
+    };
+    // The member grid's f32 sums (its member 0 writes them before any member reads them).
+    let member_sums = if member_grid {
+        Some((
+            Tensor::empty(gpu, &[kv_elems], DType::F32)?,
+            Tensor::empty(gpu, &[kv_elems], DType::F32)?,
+        ))
+    } else {
+        None
     };
     let (grads, main, add) = match out {
         GradsOut::Rounded(g) if member_grid => (g, names.members, false),
@@ -1470,13 +1479,33 @@ fn flash_backward_run(
             Some((dk, dv)) => (dk.raw(), dv.raw()),
             None => (grads.dk.raw(), grads.dv.raw()),
         };
-        let (st_, acc_, turns_, dk_, dv_) = (
+        // The member grid's dK and dV: its sums and the rounded outputs.
+        let (dk_sums, dv_sums) = match &member_sums {
+            Some((dk, dv)) => (dk.raw(), dv.raw()),
+            None => Default::default(),
+        };
+        let (st_, acc_, turns_) = (
             ByValue(stats.raw()),
             ByValue(dq_acc.raw()),
             ByValue(turns.raw()),
-            ByValue(dk_out),
-            ByValue(dv_out),
         );
+        let (dk_, dv_) = (ByValue(dk_out), ByValue(dv_out));
+        let (dk_m, dv_m) = (
+            ByValue(MemberSumParam {
+                sums: dk_sums,
+                out: dk_out,
+            }),
+            ByValue(MemberSumParam {
+                sums: dv_sums,
+                out: dv_out,
+            }),
+        );
+        let (dk_arg, dv_arg): (&dyn crate::launch::ArgPush, &dyn crate::launch::ArgPush) =
+            if member_grid {
+                (&dk_m, &dv_m)
+            } else {
+                (&dk_, &dv_)
+            };
         let strides_ = ByValue(layout);
         // Grid y: the key/value heads; launch `r` takes query head `y * group + r` of each, or
         // the one launch all of them; with the member grid, the query heads.
@@ -1495,7 +1524,8 @@ fn flash_backward_run(
             });
             // The wgmma kernel takes its dQ order before the strides; the mma.sync kernel has none.
             let wgmma_args: [&dyn crate::launch::ArgPush; 12] = [
-                &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &order, &strides_,
+                &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, dk_arg, dv_arg, &shape_, &order,
+                &strides_,
             ];
             let mma_args: [&dyn crate::launch::ArgPush; 11] = [
                 &q_, &k_, &v_, &do_, &st_, &acc_, &turns_, &dk_, &dv_, &shape_, &strides_,
