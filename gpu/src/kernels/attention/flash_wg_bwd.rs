@@ -123,8 +123,9 @@ unsafe fn flash_wg_bwd<
     let two_dq_parts: bool =
         const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().dq_parts() == 2 };
     const TH: usize = 256;
-    // The general kernels walk in the plain order (the host passes nothing else): known here, the
-    // rotated orders' arithmetic folds away, which a packed walk's registers need.
+    // The general kernels with the head dim split walk in the plain order (the host passes nothing
+    // else): known here, the rotated orders' arithmetic folds away, which their registers need
+    // (with it they spilled 16-44 bytes).
     // The head dim's columns: the products' own in a dense kernel (every column test folds away;
     // the tile's columns past them are zero-filled on load), the shape's in a general one
     // (narrower head dims zero-filled on load and cut on store).
@@ -133,7 +134,11 @@ unsafe fn flash_wg_bwd<
     // kernel's member-grid code folds away).
     let member_grid = O::MEMBER_GRID;
     const { assert!(!(GENERAL && O::MEMBER_GRID)) };
-    let order = if GENERAL { order & DQ_ORDERED } else { order };
+    let order = if GENERAL && split {
+        order & DQ_ORDERED
+    } else {
+        order
+    };
 
     // The query heads this launch walks: one group member, or (`GROUP_ALL`) every member of the
     // key/value head's group in turn, dK and dV summed in the registers across them.

@@ -1458,14 +1458,20 @@ fn flash_backward_run(
             diag: d.seq_k as i32 - d.seq_q as i32,
             band: Band::of(&shape),
         };
-        let order = if names.general {
-            // The general kernels walk the plain order: each CTA waits only for CTAs of lower key
-            // blocks (started before it), whatever a packed batch's lengths (the rotated orders'
-            // conditions are per length).
+        // The plain order (each CTA waits only for CTAs of lower key blocks, started before it)
+        // under a window and on the general kernels with the head dim split; otherwise the
+        // rotated orders of the longest sequences, which hold for every shorter one of a packed
+        // batch (a causal head's waits point to the next key block's CTA, started before it on
+        // the reversed grid; an unmasked head's CTAs fit on the GPU at once), but for the late
+        // release: only where every sequence has as many keys as queries, which the same offsets
+        // for both say.
+        let order = if params.window.is_bounded() || names.plain_order {
             match mode {
                 BackwardMode::Deterministic => DQ_ORDERED,
                 BackwardMode::Nondeterministic => 0,
             }
+        } else if packed && layout.cu_seqlens_q != layout.cu_seqlens_k {
+            dq_order(gpu, mode, &walk) & !DQ_LATE_RELEASE
         } else {
             dq_order(gpu, mode, &walk)
         };
@@ -1669,9 +1675,11 @@ struct FlashBwdKernels {
     block_q: usize,
     threads: u32,
     smem_bytes: u32,
-    /// The main kernel is a general wgmma one (packed batch, window, or a head dim narrower than
-    /// its tile): it walks the plain dQ order only.
+    /// The main kernel is a general wgmma one (packed batch, window, or a head dim other than the
+    /// dense kernels').
     general: bool,
+    /// The main kernel walks the plain dQ order only (a general one with the head dim split).
+    plain_order: bool,
 }
 
 /// What a backward call needs of its main kernel beyond a dense batch at the tile's head dim.
@@ -1777,12 +1785,18 @@ fn flash_bwd_kernels(
         ),
         _ => return None,
     };
-    let (block_k, block_q, threads, smem_bytes) = if wgmma {
+    let (block_k, block_q, threads, smem_bytes, split) = if wgmma {
         let c = flash_wg_bwd_config_of(key, general, needs == BwdNeeds::Scores)?;
-        (c.block_k, c.block_q, c.threads(), c.smem_bytes())
+        (
+            c.block_k,
+            c.block_q,
+            c.threads(),
+            c.smem_bytes(),
+            c.split_head,
+        )
     } else {
         let c = flash_bwd_config(tile)?;
-        (c.block_k, c.block_q, c.threads(), c.smem_bytes())
+        (c.block_k, c.block_q, c.threads(), c.smem_bytes(), false)
     };
     let members = match (wgmma && !general && needs == BwdNeeds::Dense, key, dtype) {
         // (At 64 and 256 ptxas serialised or spilled the member grid: those keep whole groups.)
@@ -1801,6 +1815,7 @@ fn flash_bwd_kernels(
         threads: threads as u32,
         smem_bytes: smem_bytes as u32,
         general,
+        plain_order: general && split,
     })
 }
 
