@@ -141,6 +141,12 @@ fn operands(
     }
 }
 
+/// The f64 reference's dQ, dK, dV of a case's operands.
+fn reference_grads(x: &Operands, p: &AttentionParams) -> AttentionGrads<HostTensor> {
+    let [q, k, v, d_o] = &x.host;
+    mf::backward(q, k, v, d_o, p, &mf::ModelFeatures::default()).unwrap()
+}
+
 /// The padded call's parameters: the scale of the unpadded head dim, as the call at `d` defaults to.
 fn padded_params(causal: bool, d: usize) -> AttentionParams<'static> {
     AttentionParams {
@@ -251,15 +257,7 @@ fn head_dims_off_the_tiles_backward_match_the_padded_call_and_the_reference() {
                         tol(dtype) / 8.0,
                     );
                 }
-                let want = mf::backward(
-                    &x.host[0],
-                    &x.host[1],
-                    &x.host[2],
-                    &x.host[3],
-                    &p,
-                    &mf::ModelFeatures::default(),
-                )
-                .unwrap();
+                let want = reference_grads(&x, &p);
                 assert_grads_close(
                     &format!("{what}: vs reference"),
                     &g,
@@ -306,15 +304,7 @@ fn the_accumulating_backward_takes_every_head_dim() {
                     dv: Tensor::from_host(&gpu, &before[2]).unwrap(),
                 };
                 attention::flash_backward_add(q, k, v, &o, &lse, d_o, &p, &acc).unwrap();
-                let want = mf::backward(
-                    &x.host[0],
-                    &x.host[1],
-                    &x.host[2],
-                    &x.host[3],
-                    &p,
-                    &mf::ModelFeatures::default(),
-                )
-                .unwrap();
+                let want = reference_grads(&x, &p);
                 for (name, t, b0, w) in [
                     ("dQ", &acc.dq, &before[0], &want.dq),
                     ("dK", &acc.dk, &before[1], &want.dk),

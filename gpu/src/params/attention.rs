@@ -311,14 +311,19 @@ pub const fn flash_head_dim_supported(head_dim: usize) -> bool {
 /// The tile width a supported head dim runs at: the narrowest of [`FLASH_TILE_DIMS`] that holds
 /// it (the widest for a head dim past them all, which validation refuses first).
 pub const fn flash_tile_dim(head_dim: usize) -> usize {
+    narrowest_holding(&FLASH_TILE_DIMS, head_dim)
+}
+
+/// The first of the ascending `dims` that is at least `head_dim` (the last if none is).
+const fn narrowest_holding(dims: &[usize], head_dim: usize) -> usize {
     let mut i = 0;
-    while i < FLASH_TILE_DIMS.len() {
-        if head_dim <= FLASH_TILE_DIMS[i] {
-            return FLASH_TILE_DIMS[i];
+    while i < dims.len() {
+        if head_dim <= dims[i] {
+            return dims[i];
         }
         i += 1;
     }
-    FLASH_TILE_DIMS[FLASH_TILE_DIMS.len() - 1]
+    dims[dims.len() - 1]
 }
 const _: () = assert!(FLASH_MAX_HEAD_DIM == FLASH_TILE_DIMS[FLASH_TILE_DIMS.len() - 1]);
 
@@ -332,14 +337,7 @@ pub const FLASH_PRODUCT_DIMS: [usize; 6] = [32, 64, 96, 128, 192, 256];
 /// The columns the products cover for a supported head dim: the narrowest of
 /// [`FLASH_PRODUCT_DIMS`] that holds it (zero columns past the head dim add nothing).
 pub const fn flash_product_dim(head_dim: usize) -> usize {
-    let mut i = 0;
-    while i < FLASH_PRODUCT_DIMS.len() {
-        if head_dim <= FLASH_PRODUCT_DIMS[i] {
-            return FLASH_PRODUCT_DIMS[i];
-        }
-        i += 1;
-    }
-    FLASH_PRODUCT_DIMS[FLASH_PRODUCT_DIMS.len() - 1]
+    narrowest_holding(&FLASH_PRODUCT_DIMS, head_dim)
 }
 // Every product width lies in its head dim's tile (16-column k-steps, 32-column N steps).
 const _: () = {

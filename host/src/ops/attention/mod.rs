@@ -1675,9 +1675,6 @@ struct FlashBwdKernels {
     block_q: usize,
     threads: u32,
     smem_bytes: u32,
-    /// The main kernel is a general wgmma one (packed batch, window, or a head dim other than the
-    /// dense kernels').
-    general: bool,
     /// The main kernel walks the plain dQ order only (a general one with the head dim split).
     plain_order: bool,
 }
@@ -1814,7 +1811,6 @@ fn flash_bwd_kernels(
         block_q,
         threads: threads as u32,
         smem_bytes: smem_bytes as u32,
-        general,
         plain_order: general && split,
     })
 }
