@@ -1312,15 +1312,12 @@ fn flash_backward_run(
     let gpu = q.gpu();
     // A window walks the plain order, which the general kernels take; the scored kernels walk it
     // too and take the softcap and ALiBi.
-    // The accumulating backward at a head dim whose dense kernel has no f32-adding form (32, 96)
-    // takes the general kernels too.
-    let adds_without_dense_form = matches!(out, GradsOut::AddF32(_))
-        && d.head_dim != d.tile_dim()
-        && flash_wg_bwd_config(d.head_dim).is_some();
     let needs = if params.modifies_scores() {
         BwdNeeds::Scores
-    } else if packed || params.window.is_bounded() || adds_without_dense_form {
+    } else if packed || params.window.is_bounded() {
         BwdNeeds::GeneralWalk
+    } else if matches!(out, GradsOut::AddF32(_)) {
+        BwdNeeds::DenseAdding
     } else {
         BwdNeeds::Dense
     };
@@ -1684,6 +1681,9 @@ struct FlashBwdKernels {
 enum BwdNeeds {
     /// Nothing more (a narrower head dim is read off the head dim).
     Dense,
+    /// As `Dense`, for the f32-adding main kernel: in the sm_90 build the dense kernels of head
+    /// dims 32 and 96 have no adding form, so those take the general kernels.
+    DenseAdding,
     /// The general walk: a packed batch or a sliding window.
     GeneralWalk,
     /// A softcap or ALiBi slopes (and anything the general walk takes).
@@ -1703,7 +1703,7 @@ fn flash_bwd_kernels(
     ptx_arch: &str,
     needs: BwdNeeds,
 ) -> Option<FlashBwdKernels> {
-    let general_walk = needs != BwdNeeds::Dense;
+    let general_walk = matches!(needs, BwdNeeds::GeneralWalk | BwdNeeds::Scores);
     let (pre, convert) = match dtype {
         DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
@@ -1716,7 +1716,8 @@ fn flash_bwd_kernels(
     let wgmma = ptx_arch == "sm_90";
     // The dense wgmma kernels take a dense batch at their product columns exactly (the tile's, or
     // 32 / 96 on the tile above); other head dims zero-fill on the general kernels.
-    let dense_dim = flash_wg_bwd_config(head_dim).is_some();
+    let dense_dim = flash_wg_bwd_config(head_dim)
+        .is_some_and(|c| needs != BwdNeeds::DenseAdding || c.cols == c.head_dim);
     let general = wgmma && (general_walk || !dense_dim);
     // The dense kernels' key: their product columns (the general ones': their tile).
     let key = if wgmma && !general { head_dim } else { tile };

@@ -1035,9 +1035,14 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
                 (k.block_k, k.block_q, k.smem_bytes as usize),
                 (cfg.block_k, cfg.block_q, cfg.smem_bytes())
             );
-            let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::GeneralWalk).unwrap();
-            assert_eq!(k.main, format!("flash_wg_bwd_general_d{tile}_{dt}"));
-            assert!(is_general(&k) && in_build(k.main_add, "sm_90"));
+            for needs in [BwdNeeds::GeneralWalk, BwdNeeds::DenseAdding] {
+                let k = flash_bwd_kernels(d, dt, "sm_90", needs).unwrap();
+                assert_eq!(k.main, format!("flash_wg_bwd_general_d{tile}_{dt}"));
+                assert!(is_general(&k) && in_build(k.main_add, "sm_90"));
+            }
+            // The sm_80 build's adding kernel is its tile's.
+            let k = flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::DenseAdding).unwrap();
+            assert_eq!(k.main_add, format!("flash_bwd_add_d{tile}_{dt}"));
         }
     }
     // Other head dims off the tiles: the narrowest tile that holds them; on sm_90 its general
