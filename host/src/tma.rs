@@ -3,17 +3,18 @@
 //! (`cuTensorMapEncodeTiled`); it is encoded here per launch, from the operand's address, dims and
 //! strides, and passed to the kernel by value.
 //!
-//! The one kind made here matches the only kind the device library loads: 16-bit elements, a box 64
-//! elements (128 bytes) wide, 128-byte swizzle (the layout the wgmma descriptors read), zeros for
-//! coordinates outside the tensor.
+//! The kind made here matches the kind the device library loads: a box 128 bytes wide (64 16-bit
+//! elements, or 32 f32 for the f32 matmul), 128-byte swizzle (the layout the wgmma descriptors
+//! read), zeros for coordinates outside the tensor.
 use cudarc::driver::sys;
 use gpu::params::TensorMapParam;
 
 use crate::DType;
 use crate::error::{Error, Result};
 
-/// A rank-3 view `[batch][outer][inner]` of 16-bit elements at device address `ptr`: element
-/// `(b, o, i)` at `ptr + 2 (b batch_stride + o outer_stride + i)`. `batch` may be 1.
+/// A rank-3 view `[batch][outer][inner]` at device address `ptr`: element `(b, o, i)` at
+/// `ptr + size (b batch_stride + o outer_stride + i)`, `size` the element's bytes (2, or 4 for f32).
+/// `batch` may be 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Tensor3 {
     pub ptr: u64,
@@ -26,16 +27,27 @@ pub(crate) struct Tensor3 {
     pub batch_stride: u64,
 }
 
-/// Whether the copy engine can read `t`: a 16-byte aligned base, strides that are multiples of 16
-/// bytes (8 elements), every dim at least 1 and below 2^31 (coordinates are signed 32-bit).
+/// Whether the copy engine can read `t` of 16-bit elements: a 16-byte aligned base, strides that
+/// are multiples of 16 bytes (8 elements), every dim at least 1 and below 2^31 (coordinates are
+/// signed 32-bit).
 pub(crate) fn tma_readable(t: &Tensor3) -> bool {
+    readable(t, 2)
+}
+
+/// [`tma_readable`] for f32 elements (strides multiples of 4 elements).
+pub(crate) fn tma_readable_f32(t: &Tensor3) -> bool {
+    readable(t, 4)
+}
+
+fn readable(t: &Tensor3, elem_bytes: u64) -> bool {
+    let per_16 = 16 / elem_bytes;
     let dims_ok = [t.inner, t.outer, t.batch]
         .iter()
         .all(|&d| (1..1 << 31).contains(&d));
     dims_ok
         && t.ptr.is_multiple_of(16)
-        && t.outer_stride.is_multiple_of(8)
-        && t.batch_stride.is_multiple_of(8)
+        && t.outer_stride.is_multiple_of(per_16)
+        && t.batch_stride.is_multiple_of(per_16)
         && t.outer_stride >= t.inner
         && t.outer_stride < 1 << 38
         && t.batch_stride < 1 << 38
@@ -69,15 +81,16 @@ pub(crate) fn tma_readable4(t: &Tensor4) -> bool {
         && t.outer_stride >= t.inner
 }
 
-/// The tensor map of `t` with a `64 x box_rows` box and 128-byte swizzle. `op` names the caller in
-/// errors.
+/// The tensor map of `t` with a box 128 bytes wide and `box_rows` tall, 128-byte swizzle. `op`
+/// names the caller in errors.
 pub(crate) fn sw128_map(
     op: &'static str,
     dtype: DType,
     t: &Tensor3,
     box_rows: u32,
 ) -> Result<TensorMapParam> {
-    if !tma_readable(t) {
+    let size = dtype.size_bytes() as u64;
+    if !readable(t, size) {
         return Err(unreadable(op, &format!("{t:?}"), box_rows));
     }
     encode(
@@ -85,7 +98,7 @@ pub(crate) fn sw128_map(
         dtype,
         t.ptr,
         &[t.inner, t.outer, t.batch],
-        &[2 * t.outer_stride, 2 * t.batch_stride],
+        &[size * t.outer_stride, size * t.batch_stride],
         box_rows,
         &format!("{t:?}"),
     )
@@ -99,6 +112,12 @@ pub(crate) fn sw128_map4(
     t: &Tensor4,
     box_rows: u32,
 ) -> Result<TensorMapParam> {
+    if dtype == DType::F32 {
+        return Err(Error::Invalid {
+            op,
+            msg: "rank-4 tensor maps here hold 16-bit elements; got f32".into(),
+        });
+    }
     if !tma_readable4(t) {
         return Err(unreadable(op, &format!("{t:?}"), box_rows));
     }
@@ -124,8 +143,8 @@ fn unreadable(op: &'static str, what: &str, box_rows: u32) -> Error {
     }
 }
 
-/// `cuTensorMapEncodeTiled` for 16-bit elements: `dims` innermost first, `byte_strides` of every
-/// dim but the innermost, a box 64 elements wide, `box_rows` tall and 1 in every outer dim.
+/// `cuTensorMapEncodeTiled`: `dims` innermost first, `byte_strides` of every dim but the innermost,
+/// a box 128 bytes wide, `box_rows` tall and 1 in every outer dim.
 fn encode(
     op: &'static str,
     dtype: DType,
@@ -140,17 +159,12 @@ fn encode(
     let data_type = match dtype {
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F32 => {
-            return Err(Error::Invalid {
-                op,
-                msg: "tensor maps here hold 16-bit elements; got f32".into(),
-            });
-        }
+        DType::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
     };
     if !(1..=256).contains(&box_rows) {
         return Err(unreadable(op, what, box_rows));
     }
-    let boxes = [64u32, box_rows, 1, 1];
+    let boxes = [128 / dtype.size_bytes() as u32, box_rows, 1, 1];
     let element_strides = [1u32; 4];
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     // SAFETY: `dims` has `rank` entries, `byte_strides` rank - 1 (asserted), `boxes` and
@@ -174,7 +188,7 @@ fn encode(
     status.result().map_err(|e| {
         Error::driver(
             e,
-            format!("{op}: encoding a tensor map of {what} (box 64 x {box_rows})"),
+            format!("{op}: encoding a tensor map of {what} (box 128 bytes x {box_rows})"),
         )
     })?;
     Ok(TensorMapParam { opaque: map.opaque })

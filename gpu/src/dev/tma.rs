@@ -18,25 +18,35 @@
 //! that parameter `.align 64` (the build fails if the marker names no such 128-byte parameter).
 //!
 //! # Swizzle agreement
-//! Only one kind of map exists here: 16-bit elements, a box 64 elements (128 bytes) wide and
-//! `BOX_ROWS` rows tall, 128-byte swizzle, which is exactly the [`SwizzledTile`] layout the wgmma
-//! descriptors read (16-byte chunk `c` of row `r` at `c ^ (r % 8)`, 1024-byte aligned atoms). A
-//! [`TensorMapRef<BOX_ROWS>`] only loads into a `SwizzledTile<BOX_ROWS, C>` (one box per 64-column
+//! Every map here has a box 128 bytes wide (64 16-bit elements, or 32 f32 for the f32 matmul) and
+//! `BOX_ROWS` rows tall, with 128-byte swizzle, which is exactly the [`SwizzledTile`] layout the
+//! wgmma descriptors read (16-byte chunk `c` of row `r` at `c ^ (r % 8)`, 1024-byte aligned atoms).
+//! A [`TensorMapRef<BOX_ROWS>`] only loads into a `SwizzledTile<BOX_ROWS, C>` (one box per 128-byte
 //! panel), so a copy whose box or swizzle disagrees with the tile the wgmma reads does not compile.
+//! The element size is the map's third parameter (2 unless named): it sets how many elements one
+//! panel spans, so a panel's coordinate cannot disagree with the bytes it fills.
 use crate::dev::mbarrier::MBarrier;
 use crate::dev::wgmma::SwizzledTile;
 
 /// The generic address of a tensor map (kernel-parameter space) of rank `RANK` (3: `[batch][rows]
-/// [columns]`; 4: `[batch][heads][rows][columns]`) whose box is 64 16-bit elements wide and
-/// `BOX_ROWS` rows tall (one entry of every outer dim), with 128-byte swizzle. Made only by
-/// [`tensor_map_param!`]; the rank picks which `load` exists, so a copy with the wrong number of
-/// coordinates does not compile.
+/// [columns]`; 4: `[batch][heads][rows][columns]`) of `ELEM_BYTES`-byte elements whose box is 128
+/// bytes wide and `BOX_ROWS` rows tall (one entry of every outer dim), with 128-byte swizzle. Made
+/// only by [`tensor_map_param!`]; the rank picks which `load` exists, so a copy with the wrong
+/// number of coordinates does not compile.
 #[derive(Clone, Copy)]
-pub struct TensorMapRef<const BOX_ROWS: usize, const RANK: usize = 3> {
+pub struct TensorMapRef<const BOX_ROWS: usize, const RANK: usize = 3, const ELEM_BYTES: usize = 2> {
     addr: u64,
 }
 
-impl<const BOX_ROWS: usize, const RANK: usize> TensorMapRef<BOX_ROWS, RANK> {
+impl<const BOX_ROWS: usize, const RANK: usize, const ELEM_BYTES: usize>
+    TensorMapRef<BOX_ROWS, RANK, ELEM_BYTES>
+{
+    /// Elements of one 128-byte panel (the box width).
+    const PANEL_ELEMS: i32 = {
+        assert!(ELEM_BYTES == 2 || ELEM_BYTES == 4);
+        (128 / ELEM_BYTES) as i32
+    };
+
     /// # Safety
     /// `addr` is the generic address of a 64-byte aligned tensor map in parameter, constant or global
     /// memory, encoded with rank `RANK`, a 64 x `BOX_ROWS` box of 16-bit elements and 128-byte
@@ -89,9 +99,10 @@ impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS, 4> {
     }
 }
 
-impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS, 3> {
-    /// Copies the `BOX_ROWS x C` block whose first element is at (column `inner`, row `outer`,
-    /// batch `batch`) of the tensor into `tile`: one box per 64-column panel, columns `inner + 64 p`.
+impl<const BOX_ROWS: usize, const ELEM_BYTES: usize> TensorMapRef<BOX_ROWS, 3, ELEM_BYTES> {
+    /// Copies the block of `BOX_ROWS` rows and `C` 16-bit columns' worth of bytes whose first
+    /// element is at (column `inner`, row `outer`, batch `batch`) of the tensor into `tile`: one box
+    /// per 128-byte panel, columns `inner + p * 128 / ELEM_BYTES`.
     /// Elements outside the tensor arrive as zeros. The copies complete on `bar` with
     /// `SwizzledTile::<BOX_ROWS, C>::BYTES` transaction bytes.
     ///
@@ -116,8 +127,8 @@ impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS, 3> {
                 core::arch::asm!(
                     "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}];",
                     d = in(reg32) dst, m = in(reg64) self.addr,
-                    x = in(reg32) inner + 64 * p as i32, y = in(reg32) outer, z = in(reg32) batch,
-                    b = in(reg32) bar.addr(),
+                    x = in(reg32) inner + Self::PANEL_ELEMS * p as i32, y = in(reg32) outer,
+                    z = in(reg32) batch, b = in(reg32) bar.addr(),
                     options(nostack)
                 )
             }
@@ -151,8 +162,8 @@ impl<const BOX_ROWS: usize> TensorMapRef<BOX_ROWS, 3> {
                 core::arch::asm!(
                     "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [{m}, {{{x}, {y}, {z}}}], [{s}];",
                     m = in(reg64) self.addr, s = in(reg32) src,
-                    x = in(reg32) inner + 64 * p as i32, y = in(reg32) outer, z = in(reg32) batch,
-                    options(nostack)
+                    x = in(reg32) inner + Self::PANEL_ELEMS * p as i32, y = in(reg32) outer,
+                    z = in(reg32) batch, options(nostack)
                 )
             }
             p += 1;
@@ -200,14 +211,18 @@ pub fn bulk_wait<const N: u32>() {
 /// The [`TensorMapRef`] of by-value kernel parameter number `$index` (from 0) of kernel `$entry`,
 /// which must be declared as [`crate::params::TensorMapParam`], named by a [`tensor_map_params!`]
 /// beside the kernel, and never used in Rust. `$rows` is the box height the host encoded
-/// (`host::tma`), `$rank` (3 if left out) the map's rank. Call it in the entry point itself; see the
-/// module doc for why the parameter is reached through PTX.
+/// (`host::tma`), `$rank` (3 if left out) the map's rank, `$elem_bytes` (2 if left out) its element
+/// size. Call it in the entry point itself; see the module doc for why the parameter is reached
+/// through PTX.
 #[macro_export]
 macro_rules! tensor_map_param {
     ($entry:ident, $index:literal, $rows:expr) => {
-        $crate::tensor_map_param!($entry, $index, $rows, 3)
+        $crate::tensor_map_param!($entry, $index, $rows, 3, 2)
     };
-    ($entry:ident, $index:literal, $rows:expr, $rank:expr) => {{
+    ($entry:ident, $index:literal, $rows:expr, $rank:expr) => {
+        $crate::tensor_map_param!($entry, $index, $rows, $rank, 2)
+    };
+    ($entry:ident, $index:literal, $rows:expr, $rank:expr, $elem_bytes:expr) => {{
         let addr: u64;
         // SAFETY: takes the address of a kernel parameter (a .param-space address, made generic).
         unsafe {
@@ -218,9 +233,11 @@ macro_rules! tensor_map_param {
                 options(nostack, nomem, pure)
             )
         };
-        // SAFETY: the host encodes this parameter with rank $rank for a 64 x $rows box with 128-byte
-        // swizzle (the launcher of `$entry`), and the builder aligned it to 64 bytes
-        // (`tensor_map_params!`).
-        unsafe { $crate::dev::tma::TensorMapRef::<{ $rows }, { $rank }>::from_generic(addr) }
+        // SAFETY: the host encodes this parameter with rank $rank for a 128-byte x $rows box of
+        // $elem_bytes-byte elements with 128-byte swizzle (the launcher of `$entry`), and the
+        // builder aligned it to 64 bytes (`tensor_map_params!`).
+        unsafe {
+            $crate::dev::tma::TensorMapRef::<{ $rows }, { $rank }, { $elem_bytes }>::from_generic(addr)
+        }
     }};
 }

@@ -297,6 +297,52 @@ pub mod matmul_tma {
     }
 }
 
+/// The f32 matmul on Hopper tensor cores (`matmul_wg_tf32x3_*_f32`, `matmul_wg_tf32_*_f32`,
+/// `kernels/matmul/wg_tf32.rs`, sm_90 build): `wgmma` m64n128k8 with tf32 inputs and f32
+/// accumulation, the same precisions, split-K and epilogue as `matmul_tf32` (whose tiles it shares,
+/// so the split and with it the bits' summation order are the same function of the shape).
+///
+/// Design notes:
+/// - wgmma reads tf32 operands from shared memory only K-major (`imm-trans` exists for 16-bit types
+///   alone), and 3xTF32 needs B's low parts there as well. So the copy engine brings A's and B's
+///   k-tiles as stored (f32, 128-byte swizzle, either orientation), three *converter* warps of the
+///   producer warpgroup rewrite B's tile as K-major hi (and lo) tf32 tiles, and each consumer
+///   warpgroup reads its A fragments with `ld.shared`, splits them in registers and passes them as
+///   wgmma's register operand: every storage combination runs with no transposing pass.
+/// - 128 x 128 tiles of C, two consumer warpgroups of 64 rows; `BK = 32` floats, one 128-byte
+///   swizzle row, so a k8 step of a K-major tile is the same 32-byte descriptor step as a k16 step
+///   of 16-bit elements.
+/// - 3xTF32 sums each k-tile's 12 products in a fresh register chain from zero and adds that partial
+///   to the f32 accumulator with a round-to-nearest add (as `matmul_tf32`): 64 + 64 registers.
+pub mod matmul_wg_tf32 {
+    pub use super::matmul_tf32::{BK, BM, BN, FINISH_THREADS, split_k};
+    pub const STAGES: u32 = 3;
+    /// One producer warpgroup (warp 0: copies; warps 1..=3: converters) and two consumers.
+    pub const THREADS: u32 = 384;
+    pub const CONVERTER_WARPS: u32 = 3;
+    pub const PRODUCER_REGS: u32 = 56;
+    pub const CONSUMER_REGS: u32 = 224;
+    /// Bytes of one f32 tile of `BM` (or `BN`) rows by `BK` floats: A's and B's raw tiles and B's
+    /// hi and lo tiles are all this size.
+    pub const TILE_BYTES: u32 = BM * BK * 4;
+    /// The copy ring: `STAGES` stages of A's and B's raw tiles and their two barriers a stage,
+    /// rounded up to a 1024-byte swizzle atom.
+    pub const PIPELINE_BYTES: u32 = (STAGES * 2 * TILE_BYTES + 16 * STAGES).next_multiple_of(1024);
+    /// B's converted tiles of one stage: hi, then lo.
+    pub const CONVERTED_BYTES: u32 = 2 * TILE_BYTES;
+    /// Dynamic shared memory: the copy ring, the converted tiles, one `converted` barrier a stage.
+    pub const SMEM_BYTES: u32 = PIPELINE_BYTES + STAGES * CONVERTED_BYTES + 8 * STAGES;
+    /// Most M or N (TMA coordinates are signed 32-bit).
+    pub const MAX_DIM: u64 = (1 << 31) - 256;
+
+    const _: () = {
+        assert!(BM == 128 && BN == 128 && BK == 32);
+        assert!(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536);
+        assert!(SMEM_BYTES <= 227 * 1024);
+        assert!(TILE_BYTES.is_multiple_of(1024));
+    };
+}
+
 /// Parameters of one `matmul_tma_*` launch (A, B and C come as tensor maps: see
 /// `host::ops::matmul`). `a_batched` / `b_batched` say whether an operand has a batch dim (0: one
 /// matrix broadcast over the batch).

@@ -1,11 +1,14 @@
 //! The matmul family: `simt` (f32 on CUDA cores, `matmul_simt_{nn,nt,tn,tt}_f32`), `tf32` (f32 on
 //! tensor cores in 3xTF32 or TF32 precision, `matmul_tf32x3_*_f32`, `matmul_tf32_*_f32`, and the
 //! split-K finish), `tensor_core` (f16/bf16, `matmul_tc_{nn,nt,tn,tt}_{f16,bf16}`) and, in the sm_90
-//! build, `tma` (f16/bf16 on TMA + wgmma, `matmul_tma_*`). The host picks by dtype, precision,
-//! build and alignment (`host::ops::matmul`).
+//! build, `tma` (f16/bf16 on TMA + wgmma, `matmul_tma_*`) and `wg_tf32` (f32 in 3xTF32 or TF32 on
+//! TMA + wgmma, `matmul_wg_tf32x3_*_f32`, `matmul_wg_tf32_*_f32`). The host picks by dtype,
+//! precision, build and alignment (`host::ops::matmul`).
 mod simt;
 mod tensor_core;
 mod tf32;
 // Hopper: TMA + mbarrier pipeline + wgmma, sm_90 build only.
 #[cfg(target_feature = "sm_90a")]
 mod tma;
+#[cfg(target_feature = "sm_90a")]
+mod wg_tf32;

@@ -20,6 +20,7 @@ use gpu::params::matmul_f32v::{self as f32v, BM, BN};
 use gpu::params::matmul_tc as tc;
 use gpu::params::matmul_tf32 as tf;
 use gpu::params::matmul_tma as tma;
+use gpu::params::matmul_wg_tf32 as wg;
 use gpu::params::{Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess};
 
 use crate::DType;
@@ -254,28 +255,49 @@ fn gemm_tf32(
         None
     };
     let ws = workspace.as_ref().map_or(none, |t| t.raw());
-    let cfg = cudarc::driver::LaunchConfig {
-        grid_dim: (
-            (n as u64).div_ceil(tf::BN as u64) as u32,
-            grid_y,
-            if splits > 1 { splits } else { batch as u32 },
-        ),
-        block_dim: (tf::THREADS, 1, 1),
-        shared_mem_bytes: tf::SMEM_BYTES,
-    };
-    launch_cfg_large_smem(
-        gpu,
-        NAMES[index],
-        cfg,
-        &[
-            &ByValue(a.raw),
-            &ByValue(b.raw),
-            &ByValue(bias),
-            &ByValue(c.raw),
-            &ByValue(ws),
-            &ByValue(p),
-        ],
-    )?;
+    let grid_dim = (
+        (n as u64).div_ceil(tf::BN as u64) as u32,
+        grid_y,
+        if splits > 1 { splits } else { batch as u32 },
+    );
+    if let Some((map_a, map_b)) = wg_tf32_maps(gpu, shape, &a, &b)? {
+        const { assert!(wg::BM == tf::BM && wg::BN == tf::BN) };
+        launch_cfg_large_smem(
+            gpu,
+            WG_NAMES[index],
+            cudarc::driver::LaunchConfig {
+                grid_dim,
+                block_dim: (wg::THREADS, 1, 1),
+                shared_mem_bytes: wg::SMEM_BYTES,
+            },
+            &[
+                &ByValue(map_a),
+                &ByValue(map_b),
+                &ByValue(bias),
+                &ByValue(c.raw),
+                &ByValue(ws),
+                &ByValue(p),
+            ],
+        )?;
+    } else {
+        launch_cfg_large_smem(
+            gpu,
+            NAMES[index],
+            cudarc::driver::LaunchConfig {
+                grid_dim,
+                block_dim: (tf::THREADS, 1, 1),
+                shared_mem_bytes: tf::SMEM_BYTES,
+            },
+            &[
+                &ByValue(a.raw),
+                &ByValue(b.raw),
+                &ByValue(bias),
+                &ByValue(c.raw),
+                &ByValue(ws),
+                &ByValue(p),
+            ],
+        )?;
+    }
     if splits > 1 {
         let total = (m * n) as u64;
         let blocks = total
@@ -293,6 +315,67 @@ fn gemm_tf32(
         )?;
     }
     Ok(())
+}
+
+/// The Hopper f32 kernels (`matmul_wg_*`, sm_90 build), indexed as [`gemm_tf32`]'s `NAMES`.
+const WG_NAMES: [&str; 8] = [
+    "matmul_wg_tf32x3_nn_f32",
+    "matmul_wg_tf32x3_nt_f32",
+    "matmul_wg_tf32x3_tn_f32",
+    "matmul_wg_tf32x3_tt_f32",
+    "matmul_wg_tf32_nn_f32",
+    "matmul_wg_tf32_nt_f32",
+    "matmul_wg_tf32_tn_f32",
+    "matmul_wg_tf32_tt_f32",
+];
+
+/// The f32 tensor maps of A and B when a [`gemm_tf32`] product takes the Hopper kernels: the device
+/// runs the sm_90 build, the product is not empty and the copy engine can read both stored operands
+/// (16-byte aligned bases, leading dims and batch strides; always so for operands that passed
+/// [`tf32_rows`], unless a dim is past 2^31). A stored operand is `[batch][rows][cols]` with its
+/// leading dim as row stride; one with batch stride 0 is a single matrix broadcast over the batch.
+/// The boxes are the kernel's raw tiles: `BM` (`BN`) rows of 32 k when k-contiguous, `BK` rows of 32
+/// m (n) otherwise.
+fn wg_tf32_maps(
+    gpu: &crate::Gpu,
+    shape: GemmShape,
+    a: &Operand,
+    b: &Operand,
+) -> Result<Option<(gpu::params::TensorMapParam, gpu::params::TensorMapParam)>> {
+    const OP: &str = "matmul";
+    let GemmShape { m, n, k, batch } = shape;
+    if gpu.ptx_arch() != "sm_90" || k == 0 {
+        return Ok(None);
+    }
+    let view = |o: &Operand, outer: usize, rows: usize, cols: usize| crate::tma::Tensor3 {
+        ptr: o.raw.ptr,
+        inner: cols as u64,
+        outer: rows as u64,
+        batch: if o.stride != 0 { batch as u64 } else { 1 },
+        outer_stride: o.ld,
+        batch_stride: if o.stride != 0 {
+            o.stride
+        } else {
+            o.ld * outer as u64
+        },
+    };
+    // (view, box rows) of a stored operand whose outer dim (M or N) is `outer`, by storage.
+    let stored = |o: &Operand, outer: usize, k_contig: bool, box_outer: u32| {
+        if k_contig {
+            (view(o, outer, outer, k), box_outer)
+        } else {
+            (view(o, k, k, outer), wg::BK)
+        }
+    };
+    let (va, rows_a) = stored(a, m, a.trans == Transpose::No, wg::BM);
+    let (vb, rows_b) = stored(b, n, b.trans == Transpose::Yes, wg::BN);
+    if !(crate::tma::tma_readable_f32(&va) && crate::tma::tma_readable_f32(&vb)) {
+        return Ok(None);
+    }
+    Ok(Some((
+        crate::tma::sw128_map(OP, DType::F32, &va, rows_a)?,
+        crate::tma::sw128_map(OP, DType::F32, &vb, rows_b)?,
+    )))
 }
 
 /// Sizes of `op(a) op(b)` under the shape rules of [`matmul`]: C is `m x n` (times `batch` when
