@@ -22,10 +22,7 @@ use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragA, FragBTf32, FragC, mma_tf32};
 use crate::dev::shared::{SharedScalar, dynamic_base};
 use crate::dev::sync::sync_threads;
-use crate::dev::thread::{
-    block_idx_x, block_idx_y, block_idx_z, global_index_x, grid_threads_x, lane_id, thread_idx_x,
-    warp_id,
-};
+use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x, warp_id};
 use crate::params::MatmulTf32;
 use crate::params::lrp::v5::{split_tf32_fast, tf32_rna_bits};
 use crate::params::matmul_tf32::*;
@@ -333,37 +330,4 @@ tf32_entry_points! {
     matmul_tf32_nt_f32, 1, true, true;
     matmul_tf32_tn_f32, 1, false, false;
     matmul_tf32_tt_f32, 1, false, true;
-}
-
-crate::launch_bounds!(matmul_splitk_finish_f32, FINISH_THREADS, 1);
-/// Finishes a split product: `C[r][c] = sum over slices s (in order) of ws[s][r][c]`, then plus the
-/// bias and (accumulating) the old C, the order of the unsplit epilogue. Grid-stride over M x N.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn matmul_splitk_finish_f32(
-    bias: Slice<f32>,
-    c: SliceMut<f32>,
-    ws: Slice<f32>,
-    p: MatmulTf32,
-) {
-    let mm = p.mm;
-    let total = mm.m as u64 * mm.n as u64;
-    let mut i = global_index_x();
-    while i < total {
-        let (row, col) = (i / mm.n as u64, i % mm.n as u64);
-        let mut v = ws.get(i);
-        let mut s = 1u64;
-        while s < p.splits as u64 {
-            v += ws.get(s * total + i);
-            s += 1;
-        }
-        if bias.len > 0 {
-            v += bias.get(col);
-        }
-        let at = row * mm.ldc + col;
-        if mm.accumulate != 0 {
-            v += c.get(at);
-        }
-        c.set(at, v);
-        i += grid_threads_x();
-    }
 }

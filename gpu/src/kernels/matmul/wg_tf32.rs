@@ -75,7 +75,8 @@ fn parts<const PASSES: u32>(v: u32) -> (u32, u32) {
 }
 
 /// Converter thread `ct` (of `32 * CONVERTER_WARPS`): rewrites B's raw k-tile as the K-major tf32
-/// tiles `hi` (and `lo` for 3xTF32), 16-byte chunk (row n, k chunk c) by chunk. A warp's 32 chunks
+/// tiles `hi` (and `lo` for 3xTF32), 16-byte chunk (row n, k chunk c) by chunk, two chunks a step
+/// (both read before either is written, so their reads are in flight together). A warp's 32 chunks
 /// are 4 whole rows (k-contiguous raw tile: 128 contiguous bytes a row in and out) or 32 rows at
 /// one k chunk (outer-contiguous: each of the 4 reads is one 128-byte raw row; the writes of 8
 /// lanes land on 8 swizzle positions): no bank conflicts either way.
@@ -87,20 +88,26 @@ fn convert<const B_KC: bool, const PASSES: u32, const R: usize, const C: usize>(
     ct: u32,
 ) {
     const CHUNKS: u32 = BN * BK / 4;
-    let mut task = ct;
-    while task < CHUNKS {
-        let (n, c) = if B_KC {
+    const STEP: u32 = 32 * CONVERTER_WARPS;
+    let place = |task: u32| {
+        if B_KC {
             (task / 8, task % 8)
         } else {
             (task % BN, task / BN)
-        };
+        }
+    };
+    let read = |task: u32| {
+        let (n, c) = place(task);
         // SAFETY: n < BN, 4 c + 3 < BK: inside the raw tile, which has landed (full barrier).
-        let v = if B_KC {
+        if B_KC {
             unsafe { ld_shared_v4(raw_addr::<true, R, C>(raw, n, 4 * c)) }
         } else {
             let at = |i: u32| unsafe { u32::ld_shared(raw_addr::<false, R, C>(raw, n, 4 * c + i)) };
             [at(0), at(1), at(2), at(3)]
-        };
+        }
+    };
+    let write = |task: u32, v: [u32; 4]| {
+        let (n, c) = place(task);
         let mut h = [0u32; 4];
         let mut l = [0u32; 4];
         unroll!(i in [0, 1, 2, 3] {
@@ -114,7 +121,17 @@ fn convert<const B_KC: bool, const PASSES: u32, const R: usize, const C: usize>(
                 st_shared_v4(lo.chunk_addr(n, c), l);
             }
         }
-        task += 32 * CONVERTER_WARPS;
+    };
+    let mut task = ct;
+    while task < CHUNKS {
+        let second = task + STEP < CHUNKS;
+        let v0 = read(task);
+        let v1 = if second { read(task + STEP) } else { [0; 4] };
+        write(task, v0);
+        if second {
+            write(task + STEP, v1);
+        }
+        task += 2 * STEP;
     }
 }
 
@@ -267,50 +284,86 @@ unsafe fn matmul_wg_tf32<
         let (g, q) = (lane / 4, lane % 4);
         let r0 = 64 * wg + 16 * w + g;
         let mut acc = [0f32; 64];
+        // 3xTF32's k-tile partial: each chain starts with scale-d = 0, so its old values are never
+        // read (zeroed once here, outside any wgmma pipeline stage).
+        let mut part = [0f32; 64];
         let mut at = PipeState::START;
         let mut kt = 0;
-        while kt < k_tiles {
-            let (ta, _) = pipe.consumer_wait(at);
-            let (ah, al) = a_fragments::<A_KC, PASSES, AR, AC>(ta, r0, q);
-            converted_bar(at.stage).wait(at.phase);
-            let (hi, lo) = converted(at.stage);
-            fence();
-            if PASSES == 3 {
-                let mut part = [0f32; 64];
-                unroll!(s in [0, 1, 2, 3] {
-                    let s = s as u32;
-                    // SAFETY: the whole warpgroup, on converted tiles fenced by their writers
-                    // before the `converted` barrier; they stay until this warpgroup releases the
-                    // stage after the wait below. The small terms first: they are lost least to
-                    // the chain's truncation.
-                    unsafe {
-                        mma_tf32_rs_n128(&mut part, &al[s as usize], hi.desc_k_major(0, s), (s > 0) as u32);
-                        mma_tf32_rs_n128(&mut part, &ah[s as usize], lo.desc_k_major(0, s), 1);
-                        mma_tf32_rs_n128(&mut part, &ah[s as usize], hi.desc_k_major(0, s), 1);
-                    }
-                });
-                commit();
-                part.wait::<0>();
-                unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    unroll!(e in [0, 1, 2, 3] {
-                        acc[4 * i + e] += part[4 * i + e];
+        // One k-tile: the products of stage `at` from fragments ($h, $l); while they run, the
+        // next k-tile's fragments load (after the last k-tile, its own stage is read again and
+        // not used, so every path defines them by loads); then the wait, the partial's add and the
+        // stage's release. Evaluates to (next fragments, whether there is a next k-tile).
+        macro_rules! k_tile {
+            ($h:ident, $l:ident) => {{
+                converted_bar(at.stage).wait(at.phase);
+                let (hi, lo) = converted(at.stage);
+                fence();
+                if PASSES == 3 {
+                    unroll!(s in [0, 1, 2, 3] {
+                        let s = s as u32;
+                        // SAFETY: the whole warpgroup, on converted tiles fenced by their writers
+                        // before the `converted` barrier; they stay until this warpgroup releases
+                        // the stage after the wait below. The small terms first: they are lost
+                        // least to the chain's truncation.
+                        unsafe {
+                            mma_tf32_rs_n128(&mut part, &$l[s as usize], hi.desc_k_major(0, s), (s > 0) as u32);
+                            mma_tf32_rs_n128(&mut part, &$h[s as usize], lo.desc_k_major(0, s), 1);
+                            mma_tf32_rs_n128(&mut part, &$h[s as usize], hi.desc_k_major(0, s), 1);
+                        }
                     });
-                });
-            } else {
-                unroll!(s in [0, 1, 2, 3] {
-                    let s = s as u32;
-                    // SAFETY: as above.
-                    unsafe { mma_tf32_rs_n128(&mut acc, &ah[s as usize], hi.desc_k_major(0, s), 1) };
-                });
+                } else {
+                    unroll!(s in [0, 1, 2, 3] {
+                        let s = s as u32;
+                        // SAFETY: as above.
+                        unsafe { mma_tf32_rs_n128(&mut acc, &$h[s as usize], hi.desc_k_major(0, s), 1) };
+                    });
+                }
                 commit();
-                acc.wait::<0>();
+                let next = at.next();
+                let more = kt + 1 < k_tiles;
+                let tn = if more {
+                    pipe.consumer_wait(next).0
+                } else {
+                    pipe.stage(at.stage).0
+                };
+                let (nh, nl) = a_fragments::<A_KC, PASSES, AR, AC>(tn, r0, q);
+                if PASSES == 3 {
+                    part.wait::<0>();
+                    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                        unroll!(e in [0, 1, 2, 3] {
+                            acc[4 * i + e] += part[4 * i + e];
+                        });
+                    });
+                } else {
+                    acc.wait::<0>();
+                }
+                if elected {
+                    // SAFETY: one thread a consumer; the wait above retired this stage's wgmma.
+                    unsafe { pipe.consumer_release(at) };
+                }
+                at = next;
+                kt += 1;
+                (nh, nl, more)
+            }};
+        }
+        if k_tiles > 0 {
+            let (ta, _) = pipe.consumer_wait(at);
+            let (mut ah, mut al) = a_fragments::<A_KC, PASSES, AR, AC>(ta, r0, q);
+            // Two k-tiles a pass with their own fragment variables: the set that loads while a
+            // k-tile's products run is never the set they read, not even through the loop's copy
+            // (ptxas may give a loop-carried copy its source's registers, and then serializes the
+            // wgmma whose operands are redefined in flight).
+            loop {
+                let (bh, bl, more) = k_tile!(ah, al);
+                if !more {
+                    break;
+                }
+                let (ch, cl, more) = k_tile!(bh, bl);
+                if !more {
+                    break;
+                }
+                (ah, al) = (ch, cl);
             }
-            if elected {
-                // SAFETY: one thread a consumer; the wait above retired this stage's wgmma.
-                unsafe { pipe.consumer_release(at) };
-            }
-            at = at.next();
-            kt += 1;
         }
 
         // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile.

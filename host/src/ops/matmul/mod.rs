@@ -1,9 +1,12 @@
 //! Matrix multiply `op(A) op(B)`, 2-D or batched 3-D, either operand transposed, any sizes, dispatched
 //! by dtype and, for f32, by [`Precision`]:
-//! - f32, [`Precision::Tf32x3`] / [`Precision::Tf32`]: `matmul_tf32x3_*_f32` / `matmul_tf32_*_f32`
-//!   (`gpu/src/kernels/matmul/tf32.rs`): tensor-core `mma.m16n8k8` with tf32 inputs, 128 x 128 tiles
-//!   through a 3-stage `cp.async` pipeline, split along the depth (summed in a fixed order) when the
-//!   output has too few tiles to fill the GPU;
+//! - f32, [`Precision::Tf32x3`] / [`Precision::Tf32`], sm_90 build: `matmul_wg_tf32x3_*_f32` /
+//!   `matmul_wg_tf32_*_f32` (`gpu/src/kernels/matmul/wg_tf32.rs`): `wgmma` m64n128k8 with tf32
+//!   inputs, TMA copies of the stored f32 tiles, B rewritten as K-major tf32 parts by converter
+//!   warps, A split in registers; sm_80 build: `matmul_tf32x3_*_f32` / `matmul_tf32_*_f32`
+//!   (`gpu/src/kernels/matmul/tf32.rs`): `mma.m16n8k8`, a 3-stage `cp.async` pipeline. Both tile C
+//!   in 128 x 128 and split along the depth (summed in a fixed order) when the output has too few
+//!   tiles to fill the GPU;
 //! - f32, [`Precision::Ieee`]: `matmul_simt_{nn,nt,tn,tt}_f32` (`gpu/src/kernels/matmul/simt.rs`):
 //!   double-buffered shared-memory tiles, 8 x 16 register micro-tiles on CUDA cores, one fp32 fma a
 //!   product;
@@ -118,7 +121,17 @@ pub(crate) fn gemm(
     precision: Precision,
 ) -> Result<()> {
     if precision != Precision::Ieee && tf32_rows(&a) && tf32_rows(&b) {
-        return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision);
+        // The sm_90 build has only the wgmma kernels, which need tensor maps; a product the copy
+        // engine cannot describe (an empty depth, a dim past 2^31) takes the IEEE kernel there.
+        let hopper = gpu.ptx_arch() == "sm_90";
+        let maps = if hopper {
+            wg_tf32_maps(shape, &a, &b)?
+        } else {
+            None
+        };
+        if !hopper || maps.is_some() {
+            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, maps);
+        }
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
     let Some((p, grid_y)) = gemm_params(shape, &a, &b, &c, acc)? else {
@@ -202,9 +215,10 @@ fn tf32_rows(o: &Operand) -> bool {
     o.raw.ptr.is_multiple_of(16) && o.ld.is_multiple_of(4) && o.stride.is_multiple_of(4)
 }
 
-/// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): split along the depth
-/// per `params::matmul_tf32::split_k` for a single product, with the partials in a workspace that
-/// `matmul_splitk_finish_f32` sums in slice order.
+/// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): the Hopper kernels
+/// when `maps` holds A's and B's tensor maps ([`wg_tf32_maps`]), the `mma.sync` ones (sm_80 build)
+/// otherwise; split along the depth per `params::matmul_tf32::split_k` for a single product, with
+/// the partials in a workspace that `matmul_splitk_finish_f32` sums in slice order.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tf32(
     gpu: &crate::Gpu,
@@ -215,6 +229,7 @@ fn gemm_tf32(
     bias: Option<RawSlice>,
     acc: Accumulate,
     precision: Precision,
+    maps: Option<(gpu::params::TensorMapParam, gpu::params::TensorMapParam)>,
 ) -> Result<()> {
     const NAMES: [&str; 8] = [
         "matmul_tf32x3_nn_f32",
@@ -260,7 +275,7 @@ fn gemm_tf32(
         grid_y,
         if splits > 1 { splits } else { batch as u32 },
     );
-    if let Some((map_a, map_b)) = wg_tf32_maps(gpu, shape, &a, &b)? {
+    if let Some((map_a, map_b)) = maps {
         const { assert!(wg::BM == tf::BM && wg::BN == tf::BN) };
         launch_cfg_large_smem(
             gpu,
@@ -329,22 +344,20 @@ const WG_NAMES: [&str; 8] = [
     "matmul_wg_tf32_tt_f32",
 ];
 
-/// The f32 tensor maps of A and B when a [`gemm_tf32`] product takes the Hopper kernels: the device
-/// runs the sm_90 build, the product is not empty and the copy engine can read both stored operands
-/// (16-byte aligned bases, leading dims and batch strides; always so for operands that passed
-/// [`tf32_rows`], unless a dim is past 2^31). A stored operand is `[batch][rows][cols]` with its
+/// The f32 tensor maps of A and B for the Hopper kernels, when the product is not empty and the
+/// copy engine can read both stored operands (16-byte aligned bases, leading dims and batch
+/// strides: always so for operands that passed [`tf32_rows`], unless a dim is past 2^31). A stored operand is `[batch][rows][cols]` with its
 /// leading dim as row stride; one with batch stride 0 is a single matrix broadcast over the batch.
 /// The boxes are the kernel's raw tiles: `BM` (`BN`) rows of 32 k when k-contiguous, `BK` rows of 32
 /// m (n) otherwise.
 fn wg_tf32_maps(
-    gpu: &crate::Gpu,
     shape: GemmShape,
     a: &Operand,
     b: &Operand,
 ) -> Result<Option<(gpu::params::TensorMapParam, gpu::params::TensorMapParam)>> {
     const OP: &str = "matmul";
     let GemmShape { m, n, k, batch } = shape;
-    if gpu.ptx_arch() != "sm_90" || k == 0 {
+    if m == 0 || n == 0 || k == 0 || batch == 0 {
         return Ok(None);
     }
     let view = |o: &Operand, outer: usize, rows: usize, cols: usize| crate::tma::Tensor3 {
