@@ -130,9 +130,10 @@ pub fn fence_init() {
 }
 
 /// The shared-memory tiles of one pipeline stage: what a stage holds and how many bytes its copies
-/// bring (the transaction count its `full` barrier waits for). Implemented for one tile and for a
-/// pair of tiles (GEMM: A and B); both are 128-byte-swizzled [`SwizzledTile`]s, whose sizes are whole
-/// 1024-byte swizzle atoms, so consecutive stages stay 1024-byte aligned.
+/// bring (the transaction count its `full` barrier waits for). Implemented for one tile and for
+/// pairs of stage tiles, nested as deep as needed (GEMM: A and B; the f32 GEMM: A and B's two tf32
+/// parts); all are 128-byte-swizzled [`SwizzledTile`]s, whose sizes are whole 1024-byte swizzle
+/// atoms, so consecutive tiles and stages stay 1024-byte aligned.
 pub trait StageTiles: Copy {
     /// Bytes of one stage (a multiple of 1024).
     const BYTES: usize;
@@ -148,16 +149,11 @@ impl<const R: usize, const C: usize> StageTiles for SwizzledTile<R, C> {
     }
 }
 
-impl<const R1: usize, const C1: usize, const R2: usize, const C2: usize> StageTiles
-    for (SwizzledTile<R1, C1>, SwizzledTile<R2, C2>)
-{
-    const BYTES: usize = SwizzledTile::<R1, C1>::BYTES + SwizzledTile::<R2, C2>::BYTES;
+impl<A: StageTiles, B: StageTiles> StageTiles for (A, B) {
+    const BYTES: usize = A::BYTES + B::BYTES;
     #[inline(always)]
     fn at(base: u32) -> Self {
-        (
-            SwizzledTile::at(base),
-            SwizzledTile::at(base + SwizzledTile::<R1, C1>::BYTES as u32),
-        )
+        (A::at(base), B::at(base + A::BYTES as u32))
     }
 }
 

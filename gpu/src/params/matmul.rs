@@ -297,18 +297,22 @@ pub mod matmul_tma {
     }
 }
 
-/// The f32 matmul on Hopper tensor cores (`matmul_wg_tf32x3_*_f32`, `matmul_wg_tf32_*_f32`,
+/// The f32 matmul on Hopper tensor cores (`matmul_wg_tf32x3_{n,t}_f32`, `matmul_wg_tf32_{n,t}_f32`,
 /// `kernels/matmul/wg_tf32.rs`, sm_90 build): `wgmma` m64n128k8 with tf32 inputs and f32
 /// accumulation, the same precisions, split-K and epilogue as `matmul_tf32` (whose tiles it shares,
-/// so the split and with it the bits' summation order are the same function of the shape).
+/// so the split and with it the summation order are the same function of the shape).
 ///
 /// Design notes:
 /// - wgmma reads tf32 operands from shared memory only K-major (`imm-trans` exists for 16-bit types
-///   alone), and 3xTF32 needs B's low parts there as well. So the copy engine brings A's and B's
-///   k-tiles as stored (f32, 128-byte swizzle, either orientation), three *converter* warps of the
-///   producer warpgroup rewrite B's tile as K-major hi (and lo) tf32 tiles, and each consumer
-///   warpgroup reads its A fragments with `ld.shared`, splits them in registers and passes them as
-///   wgmma's register operand: every storage combination runs with no transposing pass.
+///   alone), and 3xTF32 needs B's low parts there as well. So a first pass
+///   (`matmul_wg_split_b_f32`) writes B once as K-major tf32 parts, `hi` (and `lo`) `[batch][N][Kp]`
+///   (`Kp` = K rounded up to 4 floats, 16-byte rows); the copy engine then brings A's stored k-tile
+///   (f32, either orientation) and B's parts' k-tiles, and each consumer warpgroup reads its A
+///   fragments with `ld.shared`, splits them in registers and passes them as wgmma's register
+///   operand. Every storage combination runs with one kernel per A orientation.
+/// - Splitting B in shared memory instead (converter warps rewriting each k-tile; 1af17ba) costs
+///   shared-memory bandwidth the products need: the wgmma reads of B alone take half of it at the
+///   tensor cores' tf32 rate.
 /// - 128 x 128 tiles of C, two consumer warpgroups of 64 rows; `BK = 32` floats, one 128-byte
 ///   swizzle row, so a k8 step of a K-major tile is the same 32-byte descriptor step as a k16 step
 ///   of 16-bit elements.
@@ -316,24 +320,20 @@ pub mod matmul_tma {
 ///   to the f32 accumulator with a round-to-nearest add (as `matmul_tf32`): 64 + 64 registers.
 pub mod matmul_wg_tf32 {
     pub use super::matmul_tf32::{BK, BM, BN, FINISH_THREADS, split_k};
-    pub const STAGES: u32 = 3;
-    /// One producer warpgroup (warp 0: copies; warps 1..=3: converters) and two consumers.
+    pub const STAGES: u32 = 4;
+    /// One producer warpgroup (one thread issues the copies) and two consumers.
     pub const THREADS: u32 = 384;
-    pub const CONVERTER_WARPS: u32 = 3;
-    pub const PRODUCER_REGS: u32 = 56;
-    pub const CONSUMER_REGS: u32 = 224;
-    /// Bytes of one f32 tile of `BM` (or `BN`) rows by `BK` floats: A's and B's raw tiles and B's
-    /// hi and lo tiles are all this size.
+    pub const PRODUCER_REGS: u32 = 40;
+    pub const CONSUMER_REGS: u32 = 232;
+    /// Bytes of one f32 tile of `BM` (or `BN`) rows by `BK` floats: A's stored tile and each of
+    /// B's parts.
     pub const TILE_BYTES: u32 = BM * BK * 4;
-    /// The copy ring: `STAGES` stages of A's and B's raw tiles and their two barriers a stage,
-    /// rounded up to a 1024-byte swizzle atom.
-    pub const PIPELINE_BYTES: u32 = (STAGES * 2 * TILE_BYTES + 16 * STAGES).next_multiple_of(1024);
-    /// B's converted tiles of one stage: hi, then lo.
-    pub const CONVERTED_BYTES: u32 = 2 * TILE_BYTES;
-    /// Dynamic shared memory: the copy ring, the converted tiles, one `converted` barrier a stage.
-    pub const SMEM_BYTES: u32 = PIPELINE_BYTES + STAGES * CONVERTED_BYTES + 8 * STAGES;
-    /// Most M or N (TMA coordinates are signed 32-bit).
-    pub const MAX_DIM: u64 = (1 << 31) - 256;
+    /// Dynamic shared memory: `STAGES` stages of A's tile and B's two parts, two barriers a stage.
+    pub const SMEM_BYTES: u32 = STAGES * 3 * TILE_BYTES + 16 * STAGES;
+    /// Threads of a `matmul_wg_split_b_f32` block: a 32 x 32 tile of B, 8 rows of 32.
+    pub const SPLIT_THREADS: u32 = 256;
+    /// Its dynamic shared memory: the 32 x 32 tile at a 33-float pitch.
+    pub const SPLIT_SMEM_BYTES: u32 = 32 * 33 * 4;
 
     const _: () = {
         assert!(BM == 128 && BN == 128 && BK == 32);
@@ -341,7 +341,33 @@ pub mod matmul_wg_tf32 {
         assert!(SMEM_BYTES <= 227 * 1024);
         assert!(TILE_BYTES.is_multiple_of(1024));
     };
+
+    /// Floats between the rows of B's parts: K rounded up to whole 16-byte chunks.
+    pub const fn parts_pitch(k: u64) -> u64 {
+        k.div_ceil(4) * 4
+    }
 }
+
+/// Parameters of `matmul_wg_split_b_f32`: B (`K x N`, stored `[k][n]` unless `k_contig`, then
+/// `[n][k]`; `ld` floats between stored rows, `stride` between batch entries) written as tf32 parts
+/// `hi[z][n][k]` (and `lo` behind them, `batch * n * pitch` floats later, when `passes` is 3) with
+/// rows `pitch` floats apart. Grid (ceil(K / 32), ceil(N / 32), batch).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SplitB {
+    pub k: u32,
+    pub n: u32,
+    pub batch: u32,
+    pub k_contig: u32,
+    pub passes: u32,
+    pub _pad: u32,
+    pub ld: u64,
+    pub stride: u64,
+    pub pitch: u64,
+}
+
+// SAFETY: #[repr(C)], six 4-byte fields then three 8-byte fields (offset 24): no padding.
+unsafe impl KernelParam for SplitB {}
 
 /// Parameters of one `matmul_tma_*` launch (A, B and C come as tensor maps: see
 /// `host::ops::matmul`). `a_batched` / `b_batched` say whether an operand has a batch dim (0: one

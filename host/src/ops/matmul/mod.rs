@@ -24,7 +24,7 @@ use gpu::params::matmul_tc as tc;
 use gpu::params::matmul_tf32 as tf;
 use gpu::params::matmul_tma as tma;
 use gpu::params::matmul_wg_tf32 as wg;
-use gpu::params::{Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess};
+use gpu::params::{Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess, SplitB};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -124,13 +124,13 @@ pub(crate) fn gemm(
         // The sm_90 build has only the wgmma kernels, which need tensor maps; a product the copy
         // engine cannot describe (an empty depth, a dim past 2^31) takes the IEEE kernel there.
         let hopper = gpu.ptx_arch() == "sm_90";
-        let maps = if hopper {
-            wg_tf32_maps(shape, &a, &b)?
+        let plan = if hopper {
+            wg_tf32_plan(shape, &a, &b)?
         } else {
             None
         };
-        if !hopper || maps.is_some() {
-            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, maps);
+        if !hopper || plan.is_some() {
+            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, plan);
         }
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
@@ -216,7 +216,7 @@ fn tf32_rows(o: &Operand) -> bool {
 }
 
 /// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): the Hopper kernels
-/// when `maps` holds A's and B's tensor maps ([`wg_tf32_maps`]), the `mma.sync` ones (sm_80 build)
+/// when there is a [`WgPlan`] (B's tf32 parts are written first), the `mma.sync` ones (sm_80 build)
 /// otherwise; split along the depth per `params::matmul_tf32::split_k` for a single product, with
 /// the partials in a workspace that `matmul_splitk_finish_f32` sums in slice order.
 #[allow(clippy::too_many_arguments)]
@@ -229,7 +229,7 @@ fn gemm_tf32(
     bias: Option<RawSlice>,
     acc: Accumulate,
     precision: Precision,
-    maps: Option<(gpu::params::TensorMapParam, gpu::params::TensorMapParam)>,
+    plan: Option<WgPlan>,
 ) -> Result<()> {
     const NAMES: [&str; 8] = [
         "matmul_tf32x3_nn_f32",
@@ -275,19 +275,23 @@ fn gemm_tf32(
         grid_y,
         if splits > 1 { splits } else { batch as u32 },
     );
-    if let Some((map_a, map_b)) = maps {
+    if let Some(plan) = plan {
         const { assert!(wg::BM == tf::BM && wg::BN == tf::BN) };
+        let passes = if precision == Precision::Tf32 { 1 } else { 3 };
+        // Freed after the launch below is queued: the stream orders the kernel's reads first.
+        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, &b, &plan, passes)?;
         launch_cfg_large_smem(
             gpu,
-            WG_NAMES[index],
+            WG_NAMES[2 * (precision == Precision::Tf32) as usize + (a.trans == Transpose::Yes) as usize],
             cudarc::driver::LaunchConfig {
                 grid_dim,
                 block_dim: (wg::THREADS, 1, 1),
                 shared_mem_bytes: wg::SMEM_BYTES,
             },
             &[
-                &ByValue(map_a),
-                &ByValue(map_b),
+                &ByValue(plan.map_a),
+                &ByValue(map_hi),
+                &ByValue(map_lo),
                 &ByValue(bias),
                 &ByValue(c.raw),
                 &ByValue(ws),
@@ -332,63 +336,117 @@ fn gemm_tf32(
     Ok(())
 }
 
-/// The Hopper f32 kernels (`matmul_wg_*`, sm_90 build), indexed as [`gemm_tf32`]'s `NAMES`.
-const WG_NAMES: [&str; 8] = [
-    "matmul_wg_tf32x3_nn_f32",
-    "matmul_wg_tf32x3_nt_f32",
-    "matmul_wg_tf32x3_tn_f32",
-    "matmul_wg_tf32x3_tt_f32",
-    "matmul_wg_tf32_nn_f32",
-    "matmul_wg_tf32_nt_f32",
-    "matmul_wg_tf32_tn_f32",
-    "matmul_wg_tf32_tt_f32",
+/// The Hopper f32 kernels (`matmul_wg_*`, sm_90 build): [3xTF32, TF32] x [A stored `M x K`,
+/// A stored `K x M`].
+const WG_NAMES: [&str; 4] = [
+    "matmul_wg_tf32x3_n_f32",
+    "matmul_wg_tf32x3_t_f32",
+    "matmul_wg_tf32_n_f32",
+    "matmul_wg_tf32_t_f32",
 ];
 
-/// The f32 tensor maps of A and B for the Hopper kernels, when the product is not empty and the
-/// copy engine can read both stored operands (16-byte aligned bases, leading dims and batch
-/// strides: always so for operands that passed [`tf32_rows`], unless a dim is past 2^31). A stored operand is `[batch][rows][cols]` with its
-/// leading dim as row stride; one with batch stride 0 is a single matrix broadcast over the batch.
-/// The boxes are the kernel's raw tiles: `BM` (`BN`) rows of 32 k when k-contiguous, `BK` rows of 32
-/// m (n) otherwise.
-fn wg_tf32_maps(
-    shape: GemmShape,
-    a: &Operand,
-    b: &Operand,
-) -> Result<Option<(gpu::params::TensorMapParam, gpu::params::TensorMapParam)>> {
+/// A product the Hopper f32 kernels take: A's tensor map and the geometry of B's tf32 parts.
+#[derive(Clone, Copy)]
+struct WgPlan {
+    map_a: gpu::params::TensorMapParam,
+    /// Batch entries of B (1 when B is broadcast).
+    b_batch: usize,
+    /// Floats between the parts' rows.
+    pitch: u64,
+}
+
+/// The [`WgPlan`] of a product, when it is not empty, the copy engine can read the stored A (16-byte
+/// aligned base, leading dim and batch stride: always so for operands that passed [`tf32_rows`],
+/// unless a dim is past 2^31) and B's split pass fits its grid (N below 2^21); `None` otherwise. A
+/// stored A is `[batch][rows][cols]` with its leading dim as row stride, a box of `BM` rows of 32 k
+/// when k-contiguous, `BK` rows of 32 m otherwise; batch stride 0 broadcasts it.
+fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgPlan>> {
     const OP: &str = "matmul";
     let GemmShape { m, n, k, batch } = shape;
-    if m == 0 || n == 0 || k == 0 || batch == 0 {
+    if m == 0 || n == 0 || k == 0 || batch == 0 || n.div_ceil(32) as u64 > MAX_GRID_YZ {
         return Ok(None);
     }
-    let view = |o: &Operand, outer: usize, rows: usize, cols: usize| crate::tma::Tensor3 {
-        ptr: o.raw.ptr,
+    let (rows, cols, box_rows) = if a.trans == Transpose::No {
+        (m, k, wg::BM)
+    } else {
+        (k, m, wg::BK)
+    };
+    let va = crate::tma::Tensor3 {
+        ptr: a.raw.ptr,
         inner: cols as u64,
         outer: rows as u64,
-        batch: if o.stride != 0 { batch as u64 } else { 1 },
-        outer_stride: o.ld,
-        batch_stride: if o.stride != 0 {
-            o.stride
+        batch: if a.stride != 0 { batch as u64 } else { 1 },
+        outer_stride: a.ld,
+        batch_stride: if a.stride != 0 {
+            a.stride
         } else {
-            o.ld * outer as u64
+            a.ld * rows as u64
         },
     };
-    // (view, box rows) of a stored operand whose outer dim (M or N) is `outer`, by storage.
-    let stored = |o: &Operand, outer: usize, k_contig: bool, box_outer: u32| {
-        if k_contig {
-            (view(o, outer, outer, k), box_outer)
-        } else {
-            (view(o, k, k, outer), wg::BK)
-        }
-    };
-    let (va, rows_a) = stored(a, m, a.trans == Transpose::No, wg::BM);
-    let (vb, rows_b) = stored(b, n, b.trans == Transpose::Yes, wg::BN);
-    if !(crate::tma::tma_readable_f32(&va) && crate::tma::tma_readable_f32(&vb)) {
+    if !crate::tma::tma_readable_f32(&va) || k as u64 >= 1 << 31 {
         return Ok(None);
     }
-    Ok(Some((
-        crate::tma::sw128_map(OP, DType::F32, &va, rows_a)?,
-        crate::tma::sw128_map(OP, DType::F32, &vb, rows_b)?,
-    )))
+    Ok(Some(WgPlan {
+        map_a: crate::tma::sw128_map(OP, DType::F32, &va, box_rows)?,
+        b_batch: if b.stride != 0 { batch } else { 1 },
+        pitch: wg::parts_pitch(k as u64),
+    }))
+}
+
+/// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`) into a fresh buffer and returns
+/// it with the tensor maps of its `hi` and `lo` planes (TF32: `hi` twice).
+fn wg_tf32_parts(
+    gpu: &crate::Gpu,
+    shape: GemmShape,
+    b: &Operand,
+    plan: &WgPlan,
+    passes: u32,
+) -> Result<(Tensor, gpu::params::TensorMapParam, gpu::params::TensorMapParam)> {
+    const OP: &str = "matmul";
+    let GemmShape { n, k, .. } = shape;
+    let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
+    let parts = Tensor::empty(gpu, &[(passes as u64 / 3 + 1) as usize * plane as usize], DType::F32)?;
+    let p = SplitB {
+        k: k as u32,
+        n: n as u32,
+        batch: plan.b_batch as u32,
+        k_contig: (b.trans == Transpose::Yes) as u32,
+        passes,
+        _pad: 0,
+        ld: b.ld,
+        stride: b.stride,
+        pitch: plan.pitch,
+    };
+    launch_cfg(
+        gpu,
+        "matmul_wg_split_b_f32",
+        cudarc::driver::LaunchConfig {
+            grid_dim: (
+                k.div_ceil(32) as u32,
+                n.div_ceil(32) as u32,
+                plan.b_batch as u32,
+            ),
+            block_dim: (wg::SPLIT_THREADS, 1, 1),
+            shared_mem_bytes: wg::SPLIT_SMEM_BYTES,
+        },
+        &[&ByValue(b.raw), &ByValue(parts.raw()), &ByValue(p)],
+    )?;
+    let view = |ptr: u64| crate::tma::Tensor3 {
+        ptr,
+        inner: k as u64,
+        outer: n as u64,
+        batch: plan.b_batch as u64,
+        outer_stride: plan.pitch,
+        batch_stride: n as u64 * plan.pitch,
+    };
+    let base = parts.raw().ptr;
+    let hi = crate::tma::sw128_map(OP, DType::F32, &view(base), wg::BN)?;
+    let lo = if passes == 3 {
+        crate::tma::sw128_map(OP, DType::F32, &view(base + 4 * plane), wg::BN)?
+    } else {
+        hi
+    };
+    Ok((parts, hi, lo))
 }
 
 /// Sizes of `op(a) op(b)` under the shape rules of [`matmul`]: C is `m x n` (times `batch` when
