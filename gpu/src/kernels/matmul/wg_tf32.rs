@@ -29,9 +29,9 @@ use crate::dev::wgmma::{
     Accumulator, SwizzledTile, commit, fence, mma_tf32_rs_n128, set_max_registers_dec,
     set_max_registers_inc,
 };
-use crate::params::{MatmulTf32, SplitB};
 use crate::params::lrp::v5::{split_tf32_fast, tf32_rna_bits};
 use crate::params::matmul_wg_tf32::*;
+use crate::params::{MatmulTf32, SplitB};
 use crate::unroll;
 
 /// A K-major f32 tile of 128 rows by 32 floats (`BK`): one 128-byte swizzle panel, addressed as 64
@@ -158,7 +158,12 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
     ws: SliceMut<f32>,
     p: MatmulTf32,
 ) {
-    const { assert!(Pipeline::<(SwizzledTile<AR, AC>, P), { STAGES as usize }>::BYTES <= SMEM_BYTES as usize) };
+    const {
+        assert!(
+            Pipeline::<(SwizzledTile<AR, AC>, P), { STAGES as usize }>::BYTES
+                <= SMEM_BYTES as usize
+        )
+    };
     let pipe = Pipeline::<(SwizzledTile<AR, AC>, P), { STAGES as usize }>::at(dynamic_base());
     let tid = thread_idx_x();
     if tid == 0 {
@@ -345,7 +350,11 @@ crate::launch_bounds!(matmul_wg_split_b_f32, SPLIT_THREADS, 1);
 /// the parts, both along their contiguous dim. Grid (ceil(K / 32), ceil(N / 32), batch),
 /// `SPLIT_THREADS` threads, `SPLIT_SMEM_BYTES` of dynamic shared memory.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn matmul_wg_split_b_f32(b: Slice<f32>, out: SliceMut<f32>, p: SplitB) {
+pub unsafe extern "ptx-kernel" fn matmul_wg_split_b_f32(
+    b: Slice<f32>,
+    out: SliceMut<f32>,
+    p: SplitB,
+) {
     const PITCH: u32 = 33;
     let (tx, ty) = (thread_idx_x() % 32, thread_idx_x() / 32);
     let (k0, n0, z) = (block_idx_x() * 32, block_idx_y() * 32, block_idx_z());

@@ -282,7 +282,8 @@ fn gemm_tf32(
         let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, &b, &plan, passes)?;
         launch_cfg_large_smem(
             gpu,
-            WG_NAMES[2 * (precision == Precision::Tf32) as usize + (a.trans == Transpose::Yes) as usize],
+            WG_NAMES[2 * (precision == Precision::Tf32) as usize
+                + (a.trans == Transpose::Yes) as usize],
             cudarc::driver::LaunchConfig {
                 grid_dim,
                 block_dim: (wg::THREADS, 1, 1),
@@ -401,11 +402,19 @@ fn wg_tf32_parts(
     b: &Operand,
     plan: &WgPlan,
     passes: u32,
-) -> Result<(Tensor, gpu::params::TensorMapParam, gpu::params::TensorMapParam)> {
+) -> Result<(
+    Tensor,
+    gpu::params::TensorMapParam,
+    gpu::params::TensorMapParam,
+)> {
     const OP: &str = "matmul";
     let GemmShape { n, k, .. } = shape;
     let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
-    let parts = Tensor::empty(gpu, &[(passes as u64 / 3 + 1) as usize * plane as usize], DType::F32)?;
+    let parts = Tensor::empty(
+        gpu,
+        &[(passes as u64 / 3 + 1) as usize * plane as usize],
+        DType::F32,
+    )?;
     let p = SplitB {
         k: k as u32,
         n: n as u32,
