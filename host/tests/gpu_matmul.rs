@@ -674,3 +674,45 @@ fn matmul_hopper_kernel_takes_aligned_products() {
     let a = Tensor::empty(&gpu, &[4, 4], DType::F32).unwrap();
     assert!(matmul::matmul_kernel(&a, &a, Transpose::No, Transpose::No).is_err());
 }
+
+/// The sm_80 build's f32 tensor-core kernels (`matmul_tf32x3_*_f32`, `matmul_tf32_*_f32`: `mma.sync`),
+/// which a 9.0 device runs only through a `Build::Portable` handle (its own build takes the wgmma
+/// kernels): both precisions, every transpose with tails in M, N and K, a depth split, and a batch
+/// broadcasting B, against the f64 reference on sampled rows. On a device below 9.0 the two handles
+/// run the same build, so this repeats part of the other tests.
+#[test]
+fn matmul_f32_portable_build_matches_f64_reference() {
+    let Some(gpu) = gpu_or_skip("matmul_f32_portable_build_matches_f64_reference") else {
+        return;
+    };
+    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
+    portable.set_poison_outputs(gpu.poison_outputs());
+    let mut rng = rng("matmul_f32_portable_build_matches_f64_reference");
+    let mut cases = Vec::new();
+    for precision in [Precision::Tf32x3, Precision::Tf32] {
+        for (ta, tb) in TRANSPOSES {
+            cases.push(Case {
+                precision,
+                ..case(200, 132, 72, ta, tb, DType::F32)
+            });
+        }
+        // 4 output tiles and a deep K: split along the depth.
+        cases.push(Case {
+            precision,
+            ..case(
+                256,
+                256,
+                scaled(4096, 1024),
+                Transpose::No,
+                Transpose::No,
+                DType::F32,
+            )
+        });
+        cases.push(Case {
+            precision,
+            batch_a: Some(3),
+            ..case(65, 48, 40, Transpose::Yes, Transpose::Yes, DType::F32)
+        });
+    }
+    check_on_sampled_rows(&portable, &mut rng, &cases);
+}

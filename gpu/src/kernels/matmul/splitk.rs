@@ -1,10 +1,48 @@
-//! Finishes a product split along the depth (`matmul_tf32` on sm_80, `matmul_wg_tf32` on sm_90):
-//! both write their slices' partial tiles to a workspace `[splits][M][N]`, and this kernel adds them
-//! in slice order.
+//! The f32 tensor-core kernels' output (`matmul_tf32` on sm_80, `matmul_wg_tf32` on sm_90): the
+//! element store both epilogues share, and the kernel that finishes a product split along the
+//! depth (both write their slices' partial tiles to a workspace `[splits][M][N]`, which it adds in
+//! slice order).
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::thread::{global_index_x, grid_threads_x};
 use crate::params::MatmulTf32;
 use crate::params::matmul_tf32::FINISH_THREADS;
+
+/// Stores the product's value `v` of element (`row`, `col`) of batch entry `z` (slice `split` when
+/// the product is split): to the slice's workspace tile, or to C plus the bias and (accumulating)
+/// the old C, the order `matmul_splitk_finish_f32` keeps. Elements outside C are not stored.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn store_element(
+    p: &MatmulTf32,
+    bias: &Slice<f32>,
+    c: &SliceMut<f32>,
+    ws: &SliceMut<f32>,
+    split: u32,
+    z: u64,
+    (row, col): (u32, u32),
+    v: f32,
+) {
+    let mm = p.mm;
+    if row >= mm.m || col >= mm.n {
+        return;
+    }
+    if p.splits > 1 {
+        ws.set(
+            (split as u64 * mm.m as u64 + row as u64) * mm.n as u64 + col as u64,
+            v,
+        );
+    } else {
+        let at = z * mm.stride_c + row as u64 * mm.ldc + col as u64;
+        let mut v = v;
+        if bias.len > 0 {
+            v += bias.get(col as u64);
+        }
+        if mm.accumulate != 0 {
+            v += c.get(at);
+        }
+        c.set(at, v);
+    }
+}
 
 crate::launch_bounds!(matmul_splitk_finish_f32, FINISH_THREADS, 1);
 /// Finishes a split product: `C[r][c] = sum over slices s (in order) of ws[s][r][c]`, then plus the

@@ -17,6 +17,7 @@
 //!
 //! Every C element is one thread's fixed sequence of `mma` and adds over k (and, when split, the
 //! finishing kernel's fixed slice order): the same bits on every run.
+use super::splitk::store_element;
 use crate::dev::copy::{cp_async_16_bytes, cp_async_commit, cp_async_wait};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::mma::{FragA, FragBTf32, FragC, mma_tf32};
@@ -267,31 +268,13 @@ unsafe fn matmul_tf32<const PASSES: u32, const A_KC: bool, const B_KC: bool>(
 
     // Epilogue: element (row g (+8), cols 2t, 2t + 1) of each fragment.
     let (g, t) = (lane_id() / 4, lane_id() % 4);
-    let has_bias = bias.len > 0;
     unroll!(i in [0, 1, 2, 3] {
         unroll!(j in [0, 1, 2, 3] {
             unroll!(h in [0, 1] {
                 let row = m0 + wm0 + 16 * i as u32 + 8 * h as u32 + g;
                 unroll!(e in [0, 1] {
                     let col = n0 + wn0 + 8 * j as u32 + 2 * t + e as u32;
-                    if row < mm.m && col < mm.n {
-                        let v = acc[i][j][2 * h + e];
-                        if p.splits > 1 {
-                            let at = (split as u64 * mm.m as u64 + row as u64) * mm.n as u64
-                                + col as u64;
-                            ws.set(at, v);
-                        } else {
-                            let at = z * mm.stride_c + row as u64 * mm.ldc + col as u64;
-                            let mut v = v;
-                            if has_bias {
-                                v += bias.get(col as u64);
-                            }
-                            if mm.accumulate != 0 {
-                                v += c.get(at);
-                            }
-                            c.set(at, v);
-                        }
-                    }
+                    store_element(&p, &bias, &c, &ws, split, z, (row, col), acc[i][j][2 * h + e]);
                 });
             });
         });

@@ -19,6 +19,7 @@
 //!
 //! Every C element is one thread's fixed sequence of products and adds over k (and, when split, the
 //! finishing kernel's fixed slice order): the same bits on every run.
+use super::splitk::store_element;
 use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, StageTiles};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::shared::{SharedScalar, dynamic_base};
@@ -272,30 +273,11 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
         }
 
         // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile.
-        let has_bias = bias.len > 0;
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
             unroll!(h in [0, 1] {
-                let row = m0 + r0 + 8 * h as u32;
                 unroll!(e in [0, 1] {
-                    let col = n0 + 8 * j as u32 + 2 * q + e as u32;
-                    if row < mm.m && col < mm.n {
-                        let v = acc[4 * j + 2 * h + e];
-                        if p.splits > 1 {
-                            let at = (split as u64 * mm.m as u64 + row as u64) * mm.n as u64
-                                + col as u64;
-                            ws.set(at, v);
-                        } else {
-                            let at = z as u64 * mm.stride_c + row as u64 * mm.ldc + col as u64;
-                            let mut v = v;
-                            if has_bias {
-                                v += bias.get(col as u64);
-                            }
-                            if mm.accumulate != 0 {
-                                v += c.get(at);
-                            }
-                            c.set(at, v);
-                        }
-                    }
+                    let at = (m0 + r0 + 8 * h as u32, n0 + 8 * j as u32 + 2 * q + e as u32);
+                    store_element(&p, &bias, &c, &ws, split, z as u64, at, acc[4 * j + 2 * h + e]);
                 });
             });
         });
