@@ -1,7 +1,9 @@
 //! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels `matmul_tc_*`, and
 //! `matmul_tma_*` on compute capability 9.0) and
-//! f32 in each [`Precision`] (3xTF32 and TF32 on tensor cores, `matmul_tf32x3_*_f32` and
-//! `matmul_tf32_*_f32`, and IEEE on CUDA cores, `matmul_simt_*_f32`), through the same shape grids.
+//! f32 in each [`Precision`] (3xTF32 and TF32 on tensor cores: `matmul_wg_tf32x3_*_f32` and
+//! `matmul_wg_tf32_*_f32` on compute capability 9.0, `matmul_tf32x3_*_f32` and `matmul_tf32_*_f32`
+//! elsewhere and through a `Build::Portable` handle; IEEE on CUDA cores, `matmul_simt_*_f32`),
+//! through the same shape grids.
 //!
 //! f32 bounds (docs/math/matmul.md): `Ieee` as above with `u = 2^-24`; `Tf32x3` adds the split's
 //! `5 2^-22 abs` and its k-tile chains' truncation, `12 2^-23 abs`; `Tf32` rounds both operands
