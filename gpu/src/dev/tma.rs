@@ -49,8 +49,8 @@ impl<const BOX_ROWS: usize, const RANK: usize, const ELEM_BYTES: usize>
 
     /// # Safety
     /// `addr` is the generic address of a 64-byte aligned tensor map in parameter, constant or global
-    /// memory, encoded with rank `RANK`, a 64 x `BOX_ROWS` box of 16-bit elements and 128-byte
-    /// swizzle, valid for the kernel's lifetime.
+    /// memory, encoded with rank `RANK`, a box 128 bytes wide and `BOX_ROWS` tall of
+    /// `ELEM_BYTES`-byte elements and 128-byte swizzle, valid for the kernel's lifetime.
     #[doc(hidden)]
     #[inline(always)]
     pub const unsafe fn from_generic(addr: u64) -> Self {

@@ -319,7 +319,7 @@ pub mod matmul_tma {
 /// - 3xTF32 sums each k-tile's 12 products in a fresh register chain from zero and adds that partial
 ///   to the f32 accumulator with a round-to-nearest add (as `matmul_tf32`): 64 + 64 registers.
 pub mod matmul_wg_tf32 {
-    pub use super::matmul_tf32::{BK, BM, BN, FINISH_THREADS, split_k};
+    pub use super::matmul_tf32::{BK, BM, BN};
     pub const STAGES: u32 = 4;
     /// One producer warpgroup (one thread issues the copies) and two consumers.
     pub const THREADS: u32 = 384;

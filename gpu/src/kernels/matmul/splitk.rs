@@ -32,16 +32,30 @@ pub(super) fn store_element(
             v,
         );
     } else {
-        let at = z * mm.stride_c + row as u64 * mm.ldc + col as u64;
-        let mut v = v;
-        if bias.len > 0 {
-            v += bias.get(col as u64);
-        }
-        if mm.accumulate != 0 {
-            v += c.get(at);
-        }
-        c.set(at, v);
+        store_c(
+            p,
+            bias,
+            c,
+            z * mm.stride_c + row as u64 * mm.ldc,
+            col as u64,
+            v,
+        );
     }
+}
+
+/// `C[at + col] = v + bias[col] + C[at + col]` (the bias when there is one, the old C when
+/// accumulating): the one order both the unsplit epilogue and the split-K finish add in.
+#[inline(always)]
+fn store_c(p: &MatmulTf32, bias: &Slice<f32>, c: &SliceMut<f32>, row_at: u64, col: u64, v: f32) {
+    let at = row_at + col;
+    let mut v = v;
+    if bias.len > 0 {
+        v += bias.get(col);
+    }
+    if p.mm.accumulate != 0 {
+        v += c.get(at);
+    }
+    c.set(at, v);
 }
 
 crate::launch_bounds!(matmul_splitk_finish_f32, FINISH_THREADS, 1);
@@ -65,14 +79,7 @@ pub unsafe extern "ptx-kernel" fn matmul_splitk_finish_f32(
             v += ws.get(s * total + i);
             s += 1;
         }
-        if bias.len > 0 {
-            v += bias.get(col);
-        }
-        let at = row * mm.ldc + col;
-        if mm.accumulate != 0 {
-            v += c.get(at);
-        }
-        c.set(at, v);
+        store_c(&p, &bias, &c, row * mm.ldc, col, v);
         i += grid_threads_x();
     }
 }

@@ -374,12 +374,10 @@ pub unsafe extern "ptx-kernel" fn matmul_wg_split_b_f32(
             // SAFETY: written before the barrier above, by this block.
             let v = unsafe { f32::ld_shared(tile + 4 * (r * PITCH + tx)) };
             let i = (z as u64 * p.n as u64 + n as u64) * p.pitch + k as u64;
+            let (h, l) = parts(v.to_bits(), p.passes);
+            out.set(i, f32::from_bits(h));
             if p.passes == 3 {
-                let (h, l) = split_tf32_fast(v);
-                out.set(i, f32::from_bits(h));
                 out.set(plane + i, f32::from_bits(l));
-            } else {
-                out.set(i, f32::from_bits(tf32_rna_bits(v.to_bits())));
             }
         }
         r += 8;

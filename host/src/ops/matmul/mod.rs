@@ -2,8 +2,8 @@
 //! by dtype and, for f32, by [`Precision`]:
 //! - f32, [`Precision::Tf32x3`] / [`Precision::Tf32`], sm_90 build: `matmul_wg_tf32x3_*_f32` /
 //!   `matmul_wg_tf32_*_f32` (`gpu/src/kernels/matmul/wg_tf32.rs`): `wgmma` m64n128k8 with tf32
-//!   inputs, TMA copies of the stored f32 tiles, B rewritten as K-major tf32 parts by converter
-//!   warps, A split in registers; sm_80 build: `matmul_tf32x3_*_f32` / `matmul_tf32_*_f32`
+//!   inputs, B written once as K-major tf32 parts (`matmul_wg_split_b_f32`), TMA copies of A's
+//!   stored f32 tiles and of B's parts, A split in registers; sm_80 build: `matmul_tf32x3_*_f32` / `matmul_tf32_*_f32`
 //!   (`gpu/src/kernels/matmul/tf32.rs`): `mma.m16n8k8`, a 3-stage `cp.async` pipeline. Both tile C
 //!   in 128 x 128 and split along the depth (summed in a fixed order) when the output has too few
 //!   tiles to fill the GPU;
@@ -255,9 +255,6 @@ fn gemm_tf32(
         splits,
         k_per_split,
     };
-    let index = 4 * (precision == Precision::Tf32) as usize
-        + 2 * (a.trans == Transpose::Yes) as usize
-        + (b.trans == Transpose::Yes) as usize;
     let none = RawSlice { ptr: 0, len: 0 };
     let bias = bias.unwrap_or(none);
     let workspace = if splits > 1 {
@@ -300,6 +297,9 @@ fn gemm_tf32(
             ],
         )?;
     } else {
+        let index = 4 * (precision == Precision::Tf32) as usize
+            + 2 * (a.trans == Transpose::Yes) as usize
+            + (b.trans == Transpose::Yes) as usize;
         launch_cfg_large_smem(
             gpu,
             NAMES[index],
@@ -384,7 +384,8 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
             a.ld * rows as u64
         },
     };
-    if !crate::tma::tma_readable_f32(&va) || k as u64 >= 1 << 31 {
+    // K is one of A's dims, so this also keeps B's parts (rows of K) inside the copy engine's range.
+    if !crate::tma::tma_readable_f32(&va) {
         return Ok(None);
     }
     Ok(Some(WgPlan {
@@ -410,11 +411,8 @@ fn wg_tf32_parts(
     const OP: &str = "matmul";
     let GemmShape { n, k, .. } = shape;
     let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
-    let parts = Tensor::empty(
-        gpu,
-        &[(passes as u64 / 3 + 1) as usize * plane as usize],
-        DType::F32,
-    )?;
+    let planes = if passes == 3 { 2 } else { 1 };
+    let parts = Tensor::empty(gpu, &[planes * plane as usize], DType::F32)?;
     let p = SplitB {
         k: k as u32,
         n: n as u32,
