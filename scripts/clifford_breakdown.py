@@ -6,6 +6,7 @@ Nsight Compute with the clocks left as they are (`--clock-control none`), keeps 
 second call, and groups them by the launch sequence of host/src/ops/clifford/mod.rs:
 
   forward:  linear (the Layer's per-grade map), pairs, mix (fc matmuls), norm, sgp
+  (a matmul's B split pass counts with its product)
   backward: norm (grade dots), pairs (recomputed), mix input grads (gu W^T), mix weight grads
             (pairs^T gu, split-K and its finish), pairs backward, sgp backward + weight-gradient sum,
             linear input grad, linear weight grad (+ finish), bias grad
@@ -47,8 +48,12 @@ def ncu_kernels(ncu, exe, args):
 
 def classify(seq, kind):
     parts, phase, fc_done, pairs_seen, bias_seen = [], "fwd", False, False, False
-    for k in seq:
-        n = k["name"].split("(")[0]
+    # A product's B split pass (sm_90 f32 kernels) counts with the product it feeds.
+    names = [k["name"].split("(")[0] for k in seq]
+    for i, n in enumerate(names):
+        if n.startswith("matmul_wg_split_b"):
+            names[i] = next((m for m in names[i + 1:] if not m.startswith("matmul_wg_split_b")), n)
+    for k, n in zip(seq, names):
         if n.startswith("grade_dot"):
             phase, pairs_seen = "bwd", False
         if phase == "fwd":
@@ -72,7 +77,9 @@ def classify(seq, kind):
             elif n.startswith("col_sum"):
                 part, bias_seen = "bwd bias grad", True
             elif n.startswith("matmul"):
-                grad_in = "_nt_" in n
+                # The input gradients multiply by a transposed weight; the weight gradients read a
+                # transposed A (`_t_`, or `_tn_` on the mma.sync kernels).
+                grad_in = "_nt_" in n or "_n_f32" in n
                 who = "linear" if fc_done else "mix"
                 part = f"bwd {who} {'input grad' if grad_in else 'weight grad'}"
             else:

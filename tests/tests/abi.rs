@@ -2,7 +2,8 @@
 //! the nvptx64 kernels were compiled with. Both targets are 64-bit little-endian with the same C layout
 //! rules; these tests pin the sizes so an edit that adds padding or reorders fields is caught here.
 use gpu::params::{
-    Broadcast2, MAX_DIMS, MatmulTc, MatmulTma, RawSlice, ReduceTo, RowAccess, TensorMapParam,
+    Broadcast2, MAX_DIMS, MatmulTc, MatmulTf32, MatmulTma, RawSlice, ReduceTo, RowAccess,
+    TensorMapParam,
 };
 
 #[test]
@@ -16,6 +17,9 @@ fn parameter_structs_have_the_kernel_layout() {
     assert_eq!(std::mem::size_of::<MatmulTc>(), 6 * 4 + 6 * 8);
     assert_eq!(std::mem::align_of::<MatmulTc>(), 8);
     assert_eq!(std::mem::offset_of!(MatmulTc, lda), 24);
+    // `Matmul` (six u32, six u64), the split (two u32), the gather flag and its pad, the entries.
+    assert_eq!(std::mem::size_of::<MatmulTf32>(), 6 * 4 + 6 * 8 + 4 * 4 + 8);
+    assert_eq!(std::mem::offset_of!(MatmulTf32, b_entry_of), 88);
     // Eight u32: M, N, K, batch, the tile counts and the two batched flags.
     assert_eq!(std::mem::size_of::<MatmulTma>(), 8 * 4);
     // The driver's CUtensorMap: 128 opaque bytes. The kernel-side parameter is declared 16-byte

@@ -540,12 +540,36 @@ pub mod matmul_tf32 {
 /// describes it, and its depth split. With `splits > 1` (only for a single product) grid z is the
 /// slice, slice `s` covers depths `s * k_per_split ..` and writes its partial tile to the workspace;
 /// `matmul_splitk_finish_f32` (same parameters) then writes C.
+///
+/// `b_gathered` (read by the sm_90 kernels only; the host sets it for them alone): when 1, product
+/// `z` (< 16) multiplies B's batch entry `(b_entry_of >> 4 z) & 15` instead of entry `z`: several
+/// products share one B (the Clifford layers' per-grade weights over the components) in one launch.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatmulTf32 {
     pub mm: Matmul,
     pub splits: u32,
     pub k_per_split: u32,
+    pub b_gathered: u32,
+    pub _pad: u32,
+    pub b_entry_of: u64,
+}
+
+impl MatmulTf32 {
+    /// Most products of one launch with a gathered B (4-bit entries of `b_entry_of`).
+    pub const MAX_GATHERED: usize = 16;
+
+    /// B's batch entry for product `z`.
+    #[inline(always)]
+    pub fn b_entry(&self, z: u32) -> u32 {
+        if self.b_gathered != 0 {
+            ((self.b_entry_of >> (4 * (z % 16))) & 15) as u32
+        } else if self.mm.stride_b != 0 {
+            z
+        } else {
+            0
+        }
+    }
 }
 
 unsafe impl KernelParam for MatmulTf32 {}

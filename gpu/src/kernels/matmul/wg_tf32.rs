@@ -27,8 +27,8 @@ use crate::dev::sync::sync_threads;
 use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
 use crate::dev::tma::TensorMapRef;
 use crate::dev::wgmma::{
-    Accumulator, SwizzledTile, commit, fence, mma_tf32_rs_n128, set_max_registers_dec,
-    set_max_registers_inc,
+    Accumulator, SwizzledTile, commit, fence, mma_tf32_rs_n128, mma_tf32_ss_n128,
+    set_max_registers_dec, set_max_registers_inc,
 };
 use crate::params::lrp::v5::{split_tf32_fast, tf32_rna_bits};
 use crate::params::matmul_wg_tf32::*;
@@ -200,7 +200,7 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
         set_max_registers_dec::<PRODUCER_REGS>();
         if tid == 0 {
             let za = if mm.stride_a != 0 { z as i32 } else { 0 };
-            let zb = if mm.stride_b != 0 { z as i32 } else { 0 };
+            let zb = p.b_entry(z) as i32;
             let mut at = PipeState::START;
             let mut kt = 0;
             while kt < k_tiles {
@@ -230,46 +230,77 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
         let mut acc = [0f32; 64];
         let mut at = PipeState::START;
         let mut kt = 0;
-        while kt < k_tiles {
-            let (ta, tb) = pipe.consumer_wait(at);
-            let (ah, al) = a_fragments::<A_KC, AR, AC>(ta, r0, q, P::PASSES);
-            let (hi, lo) = (tb.hi(), tb.lo());
-            fence();
-            if P::PASSES == 3 {
-                let mut part = [0f32; 64];
+        if P::PASSES == 1 && A_KC {
+            // TF32 with A stored `M x K`: both operands K-major in shared memory, so wgmma reads
+            // A's stored tile (truncated to tf32 by the tensor core) and no thread touches it; a
+            // stage is released one k-tile later, once the next k-tile's products are queued.
+            let mut prev = at;
+            while kt < k_tiles {
+                let (ta, tb) = pipe.consumer_wait(at);
+                fence();
                 unroll!(s in [0, 1, 2, 3] {
                     let s = s as u32;
                     // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
-                    // and stays until this warpgroup releases it after the wait below. The small
-                    // terms first: they are lost least to the chain's truncation.
-                    unsafe {
-                        mma_tf32_rs_n128(&mut part, &al[s as usize], hi.desc_k_major(0, s), (s > 0) as u32);
-                        mma_tf32_rs_n128(&mut part, &ah[s as usize], lo.desc_k_major(0, s), 1);
-                        mma_tf32_rs_n128(&mut part, &ah[s as usize], hi.desc_k_major(0, s), 1);
-                    }
+                    // and stays until this warpgroup releases it after a covering wait.
+                    unsafe { mma_tf32_ss_n128(&mut acc, ta.desc_k_major(64 * wg, s), tb.hi().desc_k_major(0, s), 1) };
                 });
                 commit();
-                part.wait::<0>();
-                unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    unroll!(e in [0, 1, 2, 3] {
-                        acc[4 * i + e] += part[4 * i + e];
+                acc.wait::<1>();
+                if kt > 0 && elected {
+                    // SAFETY: one thread a consumer; the wait above retired k-tile kt - 1's wgmma.
+                    unsafe { pipe.consumer_release(prev) };
+                }
+                prev = at;
+                at = at.next();
+                kt += 1;
+            }
+            acc.wait::<0>();
+            if k_tiles > 0 && elected {
+                // SAFETY: as above; every wgmma of this tile has retired.
+                unsafe { pipe.consumer_release(prev) };
+            }
+        } else {
+            while kt < k_tiles {
+                let (ta, tb) = pipe.consumer_wait(at);
+                let (ah, al) = a_fragments::<A_KC, AR, AC>(ta, r0, q, P::PASSES);
+                let (hi, lo) = (tb.hi(), tb.lo());
+                fence();
+                if P::PASSES == 3 {
+                    let mut part = [0f32; 64];
+                    unroll!(s in [0, 1, 2, 3] {
+                        let s = s as u32;
+                        // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
+                        // and stays until this warpgroup releases it after the wait below. The small
+                        // terms first: they are lost least to the chain's truncation.
+                        unsafe {
+                            mma_tf32_rs_n128(&mut part, &al[s as usize], hi.desc_k_major(0, s), (s > 0) as u32);
+                            mma_tf32_rs_n128(&mut part, &ah[s as usize], lo.desc_k_major(0, s), 1);
+                            mma_tf32_rs_n128(&mut part, &ah[s as usize], hi.desc_k_major(0, s), 1);
+                        }
                     });
-                });
-            } else {
-                unroll!(s in [0, 1, 2, 3] {
-                    let s = s as u32;
-                    // SAFETY: as above.
-                    unsafe { mma_tf32_rs_n128(&mut acc, &ah[s as usize], hi.desc_k_major(0, s), 1) };
-                });
-                commit();
-                acc.wait::<0>();
+                    commit();
+                    part.wait::<0>();
+                    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                        unroll!(e in [0, 1, 2, 3] {
+                            acc[4 * i + e] += part[4 * i + e];
+                        });
+                    });
+                } else {
+                    unroll!(s in [0, 1, 2, 3] {
+                        let s = s as u32;
+                        // SAFETY: as above.
+                        unsafe { mma_tf32_rs_n128(&mut acc, &ah[s as usize], hi.desc_k_major(0, s), 1) };
+                    });
+                    commit();
+                    acc.wait::<0>();
+                }
+                if elected {
+                    // SAFETY: one thread a consumer; the wait above retired this stage's wgmma.
+                    unsafe { pipe.consumer_release(at) };
+                }
+                at = at.next();
+                kt += 1;
             }
-            if elected {
-                // SAFETY: one thread a consumer; the wait above retired this stage's wgmma.
-                unsafe { pipe.consumer_release(at) };
-            }
-            at = at.next();
-            kt += 1;
         }
 
         // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile.

@@ -27,7 +27,9 @@ use gpu::params::clifford::{
 
 use crate::error::{Error, Result};
 use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
-use crate::ops::matmul::{Accumulate, GemmShape, Operand, Precision, Transpose, gemm, offset};
+use crate::ops::matmul::{
+    Accumulate, GemmShape, Operand, Precision, Transpose, gemm, gemm_gathered, offset,
+};
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
 use crate::{DType, Gpu};
@@ -1107,45 +1109,50 @@ impl Layer {
         Ok(d)
     }
 
-    /// The per-grade linear map plus bias.
+    /// The per-grade linear map plus bias: one product per component, each with its grade's
+    /// weight (one launch where the kernels gather B by grade).
     fn linear(&self, x: &Tensor, d: Dims) -> Result<Tensor> {
         let gpu = x.gpu();
         let y = Tensor::empty(gpu, x.shape(), DType::F32)?;
         let (b, n) = (d.batch, d.features);
-        for g in 0..self.algebra.grades() {
-            let (j0, count) = self.algebra.grade_span(g);
-            gemm(
-                gpu,
-                GemmShape {
-                    m: count * b,
-                    n,
-                    k: n,
-                    batch: 1,
-                },
-                Operand {
-                    raw: offset(x.raw(), (j0 * b * n) as u64),
-                    ld: n as u64,
-                    trans: Transpose::No,
-                    stride: 0,
-                },
-                Operand {
-                    raw: offset(self.linear_weight.raw(), (g * n * n) as u64),
-                    ld: n as u64,
-                    trans: Transpose::No,
-                    stride: 0,
-                },
-                Operand {
-                    raw: offset(y.raw(), (j0 * b * n) as u64),
-                    ld: n as u64,
-                    trans: Transpose::No,
-                    stride: 0,
-                },
-                Some(self.linear_bias.raw()),
-                Accumulate::Overwrite,
-                self.precision,
-            )?;
-        }
+        let slab = |raw, trans| Operand {
+            raw,
+            ld: n as u64,
+            trans,
+            stride: (b * n) as u64,
+        };
+        gemm_gathered(
+            gpu,
+            self.per_component(b, n),
+            slab(x.raw(), Transpose::No),
+            self.weight_by_grade(n, Transpose::No),
+            self.algebra.blade_grades(),
+            slab(y.raw(), Transpose::No),
+            Some(self.linear_bias.raw()),
+            Accumulate::Overwrite,
+            self.precision,
+        )?;
         Ok(y)
+    }
+
+    /// The linear map's products, one per component: `(B, N) x (N, N)`.
+    fn per_component(&self, b: usize, n: usize) -> GemmShape {
+        GemmShape {
+            m: b,
+            n,
+            k: n,
+            batch: self.algebra.components(),
+        }
+    }
+
+    /// `linear_weight` as the B operand whose batch entries are the grades.
+    fn weight_by_grade(&self, n: usize, trans: Transpose) -> Operand {
+        Operand {
+            raw: self.linear_weight.raw(),
+            ld: n as u64,
+            trans,
+            stride: (n * n) as u64,
+        }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Forward> {
@@ -1196,6 +1203,24 @@ impl Layer {
         let (b, n) = (d.batch, d.features);
         let grad_lw = Tensor::empty(gpu, self.linear_weight.shape(), DType::F32)?;
         let grad_bias = Tensor::empty(gpu, &[n], DType::F32)?;
+        let slab = |raw| Operand {
+            raw,
+            ld: n as u64,
+            trans: Transpose::No,
+            stride: (b * n) as u64,
+        };
+        // grad_x (component c) += gy_c (B, N) @ W_grade(c)^T
+        gemm_gathered(
+            gpu,
+            self.per_component(b, n),
+            slab(g.grad_y.raw()),
+            self.weight_by_grade(n, Transpose::Yes),
+            self.algebra.blade_grades(),
+            slab(g.grad_x.raw()),
+            None,
+            Accumulate::Add,
+            self.precision,
+        )?;
         for gr in 0..self.algebra.grades() {
             let (j0, count) = self.algebra.grade_span(gr);
             let gy = Operand {
@@ -1204,34 +1229,7 @@ impl Layer {
                 trans: Transpose::No,
                 stride: 0,
             };
-            let w = offset(self.linear_weight.raw(), (gr * n * n) as u64);
-            // grad_x (slab) += gy (count*B, N) @ W_g^T
-            gemm(
-                gpu,
-                GemmShape {
-                    m: count * b,
-                    n,
-                    k: n,
-                    batch: 1,
-                },
-                gy,
-                Operand {
-                    raw: w,
-                    ld: n as u64,
-                    trans: Transpose::Yes,
-                    stride: 0,
-                },
-                Operand {
-                    raw: offset(g.grad_x.raw(), (j0 * b * n) as u64),
-                    ld: n as u64,
-                    trans: Transpose::No,
-                    stride: 0,
-                },
-                None,
-                Accumulate::Add,
-                self.precision,
-            )?;
-            // grad W_g (N, N) = x_slab^T @ gy
+            // grad W_g (N, N) = x_slab^T @ gy: the grade's components are one (count * B) depth.
             gemm(
                 gpu,
                 GemmShape {

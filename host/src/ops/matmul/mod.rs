@@ -130,7 +130,7 @@ pub(crate) fn gemm(
             None
         };
         if !hopper || plan.is_some() {
-            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, plan);
+            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, plan, None);
         }
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
@@ -156,6 +156,78 @@ pub(crate) fn gemm(
             &ByValue(p),
         ],
     )
+}
+
+/// [`gemm`] over `shape.batch` products in which product `z` multiplies B's batch entry
+/// `b_entry_of[z]` (entries `b.stride` apart) by A's and C's entry `z`: products that share a B
+/// (the Clifford layers' per-grade weights, one product per component) in one launch of the sm_90
+/// tensor-core kernels, whose B split pass then writes each distinct entry once. Elsewhere (other
+/// builds, [`Precision::Ieee`], unaligned rows, more than [`MatmulTf32::MAX_GATHERED`] products)
+/// it runs one [`gemm`] a product, with the same result.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_gathered(
+    gpu: &crate::Gpu,
+    shape: GemmShape,
+    a: Operand,
+    b: Operand,
+    b_entry_of: &[u8],
+    c: Operand,
+    bias: Option<RawSlice>,
+    acc: Accumulate,
+    precision: Precision,
+) -> Result<()> {
+    debug_assert_eq!(b_entry_of.len(), shape.batch);
+    let entries = b_entry_of
+        .iter()
+        .map(|&e| e as usize + 1)
+        .max()
+        .unwrap_or(0);
+    if shape.batch > 1
+        && shape.batch <= MatmulTf32::MAX_GATHERED
+        && entries <= MatmulTf32::MAX_GATHERED
+        && precision != Precision::Ieee
+        && gpu.ptx_arch() == "sm_90"
+        && tf32_rows(&a)
+        && tf32_rows(&b)
+        && let Some(mut plan) = wg_tf32_plan(shape, &a, &b)?
+    {
+        plan.b_batch = entries;
+        let packed = b_entry_of
+            .iter()
+            .enumerate()
+            .fold(0u64, |p, (z, &e)| p | (e as u64) << (4 * z));
+        return gemm_tf32(
+            gpu,
+            shape,
+            a,
+            b,
+            c,
+            bias,
+            acc,
+            precision,
+            Some(plan),
+            Some(packed),
+        );
+    }
+    let at = |o: Operand, entry: usize| Operand {
+        raw: offset(o.raw, entry as u64 * o.stride),
+        stride: 0,
+        ..o
+    };
+    for (z, &e) in b_entry_of.iter().enumerate() {
+        let one = GemmShape { batch: 1, ..shape };
+        gemm(
+            gpu,
+            one,
+            at(a, z),
+            at(b, e as usize),
+            at(c, z),
+            bias,
+            acc,
+            precision,
+        )?;
+    }
+    Ok(())
 }
 
 /// The launch parameters of one [`gemm`] and its row-tile count (grid y; both f32 kernels tile C in
@@ -230,6 +302,7 @@ fn gemm_tf32(
     acc: Accumulate,
     precision: Precision,
     plan: Option<WgPlan>,
+    b_entry_of: Option<u64>,
 ) -> Result<()> {
     const NAMES: [&str; 8] = [
         "matmul_tf32x3_nn_f32",
@@ -245,7 +318,7 @@ fn gemm_tf32(
         return Ok(());
     };
     let GemmShape { m, n, k, batch } = shape;
-    let (splits, k_per_split) = if batch == 1 {
+    let (splits, k_per_split) = if batch == 1 && b_entry_of.is_none() {
         tf::split_k(m as u64, n as u64, k as u64)
     } else {
         (1, mm.k)
@@ -254,6 +327,9 @@ fn gemm_tf32(
         mm,
         splits,
         k_per_split,
+        b_gathered: b_entry_of.is_some() as u32,
+        _pad: 0,
+        b_entry_of: b_entry_of.unwrap_or(0),
     };
     let none = RawSlice { ptr: 0, len: 0 };
     let bias = bias.unwrap_or(none);
