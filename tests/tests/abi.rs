@@ -17,7 +17,7 @@ fn parameter_structs_have_the_kernel_layout() {
     assert_eq!(std::mem::size_of::<MatmulTc>(), 6 * 4 + 6 * 8);
     assert_eq!(std::mem::align_of::<MatmulTc>(), 8);
     assert_eq!(std::mem::offset_of!(MatmulTc, lda), 24);
-    // `Matmul` (six u32, six u64), the split (two u32), the gather flag and its pad, the entries.
+    // `Matmul` (six u32, six u64), the split (two u32), the gather flag, the batch, the entries.
     assert_eq!(std::mem::size_of::<MatmulTf32>(), 6 * 4 + 6 * 8 + 4 * 4 + 8);
     assert_eq!(std::mem::offset_of!(MatmulTf32, b_entry_of), 88);
     // Eight u32: M, N, K, batch, the tile counts and the two batched flags.

@@ -310,6 +310,14 @@ pub mod matmul_tma {
 ///   (f32, either orientation) and B's parts' k-tiles, and each consumer warpgroup reads its A
 ///   fragments with `ld.shared`, splits them in registers and passes them as wgmma's register
 ///   operand. Every storage combination runs with one kernel per A orientation.
+/// - TF32 with A stored `M x K` skips the register split: A's stored tile is already K-major, so
+///   wgmma reads it from shared memory (the tensor core truncates it to tf32) and a stage is
+///   released one k-tile later, after the next k-tile's products are queued.
+/// - Persistent CTAs (at most one an SM) walk the tiles of every batch entry or depth slice, so
+///   the copies of a CTA's next tile run while its consumers store C: the Clifford layers'
+///   products are only 16 k-tiles deep, and a fresh CTA a tile paid its fill and store unhidden.
+/// - A batch may gather B (`MatmulTf32::b_gathered`): product `z` reads B's entry from a table,
+///   so the per-grade weights of the Clifford `Layer` serve all components in one launch.
 /// - Splitting B in shared memory instead (converter warps rewriting each k-tile; 1af17ba) costs
 ///   shared-memory bandwidth the products need: the wgmma reads of B alone take half of it at the
 ///   tensor cores' tf32 rate.
@@ -341,6 +349,15 @@ pub mod matmul_wg_tf32 {
         assert!(SMEM_BYTES <= 227 * 1024);
         assert!(TILE_BYTES.is_multiple_of(1024));
     };
+
+    /// Most output tiles of one launch (the persistent walk's u32 tile index).
+    pub const MAX_TILES: u64 = u32::MAX as u64 / 2;
+
+    /// Output tiles of `entries` (batch entries or depth slices) `m x n` products: the persistent
+    /// walk's length.
+    pub const fn tiles(m: u64, n: u64, entries: u64) -> u64 {
+        m.div_ceil(BM as u64) * n.div_ceil(BN as u64) * entries
+    }
 
     /// Floats between the rows of B's parts: K rounded up to whole 16-byte chunks.
     pub const fn parts_pitch(k: u64) -> u64 {
@@ -551,7 +568,8 @@ pub struct MatmulTf32 {
     pub splits: u32,
     pub k_per_split: u32,
     pub b_gathered: u32,
-    pub _pad: u32,
+    /// Products (grid z of the sm_80 kernels; the sm_90 kernels' persistent walk covers them).
+    pub batch: u32,
     pub b_entry_of: u64,
 }
 

@@ -1,20 +1,22 @@
 //! The f32 matmul on Hopper tensor cores (sm_90 build only): `C (+)= op(A) op(B) (+ bias)` with
 //! `wgmma` m64n128k8 tf32 products and f32 accumulation, in 3xTF32 (`matmul_wg_tf32x3_{n,t}_f32`)
 //! or TF32 (`matmul_wg_tf32_{n,t}_f32`) precision, A stored either way (`n`: `M x K`, `t`:
-//! `K x M`), any M, N, K, batched over grid z or split along the depth (`splitk.rs` sums the
-//! slices). B comes as K-major tf32 parts written by `matmul_wg_split_b_f32` from B stored either
+//! `K x M`), any M, N, K, batched or split along the depth (`splitk.rs` sums the slices).
+//! B comes as K-major tf32 parts written by `matmul_wg_split_b_f32` from B stored either
 //! way. Tiles and the design notes: `params::matmul_wg_tf32`.
 //!
-//! Roles, per CTA (384 threads, one 128 x 128 tile of C):
+//! Persistent CTAs (384 threads, at most one an SM) walk the 128 x 128 tiles of C of every batch
+//! entry or depth slice, `blockIdx.x, + gridDim.x, ...`:
 //! ```text
-//! warpgroup 0, thread 0 (copies): per k-tile kt: wait empty[s], expect the stage's bytes on
+//! warpgroup 0, thread 0 (copies): per tile, per k-tile kt: wait empty[s], expect the stage's bytes on
 //!     full[s], TMA A's stored k-tile (f32, 128-byte swizzle) and B's parts' k-tiles into stage s
-//! warpgroups 1, 2 (consumers, rows 64 (w - 1)..): per k-tile: wait full[s]; read and split the A
-//!     fragments of the 4 k8 steps; 12 (3xTF32) or 4 (TF32) wgmma; wait for them; add the partial
-//!     (3xTF32); release stage s
-//! then each consumer writes its 64 x 128 rows of C (bias, old C) or of the split's workspace
+//! warpgroups 1, 2 (consumers, rows 64 (w - 1)..): per tile, per k-tile: wait full[s]; read and
+//!     split the A fragments of the 4 k8 steps; 12 (3xTF32) or 4 (TF32) wgmma; wait for them; add
+//!     the partial (3xTF32); release stage s (TF32 with A stored `M x K`: A from shared memory,
+//!     stage s released after the next k-tile's wgmma are queued);
+//!     then each writes its 64 x 128 rows of C (bias, old C) or of the split's workspace
 //! ```
-//! The copies run `STAGES` k-tiles ahead. The two consumers share the tensor cores: one's adds and
+//! The copies run `STAGES` k-tiles ahead and into the next tile while the consumers store C. The two consumers share the tensor cores: one's adds and
 //! fragment reads overlap the other's products.
 //!
 //! Every C element is one thread's fixed sequence of products and adds over k (and, when split, the
@@ -24,7 +26,9 @@ use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, StageTiles};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::shared::{SharedScalar, dynamic_base};
 use crate::dev::sync::sync_threads;
-use crate::dev::thread::{block_idx_x, block_idx_y, block_idx_z, lane_id, thread_idx_x};
+use crate::dev::thread::{
+    block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, thread_idx_x,
+};
 use crate::dev::tma::TensorMapRef;
 use crate::dev::wgmma::{
     Accumulator, SwizzledTile, commit, fence, mma_tf32_rs_n128, mma_tf32_ss_n128,
@@ -147,7 +151,7 @@ fn a_fragments<const A_KC: bool, const R: usize, const C: usize>(
 }
 
 /// The kernel body: B's parts `P` (3xTF32: hi and lo; TF32: hi), A stored `K x M` unless `A_KC`
-/// (`M x K`). Grid (N tiles, M tiles, batch or slices).
+/// (`M x K`). Grid: at most one CTA an SM (the walk covers every tile).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC: usize>(
@@ -179,45 +183,56 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
     sync_threads();
 
     let mm = p.mm;
-    let (n0, m0) = (block_idx_x() * BN, block_idx_y() * BM);
-    let (z, split) = if p.splits > 1 {
-        (0u32, block_idx_z())
-    } else {
-        (block_idx_z(), 0)
-    };
-    let k_begin = split * p.k_per_split;
-    let k_end = {
-        let e = k_begin as u64 + p.k_per_split as u64;
-        if e < mm.k as u64 { e as u32 } else { mm.k }
-    };
-    let k_tiles = if k_end > k_begin {
-        (k_end - k_begin).div_ceil(BK)
-    } else {
-        0
+    let tiles_n = mm.n.div_ceil(BN);
+    let per_entry = tiles_n * mm.m.div_ceil(BM);
+    let tiles = per_entry * if p.splits > 1 { p.splits } else { p.batch };
+    // Tile `t` of the persistent walk (column tiles fastest, so the CTAs running at once share A's
+    // rows): batch entry, depth slice, first row and column, first depth and k-tile count.
+    let tile = |t: u32| {
+        let zz = t / per_entry;
+        let r = t - zz * per_entry;
+        let (m0, n0) = ((r / tiles_n) * BM, (r % tiles_n) * BN);
+        let (z, split) = if p.splits > 1 { (0u32, zz) } else { (zz, 0) };
+        let k_begin = split * p.k_per_split;
+        let k_end = {
+            let e = k_begin as u64 + p.k_per_split as u64;
+            if e < mm.k as u64 { e as u32 } else { mm.k }
+        };
+        let k_tiles = if k_end > k_begin {
+            (k_end - k_begin).div_ceil(BK)
+        } else {
+            0
+        };
+        (z, split, m0, n0, k_begin, k_tiles)
     };
 
     if tid < 128 {
         set_max_registers_dec::<PRODUCER_REGS>();
         if tid == 0 {
-            let za = if mm.stride_a != 0 { z as i32 } else { 0 };
-            let zb = p.b_entry(z) as i32;
             let mut at = PipeState::START;
-            let mut kt = 0;
-            while kt < k_tiles {
-                let k0 = (k_begin + kt * BK) as i32;
-                // SAFETY: the one copying thread; the loads fill the stage's tiles, exactly the
-                // bytes announced; the maps' boxes are the tiles' (their types).
-                unsafe {
-                    let ((ta, tb), full) = pipe.producer_acquire(at);
-                    if A_KC {
-                        map_a.load(ta, k0, m0 as i32, za, full);
-                    } else {
-                        map_a.load(ta, m0 as i32, k0, za, full);
+            let mut t = block_idx_x();
+            while t < tiles {
+                let (z, _, m0, n0, k_begin, k_tiles) = tile(t);
+                let za = if mm.stride_a != 0 { z as i32 } else { 0 };
+                let zb = p.b_entry(z) as i32;
+                let mut kt = 0;
+                while kt < k_tiles {
+                    let k0 = (k_begin + kt * BK) as i32;
+                    // SAFETY: the one copying thread; the loads fill the stage's tiles, exactly the
+                    // bytes announced; the maps' boxes are the tiles' (their types).
+                    unsafe {
+                        let ((ta, tb), full) = pipe.producer_acquire(at);
+                        if A_KC {
+                            map_a.load(ta, k0, m0 as i32, za, full);
+                        } else {
+                            map_a.load(ta, m0 as i32, k0, za, full);
+                        }
+                        tb.load(map_hi, map_lo, k0, n0 as i32, zb, full);
                     }
-                    tb.load(map_hi, map_lo, k0, n0 as i32, zb, full);
+                    at = at.next();
+                    kt += 1;
                 }
-                at = at.next();
-                kt += 1;
+                t += grid_dim_x();
             }
         }
     } else {
@@ -227,91 +242,96 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
         let (lane, w) = (lane_id(), (tid % 128) / 32);
         let (g, q) = (lane / 4, lane % 4);
         let r0 = 64 * wg + 16 * w + g;
-        let mut acc = [0f32; 64];
         let mut at = PipeState::START;
-        let mut kt = 0;
-        if P::PASSES == 1 && A_KC {
-            // TF32 with A stored `M x K`: both operands K-major in shared memory, so wgmma reads
-            // A's stored tile (truncated to tf32 by the tensor core) and no thread touches it; a
-            // stage is released one k-tile later, once the next k-tile's products are queued.
-            let mut prev = at;
-            while kt < k_tiles {
-                let (ta, tb) = pipe.consumer_wait(at);
-                fence();
-                unroll!(s in [0, 1, 2, 3] {
-                    let s = s as u32;
-                    // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
-                    // and stays until this warpgroup releases it after a covering wait.
-                    unsafe { mma_tf32_ss_n128(&mut acc, ta.desc_k_major(64 * wg, s), tb.hi().desc_k_major(0, s), 1) };
-                });
-                commit();
-                acc.wait::<1>();
-                if kt > 0 && elected {
-                    // SAFETY: one thread a consumer; the wait above retired k-tile kt - 1's wgmma.
-                    unsafe { pipe.consumer_release(prev) };
-                }
-                prev = at;
-                at = at.next();
-                kt += 1;
-            }
-            acc.wait::<0>();
-            if k_tiles > 0 && elected {
-                // SAFETY: as above; every wgmma of this tile has retired.
-                unsafe { pipe.consumer_release(prev) };
-            }
-        } else {
-            while kt < k_tiles {
-                let (ta, tb) = pipe.consumer_wait(at);
-                let (ah, al) = a_fragments::<A_KC, AR, AC>(ta, r0, q, P::PASSES);
-                let (hi, lo) = (tb.hi(), tb.lo());
-                fence();
-                if P::PASSES == 3 {
-                    let mut part = [0f32; 64];
+        let mut t = block_idx_x();
+        while t < tiles {
+            let (z, split, m0, n0, _, k_tiles) = tile(t);
+            let mut acc = [0f32; 64];
+            let mut kt = 0;
+            if P::PASSES == 1 && A_KC {
+                // TF32 with A stored `M x K`: both operands K-major in shared memory, so wgmma reads
+                // A's stored tile (truncated to tf32 by the tensor core) and no thread touches it; a
+                // stage is released one k-tile later, once the next k-tile's products are queued.
+                let mut prev = at;
+                while kt < k_tiles {
+                    let (ta, tb) = pipe.consumer_wait(at);
+                    fence();
                     unroll!(s in [0, 1, 2, 3] {
                         let s = s as u32;
                         // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
-                        // and stays until this warpgroup releases it after the wait below. The small
-                        // terms first: they are lost least to the chain's truncation.
-                        unsafe {
-                            mma_tf32_rs_n128(&mut part, &al[s as usize], hi.desc_k_major(0, s), (s > 0) as u32);
-                            mma_tf32_rs_n128(&mut part, &ah[s as usize], lo.desc_k_major(0, s), 1);
-                            mma_tf32_rs_n128(&mut part, &ah[s as usize], hi.desc_k_major(0, s), 1);
-                        }
+                        // and stays until this warpgroup releases it after a covering wait.
+                        unsafe { mma_tf32_ss_n128(&mut acc, ta.desc_k_major(64 * wg, s), tb.hi().desc_k_major(0, s), 1) };
                     });
                     commit();
-                    part.wait::<0>();
-                    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                        unroll!(e in [0, 1, 2, 3] {
-                            acc[4 * i + e] += part[4 * i + e];
+                    acc.wait::<1>();
+                    if kt > 0 && elected {
+                        // SAFETY: one thread a consumer; the wait above retired k-tile kt - 1's wgmma.
+                        unsafe { pipe.consumer_release(prev) };
+                    }
+                    prev = at;
+                    at = at.next();
+                    kt += 1;
+                }
+                acc.wait::<0>();
+                if k_tiles > 0 && elected {
+                    // SAFETY: as above; every wgmma of this tile has retired.
+                    unsafe { pipe.consumer_release(prev) };
+                }
+            } else {
+                while kt < k_tiles {
+                    let (ta, tb) = pipe.consumer_wait(at);
+                    let (ah, al) = a_fragments::<A_KC, AR, AC>(ta, r0, q, P::PASSES);
+                    let (hi, lo) = (tb.hi(), tb.lo());
+                    fence();
+                    if P::PASSES == 3 {
+                        let mut part = [0f32; 64];
+                        unroll!(s in [0, 1, 2, 3] {
+                            let s = s as u32;
+                            // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
+                            // and stays until this warpgroup releases it after the wait below. The small
+                            // terms first: they are lost least to the chain's truncation.
+                            unsafe {
+                                mma_tf32_rs_n128(&mut part, &al[s as usize], hi.desc_k_major(0, s), (s > 0) as u32);
+                                mma_tf32_rs_n128(&mut part, &ah[s as usize], lo.desc_k_major(0, s), 1);
+                                mma_tf32_rs_n128(&mut part, &ah[s as usize], hi.desc_k_major(0, s), 1);
+                            }
                         });
-                    });
-                } else {
-                    unroll!(s in [0, 1, 2, 3] {
-                        let s = s as u32;
-                        // SAFETY: as above.
-                        unsafe { mma_tf32_rs_n128(&mut acc, &ah[s as usize], hi.desc_k_major(0, s), 1) };
-                    });
-                    commit();
-                    acc.wait::<0>();
+                        commit();
+                        part.wait::<0>();
+                        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                            unroll!(e in [0, 1, 2, 3] {
+                                acc[4 * i + e] += part[4 * i + e];
+                            });
+                        });
+                    } else {
+                        unroll!(s in [0, 1, 2, 3] {
+                            let s = s as u32;
+                            // SAFETY: as above.
+                            unsafe { mma_tf32_rs_n128(&mut acc, &ah[s as usize], hi.desc_k_major(0, s), 1) };
+                        });
+                        commit();
+                        acc.wait::<0>();
+                    }
+                    if elected {
+                        // SAFETY: one thread a consumer; the wait above retired this stage's wgmma.
+                        unsafe { pipe.consumer_release(at) };
+                    }
+                    at = at.next();
+                    kt += 1;
                 }
-                if elected {
-                    // SAFETY: one thread a consumer; the wait above retired this stage's wgmma.
-                    unsafe { pipe.consumer_release(at) };
-                }
-                at = at.next();
-                kt += 1;
             }
-        }
 
-        // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile.
-        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-            unroll!(h in [0, 1] {
-                unroll!(e in [0, 1] {
-                    let at = (m0 + r0 + 8 * h as u32, n0 + 8 * j as u32 + 2 * q + e as u32);
-                    store_element(&p, &bias, &c, &ws, split, z as u64, at, acc[4 * j + 2 * h + e]);
+            // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile.
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                unroll!(h in [0, 1] {
+                    unroll!(e in [0, 1] {
+                        let at = (m0 + r0 + 8 * h as u32, n0 + 8 * j as u32 + 2 * q + e as u32);
+                        store_element(&p, &bias, &c, &ws, split, z as u64, at, acc[4 * j + 2 * h + e]);
+                    });
                 });
             });
-        });
+            t += grid_dim_x();
+        }
     }
 }
 
@@ -322,9 +342,9 @@ macro_rules! wg_tf32_entry_points {
         crate::tensor_map_params!($name, 0, 1, 2);
         /// `C (+)= op(A) op(B) (+ bias)` for one precision and storage of A (module doc): `a_map`
         /// is an f32 tensor map of the stored A, `hi_map` and `lo_map` of B's tf32 parts (TF32:
-        /// `lo_map` is not read) (`host::ops::matmul`), grid (ceil(N / BN), ceil(M / BM), batch or
-        /// `splits`), `THREADS` threads, `SMEM_BYTES` of dynamic shared memory. `ws` holds
-        /// `splits * M * N` floats when split.
+        /// `lo_map` is not read) (`host::ops::matmul`), grid `min(tiles, SMs)` (`tiles` of
+        /// `params::matmul_wg_tf32`), `THREADS` threads, `SMEM_BYTES` of dynamic shared memory.
+        /// `ws` holds `splits * M * N` floats when split.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             _a_map: crate::params::TensorMapParam,

@@ -54,8 +54,9 @@ pub enum Precision {
     #[default]
     Tf32x3,
     /// One tf32 product (10-bit mantissas, as cuBLAS's TF32 mode and PyTorch's
-    /// `float32_matmul_precision('high')`): about 1e-3 relative error. The same alignment rule as
-    /// [`Precision::Tf32x3`].
+    /// `float32_matmul_precision('high')`): about 1e-3 relative error. On sm_90 an A stored
+    /// `M x K` enters truncated to tf32 (the tensor core reads its f32 bits), B rounded
+    /// (docs/math/matmul.md). The same alignment rule as [`Precision::Tf32x3`].
     Tf32,
 }
 
@@ -328,7 +329,7 @@ fn gemm_tf32(
         splits,
         k_per_split,
         b_gathered: b_entry_of.is_some() as u32,
-        _pad: 0,
+        batch: batch as u32,
         b_entry_of: b_entry_of.unwrap_or(0),
     };
     let none = RawSlice { ptr: 0, len: 0 };
@@ -353,12 +354,23 @@ fn gemm_tf32(
         let passes = if precision == Precision::Tf32 { 1 } else { 3 };
         // Freed after the launch below is queued: the stream orders the kernel's reads first.
         let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, &b, &plan, passes)?;
+        // Persistent: at most one CTA an SM walks the tiles (`wg::tiles`).
+        let tiles = wg::tiles(m as u64, n as u64, grid_dim.2 as u64);
+        if tiles > wg::MAX_TILES {
+            return Err(Error::TooLarge {
+                op: "matmul",
+                what: "output tiles (M / 128 x N / 128 x batch or depth slices)",
+                given: tiles,
+                max: wg::MAX_TILES,
+            });
+        }
+        let sms = gpu.sm_count()?.max(1) as u64;
         launch_cfg_large_smem(
             gpu,
             WG_NAMES[2 * (precision == Precision::Tf32) as usize
                 + (a.trans == Transpose::Yes) as usize],
             cudarc::driver::LaunchConfig {
-                grid_dim,
+                grid_dim: (tiles.min(sms) as u32, 1, 1),
                 block_dim: (wg::THREADS, 1, 1),
                 shared_mem_bytes: wg::SMEM_BYTES,
             },
