@@ -19,7 +19,7 @@
 //! - The completing phase has release/acquire semantics at CTA scope: data written by the copies (or
 //!   by threads before their arrive) is visible to the threads whose wait returned.
 use crate::dev::shared::check_index;
-use crate::dev::wgmma::SwizzledTile;
+use crate::dev::wgmma::{Accumulator, SwizzledTile, commit, fence};
 
 /// One mbarrier, by its shared-window address (8-byte aligned).
 #[derive(Clone, Copy)]
@@ -286,5 +286,46 @@ impl<S: StageTiles, const STAGES: usize> Pipeline<S, STAGES> {
     pub unsafe fn consumer_release(self, at: PipeState<STAGES>) {
         // SAFETY: the caller's.
         unsafe { self.empty(at.stage).arrive() }
+    }
+
+    /// Consumer warpgroup: `k_tiles` stages from `at` with one wgmma group in flight. Per k-tile:
+    /// wait for the stage, fence, `products(acc, stage)` (the stage's wgmma into `acc`), commit,
+    /// wait until at most that group is pending, release the previous k-tile's stage (the group
+    /// that read it has retired). At the end it retires the last group, releases its stage and
+    /// returns the state after the walk.
+    ///
+    /// # Safety
+    /// Every thread of one consumer warpgroup calls it, `elected` true on exactly one of them (it
+    /// releases the stages); `products` reads the stage only through the wgmma it issues.
+    #[inline(always)]
+    pub unsafe fn consume_one_group_behind<A: Accumulator>(
+        self,
+        at: PipeState<STAGES>,
+        k_tiles: u32,
+        elected: bool,
+        acc: &mut A,
+        mut products: impl FnMut(&mut A, S),
+    ) -> PipeState<STAGES> {
+        let (mut at, mut prev, mut kt) = (at, at, 0);
+        while kt < k_tiles {
+            let stage = self.consumer_wait(at);
+            fence();
+            products(acc, stage);
+            commit();
+            acc.wait::<1>();
+            if kt > 0 && elected {
+                // SAFETY: one thread a consumer; the wait above retired k-tile kt - 1's wgmma.
+                unsafe { self.consumer_release(prev) };
+            }
+            prev = at;
+            at = at.next();
+            kt += 1;
+        }
+        acc.wait::<0>();
+        if k_tiles > 0 && elected {
+            // SAFETY: as above; every wgmma of the walk has retired.
+            unsafe { self.consumer_release(prev) };
+        }
+        at
     }
 }

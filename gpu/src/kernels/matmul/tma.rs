@@ -26,8 +26,7 @@ use crate::dev::sync::{named_barrier, sync_threads};
 use crate::dev::thread::{block_idx_x, grid_dim_x, lane_id, thread_idx_x};
 use crate::dev::tma::{TensorMapRef, bulk_commit, bulk_wait, bulk_wait_read};
 use crate::dev::wgmma::{
-    Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async, set_max_registers_dec,
-    set_max_registers_inc,
+    SwizzledTile, Wgmma, fence_proxy_async, set_max_registers_dec, set_max_registers_inc,
 };
 use crate::params::matmul_tc::tile_coords;
 use crate::params::matmul_tma::{
@@ -143,34 +142,20 @@ unsafe fn matmul_tma<
         while t < tiles {
             let (z, m0, n0) = coords(t);
             let mut acc = [0f32; 128];
-            let mut prev = at;
-            let mut kt = 0;
-            while kt < k_tiles {
-                let (ta, tb) = pipe.consumer_wait(at);
-                fence();
-                unroll!(s in [0, 1, 2, 3] {
-                    let s = s as u32;
-                    let a_desc = if TA == 1 { ta.desc_mn_major_from(s, 64 * wg) } else { ta.desc_k_major(64 * wg, s) };
-                    let b_desc = if TB == 1 { tb.desc_k_major(0, s) } else { tb.desc_mn_major(s) };
-                    // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
-                    // and stays until this warpgroup releases it after a covering wait.
-                    unsafe { T::mma_ss_t::<TA, B_MN>(&mut acc, a_desc, b_desc, 1) };
-                });
-                commit();
-                acc.wait::<1>();
-                if kt > 0 && elected {
-                    // SAFETY: one thread a consumer; the wait above retired k-tile kt - 1's wgmma.
-                    unsafe { pipe.consumer_release(prev) };
-                }
-                prev = at;
-                at = at.next();
-                kt += 1;
-            }
-            acc.wait::<0>();
-            if k_tiles > 0 && elected {
-                // SAFETY: as above; every wgmma of this tile has retired.
-                unsafe { pipe.consumer_release(prev) };
-            }
+            // SAFETY: the whole consumer warpgroup, `elected` on one thread; the products read the
+            // stage only through their wgmma.
+            at = unsafe {
+                pipe.consume_one_group_behind(at, k_tiles, elected, &mut acc, |acc, (ta, tb)| {
+                    unroll!(s in [0, 1, 2, 3] {
+                        let s = s as u32;
+                        let a_desc = if TA == 1 { ta.desc_mn_major_from(s, 64 * wg) } else { ta.desc_k_major(64 * wg, s) };
+                        let b_desc = if TB == 1 { tb.desc_k_major(0, s) } else { tb.desc_mn_major(s) };
+                        // SAFETY: the whole warpgroup, on a stage that has landed (the full
+                        // barrier) and stays until the walk releases it after a covering wait.
+                        unsafe { T::mma_ss_t::<TA, B_MN>(acc, a_desc, b_desc, 1) };
+                    });
+                })
+            };
             store_tile::<T>(&acc, map_c, staging, wg, elected, z, m0 + 64 * wg, n0);
             t += grid_dim_x();
         }

@@ -247,37 +247,24 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
         while t < tiles {
             let (z, split, m0, n0, _, k_tiles) = tile(t);
             let mut acc = [0f32; 64];
-            let mut kt = 0;
             if P::PASSES == 1 && A_KC {
                 // TF32 with A stored `M x K`: both operands K-major in shared memory, so wgmma reads
                 // A's stored tile (truncated to tf32 by the tensor core) and no thread touches it; a
                 // stage is released one k-tile later, once the next k-tile's products are queued.
-                let mut prev = at;
-                while kt < k_tiles {
-                    let (ta, tb) = pipe.consumer_wait(at);
-                    fence();
-                    unroll!(s in [0, 1, 2, 3] {
-                        let s = s as u32;
-                        // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
-                        // and stays until this warpgroup releases it after a covering wait.
-                        unsafe { mma_tf32_ss_n128(&mut acc, ta.desc_k_major(64 * wg, s), tb.hi().desc_k_major(0, s), 1) };
-                    });
-                    commit();
-                    acc.wait::<1>();
-                    if kt > 0 && elected {
-                        // SAFETY: one thread a consumer; the wait above retired k-tile kt - 1's wgmma.
-                        unsafe { pipe.consumer_release(prev) };
-                    }
-                    prev = at;
-                    at = at.next();
-                    kt += 1;
-                }
-                acc.wait::<0>();
-                if k_tiles > 0 && elected {
-                    // SAFETY: as above; every wgmma of this tile has retired.
-                    unsafe { pipe.consumer_release(prev) };
-                }
+                // SAFETY: the whole consumer warpgroup, `elected` on one thread; the products read
+                // the stage only through their wgmma.
+                at = unsafe {
+                    pipe.consume_one_group_behind(at, k_tiles, elected, &mut acc, |acc, (ta, tb)| {
+                        unroll!(s in [0, 1, 2, 3] {
+                            let s = s as u32;
+                            // SAFETY: the whole warpgroup, on a stage that has landed (the full
+                            // barrier) and stays until the walk releases it after a covering wait.
+                            unsafe { mma_tf32_ss_n128(acc, ta.desc_k_major(64 * wg, s), tb.hi().desc_k_major(0, s), 1) };
+                        });
+                    })
+                };
             } else {
+                let mut kt = 0;
                 while kt < k_tiles {
                     let (ta, tb) = pipe.consumer_wait(at);
                     let (ah, al) = a_fragments::<A_KC, AR, AC>(ta, r0, q, P::PASSES);

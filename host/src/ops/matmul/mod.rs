@@ -131,7 +131,7 @@ pub(crate) fn gemm(
             None
         };
         if !hopper || plan.is_some() {
-            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, plan, None);
+            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, plan);
         }
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
@@ -193,22 +193,13 @@ pub(crate) fn gemm_gathered(
         && let Some(mut plan) = wg_tf32_plan(shape, &a, &b)?
     {
         plan.b_batch = entries;
-        let packed = b_entry_of
-            .iter()
-            .enumerate()
-            .fold(0u64, |p, (z, &e)| p | (e as u64) << (4 * z));
-        return gemm_tf32(
-            gpu,
-            shape,
-            a,
-            b,
-            c,
-            bias,
-            acc,
-            precision,
-            Some(plan),
-            Some(packed),
+        plan.b_entry_of = Some(
+            b_entry_of
+                .iter()
+                .enumerate()
+                .fold(0u64, |p, (z, &e)| p | (e as u64) << (4 * z)),
         );
+        return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, Some(plan));
     }
     let at = |o: Operand, entry: usize| Operand {
         raw: offset(o.raw, entry as u64 * o.stride),
@@ -303,7 +294,6 @@ fn gemm_tf32(
     acc: Accumulate,
     precision: Precision,
     plan: Option<WgPlan>,
-    b_entry_of: Option<u64>,
 ) -> Result<()> {
     const NAMES: [&str; 8] = [
         "matmul_tf32x3_nn_f32",
@@ -319,6 +309,7 @@ fn gemm_tf32(
         return Ok(());
     };
     let GemmShape { m, n, k, batch } = shape;
+    let b_entry_of = plan.and_then(|p| p.b_entry_of);
     let (splits, k_per_split) = if batch == 1 && b_entry_of.is_none() {
         tf::split_k(m as u64, n as u64, k as u64)
     } else {
@@ -440,6 +431,9 @@ struct WgPlan {
     map_a: gpu::params::TensorMapParam,
     /// Batch entries of B (1 when B is broadcast).
     b_batch: usize,
+    /// B's entry of each product, 4 bits a product ([`gemm_gathered`]); `None`: entry `z` (or the
+    /// broadcast one).
+    b_entry_of: Option<u64>,
     /// Floats between the parts' rows.
     pitch: u64,
 }
@@ -479,6 +473,7 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
     Ok(Some(WgPlan {
         map_a: crate::tma::sw128_map(OP, DType::F32, &va, box_rows)?,
         b_batch: if b.stride != 0 { batch } else { 1 },
+        b_entry_of: None,
         pitch: wg::parts_pitch(k as u64),
     }))
 }
