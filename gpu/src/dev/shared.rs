@@ -182,6 +182,22 @@ pub unsafe fn ld_shared_v2_f32(addr: u32) -> [f32; 2] {
     [a, b]
 }
 
+/// `st.shared.v2.f32`: two consecutive floats to shared memory.
+///
+/// # Safety
+/// `addr` is an 8-byte aligned address of 8 bytes in this block's shared memory that no other thread
+/// accesses until a barrier (or an mbarrier phase) after this store.
+#[inline(always)]
+pub unsafe fn st_shared_v2_f32(addr: u32, v: [f32; 2]) {
+    unsafe {
+        core::arch::asm!(
+            "st.shared.v2.f32 [{p}], {{{a}, {b}}};",
+            p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1],
+            options(nostack)
+        )
+    }
+}
+
 /// `ld.shared.v4.b32`: 16 bytes from shared memory.
 ///
 /// # Safety

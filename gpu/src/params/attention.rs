@@ -454,8 +454,11 @@ pub const fn flash_tma_smem_bytes(c: FlashWgmmaConfig) -> usize {
     c.block_q * c.head_dim * 2 + 2 * ring + 8
 }
 const _: () = assert!(
-    FLASH_TMA_PRODUCER_REGS * 128 + FLASH_TMA_CONSUMER_REGS * 256 <= 65536
-        && flash_tma_smem_bytes(FLASH_TMA_D128) <= 227 * 1024
+    crate::params::register_split_fits(
+        FLASH_TMA_THREADS as u32,
+        FLASH_TMA_PRODUCER_REGS,
+        FLASH_TMA_CONSUMER_REGS
+    ) && flash_tma_smem_bytes(FLASH_TMA_D128) <= 227 * 1024
         && flash_tma_smem_bytes(FLASH_TMA_D256) <= 227 * 1024
 );
 

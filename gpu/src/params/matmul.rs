@@ -288,8 +288,10 @@ pub mod matmul_tma {
     /// Most output tiles of one product times its batch (the persistent loop's u32 tile index).
     pub const MAX_TILES: u64 = u32::MAX as u64 / 2;
 
-    const _: () =
-        assert!(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536 && SMEM_BYTES <= 227 * 1024);
+    const _: () = assert!(
+        crate::params::register_split_fits(THREADS, PRODUCER_REGS, CONSUMER_REGS)
+            && SMEM_BYTES <= 227 * 1024
+    );
 
     /// Output tiles of an `m x n` product.
     pub const fn tiles(m: u64, n: u64) -> u64 {
@@ -316,6 +318,11 @@ pub mod matmul_tma {
 /// - Persistent CTAs (at most one an SM) walk the tiles of every batch entry or depth slice, so
 ///   the copies of a CTA's next tile run while its consumers store C: the Clifford layers'
 ///   products are only 16 k-tiles deep, and a fresh CTA a tile paid its fill and store unhidden.
+/// - The consumers hand C to the producer warpgroup's idle warps through a staging tile (8-byte
+///   shared stores, then two mbarriers) and go on to the next tile's products; those warps add
+///   the bias and old C and write 16-byte chunks while the tensor cores work. With both consumers
+///   storing C from registers, the tensor cores idled through every tile's store. The staging
+///   tile's 68 KiB leave room for three 3xTF32 stages (four TF32).
 /// - A batch may gather B (`MatmulTf32::b_gathered`): product `z` reads B's entry from a table,
 ///   so the per-grade weights of the Clifford `Layer` serve all components in one launch.
 /// - Splitting B in shared memory instead (converter warps rewriting each k-tile; 1af17ba) costs
@@ -328,16 +335,34 @@ pub mod matmul_tma {
 ///   to the f32 accumulator with a round-to-nearest add (as `matmul_tf32`): 64 + 64 registers.
 pub mod matmul_wg_tf32 {
     pub use super::matmul_tf32::{BK, BM, BN};
-    pub const STAGES: u32 = 4;
-    /// One producer warpgroup (one thread issues the copies) and two consumers.
+    /// Pipeline stages of the 3xTF32 kernels (A and B's two parts a stage) and of the TF32 ones (A
+    /// and B's `hi`): what fits beside the C staging tile.
+    pub const STAGES_TF32X3: u32 = 3;
+    pub const STAGES_TF32: u32 = 4;
+    /// One producer warpgroup (thread 0 issues the copies, warps 1-3 store C) and two consumers.
     pub const THREADS: u32 = 384;
-    pub const PRODUCER_REGS: u32 = 40;
-    pub const CONSUMER_REGS: u32 = 232;
+    /// The producer warpgroup's threads that store C from the staging tile (warps 1-3).
+    pub const STORE_THREADS: u32 = 96;
+    pub const PRODUCER_REGS: u32 = 56;
+    pub const CONSUMER_REGS: u32 = 224;
     /// Bytes of one f32 tile of `BM` (or `BN`) rows by `BK` floats: A's stored tile and each of
     /// B's parts.
     pub const TILE_BYTES: u32 = BM * BK * 4;
-    /// Dynamic shared memory: `STAGES` stages of A's tile and B's two parts, two barriers a stage.
-    pub const SMEM_BYTES: u32 = STAGES * 3 * TILE_BYTES + 16 * STAGES;
+    /// Floats between the rows of the C staging tile: `BN + 8`, 8 banks past a multiple of 32, so
+    /// that a half-warp's 8-byte writes (four rows, four column pairs each) meet 16 distinct bank
+    /// pairs.
+    pub const C_PITCH: u32 = BN + 8;
+    /// The C staging tile: `BM` rows of `C_PITCH` floats, which the consumers fill and the store
+    /// warps empty while the consumers go on to the next tile.
+    pub const C_STAGING_BYTES: u32 = BM * C_PITCH * 4;
+    /// The larger of the two rings (tiles and two barriers a stage).
+    const RING_BYTES: u32 = {
+        let x3 = STAGES_TF32X3 * 3 * TILE_BYTES + 16 * STAGES_TF32X3;
+        let x1 = STAGES_TF32 * 2 * TILE_BYTES + 16 * STAGES_TF32;
+        if x3 > x1 { x3 } else { x1 }
+    };
+    /// Dynamic shared memory: the ring, the C staging tile and its two barriers (full, empty).
+    pub const SMEM_BYTES: u32 = RING_BYTES + C_STAGING_BYTES + 16;
     /// Threads of a `matmul_wg_split_b_f32` block: a 32 x 32 tile of B, 8 rows of 32.
     pub const SPLIT_THREADS: u32 = 256;
     /// Its dynamic shared memory: the 32 x 32 tile at a 33-float pitch.
@@ -345,9 +370,14 @@ pub mod matmul_wg_tf32 {
 
     const _: () = {
         assert!(BM == 128 && BN == 128 && BK == 32);
-        assert!(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536);
+        assert!(crate::params::register_split_fits(
+            THREADS,
+            PRODUCER_REGS,
+            CONSUMER_REGS
+        ));
         assert!(SMEM_BYTES <= 227 * 1024);
         assert!(TILE_BYTES.is_multiple_of(1024));
+        assert!(C_PITCH % 32 == 8 && STORE_THREADS == 96);
     };
 
     /// Most output tiles of one launch (the persistent walk's u32 tile index).

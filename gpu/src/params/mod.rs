@@ -42,6 +42,21 @@ pub struct TensorMapParam {
 unsafe impl KernelParam for TensorMapParam {}
 
 /// Highest tensor rank the strided (broadcasting) kernels index.
+/// Whether a warp-specialised CTA of one producer and two consumer warpgroups (`threads` = 384,
+/// one CTA an SM) can move to `producer` and `consumer` registers a thread with `setmaxnreg`. Each
+/// thread starts with the launch's cap (65536 / threads, rounded down to 8), and `setmaxnreg.inc`
+/// draws only on the CTA's pool of what `.dec` released: a consumer raise the producer's release
+/// does not cover blocks the consumers for ever.
+pub const fn register_split_fits(threads: u32, producer: u32, consumer: u32) -> bool {
+    let entry = 65536 / threads / 8 * 8;
+    threads == 384
+        && producer % 8 == 0
+        && consumer % 8 == 0
+        && producer <= entry
+        && consumer >= entry
+        && (entry - producer) * 128 >= (consumer - entry) * 256
+}
+
 pub const MAX_DIMS: usize = 6;
 
 /// Threads for a block that covers a row of `cols` elements at `per_thread` elements a thread: a power

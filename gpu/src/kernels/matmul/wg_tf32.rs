@@ -14,10 +14,15 @@
 //!     split the A fragments of the 4 k8 steps; 12 (3xTF32) or 4 (TF32) wgmma; wait for them; add
 //!     the partial (3xTF32); release stage s (TF32 with A stored `M x K`: A from shared memory,
 //!     stage s released after the next k-tile's wgmma are queued);
-//!     then each writes its 64 x 128 rows of C (bias, old C) or of the split's workspace
+//!     then each waits until the staging tile is free, writes its 64 x 128 rows of the
+//!     accumulator there, arrives on `c_full` and goes on to the next tile
+//! warpgroup 0, warps 1-3 (stores): per tile: wait c_full; rows of 128 floats, 16 bytes a lane, to
+//!     C (bias, old C) or to the split's workspace; arrive on c_empty
 //! ```
-//! The copies run `STAGES` k-tiles ahead and into the next tile while the consumers store C. The two consumers share the tensor cores: one's adds and
-//! fragment reads overlap the other's products.
+//! The copies run the ring's depth of k-tiles ahead and into the next tile, and the store warps
+//! drain a tile's C while the consumers multiply the next one, so no tensor core waits on C's
+//! stores. The two consumers share the tensor cores: one's adds and fragment reads overlap the
+//! other's products.
 //!
 //! Every C element is one thread's fixed sequence of products and adds over k (and, when split, the
 //! finishing kernel's fixed slice order): the same bits on every run.
@@ -25,6 +30,7 @@ use super::splitk::store_element;
 use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, StageTiles};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::shared::{SharedScalar, dynamic_base};
+use crate::dev::shared::{ld_shared_v4, st_shared_v2_f32};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, thread_idx_x,
@@ -151,10 +157,16 @@ fn a_fragments<const A_KC: bool, const R: usize, const C: usize>(
 }
 
 /// The kernel body: B's parts `P` (3xTF32: hi and lo; TF32: hi), A stored `K x M` unless `A_KC`
-/// (`M x K`). Grid: at most one CTA an SM (the walk covers every tile).
+/// (`M x K`), a ring of `ST` stages. Grid: at most one CTA an SM (the walk covers every tile).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC: usize>(
+unsafe fn matmul_wg_tf32<
+    P: BParts,
+    const A_KC: bool,
+    const AR: usize,
+    const AC: usize,
+    const ST: usize,
+>(
     map_a: TensorMapRef<AR, 3, 4>,
     map_hi: PartsMap,
     map_lo: PartsMap,
@@ -165,15 +177,26 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
 ) {
     const {
         assert!(
-            Pipeline::<(SwizzledTile<AR, AC>, P), { STAGES as usize }>::BYTES
+            Pipeline::<(SwizzledTile<AR, AC>, P), ST>::BYTES + C_STAGING_BYTES as usize + 16
                 <= SMEM_BYTES as usize
         )
     };
-    let pipe = Pipeline::<(SwizzledTile<AR, AC>, P), { STAGES as usize }>::at(dynamic_base());
+    let pipe = Pipeline::<(SwizzledTile<AR, AC>, P), ST>::at(dynamic_base());
+    // The C staging tile (16-byte aligned: the ring's size is) and its barriers: `c_full` completes
+    // when every consumer thread has written its accumulator there, `c_empty` when every store
+    // thread has read its rows out.
+    let staging = dynamic_base() + Pipeline::<(SwizzledTile<AR, AC>, P), ST>::BYTES as u32;
+    let c_full = MBarrier::at(staging + C_STAGING_BYTES);
+    let c_empty = MBarrier::at(staging + C_STAGING_BYTES + 8);
     let tid = thread_idx_x();
     if tid == 0 {
-        // SAFETY: one thread, before the barrier below and any other use.
-        unsafe { pipe.init(2) };
+        // SAFETY: one thread, before the barrier below and any other use (the ring's init fences
+        // the staging barriers' too).
+        unsafe {
+            c_full.init(256);
+            c_empty.init(STORE_THREADS);
+            pipe.init(2);
+        }
         map_a.prefetch();
         map_hi.prefetch();
         if P::PASSES == 3 {
@@ -234,6 +257,68 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
                 }
                 t += grid_dim_x();
             }
+        } else if tid >= 128 - STORE_THREADS {
+            // The store warps: rows `warp, warp + 3, ...` of each tile, 16 bytes a lane.
+            let s = tid - (128 - STORE_THREADS);
+            let (warp, col_in) = (s / 32, 4 * (s % 32));
+            // 16-byte stores when every chunk of C (or of the workspace) is a whole aligned 16
+            // bytes; otherwise (and for the chunks past N) element by element.
+            let vec = if p.splits > 1 {
+                mm.n % 4 == 0 && ws.ptr as u64 % 16 == 0
+            } else {
+                mm.ldc % 4 == 0
+                    && mm.stride_c % 4 == 0
+                    && c.ptr as u64 % 16 == 0
+                    && (bias.len == 0 || bias.ptr as u64 % 16 == 0)
+            };
+            let mut parity = 0;
+            let mut t = block_idx_x();
+            while t < tiles {
+                let (z, split, m0, n0, _, _) = tile(t);
+                c_full.wait(parity);
+                let col = n0 + col_in;
+                let mut r = warp;
+                while r < BM && m0 + r < mm.m {
+                    let row = m0 + r;
+                    // SAFETY: inside the staging tile (r < BM, col_in + 4 <= BN), 16-byte aligned
+                    // (C_PITCH and col_in multiples of 4); its writers arrived on `c_full` before
+                    // the phase this thread waited for completed.
+                    let v = unsafe { ld_shared_v4(staging + 4 * (r * C_PITCH + col_in)) }
+                        .map(f32::from_bits);
+                    if vec && col + 4 <= mm.n {
+                        if p.splits > 1 {
+                            ws.set4(
+                                (split as u64 * mm.m as u64 + row as u64) * mm.n as u64
+                                    + col as u64,
+                                v,
+                            );
+                        } else {
+                            let at = z as u64 * mm.stride_c + row as u64 * mm.ldc + col as u64;
+                            // The order of `store_element`: the product, plus the bias, plus the
+                            // old C.
+                            let mut v = v;
+                            if bias.len > 0 {
+                                let b = bias.get4_ro(col as u64);
+                                unroll!(e in [0, 1, 2, 3] { v[e] += b[e]; });
+                            }
+                            if mm.accumulate != 0 {
+                                let old = c.get4(at);
+                                unroll!(e in [0, 1, 2, 3] { v[e] += old[e]; });
+                            }
+                            c.set4(at, v);
+                        }
+                    } else {
+                        unroll!(e in [0, 1, 2, 3] {
+                            store_element(&p, &bias, &c, &ws, split, z as u64, (row, col + e as u32), v[e]);
+                        });
+                    }
+                    r += STORE_THREADS / 32;
+                }
+                // SAFETY: one arrival a store thread a tile, after its last read of the tile.
+                unsafe { c_empty.arrive() };
+                parity ^= 1;
+                t += grid_dim_x();
+            }
         }
     } else {
         set_max_registers_inc::<CONSUMER_REGS>();
@@ -243,9 +328,10 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
         let (g, q) = (lane / 4, lane % 4);
         let r0 = 64 * wg + 16 * w + g;
         let mut at = PipeState::START;
+        let mut c_parity = 0;
         let mut t = block_idx_x();
         while t < tiles {
-            let (z, split, m0, n0, _, k_tiles) = tile(t);
+            let (_, _, _, _, _, k_tiles) = tile(t);
             let mut acc = [0f32; 64];
             if P::PASSES == 1 && A_KC {
                 // TF32 with A stored `M x K`: both operands K-major in shared memory, so wgmma reads
@@ -308,22 +394,33 @@ unsafe fn matmul_wg_tf32<P: BParts, const A_KC: bool, const AR: usize, const AC:
                 }
             }
 
-            // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile.
+            // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile, into
+            // the staging tile once the store warps have emptied it of the previous tile.
+            c_empty.wait(c_parity ^ 1);
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
                 unroll!(h in [0, 1] {
-                    unroll!(e in [0, 1] {
-                        let at = (m0 + r0 + 8 * h as u32, n0 + 8 * j as u32 + 2 * q + e as u32);
-                        store_element(&p, &bias, &c, &ws, split, z as u64, at, acc[4 * j + 2 * h + e]);
-                    });
+                    let (r, col) = (r0 + 8 * h as u32, 8 * j as u32 + 2 * q);
+                    // SAFETY: inside the staging tile (r < BM, col + 2 <= BN), 8-byte aligned; this
+                    // thread's own pair, which no store thread reads before `c_full` completes.
+                    unsafe {
+                        st_shared_v2_f32(
+                            staging + 4 * (r * C_PITCH + col),
+                            [acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]],
+                        )
+                    };
                 });
             });
+            // SAFETY: one arrival a consumer thread a tile (the barrier counts 256), after its
+            // writes to the staging tile.
+            unsafe { c_full.arrive() };
+            c_parity ^= 1;
             t += grid_dim_x();
         }
     }
 }
 
 macro_rules! wg_tf32_entry_points {
-    ($($name:ident, $parts:ty, $a_kc:literal;)*) => {$(
+    ($($name:ident, $parts:ty, $a_kc:literal, $stages:expr;)*) => {$(
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
         crate::launch_bounds!($name, THREADS, 1);
         crate::tensor_map_params!($name, 0, 1, 2);
@@ -346,7 +443,7 @@ macro_rules! wg_tf32_entry_points {
             let map_hi = crate::tensor_map_param!($name, 1, 128, 3, 4);
             let map_lo = crate::tensor_map_param!($name, 2, 128, 3, 4);
             unsafe {
-                matmul_wg_tf32::<$parts, $a_kc, { raw_tile($a_kc).0 }, { raw_tile($a_kc).1 }>(
+                matmul_wg_tf32::<$parts, $a_kc, { raw_tile($a_kc).0 }, { raw_tile($a_kc).1 }, { $stages as usize }>(
                     map_a, map_hi, map_lo, bias, c, ws, p,
                 )
             }
@@ -356,10 +453,10 @@ macro_rules! wg_tf32_entry_points {
 
 // `n`: A stored M x K (k-contiguous); `t`: A stored K x M.
 wg_tf32_entry_points! {
-    matmul_wg_tf32x3_n_f32, (KTile, KTile), true;
-    matmul_wg_tf32x3_t_f32, (KTile, KTile), false;
-    matmul_wg_tf32_n_f32, KTile, true;
-    matmul_wg_tf32_t_f32, KTile, false;
+    matmul_wg_tf32x3_n_f32, (KTile, KTile), true, STAGES_TF32X3;
+    matmul_wg_tf32x3_t_f32, (KTile, KTile), false, STAGES_TF32X3;
+    matmul_wg_tf32_n_f32, KTile, true, STAGES_TF32;
+    matmul_wg_tf32_t_f32, KTile, false, STAGES_TF32;
 }
 
 crate::launch_bounds!(matmul_wg_split_b_f32, SPLIT_THREADS, 1);
