@@ -29,8 +29,7 @@
 use super::splitk::store_element;
 use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, StageTiles};
 use crate::dev::mem::{Slice, SliceMut};
-use crate::dev::shared::{SharedScalar, dynamic_base};
-use crate::dev::shared::{ld_shared_v4, st_shared_v2_f32};
+use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v2_f32};
 use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, thread_idx_x,
