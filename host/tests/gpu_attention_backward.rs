@@ -512,8 +512,7 @@ fn flash_backward_sm80_build_matches_reference() {
     let Some(gpu) = gpu_or_skip("flash_backward_sm80_build_matches_reference") else {
         return;
     };
-    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
-    portable.set_poison_outputs(gpu.poison_outputs());
+    let portable = portable_build(&gpu);
     let mut rng = rng("flash_backward_sm80");
     let cases = flash_cases();
     for c in cases.iter().take(fuzz_cases(7)) {
@@ -1003,8 +1002,7 @@ fn flash_backward_add_adds_gradients_into_f32_accumulators() {
     let Some(gpu) = gpu_or_skip("flash_backward_add_adds_gradients_into_f32_accumulators") else {
         return;
     };
-    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
-    portable.set_poison_outputs(gpu.poison_outputs());
+    let portable = portable_build(&gpu);
     let mut rng = rng("flash_backward_add");
     let cases = [
         case(1, 2, 97, 130, 64, Causal::Yes, DType::F16),

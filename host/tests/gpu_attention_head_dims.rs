@@ -19,8 +19,8 @@
 mod common;
 
 use common::{
-    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip, read,
-    rng, sanitizing, tol, uniform,
+    assert_close, assert_grads_close, assert_lse_close, attention_params, bits, gpu_or_skip,
+    portable_build, read, rng, sanitizing, tol, uniform,
 };
 use host::ops::attention::{
     self, AttentionGrads, AttentionParams, FLASH_MAX_HEAD_DIM, flash_forward_variant,
@@ -342,8 +342,7 @@ fn the_accumulating_backward_takes_every_head_dim() {
     }
     // The sm_80 build at 32 and 96 (its tiles' adding kernels: the sm_90 dense kernels of those
     // head dims have no adding form, which must not reach this build)...
-    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
-    portable.set_poison_outputs(gpu.poison_outputs());
+    let portable = portable_build(&gpu);
     for d in [32, 96] {
         let case = (1, 4, 2, 77, 130, d, false);
         accumulating_backward_matches_the_reference(&portable, &mut r, case, DType::BF16);

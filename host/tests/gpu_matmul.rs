@@ -688,8 +688,7 @@ fn matmul_f32_portable_build_matches_f64_reference() {
     let Some(gpu) = gpu_or_skip("matmul_f32_portable_build_matches_f64_reference") else {
         return;
     };
-    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
-    portable.set_poison_outputs(gpu.poison_outputs());
+    let portable = portable_build(&gpu);
     let mut rng = rng("matmul_f32_portable_build_matches_f64_reference");
     let mut cases = Vec::new();
     for precision in [Precision::Tf32x3, Precision::Tf32] {

@@ -25,6 +25,15 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     }
 }
 
+/// A second handle on `gpu`'s device that runs the sm_80 build's kernels (`Build::Portable`: what
+/// Ampere and Ada run; on a 9.0 device the default handle runs the sm_90 build's), poisoning outputs
+/// as `gpu` does.
+pub fn portable_build(gpu: &Gpu) -> Gpu {
+    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
+    portable.set_poison_outputs(gpu.poison_outputs());
+    portable
+}
+
 /// A random generator seeded from `RGK_SEED` if set (to replay a failure), else from the clock; the seed
 /// is printed so every failure can be replayed (`host::testing::seed`).
 pub fn rng(test: &str) -> StdRng {
