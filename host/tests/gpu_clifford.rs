@@ -404,13 +404,11 @@ fn fcgp_forward_and_backward_match_reference() {
                 let gtol = ptol(precision, grad_tol(m, normalize));
                 check(&case, "grad_x", &g.grad_x, &gw.grad_x, gtol);
                 check(&case, "grad_y", &g.grad_y, &gw.grad_y, gtol);
-                check(
-                    &case,
-                    "grad_weight",
-                    &g.grad_weight,
-                    &gw.grad_weight,
-                    ptol(precision, 1e-5),
-                );
+                // The weight gradient is the pair terms times the gradient flowing out of the
+                // grade norm, so it inherits that norm backward's cancellation at few features
+                // (seen: Cl2 B1 N1 M1 Tf32x3, 2.27e-5 on an H100, seed 1795815920900873147): the
+                // input gradients' tolerance.
+                check(&case, "grad_weight", &g.grad_weight, &gw.grad_weight, gtol);
             }
         }
     }

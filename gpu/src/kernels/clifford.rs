@@ -879,7 +879,8 @@ unsafe fn sgp_bwd_v2<A: Algebra>(s: Sgp, g: SgpGrads, rows_per_chunk: u64, norma
     });
 }
 
-/// Grade RMS norm alone: `o = u / r`, `r` per (grade, row). One block per row, two passes.
+/// Grade RMS norm alone: `o = u / r`, `r` per (grade, row). One block per row, two passes. `o` may
+/// be `u` (the fc forward normalises in place): every element is read and written by one thread only.
 #[inline(always)]
 unsafe fn grade_norm<A: Algebra>(
     u: Slice<f32>,

@@ -6,6 +6,7 @@ use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::thread::{global_index_x, grid_threads_x};
 use crate::params::MatmulTf32;
 use crate::params::matmul_tf32::FINISH_THREADS;
+use crate::unroll;
 
 /// Stores the product's value `v` of element (`row`, `col`) of batch entry `z` (slice `split` when
 /// the product is split): to the slice's workspace tile, or to C plus the bias and (accumulating)
@@ -40,6 +41,68 @@ pub(super) fn store_element(
             col as u64,
             v,
         );
+    }
+}
+
+/// Whether every chunk of four elements of C (or of the workspace, when the product is split) that
+/// starts at a column multiple of 4 is one aligned 16 bytes, and the bias's too: the condition of
+/// [`store_element4`]'s 16-byte accesses.
+#[inline(always)]
+pub(super) fn chunks_aligned(
+    p: &MatmulTf32,
+    bias: &Slice<f32>,
+    c: &SliceMut<f32>,
+    ws: &SliceMut<f32>,
+) -> bool {
+    let mm = p.mm;
+    if p.splits > 1 {
+        mm.n % 4 == 0 && ws.ptr as u64 % 16 == 0
+    } else {
+        mm.ldc % 4 == 0
+            && mm.stride_c % 4 == 0
+            && c.ptr as u64 % 16 == 0
+            && (bias.len == 0 || bias.ptr as u64 % 16 == 0)
+    }
+}
+
+/// [`store_element`] of the four elements (`row`, `col .. col + 4`), `col` a multiple of 4: one
+/// 16-byte access to the workspace, or to C (and the bias), in the same order of adds, when
+/// `aligned` ([`chunks_aligned`]) and the chunk lies inside C; element by element otherwise.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn store_element4(
+    p: &MatmulTf32,
+    bias: &Slice<f32>,
+    c: &SliceMut<f32>,
+    ws: &SliceMut<f32>,
+    split: u32,
+    z: u64,
+    (row, col): (u32, u32),
+    v: [f32; 4],
+    aligned: bool,
+) {
+    let mm = p.mm;
+    if !(aligned && row < mm.m && col + 4 <= mm.n) {
+        unroll!(e in [0, 1, 2, 3] {
+            store_element(p, bias, c, ws, split, z, (row, col + e as u32), v[e]);
+        });
+    } else if p.splits > 1 {
+        ws.set4(
+            (split as u64 * mm.m as u64 + row as u64) * mm.n as u64 + col as u64,
+            v,
+        );
+    } else {
+        let at = z * mm.stride_c + row as u64 * mm.ldc + col as u64;
+        let mut v = v;
+        if bias.len > 0 {
+            let b = bias.get4_ro(col as u64);
+            unroll!(e in [0, 1, 2, 3] { v[e] += b[e]; });
+        }
+        if mm.accumulate != 0 {
+            let old = c.get4(at);
+            unroll!(e in [0, 1, 2, 3] { v[e] += old[e]; });
+        }
+        c.set4(at, v);
     }
 }
 

@@ -26,7 +26,7 @@
 //!
 //! Every C element is one thread's fixed sequence of products and adds over k (and, when split, the
 //! finishing kernel's fixed slice order): the same bits on every run.
-use super::splitk::store_element;
+use super::splitk::{chunks_aligned, store_element, store_element4};
 use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, StageTiles};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v2_f32};
@@ -260,16 +260,7 @@ unsafe fn matmul_wg_tf32<
             // The store warps: rows `warp, warp + 3, ...` of each tile, 16 bytes a lane.
             let s = tid - (128 - STORE_THREADS);
             let (warp, col_in) = (s / 32, 4 * (s % 32));
-            // 16-byte stores when every chunk of C (or of the workspace) is a whole aligned 16
-            // bytes; otherwise (and for the chunks past N) element by element.
-            let vec = if p.splits > 1 {
-                mm.n % 4 == 0 && ws.ptr as u64 % 16 == 0
-            } else {
-                mm.ldc % 4 == 0
-                    && mm.stride_c % 4 == 0
-                    && c.ptr as u64 % 16 == 0
-                    && (bias.len == 0 || bias.ptr as u64 % 16 == 0)
-            };
+            let aligned = chunks_aligned(&p, &bias, &c, &ws);
             let mut parity = 0;
             let mut t = block_idx_x();
             while t < tiles {
@@ -284,33 +275,7 @@ unsafe fn matmul_wg_tf32<
                     // the phase this thread waited for completed.
                     let v = unsafe { ld_shared_v4(staging + 4 * (r * C_PITCH + col_in)) }
                         .map(f32::from_bits);
-                    if vec && col + 4 <= mm.n {
-                        if p.splits > 1 {
-                            ws.set4(
-                                (split as u64 * mm.m as u64 + row as u64) * mm.n as u64
-                                    + col as u64,
-                                v,
-                            );
-                        } else {
-                            let at = z as u64 * mm.stride_c + row as u64 * mm.ldc + col as u64;
-                            // The order of `store_element`: the product, plus the bias, plus the
-                            // old C.
-                            let mut v = v;
-                            if bias.len > 0 {
-                                let b = bias.get4_ro(col as u64);
-                                unroll!(e in [0, 1, 2, 3] { v[e] += b[e]; });
-                            }
-                            if mm.accumulate != 0 {
-                                let old = c.get4(at);
-                                unroll!(e in [0, 1, 2, 3] { v[e] += old[e]; });
-                            }
-                            c.set4(at, v);
-                        }
-                    } else {
-                        unroll!(e in [0, 1, 2, 3] {
-                            store_element(&p, &bias, &c, &ws, split, z as u64, (row, col + e as u32), v[e]);
-                        });
-                    }
+                    store_element4(&p, &bias, &c, &ws, split, z as u64, (row, col), v, aligned);
                     r += STORE_THREADS / 32;
                 }
                 // SAFETY: one arrival a store thread a tile, after its last read of the tile.

@@ -839,13 +839,12 @@ pub fn fcgp_forward_with(
     }
     let pairs = fc_pairs(gpu, alg, x, y, d)?;
     let stacked = fc_stack_weights(gpu, alg, weight)?;
-    match &norms {
-        None => fc_mix(gpu, alg, &pairs, &stacked, &out, d, m, precision)?,
-        Some(r) => {
-            let u = Tensor::empty(gpu, &shape, DType::F32)?;
-            fc_mix(gpu, alg, &pairs, &stacked, &u, d, m, precision)?;
-            grade_norm(gpu, alg, &u, &out, r, d.batch as u64, m as u64)?;
-        }
+    fc_mix(gpu, alg, &pairs, &stacked, &out, d, m, precision)?;
+    drop((pairs, stacked));
+    if let Some(r) = &norms {
+        // In place: each thread rewrites only the elements it read, after the block's reduction, so
+        // no second (C, B, N_out) buffer is held.
+        grade_norm(gpu, alg, &out, &out, r, d.batch as u64, m as u64)?;
     }
     Ok(Forward {
         out,
@@ -899,17 +898,18 @@ pub fn fcgp_backward_with(
     check_saved(OP, d, m, fwd, grad_out)?;
     let (alg, gpu) = (d.algebra, x.gpu());
     let (b, n) = (d.batch, d.features);
-    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
-    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
-    let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-    if grad_weight.numel() == 0 && grad_x.numel() == 0 {
+    if weight.numel() == 0 && x.numel() == 0 {
         return Ok(Grads {
-            grad_x,
-            grad_y,
-            grad_weight,
+            grad_x: Tensor::empty(gpu, x.shape(), DType::F32)?,
+            grad_y: Tensor::empty(gpu, x.shape(), DType::F32)?,
+            grad_weight: Tensor::empty(gpu, weight.shape(), DType::F32)?,
         });
     }
-    // Norm backward into gu (or go itself).
+    // The buffers are made and dropped in the order that holds the fewest bytes at once: the pair
+    // buffer (`slots * B * N`, 3.5x the input in 2D, 5.5x in 3D) is the largest, so the pair-term
+    // gradients overwrite it group by group once the weight gradients have read it, and the input
+    // gradients are allocated only after the norm gradient, the stacked weights and their gradient
+    // are gone.
     let gu = match &fwd.norms {
         None => grad_out.clone(),
         Some(r) => {
@@ -934,65 +934,81 @@ pub fn fcgp_backward_with(
         }
     };
     let pairs = fc_pairs(gpu, alg, x, y, d)?;
-    let gpairs = Tensor::empty(gpu, pairs.shape(), DType::F32)?;
-    let stacked = fc_stack_weights(gpu, alg, weight)?;
-    let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-    let mut w_row = 0;
-    for grp in alg.fc_groups() {
-        let k = grp.paths.len() * n;
-        let gu_g = Operand {
-            raw: offset(gu.raw(), (grp.j0 * b * m) as u64),
-            ld: m as u64,
-            trans: Transpose::No,
-            stride: 0,
-        };
-        let pairs_g = |t: &Tensor, trans| Operand {
-            raw: offset(t.raw(), (grp.slot * b * n) as u64),
-            ld: k as u64,
-            trans,
-            stride: 0,
-        };
-        let w_g = |t: &Tensor, trans| Operand {
-            raw: offset(t.raw(), (w_row * m) as u64),
-            ld: m as u64,
-            trans,
-            stride: 0,
-        };
-        // d pairs (count*B, paths*N) = gu_g (count*B, M) @ W_g^T
-        gemm(
-            gpu,
-            GemmShape {
-                m: grp.count * b,
-                n: k,
-                k: m,
-                batch: 1,
-            },
-            gu_g,
-            w_g(&stacked, Transpose::Yes),
-            pairs_g(&gpairs, Transpose::No),
-            None,
-            Accumulate::Overwrite,
-            precision,
-        )?;
-        // dW_g (paths*N, M) = pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
-        gemm(
-            gpu,
-            GemmShape {
-                m: k,
-                n: m,
-                k: grp.count * b,
-                batch: 1,
-            },
-            pairs_g(&pairs, Transpose::Yes),
-            gu_g,
-            w_g(&grad_stacked, Transpose::No),
-            None,
-            Accumulate::Overwrite,
-            precision,
-        )?;
-        w_row += k;
+    let groups = alg.fc_groups();
+    let gu_g = |grp: &FcGroup| Operand {
+        raw: offset(gu.raw(), (grp.j0 * b * m) as u64),
+        ld: m as u64,
+        trans: Transpose::No,
+        stride: 0,
+    };
+    let pairs_g = |grp: &FcGroup, trans| Operand {
+        raw: offset(pairs.raw(), (grp.slot * b * n) as u64),
+        ld: (grp.paths.len() * n) as u64,
+        trans,
+        stride: 0,
+    };
+    let w_g = |t: &Tensor, w_row: usize, trans| Operand {
+        raw: offset(t.raw(), (w_row * m) as u64),
+        ld: m as u64,
+        trans,
+        stride: 0,
+    };
+    let grad_weight = {
+        let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+        let mut w_row = 0;
+        for grp in &groups {
+            let k = grp.paths.len() * n;
+            // dW_g (paths*N, M) = pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
+            gemm(
+                gpu,
+                GemmShape {
+                    m: k,
+                    n: m,
+                    k: grp.count * b,
+                    batch: 1,
+                },
+                pairs_g(grp, Transpose::Yes),
+                gu_g(grp),
+                w_g(&grad_stacked, w_row, Transpose::No),
+                None,
+                Accumulate::Overwrite,
+                precision,
+            )?;
+            w_row += k;
+        }
+        let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+        fc_unstack_weights(alg, &grad_stacked, &grad_weight)?;
+        grad_weight
+    };
+    {
+        let stacked = fc_stack_weights(gpu, alg, weight)?;
+        let mut w_row = 0;
+        for grp in &groups {
+            let k = grp.paths.len() * n;
+            // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T, over pairs_g: its weight
+            // gradient above was its last reader.
+            gemm(
+                gpu,
+                GemmShape {
+                    m: grp.count * b,
+                    n: k,
+                    k: m,
+                    batch: 1,
+                },
+                gu_g(grp),
+                w_g(&stacked, w_row, Transpose::Yes),
+                pairs_g(grp, Transpose::No),
+                None,
+                Accumulate::Overwrite,
+                precision,
+            )?;
+            w_row += k;
+        }
     }
-    fc_unstack_weights(alg, &grad_stacked, &grad_weight)?;
+    drop(gu);
+    let gpairs = pairs;
+    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
     let bn = (b * n) as u64;
     if bn > 0 {
         launch(
