@@ -683,6 +683,7 @@ fn clifford_kernels_are_in_their_module_with_launch_bounds() {
         ("fc_pairs3d_f32", ELEM_BLOCK, 2),
         ("fc_pairs_bwd2d_f32", FC_BWD_BLOCK, 3),
         ("fc_pairs_bwd3d_f32", FC_BWD_BLOCK, 3),
+        ("fc_permute_blocks_f32", ELEM_BLOCK, 4),
     ];
     for arch in ["sm_80", "sm_90"] {
         for (name, threads, blocks) in bounded {

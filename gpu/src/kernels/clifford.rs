@@ -22,6 +22,7 @@
 //! - `grade_norm{2,3}d`, `grade_norm_bwd{2,3}d`: the norm alone (fully connected variant).
 //! - `fc_pairs{2,3}d`, `fc_pairs_bwd{2,3}d`: the per-feature pair terms of the fully connected variant
 //!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is the f32 matmul.
+//! - `fc_permute_blocks`: the fc weights (and their gradient) reordered by path in one launch.
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
 use crate::dev::shared::check_index;
@@ -34,7 +35,7 @@ use crate::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
     FWD_MAX_BLOCK, FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D,
     NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, SLOT_LAYOUT_2D, SLOT_LAYOUT_3D, SLOTS_2D,
-    SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads,
+    SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads, perm_entry,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -1135,6 +1136,47 @@ macro_rules! clifford_entry_points {
 clifford_entry_points! {
     Cl2: sgp2d_fwd_f32, grade_dot2d_f32, grade_norm2d_f32, fc_pairs2d_f32, fc_pairs_bwd2d_f32;
     Cl3: sgp3d_fwd_f32, grade_dot3d_f32, grade_norm3d_f32, fc_pairs3d_f32, fc_pairs_bwd3d_f32;
+}
+
+crate::launch_bounds!(fc_permute_blocks_f32, ELEM_BLOCK, 4);
+/// Block permutation of a `(blocks, len)` matrix: row `i` of `dst` = row `perm(i)` of `src`, one grid
+/// row (y) a block. The fc variant's weights stacked grade by grade and their gradient back to path
+/// order, in one launch where per-block copies took one each. `perm` packed by
+/// `params::clifford::pack_perm`; 16-byte accesses when `len` is a multiple of 4 (the host
+/// allocates 256-byte aligned), element by element otherwise.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fc_permute_blocks_f32(
+    src: Slice<f32>,
+    dst: SliceMut<f32>,
+    len: u64,
+    perm_lo: u64,
+    perm_hi: u64,
+) {
+    let i = block_idx_y();
+    // (Both words as values: a select between the parameters made LLVM take their addresses.)
+    let from = perm_entry(opaque_u64(perm_lo), opaque_u64(perm_hi), i);
+    let (src_at, dst_at) = (from * len, i as u64 * len);
+    let step = grid_dim_x() as u64 * block_dim_x() as u64;
+    let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    if len % 4 == 0 {
+        check_index(((from + 1) * len) as usize, src.len as usize + 1);
+        check_index((dst_at + len) as usize, dst.len as usize + 1);
+        while e < len / 4 {
+            // SAFETY: chunk e of the block lies inside both buffers (checked above in checked
+            // builds; the host sized them `blocks * len`), 16-byte aligned (len % 4 == 0 and
+            // 256-byte aligned bases).
+            unsafe {
+                let v = load_chunk_ro(src.chunks(), (src_at / 4) + e);
+                store_chunk(dst.chunks(), (dst_at / 4) + e, v);
+            }
+            e += step;
+        }
+    } else {
+        while e < len {
+            dst.set(dst_at + e, src.get(src_at + e));
+            e += step;
+        }
+    }
 }
 
 /// Column sums of a row-major `(rows, cols)` matrix by row chunks: grid (ceil(cols / block), chunks),

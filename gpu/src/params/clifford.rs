@@ -254,6 +254,38 @@ pub const BWD_BLOCK: u32 = 128;
 /// Threads of the per-row reductions (grade dot products, grade norms of the fc variant).
 pub const ROW_BLOCK: u32 = 256;
 pub const ELEM_BLOCK: u32 = 256;
+/// Entries of a block permutation of `fc_permute_blocks` (`PERM_BITS` each, packed little end first
+/// into two u64 parameters of `PERM_PER_WORD` entries): the fc weights' 20 paths (3D) at most.
+pub const PERM_BITS: u32 = 5;
+pub const PERM_PER_WORD: u32 = 12;
+pub const MAX_PERM_BLOCKS: usize = 2 * PERM_PER_WORD as usize;
+const _: () = assert!(PATHS_3D.len() <= MAX_PERM_BLOCKS && MAX_PERM_BLOCKS <= 1 << PERM_BITS);
+const _: () = assert!(PERM_PER_WORD * PERM_BITS <= 64);
+
+/// Entry `i` of a permutation packed by [`pack_perm`].
+#[inline(always)]
+pub const fn perm_entry(lo: u64, hi: u64, i: u32) -> u64 {
+    let word = if i < PERM_PER_WORD { lo } else { hi };
+    (word >> (PERM_BITS * (i % PERM_PER_WORD))) & ((1 << PERM_BITS) - 1)
+}
+
+/// `perm` packed as `fc_permute_blocks` reads it ([`perm_entry`]): entry `i` in bits `PERM_BITS * (i % PERM_PER_WORD)`
+/// of word `i / PERM_PER_WORD`. `None` past `MAX_PERM_BLOCKS` entries or for an entry that does not
+/// fit its bits.
+pub fn pack_perm(perm: &[usize]) -> Option<[u64; 2]> {
+    if perm.len() > MAX_PERM_BLOCKS {
+        return None;
+    }
+    let mut words = [0u64; 2];
+    for (i, &p) in perm.iter().enumerate() {
+        if p >= 1 << PERM_BITS {
+            return None;
+        }
+        let i = i as u32;
+        words[(i / PERM_PER_WORD) as usize] |= (p as u64) << (PERM_BITS * (i % PERM_PER_WORD));
+    }
+    Some(words)
+}
 /// Threads of `fc_pairs_bwd` (3D holds 44 pair gradients a thread: 3 blocks of 128 at up to 170
 /// registers fit an SM without spills).
 pub const FC_BWD_BLOCK: u32 = 128;
@@ -296,3 +328,20 @@ pub const fn chunks(rows: u64) -> u64 {
 }
 
 const _: () = assert!(rows_per_chunk(1 << 40) * super::matmul::MAX_GRID_YZ >= 1 << 40);
+
+#[cfg(test)]
+mod perm_tests {
+    use super::*;
+
+    #[test]
+    fn pack_perm_and_perm_entry_round_trip() {
+        let perm: [usize; 20] = core::array::from_fn(|i| (7 * i + 3) % 20);
+        let [lo, hi] = pack_perm(&perm).unwrap();
+        for (i, &p) in perm.iter().enumerate() {
+            assert_eq!(perm_entry(lo, hi, i as u32), p as u64, "entry {i}");
+        }
+        assert_eq!(pack_perm(&[0; MAX_PERM_BLOCKS + 1]), None);
+        assert_eq!(pack_perm(&[1 << PERM_BITS]), None);
+        assert_eq!(pack_perm(&[]), Some([0, 0]));
+    }
+}

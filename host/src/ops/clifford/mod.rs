@@ -20,9 +20,10 @@
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
     BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
-    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, NUM_SLOTS_2D, NUM_SLOTS_3D,
-    PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached,
-    fwd_v2_block, fwd_v3_row_threads, rows_per_chunk, rows_per_chunk_v2,
+    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, MAX_PERM_BLOCKS,
+    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks,
+    fwd_block, fwd_max_cached, fwd_v2_block, fwd_v3_row_threads, pack_perm, rows_per_chunk,
+    rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
@@ -717,35 +718,57 @@ fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<
 }
 
 /// The fc weights `(P, N, M)` with the paths reordered grade by grade ([`Algebra::fc_groups`]), so
-/// that a grade's weights are one `(paths * N, M)` matrix: `P` device copies of `N x M` blocks.
+/// that a grade's weights are one `(paths * N, M)` matrix.
 fn fc_stack_weights(gpu: &Gpu, alg: Algebra, weight: &Tensor) -> Result<Tensor> {
     let stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-    let block = weight.numel() / alg.paths().max(1);
-    let order = alg.fc_groups().into_iter().flat_map(|g| g.paths);
-    for (i, p) in order.enumerate() {
-        copy_block(weight, p * block, &stacked, i * block, block)?;
-    }
+    let order: Vec<usize> = alg.fc_groups().into_iter().flat_map(|g| g.paths).collect();
+    permute_blocks(gpu, weight, &stacked, &order)?;
     Ok(stacked)
 }
 
 /// The inverse of [`fc_stack_weights`] on a gradient: block `i` of `stacked` to path `p`'s block.
-fn fc_unstack_weights(alg: Algebra, stacked: &Tensor, weight: &Tensor) -> Result<()> {
-    let block = weight.numel() / alg.paths().max(1);
-    let order = alg.fc_groups().into_iter().flat_map(|g| g.paths);
-    for (i, p) in order.enumerate() {
-        copy_block(stacked, i * block, weight, p * block, block)?;
+fn fc_unstack_weights(gpu: &Gpu, alg: Algebra, stacked: &Tensor, weight: &Tensor) -> Result<()> {
+    let mut inverse = vec![0; alg.paths()];
+    for (i, p) in alg
+        .fc_groups()
+        .into_iter()
+        .flat_map(|g| g.paths)
+        .enumerate()
+    {
+        inverse[p] = i;
     }
-    Ok(())
+    permute_blocks(gpu, stacked, weight, &inverse)
 }
 
-/// Copies `len` elements from element `from` of `src` to element `to` of `dst` (device to device, on
-/// the library's stream), through flat views of the two contiguous tensors. Callers derive the
-/// ranges from validated shapes.
-fn copy_block(src: &Tensor, from: usize, dst: &Tensor, to: usize, len: usize) -> Result<()> {
-    let flat = |t: &Tensor| t.reshape(&[t.numel()]);
-    flat(dst)?
-        .narrow(to, len)?
-        .copy_from(&flat(src)?.narrow(from, len)?)
+/// Block `i` of `dst` = block `perm[i]` of `src`, both `(perm.len(), len)` contiguous (callers pass
+/// validated weight shapes and a permutation of the paths), in one launch.
+fn permute_blocks(gpu: &Gpu, src: &Tensor, dst: &Tensor, perm: &[usize]) -> Result<()> {
+    let len = (dst.numel() / perm.len().max(1)) as u64;
+    if len == 0 {
+        return Ok(());
+    }
+    let [lo, hi] = pack_perm(perm).ok_or_else(|| Error::TooLarge {
+        op: "clifford fc weights",
+        what: "weight paths",
+        given: perm.len() as u64,
+        max: MAX_PERM_BLOCKS as u64,
+    })?;
+    let work = if len % 4 == 0 { len / 4 } else { len };
+    launch_cfg(
+        gpu,
+        "fc_permute_blocks_f32",
+        cudarc::driver::LaunchConfig {
+            // A few blocks a path: 10-20 paths of up to a million chunks fill the GPU.
+            grid_dim: (
+                grid_blocks(work, ELEM_BLOCK as u64).min(64),
+                perm.len() as u32,
+                1,
+            ),
+            block_dim: (ELEM_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        &[&ByValue(src.raw()), &ByValue(dst.raw()), &len, &lo, &hi],
+    )
 }
 
 /// `u (C, B, M)`: per output grade one matrix product of its pair matrix `(count * B, paths * N)`
@@ -977,7 +1000,7 @@ pub fn fcgp_backward_with(
             w_row += k;
         }
         let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-        fc_unstack_weights(alg, &grad_stacked, &grad_weight)?;
+        fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
         grad_weight
     };
     {
