@@ -94,6 +94,7 @@ unsafe fn flash_wg_bwd<
     const GENERAL: bool,
     const WINDOW: bool,
     const SCORE: bool,
+    const EXACT: bool,
     O: KvOut<T>,
 >(
     q: Slice<T>,
@@ -129,7 +130,13 @@ unsafe fn flash_wg_bwd<
     // The head dim's columns: the products' own in a dense kernel (every column test folds away;
     // the tile's columns past them are zero-filled on load), the shape's in a general one
     // (narrower head dims zero-filled on load and cut on store).
-    let cols = if GENERAL { p.head_dim } else { HD as u32 };
+    // (`EXACT`: a general kernel launched only at its tile's head dim, whose column tests fold away
+    // as the dense kernels' do.)
+    let cols = if GENERAL && !EXACT {
+        p.head_dim
+    } else {
+        HD as u32
+    };
     // The member-sum kernels run a CTA a query head ([`MemberSum`]; a constant: every other
     // kernel's member-grid code folds away).
     let member_grid = O::MEMBER_GRID;
@@ -1395,14 +1402,15 @@ fn store_rows<T: MmaElem, const BK: usize, const D: usize, const ON: usize>(
 }
 
 macro_rules! flash_wg_bwd_entry_points {
-    ($($name:ident: $t:ty, $out:ty, $cfg:path, $general:expr, $window:expr, $score:expr;)*) => {$(
+    ($($name:ident: $t:ty, $out:ty, $cfg:path, $general:expr, $window:expr, $score:expr, $exact:expr;)*) => {$(
         /// FlashAttention backward main kernel on wgmma (sm_90a); launch with grid (key blocks,
         /// heads, batch), 256 threads and the shared memory of its config, after the pre-pass.
         /// `order`: how the dQ blocks are walked and summed (`DQ_*` flags; without `DQ_ORDERED`
         /// in arrival order, the explicit nondeterministic mode). The `_general_` kernels take a
         /// packed (variable-length) batch, a head dim narrower than the tile and (not the f32-adding
-        /// ones) a sliding window, the `_scored_` ones also the softcap and ALiBi slopes; the others
-        /// a dense batch at the tile's head dim.
+        /// ones) a sliding window, the `_packed_` ones a packed batch at the tile's head dim with no
+        /// window, the `_scored_` ones also the softcap and ALiBi slopes; the others a dense batch
+        /// at the tile's head dim.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             q: Slice<$t>, k: Slice<$t>, v: Slice<$t>, d_o: Slice<$t>, stats: Slice<f32>,
@@ -1413,7 +1421,7 @@ macro_rules! flash_wg_bwd_entry_points {
             unsafe {
                 flash_wg_bwd::<$t, { C.head_dim }, { C.cols }, { C.block_k }, { C.block_q },
                     { C.wg_cols() / 2 }, { C.dq_part_cols() / 2 }, { C.stages },
-                    { C.paired_sub_blocks() }, $general, $window, $score, $out>(
+                    { C.paired_sub_blocks() }, $general, $window, $score, $exact, $out>(
                     q, k, v, d_o, stats, dq_acc, turns, dk, dv, shape, order, strides,
                 )
             }
@@ -1426,51 +1434,57 @@ flash_wg_bwd_entry_points! {
     // Head dims 32 and 96 on the 64 and 128 tiles, products over their own columns (dense batches
     // at exactly that head dim; no f32-adding form: the accumulating backward takes the general
     // kernels there).
-    flash_wg_bwd_d32_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D32, false, false, false;
-    flash_wg_bwd_d32_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D32, false, false, false;
-    flash_wg_bwd_d96_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D96, false, false, false;
-    flash_wg_bwd_d96_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D96, false, false, false;
-    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false, false, false;
-    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false, false;
-    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false, false;
-    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false, false, false;
-    flash_wg_bwd_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, false, false, false;
-    flash_wg_bwd_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, false, false, false;
+    flash_wg_bwd_d32_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D32, false, false, false, false;
+    flash_wg_bwd_d32_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D32, false, false, false, false;
+    flash_wg_bwd_d96_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D96, false, false, false, false;
+    flash_wg_bwd_d96_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D96, false, false, false, false;
+    flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false, false, false, false;
+    flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false, false, false;
+    flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false, false, false;
+    flash_wg_bwd_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, false, false, false, false;
+    flash_wg_bwd_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, false, false, false, false;
+    flash_wg_bwd_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, false, false, false, false;
     // Grouped-query heads under the causal mask: a CTA a query head, the group's dK and dV summed
     // in member order through f32 sums, the last member storing them rounded (`MemberSum`).
     // D = 128 only: at 64 ptxas serialised the member grid's wgmma, at 256 it spilled 28 bytes.
-    flash_wg_bwd_members_d128_f16: F16, MemberSum<F16>, FLASH_WG_BWD_D128, false, false, false;
-    flash_wg_bwd_members_d128_bf16: BF16, MemberSum<BF16>, FLASH_WG_BWD_D128, false, false, false;
+    flash_wg_bwd_members_d128_f16: F16, MemberSum<F16>, FLASH_WG_BWD_D128, false, false, false, false;
+    flash_wg_bwd_members_d128_bf16: BF16, MemberSum<BF16>, FLASH_WG_BWD_D128, false, false, false, false;
     // dK and dV added into f32 accumulators (ring attention's steps).
-    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false, false;
-    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false, false;
-    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false, false, false;
-    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false, false, false;
-    flash_wg_bwd_add_d256_f16: F16, AddF32, FLASH_WG_BWD_D256, false, false, false;
-    flash_wg_bwd_add_d256_bf16: BF16, AddF32, FLASH_WG_BWD_D256, false, false, false;
+    flash_wg_bwd_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64, false, false, false, false;
+    flash_wg_bwd_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64, false, false, false, false;
+    flash_wg_bwd_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, false, false, false, false;
+    flash_wg_bwd_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, false, false, false, false;
+    flash_wg_bwd_add_d256_f16: F16, AddF32, FLASH_WG_BWD_D256, false, false, false, false;
+    flash_wg_bwd_add_d256_bf16: BF16, AddF32, FLASH_WG_BWD_D256, false, false, false, false;
     // Packed (variable-length) batches (`flash_backward_varlen`), head dims narrower than the
     // tile and windows; the f32-adding forms without windows (ring attention takes none, and the
     // window's bounds would spill D = 128's registers there).
-    flash_wg_bwd_general_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true, false;
-    flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, false;
-    flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true, true, false;
-    flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true, true, false;
-    flash_wg_bwd_general_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, true, true, false;
-    flash_wg_bwd_general_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, true, true, false;
-    flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false;
-    flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false;
-    flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false, false;
-    flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true, false, false;
-    flash_wg_bwd_general_add_d256_f16: F16, AddF32, FLASH_WG_BWD_D256, true, false, false;
-    flash_wg_bwd_general_add_d256_bf16: BF16, AddF32, FLASH_WG_BWD_D256, true, false, false;
+    flash_wg_bwd_general_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true, false, false;
+    flash_wg_bwd_general_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, false, false;
+    flash_wg_bwd_general_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true, true, false, false;
+    flash_wg_bwd_general_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true, true, false, false;
+    flash_wg_bwd_general_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, true, true, false, false;
+    flash_wg_bwd_general_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, true, true, false, false;
+    flash_wg_bwd_general_add_d64_f16: F16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false, false;
+    flash_wg_bwd_general_add_d64_bf16: BF16, AddF32, FLASH_WG_BWD_D64_GENERAL, true, false, false, false;
+    flash_wg_bwd_general_add_d128_f16: F16, AddF32, FLASH_WG_BWD_D128, true, false, false, false;
+    flash_wg_bwd_general_add_d128_bf16: BF16, AddF32, FLASH_WG_BWD_D128, true, false, false, false;
+    flash_wg_bwd_general_add_d256_f16: F16, AddF32, FLASH_WG_BWD_D256, true, false, false, false;
+    flash_wg_bwd_general_add_d256_bf16: BF16, AddF32, FLASH_WG_BWD_D256, true, false, false, false;
+    // Packed batches at the tile's head dim with no window (`flash_backward_varlen`'s common call):
+    // the general walk with the column tests and the window's band folded away.
+    flash_wg_bwd_packed_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, false, false, true;
+    flash_wg_bwd_packed_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, false, false, true;
+    flash_wg_bwd_packed_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, true, false, false, true;
+    flash_wg_bwd_packed_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128, true, false, false, true;
     // The softcap and ALiBi: kernels of their own, so that the calls without them keep the
     // general kernels' registers and code. D = 128 splits the head dim (FLASH_WG_BWD_D128_SCORED:
     // on the 128-key pairing the slope, the distance and the cap's derivative spilled 56-224
     // bytes).
-    flash_wg_bwd_scored_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true, true;
-    flash_wg_bwd_scored_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, true;
-    flash_wg_bwd_scored_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128_SCORED, true, true, true;
-    flash_wg_bwd_scored_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128_SCORED, true, true, true;
-    flash_wg_bwd_scored_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, true, true, true;
-    flash_wg_bwd_scored_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, true, true, true;
+    flash_wg_bwd_scored_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64_GENERAL, true, true, true, false;
+    flash_wg_bwd_scored_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64_GENERAL, true, true, true, false;
+    flash_wg_bwd_scored_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128_SCORED, true, true, true, false;
+    flash_wg_bwd_scored_d128_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D128_SCORED, true, true, true, false;
+    flash_wg_bwd_scored_d256_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D256, true, true, true, false;
+    flash_wg_bwd_scored_d256_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D256, true, true, true, false;
 }

@@ -1314,6 +1314,8 @@ fn flash_backward_run(
     // too and take the softcap and ALiBi.
     let needs = if params.modifies_scores() {
         BwdNeeds::Scores
+    } else if packed && !params.window.is_bounded() && !matches!(out, GradsOut::AddF32(_)) {
+        BwdNeeds::Packed
     } else if packed || params.window.is_bounded() {
         BwdNeeds::GeneralWalk
     } else if matches!(out, GradsOut::AddF32(_)) {
@@ -1686,6 +1688,9 @@ enum BwdNeeds {
     DenseAdding,
     /// The general walk: a packed batch or a sliding window.
     GeneralWalk,
+    /// A packed batch with no window, writing the rounded gradients: at a tile's head dim the
+    /// `_packed_` kernels, else as [`BwdNeeds::GeneralWalk`].
+    Packed,
     /// A softcap or ALiBi slopes (and anything the general walk takes).
     Scores,
 }
@@ -1703,7 +1708,10 @@ fn flash_bwd_kernels(
     ptx_arch: &str,
     needs: BwdNeeds,
 ) -> Option<FlashBwdKernels> {
-    let general_walk = matches!(needs, BwdNeeds::GeneralWalk | BwdNeeds::Scores);
+    let general_walk = matches!(
+        needs,
+        BwdNeeds::GeneralWalk | BwdNeeds::Packed | BwdNeeds::Scores
+    );
     let (pre, convert) = match dtype {
         DType::F16 => ("flash_bwd_pre_f16", "flash_bwd_dq_f16"),
         DType::BF16 => ("flash_bwd_pre_bf16", "flash_bwd_dq_bf16"),
@@ -1741,6 +1749,22 @@ fn flash_bwd_kernels(
         (true, _, 256, DType::BF16) if needs == BwdNeeds::Scores => {
             ("flash_wg_bwd_scored_d256_bf16", "")
         }
+        (true, _, 64, DType::F16) if needs == BwdNeeds::Packed && head_dim == 64 => (
+            "flash_wg_bwd_packed_d64_f16",
+            "flash_wg_bwd_general_add_d64_f16",
+        ),
+        (true, _, 64, DType::BF16) if needs == BwdNeeds::Packed && head_dim == 64 => (
+            "flash_wg_bwd_packed_d64_bf16",
+            "flash_wg_bwd_general_add_d64_bf16",
+        ),
+        (true, _, 128, DType::F16) if needs == BwdNeeds::Packed && head_dim == 128 => (
+            "flash_wg_bwd_packed_d128_f16",
+            "flash_wg_bwd_general_add_d128_f16",
+        ),
+        (true, _, 128, DType::BF16) if needs == BwdNeeds::Packed && head_dim == 128 => (
+            "flash_wg_bwd_packed_d128_bf16",
+            "flash_wg_bwd_general_add_d128_bf16",
+        ),
         (false, _, 64, DType::F16) => ("flash_bwd_d64_f16", "flash_bwd_add_d64_f16"),
         (false, _, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
         (false, _, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),

@@ -9,7 +9,13 @@ fn host(data: Vec<f32>, shape: &[usize]) -> HostTensor {
 /// Whether a backward's main kernel is a general wgmma one (packed batches, windows, head dims
 /// off the dense kernels, the softcap and ALiBi).
 fn is_general(k: &FlashBwdKernels) -> bool {
-    k.main.starts_with("flash_wg_bwd_general_") || k.main.starts_with("flash_wg_bwd_scored_")
+    [
+        "flash_wg_bwd_general_",
+        "flash_wg_bwd_packed_",
+        "flash_wg_bwd_scored_",
+    ]
+    .iter()
+    .any(|p| k.main.starts_with(p))
 }
 
 #[test]
@@ -946,8 +952,18 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         // Packed batches: the wgmma kernels' packed forms (their own D = 64 config), sm_90 only.
         // A softcap or ALiBi: the scored kernels at every tile, on their own config (the head dim
         // split at 128 and 256), without an f32-adding form.
+        // A packed batch with no window: the packed kernels at 64 and 128 (the general walk's
+        // config, its column tests and window folded away), the general ones at 256.
         let walks = [
             (BwdNeeds::GeneralWalk, "flash_wg_bwd_general_"),
+            (
+                BwdNeeds::Packed,
+                if d == 256 {
+                    "flash_wg_bwd_general_"
+                } else {
+                    "flash_wg_bwd_packed_"
+                },
+            ),
             (BwdNeeds::Scores, "flash_wg_bwd_scored_"),
         ];
         for dt in [DType::F16, DType::BF16] {
