@@ -163,7 +163,7 @@ pub fn flash_backward_varlen(
     if d.batch == 0 {
         return Ok(grads);
     }
-    let (cu_q, cu_k) = upload_offsets(gpu, seqs)?;
+    let offsets = upload_offsets(gpu, seqs)?;
     let [qs, ks, vs] = call.strides;
     let layout = packed_layout(
         gpu,
@@ -178,7 +178,7 @@ pub fn flash_backward_varlen(
             packed_strides(&grads.dv),
         ],
         (tq, d.batch),
-        (&cu_q, &cu_k),
+        &offsets,
         super::alibi_fields(params),
     );
     flash_backward_run(
@@ -190,7 +190,7 @@ pub fn flash_backward_varlen(
         layout,
     )?;
     // Freed in stream order, after the kernels that read them.
-    drop((cu_q, cu_k));
+    drop(offsets);
     Ok(grads)
 }
 
@@ -201,10 +201,7 @@ fn packed_layout(
     gpu: &crate::Gpu,
     strides: [HeadStrides; 8],
     (tq, batch): (usize, usize),
-    (cu_q, cu_k): (
-        &cudarc::driver::CudaSlice<u32>,
-        &cudarc::driver::CudaSlice<u32>,
-    ),
+    offsets: &Offsets,
     (alibi_slopes, alibi_batch): (u64, u64),
 ) -> AttentionLayout {
     let [q, k, v, o, d_o, dq, dk, dv] = strides.map(|s| HeadStrides { batch: 0, ..s });
@@ -222,26 +219,31 @@ fn packed_layout(
             head: tq as u64,
             row: 1,
         },
-        cu_seqlens_q: raw_u32(gpu, cu_q, batch + 1).ptr,
-        cu_seqlens_k: raw_u32(gpu, cu_k, batch + 1).ptr,
+        cu_seqlens_q: raw_u32(gpu, &offsets.q, batch + 1).ptr,
+        cu_seqlens_k: raw_u32(gpu, offsets.k.as_ref().unwrap_or(&offsets.q), batch + 1).ptr,
         alibi_slopes,
         alibi_batch,
     }
 }
 
-/// The offsets as the kernels read them: u32 device arrays.
-fn upload_offsets(
-    gpu: &crate::Gpu,
-    seqs: PackedSeqs,
-) -> Result<(
-    cudarc::driver::CudaSlice<u32>,
-    cudarc::driver::CudaSlice<u32>,
-)> {
+/// The offsets as the kernels read them: u32 device arrays; `k` is `None` where the keys' offsets
+/// are the queries' (one array then serves both, and the layout's two pointers are equal: what
+/// tells the backward that every sequence has as many keys as queries, so it may release its dQ
+/// turns late as the dense backward does).
+struct Offsets {
+    q: cudarc::driver::CudaSlice<u32>,
+    k: Option<cudarc::driver::CudaSlice<u32>>,
+}
+
+fn upload_offsets(gpu: &crate::Gpu, seqs: PackedSeqs) -> Result<Offsets> {
     let to_u32 = |cu: &[usize]| cu.iter().map(|&x| x as u32).collect::<Vec<u32>>();
-    Ok((
-        upload_u32(gpu, &to_u32(seqs.cu_seqlens_q), "cu_seqlens_q")?,
-        upload_u32(gpu, &to_u32(seqs.cu_seqlens_k), "cu_seqlens_k")?,
-    ))
+    let q = upload_u32(gpu, &to_u32(seqs.cu_seqlens_q), "cu_seqlens_q")?;
+    let k = if seqs.cu_seqlens_k == seqs.cu_seqlens_q {
+        None
+    } else {
+        Some(upload_u32(gpu, &to_u32(seqs.cu_seqlens_k), "cu_seqlens_k")?)
+    };
+    Ok(Offsets { q, k })
 }
 
 /// A validated packed call: the kernels' problem size (`batch` = sequences, `seq_q` / `seq_k` the
@@ -383,14 +385,14 @@ fn launch_varlen(
         return Ok((o, lse));
     }
     // Freed in stream order, after the kernel that reads them.
-    let (cu_q, cu_k) = upload_offsets(gpu, seqs)?;
+    let offsets = upload_offsets(gpu, seqs)?;
     let [qs, ks, vs] = call.strides;
     // The backward-only entries repeat Q's, K's and V's: no forward kernel reads them.
     let layout = packed_layout(
         gpu,
         [qs, ks, vs, packed_strides(&o), qs, qs, ks, vs],
         (tq, d.batch),
-        (&cu_q, &cu_k),
+        &offsets,
         super::alibi_fields(params),
     );
     // The copy engine's views: `[1][heads][total][head_dim]` (a batch dim of one, any valid stride).
@@ -405,6 +407,6 @@ fn launch_varlen(
         variant,
         (layout, views),
     )?;
-    drop((cu_q, cu_k));
+    drop(offsets);
     Ok((o, lse))
 }
