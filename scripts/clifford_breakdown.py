@@ -5,10 +5,11 @@ Runs the bundle's `clifford_breakdown` example (one configuration forward + back
 Nsight Compute with the clocks left as they are (`--clock-control none`), keeps the kernels of the
 second call, and groups them by the launch sequence of host/src/ops/clifford/mod.rs:
 
-  forward:  linear (the Layer's per-grade map), pairs, mix (fc matmuls), norm, sgp
+  forward:  linear (the Layer's per-grade map), pairs, weight stacking, mix (fc matmuls), norm, sgp
   (a matmul's B split pass counts with its product)
   backward: norm (grade dots), pairs (recomputed), mix input grads (gu W^T), mix weight grads
-            (pairs^T gu, split-K and its finish), pairs backward, sgp backward + weight-gradient sum,
+            (pairs^T gu, split-K and its finish), weight (un)stacking, pairs backward, sgp backward +
+            weight-gradient sum,
             linear input grad, linear weight grad (+ finish), bias grad
 
 Each part's floor is the larger of its DRAM bytes (as Nsight Compute counts them) over the copy
@@ -56,6 +57,10 @@ def classify(seq, kind):
     for k, n in zip(seq, names):
         if n.startswith("grade_dot"):
             phase, pairs_seen = "bwd", False
+        if n.startswith("fc_permute"):
+            # The fc weights stacked by grade (forward, backward) and the gradient put back.
+            parts.append((f"{phase} weight stacking", k))
+            continue
         if phase == "fwd":
             if n.startswith("fc_pairs"):
                 part, pairs_seen = "fwd pairs", True
