@@ -1296,8 +1296,8 @@ fn flash_backward_launch(
 }
 
 /// The backward's launches for validated operands whose rows `layout` places (a dense batch, or a
-/// packed one: then `d.seq_q`, `d.seq_k` are its longest sequences, and the dQ order is the plain
-/// ascending one, which holds for any mix of lengths). The gradients' strides in `layout` are those
+/// packed one: then `d.seq_q`, `d.seq_k` are its longest sequences, whose dQ order every shorter
+/// one keeps; see the order's choice below). The gradients' strides in `layout` are those
 /// of the rounded outputs (the f32 accumulators are contiguous and the kernels that add into them
 /// take no strides).
 fn flash_backward_run(
