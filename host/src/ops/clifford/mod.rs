@@ -110,27 +110,33 @@ impl Algebra {
         (first, grades.iter().filter(|&&x| x as usize == g).count())
     }
     /// The fc variant's groups, one per output grade in order: the grade's first component and
-    /// component count, its paths (in path order) and its first pair slot: the layout of
-    /// `params::clifford::slot_layout`, where a grade's pair slots form one
-    /// `(count * B, paths * N)` matrix.
+    /// component count, its paths (in path order), its first pair slot (the layout of
+    /// `params::clifford::slot_layout`, where a grade's pair slots form one `(count * B, paths * N)`
+    /// matrix) and its first path in the stacked weights ([`Algebra::fc_path_order`]).
     fn fc_groups(self) -> Vec<FcGroup> {
         let mut groups = Vec::new();
-        let mut slot = 0;
+        let (mut slot, mut stacked) = (0, 0);
         for g in 0..self.grades() {
             let (j0, count) = self.grade_span(g);
             let paths: Vec<usize> = (0..self.paths())
                 .filter(|&p| self.path_table()[p][1] as usize == g)
                 .collect();
-            let next = slot + count * paths.len();
+            let len = paths.len();
             groups.push(FcGroup {
                 j0,
                 count,
                 paths,
                 slot,
+                stacked,
             });
-            slot = next;
+            slot += count * len;
+            stacked += len;
         }
         groups
+    }
+    /// The paths in the order the fc weights are stacked, grade by grade ([`Algebra::fc_groups`]).
+    fn fc_path_order(self) -> Vec<usize> {
+        self.fc_groups().into_iter().flat_map(|g| g.paths).collect()
     }
     fn kernel(self, op: Kernel) -> &'static str {
         use Algebra::*;
@@ -160,6 +166,8 @@ struct FcGroup {
     count: usize,
     paths: Vec<usize>,
     slot: usize,
+    /// Its weights are rows `stacked * N ..` of the stacked `(P * N, M)` weights.
+    stacked: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -721,20 +729,14 @@ fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<
 /// that a grade's weights are one `(paths * N, M)` matrix.
 fn fc_stack_weights(gpu: &Gpu, alg: Algebra, weight: &Tensor) -> Result<Tensor> {
     let stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-    let order: Vec<usize> = alg.fc_groups().into_iter().flat_map(|g| g.paths).collect();
-    permute_blocks(gpu, weight, &stacked, &order)?;
+    permute_blocks(gpu, weight, &stacked, &alg.fc_path_order())?;
     Ok(stacked)
 }
 
 /// The inverse of [`fc_stack_weights`] on a gradient: block `i` of `stacked` to path `p`'s block.
 fn fc_unstack_weights(gpu: &Gpu, alg: Algebra, stacked: &Tensor, weight: &Tensor) -> Result<()> {
     let mut inverse = vec![0; alg.paths()];
-    for (i, p) in alg
-        .fc_groups()
-        .into_iter()
-        .flat_map(|g| g.paths)
-        .enumerate()
-    {
+    for (i, p) in alg.fc_path_order().into_iter().enumerate() {
         inverse[p] = i;
     }
     permute_blocks(gpu, stacked, weight, &inverse)
@@ -785,7 +787,6 @@ fn fc_mix(
     precision: Precision,
 ) -> Result<()> {
     let (b, n) = (d.batch, d.features);
-    let mut w_row = 0;
     for grp in alg.fc_groups() {
         let k = grp.paths.len() * n;
         gemm(
@@ -803,7 +804,7 @@ fn fc_mix(
                 stride: 0,
             },
             Operand {
-                raw: offset(stacked.raw(), (w_row * m) as u64),
+                raw: offset(stacked.raw(), (grp.stacked * n * m) as u64),
                 ld: m as u64,
                 trans: Transpose::No,
                 stride: 0,
@@ -818,7 +819,6 @@ fn fc_mix(
             Accumulate::Overwrite,
             precision,
         )?;
-        w_row += k;
     }
     Ok(())
 }
@@ -970,15 +970,14 @@ pub fn fcgp_backward_with(
         trans,
         stride: 0,
     };
-    let w_g = |t: &Tensor, w_row: usize, trans| Operand {
-        raw: offset(t.raw(), (w_row * m) as u64),
+    let w_g = |t: &Tensor, grp: &FcGroup, trans| Operand {
+        raw: offset(t.raw(), (grp.stacked * n * m) as u64),
         ld: m as u64,
         trans,
         stride: 0,
     };
     let grad_weight = {
         let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-        let mut w_row = 0;
         for grp in &groups {
             let k = grp.paths.len() * n;
             // dW_g (paths*N, M) = pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
@@ -992,12 +991,11 @@ pub fn fcgp_backward_with(
                 },
                 pairs_g(grp, Transpose::Yes),
                 gu_g(grp),
-                w_g(&grad_stacked, w_row, Transpose::No),
+                w_g(&grad_stacked, grp, Transpose::No),
                 None,
                 Accumulate::Overwrite,
                 precision,
             )?;
-            w_row += k;
         }
         let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
         fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
@@ -1005,7 +1003,6 @@ pub fn fcgp_backward_with(
     };
     {
         let stacked = fc_stack_weights(gpu, alg, weight)?;
-        let mut w_row = 0;
         for grp in &groups {
             let k = grp.paths.len() * n;
             // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T, over pairs_g: its weight
@@ -1019,13 +1016,12 @@ pub fn fcgp_backward_with(
                     batch: 1,
                 },
                 gu_g(grp),
-                w_g(&stacked, w_row, Transpose::Yes),
+                w_g(&stacked, grp, Transpose::Yes),
                 pairs_g(grp, Transpose::No),
                 None,
                 Accumulate::Overwrite,
                 precision,
             )?;
-            w_row += k;
         }
     }
     drop(gu);

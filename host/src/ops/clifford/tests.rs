@@ -134,12 +134,30 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
             groups.iter().map(|g| g.paths.len()).sum::<usize>(),
             alg.paths()
         );
-        let mut next = 0;
+        let (mut next, mut stacked) = (0, 0);
         for g in &groups {
             assert_eq!(g.slot, next, "{alg:?}: grades' matrices are consecutive");
             next += g.count * g.paths.len();
+            // A grade's stacked weights follow the earlier grades' and hold its paths in order.
+            assert_eq!(
+                g.stacked, stacked,
+                "{alg:?}: stacked weights are consecutive"
+            );
+            assert_eq!(
+                alg.fc_path_order()[stacked..stacked + g.paths.len()],
+                g.paths[..],
+                "{alg:?}"
+            );
+            stacked += g.paths.len();
         }
         assert_eq!(next, alg.num_slots());
+        let mut order = alg.fc_path_order();
+        order.sort_unstable();
+        assert_eq!(
+            order,
+            (0..alg.paths()).collect::<Vec<_>>(),
+            "{alg:?}: a permutation"
+        );
         for (t, &slot) in alg.terms().iter().zip(slots) {
             let g = &groups[alg.blade_grades()[t.j as usize] as usize];
             let path = g.paths.iter().position(|&p| p == t.p as usize).unwrap();
