@@ -50,8 +50,8 @@ unsafe impl KernelParam for TensorMapParam {}
 pub const fn register_split_fits(threads: u32, producer: u32, consumer: u32) -> bool {
     let entry = 65536 / threads / 8 * 8;
     threads == 384
-        && producer % 8 == 0
-        && consumer % 8 == 0
+        && producer.is_multiple_of(8)
+        && consumer.is_multiple_of(8)
         && producer <= entry
         && consumer >= entry
         && (entry - producer) * 128 >= (consumer - entry) * 256

@@ -749,13 +749,13 @@ fn permute_blocks(gpu: &Gpu, src: &Tensor, dst: &Tensor, perm: &[usize]) -> Resu
     if len == 0 {
         return Ok(());
     }
-    let [lo, hi] = pack_perm(perm).ok_or_else(|| Error::TooLarge {
+    let [lo, hi] = pack_perm(perm).ok_or(Error::TooLarge {
         op: "clifford fc weights",
         what: "weight paths",
         given: perm.len() as u64,
         max: MAX_PERM_BLOCKS as u64,
     })?;
-    let work = if len % 4 == 0 { len / 4 } else { len };
+    let work = if len.is_multiple_of(4) { len / 4 } else { len };
     launch_cfg(
         gpu,
         "fc_permute_blocks_f32",
