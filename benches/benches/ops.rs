@@ -1029,8 +1029,8 @@ fn attention_layouts(b: &mut Bencher) {
 
 /// FlashAttention at head dims on and off the kernels' tiles (`attn_hdim`): B4 H16 S4096 f16, head
 /// dims 32, 64, 96, 128, 192 and 256 (32, 96 and 192 run on the 64-, 128- and 256-wide tiles,
-/// zero-padded, with products over their own columns: forwards at all three, dense backwards at 32
-/// and 96), forward and forward + backward, both masks,
+/// zero-padded, with products over their own columns: forwards and dense backwards at all three),
+/// forward and forward + backward, both masks,
 /// beside SDPA at the same shapes (bench/peers.py). The goal: every head dim at least as fast as
 /// SDPA's flash backend.
 fn attention_head_dims(b: &mut Bencher) {

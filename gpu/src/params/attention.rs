@@ -826,9 +826,11 @@ const _: () = {
 /// `w` owns keys `64 w..64 w + 64` (the M = 64 of `S^T = K Q^T`, `dP^T = V dO^T`, `dV += P^T dO`,
 /// `dK += dS^T Q`); at D = 256 and in the scored kernels at D = 128 ([`Self::split_head`]) the
 /// block has 64 keys, one warpgroup computes its S^T and the other its dP^T, and warpgroup `w`
-/// owns columns `D/2 w..D/2 (w + 1)` of its dK and dV.
+/// owns columns `D/2 w..D/2 (w + 1)` of its dK and dV (at head dim 192 on the 256 tile, warpgroup
+/// 0 columns 0..128 and warpgroup 1 128..192: [`Self::wg_cols_of`]).
 /// Both share the `dQ = dS K` product of a step (`block_q x head_dim`) as two shares: by query rows
-/// when `block_q` = 128, else by columns (each share one or two 64 x 64 parts). Tiles use the
+/// when `block_q` = 128, else by columns (each share one or two 64 x 64 parts,
+/// [`Self::dq_parts_of`]). Tiles use the
 /// 128-byte-swizzle layout (what wgmma descriptors read). The pre-pass, the statistics, the turn
 /// counters and the dQ conversion are those of [`FlashBwdConfig`]'s kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -862,12 +864,53 @@ impl FlashWgBwdConfig {
     pub const fn threads(&self) -> usize {
         256
     }
-    /// Columns of dK and dV a warpgroup accumulates (the N of its `dV += P^T dO`, `dK += dS^T Q`).
+    /// Columns of dK and dV a warpgroup accumulates at most (the N of its `dV += P^T dO`, `dK +=
+    /// dS^T Q`; its registers hold this many).
     pub const fn wg_cols(&self) -> usize {
         if self.split_head {
             self.head_dim / 2
         } else {
             self.cols
+        }
+    }
+    /// Whether the head dim splits unevenly: product columns short of the tile with the split
+    /// (192 on the 256 tile), warpgroup 0 keeping the first half of the tile's columns of dK and dV
+    /// and warpgroup 1 the rest of the product columns.
+    pub const fn uneven_split(&self) -> bool {
+        self.split_head && self.cols < self.head_dim
+    }
+    /// Columns of dK and dV warpgroup `wg` accumulates, from its first ([`Self::wg_col0`]).
+    pub const fn wg_cols_of(&self, wg: usize) -> usize {
+        if self.uneven_split() && wg == 1 {
+            self.cols - self.head_dim / 2
+        } else {
+            self.wg_cols()
+        }
+    }
+    /// The first column of dK and dV warpgroup `wg` accumulates.
+    pub const fn wg_col0(&self, wg: usize) -> usize {
+        if self.split_head {
+            self.head_dim / 2 * wg
+        } else {
+            0
+        }
+    }
+    /// 64 x 64 dQ parts of warpgroup `wg`'s share with the head dim split. Uneven, each takes the
+    /// columns of dK and dV the other keeps (warpgroup 0 one part, 1 two at 192), so that the
+    /// step's products balance: 128 + 64 columns of dK and dV against 64 + 128 of dQ.
+    pub const fn dq_parts_of(&self, wg: usize) -> usize {
+        if self.uneven_split() {
+            self.wg_cols_of(1 - wg) / 64
+        } else {
+            self.dq_parts()
+        }
+    }
+    /// The first column of warpgroup `wg`'s dQ share with the head dim split (its parts follow).
+    pub const fn dq_col0_of(&self, wg: usize) -> usize {
+        if self.uneven_split() {
+            self.wg_col0(1 - wg)
+        } else {
+            self.wg_col0(wg)
         }
     }
     /// Columns of one dQ part (the N of its wgmma chain): 64, or the product columns below 64
@@ -955,6 +998,15 @@ pub const FLASH_WG_BWD_D256: FlashWgBwdConfig = FlashWgBwdConfig {
     split_head: true,
 };
 
+/// Head dim 192 on the 256-wide tiles ([`FLASH_WG_BWD_D256`]'s split step): `S^T`, `dP^T` over 12
+/// k-steps; warpgroup 0 keeps columns 0..128 of dK and dV and adds dQ's columns 128..192,
+/// warpgroup 1 keeps 128..192 and adds 0..128 ([`FlashWgBwdConfig::uneven_split`]). On the
+/// 256-column products it did 4/3 of the work and walked the general kernel's plain dQ order.
+pub const FLASH_WG_BWD_D192: FlashWgBwdConfig = FlashWgBwdConfig {
+    cols: 192,
+    ..FLASH_WG_BWD_D256
+};
+
 /// Head dim 32 on the 64-wide tiles ([`FLASH_WG_BWD_D64`]'s walk and deferred dQ): `S^T`, `dP^T`
 /// over 2 k-steps, dV, dK and the dQ parts 32 columns wide (16 + 16 + 16 f32 a thread).
 pub const FLASH_WG_BWD_D32: FlashWgBwdConfig = FlashWgBwdConfig {
@@ -1020,6 +1072,7 @@ pub const fn flash_wg_bwd_config(head_dim: usize) -> Option<FlashWgBwdConfig> {
         64 => Some(FLASH_WG_BWD_D64),
         96 => Some(FLASH_WG_BWD_D96),
         128 => Some(FLASH_WG_BWD_D128),
+        192 => Some(FLASH_WG_BWD_D192),
         256 => Some(FLASH_WG_BWD_D256),
         _ => None,
     }
@@ -1038,13 +1091,20 @@ const _: () = {
         FLASH_WG_BWD_D128_SCORED,
         FLASH_WG_BWD_D32,
         FLASH_WG_BWD_D96,
+        FLASH_WG_BWD_D192,
     ];
     let mut i = 0;
     while i < cfgs.len() {
         let c = cfgs[i];
-        // Product columns: whole 32-column steps inside the tile, the tile's own with the split.
-        assert!(c.cols.is_multiple_of(32) && c.cols <= c.head_dim && c.head_dim - c.cols < 64);
-        assert!(!c.split_head || c.cols == c.head_dim);
+        // Product columns: whole 32-column steps inside the tile, less than a panel short of it;
+        // with the split, whole panels, each warpgroup keeping some of dK and dV and adding some
+        // of dQ, the dQ shares covering the product columns.
+        let short = c.head_dim - c.cols;
+        assert!(c.cols.is_multiple_of(32) && c.cols <= c.head_dim && (short < 64 || c.split_head));
+        assert!(!c.split_head || (c.cols.is_multiple_of(64) && c.cols > c.head_dim / 2));
+        assert!(!c.split_head || c.wg_col0(1) + c.wg_cols_of(1) == c.cols);
+        assert!(!c.split_head || 64 * (c.dq_parts_of(0) + c.dq_parts_of(1)) == c.cols);
+        assert!(!c.split_head || c.dq_parts_of(0) <= c.dq_parts() && c.dq_parts_of(1) <= c.dq_parts());
         assert!(c.dq_part_cols() == 64 || c.dq_col_splits() == 1);
         assert!(c.block_k == if c.split_head { 64 } else { 128 });
         assert!(!(c.split_head && c.defer_dq) && (!c.split_head || c.block_q == 64));

@@ -5,7 +5,8 @@
 //!
 //! One CTA of two warpgroups per (block of 128 keys, head, batch); warpgroup `w` owns keys
 //! `64 w..64 w + 64`, the M = 64 of its products, and keeps their dK and dV rows in registers (wgmma
-//! accumulators). At D = 256 (`flash_wg_bwd_{d256,general_d256,scored_d256}_*`) and in the scored
+//! accumulators). At D = 256 (`flash_wg_bwd_{d256,general_d256,scored_d256}_*`), at 192 on the 256
+//! tile (`flash_wg_bwd_d192_*`, split unevenly: 128 and 64 columns of dK and dV) and in the scored
 //! kernels at D = 128 (`flash_wg_bwd_scored_d128_*`) a CTA takes 64 keys and the warpgroups split
 //! the head dim instead: see [`split_step`].
 //! Grouped-query heads: a CTA walks every query head of its key/value head's group, dK and dV
@@ -63,8 +64,8 @@ use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_p
 use crate::params::attention::{
     AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_BWD_PRE_ROWS,
     FLASH_BWD_TURN_ROWS, FLASH_WG_BWD_D32, FLASH_WG_BWD_D64, FLASH_WG_BWD_D64_GENERAL,
-    FLASH_WG_BWD_D96, FLASH_WG_BWD_D128, FLASH_WG_BWD_D128_SCORED, FLASH_WG_BWD_D256,
-    FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config_of,
+    FLASH_WG_BWD_D96, FLASH_WG_BWD_D128, FLASH_WG_BWD_D128_SCORED, FLASH_WG_BWD_D192,
+    FLASH_WG_BWD_D256, FlashWgBwdConfig, GROUP_ALL, flash_wg_bwd_config_of,
 };
 use crate::{unroll, unroll_lt};
 
@@ -123,6 +124,10 @@ unsafe fn flash_wg_bwd<
         const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().split_head };
     let two_dq_parts: bool =
         const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().dq_parts() == 2 };
+    // An uneven split (192 on the 256 tile): warpgroup 1 keeps 64 columns of dK and dV (the first
+    // 32 f32 of its accumulators) and adds two dQ parts, warpgroup 0 one.
+    let uneven: bool =
+        const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().uneven_split() };
     const TH: usize = 256;
     // The general kernels with the head dim split walk in the plain order (the host passes nothing
     // else): known here, the rotated orders' arithmetic folds away, which their registers need
@@ -330,7 +335,7 @@ unsafe fn flash_wg_bwd<
             // This warpgroup's dQ half: query rows from `dq_row0`, columns from `dq_col0`.
             let dq_row0 = 64 * (wg % cfg.dq_row_splits() as u32);
             let dq_col0 = if split {
-                (D / 2) as u32 * wg
+                cfg.dq_col0_of(wg as usize) as u32
             } else {
                 64 * (wg / cfg.dq_row_splits() as u32)
             };
@@ -385,11 +390,11 @@ unsafe fn flash_wg_bwd<
                 // SAFETY: the whole CTA calls it here (see `split_step`); the other dS^T stage is
                 // free (this step's dQ product reads this step's, and the last step's retired).
                 unsafe {
-                    split_step::<T, D, BK, BQ, ON, STAGES, SCORE>(
+                    split_step::<T, D, HD, BK, BQ, ON, STAGES, SCORE>(
                         (k_tile, q_tiles, ds_tile, stage),
                         (stats_at, p_tile, ds_tiles.stage(ds_stage ^ 1)),
                         (c, qb, &p, mods),
-                        (wg_key, wg_col),
+                        (wg_key, wg_col, uneven),
                         (&mut dv_acc, &mut dk_acc),
                     )
                 };
@@ -497,7 +502,8 @@ unsafe fn flash_wg_bwd<
                 dq.wait::<0>();
                 dv_acc.hold();
                 dk_acc.hold();
-                if two_dq_parts {
+                // (Uneven, warpgroup 1's share is two parts and warpgroup 0's one.)
+                if two_dq_parts && (!uneven || wg == 1) {
                     // The head dim split at D = 256: the share's first 64 columns are added inside the turn
                     // just taken, then its second 64 take the same registers (one after the
                     // other: both at once spilled), and their additions release the turn.
@@ -736,6 +742,7 @@ fn member_sums<const ON: usize>(
 unsafe fn split_step<
     T,
     const D: usize,
+    const HD: usize,
     const BK: usize,
     const BQ: usize,
     const ON: usize,
@@ -755,7 +762,7 @@ unsafe fn split_step<
         &AttentionShape,
         impl FnOnce() -> ScoreMods,
     ),
-    (wg_key, wg_col): (u32, u32),
+    (wg_key, wg_col, uneven): (u32, u32, bool),
     (dv_acc, dk_acc): (&mut [f32; ON], &mut [f32; ON]),
 ) where
     T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
@@ -772,7 +779,7 @@ unsafe fn split_step<
     let b_tile = q_tiles.stage(stage + wg * STAGES as u32);
     let mut acc = [0.0f32; 32];
     fence();
-    unroll_lt!(kd < D / 16, {
+    unroll_lt!(kd < HD / 16, {
         // SAFETY: the whole warpgroup issues it; the tiles landed and were fenced (the caller's
         // contract); `acc` is untouched until the wait below.
         unsafe {
@@ -849,16 +856,60 @@ unsafe fn split_step<
         dsa = unsafe { load_ds(ds_tile, key_row, 2 * t) };
     }
     let (qt, dot) = (q_tiles.stage(stage), q_tiles.stage(stage + STAGES as u32));
+    // An uneven split (192 on the 256 tile): warpgroup 1 keeps 64 columns (`m64n64` into the first
+    // 32 f32 of its accumulators; the rest stay zero, past the product columns the epilogue
+    // stores), warpgroup 0 128 as two `m64n64` halves: the first beside warpgroup 1's, left in
+    // flight, the second in a branch of its own that retires it (and the first) before leaving.
+    // ptxas serialised every wgmma of the kernel when a branch's products stayed in flight past
+    // it, and when the branch came before the common half.
     fence();
-    unroll_lt!(ks < 4, {
-        // SAFETY: the whole warpgroup; the tiles landed and were fenced; the fragments and
-        // accumulators are untouched until the caller's wait.
-        unsafe {
-            T::mma_rs_tb(dv_acc, &pa[ks], dot.desc_mn_major_from(ks as u32, wg_col));
-            T::mma_rs_tb(dk_acc, &dsa[ks], qt.desc_mn_major_from(ks as u32, wg_col));
+    if uneven {
+        let (Some((dv_lo, dv_rest)), Some((dk_lo, dk_rest))) = (
+            dv_acc.split_first_chunk_mut::<32>(),
+            dk_acc.split_first_chunk_mut::<32>(),
+        ) else {
+            return;
+        };
+        unroll_lt!(ks < 4, {
+            // SAFETY: as below.
+            unsafe {
+                T::mma_rs_tb(dv_lo, &pa[ks], dot.desc_mn_major_from(ks as u32, wg_col));
+                T::mma_rs_tb(dk_lo, &dsa[ks], qt.desc_mn_major_from(ks as u32, wg_col));
+            }
+        });
+        commit();
+        if wg == 0 {
+            if let (Some(dv_hi), Some(dk_hi)) = (
+                dv_rest.first_chunk_mut::<32>(),
+                dk_rest.first_chunk_mut::<32>(),
+            ) {
+                fence();
+                unroll_lt!(ks < 4, {
+                    // SAFETY: as below; retired just after.
+                    unsafe {
+                        let col = wg_col + 64;
+                        T::mma_rs_tb(dv_hi, &pa[ks], dot.desc_mn_major_from(ks as u32, col));
+                        T::mma_rs_tb(dk_hi, &dsa[ks], qt.desc_mn_major_from(ks as u32, col));
+                    }
+                });
+                commit();
+                dv_hi.wait::<0>();
+                dk_hi.hold();
+                dv_lo.hold();
+                dk_lo.hold();
+            }
         }
-    });
-    commit();
+    } else {
+        unroll_lt!(ks < 4, {
+            // SAFETY: the whole warpgroup; the tiles landed and were fenced; the fragments and
+            // accumulators are untouched until the caller's wait.
+            unsafe {
+                T::mma_rs_tb(dv_acc, &pa[ks], dot.desc_mn_major_from(ks as u32, wg_col));
+                T::mma_rs_tb(dk_acc, &dsa[ks], qt.desc_mn_major_from(ks as u32, wg_col));
+            }
+        });
+        commit();
+    }
 }
 
 /// The ALiBi bias of the scored kernels in the backward's raw units: `P^T = exp2(w c - LSE2)` with
@@ -1209,7 +1260,7 @@ impl DqSink {
         // With the head dim split, the share's last part (`Self::add_part` added a first one at
         // D = 256).
         let dq_col0 = if cfg.split_head {
-            cfg.wg_cols() as u32 * wg + 64 * (cfg.dq_parts() as u32 - 1)
+            (cfg.dq_col0_of(wg as usize) + 64 * (cfg.dq_parts_of(wg as usize) - 1)) as u32
         } else {
             64 * (wg / cfg.dq_row_splits() as u32)
         };
@@ -1340,6 +1391,8 @@ const fn checked_config<
     // walk the general way.
     assert!((cfg.dq_parts() == 1 || cfg.split_head) && !(cfg.split_head && cfg.defer_dq));
     assert!(!cfg.split_head || cfg.wg_cols() == 64 * cfg.dq_parts());
+    // The uneven split's warpgroup 1: 64 columns, the `m64n64` products of `split_step`.
+    assert!(!cfg.uneven_split() || (cfg.wg_cols_of(1) == 64 && ON == 64 && !GENERAL && !SCORE));
     assert!(GENERAL || !SCORE);
     assert!(cfg.stages == STAGES);
     let planned = 2 * SwizzledTile::<BK, D>::BYTES
@@ -1431,13 +1484,16 @@ macro_rules! flash_wg_bwd_entry_points {
 }
 
 flash_wg_bwd_entry_points! {
-    // Head dims 32 and 96 on the 64 and 128 tiles, products over their own columns (dense batches
+    // Head dims 32, 96 and 192 on the 64, 128 and 256 tiles, products over their own columns (dense batches
     // at exactly that head dim; no f32-adding form: the accumulating backward takes the general
     // kernels there).
     flash_wg_bwd_d32_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D32, false, false, false, false;
     flash_wg_bwd_d32_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D32, false, false, false, false;
     flash_wg_bwd_d96_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D96, false, false, false, false;
     flash_wg_bwd_d96_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D96, false, false, false, false;
+    // Head dim 192 on the 256 tile, the head dim split unevenly (`FlashWgBwdConfig::uneven_split`).
+    flash_wg_bwd_d192_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D192, false, false, false, false;
+    flash_wg_bwd_d192_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D192, false, false, false, false;
     flash_wg_bwd_d64_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D64, false, false, false, false;
     flash_wg_bwd_d64_bf16: BF16, SliceMut<BF16>, FLASH_WG_BWD_D64, false, false, false, false;
     flash_wg_bwd_d128_f16: F16, SliceMut<F16>, FLASH_WG_BWD_D128, false, false, false, false;

@@ -29,8 +29,8 @@
 //!   head dim runs on the narrowest of those that holds it, its columns past the head dim zero in
 //!   the tiles and never stored. In the sm_90 build the products cover only the narrowest of
 //!   [`FLASH_PRODUCT_DIMS`] (32, 64, 96, 128, 192, 256) that holds the head dim: the forward at
-//!   every head dim, the backward at 32 and 96 exactly (dense batches), so 96 costs three quarters
-//!   of 128's tensor-core work there; other head dims pay their tile's.
+//!   every head dim, the backward at 32, 96 and 192 exactly (dense batches), so 96 and 192 cost
+//!   three quarters of their tile's tensor-core work there; other head dims pay their tile's.
 //!   [`naive_forward`]: scores materialised in a scratch buffer of `seq_q * seq_k` f32 per head,
 //!   f32/f16/bf16, head dims 1..=256; the readable GPU reference.
 //! - Both are cheap to call repeatedly on the same inputs: validation is O(rank), the launch is one
@@ -1684,7 +1684,7 @@ enum BwdNeeds {
     /// Nothing more (a narrower head dim is read off the head dim).
     Dense,
     /// As `Dense`, for the f32-adding main kernel: in the sm_90 build the dense kernels of head
-    /// dims 32 and 96 have no adding form, so those take the general kernels.
+    /// dims 32, 96 and 192 have no adding form, so those take the general kernels.
     DenseAdding,
     /// The general walk: a packed batch or a sliding window.
     GeneralWalk,
@@ -1697,7 +1697,7 @@ enum BwdNeeds {
 
 /// The backward's kernels for head dim `head_dim` (any [`flash_head_dim_supported`]; `None` for
 /// another) and the build `ptx_arch` (a device's [`crate::Gpu::ptx_arch`]): the sm_90 build's main
-/// kernel is a wgmma one (`flash_wg_bwd_*`: the dense kernels at a tile's width or at 32 and 96; the
+/// kernel is a wgmma one (`flash_wg_bwd_*`: the dense kernels at a tile's width or at 32, 96 and 192; the
 /// `_general_` ones for a call whose walk needs them ([`BwdNeeds::GeneralWalk`]) or another head dim; the
 /// `_scored_` ones for a softcap or ALiBi, whose main kernel adds into no f32 accumulators), the
 /// sm_80 build's the `mma.sync` one (`flash_bwd_d*`, none of those); the pre-pass and the dQ
@@ -1723,7 +1723,7 @@ fn flash_bwd_kernels(
     let tile = flash_tile_dim(head_dim);
     let wgmma = ptx_arch == "sm_90";
     // The dense wgmma kernels take a dense batch at their product columns exactly (the tile's, or
-    // 32 / 96 on the tile above); other head dims zero-fill on the general kernels.
+    // 32 / 96 / 192 on the tile above); other head dims zero-fill on the general kernels.
     let dense_dim = flash_wg_bwd_config(head_dim)
         .is_some_and(|c| needs != BwdNeeds::DenseAdding || c.cols == c.head_dim);
     let general = wgmma && (general_walk || !dense_dim);
@@ -1769,12 +1769,14 @@ fn flash_bwd_kernels(
         (false, _, 64, DType::BF16) => ("flash_bwd_d64_bf16", "flash_bwd_add_d64_bf16"),
         (false, _, 128, DType::F16) => ("flash_bwd_d128_f16", "flash_bwd_add_d128_f16"),
         (false, _, 128, DType::BF16) => ("flash_bwd_d128_bf16", "flash_bwd_add_d128_bf16"),
-        // No f32-adding form at 32 and 96: the accumulating backward runs the general kernels there
+        // No f32-adding form at 32, 96 and 192: the accumulating backward runs the general kernels there
         // (`flash_backward_run`).
         (true, false, 32, DType::F16) => ("flash_wg_bwd_d32_f16", ""),
         (true, false, 32, DType::BF16) => ("flash_wg_bwd_d32_bf16", ""),
         (true, false, 96, DType::F16) => ("flash_wg_bwd_d96_f16", ""),
         (true, false, 96, DType::BF16) => ("flash_wg_bwd_d96_bf16", ""),
+        (true, false, 192, DType::F16) => ("flash_wg_bwd_d192_f16", ""),
+        (true, false, 192, DType::BF16) => ("flash_wg_bwd_d192_bf16", ""),
         (true, false, 64, DType::F16) => ("flash_wg_bwd_d64_f16", "flash_wg_bwd_add_d64_f16"),
         (true, false, 64, DType::BF16) => ("flash_wg_bwd_d64_bf16", "flash_wg_bwd_add_d64_bf16"),
         (true, false, 128, DType::F16) => ("flash_wg_bwd_d128_f16", "flash_wg_bwd_add_d128_f16"),

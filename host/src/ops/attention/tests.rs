@@ -1030,14 +1030,15 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
             assert!(k.members.is_empty(), "{k:?}");
         }
     }
-    // Head dims 32 and 96 on sm_90: dense kernels of their own on the tile above (products over
-    // their columns), with no f32-adding form (`flash_backward_run` takes the general kernels
-    // there); on sm_80 the tile's kernel.
-    for (d, tile) in [(32, 64), (96, 128)] {
+    // Head dims 32, 96 and 192 on sm_90: dense kernels of their own on the tile above (products
+    // over their columns), with no f32-adding form (`flash_backward_run` takes the general kernels
+    // there); on sm_80 the tile's kernel (up to its largest head dim).
+    for (d, tile) in [(32, 64), (96, 128), (192, 256)] {
         let cfg = gpu::params::attention::flash_wg_bwd_config(d).unwrap();
         assert_eq!((cfg.cols, cfg.head_dim), (d, tile));
-        let k = flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense).unwrap();
-        assert_eq!(k.main, format!("flash_bwd_d{tile}_f16"));
+        let sm80 = tile <= FLASH_MAX_HEAD_DIM_SM80;
+        let k = flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense);
+        assert_eq!(k.map(|k| k.main.to_string()), sm80.then(|| format!("flash_bwd_d{tile}_f16")));
         for dt in [DType::F16, DType::BF16] {
             let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::Dense).unwrap();
             assert_eq!(k.main, format!("flash_wg_bwd_d{d}_{dt}"));
@@ -1057,8 +1058,9 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
                 assert!(is_general(&k) && in_build(k.main_add, "sm_90"));
             }
             // The sm_80 build's adding kernel is its tile's.
-            let k = flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::DenseAdding).unwrap();
-            assert_eq!(k.main_add, format!("flash_bwd_add_d{tile}_{dt}"));
+            let k = flash_bwd_kernels(d, dt, "sm_80", BwdNeeds::DenseAdding);
+            let want = sm80.then(|| format!("flash_bwd_add_d{tile}_{dt}"));
+            assert_eq!(k.map(|k| k.main_add.to_string()), want);
         }
     }
     // Other head dims off the tiles: the narrowest tile that holds them; on sm_90 its general
@@ -1072,7 +1074,7 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert_eq!(k.main_add, format!("flash_wg_bwd_general_add_d{tile}_bf16"));
         assert!(is_general(&k) && in_build(k.main, "sm_90") && in_build(k.main_add, "sm_90"));
     }
-    for d in [136, 192, 248] {
+    for d in [136, 184, 200, 248] {
         assert!(flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense).is_none());
         let k = flash_bwd_kernels(d, DType::F16, "sm_90", BwdNeeds::Dense).unwrap();
         assert_eq!(k.main, "flash_wg_bwd_general_d256_f16");
