@@ -7,7 +7,7 @@
 //! ```text
 //! warpgroup 0 (producer, 40 registers), thread 0:
 //!     TMA Q's 128 rows once (Q's barrier); per K/V tile j: acquire a K stage, TMA K(j);
-//!     acquire a V stage, TMA V(j)          (two rings of `stages` each; rows past S_k arrive as zeros)
+//!     acquire a V stage, TMA V(j)          (two rings of 2 stages; rows past S_k arrive as zeros)
 //! warpgroups 1, 2 (consumers, 232 registers; query rows 64 (w - 1)..): wait for Q, then per tile j
 //!     wait K(j); wait for this warpgroup's turn; S(j) = Q K(j)^T: issue, commit
 //!     j > 0: wait V(j-1); O += P(j-1) V(j-1): issue, commit
@@ -46,6 +46,8 @@ use super::flash_wgmma::{
     rescale, softcap, store_output,
 };
 
+/// K/V ring depth.
+const STAGES: usize = 2;
 /// The first of the two named barriers of the consumers' turns (1 and 2 serve the per-warpgroup
 /// barrier after negating Q).
 const TURN: u32 = 3;
@@ -59,7 +61,6 @@ unsafe fn flash_tma_fwd<
     const BK: usize,
     const SN: usize,
     const ON: usize,
-    const STAGES: usize,
 >(
     map_q: TensorMapRef<BQ, 4>,
     map_k: TensorMapRef<BK, 4>,
@@ -283,7 +284,7 @@ macro_rules! flash_tma_entry_points {
             let map_k = crate::tensor_map_param!($name, 1, C.block_k, 4);
             let map_v = crate::tensor_map_param!($name, 2, C.block_k, 4);
             unsafe {
-                flash_tma_fwd::<$t, { C.head_dim }, $cols, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { $cols / 2 }, { C.stages }>(
+                flash_tma_fwd::<$t, { C.head_dim }, $cols, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { $cols / 2 }>(
                     map_q, map_k, map_v, o, lse, shape, strides,
                 )
             }
