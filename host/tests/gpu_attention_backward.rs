@@ -482,11 +482,15 @@ fn check_flash(gpu: &Gpu, rng: &mut rand::rngs::StdRng, c: &Case) -> [Vec<u32>; 
             );
         }
         ratios.push(format!("{what} {:.2}", err / bound));
+        // Two results each rounded to the dtype once: up to half an ulp apart each way, so their
+        // relative 2-norm may reach one ulp (bf16: 2^-7 = 7.8e-3, `tol`'s 8e-3 itself). It did on
+        // 64 dQ elements of one bf16 row (seed 1795825430216865787: 8.96e-3), which met the
+        // exact reference's rule above. So twice `tol` here.
         assert_close(
             &format!("{c:?} {what} vs naive_backward"),
             &out,
             &naive_gpu.to_vec().unwrap(),
-            tol(c.dtype),
+            2.0 * tol(c.dtype),
         );
     }
     println!("{c:?}: error / bound: {}", ratios.join(", "));

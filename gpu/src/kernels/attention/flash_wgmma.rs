@@ -178,7 +178,9 @@ unsafe fn flash_wg_fwd<
         }
         let alpha = softmax.update(&mut s);
         acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
-        rescale(&mut acc, alpha);
+        if alpha != [1.0; 2] {
+            rescale(&mut acc, alpha);
+        }
         pf = pack_p::<T, SN>(&s);
     }
     if steps > 0 {
@@ -527,8 +529,15 @@ pub(super) fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: KeyLimits
     });
 }
 
-/// Running max (`m`, of raw scores) and this thread's partial row sums (`l`) of its two rows, as in
-/// the `mma.sync` kernel; `c = |scale| log2(e) > 0`.
+/// How far (in log2 units of P) a row's maximum may grow past the base of its exponentials before
+/// the base moves and O is rescaled: P then stays below 2^8 = 256, which f16 and bf16 hold at their
+/// full relative precision, and most tiles of a long row skip the rescale (FlashAttention-4's lazy
+/// rescaling).
+pub(super) const RESCALE_LOG2: f32 = 8.0;
+
+/// The base of each row's exponentials (`m`, a raw score: the running max when it last moved, see
+/// [`RESCALE_LOG2`]) and this thread's partial row sums (`l`) of its two rows, relative to that
+/// base; `c = |scale| log2(e) > 0`.
 pub(super) struct OnlineSoftmax {
     m: [f32; 2],
     l: [f32; 2],
@@ -545,11 +554,12 @@ impl OnlineSoftmax {
         }
     }
 
-    /// Replaces the raw scores by `exp2(s c - m_new c)` and returns each row's rescale factor
-    /// `exp2(m_old c - m_new c)` for the output accumulator.
+    /// Replaces the raw scores by `exp2(s c - m c)` and returns each row's rescale factor for the
+    /// output accumulator: exactly 1 while the row's maximum stays within [`RESCALE_LOG2`] of the
+    /// base `m`, else `exp2(m_old c - m_new c)` with the base moved to the new maximum.
     #[inline(always)]
     pub(super) fn update<const SN: usize>(&mut self, s: &mut [f32; SN]) -> [f32; 2] {
-        let mut alpha = [0.0f32; 2];
+        let mut alpha = [1.0f32; 2];
         unroll!(r in [0, 1] {
             let mut m = self.m[r];
             unroll_lt!(n < SN / 4, {
@@ -557,10 +567,17 @@ impl OnlineSoftmax {
             });
             m = max(m, shfl_xor_f32(m, 1));
             m = max(m, shfl_xor_f32(m, 2));
+            // The base moves only past the threshold (a first finite maximum always moves it: the
+            // growth from -inf is +inf; from -inf to -inf it is NaN, and nothing moves). The four
+            // threads of a row hold the same maxima, so they decide alike.
+            if (m - self.m[r]) * self.c > RESCALE_LOG2 {
+                alpha[r] = exp2(fma(self.m[r], self.c, -(m * self.c)));
+                self.m[r] = m;
+            }
+            let m = self.m[r];
             // A row that has seen only masked keys keeps m = -inf; subtracting 0 instead makes its
             // exponentials 0 (not NaN from -inf - -inf).
             let base = if m == f32::NEG_INFINITY { 0.0 } else { m * self.c };
-            alpha[r] = exp2(fma(self.m[r], self.c, -base));
             let mut sum = 0.0f32;
             unroll_lt!(n < SN / 4, {
                 unroll!(e in [0, 1] {
@@ -570,7 +587,6 @@ impl OnlineSoftmax {
                 });
             });
             self.l[r] = self.l[r] * alpha[r] + sum;
-            self.m[r] = m;
         });
         alpha
     }
