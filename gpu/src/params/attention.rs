@@ -837,9 +837,9 @@ const _: () = {
 pub struct FlashWgBwdConfig {
     /// The tiles' width (a multiple of 64: whole 128-byte swizzle panels).
     pub head_dim: usize,
-    /// The head-dim columns the products cover (`<= head_dim`): the tile's width, or 32 / 96 in the
-    /// dense kernels of those head dims (`flash_wg_bwd_d{32,96}_*`), whose `S^T` and `dP^T` take
-    /// fewer k-steps and whose dK, dV (and at 32 dQ) products fewer columns.
+    /// The head-dim columns the products cover (`<= head_dim`): the tile's width, or 32 / 96 / 192
+    /// in the dense kernels of those head dims (`flash_wg_bwd_d{32,96,192}_*`), whose `S^T` and
+    /// `dP^T` take fewer k-steps and whose dK, dV (and at 32 dQ) products fewer columns.
     pub cols: usize,
     /// Keys per CTA: 64 per warpgroup.
     pub block_k: usize,
@@ -1104,7 +1104,9 @@ const _: () = {
         assert!(!c.split_head || (c.cols.is_multiple_of(64) && c.cols > c.head_dim / 2));
         assert!(!c.split_head || c.wg_col0(1) + c.wg_cols_of(1) == c.cols);
         assert!(!c.split_head || 64 * (c.dq_parts_of(0) + c.dq_parts_of(1)) == c.cols);
-        assert!(!c.split_head || c.dq_parts_of(0) <= c.dq_parts() && c.dq_parts_of(1) <= c.dq_parts());
+        assert!(
+            !c.split_head || c.dq_parts_of(0) <= c.dq_parts() && c.dq_parts_of(1) <= c.dq_parts()
+        );
         assert!(c.dq_part_cols() == 64 || c.dq_col_splits() == 1);
         assert!(c.block_k == if c.split_head { 64 } else { 128 });
         assert!(!(c.split_head && c.defer_dq) && (!c.split_head || c.block_q == 64));

@@ -76,8 +76,8 @@ use super::flash_wgmma::{load_cols, load_rows, pack_p};
 use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
 
 /// The main backward kernel. `D`: the tiles' width; `HD`: the head-dim columns the products cover
-/// (`D`, or 32 / 96 on the 64 / 128 tiles); `ON`: f32 a thread of dK and of dV (`HD / 2`, or
-/// `D / 4` with the head dim split), `QN`: of a dQ part (32, or 16 at `HD` = 32), `SUBS`: the
+/// (`D`, or 32 / 96 / 192 on the 64 / 128 / 256 tiles); `ON`: f32 a thread of dK and of dV
+/// (`HD / 2`, or `D / 4` with the head dim split: the most a warpgroup keeps), `QN`: of a dQ part (32, or 16 at `HD` = 32), `SUBS`: the
 /// step's sub-blocks on the paired path (0 with the split: its step is [`split_step`]); all
 /// checked against the config. S^T and dP^T (per 64-query sub-block) are 32 each (64 x 64).
 #[inline(always)]
@@ -728,8 +728,9 @@ fn member_sums<const ON: usize>(
 /// `SCORE` (the softcap and ALiBi) warpgroup 0 applies them, stores `P^T dw/ds` to `p_tile` (so
 /// warpgroup 1's dS^T is `(P^T dw/ds) (dP^T - D)`, rounded in another order than `p_and_ds`'s)
 /// and the rounded P^T to `pt_tile`, which both read back. Then `dV_w += P^T dO_i`, `dK_w +=
-/// dS^T Q_i` on the warpgroup's `D / 2` columns, issued and committed
-/// (the caller's dQ wait retires them). Returns with the dS^T tile whole and fenced for the dQ
+/// dS^T Q_i` on the warpgroup's columns (`D / 2`; with the uneven split warpgroup 0 128, which it
+/// retires before returning, and warpgroup 1 64), issued and committed (the caller's dQ wait
+/// retires what is still in flight). Returns with the dS^T tile whole and fenced for the dQ
 /// product. `p_tile`: `BK x BQ` f32, entry `e` of thread `t` of a warpgroup at `4 (128 e + t)`
 /// (a warp's access is 128 consecutive bytes).
 ///
@@ -1391,8 +1392,18 @@ const fn checked_config<
     // walk the general way.
     assert!((cfg.dq_parts() == 1 || cfg.split_head) && !(cfg.split_head && cfg.defer_dq));
     assert!(!cfg.split_head || cfg.wg_cols() == 64 * cfg.dq_parts());
-    // The uneven split's warpgroup 1: 64 columns, the `m64n64` products of `split_step`.
+    // The uneven split's roles, which `split_step` and the loop spell out (warpgroup 0: 128
+    // columns as two `m64n64` halves and one dQ part; warpgroup 1: 64 columns from 128, the first
+    // 32 f32 of its accumulators, and two dQ parts from 0).
     assert!(!cfg.uneven_split() || (cfg.wg_cols_of(1) == 64 && ON == 64 && !GENERAL && !SCORE));
+    assert!(
+        !cfg.uneven_split()
+            || (cfg.wg_cols_of(0) == 128
+                && cfg.wg_col0(1) == 128
+                && cfg.dq_parts_of(0) == 1
+                && cfg.dq_parts_of(1) == 2
+                && cfg.dq_col0_of(1) == 0)
+    );
     assert!(GENERAL || !SCORE);
     assert!(cfg.stages == STAGES);
     let planned = 2 * SwizzledTile::<BK, D>::BYTES

@@ -530,8 +530,8 @@ pub(super) fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: KeyLimits
 }
 
 /// How far (in log2 units of P) a row's maximum may grow past the base of its exponentials before
-/// the base moves and O is rescaled: P then stays below 2^8 = 256, which f16 and bf16 hold at their
-/// full relative precision, and most tiles of a long row skip the rescale (FlashAttention-4's lazy
+/// the base moves and O is rescaled: P then stays at most about 2^8 = 256, far inside f16's range
+/// (65504; bf16's is f32's), and most tiles of a long row skip the rescale (FlashAttention-4's lazy
 /// rescaling).
 pub(super) const RESCALE_LOG2: f32 = 8.0;
 
@@ -568,8 +568,10 @@ impl OnlineSoftmax {
             m = max(m, shfl_xor_f32(m, 1));
             m = max(m, shfl_xor_f32(m, 2));
             // The base moves only past the threshold (a first finite maximum always moves it: the
-            // growth from -inf is +inf; from -inf to -inf it is NaN, and nothing moves). The four
-            // threads of a row hold the same maxima, so they decide alike.
+            // growth from -inf is +inf; from -inf to -inf it is NaN, and nothing moves; a NaN score
+            // makes the maximum NaN, moves nothing, and turns the row's sum, O and LSE into NaN
+            // and -inf as before). The four threads of a row hold the same maxima, so they decide
+            // alike.
             if (m - self.m[r]) * self.c > RESCALE_LOG2 {
                 alpha[r] = exp2(fma(self.m[r], self.c, -(m * self.c)));
                 self.m[r] = m;
