@@ -28,10 +28,7 @@ pub(super) fn store_element(
         return;
     }
     if p.splits > 1 {
-        ws.set(
-            (split as u64 * mm.m as u64 + row as u64) * mm.n as u64 + col as u64,
-            v,
-        );
+        ws.set(ws_index(p, split, (row, col)), v);
     } else {
         store_c(
             p,
@@ -87,10 +84,7 @@ pub(super) fn store_element4(
             store_element(p, bias, c, ws, split, z, (row, col + e as u32), v[e]);
         });
     } else if p.splits > 1 {
-        ws.set4(
-            (split as u64 * mm.m as u64 + row as u64) * mm.n as u64 + col as u64,
-            v,
-        );
+        ws.set4(ws_index(p, split, (row, col)), v);
     } else {
         let at = z * mm.stride_c + row as u64 * mm.ldc + col as u64;
         let mut v = v;
@@ -104,6 +98,13 @@ pub(super) fn store_element4(
         }
         c.set4(at, v);
     }
+}
+
+/// Element (`row`, `col`) of slice `split`'s tile in the split product's workspace
+/// `[splits][M][N]`.
+#[inline(always)]
+fn ws_index(p: &MatmulTf32, split: u32, (row, col): (u32, u32)) -> u64 {
+    (split as u64 * p.mm.m as u64 + row as u64) * p.mm.n as u64 + col as u64
 }
 
 /// `C[at + col] = v + bias[col] + C[at + col]` (the bias when there is one, the old C when

@@ -170,6 +170,37 @@ struct FcGroup {
     stacked: usize,
 }
 
+impl FcGroup {
+    /// Its pair matrix `(count * B, paths * N)` in the pair buffer (or the pair-term gradients in
+    /// its place), as a product operand.
+    fn pairs(&self, pairs: &Tensor, (b, n): (usize, usize), trans: Transpose) -> Operand {
+        Operand {
+            raw: offset(pairs.raw(), (self.slot * b * n) as u64),
+            ld: (self.paths.len() * n) as u64,
+            trans,
+            stride: 0,
+        }
+    }
+    /// Its weights `(paths * N, M)` in stacked weights (or their gradient).
+    fn weights(&self, stacked: &Tensor, (n, m): (usize, usize), trans: Transpose) -> Operand {
+        Operand {
+            raw: offset(stacked.raw(), (self.stacked * n * m) as u64),
+            ld: m as u64,
+            trans,
+            stride: 0,
+        }
+    }
+    /// Its output rows `(count * B, M)` of a `(C, B, M)` tensor (the output, or its gradient).
+    fn rows(&self, t: &Tensor, (b, m): (usize, usize)) -> Operand {
+        Operand {
+            raw: offset(t.raw(), (self.j0 * b * m) as u64),
+            ld: m as u64,
+            trans: Transpose::No,
+            stride: 0,
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Kernel {
     Fwd,
@@ -797,24 +828,9 @@ fn fc_mix(
                 k,
                 batch: 1,
             },
-            Operand {
-                raw: offset(pairs.raw(), (grp.slot * b * n) as u64),
-                ld: k as u64,
-                trans: Transpose::No,
-                stride: 0,
-            },
-            Operand {
-                raw: offset(stacked.raw(), (grp.stacked * n * m) as u64),
-                ld: m as u64,
-                trans: Transpose::No,
-                stride: 0,
-            },
-            Operand {
-                raw: offset(u.raw(), (grp.j0 * b * m) as u64),
-                ld: m as u64,
-                trans: Transpose::No,
-                stride: 0,
-            },
+            grp.pairs(pairs, (b, n), Transpose::No),
+            grp.weights(stacked, (n, m), Transpose::No),
+            grp.rows(u, (b, m)),
             None,
             Accumulate::Overwrite,
             precision,
@@ -958,24 +974,9 @@ pub fn fcgp_backward_with(
     };
     let pairs = fc_pairs(gpu, alg, x, y, d)?;
     let groups = alg.fc_groups();
-    let gu_g = |grp: &FcGroup| Operand {
-        raw: offset(gu.raw(), (grp.j0 * b * m) as u64),
-        ld: m as u64,
-        trans: Transpose::No,
-        stride: 0,
-    };
-    let pairs_g = |grp: &FcGroup, trans| Operand {
-        raw: offset(pairs.raw(), (grp.slot * b * n) as u64),
-        ld: (grp.paths.len() * n) as u64,
-        trans,
-        stride: 0,
-    };
-    let w_g = |t: &Tensor, grp: &FcGroup, trans| Operand {
-        raw: offset(t.raw(), (grp.stacked * n * m) as u64),
-        ld: m as u64,
-        trans,
-        stride: 0,
-    };
+    let gu_g = |grp: &FcGroup| grp.rows(&gu, (b, m));
+    let pairs_g = |grp: &FcGroup, trans| grp.pairs(&pairs, (b, n), trans);
+    let w_g = |t: &Tensor, grp: &FcGroup, trans| grp.weights(t, (n, m), trans);
     let grad_weight = {
         let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
         for grp in &groups {
