@@ -1,7 +1,8 @@
 //! GPU matmul against the CPU reference in f64: f16/bf16 (the tensor-core kernels `matmul_tc_*`, and
 //! `matmul_tma_*` on compute capability 9.0) and
 //! f32 in each [`Precision`] (3xTF32 and TF32 on tensor cores: `matmul_wg_tf32x3_*_f32` and
-//! `matmul_wg_tf32_*_f32` on compute capability 9.0, `matmul_tf32x3_*_f32` and `matmul_tf32_*_f32`
+//! `matmul_wg_tf32_*_f32` on compute capability 9.0, TF32 also on 128 x 256 tiles
+//! (`matmul_wg_tf32w_*_f32`) where they fill the GPU, `matmul_tf32x3_*_f32` and `matmul_tf32_*_f32`
 //! elsewhere and through a `Build::Portable` handle; IEEE on CUDA cores, `matmul_simt_*_f32`),
 //! through the same shape grids.
 //!
@@ -586,6 +587,86 @@ fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
                 assert!(bits() == want, "{what}: a second run changed bits");
             }
         }
+    }
+}
+
+/// TF32 products with at least as many 128 x 256 tiles of C as the device has SMs take the wide
+/// kernels on compute capability 9.0 (`matmul_wg_tf32w_*`, `params::matmul_wg_tf32::wide`; the
+/// premise is asserted for each shape). One product with tails in M, N (the last tile's second
+/// column block 4 columns wide) and K, on sampled rows; batches of small products whose N ends inside
+/// a tile's first column block, on every row, with B batched or broadcast; every transpose; then
+/// with a bias and the old C added, and the same bits on a second run.
+#[test]
+fn matmul_tf32_wide_tiles_match_f64_reference() {
+    use gpu::params::matmul_wg_tf32::wide;
+    let Some(gpu) = gpu_or_skip("matmul_tf32_wide_tiles_match_f64_reference") else {
+        return;
+    };
+    let mut rng = rng("matmul_tf32_wide_tiles_match_f64_reference");
+    let sms = gpu.sm_count().unwrap() as usize;
+    // One wave of wide tiles against two of narrow ones: 10 wide (19 narrow) tiles a row block of
+    // the first shape, 4 (6) an entry of the others.
+    let n1: usize = 2308;
+    let m1 = 128 * (sms / 10 - 1) + 3;
+    let bt = sms / 4;
+    // (m, n, k, batch of A, batch of B)
+    let shapes = [
+        (m1, n1, 68, None, None),
+        (129, 300, 36, Some(bt), Some(bt)),
+        (131, 260, 100, Some(bt), None),
+    ];
+    for (m, n, k, batch_a, batch_b) in shapes {
+        let entries = batch_a.or(batch_b).unwrap_or(1);
+        assert!(
+            wide(m as u64, n as u64, entries as u64, sms as u64),
+            "{m}x{n} x{entries} on {sms} SMs: the shape does not take the wide tiles"
+        );
+        for (ta, tb) in TRANSPOSES {
+            let c = Case {
+                batch_a,
+                batch_b,
+                precision: Precision::Tf32,
+                ..case(m, n, k, ta, tb, DType::F32)
+            };
+            let (a, b, out) = run(&gpu, &mut rng, &c);
+            let rows = if entries == 1 {
+                sampled_rows(&mut rng, m, 5)
+            } else {
+                all_rows(&c)
+            };
+            check_rows(&c, &a, &b, &out, &rows);
+        }
+    }
+    // Bias and accumulate through the store warps' second column block.
+    let (m, n, k) = (m1, n1, 68);
+    for (ta, tb) in TRANSPOSES {
+        let a = uniform(&mut rng, &stored(None, m, k, ta), -1.0, 1.0, DType::F32);
+        let b = uniform(&mut rng, &stored(None, k, n, tb), -1.0, 1.0, DType::F32);
+        let bias = uniform(&mut rng, &[n], -1.0, 1.0, DType::F32);
+        let c0 = uniform(&mut rng, &[m, n], -1.0, 1.0, DType::F32);
+        let (da, db, dbias) = (
+            Tensor::from_host(&gpu, &a).unwrap(),
+            Tensor::from_host(&gpu, &b).unwrap(),
+            Tensor::from_host(&gpu, &bias).unwrap(),
+        );
+        let what = format!("{m}x{n}x{k} {ta:?} {tb:?} Tf32, bias and accumulate");
+        let bits = || -> Vec<u32> {
+            let out = Tensor::from_host(&gpu, &c0).unwrap();
+            matmul::matmul_f32_into(&da, &db, ta, tb, Some(&dbias), &out, true, Precision::Tf32)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
+        };
+        let first = bits();
+        let (mut got, mut want) = (vec![], vec![]);
+        for (_, i) in sampled_rows(&mut rng, m, 5) {
+            let row = reference::matmul_row(&a, &b, ta, tb, 0, i).unwrap();
+            for j in 0..n {
+                want.push((row[j] + bias.data[j] as f64 + c0.data[i * n + j] as f64) as f32);
+                got.push(f32::from_bits(first[i * n + j]));
+            }
+        }
+        assert_close(&what, &got, &want, 2e-3);
+        assert!(bits() == first, "{what}: a second run changed bits");
     }
 }
 

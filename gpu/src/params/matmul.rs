@@ -333,6 +333,14 @@ pub mod matmul_tma {
 ///   of 16-bit elements.
 /// - 3xTF32 sums each k-tile's 12 products in a fresh register chain from zero and adds that partial
 ///   to the f32 accumulator with a round-to-nearest add (as `matmul_tf32`): 64 + 64 registers.
+/// - TF32 products with enough tiles to fill the GPU take wide tiles, 128 x 256
+///   (`matmul_wg_tf32w_{n,t}_f32`, [`matmul_wg_tf32::wide`]): each consumer issues m64n256k8. A
+///   k-tile then moves 48 KiB of copies and 80 KiB of wgmma reads per 2.1 MFLOP, against 32 and
+///   48 KiB per 1.05 MFLOP on 128 x 128 tiles: at the TF32 rate (about 2,140 FLOP a clock an SM)
+///   130 bytes a clock of shared memory against 167, where shared memory serves 128. C still
+///   leaves through the 128 x 128 staging tile, one half of the tile's columns after the other.
+///   3xTF32 keeps 128 x 128: its partial chain beside a 128-float accumulator does not fit the
+///   registers.
 pub mod matmul_wg_tf32 {
     pub use super::matmul_tf32::{BK, BM, BN};
     /// Pipeline stages of the 3xTF32 kernels (A and B's two parts a stage) and of the TF32 ones (A
@@ -363,6 +371,13 @@ pub mod matmul_wg_tf32 {
     };
     /// Dynamic shared memory: the ring, the C staging tile and its two barriers (full, empty).
     pub const SMEM_BYTES: u32 = RING_BYTES + C_STAGING_BYTES + 16;
+    /// Columns of C a wide tile (`matmul_wg_tf32w_*`): rows of B's `hi` part a stage.
+    pub const BN_WIDE: u32 = 256;
+    /// Pipeline stages of the wide kernels (A, 128 rows, and B's `hi`, 256 rows, a stage).
+    pub const STAGES_WIDE: u32 = 3;
+    /// Dynamic shared memory of the wide kernels: their ring, the staging tile and its barriers.
+    pub const SMEM_BYTES_WIDE: u32 =
+        STAGES_WIDE * (BM + BN_WIDE) * BK * 4 + 16 * STAGES_WIDE + C_STAGING_BYTES + 16;
     /// Threads of a `matmul_wg_split_b_f32` block: a 32 x 32 tile of B, 8 rows of 32.
     pub const SPLIT_THREADS: u32 = 256;
     /// Its dynamic shared memory: the 32 x 32 tile at a 33-float pitch.
@@ -375,7 +390,8 @@ pub mod matmul_wg_tf32 {
             PRODUCER_REGS,
             CONSUMER_REGS
         ));
-        assert!(SMEM_BYTES <= 227 * 1024);
+        assert!(SMEM_BYTES <= 227 * 1024 && SMEM_BYTES_WIDE <= 227 * 1024);
+        assert!(BN_WIDE == 2 * BN);
         assert!(TILE_BYTES.is_multiple_of(1024));
         assert!(C_PITCH % 32 == 8 && STORE_THREADS == 96);
     };
@@ -383,15 +399,54 @@ pub mod matmul_wg_tf32 {
     /// Most output tiles of one launch (the persistent walk's u32 tile index).
     pub const MAX_TILES: u64 = u32::MAX as u64 / 2;
 
-    /// Output tiles of `entries` (batch entries or depth slices) `m x n` products: the persistent
-    /// walk's length.
-    pub const fn tiles(m: u64, n: u64, entries: u64) -> u64 {
-        m.div_ceil(BM as u64) * n.div_ceil(BN as u64) * entries
+    /// Output tiles `BM x bn` of `entries` (batch entries or depth slices) `m x n` products: the
+    /// persistent walk's length.
+    pub const fn tiles(m: u64, n: u64, entries: u64, bn: u32) -> u64 {
+        m.div_ceil(BM as u64) * n.div_ceil(bn as u64) * entries
+    }
+
+    /// The time of a wide tile against a 128 x 128 one, in fifths: twice the work at the rate the
+    /// shared-memory count above allows (0.98 of the TF32 rate against 0.77), about 1.6.
+    pub const WIDE_TILE_COST_FIFTHS: u64 = 8;
+
+    /// Whether a TF32 product (one launch: `entries` products `m x n`, on a GPU of `sms` SMs) takes
+    /// the wide tiles: when their waves of persistent CTAs (`ceil(tiles / sms)`), each
+    /// [`WIDE_TILE_COST_FIFTHS`] of a narrow wave, take less time than the narrow tiles' waves. A
+    /// 4096 x 512 product stays narrow (one wave of 128 tiles against one of 64 twice as long); an
+    /// 8192 x 512 one goes wide (128 wide tiles in one wave against 256 narrow ones in two).
+    pub const fn wide(m: u64, n: u64, entries: u64, sms: u64) -> bool {
+        let sms = if sms == 0 { 1 } else { sms };
+        let (narrow, wide) = (
+            tiles(m, n, entries, BN).div_ceil(sms),
+            tiles(m, n, entries, BN_WIDE).div_ceil(sms),
+        );
+        n > BN as u64 && WIDE_TILE_COST_FIFTHS * wide < 5 * narrow
     }
 
     /// Floats between the rows of B's parts: K rounded up to whole 16-byte chunks.
     pub const fn parts_pitch(k: u64) -> u64 {
         k.div_ceil(4) * 4
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        #[test]
+        fn wide_tiles_where_their_waves_are_shorter() {
+            let h100 = 132;
+            // (m, n, entries, wide)
+            for (m, n, e, want) in [
+                (4096, 512, 1, false), // 1 wave either way
+                (8192, 512, 1, true),  // 1 against 2
+                (4096, 4096, 1, true), // 4 against 8
+                (8192, 128, 4, false), // no second column block
+                (4096, 512, 4, true),  // batched: 2 against 4
+                (128, 256, 1, false),
+                (4096, 1536, 1, false), // 2 against 3: 3.2 narrow waves' time
+            ] {
+                assert_eq!(wide(m, n, e, h100), want, "{m} x {n} x {e}");
+            }
+        }
     }
 }
 

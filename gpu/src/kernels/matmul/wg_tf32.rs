@@ -1,12 +1,13 @@
 //! The f32 matmul on Hopper tensor cores (sm_90 build only): `C (+)= op(A) op(B) (+ bias)` with
 //! `wgmma` m64n128k8 tf32 products and f32 accumulation, in 3xTF32 (`matmul_wg_tf32x3_{n,t}_f32`)
 //! or TF32 (`matmul_wg_tf32_{n,t}_f32`) precision, A stored either way (`n`: `M x K`, `t`:
-//! `K x M`), any M, N, K, batched or split along the depth (`splitk.rs` sums the slices).
+//! `K x M`), any M, N, K, batched or split along the depth (`splitk.rs` sums the slices); TF32 also
+//! on 128 x 256 tiles with m64n256k8 (`matmul_wg_tf32w_{n,t}_f32`, never split).
 //! B comes as K-major tf32 parts written by `matmul_wg_split_b_f32` from B stored either
 //! way. Tiles and the design notes: `params::matmul_wg_tf32`.
 //!
-//! Persistent CTAs (384 threads, at most one an SM) walk the 128 x 128 tiles of C of every batch
-//! entry or depth slice, `blockIdx.x, + gridDim.x, ...`:
+//! Persistent CTAs (384 threads, at most one an SM) walk the 128 x 128 (wide: 128 x 256) tiles of C
+//! of every batch entry or depth slice, `blockIdx.x, + gridDim.x, ...`:
 //! ```text
 //! warpgroup 0, thread 0 (copies): per tile, per k-tile kt: wait empty[s], expect the stage's bytes on
 //!     full[s], TMA A's stored k-tile (f32, 128-byte swizzle) and B's parts' k-tiles into stage s
@@ -15,9 +16,10 @@
 //!     the partial (3xTF32); release stage s (TF32 with A stored `M x K`: A from shared memory,
 //!     stage s released after the next k-tile's wgmma are queued);
 //!     then each waits until the staging tile is free, writes its 64 x 128 rows of the
-//!     accumulator there, arrives on `c_full` and goes on to the next tile
-//! warpgroup 0, warps 1-3 (stores): per tile: wait c_full; rows of 128 floats, 16 bytes a lane, to
-//!     C (bias, old C) or to the split's workspace; arrive on c_empty
+//!     accumulator there, arrives on `c_full` and goes on to the next tile (wide tiles: the
+//!     first 128 columns, then, once the staging tile is free again, the other 128)
+//! warpgroup 0, warps 1-3 (stores): per tile (and half of a wide tile): wait c_full; rows of 128
+//!     floats, 16 bytes a lane, to C (bias, old C) or to the split's workspace; arrive on c_empty
 //! ```
 //! The copies run the ring's depth of k-tiles ahead and into the next tile, and the store warps
 //! drain a tile's C while the consumers multiply the next one, so no tensor core waits on C's
@@ -36,8 +38,8 @@ use crate::dev::thread::{
 };
 use crate::dev::tma::TensorMapRef;
 use crate::dev::wgmma::{
-    Accumulator, SwizzledTile, commit, fence, mma_tf32_rs_n128, mma_tf32_ss_n128,
-    set_max_registers_dec, set_max_registers_inc,
+    Accumulator, SwizzledTile, Tf32Wgmma, commit, fence, set_max_registers_dec,
+    set_max_registers_inc,
 };
 use crate::params::lrp::v5::{split_tf32_fast, tf32_rna_bits};
 use crate::params::matmul_wg_tf32::*;
@@ -47,8 +49,10 @@ use crate::unroll;
 /// A K-major f32 tile of 128 rows by 32 floats (`BK`): one 128-byte swizzle panel, addressed as 64
 /// 16-bit columns (element (r, k) at `elem_addr(r, 2 k)`). A stored `M x K`, and B's tf32 parts.
 type KTile = SwizzledTile<128, 64>;
-/// The f32 tensor map of B's parts: 128 rows of 32 floats a box.
-type PartsMap = TensorMapRef<128, 3, 4>;
+/// B's `hi` part on a wide tile: 256 rows of 32 floats.
+type WideKTile = SwizzledTile<256, 64>;
+/// The f32 tensor map of B's parts: `R` rows of 32 floats a box.
+type PartsMap<const R: usize> = TensorMapRef<R, 3, 4>;
 
 /// Shared tile `(rows, 16-bit cols)` of A's stored k-tile: k-contiguous (a [`KTile`]) or
 /// outer-contiguous (32 k rows by 128 floats, four 128-byte panels); the box height of its tensor
@@ -82,48 +86,66 @@ fn parts(v: u32, passes: u32) -> (u32, u32) {
     }
 }
 
-/// B's parts in one pipeline stage: `hi` alone (TF32) or `hi` and `lo` (3xTF32); the type fixes the
-/// precision, the stage's bytes and the copies that fill it.
-trait BParts: StageTiles {
+/// B's parts (`R` rows) in one pipeline stage: `hi` alone (TF32) or `hi` and `lo` (3xTF32); the type
+/// fixes the precision, the tile's width, the stage's bytes and the copies that fill it.
+trait BParts<const R: usize>: StageTiles {
     const PASSES: u32;
-    fn hi(self) -> KTile;
-    fn lo(self) -> KTile;
+    /// The K-major descriptor of `hi` (all `R` rows) at k8 step `s`.
+    fn hi(self, s: u32) -> u64;
+    /// The same of `lo` (3xTF32).
+    fn lo(self, s: u32) -> u64;
     /// Copies the parts' k-tile at depth `k0`, rows `n0..`, batch `z` into this stage.
     ///
     /// # Safety
     /// As [`TensorMapRef::load`]: one thread, the stage's `full` barrier expects these bytes.
-    unsafe fn load(self, hi: PartsMap, lo: PartsMap, k0: i32, n0: i32, z: i32, bar: MBarrier);
+    unsafe fn load(self, hi: PartsMap<R>, lo: PartsMap<R>, k0: i32, n0: i32, z: i32, bar: MBarrier);
 }
 
-impl BParts for KTile {
+impl<const R: usize> BParts<R> for SwizzledTile<R, 64> {
     const PASSES: u32 = 1;
     #[inline(always)]
-    fn hi(self) -> KTile {
-        self
+    fn hi(self, s: u32) -> u64 {
+        self.desc_k_major(0, s)
     }
     #[inline(always)]
-    fn lo(self) -> KTile {
-        self
+    fn lo(self, s: u32) -> u64 {
+        self.desc_k_major(0, s)
     }
     #[inline(always)]
-    unsafe fn load(self, hi: PartsMap, _lo: PartsMap, k0: i32, n0: i32, z: i32, bar: MBarrier) {
+    unsafe fn load(
+        self,
+        hi: PartsMap<R>,
+        _lo: PartsMap<R>,
+        k0: i32,
+        n0: i32,
+        z: i32,
+        bar: MBarrier,
+    ) {
         // SAFETY: the caller's.
         unsafe { hi.load(self, k0, n0, z, bar) }
     }
 }
 
-impl BParts for (KTile, KTile) {
+impl BParts<128> for (KTile, KTile) {
     const PASSES: u32 = 3;
     #[inline(always)]
-    fn hi(self) -> KTile {
-        self.0
+    fn hi(self, s: u32) -> u64 {
+        self.0.desc_k_major(0, s)
     }
     #[inline(always)]
-    fn lo(self) -> KTile {
-        self.1
+    fn lo(self, s: u32) -> u64 {
+        self.1.desc_k_major(0, s)
     }
     #[inline(always)]
-    unsafe fn load(self, hi: PartsMap, lo: PartsMap, k0: i32, n0: i32, z: i32, bar: MBarrier) {
+    unsafe fn load(
+        self,
+        hi: PartsMap<128>,
+        lo: PartsMap<128>,
+        k0: i32,
+        n0: i32,
+        z: i32,
+        bar: MBarrier,
+    ) {
         // SAFETY: the caller's.
         unsafe {
             hi.load(self.0, k0, n0, z, bar);
@@ -156,30 +178,47 @@ fn a_fragments<const A_KC: bool, const R: usize, const C: usize>(
 }
 
 /// The kernel body: B's parts `P` (3xTF32: hi and lo; TF32: hi), A stored `K x M` unless `A_KC`
-/// (`M x K`), a ring of `ST` stages. Grid: at most one CTA an SM (the walk covers every tile).
+/// (`M x K`), a ring of `ST` stages, tiles of `BNT` columns (128 or 256; the accumulator `AN` =
+/// `BNT / 2` floats a thread). Grid: at most one CTA an SM (the walk covers every tile).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn matmul_wg_tf32<
-    P: BParts,
+    P: BParts<BNT>,
     const A_KC: bool,
     const AR: usize,
     const AC: usize,
     const ST: usize,
+    const BNT: usize,
+    const AN: usize,
 >(
     map_a: TensorMapRef<AR, 3, 4>,
-    map_hi: PartsMap,
-    map_lo: PartsMap,
+    map_hi: PartsMap<BNT>,
+    map_lo: PartsMap<BNT>,
     bias: Slice<f32>,
     c: SliceMut<f32>,
     ws: SliceMut<f32>,
     p: MatmulTf32,
-) {
+) where
+    [f32; AN]: Tf32Wgmma,
+{
     const {
+        let smem = if BNT == BN_WIDE as usize {
+            SMEM_BYTES_WIDE
+        } else {
+            SMEM_BYTES
+        };
         assert!(
             Pipeline::<(SwizzledTile<AR, AC>, P), ST>::BYTES + C_STAGING_BYTES as usize + 16
-                <= SMEM_BYTES as usize
-        )
+                <= smem as usize
+        );
+        // Wide tiles: TF32 only, never split (`params::matmul_wg_tf32::wide`).
+        assert!(
+            2 * AN == BNT && (BNT == BN as usize || (BNT == BN_WIDE as usize && P::PASSES == 1))
+        );
     };
+    // Column blocks of a tile that pass through the 128-column staging tile one after the other.
+    let blocks = (BNT / BN as usize) as u32;
+
     let pipe = Pipeline::<(SwizzledTile<AR, AC>, P), ST>::at(dynamic_base());
     // The C staging tile (16-byte aligned: the ring's size is) and its barriers: `c_full` completes
     // when every consumer thread has written its accumulator there, `c_empty` when every store
@@ -205,7 +244,7 @@ unsafe fn matmul_wg_tf32<
     sync_threads();
 
     let mm = p.mm;
-    let tiles_n = mm.n.div_ceil(BN);
+    let tiles_n = mm.n.div_ceil(BNT as u32);
     let per_entry = tiles_n * mm.m.div_ceil(BM);
     let tiles = per_entry * if p.splits > 1 { p.splits } else { p.batch };
     // Tile `t` of the persistent walk (column tiles fastest, so the CTAs running at once share A's
@@ -213,7 +252,7 @@ unsafe fn matmul_wg_tf32<
     let tile = |t: u32| {
         let zz = t / per_entry;
         let r = t - zz * per_entry;
-        let (m0, n0) = ((r / tiles_n) * BM, (r % tiles_n) * BN);
+        let (m0, n0) = ((r / tiles_n) * BM, (r % tiles_n) * BNT as u32);
         let (z, split) = if p.splits > 1 { (0u32, zz) } else { (zz, 0) };
         let k_begin = split * p.k_per_split;
         let k_end = {
@@ -265,22 +304,28 @@ unsafe fn matmul_wg_tf32<
             let mut t = block_idx_x();
             while t < tiles {
                 let (z, split, m0, n0, _, _) = tile(t);
-                c_full.wait(parity);
-                let col = n0 + col_in;
-                let mut r = warp;
-                while r < BM && m0 + r < mm.m {
-                    let row = m0 + r;
-                    // SAFETY: inside the staging tile (r < BM, col_in + 4 <= BN), 16-byte aligned
-                    // (C_PITCH and col_in multiples of 4); its writers arrived on `c_full` before
-                    // the phase this thread waited for completed.
-                    let v = unsafe { ld_shared_v4(staging + 4 * (r * C_PITCH + col_in)) }
-                        .map(f32::from_bits);
-                    store_element4(&p, &bias, &c, &ws, split, z as u64, (row, col), v, aligned);
-                    r += STORE_THREADS / 32;
+                let mut b = 0;
+                // (Column blocks past N pass through neither side.)
+                while b < blocks && n0 + BN * b < mm.n {
+                    c_full.wait(parity);
+                    let col = n0 + BN * b + col_in;
+                    let mut r = warp;
+                    while r < BM && m0 + r < mm.m {
+                        let row = m0 + r;
+                        // SAFETY: inside the staging tile (r < BM, col_in + 4 <= BN), 16-byte
+                        // aligned (C_PITCH and col_in multiples of 4); its writers arrived on
+                        // `c_full` before the phase this thread waited for completed.
+                        let v = unsafe { ld_shared_v4(staging + 4 * (r * C_PITCH + col_in)) }
+                            .map(f32::from_bits);
+                        store_element4(&p, &bias, &c, &ws, split, z as u64, (row, col), v, aligned);
+                        r += STORE_THREADS / 32;
+                    }
+                    // SAFETY: one arrival a store thread a column block, after its last read of
+                    // the block.
+                    unsafe { c_empty.arrive() };
+                    parity ^= 1;
+                    b += 1;
                 }
-                // SAFETY: one arrival a store thread a tile, after its last read of the tile.
-                unsafe { c_empty.arrive() };
-                parity ^= 1;
                 t += grid_dim_x();
             }
         }
@@ -295,8 +340,8 @@ unsafe fn matmul_wg_tf32<
         let mut c_parity = 0;
         let mut t = block_idx_x();
         while t < tiles {
-            let (_, _, _, _, _, k_tiles) = tile(t);
-            let mut acc = [0f32; 64];
+            let (_, _, _, n0, _, k_tiles) = tile(t);
+            let mut acc = [0f32; AN];
             if P::PASSES == 1 && A_KC {
                 // TF32 with A stored `M x K`: both operands K-major in shared memory, so wgmma reads
                 // A's stored tile (truncated to tf32 by the tensor core) and no thread touches it; a
@@ -309,7 +354,7 @@ unsafe fn matmul_wg_tf32<
                             let s = s as u32;
                             // SAFETY: the whole warpgroup, on a stage that has landed (the full
                             // barrier) and stays until the walk releases it after a covering wait.
-                            unsafe { mma_tf32_ss_n128(acc, ta.desc_k_major(64 * wg, s), tb.hi().desc_k_major(0, s), 1) };
+                            unsafe { acc.mma_tf32_ss(ta.desc_k_major(64 * wg, s), tb.hi(s), 1) };
                         });
                     })
                 };
@@ -318,33 +363,32 @@ unsafe fn matmul_wg_tf32<
                 while kt < k_tiles {
                     let (ta, tb) = pipe.consumer_wait(at);
                     let (ah, al) = a_fragments::<A_KC, AR, AC>(ta, r0, q, P::PASSES);
-                    let (hi, lo) = (tb.hi(), tb.lo());
                     fence();
                     if P::PASSES == 3 {
-                        let mut part = [0f32; 64];
+                        let mut part = [0f32; AN];
                         unroll!(s in [0, 1, 2, 3] {
                             let s = s as u32;
                             // SAFETY: the whole warpgroup, on a stage that has landed (the full barrier)
                             // and stays until this warpgroup releases it after the wait below. The small
                             // terms first: they are lost least to the chain's truncation.
                             unsafe {
-                                mma_tf32_rs_n128(&mut part, &al[s as usize], hi.desc_k_major(0, s), (s > 0) as u32);
-                                mma_tf32_rs_n128(&mut part, &ah[s as usize], lo.desc_k_major(0, s), 1);
-                                mma_tf32_rs_n128(&mut part, &ah[s as usize], hi.desc_k_major(0, s), 1);
+                                part.mma_tf32_rs(&al[s as usize], tb.hi(s), (s > 0) as u32);
+                                part.mma_tf32_rs(&ah[s as usize], tb.lo(s), 1);
+                                part.mma_tf32_rs(&ah[s as usize], tb.hi(s), 1);
                             }
                         });
                         commit();
                         part.wait::<0>();
-                        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                            unroll!(e in [0, 1, 2, 3] {
-                                acc[4 * i + e] += part[4 * i + e];
-                            });
-                        });
+                        let mut i = 0;
+                        while i < AN {
+                            acc[i] += part[i];
+                            i += 1;
+                        }
                     } else {
                         unroll!(s in [0, 1, 2, 3] {
                             let s = s as u32;
                             // SAFETY: as above.
-                            unsafe { mma_tf32_rs_n128(&mut acc, &ah[s as usize], hi.desc_k_major(0, s), 1) };
+                            unsafe { acc.mma_tf32_rs(&ah[s as usize], tb.hi(s), 1) };
                         });
                         commit();
                         acc.wait::<0>();
@@ -359,40 +403,45 @@ unsafe fn matmul_wg_tf32<
             }
 
             // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile, into
-            // the staging tile once the store warps have emptied it of the previous tile.
-            c_empty.wait(c_parity ^ 1);
-            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                unroll!(h in [0, 1] {
-                    let (r, col) = (r0 + 8 * h as u32, 8 * j as u32 + 2 * q);
-                    // SAFETY: inside the staging tile (r < BM, col + 2 <= BN), 8-byte aligned; this
-                    // thread's own pair, which no store thread reads before `c_full` completes.
-                    unsafe {
-                        st_shared_v2_f32(
-                            staging + 4 * (r * C_PITCH + col),
-                            [acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]],
-                        )
-                    };
+            // the staging tile by blocks of 128 columns, each once the store warps have emptied it
+            // of the previous block.
+            let mut b = 0;
+            while b < blocks && n0 + BN * b < mm.n {
+                c_empty.wait(c_parity ^ 1);
+                unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    unroll!(h in [0, 1] {
+                        let (r, col) = (r0 + 8 * h as u32, 8 * j as u32 + 2 * q);
+                        let i = 64 * b as usize + 4 * j + 2 * h;
+                        // SAFETY: inside the staging tile (r < BM, col + 2 <= BN), 8-byte aligned;
+                        // this thread's own pair, which no store thread reads before `c_full`
+                        // completes.
+                        unsafe {
+                            st_shared_v2_f32(staging + 4 * (r * C_PITCH + col), [acc[i], acc[i + 1]])
+                        };
+                    });
                 });
-            });
-            // SAFETY: one arrival a consumer thread a tile (the barrier counts 256), after its
-            // writes to the staging tile.
-            unsafe { c_full.arrive() };
-            c_parity ^= 1;
+                // SAFETY: one arrival a consumer thread a column block (the barrier counts 256),
+                // after its writes to the staging tile.
+                unsafe { c_full.arrive() };
+                c_parity ^= 1;
+                b += 1;
+            }
             t += grid_dim_x();
         }
     }
 }
 
 macro_rules! wg_tf32_entry_points {
-    ($($name:ident, $parts:ty, $a_kc:literal, $stages:expr;)*) => {$(
+    ($($name:ident, $parts:ty, $a_kc:literal, $stages:expr, $bn:expr;)*) => {$(
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
         crate::launch_bounds!($name, THREADS, 1);
         crate::tensor_map_params!($name, 0, 1, 2);
         /// `C (+)= op(A) op(B) (+ bias)` for one precision and storage of A (module doc): `a_map`
         /// is an f32 tensor map of the stored A, `hi_map` and `lo_map` of B's tf32 parts (TF32:
-        /// `lo_map` is not read) (`host::ops::matmul`), grid `min(tiles, SMs)` (`tiles` of
-        /// `params::matmul_wg_tf32`), `THREADS` threads, `SMEM_BYTES` of dynamic shared memory.
-        /// `ws` holds `splits * M * N` floats when split.
+        /// `lo_map` is not read; boxes of the tile's columns as rows) (`host::ops::matmul`), grid
+        /// `min(tiles, SMs)` (`tiles` of `params::matmul_wg_tf32`), `THREADS` threads, `SMEM_BYTES`
+        /// (wide: `SMEM_BYTES_WIDE`) of dynamic shared memory. `ws` holds `splits * M * N` floats
+        /// when split.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             _a_map: crate::params::TensorMapParam,
@@ -404,10 +453,10 @@ macro_rules! wg_tf32_entry_points {
             p: MatmulTf32,
         ) {
             let map_a = crate::tensor_map_param!($name, 0, raw_tile($a_kc).0, 3, 4);
-            let map_hi = crate::tensor_map_param!($name, 1, 128, 3, 4);
-            let map_lo = crate::tensor_map_param!($name, 2, 128, 3, 4);
+            let map_hi = crate::tensor_map_param!($name, 1, { $bn as usize }, 3, 4);
+            let map_lo = crate::tensor_map_param!($name, 2, { $bn as usize }, 3, 4);
             unsafe {
-                matmul_wg_tf32::<$parts, $a_kc, { raw_tile($a_kc).0 }, { raw_tile($a_kc).1 }, { $stages as usize }>(
+                matmul_wg_tf32::<$parts, $a_kc, { raw_tile($a_kc).0 }, { raw_tile($a_kc).1 }, { $stages as usize }, { $bn as usize }, { $bn as usize / 2 }>(
                     map_a, map_hi, map_lo, bias, c, ws, p,
                 )
             }
@@ -417,10 +466,12 @@ macro_rules! wg_tf32_entry_points {
 
 // `n`: A stored M x K (k-contiguous); `t`: A stored K x M.
 wg_tf32_entry_points! {
-    matmul_wg_tf32x3_n_f32, (KTile, KTile), true, STAGES_TF32X3;
-    matmul_wg_tf32x3_t_f32, (KTile, KTile), false, STAGES_TF32X3;
-    matmul_wg_tf32_n_f32, KTile, true, STAGES_TF32;
-    matmul_wg_tf32_t_f32, KTile, false, STAGES_TF32;
+    matmul_wg_tf32x3_n_f32, (KTile, KTile), true, STAGES_TF32X3, BN;
+    matmul_wg_tf32x3_t_f32, (KTile, KTile), false, STAGES_TF32X3, BN;
+    matmul_wg_tf32_n_f32, KTile, true, STAGES_TF32, BN;
+    matmul_wg_tf32_t_f32, KTile, false, STAGES_TF32, BN;
+    matmul_wg_tf32w_n_f32, WideKTile, true, STAGES_WIDE, BN_WIDE;
+    matmul_wg_tf32w_t_f32, WideKTile, false, STAGES_WIDE, BN_WIDE;
 }
 
 crate::launch_bounds!(matmul_wg_split_b_f32, SPLIT_THREADS, 1);

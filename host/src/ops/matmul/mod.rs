@@ -342,11 +342,17 @@ fn gemm_tf32(
     );
     if let Some(plan) = plan {
         const { assert!(wg::BM == tf::BM && wg::BN == tf::BN) };
-        let passes = if precision == Precision::Tf32 { 1 } else { 3 };
+        let tf32 = precision == Precision::Tf32;
+        let passes = if tf32 { 1 } else { 3 };
+        let sms = gpu.sm_count()?.max(1) as u64;
+        let entries = grid_dim.2 as u64;
+        // (A wide launch is never split: enough wide tiles to fill the GPU leave `split_k` at 1.)
+        let wide = tf32 && splits == 1 && wg::wide(m as u64, n as u64, entries, sms);
+        let bn = if wide { wg::BN_WIDE } else { wg::BN };
         // Freed after the launch below is queued: the stream orders the kernel's reads first.
-        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, &b, &plan, passes)?;
+        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, &b, &plan, passes, bn)?;
         // Persistent: at most one CTA an SM walks the tiles (`wg::tiles`).
-        let tiles = wg::tiles(m as u64, n as u64, grid_dim.2 as u64);
+        let tiles = wg::tiles(m as u64, n as u64, entries, bn);
         if tiles > wg::MAX_TILES {
             return Err(Error::TooLarge {
                 op: "matmul",
@@ -355,15 +361,19 @@ fn gemm_tf32(
                 max: wg::MAX_TILES,
             });
         }
-        let sms = gpu.sm_count()?.max(1) as u64;
+        let a_t = (a.trans == Transpose::Yes) as usize;
+        let (name, smem) = if wide {
+            (WG_WIDE_NAMES[a_t], wg::SMEM_BYTES_WIDE)
+        } else {
+            (WG_NAMES[2 * tf32 as usize + a_t], wg::SMEM_BYTES)
+        };
         launch_cfg_large_smem(
             gpu,
-            WG_NAMES[2 * (precision == Precision::Tf32) as usize
-                + (a.trans == Transpose::Yes) as usize],
+            name,
             cudarc::driver::LaunchConfig {
                 grid_dim: (tiles.min(sms) as u32, 1, 1),
                 block_dim: (wg::THREADS, 1, 1),
-                shared_mem_bytes: wg::SMEM_BYTES,
+                shared_mem_bytes: smem,
             },
             &[
                 &ByValue(plan.map_a),
@@ -425,6 +435,10 @@ const WG_NAMES: [&str; 4] = [
     "matmul_wg_tf32_t_f32",
 ];
 
+/// The Hopper TF32 kernels on 128 x 256 tiles (`params::matmul_wg_tf32::wide`): A stored `M x K`,
+/// A stored `K x M`.
+const WG_WIDE_NAMES: [&str; 2] = ["matmul_wg_tf32w_n_f32", "matmul_wg_tf32w_t_f32"];
+
 /// A product the Hopper f32 kernels take: A's tensor map and the geometry of B's tf32 parts.
 #[derive(Clone, Copy)]
 struct WgPlan {
@@ -479,13 +493,15 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
 }
 
 /// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`) into a fresh buffer and returns
-/// it with the tensor maps of its `hi` and `lo` planes (TF32: `hi` twice).
+/// it with the tensor maps of its `hi` and `lo` planes (TF32: `hi` twice), boxes of `bn` rows (the
+/// kernel's tile columns).
 fn wg_tf32_parts(
     gpu: &crate::Gpu,
     shape: GemmShape,
     b: &Operand,
     plan: &WgPlan,
     passes: u32,
+    bn: u32,
 ) -> Result<(
     Tensor,
     gpu::params::TensorMapParam,
@@ -530,9 +546,9 @@ fn wg_tf32_parts(
         batch_stride: n as u64 * plan.pitch,
     };
     let base = parts.raw().ptr;
-    let hi = crate::tma::sw128_map(OP, DType::F32, &view(base), wg::BN)?;
+    let hi = crate::tma::sw128_map(OP, DType::F32, &view(base), bn)?;
     let lo = if passes == 3 {
-        crate::tma::sw128_map(OP, DType::F32, &view(base + 4 * plane), wg::BN)?
+        crate::tma::sw128_map(OP, DType::F32, &view(base + 4 * plane), bn)?
     } else {
         hi
     };
