@@ -594,8 +594,8 @@ fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
 /// kernels on compute capability 9.0 (`matmul_wg_tf32w_*`, `params::matmul_wg_tf32::wide`; the
 /// premise is asserted for each shape). One product with tails in M, N (the last tile's second
 /// column block 4 columns wide) and K, on sampled rows; batches of small products whose N ends inside
-/// a tile's first column block, on every row, with B batched or broadcast; every transpose; then
-/// with a bias and the old C added, and the same bits on a second run.
+/// a tile's first column block, on sampled rows of three entries, with B batched or broadcast; every
+/// transpose; then with a bias and the old C added, and the same bits on a second run.
 #[test]
 fn matmul_tf32_wide_tiles_match_f64_reference() {
     use gpu::params::matmul_wg_tf32::wide;
@@ -611,14 +611,14 @@ fn matmul_tf32_wide_tiles_match_f64_reference() {
     let bt = sms / 4;
     // (m, n, k, batch of A, batch of B)
     let shapes = [
-        (m1, n1, 68, None, None),
-        (129, 300, 36, Some(bt), Some(bt)),
-        (131, 260, 100, Some(bt), None),
+        (m1, n1, 2068, None, None),
+        (129, 300, 2052, Some(bt), Some(bt)),
+        (131, 260, 2100, Some(bt), None),
     ];
     for (m, n, k, batch_a, batch_b) in shapes {
         let entries = batch_a.or(batch_b).unwrap_or(1);
         assert!(
-            wide(m as u64, n as u64, entries as u64, sms as u64),
+            wide(m as u64, n as u64, k as u64, entries as u64, sms as u64),
             "{m}x{n} x{entries} on {sms} SMs: the shape does not take the wide tiles"
         );
         for (ta, tb) in TRANSPOSES {
@@ -629,16 +629,20 @@ fn matmul_tf32_wide_tiles_match_f64_reference() {
                 ..case(m, n, k, ta, tb, DType::F32)
             };
             let (a, b, out) = run(&gpu, &mut rng, &c);
-            let rows = if entries == 1 {
-                sampled_rows(&mut rng, m, 5)
-            } else {
-                all_rows(&c)
-            };
+            // Sampled rows of the first, a middle and the last entry.
+            let rows: Vec<(usize, usize)> = sampled_rows(&mut rng, m, 3)
+                .into_iter()
+                .flat_map(|(_, i)| {
+                    let mut zs = vec![0, entries / 2, entries - 1];
+                    zs.dedup();
+                    zs.into_iter().map(move |z| (z, i))
+                })
+                .collect();
             check_rows(&c, &a, &b, &out, &rows);
         }
     }
     // Bias and accumulate through the store warps' second column block.
-    let (m, n, k) = (m1, n1, 68);
+    let (m, n, k) = (m1, n1, 2068);
     for (ta, tb) in TRANSPOSES {
         let a = uniform(&mut rng, &stored(None, m, k, ta), -1.0, 1.0, DType::F32);
         let b = uniform(&mut rng, &stored(None, k, n, tb), -1.0, 1.0, DType::F32);

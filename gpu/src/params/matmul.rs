@@ -409,18 +409,26 @@ pub mod matmul_wg_tf32 {
     /// shared-memory count above allows (0.98 of the TF32 rate against 0.77), about 1.6.
     pub const WIDE_TILE_COST_FIFTHS: u64 = 8;
 
-    /// Whether a TF32 product (one launch: `entries` products `m x n`, on a GPU of `sms` SMs) takes
-    /// the wide tiles: when their waves of persistent CTAs (`ceil(tiles / sms)`), each
-    /// [`WIDE_TILE_COST_FIFTHS`] of a narrow wave, take less time than the narrow tiles' waves. A
-    /// 4096 x 512 product stays narrow (one wave of 128 tiles against one of 64 twice as long); an
-    /// 8192 x 512 one goes wide (128 wide tiles in one wave against 256 narrow ones in two).
-    pub const fn wide(m: u64, n: u64, entries: u64, sms: u64) -> bool {
+    /// The shallowest product that takes the wide tiles. A wide tile's consumers wait for the store
+    /// warps to drain its first column block before they write the second, about 2,000 clocks; on
+    /// 16-32 k-tiles that outweighs the products' gain. Measured (2026-11-28, d4cc359, H100): the
+    /// per-feature `Layer`'s batched linear maps (K 512 and 1024) lost 1.9%-4.5% on wide tiles,
+    /// fcgp's mixing (K 2048 and deeper) and `matmul` 4096^3 gained 5%-15%.
+    pub const WIDE_MIN_DEPTH: u64 = 2048;
+
+    /// Whether a TF32 product (one launch: `entries` products `m x n` of depth `k`, on a GPU of
+    /// `sms` SMs) takes the wide tiles: at least [`WIDE_MIN_DEPTH`] deep, and when their waves of
+    /// persistent CTAs (`ceil(tiles / sms)`), each [`WIDE_TILE_COST_FIFTHS`] of a narrow wave,
+    /// take less time than the narrow tiles' waves. A 4096 x 512 product stays narrow (one wave of
+    /// 128 tiles against one of 64 twice as long); an 8192 x 512 one goes wide (128 wide tiles in
+    /// one wave against 256 narrow ones in two).
+    pub const fn wide(m: u64, n: u64, k: u64, entries: u64, sms: u64) -> bool {
         let sms = if sms == 0 { 1 } else { sms };
         let (narrow, wide) = (
             tiles(m, n, entries, BN).div_ceil(sms),
             tiles(m, n, entries, BN_WIDE).div_ceil(sms),
         );
-        n > BN as u64 && WIDE_TILE_COST_FIFTHS * wide < 5 * narrow
+        n > BN as u64 && k >= WIDE_MIN_DEPTH && WIDE_TILE_COST_FIFTHS * wide < 5 * narrow
     }
 
     /// Floats between the rows of B's parts: K rounded up to whole 16-byte chunks.
@@ -434,7 +442,7 @@ pub mod matmul_wg_tf32 {
         #[test]
         fn wide_tiles_where_their_waves_are_shorter() {
             let h100 = 132;
-            // (m, n, entries, wide)
+            // (m, n, entries, wide) at depth 2048
             for (m, n, e, want) in [
                 (4096, 512, 1, false), // 1 wave either way
                 (8192, 512, 1, true),  // 1 against 2
@@ -444,8 +452,10 @@ pub mod matmul_wg_tf32 {
                 (128, 256, 1, false),
                 (4096, 1536, 1, false), // 2 against 3: 3.2 narrow waves' time
             ] {
-                assert_eq!(wide(m, n, e, h100), want, "{m} x {n} x {e}");
+                assert_eq!(wide(m, n, 2048, e, h100), want, "{m} x {n} x {e}");
             }
+            // Too shallow.
+            assert!(!wide(4096, 512, WIDE_MIN_DEPTH - 1, 4, h100));
         }
     }
 }

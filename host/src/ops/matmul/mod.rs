@@ -347,7 +347,7 @@ fn gemm_tf32(
         let sms = gpu.sm_count()?.max(1) as u64;
         let entries = grid_dim.2 as u64;
         // (A wide launch is never split: enough wide tiles to fill the GPU leave `split_k` at 1.)
-        let wide = tf32 && splits == 1 && wg::wide(m as u64, n as u64, entries, sms);
+        let wide = tf32 && splits == 1 && wg::wide(m as u64, n as u64, k as u64, entries, sms);
         let bn = if wide { wg::BN_WIDE } else { wg::BN };
         // Freed after the launch below is queued: the stream orders the kernel's reads first.
         let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, &b, &plan, passes, bn)?;
