@@ -6,7 +6,9 @@
 //!   stored f32 tiles and of B's parts, A split in registers; sm_80 build: `matmul_tf32x3_*_f32` / `matmul_tf32_*_f32`
 //!   (`gpu/src/kernels/matmul/tf32.rs`): `mma.m16n8k8`, a 3-stage `cp.async` pipeline. Both tile C
 //!   in 128 x 128 and split along the depth (summed in a fixed order) when the output has too few
-//!   tiles to fill the GPU;
+//!   tiles to fill the GPU. TF32 products at least 2048 deep whose 128 x 256 tiles take fewer waves
+//!   of the GPU's SMs run `matmul_wg_tf32w_*_f32` on those tiles instead (`wgmma` m64n256k8; the
+//!   rule is `gpu::params::matmul_wg_tf32::wide`);
 //! - f32, [`Precision::Ieee`]: `matmul_simt_{nn,nt,tn,tt}_f32` (`gpu/src/kernels/matmul/simt.rs`):
 //!   double-buffered shared-memory tiles, 8 x 16 register micro-tiles on CUDA cores, one fp32 fma a
 //!   product;
