@@ -208,13 +208,83 @@ macro_rules! wgmma_impl {
         }
     };
 }
-/// The accumulator and both element types' wgmma methods for one shape (`$n` f32 a thread, N =
-/// `$nn`): one list of register indices serves all three.
+
+/// `wgmma ... k8.f32.tf32.tf32` products into an accumulator of `N / 2` f32 a thread (`[f32; 64]`:
+/// m64n128k8, `[f32; 128]`: m64n256k8, every shape of [`Accumulator`]), B from a K-major descriptor
+/// (tf32 has no transposed form).
+/// A tf32 value is an f32 bit pattern whose low 13 bits are zero; the tensor core reads an f32 operand
+/// from shared memory as tf32 by ignoring them (an operand stored as plain f32 enters truncated, with
+/// no conversion pass). A K-major tile of 32 f32 a row is the same 128-byte swizzle layout as 64
+/// 16-bit elements a row, and its k8 step is the same 32-byte step ([`SwizzledTile::desc_k_major`]
+/// with `k_step` = the k8 step). The accumulator layout is the one of the module doc.
+pub trait Tf32Wgmma: Accumulator {
+    /// `D (64 x N, f32) = A B + (scale_d != 0 ? D : 0)` for one k8 step, A from registers: the
+    /// thread's fragment of the warp's 16 rows, the `mma.m16n8k8` tf32 layout: `a[0]` = (row g, col
+    /// q), `a[1]` = (g + 8, q), `a[2]` = (g, q + 4), `a[3]` = (g + 8, q + 4).
+    ///
+    /// # Safety
+    /// As for [`Wgmma::mma_ss`]; `a` is not written until a wait covering this wgmma.
+    unsafe fn mma_tf32_rs(&mut self, a: &[u32; 4], b_desc: u64, scale_d: u32);
+    /// As [`Tf32Wgmma::mma_tf32_rs`] with A from a K-major descriptor (the warpgroup's 64 rows,
+    /// [`SwizzledTile::desc_k_major`] as for B).
+    ///
+    /// # Safety
+    /// As for [`Wgmma::mma_ss`].
+    unsafe fn mma_tf32_ss(&mut self, a_desc: u64, b_desc: u64, scale_d: u32);
+}
+
+/// One `wgmma ... m64n$nn k8.f32.tf32.tf32` into the accumulator `$d` (registers `$first`, `$i`...),
+/// with A given as its operand text and asm operands: the one asm both [`Tf32Wgmma`] forms share.
+macro_rules! tf32_wgmma_asm {
+    ($d:ident, $nn:literal, $a_text:literal, [$($a_ops:tt)*], $b:expr, $sd:expr, $first:literal $(, $i:literal)*) => {
+        core::arch::asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {sd}, 0;",
+            concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k8.f32.tf32.tf32 ",
+                "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, ", $a_text, ", {b}, p, 1, 1;"),
+            "}}",
+            inout(reg32) $d[$first], $(inout(reg32) $d[$i],)*
+            $($a_ops)*
+            b = in(reg64) $b, sd = in(reg32) $sd,
+            options(nostack)
+        )
+    };
+}
+
+macro_rules! tf32_shape {
+    ($n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
+        impl Tf32Wgmma for [f32; $n] {
+            #[inline(always)]
+            unsafe fn mma_tf32_rs(&mut self, a: &[u32; 4], b_desc: u64, scale_d: u32) {
+                let d = self;
+                // SAFETY: the caller's.
+                unsafe {
+                    tf32_wgmma_asm!(d, $nn, "{{{a0}, {a1}, {a2}, {a3}}}",
+                        [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],],
+                        b_desc, scale_d, $first $(, $i)*)
+                }
+            }
+            #[inline(always)]
+            unsafe fn mma_tf32_ss(&mut self, a_desc: u64, b_desc: u64, scale_d: u32) {
+                let d = self;
+                // SAFETY: the caller's.
+                unsafe {
+                    tf32_wgmma_asm!(d, $nn, "{a}", [a = in(reg64) a_desc,], b_desc, scale_d, $first $(, $i)*)
+                }
+            }
+        }
+    };
+}
+
+/// The accumulator, both 16-bit element types' wgmma methods and the tf32 ones for one shape (`$n`
+/// f32 a thread, N = `$nn`): one list of register indices serves all four.
 macro_rules! wgmma_shape {
     ($n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
         accumulator!($n, $first $(, $i)*);
         wgmma_impl!(crate::dev::elem::F16, "f16", $n, $nn, $first $(, $i)*);
         wgmma_impl!(crate::dev::elem::BF16, "bf16", $n, $nn, $first $(, $i)*);
+        tf32_shape!($n, $nn, $first $(, $i)*);
     };
 }
 wgmma_shape!(
@@ -241,86 +311,6 @@ wgmma_shape!(
     95
 );
 wgmma_shape!(
-    128, "256", 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
-    23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
-    47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70,
-    71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94,
-    95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114,
-    115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127
-);
-
-/// `wgmma ... k8.f32.tf32.tf32` products into an accumulator of `N / 2` f32 a thread (`[f32; 64]`:
-/// m64n128k8, `[f32; 128]`: m64n256k8), B from a K-major descriptor (tf32 has no transposed form).
-/// A tf32 value is an f32 bit pattern whose low 13 bits are zero; the tensor core reads an f32 operand
-/// from shared memory as tf32 by ignoring them (an operand stored as plain f32 enters truncated, with
-/// no conversion pass). A K-major tile of 32 f32 a row is the same 128-byte swizzle layout as 64
-/// 16-bit elements a row, and its k8 step is the same 32-byte step ([`SwizzledTile::desc_k_major`]
-/// with `k_step` = the k8 step). The accumulator layout is the one of the module doc.
-pub trait Tf32Wgmma: Accumulator {
-    /// `D (64 x N, f32) = A B + (scale_d != 0 ? D : 0)` for one k8 step, A from registers: the
-    /// thread's fragment of the warp's 16 rows, the `mma.m16n8k8` tf32 layout: `a[0]` = (row g, col
-    /// q), `a[1]` = (g + 8, q), `a[2]` = (g, q + 4), `a[3]` = (g + 8, q + 4).
-    ///
-    /// # Safety
-    /// As for [`Wgmma::mma_ss`]; `a` is not written until a wait covering this wgmma.
-    unsafe fn mma_tf32_rs(&mut self, a: &[u32; 4], b_desc: u64, scale_d: u32);
-    /// As [`Tf32Wgmma::mma_tf32_rs`] with A from a K-major descriptor (the warpgroup's 64 rows,
-    /// [`SwizzledTile::desc_k_major`] as for B).
-    ///
-    /// # Safety
-    /// As for [`Wgmma::mma_ss`].
-    unsafe fn mma_tf32_ss(&mut self, a_desc: u64, b_desc: u64, scale_d: u32);
-}
-
-macro_rules! tf32_shape {
-    ($n:literal, $nn:literal, $first:literal $(, $i:literal)*) => {
-        impl Tf32Wgmma for [f32; $n] {
-            #[inline(always)]
-            unsafe fn mma_tf32_rs(&mut self, a: &[u32; 4], b_desc: u64, scale_d: u32) {
-                let d = self;
-                // SAFETY: the caller's.
-                unsafe {
-                    core::arch::asm!(
-                        "{{",
-                        ".reg .pred p;",
-                        "setp.ne.b32 p, {sd}, 0;",
-                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k8.f32.tf32.tf32 ",
-                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1;"),
-                        "}}",
-                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
-                        a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
-                        b = in(reg64) b_desc, sd = in(reg32) scale_d,
-                        options(nostack)
-                    )
-                }
-            }
-            #[inline(always)]
-            unsafe fn mma_tf32_ss(&mut self, a_desc: u64, b_desc: u64, scale_d: u32) {
-                let d = self;
-                // SAFETY: the caller's.
-                unsafe {
-                    core::arch::asm!(
-                        "{{",
-                        ".reg .pred p;",
-                        "setp.ne.b32 p, {sd}, 0;",
-                        concat!("wgmma.mma_async.sync.aligned.m64n", $nn, "k8.f32.tf32.tf32 ",
-                            "{{{", $first, "}" $(, ", {", $i, "}")*, "}}, {a}, {b}, p, 1, 1;"),
-                        "}}",
-                        inout(reg32) d[$first], $(inout(reg32) d[$i],)*
-                        a = in(reg64) a_desc, b = in(reg64) b_desc, sd = in(reg32) scale_d,
-                        options(nostack)
-                    )
-                }
-            }
-        }
-    };
-}
-tf32_shape!(
-    64, "128", 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
-    23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
-    47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
-);
-tf32_shape!(
     128, "256", 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
     23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
     47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70,
