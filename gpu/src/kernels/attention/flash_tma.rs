@@ -216,7 +216,7 @@ unsafe fn flash_tma_fwd<
         if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
         }
-        let alpha = softmax.update(&mut s);
+        let alpha = softmax.update::<SN, true>(&mut s);
         acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
         if t > 0 {
             if elected {

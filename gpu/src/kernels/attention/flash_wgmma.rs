@@ -176,11 +176,12 @@ unsafe fn flash_wg_fwd<
         if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
         }
-        let alpha = softmax.update(&mut s);
+        // Eager rescale: a row here spans a few tiles (the seed shape's 512 keys are 4), where
+        // the lazy form's branches cost more than the rescales they skip (2.4% and 2.7% at
+        // B4 H8 S512 D64, 5db3d81, H100).
+        let alpha = softmax.update::<SN, false>(&mut s);
         acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
-        if alpha != [1.0; 2] {
-            rescale(&mut acc, alpha);
-        }
+        rescale(&mut acc, alpha);
         pf = pack_p::<T, SN>(&s);
     }
     if steps > 0 {
@@ -555,10 +556,15 @@ impl OnlineSoftmax {
     }
 
     /// Replaces the raw scores by `exp2(s c - m c)` and returns each row's rescale factor for the
-    /// output accumulator: exactly 1 while the row's maximum stays within [`RESCALE_LOG2`] of the
-    /// base `m`, else `exp2(m_old c - m_new c)` with the base moved to the new maximum.
+    /// output accumulator. `LAZY`: exactly 1 while the row's maximum stays within [`RESCALE_LOG2`]
+    /// of the base `m`, else `exp2(m_old c - m_new c)` with the base moved to the new maximum.
+    /// Eager (`!LAZY`): the base is always the running maximum and the factor is computed every
+    /// tile, with no branch; kernels whose rows span a few tiles keep it (see `flash_wg4`).
     #[inline(always)]
-    pub(super) fn update<const SN: usize>(&mut self, s: &mut [f32; SN]) -> [f32; 2] {
+    pub(super) fn update<const SN: usize, const LAZY: bool>(
+        &mut self,
+        s: &mut [f32; SN],
+    ) -> [f32; 2] {
         let mut alpha = [1.0f32; 2];
         unroll!(r in [0, 1] {
             let mut m = self.m[r];
@@ -567,19 +573,22 @@ impl OnlineSoftmax {
             });
             m = max(m, shfl_xor_f32(m, 1));
             m = max(m, shfl_xor_f32(m, 2));
-            // The base moves only past the threshold (a first finite maximum always moves it: the
-            // growth from -inf is +inf; from -inf to -inf it is NaN, and nothing moves; a NaN score
-            // makes the maximum NaN, moves nothing, and turns the row's sum, O and LSE into NaN
-            // and -inf as before). The four threads of a row hold the same maxima, so they decide
-            // alike.
-            if (m - self.m[r]) * self.c > RESCALE_LOG2 {
+            // Lazy: the base moves only past the threshold (a first finite maximum always moves
+            // it: the growth from -inf is +inf; from -inf to -inf it is NaN, and nothing moves; a
+            // NaN score makes the maximum NaN, moves nothing, and turns the row's sum, O and LSE
+            // into NaN and -inf as before). The four threads of a row hold the same maxima, so
+            // they decide alike.
+            if LAZY && (m - self.m[r]) * self.c > RESCALE_LOG2 {
                 alpha[r] = exp2(fma(self.m[r], self.c, -(m * self.c)));
                 self.m[r] = m;
             }
-            let m = self.m[r];
+            let m = if LAZY { self.m[r] } else { m };
             // A row that has seen only masked keys keeps m = -inf; subtracting 0 instead makes its
             // exponentials 0 (not NaN from -inf - -inf).
             let base = if m == f32::NEG_INFINITY { 0.0 } else { m * self.c };
+            if !LAZY {
+                alpha[r] = exp2(fma(self.m[r], self.c, -base));
+            }
             let mut sum = 0.0f32;
             unroll_lt!(n < SN / 4, {
                 unroll!(e in [0, 1] {
@@ -589,6 +598,9 @@ impl OnlineSoftmax {
                 });
             });
             self.l[r] = self.l[r] * alpha[r] + sum;
+            if !LAZY {
+                self.m[r] = m;
+            }
         });
         alpha
     }
