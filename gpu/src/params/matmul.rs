@@ -411,9 +411,8 @@ pub mod matmul_wg_tf32 {
 
     /// The shallowest product that takes the wide tiles. A wide tile's consumers wait for the store
     /// warps to drain its first column block before they write the second, about 2,000 clocks; on
-    /// 16-32 k-tiles that outweighs the products' gain. Measured (2026-11-28, d4cc359, H100): the
-    /// per-feature `Layer`'s batched linear maps (K 512 and 1024) lost 1.9%-4.5% on wide tiles,
-    /// fcgp's mixing (K 2048 and deeper) and `matmul` 4096^3 gained 5%-15%.
+    /// 16-32 k-tiles that outweighs the products' gain, from 64 k-tiles on it does not
+    /// (docs/PERF_NOTES.md, "TF32 on 128 x 256 tiles").
     pub const WIDE_MIN_DEPTH: u64 = 2048;
 
     /// Whether a TF32 product (one launch: `entries` products `m x n` of depth `k`, on a GPU of

@@ -177,8 +177,8 @@ unsafe fn flash_wg_fwd<
             mask(&mut s, n0, key_limit);
         }
         // Eager rescale: a row here spans a few tiles (the seed shape's 512 keys are 4), where
-        // the lazy form's branches cost more than the rescales they skip (2.4% and 2.7% at
-        // B4 H8 S512 D64, 5db3d81, H100).
+        // the lazy form's branches cost more than the rescales they skip (docs/PERF_NOTES.md,
+        // "The seed shape's forward rescales eagerly again").
         let alpha = softmax.update::<SN, false>(&mut s);
         acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
         rescale(&mut acc, alpha);
