@@ -590,9 +590,9 @@ fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
     }
 }
 
-/// TF32 products with at least as many 128 x 256 tiles of C as the device has SMs take the wide
-/// kernels on compute capability 9.0 (`matmul_wg_tf32w_*`, `params::matmul_wg_tf32::wide`; the
-/// premise is asserted for each shape). One product with tails in M, N (the last tile's second
+/// TF32 products at least 2048 deep whose 128 x 256 tiles of C take fewer waves of the device's SMs
+/// take the wide kernels on compute capability 9.0 (`matmul_wg_tf32w_*`,
+/// `params::matmul_wg_tf32::wide`; the premise is asserted for each shape). One product with tails in M, N (the last tile's second
 /// column block 4 columns wide) and K, on sampled rows; batches of small products whose N ends inside
 /// a tile's first column block, on sampled rows of three entries, with B batched or broadcast; every
 /// transpose; then with a bias and the old C added, and the same bits on a second run. Under
@@ -649,8 +649,9 @@ fn matmul_tf32_wide_tiles_match_f64_reference() {
             check_rows(&c, &a, &b, &out, &rows);
         }
     }
-    // Bias and accumulate through the store warps' second column block (global memory only: not
-    // run under the sanitizer).
+    // Bias and accumulate through the store warps' second column block. Not under the sanitizer,
+    // for time: those adds are the narrow kernels' (`store_element4`), which
+    // `matmul_f32_into_bias_and_accumulate_match_f64_reference` runs there.
     if sanitizing() {
         return;
     }

@@ -333,11 +333,12 @@ pub mod matmul_tma {
 ///   of 16-bit elements.
 /// - 3xTF32 sums each k-tile's 12 products in a fresh register chain from zero and adds that partial
 ///   to the f32 accumulator with a round-to-nearest add (as `matmul_tf32`): 64 + 64 registers.
-/// - TF32 products with enough tiles to fill the GPU take wide tiles, 128 x 256
-///   (`matmul_wg_tf32w_{n,t}_f32`, [`matmul_wg_tf32::wide`]): each consumer issues m64n256k8. A
-///   k-tile then moves 48 KiB of copies and 80 KiB of wgmma reads per 2.1 MFLOP, against 32 and
-///   48 KiB per 1.05 MFLOP on 128 x 128 tiles: at the TF32 rate (about 2,140 FLOP a clock an SM)
-///   130 bytes a clock of shared memory against 167, where shared memory serves 128. C still
+/// - TF32 products at least 2048 deep whose wide tiles, 128 x 256, take fewer waves of the SMs
+///   run on them (`matmul_wg_tf32w_{n,t}_f32`, [`matmul_wg_tf32::wide`]): each consumer issues
+///   m64n256k8. A k-tile then moves 48 KiB of copies and 80 KiB of wgmma reads per 2.1 MFLOP,
+///   against 32 and 48 KiB per 1.05 MFLOP on 128 x 128 tiles: at the TF32 rate (about 2,140
+///   FLOP a clock an SM) 130 bytes a clock of shared memory against 167, where shared memory
+///   serves 128. C still
 ///   leaves through the 128 x 128 staging tile, one half of the tile's columns after the other.
 ///   3xTF32 keeps 128 x 128: its partial chain beside a 128-float accumulator does not fit the
 ///   registers.
