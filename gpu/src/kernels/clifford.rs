@@ -916,7 +916,9 @@ unsafe fn grade_norm<A: Algebra>(
     }
 }
 
-/// Elementwise over (b, n): the gated pair terms of every (output component, path) slot.
+/// Elementwise over (b, n): the gated pair terms of the (output component, path) slots whose row
+/// blocks lie in `lo..hi` (`params::clifford::slot_layout`), into a buffer of `hi - lo` row blocks
+/// (all slots: `0..NUM_SLOTS`).
 #[inline(always)]
 unsafe fn fc_pairs<A: Algebra>(
     x: Slice<f32>,
@@ -924,6 +926,7 @@ unsafe fn fc_pairs<A: Algebra>(
     pairs: SliceMut<f32>,
     bn: u64,
     n: u64,
+    (lo, hi): (u64, u64),
 ) {
     let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
     let step = grid_dim_x() as u64 * block_dim_x() as u64;
@@ -937,7 +940,10 @@ unsafe fn fc_pairs<A: Algebra>(
         });
         let b = e / n;
         each_slot!(A, s {
-            pairs.set(pair_at::<A>(s, bn, n, b, e), v[s]);
+            let row_block = A::LAYOUT[s][0] as u64;
+            if row_block >= lo && row_block < hi {
+                pairs.set(pair_at::<A>(s, bn, n, b, e) - lo * bn, v[s]);
+            }
         });
         e += step;
     }
@@ -1119,9 +1125,9 @@ macro_rules! clifford_entry_points {
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $pairs(
-            x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32>, bn: u64, n: u64,
+            x: Slice<f32>, y: Slice<f32>, pairs: SliceMut<f32>, bn: u64, n: u64, lo: u64, hi: u64,
         ) {
-            unsafe { fc_pairs::<$A>(x, y, pairs, bn, n) }
+            unsafe { fc_pairs::<$A>(x, y, pairs, bn, n, (lo, hi)) }
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $pairs_bwd(

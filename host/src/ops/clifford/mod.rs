@@ -19,11 +19,11 @@
 //! there if equivariance matters.
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
-    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
-    FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, MAX_PERM_BLOCKS,
-    NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks,
-    fwd_block, fwd_max_cached, fwd_v2_block, fwd_v3_row_threads, pack_perm, rows_per_chunk,
-    rows_per_chunk_v2,
+    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FC_FIRST_PHASE_2D, FC_FIRST_PHASE_3D,
+    FC_GRADE_ORDER_2D, FC_GRADE_ORDER_3D, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V2_MAX_BLOCK,
+    FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, MAX_PERM_BLOCKS, NUM_SLOTS_2D, NUM_SLOTS_3D,
+    PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached,
+    fwd_v2_block, fwd_v3_row_threads, pack_perm, rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
@@ -97,6 +97,14 @@ impl Algebra {
             Algebra::Cl3 => NUM_SLOTS_3D,
         }
     }
+    /// The output grades in pair-buffer order and the groups of the fc forward's first phase
+    /// (`params::clifford::FC_GRADE_ORDER_2D` and the rest).
+    fn fc_grade_order(self) -> (&'static [u8], usize) {
+        match self {
+            Algebra::Cl2 => (&FC_GRADE_ORDER_2D, FC_FIRST_PHASE_2D),
+            Algebra::Cl3 => (&FC_GRADE_ORDER_3D, FC_FIRST_PHASE_3D),
+        }
+    }
     fn fwd_cache(self) -> u32 {
         match self {
             Algebra::Cl2 => FWD_CACHE_2D,
@@ -109,14 +117,16 @@ impl Algebra {
         let first = grades.iter().position(|&x| x as usize == g).unwrap_or(0);
         (first, grades.iter().filter(|&&x| x as usize == g).count())
     }
-    /// The fc variant's groups, one per output grade in order: the grade's first component and
-    /// component count, its paths (in path order), its first pair slot (the layout of
-    /// `params::clifford::slot_layout`, where a grade's pair slots form one `(count * B, paths * N)`
-    /// matrix) and its first path in the stacked weights ([`Algebra::fc_path_order`]).
+    /// The fc variant's groups, one per output grade in pair-buffer order
+    /// ([`Algebra::fc_grade_order`]): the grade's first component and component count, its paths
+    /// (in path order), its first pair slot (the layout of `params::clifford::slot_layout`, where a
+    /// grade's pair slots form one `(count * B, paths * N)` matrix) and its first path in the
+    /// stacked weights ([`Algebra::fc_path_order`]).
     fn fc_groups(self) -> Vec<FcGroup> {
         let mut groups = Vec::new();
         let (mut slot, mut stacked) = (0, 0);
-        for g in 0..self.grades() {
+        for &g in self.fc_grade_order().0 {
+            let g = g as usize;
             let (j0, count) = self.grade_span(g);
             let paths: Vec<usize> = (0..self.paths())
                 .filter(|&p| self.path_table()[p][1] as usize == g)
@@ -172,10 +182,15 @@ struct FcGroup {
 
 impl FcGroup {
     /// Its pair matrix `(count * B, paths * N)` in the pair buffer (or the pair-term gradients in
-    /// its place), as a product operand.
-    fn pairs(&self, pairs: &Tensor, (b, n): (usize, usize), trans: Transpose) -> Operand {
+    /// its place), as a product operand; `pairs` holds the buffer from row block `lo` on.
+    fn pairs(
+        &self,
+        (pairs, lo): (&Tensor, usize),
+        (b, n): (usize, usize),
+        trans: Transpose,
+    ) -> Operand {
         Operand {
-            raw: offset(pairs.raw(), (self.slot * b * n) as u64),
+            raw: offset(pairs.raw(), ((self.slot - lo) * b * n) as u64),
             ld: (self.paths.len() * n) as u64,
             trans,
             stride: 0,
@@ -735,8 +750,16 @@ pub fn sgp_backward(
 
 /// Gated pair terms of the fc variant: `slots * B * N` floats in the layout of
 /// `params::clifford::slot_layout` (per output grade one `(count * B, paths * N)` matrix).
-fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<Tensor> {
-    let pairs = Tensor::empty(gpu, &[alg.num_slots(), d.batch, d.features], DType::F32)?;
+/// The pair terms of slots (row blocks) `lo..hi` of the pair buffer, in a buffer of their own (the
+/// whole buffer: `0..num_slots`).
+fn fc_pairs(
+    gpu: &Gpu,
+    alg: Algebra,
+    (x, y): (&Tensor, &Tensor),
+    d: Dims,
+    (lo, hi): (usize, usize),
+) -> Result<Tensor> {
+    let pairs = Tensor::empty(gpu, &[hi - lo, d.batch, d.features], DType::F32)?;
     let (bn, n) = ((d.batch * d.features) as u64, d.features as u64);
     if bn > 0 {
         launch(
@@ -750,6 +773,8 @@ fn fc_pairs(gpu: &Gpu, alg: Algebra, x: &Tensor, y: &Tensor, d: Dims) -> Result<
                 &ByValue(pairs.raw()),
                 &bn,
                 &n,
+                &(lo as u64),
+                &(hi as u64),
             ],
         )?;
     }
@@ -804,13 +829,14 @@ fn permute_blocks(gpu: &Gpu, src: &Tensor, dst: &Tensor, perm: &[usize]) -> Resu
     )
 }
 
-/// `u (C, B, M)`: per output grade one matrix product of its pair matrix `(count * B, paths * N)`
-/// with its stacked weights `(paths * N, M)` ([`fc_stack_weights`]).
+/// `u (C, B, M)` of `groups`: per output grade one matrix product of its pair matrix
+/// `(count * B, paths * N)` with its stacked weights `(paths * N, M)` ([`fc_stack_weights`]);
+/// `pairs` holds the pair buffer from row block `lo` on.
 #[allow(clippy::too_many_arguments)]
 fn fc_mix(
     gpu: &Gpu,
-    alg: Algebra,
-    pairs: &Tensor,
+    groups: &[FcGroup],
+    (pairs, lo): (&Tensor, usize),
     stacked: &Tensor,
     u: &Tensor,
     d: Dims,
@@ -818,7 +844,7 @@ fn fc_mix(
     precision: Precision,
 ) -> Result<()> {
     let (b, n) = (d.batch, d.features);
-    for grp in alg.fc_groups() {
+    for grp in groups {
         let k = grp.paths.len() * n;
         gemm(
             gpu,
@@ -828,7 +854,7 @@ fn fc_mix(
                 k,
                 batch: 1,
             },
-            grp.pairs(pairs, (b, n), Transpose::No),
+            grp.pairs((pairs, lo), (b, n), Transpose::No),
             grp.weights(stacked, (n, m), Transpose::No),
             grp.rows(u, (b, m)),
             None,
@@ -876,10 +902,21 @@ pub fn fcgp_forward_with(
             linear_out: None,
         });
     }
-    let pairs = fc_pairs(gpu, alg, x, y, d)?;
+    // The pair buffer in two phases ([`Algebra::fc_grade_order`]): each phase's pairs are written,
+    // mixed and freed before the next, so a forward holds about half the buffer (its backward
+    // recomputes the whole buffer). The cost is a second read of x and y.
     let stacked = fc_stack_weights(gpu, alg, weight)?;
-    fc_mix(gpu, alg, &pairs, &stacked, &out, d, m, precision)?;
-    drop((pairs, stacked));
+    let groups = alg.fc_groups();
+    let first = alg.fc_grade_order().1;
+    for phase in [&groups[..first], &groups[first..]] {
+        let (lo, hi) = match (phase.first(), phase.last()) {
+            (Some(f), Some(l)) => (f.slot, l.slot + l.count * l.paths.len()),
+            _ => continue,
+        };
+        let pairs = fc_pairs(gpu, alg, (x, y), d, (lo, hi))?;
+        fc_mix(gpu, phase, (&pairs, lo), &stacked, &out, d, m, precision)?;
+    }
+    drop(stacked);
     if let Some(r) = &norms {
         // In place: each thread rewrites only the elements it read, after the block's reduction, so
         // no second (C, B, N_out) buffer is held.
@@ -972,10 +1009,10 @@ pub fn fcgp_backward_with(
             gu
         }
     };
-    let pairs = fc_pairs(gpu, alg, x, y, d)?;
+    let pairs = fc_pairs(gpu, alg, (x, y), d, (0, alg.num_slots()))?;
     let groups = alg.fc_groups();
     let gu_g = |grp: &FcGroup| grp.rows(&gu, (b, m));
-    let pairs_g = |grp: &FcGroup, trans| grp.pairs(&pairs, (b, n), trans);
+    let pairs_g = |grp: &FcGroup, trans| grp.pairs((&pairs, 0), (b, n), trans);
     let w_g = |t: &Tensor, grp: &FcGroup, trans| grp.weights(t, (n, m), trans);
     let grad_weight = {
         let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
