@@ -241,7 +241,7 @@ fn matmul_matches_f64_reference_on_odd_shapes() {
 /// for B and C) and an aligned one with tails in every dim and a long K (many pipeline trips).
 #[test]
 fn matmul_large_products_match_on_sampled_rows() {
-    let Some(gpu) = gpu_or_skip("matmul_large_products_match_on_sampled_rows") else {
+    let Some(gpu) = gpu_or_skip_tma_stores("matmul_large_products_match_on_sampled_rows") else {
         return;
     };
     let mut rng = rng("matmul_large_products_match_on_sampled_rows");
@@ -297,7 +297,7 @@ fn matmul_large_products_match_on_sampled_rows() {
 /// unaligned (odd) and aligned (multiple-of-8) rows, every transpose, both dtypes.
 #[test]
 fn matmul_batched_matches_f64_reference() {
-    let Some(gpu) = gpu_or_skip("matmul_batched_matches_f64_reference") else {
+    let Some(gpu) = gpu_or_skip_tma_stores("matmul_batched_matches_f64_reference") else {
         return;
     };
     let mut rng = rng("matmul_batched_matches_f64_reference");
@@ -355,7 +355,7 @@ fn matmul_random_shapes_fuzz() {
 /// (f16/bf16 -> f32 is exact and one-to-one), on an aligned and an unaligned shape.
 #[test]
 fn matmul_repeated_runs_are_bit_identical() {
-    let Some(gpu) = gpu_or_skip("matmul_repeated_runs_are_bit_identical") else {
+    let Some(gpu) = gpu_or_skip_tma_stores("matmul_repeated_runs_are_bit_identical") else {
         return;
     };
     let mut rng = rng("matmul_repeated_runs_are_bit_identical");
@@ -695,7 +695,7 @@ fn matmul_tf32_wide_tiles_match_f64_reference() {
 /// M, N and K), both operands batched or one broadcast, every transpose, both dtypes.
 #[test]
 fn matmul_hopper_kernel_takes_aligned_products() {
-    let Some(gpu) = gpu_or_skip("matmul_hopper_kernel_takes_aligned_products") else {
+    let Some(gpu) = gpu_or_skip_tma_stores("matmul_hopper_kernel_takes_aligned_products") else {
         return;
     };
     let mut rng = rng("matmul_hopper_kernel_takes_aligned_products");

@@ -137,6 +137,84 @@ pub const fn pair_slots<const NT: usize, const NP: usize, const C: usize>(
 }
 pub const SLOTS_2D: [u8; 16] = pair_slots(&TERMS_2D, &PATHS_2D, &GRADES_2D);
 pub const SLOTS_3D: [u8; 64] = pair_slots(&TERMS_3D, &PATHS_3D, &GRADES_3D);
+/// Where each pair slot's `(B, N)` plane lives in the pair buffer (`fc_pairs`): the slots of one
+/// output grade `g` form one row-major matrix of `count_g * B` rows (component, then b) and
+/// `paths_g * N` columns (path, then n), so the fc mixing of a grade is one matrix product with a
+/// depth of `paths_g * N` (against the grade's weights stacked along the depth). Per slot
+/// `[row_block, path, paths_g]`: element `(b, n)` of slot `s` is at
+/// `row_block * B * N + (b * paths_g + path) * N + n`, where `row_block` is the number of slots of
+/// earlier grades plus (component within the grade) times `paths_g`. The slot numbering is
+/// [`pair_slots`]' (grade, then path, then component), which makes the grades' matrices consecutive.
+pub const fn slot_layout<const NP: usize, const C: usize>(
+    paths: &[[u8; 3]; NP],
+    grades: &[u8; C],
+) -> [[u32; 3]; 44] {
+    let mut out = [[0u32; 3]; 44];
+    let (mut next, mut off, mut g) = (0usize, 0u32, 0u8);
+    while g <= grades[C - 1] {
+        let (pg, count) = grade_shape(paths, grades, g);
+        let mut pl = 0u32;
+        let mut p = 0;
+        while p < NP {
+            if paths[p][1] == g {
+                let mut jl = 0u32;
+                let mut j = 0;
+                while j < C {
+                    if grades[j] == g {
+                        out[next] = [off + jl * pg, pl, pg];
+                        next += 1;
+                        jl += 1;
+                    }
+                    j += 1;
+                }
+                pl += 1;
+            }
+            p += 1;
+        }
+        off += pg * count;
+        g += 1;
+    }
+    out
+}
+pub const SLOT_LAYOUT_2D: [[u32; 3]; 44] = slot_layout(&PATHS_2D, &GRADES_2D);
+pub const SLOT_LAYOUT_3D: [[u32; 3]; 44] = slot_layout(&PATHS_3D, &GRADES_3D);
+/// The row block at which the fc forward's second phase begins. A forward writes and mixes the
+/// pairs of row blocks `0..split`, frees them, then does the same for `split..NUM_SLOTS`, so it
+/// holds about half the pair buffer at a time (`fc_pairs` writes a range of row blocks). The split
+/// is the boundary between two output components (a row block `first slot of grade g + j * paths_g`
+/// in [`slot_layout`]) that leaves the larger phase smallest: each phase then mixes whole
+/// components, a range of rows of its grades' products. 2D: 7 of 14 (grade 0 and grade 1's first
+/// component, then the rest); 3D: 22 of 44 (grades 0 and 1, then 2 and 3).
+pub const fn fc_phase_split<const NP: usize, const C: usize>(
+    paths: &[[u8; 3]; NP],
+    grades: &[u8; C],
+) -> u32 {
+    let mut total = 0u32;
+    let mut g = 0u8;
+    while g <= grades[C - 1] {
+        let (pg, count) = grade_shape(paths, grades, g);
+        total += pg * count;
+        g += 1;
+    }
+    let (mut best, mut best_larger) = (0u32, u32::MAX);
+    let mut off = 0u32;
+    g = 0;
+    while g <= grades[C - 1] {
+        let (pg, count) = grade_shape(paths, grades, g);
+        let mut j = 0;
+        while j <= count {
+            let b = off + j * pg;
+            let larger = if 2 * b > total { b } else { total - b };
+            if b > 0 && b < total && larger < best_larger {
+                (best, best_larger) = (b, larger);
+            }
+            j += 1;
+        }
+        off += pg * count;
+        g += 1;
+    }
+    best
+}
 /// Paths into output grade `g` and components of it.
 const fn grade_shape<const NP: usize, const C: usize>(
     paths: &[[u8; 3]; NP],
@@ -160,66 +238,9 @@ const fn grade_shape<const NP: usize, const C: usize>(
     }
     (pg, count)
 }
-
-/// The output grades in the order their pair matrices lie in the pair buffer, and how many of them
-/// (from the first) the fc forward's first phase computes; the second phase computes the rest. A
-/// forward holds one phase's pairs at a time (`fc_pairs` writes a range of row blocks), so the
-/// phases split the buffer near its middle with each phase one contiguous range: 2D {1} (8 of 14
-/// slots) and {0, 2}; 3D {1, 0} (22 of 44) and {2, 3}.
-pub const FC_GRADE_ORDER_2D: [u8; 3] = [1, 0, 2];
-pub const FC_GRADE_ORDER_3D: [u8; 4] = [1, 0, 2, 3];
-pub const FC_FIRST_PHASE_2D: usize = 1;
-pub const FC_FIRST_PHASE_3D: usize = 2;
-
-/// Where each pair slot's `(B, N)` plane lives in the pair buffer (`fc_pairs`): the slots of one
-/// output grade `g` form one row-major matrix of `count_g * B` rows (component, then b) and
-/// `paths_g * N` columns (path, then n), so the fc mixing of a grade is one matrix product with a
-/// depth of `paths_g * N` (against the grade's weights stacked along the depth). Per slot
-/// `[row_block, path, paths_g]`: element `(b, n)` of slot `s` is at
-/// `row_block * B * N + (b * paths_g + path) * N + n`, where `row_block` is the number of slots of
-/// the grades before `g` in `order` plus (component within the grade) times `paths_g`. The slot
-/// numbering is [`pair_slots`]' (grade, then path, then component).
-pub const fn slot_layout<const NP: usize, const C: usize, const G: usize>(
-    paths: &[[u8; 3]; NP],
-    grades: &[u8; C],
-    order: &[u8; G],
-) -> [[u32; 3]; 44] {
-    let mut out = [[0u32; 3]; 44];
-    let (mut next, mut g) = (0usize, 0u8);
-    while g <= grades[C - 1] {
-        let (pg, _) = grade_shape(paths, grades, g);
-        // The row blocks of the grades laid out before g.
-        let mut off = 0u32;
-        let mut i = 0;
-        while order[i] != g {
-            let (ph, ch) = grade_shape(paths, grades, order[i]);
-            off += ph * ch;
-            i += 1;
-        }
-        let mut pl = 0u32;
-        let mut p = 0;
-        while p < NP {
-            if paths[p][1] == g {
-                let mut jl = 0u32;
-                let mut j = 0;
-                while j < C {
-                    if grades[j] == g {
-                        out[next] = [off + jl * pg, pl, pg];
-                        next += 1;
-                        jl += 1;
-                    }
-                    j += 1;
-                }
-                pl += 1;
-            }
-            p += 1;
-        }
-        g += 1;
-    }
-    out
-}
-pub const SLOT_LAYOUT_2D: [[u32; 3]; 44] = slot_layout(&PATHS_2D, &GRADES_2D, &FC_GRADE_ORDER_2D);
-pub const SLOT_LAYOUT_3D: [[u32; 3]; 44] = slot_layout(&PATHS_3D, &GRADES_3D, &FC_GRADE_ORDER_3D);
+pub const FC_PHASE_SPLIT_2D: usize = fc_phase_split(&PATHS_2D, &GRADES_2D) as usize;
+pub const FC_PHASE_SPLIT_3D: usize = fc_phase_split(&PATHS_3D, &GRADES_3D) as usize;
+const _: () = assert!(FC_PHASE_SPLIT_2D == 7 && FC_PHASE_SPLIT_3D == 22);
 /// Pair-buffer slots: sum over output grades of (paths into it) x (components of it).
 pub const NUM_SLOTS_2D: usize = 14;
 pub const NUM_SLOTS_3D: usize = 44;

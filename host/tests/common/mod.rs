@@ -25,6 +25,17 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     }
 }
 
+/// [`gpu_or_skip`] for tests whose outputs the f16/bf16 Hopper matmul writes (`matmul_tma_*`): poison
+/// stays on under initcheck too. Those kernels store C with TMA bulk-tensor stores, which initcheck
+/// does not count as writes: without the poison it reports every host copy of C as a read of
+/// uninitialised memory (docs/PERF_NOTES.md, "The fc forward in two phases"). With the poison on, an
+/// element the kernel did not write stays NaN and fails the test's comparison instead.
+pub fn gpu_or_skip_tma_stores(test: &str) -> Option<Gpu> {
+    let gpu = gpu_or_skip(test)?;
+    gpu.set_poison_outputs(true);
+    Some(gpu)
+}
+
 /// A second handle on `gpu`'s device that runs the sm_80 build's kernels (`Build::Portable`: what
 /// Ampere and Ada run; on a 9.0 device the default handle runs the sm_90 build's), poisoning outputs
 /// as `gpu` does.

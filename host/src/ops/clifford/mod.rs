@@ -19,11 +19,11 @@
 //! there if equivariance matters.
 use gpu::params::RawSlice;
 use gpu::params::clifford::{
-    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FC_FIRST_PHASE_2D, FC_FIRST_PHASE_3D,
-    FC_GRADE_ORDER_2D, FC_GRADE_ORDER_3D, FWD_CACHE_2D, FWD_CACHE_3D, FWD_V2_MAX_BLOCK,
-    FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D, MAX_PERM_BLOCKS, NUM_SLOTS_2D, NUM_SLOTS_3D,
-    PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D, Term, chunks, fwd_block, fwd_max_cached,
-    fwd_v2_block, fwd_v3_row_threads, pack_perm, rows_per_chunk, rows_per_chunk_v2,
+    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FC_PHASE_SPLIT_2D, FC_PHASE_SPLIT_3D,
+    FWD_CACHE_2D, FWD_CACHE_3D, FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, FWD_V3_MAX_N, GRADES_2D, GRADES_3D,
+    MAX_PERM_BLOCKS, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, TERMS_2D, TERMS_3D,
+    Term, chunks, fwd_block, fwd_max_cached, fwd_v2_block, fwd_v3_row_threads, pack_perm,
+    rows_per_chunk, rows_per_chunk_v2,
 };
 
 use crate::error::{Error, Result};
@@ -97,12 +97,12 @@ impl Algebra {
             Algebra::Cl3 => NUM_SLOTS_3D,
         }
     }
-    /// The output grades in pair-buffer order and the groups of the fc forward's first phase
-    /// (`params::clifford::FC_GRADE_ORDER_2D` and the rest).
-    fn fc_grade_order(self) -> (&'static [u8], usize) {
+    /// The row block at which the fc forward's second phase begins
+    /// (`params::clifford::fc_phase_split`).
+    fn fc_phase_split(self) -> usize {
         match self {
-            Algebra::Cl2 => (&FC_GRADE_ORDER_2D, FC_FIRST_PHASE_2D),
-            Algebra::Cl3 => (&FC_GRADE_ORDER_3D, FC_FIRST_PHASE_3D),
+            Algebra::Cl2 => FC_PHASE_SPLIT_2D,
+            Algebra::Cl3 => FC_PHASE_SPLIT_3D,
         }
     }
     fn fwd_cache(self) -> u32 {
@@ -117,16 +117,14 @@ impl Algebra {
         let first = grades.iter().position(|&x| x as usize == g).unwrap_or(0);
         (first, grades.iter().filter(|&&x| x as usize == g).count())
     }
-    /// The fc variant's groups, one per output grade in pair-buffer order
-    /// ([`Algebra::fc_grade_order`]): the grade's first component and component count, its paths
-    /// (in path order), its first pair slot (the layout of `params::clifford::slot_layout`, where a
-    /// grade's pair slots form one `(count * B, paths * N)` matrix) and its first path in the
-    /// stacked weights ([`Algebra::fc_path_order`]).
+    /// The fc variant's groups, one per output grade in order: the grade's first component and
+    /// component count, its paths (in path order), its first pair slot (the layout of
+    /// `params::clifford::slot_layout`, where a grade's pair slots form one `(count * B, paths * N)`
+    /// matrix) and its first path in the stacked weights ([`Algebra::fc_path_order`]).
     fn fc_groups(self) -> Vec<FcGroup> {
         let mut groups = Vec::new();
         let (mut slot, mut stacked) = (0, 0);
-        for &g in self.fc_grade_order().0 {
-            let g = g as usize;
+        for g in 0..self.grades() {
             let (j0, count) = self.grade_span(g);
             let paths: Vec<usize> = (0..self.paths())
                 .filter(|&p| self.path_table()[p][1] as usize == g)
@@ -170,7 +168,9 @@ impl Algebra {
     }
 }
 
-/// One output grade of the fc variant ([`Algebra::fc_groups`]).
+/// One output grade of the fc variant ([`Algebra::fc_groups`]), or a range of its components
+/// ([`FcGroup::within`]).
+#[derive(Clone, Debug)]
 struct FcGroup {
     j0: usize,
     count: usize,
@@ -181,6 +181,25 @@ struct FcGroup {
 }
 
 impl FcGroup {
+    /// The components of this group whose pair row blocks lie in `lo..hi` (each component's
+    /// `paths` row blocks are consecutive), as a group of their own; `None` if there are none. The
+    /// fc forward's phases ([`Algebra::fc_phase_split`]) end on component boundaries.
+    fn within(&self, (lo, hi): (usize, usize)) -> Option<FcGroup> {
+        let pg = self.paths.len();
+        let (start, end) = (self.slot, self.slot + self.count * pg);
+        let (s, e) = (lo.max(start), hi.min(end));
+        if s >= e {
+            return None;
+        }
+        debug_assert!((s - start) % pg == 0 && (e - start) % pg == 0);
+        Some(FcGroup {
+            j0: self.j0 + (s - start) / pg,
+            count: (e - s) / pg,
+            paths: self.paths.clone(),
+            slot: s,
+            stacked: self.stacked,
+        })
+    }
     /// Its pair matrix `(count * B, paths * N)` in the pair buffer (or the pair-term gradients in
     /// its place), as a product operand; `pairs` holds the buffer from row block `lo` on.
     fn pairs(
@@ -902,19 +921,25 @@ pub fn fcgp_forward_with(
             linear_out: None,
         });
     }
-    // The pair buffer in two phases ([`Algebra::fc_grade_order`]): each phase's pairs are written,
-    // mixed and freed before the next, so a forward holds about half the buffer (its backward
-    // recomputes the whole buffer). The cost is a second read of x and y.
+    // The pair buffer in two phases ([`Algebra::fc_phase_split`]): each phase's pairs are
+    // written, mixed and freed before the next, so a forward holds about half the buffer (its
+    // backward recomputes the whole buffer). The cost is a second read of x and y.
     let stacked = fc_stack_weights(gpu, alg, weight)?;
     let groups = alg.fc_groups();
-    let first = alg.fc_grade_order().1;
-    for phase in [&groups[..first], &groups[first..]] {
-        let (lo, hi) = match (phase.first(), phase.last()) {
-            (Some(f), Some(l)) => (f.slot, l.slot + l.count * l.paths.len()),
-            _ => continue,
-        };
-        let pairs = fc_pairs(gpu, alg, (x, y), d, (lo, hi))?;
-        fc_mix(gpu, phase, (&pairs, lo), &stacked, &out, d, m, precision)?;
+    let split = alg.fc_phase_split();
+    for range in [(0, split), (split, alg.num_slots())] {
+        let phase: Vec<FcGroup> = groups.iter().filter_map(|g| g.within(range)).collect();
+        let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
+        fc_mix(
+            gpu,
+            &phase,
+            (&pairs, range.0),
+            &stacked,
+            &out,
+            d,
+            m,
+            precision,
+        )?;
     }
     drop(stacked);
     if let Some(r) = &norms {

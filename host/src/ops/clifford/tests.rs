@@ -159,11 +159,7 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
             "{alg:?}: a permutation"
         );
         for (t, &slot) in alg.terms().iter().zip(slots) {
-            let grade = alg.blade_grades()[t.j as usize];
-            let g = groups
-                .iter()
-                .find(|g| alg.blade_grades()[g.j0] == grade)
-                .unwrap();
+            let g = &groups[alg.blade_grades()[t.j as usize] as usize];
             let path = g.paths.iter().position(|&p| p == t.p as usize).unwrap();
             let want = [
                 (g.slot + (t.j as usize - g.j0) * g.paths.len()) as u32,
@@ -187,13 +183,33 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
             }
         }
         assert!(seen.iter().all(|&x| x));
-        // The forward's two phases: contiguous ranges that split the buffer, the larger at most
-        // 4 slots past half (2D: 8 of 14, 3D: 22 of 44).
-        let first = alg.fc_grade_order().1;
-        let split = groups[first].slot;
-        assert!(split > 0 && split < alg.num_slots(), "{alg:?}");
-        let larger = split.max(alg.num_slots() - split);
-        assert!(2 * larger <= alg.num_slots() + 4, "{alg:?}: phases {split} and the rest");
+        // The forward's two phases: the split is a component boundary, no boundary leaves a
+        // smaller larger phase, and the phases' groups cover every component's row blocks once.
+        let split = alg.fc_phase_split();
+        let boundaries: Vec<usize> = groups
+            .iter()
+            .flat_map(|g| (0..=g.count).map(move |j| g.slot + j * g.paths.len()))
+            .filter(|&b| b > 0 && b < alg.num_slots())
+            .collect();
+        assert!(boundaries.contains(&split), "{alg:?}: split {split}");
+        let larger = |b: usize| b.max(alg.num_slots() - b);
+        assert!(
+            boundaries.iter().all(|&b| larger(b) >= larger(split)),
+            "{alg:?}: split {split}"
+        );
+        let mut covered = vec![0u32; alg.num_slots()];
+        for range in [(0, split), (split, alg.num_slots())] {
+            for g in groups.iter().filter_map(|g| g.within(range)) {
+                let whole = groups.iter().find(|w| w.stacked == g.stacked).unwrap();
+                assert!(g.j0 >= whole.j0 && g.j0 + g.count <= whole.j0 + whole.count);
+                assert_eq!(g.slot, whole.slot + (g.j0 - whole.j0) * g.paths.len());
+                assert!(range.0 <= g.slot && g.slot + g.count * g.paths.len() <= range.1);
+                for c in &mut covered[g.slot..g.slot + g.count * g.paths.len()] {
+                    *c += 1;
+                }
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1), "{alg:?}: {covered:?}");
     }
 }
 
