@@ -767,10 +767,10 @@ pub fn sgp_backward(
     })
 }
 
-/// Gated pair terms of the fc variant: `slots * B * N` floats in the layout of
-/// `params::clifford::slot_layout` (per output grade one `(count * B, paths * N)` matrix).
-/// The pair terms of slots (row blocks) `lo..hi` of the pair buffer, in a buffer of their own (the
-/// whole buffer: `0..num_slots`).
+/// Gated pair terms of the fc variant for the slots (row blocks) `lo..hi` of the pair buffer, in a
+/// buffer of their own: `(hi - lo) * B * N` floats in the layout of `params::clifford::slot_layout`
+/// (per output grade one `(count * B, paths * N)` matrix), shifted down by `lo` row blocks. The
+/// whole buffer is `0..num_slots`.
 fn fc_pairs(
     gpu: &Gpu,
     alg: Algebra,
