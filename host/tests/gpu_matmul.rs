@@ -185,7 +185,7 @@ fn sampled_rows(rng: &mut StdRng, m: usize, extra: usize) -> Vec<(usize, usize)>
 /// list covers both for A, B and C.
 #[test]
 fn matmul_matches_f64_reference_on_odd_shapes() {
-    let Some(gpu) = gpu_or_skip("matmul_matches_f64_reference_on_odd_shapes") else {
+    let Some(gpu) = gpu_or_skip_tma_stores("matmul_matches_f64_reference_on_odd_shapes") else {
         return;
     };
     let mut rng = rng("matmul_matches_f64_reference_on_odd_shapes");
@@ -321,7 +321,7 @@ fn matmul_batched_matches_f64_reference() {
 /// Random shapes from sizes that catch indexing bugs, random transposes, dtype and batching.
 #[test]
 fn matmul_random_shapes_fuzz() {
-    let Some(gpu) = gpu_or_skip("matmul_random_shapes_fuzz") else {
+    let Some(gpu) = gpu_or_skip_tma_stores("matmul_random_shapes_fuzz") else {
         return;
     };
     let mut rng = rng("matmul_random_shapes_fuzz");

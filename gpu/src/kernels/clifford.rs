@@ -918,7 +918,8 @@ unsafe fn grade_norm<A: Algebra>(
 
 /// Elementwise over (b, n): the gated pair terms of the (output component, path) slots whose row
 /// blocks lie in `lo..hi` (`params::clifford::slot_layout`), into a buffer of `hi - lo` row blocks
-/// (all slots: `0..NUM_SLOTS`).
+/// (all slots: `0..NUM_SLOTS`). `lo` and `hi` must be component boundaries: a slot is kept by its
+/// component's first row block (`LAYOUT[s][0]`), and its elements span the component's rows.
 #[inline(always)]
 unsafe fn fc_pairs<A: Algebra>(
     x: Slice<f32>,

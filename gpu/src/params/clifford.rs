@@ -181,10 +181,11 @@ pub const SLOT_LAYOUT_3D: [[u32; 3]; 44] = slot_layout(&PATHS_3D, &GRADES_3D);
 /// The row block at which the fc forward's second phase begins. A forward writes and mixes the
 /// pairs of row blocks `0..split`, frees them, then does the same for `split..NUM_SLOTS`, so it
 /// holds about half the pair buffer at a time (`fc_pairs` writes a range of row blocks). The split
-/// is the boundary between two output components (a row block `first slot of grade g + j * paths_g`
-/// in [`slot_layout`]) that leaves the larger phase smallest: each phase then mixes whole
-/// components, a range of rows of its grades' products. 2D: 7 of 14 (grade 0 and grade 1's first
-/// component, then the rest); 3D: 22 of 44 (grades 0 and 1, then 2 and 3).
+/// is the boundary between two output components (row block `g0 + j * paths_g`, where `g0` is the
+/// first row block of grade `g` in [`slot_layout`]) that leaves the larger phase smallest, the
+/// lower one on a tie: each phase then mixes whole components, a range of rows of its grades'
+/// products. 2D: 7 of 14 (grade 0 and grade 1's first component, then the rest); 3D: 22 of 44
+/// (grades 0 and 1, then 2 and 3).
 pub const fn fc_phase_split<const NP: usize, const C: usize>(
     paths: &[[u8; 3]; NP],
     grades: &[u8; C],

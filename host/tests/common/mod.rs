@@ -25,11 +25,13 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     }
 }
 
-/// [`gpu_or_skip`] for tests whose outputs the f16/bf16 Hopper matmul writes (`matmul_tma_*`): poison
-/// stays on under initcheck too. Those kernels store C with TMA bulk-tensor stores, which initcheck
-/// does not count as writes: without the poison it reports every host copy of C as a read of
-/// uninitialised memory (docs/PERF_NOTES.md, "The fc forward in two phases"). With the poison on, an
-/// element the kernel did not write stays NaN and fails the test's comparison instead.
+/// [`gpu_or_skip`] for tests with f16/bf16 products, which the Hopper matmul (`matmul_tma_*`) may
+/// write: poison stays on under initcheck too. Those kernels store C with TMA bulk-tensor stores,
+/// which initcheck does not count as writes: without the poison it reports every host copy of C as
+/// a read of uninitialised memory (docs/PERF_NOTES.md, "The fc forward in two phases; initcheck and
+/// TMA stores"). With the poison on, an element the kernel did not write stays NaN and fails the
+/// test's comparison instead. The price: poison is a memset, so under initcheck these tests no
+/// longer show a kernel reading an output buffer nothing wrote; the f32 tests keep that check.
 pub fn gpu_or_skip_tma_stores(test: &str) -> Option<Gpu> {
     let gpu = gpu_or_skip(test)?;
     gpu.set_poison_outputs(true);

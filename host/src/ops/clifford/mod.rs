@@ -170,7 +170,6 @@ impl Algebra {
 
 /// One output grade of the fc variant ([`Algebra::fc_groups`]), or a range of its components
 /// ([`FcGroup::within`]).
-#[derive(Clone, Debug)]
 struct FcGroup {
     j0: usize,
     count: usize,
@@ -191,7 +190,7 @@ impl FcGroup {
         if s >= e {
             return None;
         }
-        debug_assert!((s - start) % pg == 0 && (e - start) % pg == 0);
+        debug_assert!((s - start).is_multiple_of(pg) && (e - start).is_multiple_of(pg));
         Some(FcGroup {
             j0: self.j0 + (s - start) / pg,
             count: (e - s) / pg,
@@ -770,7 +769,8 @@ pub fn sgp_backward(
 /// Gated pair terms of the fc variant for the slots (row blocks) `lo..hi` of the pair buffer, in a
 /// buffer of their own: `(hi - lo) * B * N` floats in the layout of `params::clifford::slot_layout`
 /// (per output grade one `(count * B, paths * N)` matrix), shifted down by `lo` row blocks. The
-/// whole buffer is `0..num_slots`.
+/// whole buffer is `0..num_slots`. `lo` and `hi` are component boundaries (the kernel keeps a slot
+/// by its component's first row block).
 fn fc_pairs(
     gpu: &Gpu,
     alg: Algebra,
@@ -778,6 +778,13 @@ fn fc_pairs(
     d: Dims,
     (lo, hi): (usize, usize),
 ) -> Result<Tensor> {
+    debug_assert!(
+        [lo, hi].iter().all(|&r| r == alg.num_slots()
+            || alg.fc_groups().iter().any(|g| r >= g.slot
+                && r < g.slot + g.count * g.paths.len()
+                && (r - g.slot).is_multiple_of(g.paths.len()))),
+        "row blocks {lo}..{hi} must be component boundaries"
+    );
     let pairs = Tensor::empty(gpu, &[hi - lo, d.batch, d.features], DType::F32)?;
     let (bn, n) = ((d.batch * d.features) as u64, d.features as u64);
     if bn > 0 {
@@ -923,7 +930,9 @@ pub fn fcgp_forward_with(
     }
     // The pair buffer in two phases ([`Algebra::fc_phase_split`]): each phase's pairs are
     // written, mixed and freed before the next, so a forward holds about half the buffer (its
-    // backward recomputes the whole buffer). The cost is a second read of x and y.
+    // backward recomputes the whole buffer). The cost: each phase reads x and y and computes the
+    // gates again, and in 2D grade 1's product runs as two (one a phase), each with its own split
+    // pass over the grade's weights (docs/PERF_NOTES.md, "The fc forward in two phases").
     let stacked = fc_stack_weights(gpu, alg, weight)?;
     let groups = alg.fc_groups();
     let split = alg.fc_phase_split();

@@ -115,7 +115,8 @@ fn term_tables_are_the_geometric_product_with_the_spec_paths() {
 /// The pair buffer's layout (`params::clifford::slot_layout`) is what the fc launchers assume: per
 /// output grade one `(count * B, paths * N)` matrix starting at the grade's first slot, rows
 /// (component, b), columns (path, n); and the kernels' index of (slot, b, n) covers the buffer
-/// exactly once.
+/// exactly once. The same holds for each phase of the forward ([`Algebra::fc_phase_split`]): its
+/// buffer is filled once, and its groups ([`FcGroup::within`]) read the right terms.
 #[test]
 fn fc_pair_layout_is_one_matrix_per_output_grade() {
     for alg in ALGS {
@@ -210,6 +211,61 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
             }
         }
         assert!(covered.iter().all(|&c| c == 1), "{alg:?}: {covered:?}");
+        // Each phase's buffer as `fc_pairs` writes it (the slots whose component starts in the
+        // range, shifted down by `lo` row blocks) is filled once, and each phase group's operand
+        // (rows (component, b), columns (path, n) from row block `slot - lo`) reads those writes.
+        for (lo, hi) in [(0, split), (split, alg.num_slots())] {
+            let mut written = vec![None; (hi - lo) * (b * n) as usize];
+            for (s, &[row_block, path, paths]) in layout.iter().enumerate().take(alg.num_slots()) {
+                if !(lo..hi).contains(&(row_block as usize)) {
+                    continue;
+                }
+                for bb in 0..b {
+                    for f in 0..n {
+                        let at = (row_block as u64 - lo as u64) * b * n
+                            + (bb * paths as u64 + path as u64) * n
+                            + f;
+                        assert!(
+                            written[at as usize].is_none(),
+                            "{alg:?} slot {s}: {at} twice"
+                        );
+                        written[at as usize] = Some((s, bb, f));
+                    }
+                }
+            }
+            assert!(
+                written.iter().all(|w| w.is_some()),
+                "{alg:?}: phase {lo}..{hi}"
+            );
+            for g in groups.iter().filter_map(|g| g.within((lo, hi))) {
+                let pg = g.paths.len() as u64;
+                for jj in 0..g.count as u64 {
+                    for (pi, &p) in g.paths.iter().enumerate() {
+                        for bb in 0..b {
+                            for f in 0..n {
+                                let at = (g.slot - lo) as u64 * b * n
+                                    + (jj * b + bb) * pg * n
+                                    + pi as u64 * n
+                                    + f;
+                                let (s, wb, wf) = written[at as usize].unwrap();
+                                let t = alg
+                                    .terms()
+                                    .iter()
+                                    .zip(slots)
+                                    .find(|&(_, &sl)| sl as usize == s)
+                                    .unwrap()
+                                    .0;
+                                assert_eq!(
+                                    (t.j as usize, t.p as usize, wb, wf),
+                                    (g.j0 + jj as usize, p, bb, f),
+                                    "{alg:?} phase {lo}..{hi}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
