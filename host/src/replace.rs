@@ -7,7 +7,7 @@
 //! GPU version makes the run diverge from the all-reference baseline, with the size of the divergence
 //! per op.
 //!
-//! Model values live on the host ([`HostTensor`], f32) between ops: the GPU backend is a correctness
+//! Model values live on the host ([`crate::HostTensor`], f32) between ops: the GPU backend is a correctness
 //! tool, not a fast path (every op pays a copy each way).
 //!
 //! ```

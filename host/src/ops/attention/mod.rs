@@ -746,7 +746,7 @@ fn flash_kernel(head_dim: usize, dtype: DType) -> Option<&'static str> {
 /// FlashAttention forward: returns `(O, LSE)`. f16/bf16, head dims: multiples of 8 up to
 /// [`FLASH_MAX_HEAD_DIM`] (see the module doc for how those off [`FLASH_TILE_DIMS`] run). With the
 /// sm_90 build (compute capability 9.0: H100/H200) it runs the Hopper `wgmma` kernels (see
-/// [`flash_wgmma_variant`] for which), with the sm_80 build the `mma.sync` FlashAttention-2 kernel;
+/// `flash_wgmma_variant` for which), with the sm_80 build the `mma.sync` FlashAttention-2 kernel;
 /// both keep the same contract.
 pub fn flash_forward(
     q: &Tensor,

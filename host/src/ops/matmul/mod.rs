@@ -18,7 +18,7 @@
 //!
 //! All keep a fixed k order per element, so the same inputs give the same bits on every run.
 //!
-//! The crate-internal [`gemm`] is the same kernel on raw operands (offsets into larger buffers, leading
+//! The crate-internal `gemm` is the same kernel on raw operands (offsets into larger buffers, leading
 //! dims, `C += ...`, a bias row): the Clifford layers build their feature mixing on it.
 use gpu::params::matmul::MAX_GRID_YZ;
 use gpu::params::matmul_f32v::{self as f32v, BM, BN};
