@@ -502,6 +502,27 @@ fn matmul_f32_precision_error_table() {
     }
 }
 
+/// C's bits after `matmul_f32_into(a, b)` with `bias`: accumulating, C starts as `c0` (and its old
+/// values are added); otherwise it is a fresh tensor of `c0`'s shape, poisoned (NaN) in tests.
+fn f32_into_bits(
+    gpu: &Gpu,
+    (a, b): (&Tensor, &Tensor),
+    (ta, tb): (Transpose, Transpose),
+    bias: Option<&Tensor>,
+    (c0, accumulate): (&HostTensor, bool),
+    precision: Precision,
+    what: &str,
+) -> Vec<u32> {
+    let out = if accumulate {
+        Tensor::from_host(gpu, c0).unwrap()
+    } else {
+        Tensor::empty(gpu, &c0.shape, DType::F32).unwrap()
+    };
+    matmul::matmul_f32_into(a, b, ta, tb, bias, &out, accumulate, precision)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
+}
+
 /// The overwrite, bias-row and accumulate paths the Clifford layers use (`matmul_f32_into`) against
 /// the f64 reference (product + bias + old C), on an aligned and an odd shape, every transpose,
 /// batched; and the same bits on a second run.
@@ -540,25 +561,17 @@ fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
                     "{m}x{n}x{k} batch {batch:?} {ta:?} {tb:?} bias {with_bias} accumulate \
                      {accumulate} {precision:?}"
                 );
-                let bits = || -> Vec<u32> {
-                    // Accumulating reads the old C; otherwise the output starts poisoned (NaN).
-                    let out = if accumulate {
-                        Tensor::from_host(&gpu, &c0).unwrap()
-                    } else {
-                        Tensor::empty(&gpu, &out_shape, DType::F32).unwrap()
-                    };
-                    matmul::matmul_f32_into(
-                        &da,
-                        &db,
-                        ta,
-                        tb,
-                        with_bias.then_some(&dbias),
-                        &out,
-                        accumulate,
+                let bits = || {
+                    let bias = with_bias.then_some(&dbias);
+                    f32_into_bits(
+                        &gpu,
+                        (&da, &db),
+                        (ta, tb),
+                        bias,
+                        (&c0, accumulate),
                         precision,
+                        &what,
                     )
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                    out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
                 };
                 let want = bits();
                 let product = reference::matmul(&a, &b, ta, tb).unwrap();
@@ -667,11 +680,16 @@ fn matmul_tf32_wide_tiles_match_f64_reference() {
             Tensor::from_host(&gpu, &bias).unwrap(),
         );
         let what = format!("{m}x{n}x{k} {ta:?} {tb:?} Tf32, bias and accumulate");
-        let bits = || -> Vec<u32> {
-            let out = Tensor::from_host(&gpu, &c0).unwrap();
-            matmul::matmul_f32_into(&da, &db, ta, tb, Some(&dbias), &out, true, Precision::Tf32)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
+        let bits = || {
+            f32_into_bits(
+                &gpu,
+                (&da, &db),
+                (ta, tb),
+                Some(&dbias),
+                (&c0, true),
+                Precision::Tf32,
+                &what,
+            )
         };
         let first = bits();
         let (mut got, mut want) = (vec![], vec![]);
