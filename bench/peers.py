@@ -172,15 +172,21 @@ def matmul_cases(quick):
     shapes = [s for s in GEMM_SHAPES if not (quick and s[0] == 8192)]
     cases = [matmul_case(tag, *s) for s in shapes for tag in ("f16", "bf16")
              if tag == "f16" or s[0] % 8 == 0]
-    return cases + [matmul_case("f32", 4096, 4096, 4096), matmul_tf32_case(4096, 4096, 4096)]
+    return cases + [matmul_case("f32", 4096, 4096, 4096), matmul_tf32_case(4096, 4096, 4096),
+                    matmul_tf32_case(4096, 4096, 4096, b_transposed=True)]
 
 
-def matmul_tf32_case(m, n, k):
-    """Our matmul/tf32 (Precision::Tf32) against torch.matmul at 'high' (cuBLAS TF32)."""
-    return Case(f"matmul/tf32/{m}x{n}x{k}", bytes=(m * k + k * n + m * n) * 4,
+def matmul_tf32_case(m, n, k, b_transposed=False):
+    """Our matmul/tf32 (Precision::Tf32) against torch.matmul at 'high' (cuBLAS TF32); with
+    b_transposed, matmul/tf32_nt: B stored N x K and multiplied transposed (a linear layer's x W^T)."""
+    b_shape = (n, k) if b_transposed else (k, n)
+    op = (lambda s: torch.matmul(s[0], s[1].t(), out=s[2])) if b_transposed else \
+        (lambda s: torch.matmul(s[0], s[1], out=s[2]))
+    return Case(f"matmul/{'tf32_nt' if b_transposed else 'tf32'}/{m}x{n}x{k}",
+                bytes=(m * k + k * n + m * n) * 4,
                 flops=2 * m * n * k, in_bytes=(m * k + k * n) * 4,
-                make_set=lambda: (rand((m, k), "f32"), rand((k, n), "f32"), empty((m, n), "f32")),
-                peers=[Peer("torch-eager-high", build=lambda: lambda s: torch.matmul(s[0], s[1], out=s[2]),
+                make_set=lambda: (rand((m, k), "f32"), rand(b_shape, "f32"), empty((m, n), "f32")),
+                peers=[Peer("torch-eager-high", build=lambda: op,
                             context=lambda: matmul_precision("high"))])
 
 

@@ -297,7 +297,11 @@ mod num_like {
 /// Our matmul at the cuBLAS ceiling's shapes (`matmul/{f16,bf16}/...`, tensor cores) and f32 4096^3
 /// (`matmul/f32/...`, CUDA cores, against `sgemm/f32/4096x4096x4096`). Bytes count A, B and C once.
 fn matmuls(b: &mut Bencher) {
-    use host::ops::matmul::{Precision, Transpose::No, matmul, matmul_with};
+    use host::ops::matmul::{
+        Precision,
+        Transpose::{No, Yes},
+        matmul, matmul_with,
+    };
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let mut cases: Vec<(DType, (usize, usize, usize))> = vec![];
     for shape in GEMM_SHAPES {
@@ -339,6 +343,13 @@ fn matmuls(b: &mut Bencher) {
             matmul_with(&x[i], &w[i], No, No, precision).expect("matmul");
         });
     }
+    // `matmul/tf32_nt`: C = A B^T with B stored `N x K`, a linear layer's `x W^T` (peer: torch at
+    // 'high' on `a @ b.t()`). The TF32 kernels read such a B in place, with no split pass.
+    let mut s = matmul_spec("matmul", DType::F32, (m, n, k));
+    s.name = format!("matmul/tf32_nt/{m}x{n}x{k}");
+    b.bench(s, copies, |i| {
+        matmul_with(&x[i], &w[i], No, Yes, Precision::Tf32).expect("matmul");
+    });
 }
 
 /// fp32 SGEMM 4096^3 through cuBLAS (no TF32: plain `cublasSgemm`), the ceiling the relevance kernels'

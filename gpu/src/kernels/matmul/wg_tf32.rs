@@ -4,7 +4,8 @@
 //! `K x M`), any M, N, K, batched or split along the depth (`splitk.rs` sums the slices); TF32 also
 //! on 128 x 256 tiles with m64n256k8 (`matmul_wg_tf32w_{n,t}_f32`, never split).
 //! B comes as K-major tf32 parts written by `matmul_wg_split_b_f32` from B stored either
-//! way. Tiles and the design notes: `params::matmul_wg_tf32`.
+//! way; in TF32, a B stored `N x K` comes as it is stored (the host maps it in place), its f32
+//! bits truncated by the tensor core. Tiles and the design notes: `params::matmul_wg_tf32`.
 //!
 //! Persistent CTAs (384 threads, at most one an SM) walk the 128 x 128 (wide: 128 x 256) tiles of C
 //! of every batch entry or depth slice, `blockIdx.x, + gridDim.x, ...`:

@@ -2,7 +2,8 @@
 //! by dtype and, for f32, by [`Precision`]:
 //! - f32, [`Precision::Tf32x3`] / [`Precision::Tf32`], sm_90 build: `matmul_wg_tf32x3_*_f32` /
 //!   `matmul_wg_tf32_*_f32` (`gpu/src/kernels/matmul/wg_tf32.rs`): `wgmma` m64n128k8 with tf32
-//!   inputs, B written once as K-major tf32 parts (`matmul_wg_split_b_f32`), TMA copies of A's
+//!   inputs, B written once as K-major tf32 parts (`matmul_wg_split_b_f32`; a TF32 product reads a
+//!   B stored `N x K` in place), TMA copies of A's
 //!   stored f32 tiles and of B's parts, A split in registers; sm_80 build: `matmul_tf32x3_*_f32` / `matmul_tf32_*_f32`
 //!   (`gpu/src/kernels/matmul/tf32.rs`): `mma.m16n8k8`, a 3-stage `cp.async` pipeline. Both tile C
 //!   in 128 x 128 and split along the depth (summed in a fixed order) when the output has too few
@@ -56,9 +57,10 @@ pub enum Precision {
     #[default]
     Tf32x3,
     /// One tf32 product (10-bit mantissas, as cuBLAS's TF32 mode and PyTorch's
-    /// `float32_matmul_precision('high')`): about 1e-3 relative error. On sm_90 an A stored
-    /// `M x K` enters truncated to tf32 (the tensor core reads its f32 bits), B rounded
-    /// (docs/math/matmul.md). The same alignment rule as [`Precision::Tf32x3`].
+    /// `float32_matmul_precision('high')`): about 1e-3 relative error. On sm_90 an operand stored
+    /// k-contiguous (A as `M x K`, B as `N x K`, i.e. transposed) enters truncated to tf32 (the
+    /// tensor core reads its f32 bits), the other orientation rounded (docs/math/matmul.md). The
+    /// same alignment rule as [`Precision::Tf32x3`].
     Tf32,
 }
 
@@ -496,7 +498,10 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
 
 /// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`) into a fresh buffer and returns
 /// it with the tensor maps of its `hi` and `lo` planes (TF32: `hi` twice), boxes of `bn` rows (the
-/// kernel's tile columns).
+/// kernel's tile columns). A TF32 product whose B is stored `N x K` (k contiguous, the layout the
+/// kernels read) writes no parts: both maps are B's own, and the tensor core reads B's stored f32
+/// bits truncated to tf32, as it reads an A stored `M x K`. That saves the split pass, a read and
+/// a write of all of B.
 fn wg_tf32_parts(
     gpu: &crate::Gpu,
     shape: GemmShape,
@@ -505,12 +510,31 @@ fn wg_tf32_parts(
     passes: u32,
     bn: u32,
 ) -> Result<(
-    Tensor,
+    Option<Tensor>,
     gpu::params::TensorMapParam,
     gpu::params::TensorMapParam,
 )> {
     const OP: &str = "matmul";
     let GemmShape { n, k, .. } = shape;
+    if passes == 1 && b.trans == Transpose::Yes {
+        let stored = crate::tma::Tensor3 {
+            ptr: b.raw.ptr,
+            inner: k as u64,
+            outer: n as u64,
+            batch: plan.b_batch as u64,
+            outer_stride: b.ld,
+            batch_stride: if b.stride != 0 {
+                b.stride
+            } else {
+                b.ld * n as u64
+            },
+        };
+        // Always so for operands that passed `tf32_rows`, unless a dim is past 2^31.
+        if crate::tma::tma_readable_f32(&stored) {
+            let map = crate::tma::sw128_map(OP, DType::F32, &stored, bn)?;
+            return Ok((None, map, map));
+        }
+    }
     let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
     let planes = if passes == 3 { 2 } else { 1 };
     let parts = Tensor::empty(gpu, &[planes * plane as usize], DType::F32)?;
@@ -554,7 +578,7 @@ fn wg_tf32_parts(
     } else {
         hi
     };
-    Ok((parts, hi, lo))
+    Ok((Some(parts), hi, lo))
 }
 
 /// Sizes of `op(a) op(b)` under the shape rules of [`matmul`]: C is `m x n` (times `batch` when
