@@ -29,7 +29,8 @@ use gpu::params::clifford::{
 use crate::error::{Error, Result};
 use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
 use crate::ops::matmul::{
-    Accumulate, GemmShape, Operand, Precision, Transpose, gemm, gemm_gathered, offset,
+    Accumulate, GemmShape, Operand, Precision, Transpose, gemm, gemm_b_blocks, gemm_gathered,
+    offset,
 };
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
@@ -856,14 +857,17 @@ fn permute_blocks(gpu: &Gpu, src: &Tensor, dst: &Tensor, perm: &[usize]) -> Resu
 }
 
 /// `u (C, B, M)` of `groups`: per output grade one matrix product of its pair matrix
-/// `(count * B, paths * N)` with its stacked weights `(paths * N, M)` ([`fc_stack_weights`]);
-/// `pairs` holds the pair buffer from row block `lo` on.
+/// `(count * B, paths * N)` with its weights `(paths * N, M)`, the grade's paths' `(N, M)` blocks of
+/// `weight (P, N, M)` one after the other; `pairs` holds the pair buffer from row block `lo` on.
+/// The sm_90 tensor-core kernels read the blocks where they lie ([`gemm_b_blocks`]); elsewhere the
+/// weights are stacked once into `stacked` ([`fc_stack_weights`]), kept for the next call.
 #[allow(clippy::too_many_arguments)]
 fn fc_mix(
     gpu: &Gpu,
+    alg: Algebra,
     groups: &[FcGroup],
     (pairs, lo): (&Tensor, usize),
-    stacked: &Tensor,
+    (weight, stacked): (&Tensor, &mut Option<Tensor>),
     u: &Tensor,
     d: Dims,
     m: usize,
@@ -871,22 +875,40 @@ fn fc_mix(
 ) -> Result<()> {
     let (b, n) = (d.batch, d.features);
     for grp in groups {
-        let k = grp.paths.len() * n;
-        gemm(
-            gpu,
-            GemmShape {
-                m: grp.count * b,
-                n: m,
-                k,
-                batch: 1,
-            },
-            grp.pairs((pairs, lo), (b, n), Transpose::No),
-            grp.weights(stacked, (n, m), Transpose::No),
-            grp.rows(u, (b, m)),
-            None,
-            Accumulate::Overwrite,
-            precision,
-        )?;
+        let shape = GemmShape {
+            m: grp.count * b,
+            n: m,
+            k: grp.paths.len() * n,
+            batch: 1,
+        };
+        let a = grp.pairs((pairs, lo), (b, n), Transpose::No);
+        let c = grp.rows(u, (b, m));
+        let blocks: Vec<(Operand, usize)> = grp
+            .paths
+            .iter()
+            .map(|&p| {
+                let block = Operand {
+                    raw: offset(weight.raw(), (p * n * m) as u64),
+                    ld: m as u64,
+                    trans: Transpose::No,
+                    stride: 0,
+                };
+                (block, n)
+            })
+            .collect();
+        let (acc, bias) = (Accumulate::Overwrite, None);
+        if gemm_b_blocks(gpu, shape, a, &blocks, c, bias, acc, precision)? {
+            continue;
+        }
+        if stacked.is_none() {
+            *stacked = Some(fc_stack_weights(gpu, alg, weight)?);
+        }
+        let w = grp.weights(
+            stacked.as_ref().expect("stacked above"),
+            (n, m),
+            Transpose::No,
+        );
+        gemm(gpu, shape, a, w, c, bias, acc, precision)?;
     }
     Ok(())
 }
@@ -933,7 +955,7 @@ pub fn fcgp_forward_with(
     // backward recomputes the whole buffer). The cost: each phase reads x and y and computes the
     // gates again, and in 2D grade 1's product runs as two (one a phase), each with its own split
     // pass over the grade's weights (docs/PERF_NOTES.md, "The fc forward in two phases").
-    let stacked = fc_stack_weights(gpu, alg, weight)?;
+    let mut stacked = None;
     let groups = alg.fc_groups();
     let split = alg.fc_phase_split();
     for range in [(0, split), (split, alg.num_slots())] {
@@ -941,9 +963,10 @@ pub fn fcgp_forward_with(
         let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
         fc_mix(
             gpu,
+            alg,
             &phase,
             (&pairs, range.0),
-            &stacked,
+            (weight, &mut stacked),
             &out,
             d,
             m,

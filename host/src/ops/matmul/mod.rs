@@ -135,7 +135,17 @@ pub(crate) fn gemm(
             None
         };
         if !hopper || plan.is_some() {
-            return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, plan);
+            return gemm_tf32(
+                gpu,
+                shape,
+                a,
+                &[(b, shape.k)],
+                c,
+                bias,
+                acc,
+                precision,
+                plan,
+            );
         }
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
@@ -203,7 +213,17 @@ pub(crate) fn gemm_gathered(
                 .enumerate()
                 .fold(0u64, |p, (z, &e)| p | (e as u64) << (4 * z)),
         );
-        return gemm_tf32(gpu, shape, a, b, c, bias, acc, precision, Some(plan));
+        return gemm_tf32(
+            gpu,
+            shape,
+            a,
+            &[(b, shape.k)],
+            c,
+            bias,
+            acc,
+            precision,
+            Some(plan),
+        );
     }
     let at = |o: Operand, entry: usize| Operand {
         raw: offset(o.raw, entry as u64 * o.stride),
@@ -224,6 +244,44 @@ pub(crate) fn gemm_gathered(
         )?;
     }
     Ok(())
+}
+
+/// [`gemm`] of a single product (`shape.batch` 1) whose B is stored as consecutive row blocks along
+/// the depth, each on its own: `b_blocks[i] = (operand, rows)`, each block `rows x N` and not
+/// transposed, the depths of block `i` following those of the blocks before it. The sm_90
+/// tensor-core kernels read B through its tf32 parts, which the split pass writes block by block
+/// (one launch a block, into the block's depths), so the stacked B is never stored. Returns
+/// `Ok(false)`, having launched nothing, where the product would take another kernel (other
+/// builds, [`Precision::Ieee`], unaligned rows): the caller stacks B and calls [`gemm`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_b_blocks(
+    gpu: &crate::Gpu,
+    shape: GemmShape,
+    a: Operand,
+    b_blocks: &[(Operand, usize)],
+    c: Operand,
+    bias: Option<RawSlice>,
+    acc: Accumulate,
+    precision: Precision,
+) -> Result<bool> {
+    debug_assert!(shape.batch == 1);
+    debug_assert_eq!(b_blocks.iter().map(|&(_, r)| r).sum::<usize>(), shape.k);
+    debug_assert!(b_blocks.iter().all(|(b, _)| b.trans == Transpose::No));
+    let Some(&(first, _)) = b_blocks.first() else {
+        return Ok(false);
+    };
+    if precision == Precision::Ieee
+        || gpu.ptx_arch() != "sm_90"
+        || !tf32_rows(&a)
+        || !b_blocks.iter().all(|(b, _)| tf32_rows(b))
+    {
+        return Ok(false);
+    }
+    let Some(plan) = wg_tf32_plan(shape, &a, &first)? else {
+        return Ok(false);
+    };
+    gemm_tf32(gpu, shape, a, b_blocks, c, bias, acc, precision, Some(plan))?;
+    Ok(true)
 }
 
 /// The launch parameters of one [`gemm`] and its row-tile count (grid y; both f32 kernels tile C in
@@ -284,21 +342,23 @@ fn tf32_rows(o: &Operand) -> bool {
 }
 
 /// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): the Hopper kernels
-/// when there is a [`WgPlan`] (B's tf32 parts are written first), the `mma.sync` ones (sm_80 build)
-/// otherwise; split along the depth per `params::matmul_tf32::split_k` for a single product, with
+/// when there is a [`WgPlan`] (B's tf32 parts are written first, from B's row blocks `b`: see
+/// [`gemm_b_blocks`]), the `mma.sync` ones (sm_80 build, B in one block) otherwise; split along the depth per `params::matmul_tf32::split_k` for a single product, with
 /// the partials in a workspace that `matmul_splitk_finish_f32` sums in slice order.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tf32(
     gpu: &crate::Gpu,
     shape: GemmShape,
     a: Operand,
-    b: Operand,
+    b_blocks: &[(Operand, usize)],
     c: Operand,
     bias: Option<RawSlice>,
     acc: Accumulate,
     precision: Precision,
     plan: Option<WgPlan>,
 ) -> Result<()> {
+    debug_assert!(plan.is_some() || b_blocks.len() == 1);
+    let b = b_blocks[0].0;
     const NAMES: [&str; 8] = [
         "matmul_tf32x3_nn_f32",
         "matmul_tf32x3_nt_f32",
@@ -354,7 +414,7 @@ fn gemm_tf32(
         let wide = tf32 && splits == 1 && wg::wide(m as u64, n as u64, k as u64, entries, sms);
         let bn = if wide { wg::BN_WIDE } else { wg::BN };
         // Freed after the launch below is queued: the stream orders the kernel's reads first.
-        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, &b, &plan, passes, bn)?;
+        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, b_blocks, &plan, passes, bn)?;
         // Persistent: at most one CTA an SM walks the tiles (`wg::tiles`).
         let tiles = wg::tiles(m as u64, n as u64, entries, bn);
         if tiles > wg::MAX_TILES {
@@ -496,16 +556,16 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
     }))
 }
 
-/// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`) into a fresh buffer and returns
-/// it with the tensor maps of its `hi` and `lo` planes (TF32: `hi` twice), boxes of `bn` rows (the
-/// kernel's tile columns). A TF32 product whose B is stored `N x K` (k contiguous, the layout the
+/// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`, one launch a row block of B:
+/// [`gemm_b_blocks`]) into a fresh buffer and returns it with the tensor maps of its `hi` and `lo`
+/// planes (TF32: `hi` twice), boxes of `bn` rows (the kernel's tile columns). A TF32 product whose B is stored `N x K` (k contiguous, the layout the
 /// kernels read) writes no parts: both maps are B's own, and the tensor core reads B's stored f32
 /// bits truncated to tf32, as it reads an A stored `M x K`. That saves the split pass, a read and
 /// a write of all of B.
 fn wg_tf32_parts(
     gpu: &crate::Gpu,
     shape: GemmShape,
-    b: &Operand,
+    b_blocks: &[(Operand, usize)],
     plan: &WgPlan,
     passes: u32,
     bn: u32,
@@ -516,7 +576,8 @@ fn wg_tf32_parts(
 )> {
     const OP: &str = "matmul";
     let GemmShape { n, k, .. } = shape;
-    if passes == 1 && b.trans == Transpose::Yes {
+    let b = &b_blocks[0].0;
+    if passes == 1 && b_blocks.len() == 1 && b.trans == Transpose::Yes {
         let stored = crate::tma::Tensor3 {
             ptr: b.raw.ptr,
             inner: k as u64,
@@ -538,31 +599,44 @@ fn wg_tf32_parts(
     let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
     let planes = if passes == 3 { 2 } else { 1 };
     let parts = Tensor::empty(gpu, &[planes * plane as usize], DType::F32)?;
-    let p = SplitB {
-        k: k as u32,
-        n: n as u32,
-        batch: plan.b_batch as u32,
-        k_contig: (b.trans == Transpose::Yes) as u32,
-        passes,
-        _pad: 0,
-        ld: b.ld,
-        stride: b.stride,
-        pitch: plan.pitch,
-    };
-    launch_cfg(
-        gpu,
-        "matmul_wg_split_b_f32",
-        cudarc::driver::LaunchConfig {
-            grid_dim: (
-                k.div_ceil(32) as u32,
-                n.div_ceil(32) as u32,
-                plan.b_batch as u32,
-            ),
-            block_dim: (wg::SPLIT_THREADS, 1, 1),
-            shared_mem_bytes: wg::SPLIT_SMEM_BYTES,
-        },
-        &[&ByValue(b.raw), &ByValue(parts.raw()), &ByValue(p)],
-    )?;
+    // One launch a row block, each into its own depths of the parts (the kernel writes depths
+    // below its `k` only, so a block's tail tile leaves the next block's depths alone).
+    let mut k_off = 0u64;
+    for &(b, rows) in b_blocks {
+        if rows == 0 {
+            continue;
+        }
+        let p = SplitB {
+            k: rows as u32,
+            n: n as u32,
+            batch: plan.b_batch as u32,
+            k_contig: (b.trans == Transpose::Yes) as u32,
+            passes,
+            _pad: 0,
+            ld: b.ld,
+            stride: b.stride,
+            pitch: plan.pitch,
+        };
+        launch_cfg(
+            gpu,
+            "matmul_wg_split_b_f32",
+            cudarc::driver::LaunchConfig {
+                grid_dim: (
+                    rows.div_ceil(32) as u32,
+                    n.div_ceil(32) as u32,
+                    plan.b_batch as u32,
+                ),
+                block_dim: (wg::SPLIT_THREADS, 1, 1),
+                shared_mem_bytes: wg::SPLIT_SMEM_BYTES,
+            },
+            &[
+                &ByValue(b.raw),
+                &ByValue(offset(parts.raw(), k_off)),
+                &ByValue(p),
+            ],
+        )?;
+        k_off += rows as u64;
+    }
     let view = |ptr: u64| crate::tma::Tensor3 {
         ptr,
         inner: k as u64,
