@@ -344,11 +344,13 @@ fn matmuls(b: &mut Bencher) {
         });
     }
     // `matmul/tf32_nt`: C = A B^T with B stored `N x K`, a linear layer's `x W^T` (peer: torch at
-    // 'high' on `a @ b.t()`). The TF32 kernels read such a B in place, with no split pass.
+    // 'high' on `a @ b.t()`). The TF32 kernels read such a B in place, with no split pass, its
+    // f32 bits truncated to tf32 (cuBLAS presumably rounds: docs/math/matmul.md).
+    let wt = b.inputs(&[n, k], DType::F32, copies);
     let mut s = matmul_spec("matmul", DType::F32, (m, n, k));
     s.name = format!("matmul/tf32_nt/{m}x{n}x{k}");
     b.bench(s, copies, |i| {
-        matmul_with(&x[i], &w[i], No, Yes, Precision::Tf32).expect("matmul");
+        matmul_with(&x[i], &wt[i], No, Yes, Precision::Tf32).expect("matmul");
     });
 }
 

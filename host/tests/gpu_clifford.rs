@@ -16,8 +16,9 @@ const NORMS: [Normalize; 2] = [Normalize::No, Normalize::Yes];
 /// The matmul precisions of fcgp and the Layer (docs/math/matmul.md).
 const PRECISIONS: [Precision; 3] = [Precision::Tf32x3, Precision::Ieee, Precision::Tf32];
 
-/// `base` for the fp32-class precisions; TF32 (10-bit mantissas in every product, about 3e-4
-/// relative a product, more through the norm's backward) is held to 4e-3.
+/// `base` for the fp32-class precisions; TF32 (10-bit mantissas in every product, 3e-4 to 7e-4
+/// relative a product as operands are rounded or truncated, more through the norm's backward) is
+/// held to 4e-3.
 fn ptol(precision: Precision, base: f64) -> f64 {
     if precision == Precision::Tf32 {
         4e-3

@@ -11,7 +11,8 @@
 //! of every batch entry or depth slice, `blockIdx.x, + gridDim.x, ...`:
 //! ```text
 //! warpgroup 0, thread 0 (copies): per tile, per k-tile kt: wait empty[s], expect the stage's bytes on
-//!     full[s], TMA A's stored k-tile (f32, 128-byte swizzle) and B's parts' k-tiles into stage s
+//!     full[s], TMA A's stored k-tile (f32, 128-byte swizzle) and B's parts' k-tiles (or, TF32
+//!     with B stored `N x K`, B's stored k-tile) into stage s
 //! warpgroups 1, 2 (consumers, rows 64 (w - 1)..): per tile, per k-tile: wait full[s]; read and
 //!     split the A fragments of the 4 k8 steps; 12 (3xTF32) or 4 (TF32) wgmma; wait for them; add
 //!     the partial (3xTF32); release stage s (TF32 with A stored `M x K`: A from shared memory,
@@ -52,7 +53,7 @@ use crate::unroll;
 type KTile = SwizzledTile<128, 64>;
 /// B's `hi` part on a wide tile: 256 rows of 32 floats.
 type WideKTile = SwizzledTile<256, 64>;
-/// The f32 tensor map of B's parts: `R` rows of 32 floats a box.
+/// The f32 tensor map of B's parts (or of a B stored `N x K`, TF32): `R` rows of 32 floats a box.
 type PartsMap<const R: usize> = TensorMapRef<R, 3, 4>;
 
 /// Shared tile `(rows, 16-bit cols)` of A's stored k-tile: k-contiguous (a [`KTile`]) or
@@ -439,7 +440,8 @@ macro_rules! wg_tf32_entry_points {
         crate::tensor_map_params!($name, 0, 1, 2);
         /// `C (+)= op(A) op(B) (+ bias)` for one precision and storage of A (module doc): `a_map`
         /// is an f32 tensor map of the stored A, `hi_map` and `lo_map` of B's tf32 parts (TF32:
-        /// `lo_map` is not read; boxes of the tile's columns as rows) (`host::ops::matmul`), grid
+        /// `lo_map` is not read, and a B stored `N x K` is mapped as stored; boxes of the tile's
+        /// columns as rows) (`host::ops::matmul`), grid
         /// `min(tiles, SMs)` (`tiles` of `params::matmul_wg_tf32`), `THREADS` threads, `SMEM_BYTES`
         /// (wide: `SMEM_BYTES_WIDE`) of dynamic shared memory. `ws` holds `splits * M * N` floats
         /// when split.

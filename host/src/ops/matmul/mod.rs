@@ -342,9 +342,11 @@ fn tf32_rows(o: &Operand) -> bool {
 }
 
 /// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): the Hopper kernels
-/// when there is a [`WgPlan`] (B's tf32 parts are written first, from B's row blocks `b`: see
-/// [`gemm_b_blocks`]), the `mma.sync` ones (sm_80 build, B in one block) otherwise; split along the depth per `params::matmul_tf32::split_k` for a single product, with
-/// the partials in a workspace that `matmul_splitk_finish_f32` sums in slice order.
+/// when there is a [`WgPlan`] (B's tf32 parts are written first, from B's row blocks `b_blocks`:
+/// see [`gemm_b_blocks`]; TF32 reads a B stored `N x K` as it is: [`wg_tf32_parts`]), the
+/// `mma.sync` ones (sm_80 build, B in one block) otherwise; split along the depth per
+/// `params::matmul_tf32::split_k` for a single product, with the partials in a workspace that
+/// `matmul_splitk_finish_f32` sums in slice order.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tf32(
     gpu: &crate::Gpu,
@@ -590,8 +592,11 @@ fn wg_tf32_parts(
                 b.ld * n as u64
             },
         };
-        // Always so for operands that passed `tf32_rows`, unless a dim is past 2^31.
-        if crate::tma::tma_readable_f32(&stored) {
+        // A broadcast B (stride 0) under a gather (`b_entry_of`, `b_batch` > 1) has no stride to
+        // step the map's batch by: its entries come from the split pass, every one a copy of B.
+        // Otherwise readable for operands that passed `tf32_rows` (a stored B's leading dim is at
+        // least k), unless a dim is past 2^31 or a stride past the copy engine's range.
+        if (b.stride != 0 || plan.b_batch == 1) && crate::tma::tma_readable_f32(&stored) {
             let map = crate::tma::sw128_map(OP, DType::F32, &stored, bn)?;
             return Ok((None, map, map));
         }
