@@ -135,17 +135,8 @@ pub(crate) fn gemm(
             None
         };
         if !hopper || plan.is_some() {
-            return gemm_tf32(
-                gpu,
-                shape,
-                a,
-                &[(b, shape.k)],
-                c,
-                bias,
-                acc,
-                precision,
-                plan,
-            );
+            let one = [(b, shape.k)];
+            return gemm_tf32(gpu, shape, a, &one, c, bias, acc, precision, plan);
         }
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
@@ -213,17 +204,8 @@ pub(crate) fn gemm_gathered(
                 .enumerate()
                 .fold(0u64, |p, (z, &e)| p | (e as u64) << (4 * z)),
         );
-        return gemm_tf32(
-            gpu,
-            shape,
-            a,
-            &[(b, shape.k)],
-            c,
-            bias,
-            acc,
-            precision,
-            Some(plan),
-        );
+        let one = [(b, shape.k)];
+        return gemm_tf32(gpu, shape, a, &one, c, bias, acc, precision, Some(plan));
     }
     let at = |o: Operand, entry: usize| Operand {
         raw: offset(o.raw, entry as u64 * o.stride),
