@@ -464,6 +464,12 @@ pub mod matmul_wg_tf32 {
 /// `[n][k]`; `ld` floats between stored rows, `stride` between batch entries) written as tf32 parts
 /// `hi[z][n][k]` (and `lo` behind them, `batch * n * pitch` floats later, when `passes` is 3) with
 /// rows `pitch` floats apart. Grid (ceil(K / 32), ceil(N / 32), batch).
+///
+/// With `block_rows` > 0 the stored rows are gathered from equal blocks of one allocation: stored
+/// row `r` is row `r % block_rows` of block `(block_of >> SPLIT_GATHER_BITS * (r / block_rows)) &
+/// 31`, and block `i` starts `i * block_stride` floats in ([`split_b_stored_offset`]). The Clifford
+/// fc products' B is the `(N, M)` weight blocks of their paths, one after the other: read this way,
+/// no stacked copy of the weights is made.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SplitB {
@@ -472,14 +478,32 @@ pub struct SplitB {
     pub batch: u32,
     pub k_contig: u32,
     pub passes: u32,
-    pub _pad: u32,
+    pub block_rows: u32,
     pub ld: u64,
     pub stride: u64,
     pub pitch: u64,
+    pub block_of: u64,
+    pub block_stride: u64,
 }
 
-// SAFETY: #[repr(C)], six 4-byte fields then three 8-byte fields (offset 24): no padding.
+// SAFETY: #[repr(C)], six 4-byte fields then five 8-byte fields (offset 24): no padding.
 unsafe impl KernelParam for SplitB {}
+
+/// Bits of one block index in [`SplitB::block_of`].
+pub const SPLIT_GATHER_BITS: u32 = 5;
+/// Most blocks one gathered split reads ([`SplitB::block_rows`]).
+pub const SPLIT_GATHER_MAX: usize = (u64::BITS / SPLIT_GATHER_BITS) as usize;
+
+/// Offset (floats, batch entry 0) of stored row `row` of the B that `p` describes: `row * ld`, or,
+/// gathered, the row's place in its block.
+pub const fn split_b_stored_offset(p: &SplitB, row: u32) -> u64 {
+    if p.block_rows == 0 {
+        return row as u64 * p.ld;
+    }
+    let i = row / p.block_rows;
+    let block = (p.block_of >> (SPLIT_GATHER_BITS * i)) & ((1 << SPLIT_GATHER_BITS) - 1);
+    block * p.block_stride + (row % p.block_rows) as u64 * p.ld
+}
 
 /// Parameters of one `matmul_tma_*` launch (A, B and C come as tensor maps: see
 /// `host::ops::matmul`). `a_batched` / `b_batched` say whether an operand has a batch dim (0: one

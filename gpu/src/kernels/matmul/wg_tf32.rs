@@ -45,7 +45,7 @@ use crate::dev::wgmma::{
 };
 use crate::params::lrp::v5::{split_tf32_fast, tf32_rna_bits};
 use crate::params::matmul_wg_tf32::*;
-use crate::params::{MatmulTf32, SplitB};
+use crate::params::{MatmulTf32, SplitB, split_b_stored_offset};
 use crate::unroll;
 
 /// A K-major f32 tile of 128 rows by 32 floats (`BK`): one 128-byte swizzle panel, addressed as 64
@@ -481,8 +481,9 @@ crate::launch_bounds!(matmul_wg_split_b_f32, SPLIT_THREADS, 1);
 /// Writes B (`p.k x p.n`, stored as `SplitB` says) as K-major tf32 parts: `out[z][n][k]` = the
 /// round-to-nearest tf32 `hi` of B(k, n) and, when `p.passes` is 3, `out[batch][n][pitch]` later
 /// its `lo` (the split of `params::lrp::v5::split_tf32_fast`, as the products' A side). A block
-/// moves a 32 x 32 tile through shared memory, reading rows of the stored B and writing rows of
-/// the parts, both along their contiguous dim. Grid (ceil(K / 32), ceil(N / 32), batch),
+/// moves a 32 x 32 tile through shared memory, reading rows of the stored B (in place, or gathered
+/// from row blocks: `SplitB::block_rows`) and writing rows of the parts, both along their
+/// contiguous dim. Grid (ceil(K / 32), ceil(N / 32), batch),
 /// `SPLIT_THREADS` threads, `SPLIT_SMEM_BYTES` of dynamic shared memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_wg_split_b_f32(
@@ -504,12 +505,8 @@ pub unsafe extern "ptx-kernel" fn matmul_wg_split_b_f32(
             (n0 + tx, k0 + r, tx * PITCH + r)
         };
         let v = if n < p.n && k < p.k {
-            let i = z as u64 * p.stride
-                + if p.k_contig != 0 {
-                    n as u64 * p.ld + k as u64
-                } else {
-                    k as u64 * p.ld + n as u64
-                };
+            let (row, col) = if p.k_contig != 0 { (n, k) } else { (k, n) };
+            let i = z as u64 * p.stride + split_b_stored_offset(&p, row) + col as u64;
             b.get(i)
         } else {
             0.0

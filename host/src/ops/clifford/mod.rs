@@ -29,8 +29,8 @@ use gpu::params::clifford::{
 use crate::error::{Error, Result};
 use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
 use crate::ops::matmul::{
-    Accumulate, GemmShape, Operand, Precision, Transpose, gemm, gemm_b_blocks, gemm_gathered,
-    offset,
+    Accumulate, GemmShape, Operand, Precision, RowBlocks, Transpose, gemm, gemm_b_gathered,
+    gemm_gathered, offset,
 };
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
@@ -858,9 +858,8 @@ fn permute_blocks(gpu: &Gpu, src: &Tensor, dst: &Tensor, perm: &[usize]) -> Resu
 
 /// `u (C, B, M)` of `groups`: per output grade one matrix product of its pair matrix
 /// `(count * B, paths * N)` with its weights `(paths * N, M)`, the grade's paths' `(N, M)` blocks of
-/// `weight (P, N, M)` one after the other; `pairs` holds the pair buffer from row block `lo` on.
-/// The sm_90 tensor-core kernels read the blocks where they lie ([`gemm_b_blocks`]); elsewhere the
-/// weights are stacked once into `stacked` ([`fc_stack_weights`]), kept for the next call.
+/// `weight (P, N, M)` one after the other ([`fc_weight_product`]); `pairs` holds the pair buffer
+/// from row block `lo` on.
 #[allow(clippy::too_many_arguments)]
 fn fc_mix(
     gpu: &Gpu,
@@ -883,34 +882,47 @@ fn fc_mix(
         };
         let a = grp.pairs((pairs, lo), (b, n), Transpose::No);
         let c = grp.rows(u, (b, m));
-        let blocks: Vec<(Operand, usize)> = grp
-            .paths
-            .iter()
-            .map(|&p| {
-                let block = Operand {
-                    raw: offset(weight.raw(), (p * n * m) as u64),
-                    ld: m as u64,
-                    trans: Transpose::No,
-                    stride: 0,
-                };
-                (block, n)
-            })
-            .collect();
-        let (acc, bias) = (Accumulate::Overwrite, None);
-        if gemm_b_blocks(gpu, shape, a, &blocks, c, bias, acc, precision)? {
-            continue;
-        }
-        if stacked.is_none() {
-            *stacked = Some(fc_stack_weights(gpu, alg, weight)?);
-        }
-        let w = grp.weights(
-            stacked.as_ref().expect("stacked above"),
-            (n, m),
-            Transpose::No,
-        );
-        gemm(gpu, shape, a, w, c, bias, acc, precision)?;
+        let w = (grp, weight, &mut *stacked, Transpose::No);
+        fc_weight_product(gpu, alg, shape, a, w, c, (n, m), precision)?;
     }
     Ok(())
+}
+
+/// One product `c = a op(W_g)` of a group's weights `W_g (paths * N, M)`: the sm_90 tensor-core
+/// kernels gather W_g's row blocks from `weight (P, N, M)` where they lie ([`gemm_b_gathered`]: the
+/// split pass reads them), so no stacked copy is held; elsewhere the weights are stacked once into
+/// `stacked` ([`fc_stack_weights`]), kept for the group products after this one.
+#[allow(clippy::too_many_arguments)]
+fn fc_weight_product(
+    gpu: &Gpu,
+    alg: Algebra,
+    shape: GemmShape,
+    a: Operand,
+    (grp, weight, stacked, trans): (&FcGroup, &Tensor, &mut Option<Tensor>, Transpose),
+    c: Operand,
+    (n, m): (usize, usize),
+    precision: Precision,
+) -> Result<()> {
+    let (acc, bias) = (Accumulate::Overwrite, None);
+    let b = Operand {
+        raw: weight.raw(),
+        ld: m as u64,
+        trans,
+        stride: 0,
+    };
+    let gather = RowBlocks {
+        rows: n,
+        stride: (n * m) as u64,
+        blocks: &grp.paths,
+    };
+    if gemm_b_gathered(gpu, shape, a, (b, gather), c, bias, acc, precision)? {
+        return Ok(());
+    }
+    if stacked.is_none() {
+        *stacked = Some(fc_stack_weights(gpu, alg, weight)?);
+    }
+    let w = grp.weights(stacked.as_ref().expect("stacked above"), (n, m), trans);
+    gemm(gpu, shape, a, w, c, bias, acc, precision)
 }
 
 /// Fused forward with fully connected weights `(P, N_in, N_out)`: output `(C, B, N_out)`. The
@@ -1097,26 +1109,19 @@ pub fn fcgp_backward_with(
         grad_weight
     };
     {
-        let stacked = fc_stack_weights(gpu, alg, weight)?;
+        let mut stacked = None;
         for grp in &groups {
-            let k = grp.paths.len() * n;
             // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T, over pairs_g: its weight
             // gradient above was its last reader.
-            gemm(
-                gpu,
-                GemmShape {
-                    m: grp.count * b,
-                    n: k,
-                    k: m,
-                    batch: 1,
-                },
-                gu_g(grp),
-                w_g(&stacked, grp, Transpose::Yes),
-                pairs_g(grp, Transpose::No),
-                None,
-                Accumulate::Overwrite,
-                precision,
-            )?;
+            let shape = GemmShape {
+                m: grp.count * b,
+                n: grp.paths.len() * n,
+                k: m,
+                batch: 1,
+            };
+            let w = (grp, weight, &mut stacked, Transpose::Yes);
+            let c = pairs_g(grp, Transpose::No);
+            fc_weight_product(gpu, alg, shape, gu_g(grp), w, c, (n, m), precision)?;
         }
     }
     drop(gu);

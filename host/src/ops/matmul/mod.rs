@@ -135,8 +135,7 @@ pub(crate) fn gemm(
             None
         };
         if !hopper || plan.is_some() {
-            let one = [(b, shape.k)];
-            return gemm_tf32(gpu, shape, a, &one, c, bias, acc, precision, plan);
+            return gemm_tf32(gpu, shape, a, (b, None), c, bias, acc, precision, plan);
         }
     }
     let (kernel, threads, smem) = f32_kernel(a.trans, b.trans);
@@ -204,8 +203,17 @@ pub(crate) fn gemm_gathered(
                 .enumerate()
                 .fold(0u64, |p, (z, &e)| p | (e as u64) << (4 * z)),
         );
-        let one = [(b, shape.k)];
-        return gemm_tf32(gpu, shape, a, &one, c, bias, acc, precision, Some(plan));
+        return gemm_tf32(
+            gpu,
+            shape,
+            a,
+            (b, None),
+            c,
+            bias,
+            acc,
+            precision,
+            Some(plan),
+        );
     }
     let at = |o: Operand, entry: usize| Operand {
         raw: offset(o.raw, entry as u64 * o.stride),
@@ -228,41 +236,83 @@ pub(crate) fn gemm_gathered(
     Ok(())
 }
 
-/// [`gemm`] of a single product (`shape.batch` 1) whose B is stored as consecutive row blocks along
-/// the depth, each on its own: `b_blocks[i] = (operand, rows)`, each block `rows x N` and not
-/// transposed, the depths of block `i` following those of the blocks before it. The sm_90
-/// tensor-core kernels read B through its tf32 parts, which the split pass writes block by block
-/// (one launch a block, into the block's depths), so the stacked B is never stored. Returns
-/// `Ok(false)`, having launched nothing, where the product would take another kernel (other
-/// builds, [`Precision::Ieee`], unaligned rows): the caller stacks B and calls [`gemm`].
+/// B of a product whose stored rows (B's rows, or its columns when it is transposed) come from
+/// equal blocks of one allocation, in the order `blocks` names them: stored row `r` is row
+/// `r % rows` of block `blocks[r / rows]`, block `i` starting `i * stride` floats after the
+/// operand's base. The Clifford fc products' B is the `(N, M)` weight blocks of their paths.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowBlocks<'a> {
+    pub rows: usize,
+    pub stride: u64,
+    pub blocks: &'a [usize],
+}
+
+impl RowBlocks<'_> {
+    /// The kernel's form (`SplitB::block_of`), or `None` past its reach (more than
+    /// `SPLIT_GATHER_MAX` blocks, a block index past `2^SPLIT_GATHER_BITS`, or rows past u32).
+    fn table(&self) -> Option<(u32, u64)> {
+        let bits = gpu::params::SPLIT_GATHER_BITS;
+        if self.blocks.len() > gpu::params::SPLIT_GATHER_MAX
+            || self.blocks.iter().any(|&i| i >= 1 << bits)
+        {
+            return None;
+        }
+        let rows = u32::try_from(self.rows).ok().filter(|&r| r > 0)?;
+        let of = self
+            .blocks
+            .iter()
+            .enumerate()
+            .fold(0u64, |t, (z, &i)| t | (i as u64) << (bits as usize * z));
+        Some((rows, of))
+    }
+}
+
+/// [`gemm`] of a single product (`shape.batch` 1) whose B is gathered from row blocks
+/// (`b` the operand at block 0's place with the blocks' leading dim and orientation, `gather` the
+/// blocks). The sm_90 tensor-core kernels read B through its tf32 parts, which the split pass
+/// writes from the blocks in one launch, so the stacked B is never stored. Returns `Ok(false)`,
+/// having launched nothing, where the product would take another kernel (other builds,
+/// [`Precision::Ieee`], unaligned A, more blocks than the split pass gathers): the caller stacks B
+/// and calls [`gemm`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_b_blocks(
+pub(crate) fn gemm_b_gathered(
     gpu: &crate::Gpu,
     shape: GemmShape,
     a: Operand,
-    b_blocks: &[(Operand, usize)],
+    (b, gather): (Operand, RowBlocks),
     c: Operand,
     bias: Option<RawSlice>,
     acc: Accumulate,
     precision: Precision,
 ) -> Result<bool> {
-    debug_assert!(shape.batch == 1);
-    debug_assert_eq!(b_blocks.iter().map(|&(_, r)| r).sum::<usize>(), shape.k);
-    debug_assert!(b_blocks.iter().all(|(b, _)| b.trans == Transpose::No));
-    let Some(&(first, _)) = b_blocks.first() else {
-        return Ok(false);
+    debug_assert!(shape.batch == 1 && b.stride == 0);
+    let stored_rows = if b.trans == Transpose::No {
+        shape.k
+    } else {
+        shape.n
     };
+    debug_assert_eq!(gather.rows * gather.blocks.len(), stored_rows);
     if precision == Precision::Ieee
         || gpu.ptx_arch() != "sm_90"
         || !tf32_rows(&a)
-        || !b_blocks.iter().all(|(b, _)| tf32_rows(b))
+        || gather.table().is_none()
     {
         return Ok(false);
     }
-    let Some(plan) = wg_tf32_plan(shape, &a, &first)? else {
+    let Some(plan) = wg_tf32_plan(shape, &a, &b)? else {
         return Ok(false);
     };
-    gemm_tf32(gpu, shape, a, b_blocks, c, bias, acc, precision, Some(plan))?;
+    gemm_tf32(
+        gpu,
+        shape,
+        a,
+        (b, Some(gather)),
+        c,
+        bias,
+        acc,
+        precision,
+        Some(plan),
+    )?;
     Ok(true)
 }
 
@@ -324,9 +374,9 @@ fn tf32_rows(o: &Operand) -> bool {
 }
 
 /// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): the Hopper kernels
-/// when there is a [`WgPlan`] (B's tf32 parts are written first, from B's row blocks `b_blocks`:
-/// see [`gemm_b_blocks`]; TF32 reads a B stored `N x K` as it is: [`wg_tf32_parts`]), the
-/// `mma.sync` ones (sm_80 build, B in one block) otherwise; split along the depth per
+/// when there is a [`WgPlan`] (B's tf32 parts are written first, its stored rows gathered from row
+/// blocks where `gather` says: see [`gemm_b_gathered`]; TF32 reads a B stored `N x K` as it is:
+/// [`wg_tf32_parts`]), the `mma.sync` ones (sm_80 build, no gather) otherwise; split along the depth per
 /// `params::matmul_tf32::split_k` for a single product, with the partials in a workspace that
 /// `matmul_splitk_finish_f32` sums in slice order.
 #[allow(clippy::too_many_arguments)]
@@ -334,15 +384,14 @@ fn gemm_tf32(
     gpu: &crate::Gpu,
     shape: GemmShape,
     a: Operand,
-    b_blocks: &[(Operand, usize)],
+    (b, gather): (Operand, Option<RowBlocks>),
     c: Operand,
     bias: Option<RawSlice>,
     acc: Accumulate,
     precision: Precision,
     plan: Option<WgPlan>,
 ) -> Result<()> {
-    debug_assert!(plan.is_some() || b_blocks.len() == 1);
-    let b = b_blocks[0].0;
+    debug_assert!(plan.is_some() || gather.is_none());
     const NAMES: [&str; 8] = [
         "matmul_tf32x3_nn_f32",
         "matmul_tf32x3_nt_f32",
@@ -398,7 +447,7 @@ fn gemm_tf32(
         let wide = tf32 && splits == 1 && wg::wide(m as u64, n as u64, k as u64, entries, sms);
         let bn = if wide { wg::BN_WIDE } else { wg::BN };
         // Freed after the launch below is queued: the stream orders the kernel's reads first.
-        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, b_blocks, &plan, passes, bn)?;
+        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, (&b, gather), &plan, passes, bn)?;
         // Persistent: at most one CTA an SM walks the tiles (`wg::tiles`).
         let tiles = wg::tiles(m as u64, n as u64, entries, bn);
         if tiles > wg::MAX_TILES {
@@ -540,16 +589,17 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
     }))
 }
 
-/// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`, one launch a row block of B:
-/// [`gemm_b_blocks`]) into a fresh buffer and returns it with the tensor maps of its `hi` and `lo`
-/// planes (TF32: `hi` twice), boxes of `bn` rows (the kernel's tile columns). A TF32 product whose B is stored `N x K` (k contiguous, the layout the
-/// kernels read) writes no parts: both maps are B's own, and the tensor core reads B's stored f32
-/// bits truncated to tf32, as it reads an A stored `M x K`. That saves the split pass, a read and
-/// a write of all of B.
+/// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`; B's stored rows gathered from
+/// row blocks where `gather` says: [`gemm_b_gathered`]) into a fresh buffer and returns it with the
+/// tensor maps of its `hi` and `lo` planes (TF32: `hi` twice), boxes of `bn` rows (the kernel's
+/// tile columns). A TF32 product whose B is stored `N x K` in one piece (k contiguous, the layout
+/// the kernels read) writes no parts: both maps are B's own, and the tensor core reads B's stored
+/// f32 bits truncated to tf32, as it reads an A stored `M x K`. That saves the split pass, a read
+/// and a write of all of B.
 fn wg_tf32_parts(
     gpu: &crate::Gpu,
     shape: GemmShape,
-    b_blocks: &[(Operand, usize)],
+    (b, gather): (&Operand, Option<RowBlocks>),
     plan: &WgPlan,
     passes: u32,
     bn: u32,
@@ -560,8 +610,7 @@ fn wg_tf32_parts(
 )> {
     const OP: &str = "matmul";
     let GemmShape { n, k, .. } = shape;
-    let b = &b_blocks[0].0;
-    if passes == 1 && b_blocks.len() == 1 && b.trans == Transpose::Yes {
+    if passes == 1 && gather.is_none() && b.trans == Transpose::Yes {
         let stored = crate::tma::Tensor3 {
             ptr: b.raw.ptr,
             inner: k as u64,
@@ -586,44 +635,40 @@ fn wg_tf32_parts(
     let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
     let planes = if passes == 3 { 2 } else { 1 };
     let parts = Tensor::empty(gpu, &[planes * plane as usize], DType::F32)?;
-    // One launch a row block, each into its own depths of the parts (the kernel writes depths
-    // below its `k` only, so a block's tail tile leaves the next block's depths alone).
-    let mut k_off = 0u64;
-    for &(b, rows) in b_blocks {
-        if rows == 0 {
-            continue;
+    let (block_rows, block_of, block_stride) = match gather {
+        None => (0, 0, 0),
+        Some(g) => {
+            let (rows, of) = g.table().expect("gemm_b_gathered checked the table");
+            (rows, of, g.stride)
         }
-        let p = SplitB {
-            k: rows as u32,
-            n: n as u32,
-            batch: plan.b_batch as u32,
-            k_contig: (b.trans == Transpose::Yes) as u32,
-            passes,
-            _pad: 0,
-            ld: b.ld,
-            stride: b.stride,
-            pitch: plan.pitch,
-        };
-        launch_cfg(
-            gpu,
-            "matmul_wg_split_b_f32",
-            cudarc::driver::LaunchConfig {
-                grid_dim: (
-                    rows.div_ceil(32) as u32,
-                    n.div_ceil(32) as u32,
-                    plan.b_batch as u32,
-                ),
-                block_dim: (wg::SPLIT_THREADS, 1, 1),
-                shared_mem_bytes: wg::SPLIT_SMEM_BYTES,
-            },
-            &[
-                &ByValue(b.raw),
-                &ByValue(offset(parts.raw(), k_off)),
-                &ByValue(p),
-            ],
-        )?;
-        k_off += rows as u64;
-    }
+    };
+    let p = SplitB {
+        k: k as u32,
+        n: n as u32,
+        batch: plan.b_batch as u32,
+        k_contig: (b.trans == Transpose::Yes) as u32,
+        passes,
+        block_rows,
+        ld: b.ld,
+        stride: b.stride,
+        pitch: plan.pitch,
+        block_of,
+        block_stride,
+    };
+    launch_cfg(
+        gpu,
+        "matmul_wg_split_b_f32",
+        cudarc::driver::LaunchConfig {
+            grid_dim: (
+                k.div_ceil(32) as u32,
+                n.div_ceil(32) as u32,
+                plan.b_batch as u32,
+            ),
+            block_dim: (wg::SPLIT_THREADS, 1, 1),
+            shared_mem_bytes: wg::SPLIT_SMEM_BYTES,
+        },
+        &[&ByValue(b.raw), &ByValue(parts.raw()), &ByValue(p)],
+    )?;
     let view = |ptr: u64| crate::tma::Tensor3 {
         ptr,
         inner: k as u64,

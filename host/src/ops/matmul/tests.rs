@@ -186,3 +186,59 @@ fn reference_rows_match_the_full_product() {
     assert!(matmul_row(&a, &b, No, No, 0, 2).is_err());
     assert!(matmul_row(&a, &b, No, No, 1, 0).is_err());
 }
+
+#[test]
+fn gathered_rows_read_the_stacked_blocks() {
+    use super::RowBlocks;
+    use gpu::params::{SPLIT_GATHER_MAX, SplitB, split_b_stored_offset};
+    // Five (N, M) blocks of distinct values, N = 3 rows of M = 4; the product's B stacks blocks
+    // 3, 0, 4, 0 (a block may repeat).
+    let (n, m, p) = (3usize, 4usize, 5usize);
+    let weight: Vec<f32> = (0..p * n * m).map(|i| i as f32).collect();
+    let blocks = [3usize, 0, 4, 0];
+    let g = RowBlocks {
+        rows: n,
+        stride: (n * m) as u64,
+        blocks: &blocks,
+    };
+    let (rows, of) = g.table().unwrap();
+    for k_contig in [0, 1] {
+        let sp = SplitB {
+            k_contig,
+            block_rows: rows,
+            block_of: of,
+            block_stride: g.stride,
+            ld: m as u64,
+            ..SplitB::default()
+        };
+        for r in 0..blocks.len() * n {
+            let stacked_row = &weight[(blocks[r / n] * n + r % n) * m..][..m];
+            let at = split_b_stored_offset(&sp, r as u32) as usize;
+            assert_eq!(&weight[at..at + m], stacked_row, "stored row {r}");
+        }
+    }
+    // Without a gather a stored row is `ld` floats after the one before.
+    let plain = SplitB {
+        ld: 7,
+        ..SplitB::default()
+    };
+    assert_eq!(split_b_stored_offset(&plain, 5), 35);
+    // Past the kernel's reach: too many blocks, a block index past 5 bits, empty blocks.
+    let many = vec![1usize; SPLIT_GATHER_MAX + 1];
+    let too_many = RowBlocks {
+        blocks: &many,
+        ..g
+    };
+    assert!(too_many.table().is_none());
+    assert!(RowBlocks { blocks: &[32], ..g }.table().is_none());
+    assert!(RowBlocks { rows: 0, ..g }.table().is_none());
+    let full = vec![31usize; SPLIT_GATHER_MAX];
+    let (_, of) = RowBlocks { blocks: &full, ..g }.table().unwrap();
+    let sp = SplitB {
+        block_rows: 1,
+        block_of: of,
+        block_stride: 1,
+        ..SplitB::default()
+    };
+    assert_eq!(split_b_stored_offset(&sp, SPLIT_GATHER_MAX as u32 - 1), 31);
+}
