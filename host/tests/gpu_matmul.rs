@@ -534,11 +534,14 @@ fn matmul_f32_into_bias_and_accumulate_match_f64_reference() {
         return;
     };
     let mut rng = rng("matmul_f32_into_bias_and_accumulate_match_f64_reference");
-    // The third shape has 15 output tiles and a deep K: the tensor-core precisions split it.
+    // The last two shapes have 15 output tiles and a deep K: the tensor-core precisions split it.
+    // The finishing pass sums the slices four columns at a time where N is a multiple of 4 (516),
+    // column by column otherwise (514, reached with B transposed: B's rows are then K long).
     let shapes = [
         (scaled(520, 136), 392, 1040, None),
         (131, 257, 67, Some(2)),
         (260, 516, scaled(8200, 2056), None),
+        (260, 514, scaled(8200, 2056), None),
     ];
     for (m, n, k, batch) in shapes {
         for (ta, tb) in TRANSPOSES {

@@ -86,18 +86,38 @@ pub(super) fn store_element4(
     } else if p.splits > 1 {
         ws.set4(ws_index(p, split, (row, col)), v);
     } else {
-        let at = z * mm.stride_c + row as u64 * mm.ldc + col as u64;
-        let mut v = v;
-        if bias.len > 0 {
-            let b = bias.get4_ro(col as u64);
-            unroll!(e in [0, 1, 2, 3] { v[e] += b[e]; });
-        }
-        if mm.accumulate != 0 {
-            let old = c.get4(at);
-            unroll!(e in [0, 1, 2, 3] { v[e] += old[e]; });
-        }
-        c.set4(at, v);
+        store_c4(
+            p,
+            bias,
+            c,
+            z * mm.stride_c + row as u64 * mm.ldc,
+            col as u64,
+            v,
+        );
     }
+}
+
+/// [`store_c`] of the four elements `col .. col + 4` with 16-byte accesses (aligned, inside C).
+#[inline(always)]
+fn store_c4(
+    p: &MatmulTf32,
+    bias: &Slice<f32>,
+    c: &SliceMut<f32>,
+    row_at: u64,
+    col: u64,
+    v: [f32; 4],
+) {
+    let at = row_at + col;
+    let mut v = v;
+    if bias.len > 0 {
+        let b = bias.get4_ro(col);
+        unroll!(e in [0, 1, 2, 3] { v[e] += b[e]; });
+    }
+    if p.mm.accumulate != 0 {
+        let old = c.get4(at);
+        unroll!(e in [0, 1, 2, 3] { v[e] += old[e]; });
+    }
+    c.set4(at, v);
 }
 
 /// Element (`row`, `col`) of slice `split`'s tile in the split product's workspace
@@ -124,7 +144,9 @@ fn store_c(p: &MatmulTf32, bias: &Slice<f32>, c: &SliceMut<f32>, row_at: u64, co
 
 crate::launch_bounds!(matmul_splitk_finish_f32, FINISH_THREADS, 1);
 /// Finishes a split product: `C[r][c] = sum over slices s (in order) of ws[s][r][c]`, then plus the
-/// bias and (accumulating) the old C, the order of the unsplit epilogue. Grid-stride over M x N.
+/// bias and (accumulating) the old C, the order of the unsplit epilogue. Grid-stride over chunks of
+/// four elements of M x N: one 16-byte access a slice where N is a multiple of 4 and C (and the
+/// bias) are aligned as the epilogue's [`chunks_aligned`] asks, element by element otherwise.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn matmul_splitk_finish_f32(
     bias: Slice<f32>,
@@ -133,17 +155,81 @@ pub unsafe extern "ptx-kernel" fn matmul_splitk_finish_f32(
     p: MatmulTf32,
 ) {
     let mm = p.mm;
-    let total = mm.m as u64 * mm.n as u64;
-    let mut i = global_index_x();
-    while i < total {
-        let (row, col) = (i / mm.n as u64, i % mm.n as u64);
-        let mut v = ws.get(i);
-        let mut s = 1u64;
-        while s < p.splits as u64 {
-            v += ws.get(s * total + i);
-            s += 1;
+    let (n, splits) = (mm.n as u64, p.splits as u64);
+    let total = mm.m as u64 * n;
+    let vec4 = n % 4 == 0
+        && ws.ptr as u64 % 16 == 0
+        && mm.ldc % 4 == 0
+        && c.ptr as u64 % 16 == 0
+        && (bias.len == 0 || bias.ptr as u64 % 16 == 0);
+    let mut q = global_index_x();
+    while q < total.div_ceil(4) {
+        let i = 4 * q;
+        if vec4 {
+            // N % 4 == 0: the chunk lies in one row.
+            let v = sum_slices4(&ws, i, total, splits);
+            store_c4(&p, &bias, &c, (i / n) * mm.ldc, i % n, v);
+        } else {
+            unroll!(e in [0, 1, 2, 3] {
+                let j = i + e as u64;
+                if j < total {
+                    let v = sum_slices(&ws, j, total, splits);
+                    store_c(&p, &bias, &c, (j / n) * mm.ldc, j % n, v);
+                }
+            });
         }
-        store_c(&p, &bias, &c, row * mm.ldc, col, v);
-        i += grid_threads_x();
+        q += grid_threads_x();
     }
+}
+
+/// `ws[0][i] + ws[1][i] + ...` over `splits` slices `total` floats apart, added in slice order (the
+/// bits of the sequential sum). The loads go out four slices at a time ahead of their adds: one
+/// load then its add, slice after slice, would wait out a memory latency per slice.
+#[inline(always)]
+fn sum_slices(ws: &Slice<f32>, i: u64, total: u64, splits: u64) -> f32 {
+    let mut v = 0.0f32;
+    let mut s = 0u64;
+    while s < splits {
+        let mut a = [0.0f32; 4];
+        unroll!(e in [0, 1, 2, 3] {
+            if s + (e as u64) < splits {
+                a[e] = ws.get_ro((s + e as u64) * total + i);
+            }
+        });
+        unroll!(e in [0, 1, 2, 3] {
+            let t = s + e as u64;
+            if t < splits {
+                // Slice 0 is taken as it is (0.0 + -0.0 would turn its sign).
+                v = if t == 0 { a[e] } else { v + a[e] };
+            }
+        });
+        s += 4;
+    }
+    v
+}
+
+/// [`sum_slices`] of the four elements `i .. i + 4` (`i % 4 == 0`, a 16-byte aligned workspace
+/// whose slices are whole chunks apart), one 16-byte load a slice.
+#[inline(always)]
+fn sum_slices4(ws: &Slice<f32>, i: u64, total: u64, splits: u64) -> [f32; 4] {
+    let mut v = [0.0f32; 4];
+    let mut s = 0u64;
+    while s < splits {
+        let mut a = [[0.0f32; 4]; 4];
+        unroll!(e in [0, 1, 2, 3] {
+            if s + (e as u64) < splits {
+                a[e] = ws.get4_ro((s + e as u64) * total + i);
+            }
+        });
+        unroll!(e in [0, 1, 2, 3] {
+            let t = s + e as u64;
+            if t < splits {
+                unroll!(x in [0, 1, 2, 3] {
+                    v[x] = if t == 0 { a[e][x] } else { v[x] + a[e][x] };
+                });
+            }
+        });
+        s += 4;
+    }
+    v
 }

@@ -505,8 +505,9 @@ fn gemm_tf32(
         )?;
     }
     if splits > 1 {
-        let total = (m * n) as u64;
-        let blocks = total
+        // A thread a chunk of four elements (`matmul_splitk_finish_f32`).
+        let chunks = ((m * n) as u64).div_ceil(4);
+        let blocks = chunks
             .div_ceil(tf::FINISH_THREADS as u64)
             .min(8 * tf::TARGET_BLOCKS) as u32;
         launch_cfg(

@@ -225,10 +225,7 @@ fn gathered_rows_read_the_stacked_blocks() {
     assert_eq!(split_b_stored_offset(&plain, 5), 35);
     // Past the kernel's reach: too many blocks, a block index past 5 bits, empty blocks.
     let many = vec![1usize; SPLIT_GATHER_MAX + 1];
-    let too_many = RowBlocks {
-        blocks: &many,
-        ..g
-    };
+    let too_many = RowBlocks { blocks: &many, ..g };
     assert!(too_many.table().is_none());
     assert!(RowBlocks { blocks: &[32], ..g }.table().is_none());
     assert!(RowBlocks { rows: 0, ..g }.table().is_none());
