@@ -2,7 +2,7 @@
 //! the nvptx64 kernels were compiled with. Both targets are 64-bit little-endian with the same C layout
 //! rules; these tests pin the sizes so an edit that adds padding or reorders fields is caught here.
 use gpu::params::{
-    Broadcast2, MAX_DIMS, MatmulTc, MatmulTf32, MatmulTma, RawSlice, ReduceTo, RowAccess,
+    Broadcast2, MAX_DIMS, MatmulTc, MatmulTf32, MatmulTma, RawSlice, ReduceTo, RowAccess, SplitB,
     TensorMapParam,
 };
 
@@ -20,6 +20,11 @@ fn parameter_structs_have_the_kernel_layout() {
     // `Matmul` (six u32, six u64), the split (two u32), the gather flag, the batch, the entries.
     assert_eq!(std::mem::size_of::<MatmulTf32>(), 6 * 4 + 6 * 8 + 4 * 4 + 8);
     assert_eq!(std::mem::offset_of!(MatmulTf32, b_entry_of), 88);
+    // Six u32 (sizes, orientation, passes, the gather's block rows), then five u64 (ld, stride,
+    // pitch, the gather's block table and block stride).
+    assert_eq!(std::mem::size_of::<SplitB>(), 6 * 4 + 5 * 8);
+    assert_eq!(std::mem::offset_of!(SplitB, ld), 24);
+    assert_eq!(std::mem::offset_of!(SplitB, block_of), 48);
     // Eight u32: M, N, K, batch, the tile counts and the two batched flags.
     assert_eq!(std::mem::size_of::<MatmulTma>(), 8 * 4);
     // The driver's CUtensorMap: 128 opaque bytes. The kernel-side parameter is declared 16-byte

@@ -491,7 +491,7 @@ unsafe impl KernelParam for SplitB {}
 
 /// Bits of one block index in [`SplitB::block_of`].
 pub const SPLIT_GATHER_BITS: u32 = 5;
-/// Most blocks one gathered split reads ([`SplitB::block_rows`]).
+/// Most blocks one gathered split reads (the entries of [`SplitB::block_of`]).
 pub const SPLIT_GATHER_MAX: usize = (u64::BITS / SPLIT_GATHER_BITS) as usize;
 
 /// Offset (floats, batch entry 0) of stored row `row` of the B that `p` describes: `row * ld`, or,

@@ -59,8 +59,9 @@ pub enum Precision {
     /// One tf32 product (10-bit mantissas, as cuBLAS's TF32 mode and PyTorch's
     /// `float32_matmul_precision('high')`): about 1e-3 relative error. On sm_90 an operand stored
     /// k-contiguous (A as `M x K`, B as `N x K`, i.e. transposed) enters truncated to tf32 (the
-    /// tensor core reads its f32 bits), the other orientation rounded (docs/math/matmul.md). The
-    /// same alignment rule as [`Precision::Tf32x3`].
+    /// tensor core reads its f32 bits), the other orientation rounded (docs/math/matmul.md); a B
+    /// past the copy engine's reach (a dim past 2^31) is rounded in either. The same alignment rule
+    /// as [`Precision::Tf32x3`].
     Tf32,
 }
 
@@ -248,8 +249,9 @@ pub(crate) struct RowBlocks<'a> {
 }
 
 impl RowBlocks<'_> {
-    /// The kernel's form (`SplitB::block_of`), or `None` past its reach (more than
-    /// `SPLIT_GATHER_MAX` blocks, a block index past `2^SPLIT_GATHER_BITS`, or rows past u32).
+    /// The kernel's form (`SplitB::block_rows`, `SplitB::block_of`), or `None` past its reach: no
+    /// rows or rows past u32, more than `SPLIT_GATHER_MAX` blocks, a block index of
+    /// `2^SPLIT_GATHER_BITS` or more.
     fn table(&self) -> Option<(u32, u64)> {
         let bits = gpu::params::SPLIT_GATHER_BITS;
         if self.blocks.len() > gpu::params::SPLIT_GATHER_MAX
@@ -272,8 +274,9 @@ impl RowBlocks<'_> {
 /// blocks). The sm_90 tensor-core kernels read B through its tf32 parts, which the split pass
 /// writes from the blocks in one launch, so the stacked B is never stored. Returns `Ok(false)`,
 /// having launched nothing, where the product would take another kernel (other builds,
-/// [`Precision::Ieee`], unaligned A, more blocks than the split pass gathers): the caller stacks B
-/// and calls [`gemm`].
+/// [`Precision::Ieee`], operands whose rows or blocks are not 16-byte aligned: the rule of
+/// [`gemm`], so a gathered B runs the kernel its stacked copy would) or the gather does not fit the
+/// split pass: the caller stacks B and calls [`gemm`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_b_gathered(
     gpu: &crate::Gpu,
@@ -294,7 +297,12 @@ pub(crate) fn gemm_b_gathered(
     debug_assert_eq!(gather.rows * gather.blocks.len(), stored_rows);
     if precision == Precision::Ieee
         || gpu.ptx_arch() != "sm_90"
+        || shape.batch != 1
+        || b.stride != 0
+        || gather.rows * gather.blocks.len() != stored_rows
         || !tf32_rows(&a)
+        || !tf32_rows(&b)
+        || !gather.stride.is_multiple_of(4)
         || gather.table().is_none()
     {
         return Ok(false);

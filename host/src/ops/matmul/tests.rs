@@ -202,20 +202,19 @@ fn gathered_rows_read_the_stacked_blocks() {
         blocks: &blocks,
     };
     let (rows, of) = g.table().unwrap();
-    for k_contig in [0, 1] {
-        let sp = SplitB {
-            k_contig,
-            block_rows: rows,
-            block_of: of,
-            block_stride: g.stride,
-            ld: m as u64,
-            ..SplitB::default()
-        };
-        for r in 0..blocks.len() * n {
-            let stacked_row = &weight[(blocks[r / n] * n + r % n) * m..][..m];
-            let at = split_b_stored_offset(&sp, r as u32) as usize;
-            assert_eq!(&weight[at..at + m], stacked_row, "stored row {r}");
-        }
+    // Stored rows are B's rows or, transposed, its columns: the kernel picks which index is the
+    // row; the offset of a stored row is the same either way.
+    let sp = SplitB {
+        block_rows: rows,
+        block_of: of,
+        block_stride: g.stride,
+        ld: m as u64,
+        ..SplitB::default()
+    };
+    for r in 0..blocks.len() * n {
+        let stacked_row = &weight[(blocks[r / n] * n + r % n) * m..][..m];
+        let at = split_b_stored_offset(&sp, r as u32) as usize;
+        assert_eq!(&weight[at..at + m], stacked_row, "stored row {r}");
     }
     // Without a gather a stored row is `ld` floats after the one before.
     let plain = SplitB {
