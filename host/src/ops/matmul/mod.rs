@@ -126,7 +126,7 @@ pub(crate) fn gemm(
     acc: Accumulate,
     precision: Precision,
 ) -> Result<()> {
-    if precision != Precision::Ieee && tf32_rows(&a) && tf32_rows(&b) {
+    if tf32_operands(precision, &a, &b) {
         // The sm_90 build has only the wgmma kernels, which need tensor maps; a product the copy
         // engine cannot describe (an empty depth, a dim past 2^31) takes the IEEE kernel there.
         let hopper = gpu.ptx_arch() == "sm_90";
@@ -191,19 +191,12 @@ pub(crate) fn gemm_gathered(
     if shape.batch > 1
         && shape.batch <= MatmulTf32::MAX_GATHERED
         && entries <= MatmulTf32::MAX_GATHERED
-        && precision != Precision::Ieee
+        && tf32_operands(precision, &a, &b)
         && gpu.ptx_arch() == "sm_90"
-        && tf32_rows(&a)
-        && tf32_rows(&b)
         && let Some(mut plan) = wg_tf32_plan(shape, &a, &b)?
     {
         plan.b_batch = entries;
-        plan.b_entry_of = Some(
-            b_entry_of
-                .iter()
-                .enumerate()
-                .fold(0u64, |p, (z, &e)| p | (e as u64) << (4 * z)),
-        );
+        plan.b_entry_of = Some(pack_table(4, b_entry_of.iter().map(|&e| e as u64)));
         return gemm_tf32(
             gpu,
             shape,
@@ -248,24 +241,29 @@ pub(crate) struct RowBlocks<'a> {
     pub blocks: &'a [usize],
 }
 
+/// A [`RowBlocks`] in the split pass's form: `SplitB::{block_rows, block_of, block_stride}`.
+#[derive(Clone, Copy, Debug)]
+struct SplitGather {
+    rows: u32,
+    of: u64,
+    stride: u64,
+}
+
 impl RowBlocks<'_> {
-    /// The kernel's form (`SplitB::block_rows`, `SplitB::block_of`), or `None` past its reach: no
-    /// rows or rows past u32, more than `SPLIT_GATHER_MAX` blocks, a block index of
-    /// `2^SPLIT_GATHER_BITS` or more.
-    fn table(&self) -> Option<(u32, u64)> {
+    /// The split pass's form, or `None` past its reach: no rows or rows past u32, more than
+    /// `SPLIT_GATHER_MAX` blocks, a block index of `2^SPLIT_GATHER_BITS` or more.
+    fn split_form(&self) -> Option<SplitGather> {
         let bits = gpu::params::SPLIT_GATHER_BITS;
         if self.blocks.len() > gpu::params::SPLIT_GATHER_MAX
             || self.blocks.iter().any(|&i| i >= 1 << bits)
         {
             return None;
         }
-        let rows = u32::try_from(self.rows).ok().filter(|&r| r > 0)?;
-        let of = self
-            .blocks
-            .iter()
-            .enumerate()
-            .fold(0u64, |t, (z, &i)| t | (i as u64) << (bits as usize * z));
-        Some((rows, of))
+        Some(SplitGather {
+            rows: u32::try_from(self.rows).ok().filter(|&r| r > 0)?,
+            of: pack_table(bits, self.blocks.iter().map(|&i| i as u64)),
+            stride: self.stride,
+        })
     }
 }
 
@@ -288,25 +286,29 @@ pub(crate) fn gemm_b_gathered(
     acc: Accumulate,
     precision: Precision,
 ) -> Result<bool> {
-    debug_assert!(shape.batch == 1 && b.stride == 0);
     let stored_rows = if b.trans == Transpose::No {
         shape.k
     } else {
         shape.n
     };
-    debug_assert_eq!(gather.rows * gather.blocks.len(), stored_rows);
-    if precision == Precision::Ieee
+    // A caller's mistake, checked in release builds too: stored rows past the blocks would read
+    // wrong blocks.
+    let shaped =
+        shape.batch == 1 && b.stride == 0 && gather.rows * gather.blocks.len() == stored_rows;
+    debug_assert!(
+        shaped,
+        "a gathered B: one product, its stored rows the blocks' rows"
+    );
+    if !shaped
         || gpu.ptx_arch() != "sm_90"
-        || shape.batch != 1
-        || b.stride != 0
-        || gather.rows * gather.blocks.len() != stored_rows
-        || !tf32_rows(&a)
-        || !tf32_rows(&b)
+        || !tf32_operands(precision, &a, &b)
         || !gather.stride.is_multiple_of(4)
-        || gather.table().is_none()
     {
         return Ok(false);
     }
+    let Some(split) = gather.split_form() else {
+        return Ok(false);
+    };
     let Some(plan) = wg_tf32_plan(shape, &a, &b)? else {
         return Ok(false);
     };
@@ -314,7 +316,7 @@ pub(crate) fn gemm_b_gathered(
         gpu,
         shape,
         a,
-        (b, Some(gather)),
+        (b, Some(split)),
         c,
         bias,
         acc,
@@ -381,6 +383,21 @@ fn tf32_rows(o: &Operand) -> bool {
     o.raw.ptr.is_multiple_of(16) && o.ld.is_multiple_of(4) && o.stride.is_multiple_of(4)
 }
 
+/// Whether a product in `precision` runs on the tensor-core f32 kernels: a tf32 precision and both
+/// operands' rows copyable ([`tf32_rows`]); otherwise the [`Precision::Ieee`] kernel runs it.
+fn tf32_operands(precision: Precision, a: &Operand, b: &Operand) -> bool {
+    precision != Precision::Ieee && tf32_rows(a) && tf32_rows(b)
+}
+
+/// Small indices packed `bits` apart into one u64, entry `z` at bit `bits * z` (the kernels' gather
+/// tables: `MatmulTf32::b_entry_of`, `SplitB::block_of`); the caller bounds the count and values.
+fn pack_table(bits: u32, entries: impl IntoIterator<Item = u64>) -> u64 {
+    entries
+        .into_iter()
+        .enumerate()
+        .fold(0, |t, (z, e)| t | e << (bits as usize * z))
+}
+
 /// [`gemm`] on the tensor-core f32 kernels (operands passed [`tf32_rows`]): the Hopper kernels
 /// when there is a [`WgPlan`] (B's tf32 parts are written first, its stored rows gathered from row
 /// blocks where `gather` says: see [`gemm_b_gathered`]; TF32 reads a B stored `N x K` as it is:
@@ -392,7 +409,7 @@ fn gemm_tf32(
     gpu: &crate::Gpu,
     shape: GemmShape,
     a: Operand,
-    (b, gather): (Operand, Option<RowBlocks>),
+    (b, gather): (Operand, Option<SplitGather>),
     c: Operand,
     bias: Option<RawSlice>,
     acc: Accumulate,
@@ -608,7 +625,7 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
 fn wg_tf32_parts(
     gpu: &crate::Gpu,
     shape: GemmShape,
-    (b, gather): (&Operand, Option<RowBlocks>),
+    (b, gather): (&Operand, Option<SplitGather>),
     plan: &WgPlan,
     passes: u32,
     bn: u32,
@@ -644,13 +661,8 @@ fn wg_tf32_parts(
     let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
     let planes = if passes == 3 { 2 } else { 1 };
     let parts = Tensor::empty(gpu, &[planes * plane as usize], DType::F32)?;
-    let (block_rows, block_of, block_stride) = match gather {
-        None => (0, 0, 0),
-        Some(g) => {
-            let (rows, of) = g.table().expect("gemm_b_gathered checked the table");
-            (rows, of, g.stride)
-        }
-    };
+    let (block_rows, block_of, block_stride) =
+        gather.map_or((0, 0, 0), |g| (g.rows, g.of, g.stride));
     let p = SplitB {
         k: k as u32,
         n: n as u32,

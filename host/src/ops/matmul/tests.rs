@@ -201,13 +201,13 @@ fn gathered_rows_read_the_stacked_blocks() {
         stride: (n * m) as u64,
         blocks: &blocks,
     };
-    let (rows, of) = g.table().unwrap();
+    let split = g.split_form().unwrap();
     // Stored rows are B's rows or, transposed, its columns: the kernel picks which index is the
     // row; the offset of a stored row is the same either way.
     let sp = SplitB {
-        block_rows: rows,
-        block_of: of,
-        block_stride: g.stride,
+        block_rows: split.rows,
+        block_of: split.of,
+        block_stride: split.stride,
         ld: m as u64,
         ..SplitB::default()
     };
@@ -225,11 +225,11 @@ fn gathered_rows_read_the_stacked_blocks() {
     // Past the kernel's reach: too many blocks, a block index past 5 bits, empty blocks.
     let many = vec![1usize; SPLIT_GATHER_MAX + 1];
     let too_many = RowBlocks { blocks: &many, ..g };
-    assert!(too_many.table().is_none());
-    assert!(RowBlocks { blocks: &[32], ..g }.table().is_none());
-    assert!(RowBlocks { rows: 0, ..g }.table().is_none());
+    assert!(too_many.split_form().is_none());
+    assert!(RowBlocks { blocks: &[32], ..g }.split_form().is_none());
+    assert!(RowBlocks { rows: 0, ..g }.split_form().is_none());
     let full = vec![31usize; SPLIT_GATHER_MAX];
-    let (_, of) = RowBlocks { blocks: &full, ..g }.table().unwrap();
+    let of = RowBlocks { blocks: &full, ..g }.split_form().unwrap().of;
     let sp = SplitB {
         block_rows: 1,
         block_of: of,
