@@ -380,6 +380,11 @@ fn fcgp_forward_and_backward_match_reference() {
         // 16-byte rows: the tensor-core precisions run (others fall back to Ieee), and the weight
         // gradient (depth C * B) is split along the depth.
         (scaled(300, 24), 68, 132),
+        // The forward's pair-term product (P M <= C B, N a multiple of 4, tensor-core precisions):
+        // a depth tail (36 features), partial row tiles; then two column tiles, the last partial,
+        // with rows not a multiple of 4 floats (element stores).
+        (scaled(700, 40), 36, 12),
+        (scaled(600, 400), 100, 134),
     ];
     for (b, n, m) in shapes {
         for alg in ALGS {
@@ -685,6 +690,8 @@ fn clifford_kernels_are_in_their_module_with_launch_bounds() {
         ("fc_pairs_bwd2d_f32", FC_BWD_BLOCK, 3),
         ("fc_pairs_bwd3d_f32", FC_BWD_BLOCK, 3),
         ("fc_permute_blocks_f32", ELEM_BLOCK, 4),
+        ("fc_gate_y2d_f32", ELEM_BLOCK, 2),
+        ("fc_gate_y3d_f32", ELEM_BLOCK, 2),
     ];
     for arch in ["sm_80", "sm_90"] {
         for (name, threads, blocks) in bounded {

@@ -22,6 +22,8 @@
 //! - `grade_norm{2,3}d`, `grade_norm_bwd{2,3}d`: the norm alone (fully connected variant).
 //! - `fc_pairs{2,3}d`, `fc_pairs_bwd{2,3}d`: the per-feature pair terms of the fully connected variant
 //!   (see `params::clifford::pair_slots`) and their backward; the feature mixing is the f32 matmul.
+//! - `fc_gate_y{2,3}d`: y scaled by both gates, for the fc forward's pair-term product
+//!   (`matmul_wg_pairs_*`), which builds the pair terms itself.
 //! - `fc_permute_blocks`: the fc weights (and their gradient) reordered by path in one launch.
 //! - `chunk_sum`, `col_sum_partials`: fixed-order sums for weight and bias gradients.
 use crate::dev::mem::{Chunk16, Slice, SliceMut, load_chunk_ro, store_chunk};
@@ -950,6 +952,26 @@ unsafe fn fc_pairs<A: Algebra>(
     }
 }
 
+/// Elementwise over (b, n): y scaled by both gates, `ys_c = Phi(x_0) Phi(y_0) y_c`, so that a pair
+/// term of the gated inputs is `x_i ys_k` (the fc forward's pair-term product,
+/// `matmul_wg_pairs_*`, builds its A from x and ys).
+#[inline(always)]
+unsafe fn fc_gate_y<A: Algebra>(x: Slice<f32>, y: Slice<f32>, ys: SliceMut<f32>, bn: u64) {
+    let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
+    let step = grid_dim_x() as u64 * block_dim_x() as u64;
+    while e < bn {
+        e = opaque_u64(e);
+        let phi = math::normal_cdf(x.get(e));
+        let (yt, _) = gate::<A>(&load_mv::<A>(&y, e, bn));
+        let mut v = [0.0f32; 8];
+        each_comp!(A, c {
+            v[c] = yt[c] * phi;
+        });
+        store_mv::<A>(&ys, e, bn, &v);
+        e += step;
+    }
+}
+
 /// Index of element `e = b * n + (feature)` of pair slot `s` in the pair buffer
 /// (`params::clifford::slot_layout`).
 #[inline(always)]
@@ -1097,12 +1119,13 @@ pub unsafe extern "ptx-kernel" fn chunk_sum_tree_f32(
 }
 
 macro_rules! clifford_entry_points {
-    ($($A:ty: $fwd:ident, $dot:ident, $norm:ident, $pairs:ident, $pairs_bwd:ident;)*) => {$(
+    ($($A:ty: $fwd:ident, $dot:ident, $norm:ident, $pairs:ident, $pairs_bwd:ident, $gate_y:ident;)*) => {$(
         crate::launch_bounds!($fwd, FWD_MAX_BLOCK, 1);
         crate::launch_bounds!($dot, ROW_BLOCK, 2);
         crate::launch_bounds!($norm, ROW_BLOCK, 2);
         crate::launch_bounds!($pairs, ELEM_BLOCK, 2);
         crate::launch_bounds!($pairs_bwd, FC_BWD_BLOCK, 3);
+        crate::launch_bounds!($gate_y, ELEM_BLOCK, 2);
         /// Fused forward: grid = rows (grid-stride), block = `fwd_block(n)`. `r` is `(G, B)` when
         /// `normalize != 0` (else unused, may be empty).
         #[unsafe(no_mangle)]
@@ -1137,12 +1160,17 @@ macro_rules! clifford_entry_points {
         ) {
             unsafe { fc_pairs_bwd::<$A>(x, y, gpairs, gx, gy, bn, n) }
         }
+        /// `ys` = y scaled by both gates ([`fc_gate_y`]), grid-stride over the `bn` = B N elements.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $gate_y(x: Slice<f32>, y: Slice<f32>, ys: SliceMut<f32>, bn: u64) {
+            unsafe { fc_gate_y::<$A>(x, y, ys, bn) }
+        }
     )*};
 }
 
 clifford_entry_points! {
-    Cl2: sgp2d_fwd_f32, grade_dot2d_f32, grade_norm2d_f32, fc_pairs2d_f32, fc_pairs_bwd2d_f32;
-    Cl3: sgp3d_fwd_f32, grade_dot3d_f32, grade_norm3d_f32, fc_pairs3d_f32, fc_pairs_bwd3d_f32;
+    Cl2: sgp2d_fwd_f32, grade_dot2d_f32, grade_norm2d_f32, fc_pairs2d_f32, fc_pairs_bwd2d_f32, fc_gate_y2d_f32;
+    Cl3: sgp3d_fwd_f32, grade_dot3d_f32, grade_norm3d_f32, fc_pairs3d_f32, fc_pairs_bwd3d_f32, fc_gate_y3d_f32;
 }
 
 crate::launch_bounds!(fc_permute_blocks_f32, ELEM_BLOCK, 4);

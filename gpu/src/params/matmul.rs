@@ -370,15 +370,23 @@ pub mod matmul_wg_tf32 {
         let x1 = STAGES_TF32 * 2 * TILE_BYTES + 16 * STAGES_TF32;
         if x3 > x1 { x3 } else { x1 }
     };
-    /// Dynamic shared memory: the ring, the C staging tile and its two barriers (full, empty).
-    pub const SMEM_BYTES: u32 = RING_BYTES + C_STAGING_BYTES + 16;
+    /// The pair products' term tables (`WgPairs::k_neg`, then `WgPairs::paths` as word pairs), in
+    /// shared memory behind the staging tile's barriers.
+    pub const TABLE_BYTES: u32 = 96;
+    /// Dynamic shared memory: the ring, the C staging tile, its two barriers (full, empty) and the
+    /// pair products' tables.
+    pub const SMEM_BYTES: u32 = RING_BYTES + C_STAGING_BYTES + 16 + TABLE_BYTES;
+    /// Pipeline stages of the pair-term products (`matmul_wg_pairs_*`: x's and y's tiles, then B's
+    /// parts, a stage): the rings fit in [`SMEM_BYTES`] beside the staging tile.
+    pub const STAGES_PAIRS_TF32X3: u32 = 2;
+    pub const STAGES_PAIRS_TF32: u32 = 3;
     /// Columns of C a wide tile (`matmul_wg_tf32w_*`): rows of B's `hi` part a stage.
     pub const BN_WIDE: u32 = 256;
     /// Pipeline stages of the wide kernels (A, 128 rows, and B's `hi`, 256 rows, a stage).
     pub const STAGES_WIDE: u32 = 3;
     /// Dynamic shared memory of the wide kernels: their ring, the staging tile and its barriers.
     pub const SMEM_BYTES_WIDE: u32 =
-        STAGES_WIDE * (BM + BN_WIDE) * BK * 4 + 16 * STAGES_WIDE + C_STAGING_BYTES + 16;
+        STAGES_WIDE * (BM + BN_WIDE) * BK * 4 + 16 * STAGES_WIDE + C_STAGING_BYTES + 16 + TABLE_BYTES;
     /// Threads of a `matmul_wg_split_b_f32` block: a 32 x 32 tile of B, 8 rows of 32.
     pub const SPLIT_THREADS: u32 = 256;
     /// Its dynamic shared memory: the 32 x 32 tile at a 33-float pitch.
@@ -392,6 +400,8 @@ pub mod matmul_wg_tf32 {
             CONSUMER_REGS
         ));
         assert!(SMEM_BYTES <= 227 * 1024 && SMEM_BYTES_WIDE <= 227 * 1024);
+        assert!(STAGES_PAIRS_TF32X3 * 4 * TILE_BYTES + 16 * STAGES_PAIRS_TF32X3 <= RING_BYTES);
+        assert!(STAGES_PAIRS_TF32 * 3 * TILE_BYTES + 16 * STAGES_PAIRS_TF32 <= RING_BYTES);
         assert!(BN_WIDE == 2 * BN);
         assert!(TILE_BYTES.is_multiple_of(1024));
         assert!(C_PITCH % 32 == 8 && STORE_THREADS == 96);
@@ -710,3 +720,34 @@ impl MatmulTf32 {
 }
 
 unsafe impl KernelParam for MatmulTf32 {}
+
+/// Parameters of `matmul_wg_pairs_{tf32x3,tf32}_f32`: the Clifford fc forward's feature mixing as
+/// one product whose A is built from pair terms in shared memory (`kernels/matmul/wg_tf32.rs`,
+/// `Pairs`). Product `z` is output component `z` of `(C, B, M)`:
+/// `out[z][b][m] = sum_t sum_n s_t x[t][b][n] y[k_t][b][n] W[p_t][n][m]` over its C terms `t`
+/// (term `t` takes x's component `t`; its y component `k_t`, sign `s_t` and weight path `p_t` come
+/// from the tables below), the weights `W (P, N, M)` as tf32 parts of `matmul_wg_split_b_f32`.
+///
+/// `mm` describes the output as the products' C: `m` = B, `n` = M, `k` = C terms x `k_tiles` x BK
+/// (the walk's depth: k-tile `i` is term `i / k_tiles`, features `BK (i % k_tiles) ..`),
+/// `batch` = C, `ldc` = M, `stride_c` = B M, `splits` 1, never accumulating.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WgPairs {
+    pub mm: MatmulTf32,
+    /// k-tiles of one term: ceil(N / BK).
+    pub k_tiles: u32,
+    pub _pad: u32,
+    /// Per output component, 4 bits a term (term `t` at bit `4 t`): y's component (3 bits) and
+    /// the sign (bit 3: negative).
+    pub k_neg: [u32; 8],
+    /// Per output component, [`WG_PAIRS_PATH_BITS`] bits a term: its weight path.
+    pub paths: [u64; 8],
+}
+
+// SAFETY: #[repr(C)], `MatmulTf32` (96 bytes, 8-aligned), two 4-byte fields, eight 4-byte fields
+// (offset 104) and eight 8-byte fields (offset 136): no padding.
+unsafe impl KernelParam for WgPairs {}
+
+/// Bits of one term's path in [`WgPairs::paths`] (20 paths in 3D).
+pub const WG_PAIRS_PATH_BITS: u32 = 5;

@@ -17,7 +17,8 @@ pub use elementwise::{BinaryOp, Broadcast2, ReduceTo};
 pub use lrp::{LrpCoeff, LrpFinish, LrpGemm};
 pub use matmul::{
     Matmul, MatmulTc, MatmulTf32, MatmulTma, RowAccess, SPLIT_GATHER_BITS, SPLIT_GATHER_MAX,
-    SplitB, matmul_f32v, matmul_tc, matmul_tf32, matmul_tma, matmul_wg_tf32, split_b_stored_offset,
+    SplitB, WG_PAIRS_PATH_BITS, WgPairs, matmul_f32v, matmul_tc, matmul_tf32, matmul_tma,
+    matmul_wg_tf32, split_b_stored_offset,
 };
 pub use norm_embedding::{embedding, layer_norm};
 pub use reduce_softmax::{reduce, softmax};

@@ -45,7 +45,7 @@ use crate::dev::wgmma::{
 };
 use crate::params::lrp::v5::{split_tf32_fast, tf32_rna_bits};
 use crate::params::matmul_wg_tf32::*;
-use crate::params::{MatmulTf32, SplitB, split_b_stored_offset};
+use crate::params::{MatmulTf32, SplitB, WG_PAIRS_PATH_BITS, WgPairs, split_b_stored_offset};
 use crate::unroll;
 
 /// A K-major f32 tile of 128 rows by 32 floats (`BK`): one 128-byte swizzle panel, addressed as 64
@@ -179,21 +179,217 @@ fn a_fragments<const A_KC: bool, const R: usize, const C: usize>(
     (hi, lo)
 }
 
-/// The kernel body: B's parts `P` (3xTF32: hi and lo; TF32: hi), A stored `K x M` unless `A_KC`
-/// (`M x K`), a ring of `ST` stages, tiles of `BNT` columns (128 or 256; the accumulator `AN` =
-/// `BNT / 2` floats a thread). Grid: at most one CTA an SM (the walk covers every tile).
+/// Where a product's A comes from, k-tile by k-tile: what a pipeline stage holds of it, the copies
+/// that fill it, where B's matching k-tile lies, and the A fragments a consumer thread reads from
+/// it. `Job` is what a tile's walk needs to know of its product `z`, worked out once a tile, from
+/// the launch's parameters and the `TABLE_BYTES` of shared memory at `table` that `init` fills.
+trait ASource: Copy {
+    type Tile: StageTiles;
+    type Job: Copy;
+    /// wgmma may read the tile in shared memory as it is (a TF32 product of an A stored `M x K`):
+    /// then no consumer thread touches it ([`ASource::stored_desc`]).
+    const READ_AS_STORED: bool;
+    /// Prefetches the source's tensor maps and writes its table.
+    ///
+    /// # Safety
+    /// One thread, before the block barrier that precedes every [`ASource::job`].
+    unsafe fn init(self, table: u32);
+    fn job(self, table: u32, p: &MatmulTf32, z: u32) -> Self::Job;
+    /// Copies the k-tile at depth `k0` of rows `m0..` into `tile`.
+    ///
+    /// # Safety
+    /// As [`TensorMapRef::load`]: one thread, the stage's `full` barrier expects these bytes.
+    unsafe fn load(self, job: Self::Job, tile: Self::Tile, m0: i32, k0: i32, bar: MBarrier);
+    /// B's parts' (depth, batch entry) for the k-tile at depth `k0`.
+    fn b_at(self, job: Self::Job, k0: i32) -> (i32, i32);
+    /// A consumer thread's fragments of the k-tile at depth `k0`, as [`a_fragments`].
+    fn fragments(
+        self,
+        job: Self::Job,
+        tile: Self::Tile,
+        k0: u32,
+        r0: u32,
+        q: u32,
+        passes: u32,
+    ) -> ([[u32; 4]; 4], [[u32; 4]; 4]);
+    /// The K-major descriptor of rows `row..` at k8 step `s` (only where `READ_AS_STORED`).
+    fn stored_desc(tile: Self::Tile, row: u32, s: u32) -> u64;
+}
+
+/// A stored A (`M x K` when `KC`, else `K x M`) through its tensor map; product `z` reads batch
+/// entry `z` of A (none when A is broadcast) and B's entry [`MatmulTf32::b_entry`].
+#[derive(Clone, Copy)]
+struct Stored<const KC: bool, const R: usize, const C: usize>(TensorMapRef<R, 3, 4>);
+
+impl<const KC: bool, const R: usize, const C: usize> ASource for Stored<KC, R, C> {
+    type Tile = SwizzledTile<R, C>;
+    /// A's and B's batch entries.
+    type Job = (i32, i32);
+    const READ_AS_STORED: bool = KC;
+    #[inline(always)]
+    unsafe fn init(self, _: u32) {
+        self.0.prefetch();
+    }
+    #[inline(always)]
+    fn job(self, _: u32, p: &MatmulTf32, z: u32) -> (i32, i32) {
+        let za = if p.mm.stride_a != 0 { z as i32 } else { 0 };
+        (za, p.b_entry(z) as i32)
+    }
+    #[inline(always)]
+    unsafe fn load(self, (za, _): (i32, i32), tile: Self::Tile, m0: i32, k0: i32, bar: MBarrier) {
+        // SAFETY: the caller's; the map's box is the tile (its type).
+        unsafe {
+            if KC {
+                self.0.load(tile, k0, m0, za, bar);
+            } else {
+                self.0.load(tile, m0, k0, za, bar);
+            }
+        }
+    }
+    #[inline(always)]
+    fn b_at(self, (_, zb): (i32, i32), k0: i32) -> (i32, i32) {
+        (k0, zb)
+    }
+    #[inline(always)]
+    fn fragments(
+        self,
+        _: (i32, i32),
+        tile: Self::Tile,
+        _: u32,
+        r0: u32,
+        q: u32,
+        passes: u32,
+    ) -> ([[u32; 4]; 4], [[u32; 4]; 4]) {
+        a_fragments::<KC, R, C>(tile, r0, q, passes)
+    }
+    #[inline(always)]
+    fn stored_desc(tile: Self::Tile, row: u32, s: u32) -> u64 {
+        tile.desc_k_major(row, s)
+    }
+}
+
+/// The Clifford fc forward's pair terms (`WgPairs`): A's k-tile `i` of product `z` (output
+/// component `z`) is term `t = i / k_tiles` over features `n0 = BK (i % k_tiles) ..`,
+/// `s_t x[t][b][n] y[k_t][b][n]`, built by the consumers from the stored tiles of x and y (`(C, B,
+/// N)` through 3-D maps, boxes of `BM` rows of 32 features; past N or B the copies bring zeros).
+/// B's k-tile is path `p_t`'s features `n0..` (B's parts batched over the paths).
+#[derive(Clone, Copy)]
+struct Pairs {
+    x: TensorMapRef<128, 3, 4>,
+    y: TensorMapRef<128, 3, 4>,
+    k_tiles: u32,
+    /// `WgPairs::k_neg` and `WgPairs::paths`, which `init` copies to shared memory: a walk picks
+    /// its product's entries there by index (indexing the parameter itself would copy it to the
+    /// stack).
+    k_neg: [u32; 8],
+    paths: [u64; 8],
+}
+
+impl Pairs {
+    /// Term and first feature of the k-tile at depth `k0`.
+    #[inline(always)]
+    fn term(self, k0: u32) -> (u32, u32) {
+        let i = k0 / BK;
+        let t = i / self.k_tiles;
+        (t, BK * (i - t * self.k_tiles))
+    }
+}
+
+impl ASource for Pairs {
+    type Tile = (KTile, KTile);
+    /// Output component `z`'s term tables (`WgPairs::k_neg`, `WgPairs::paths`).
+    type Job = (u32, u64);
+    const READ_AS_STORED: bool = false;
+    #[inline(always)]
+    unsafe fn init(self, table: u32) {
+        self.x.prefetch();
+        self.y.prefetch();
+        unroll!(c in [0, 1, 2, 3, 4, 5, 6, 7] {
+            // SAFETY: inside the table (`TABLE_BYTES`: 8 words, then 8 pairs of words).
+            unsafe {
+                u32::st_shared(table + 4 * c as u32, self.k_neg[c]);
+                u32::st_shared(table + 32 + 8 * c as u32, self.paths[c] as u32);
+                u32::st_shared(table + 36 + 8 * c as u32, (self.paths[c] >> 32) as u32);
+            }
+        });
+    }
+    #[inline(always)]
+    fn job(self, table: u32, _: &MatmulTf32, z: u32) -> (u32, u64) {
+        let z = z % 8;
+        // SAFETY: written by `init` before the block barrier (z < 8 as `WgPairs::mm.batch` is).
+        unsafe {
+            let lo = u32::ld_shared(table + 32 + 8 * z) as u64;
+            let hi = u32::ld_shared(table + 36 + 8 * z) as u64;
+            (u32::ld_shared(table + 4 * z), lo | hi << 32)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load(self, (k_neg, _): (u32, u64), (tx, ty): (KTile, KTile), m0: i32, k0: i32, bar: MBarrier) {
+        let (t, n0) = self.term(k0 as u32);
+        let k = (k_neg >> (4 * t)) & 7;
+        // SAFETY: the caller's; the maps' boxes are the tiles.
+        unsafe {
+            self.x.load(tx, n0 as i32, m0, t as i32, bar);
+            self.y.load(ty, n0 as i32, m0, k as i32, bar);
+        }
+    }
+    #[inline(always)]
+    fn b_at(self, (_, paths): (u32, u64), k0: i32) -> (i32, i32) {
+        let (t, n0) = self.term(k0 as u32);
+        let path = (paths >> (WG_PAIRS_PATH_BITS * t)) & ((1 << WG_PAIRS_PATH_BITS) - 1);
+        (n0 as i32, path as i32)
+    }
+    #[inline(always)]
+    fn fragments(
+        self,
+        (k_neg, _): (u32, u64),
+        (tx, ty): (KTile, KTile),
+        k0: u32,
+        r0: u32,
+        q: u32,
+        passes: u32,
+    ) -> ([[u32; 4]; 4], [[u32; 4]; 4]) {
+        let (t, _) = self.term(k0);
+        // The term's sign as the f32 sign bit: negating is exact, so the sign may go on after the
+        // product.
+        let sign = ((k_neg >> (4 * t + 3)) & 1) << 31;
+        let mut hi = [[0u32; 4]; 4];
+        let mut lo = [[0u32; 4]; 4];
+        unroll!(s in [0, 1, 2, 3] {
+            let k = 8 * s as u32 + q;
+            // SAFETY: r0 + 8 < BM and k + 4 < BK: inside both tiles, which have landed.
+            // (Both tiles share one layout: the swizzle's arithmetic is shared too.)
+            let at = |r: u32, k: u32| unsafe {
+                f32::ld_shared(raw_addr::<true, 128, 64>(tx, r, k))
+                    * f32::ld_shared(raw_addr::<true, 128, 64>(ty, r, k))
+            };
+            let v = [at(r0, k), at(r0 + 8, k), at(r0, k + 4), at(r0 + 8, k + 4)];
+            unroll!(e in [0, 1, 2, 3] {
+                (hi[s][e], lo[s][e]) = parts(v[e].to_bits() ^ sign, passes);
+            });
+        });
+        (hi, lo)
+    }
+    #[inline(always)]
+    fn stored_desc(_: Self::Tile, _: u32, _: u32) -> u64 {
+        0
+    }
+}
+
+/// The kernel body: A from `A` (a stored A, or pair terms), B's parts `P` (3xTF32: hi and lo; TF32:
+/// hi), a ring of `ST` stages, tiles of `BNT` columns (128 or 256; the accumulator `AN` = `BNT / 2`
+/// floats a thread). `job` overrides the source's per-product state (pair terms: their tables).
+/// Grid: at most one CTA an SM (the walk covers every tile).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn matmul_wg_tf32<
+    A: ASource,
     P: BParts<BNT>,
-    const A_KC: bool,
-    const AR: usize,
-    const AC: usize,
     const ST: usize,
     const BNT: usize,
     const AN: usize,
 >(
-    map_a: TensorMapRef<AR, 3, 4>,
+    src: A,
     map_hi: PartsMap<BNT>,
     map_lo: PartsMap<BNT>,
     bias: Slice<f32>,
@@ -210,7 +406,8 @@ unsafe fn matmul_wg_tf32<
             SMEM_BYTES
         };
         assert!(
-            Pipeline::<(SwizzledTile<AR, AC>, P), ST>::BYTES + C_STAGING_BYTES as usize + 16
+            Pipeline::<(A::Tile, P), ST>::BYTES
+                + (C_STAGING_BYTES + 16 + TABLE_BYTES) as usize
                 <= smem as usize
         );
         // Wide tiles: TF32 only, never split (`params::matmul_wg_tf32::wide`).
@@ -221,13 +418,15 @@ unsafe fn matmul_wg_tf32<
     // Column blocks of a tile that pass through the 128-column staging tile one after the other.
     let blocks = (BNT / BN as usize) as u32;
 
-    let pipe = Pipeline::<(SwizzledTile<AR, AC>, P), ST>::at(dynamic_base());
+    let pipe = Pipeline::<(A::Tile, P), ST>::at(dynamic_base());
     // The C staging tile (16-byte aligned: the ring's size is) and its barriers: `c_full` completes
     // when every consumer thread has written its accumulator there, `c_empty` when every store
     // thread has read its rows out.
-    let staging = dynamic_base() + Pipeline::<(SwizzledTile<AR, AC>, P), ST>::BYTES as u32;
+    let staging = dynamic_base() + Pipeline::<(A::Tile, P), ST>::BYTES as u32;
     let c_full = MBarrier::at(staging + C_STAGING_BYTES);
     let c_empty = MBarrier::at(staging + C_STAGING_BYTES + 8);
+    // The source's table (pair products: their term tables).
+    let table = staging + C_STAGING_BYTES + 16;
     let tid = thread_idx_x();
     if tid == 0 {
         // SAFETY: one thread, before the barrier below and any other use (the ring's init fences
@@ -236,8 +435,8 @@ unsafe fn matmul_wg_tf32<
             c_full.init(256);
             c_empty.init(STORE_THREADS);
             pipe.init(2);
+            src.init(table);
         }
-        map_a.prefetch();
         map_hi.prefetch();
         if P::PASSES == 3 {
             map_lo.prefetch();
@@ -276,21 +475,17 @@ unsafe fn matmul_wg_tf32<
             let mut t = block_idx_x();
             while t < tiles {
                 let (z, _, m0, n0, k_begin, k_tiles) = tile(t);
-                let za = if mm.stride_a != 0 { z as i32 } else { 0 };
-                let zb = p.b_entry(z) as i32;
+                let job = src.job(table, &p, z);
                 let mut kt = 0;
                 while kt < k_tiles {
                     let k0 = (k_begin + kt * BK) as i32;
+                    let (kb, zb) = src.b_at(job, k0);
                     // SAFETY: the one copying thread; the loads fill the stage's tiles, exactly the
                     // bytes announced; the maps' boxes are the tiles' (their types).
                     unsafe {
                         let ((ta, tb), full) = pipe.producer_acquire(at);
-                        if A_KC {
-                            map_a.load(ta, k0, m0 as i32, za, full);
-                        } else {
-                            map_a.load(ta, m0 as i32, k0, za, full);
-                        }
-                        tb.load(map_hi, map_lo, k0, n0 as i32, zb, full);
+                        src.load(job, ta, m0 as i32, k0, full);
+                        tb.load(map_hi, map_lo, kb, n0 as i32, zb, full);
                     }
                     at = at.next();
                     kt += 1;
@@ -342,9 +537,10 @@ unsafe fn matmul_wg_tf32<
         let mut c_parity = 0;
         let mut t = block_idx_x();
         while t < tiles {
-            let (_, _, _, n0, _, k_tiles) = tile(t);
+            let (z, _, _, n0, k_begin, k_tiles) = tile(t);
+            let job = src.job(table, &p, z);
             let mut acc = [0f32; AN];
-            if P::PASSES == 1 && A_KC {
+            if P::PASSES == 1 && A::READ_AS_STORED {
                 // TF32 with A stored `M x K`: both operands K-major in shared memory, so wgmma reads
                 // A's stored tile (truncated to tf32 by the tensor core) and no thread touches it; a
                 // stage is released one k-tile later, once the next k-tile's products are queued.
@@ -356,7 +552,7 @@ unsafe fn matmul_wg_tf32<
                             let s = s as u32;
                             // SAFETY: the whole warpgroup, on a stage that has landed (the full
                             // barrier) and stays until the walk releases it after a covering wait.
-                            unsafe { acc.mma_tf32_ss(ta.desc_k_major(64 * wg, s), tb.hi(s), 1) };
+                            unsafe { acc.mma_tf32_ss(A::stored_desc(ta, 64 * wg, s), tb.hi(s), 1) };
                         });
                     })
                 };
@@ -364,7 +560,8 @@ unsafe fn matmul_wg_tf32<
                 let mut kt = 0;
                 while kt < k_tiles {
                     let (ta, tb) = pipe.consumer_wait(at);
-                    let (ah, al) = a_fragments::<A_KC, AR, AC>(ta, r0, q, P::PASSES);
+                    let k0 = k_begin + kt * BK;
+                    let (ah, al) = src.fragments(job, ta, k0, r0, q, P::PASSES);
                     fence();
                     if P::PASSES == 3 {
                         let mut part = [0f32; AN];
@@ -458,9 +655,10 @@ macro_rules! wg_tf32_entry_points {
             let map_a = crate::tensor_map_param!($name, 0, raw_tile($a_kc).0, 3, 4);
             let map_hi = crate::tensor_map_param!($name, 1, { $bn as usize }, 3, 4);
             let map_lo = crate::tensor_map_param!($name, 2, { $bn as usize }, 3, 4);
+            let src = Stored::<$a_kc, { raw_tile($a_kc).0 }, { raw_tile($a_kc).1 }>(map_a);
             unsafe {
-                matmul_wg_tf32::<$parts, $a_kc, { raw_tile($a_kc).0 }, { raw_tile($a_kc).1 }, { $stages as usize }, { $bn as usize }, { $bn as usize / 2 }>(
-                    map_a, map_hi, map_lo, bias, c, ws, p,
+                matmul_wg_tf32::<_, $parts, { $stages as usize }, { $bn as usize }, { $bn as usize / 2 }>(
+                    src, map_hi, map_lo, bias, c, ws, p,
                 )
             }
         }
@@ -475,6 +673,51 @@ wg_tf32_entry_points! {
     matmul_wg_tf32_t_f32, KTile, false, STAGES_TF32, BN;
     matmul_wg_tf32w_n_f32, WideKTile, true, STAGES_WIDE, BN_WIDE;
     matmul_wg_tf32w_t_f32, WideKTile, false, STAGES_WIDE, BN_WIDE;
+}
+
+macro_rules! wg_pairs_entry_points {
+    ($($name:ident, $parts:ty, $stages:expr;)*) => {$(
+        crate::launch_bounds!($name, THREADS, 1);
+        crate::tensor_map_params!($name, 0, 1, 2, 3);
+        /// The Clifford fc forward's feature mixing, one product an output component
+        /// (`params::WgPairs`): `x_map` and `y_map` are f32 tensor maps of x and of the scaled y
+        /// (`(C, B, N)` as [component][row][feature]), boxes of `BM` rows; `hi_map` and `lo_map`
+        /// of the weights' tf32 parts batched over the paths (TF32: `lo_map` is not read), boxes of
+        /// `BN` rows (`host::ops::matmul`). Grid `min(tiles, SMs)`, `THREADS` threads,
+        /// `SMEM_BYTES` of dynamic shared memory.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            _x_map: crate::params::TensorMapParam,
+            _y_map: crate::params::TensorMapParam,
+            _hi_map: crate::params::TensorMapParam,
+            _lo_map: crate::params::TensorMapParam,
+            c: SliceMut<f32>,
+            p: WgPairs,
+        ) {
+            let src = Pairs {
+                x: crate::tensor_map_param!($name, 0, { BM as usize }, 3, 4),
+                y: crate::tensor_map_param!($name, 1, { BM as usize }, 3, 4),
+                k_tiles: p.k_tiles,
+                k_neg: p.k_neg,
+                paths: p.paths,
+            };
+            let map_hi = crate::tensor_map_param!($name, 2, { BN as usize }, 3, 4);
+            let map_lo = crate::tensor_map_param!($name, 3, { BN as usize }, 3, 4);
+            // No bias and no split: neither is read.
+            let bias = Slice { ptr: core::ptr::null(), len: 0 };
+            let ws = SliceMut { ptr: core::ptr::null_mut(), len: 0 };
+            unsafe {
+                matmul_wg_tf32::<_, $parts, { $stages as usize }, { BN as usize }, { BN as usize / 2 }>(
+                    src, map_hi, map_lo, bias, c, ws, p.mm,
+                )
+            }
+        }
+    )*};
+}
+
+wg_pairs_entry_points! {
+    matmul_wg_pairs_tf32x3_f32, (KTile, KTile), STAGES_PAIRS_TF32X3;
+    matmul_wg_pairs_tf32_f32, KTile, STAGES_PAIRS_TF32;
 }
 
 crate::launch_bounds!(matmul_wg_split_b_f32, SPLIT_THREADS, 1);

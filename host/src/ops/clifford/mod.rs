@@ -29,8 +29,8 @@ use gpu::params::clifford::{
 use crate::error::{Error, Result};
 use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
 use crate::ops::matmul::{
-    Accumulate, GemmShape, Operand, Precision, RowBlocks, Transpose, gemm, gemm_b_gathered,
-    gemm_gathered, offset,
+    Accumulate, GemmShape, Operand, PairTerm, Precision, RowBlocks, Transpose, gemm,
+    gemm_b_gathered, gemm_gathered, gemm_pairs, offset,
 };
 use crate::ops::same_device_and_dtype;
 use crate::tensor::Tensor;
@@ -143,6 +143,23 @@ impl Algebra {
         }
         groups
     }
+    /// The product's terms by output component, each component's ordered by x's component (a
+    /// geometric product has exactly one term a pair of x's and the output's components), for
+    /// [`gemm_pairs`].
+    fn pair_terms(self) -> Vec<Vec<PairTerm>> {
+        let c = self.components();
+        let mut by_j = vec![vec![None; c]; c];
+        for t in self.terms() {
+            by_j[t.j as usize][t.i as usize] = Some(PairTerm {
+                y: t.k as usize,
+                neg: t.neg,
+                path: t.p as usize,
+            });
+        }
+        by_j.into_iter()
+            .map(|j| j.into_iter().map(|t| t.expect("one term a pair (j, i)")).collect())
+            .collect()
+    }
     /// The paths in the order the fc weights are stacked, grade by grade ([`Algebra::fc_groups`]).
     fn fc_path_order(self) -> Vec<usize> {
         self.fc_groups().into_iter().flat_map(|g| g.paths).collect()
@@ -165,6 +182,8 @@ impl Algebra {
             (Cl3, Pairs) => "fc_pairs3d_f32",
             (Cl2, PairsBwd) => "fc_pairs_bwd2d_f32",
             (Cl3, PairsBwd) => "fc_pairs_bwd3d_f32",
+            (Cl2, GateY) => "fc_gate_y2d_f32",
+            (Cl3, GateY) => "fc_gate_y3d_f32",
         }
     }
 }
@@ -244,6 +263,7 @@ enum Kernel {
     Norm,
     Pairs,
     PairsBwd,
+    GateY,
 }
 
 /// Whether the fused op ends with the grade-wise RMS norm.
@@ -962,6 +982,16 @@ pub fn fcgp_forward_with(
             linear_out: None,
         });
     }
+    if fc_mix_from_inputs(gpu, alg, (x, y), d, (weight, m), &out, precision)? {
+        if let Some(r) = &norms {
+            grade_norm(gpu, alg, &out, &out, r, d.batch as u64, m as u64)?;
+        }
+        return Ok(Forward {
+            out,
+            norms,
+            linear_out: None,
+        });
+    }
     // The pair buffer in two phases ([`Algebra::fc_phase_split`]): each phase's pairs are
     // written, mixed and freed before the next, so a forward holds about half the buffer (its
     // backward recomputes the whole buffer). The cost: each phase reads x and y and computes the
@@ -996,6 +1026,47 @@ pub fn fcgp_forward_with(
         norms,
         linear_out: None,
     })
+}
+
+/// The fc forward's feature mixing without a pair buffer ([`gemm_pairs`]: its product builds the
+/// pair terms from x and from y scaled by both gates, `fc_gate_y`), where W's tf32 parts take no
+/// more memory than twice x (`P M <= C B`; the pair buffer's phases hold about half of `C B N`
+/// per path group, and ys another `C B N`). Returns `Ok(false)` where it does not apply (see
+/// [`gemm_pairs`]), having launched nothing.
+fn fc_mix_from_inputs(
+    gpu: &Gpu,
+    alg: Algebra,
+    (x, y): (&Tensor, &Tensor),
+    d: Dims,
+    (weight, m): (&Tensor, usize),
+    out: &Tensor,
+    precision: Precision,
+) -> Result<bool> {
+    let (c, b, n) = (alg.components(), d.batch, d.features);
+    if alg.paths() * m > c * b {
+        return Ok(false);
+    }
+    let make_ys = || {
+        let ys = Tensor::empty(gpu, &[c, b, n], DType::F32)?;
+        let bn = (b * n) as u64;
+        launch(
+            gpu,
+            alg.kernel(Kernel::GateY),
+            grid_blocks(bn, ELEM_BLOCK as u64),
+            ELEM_BLOCK,
+            &[&ByValue(x.raw()), &ByValue(y.raw()), &ByValue(ys.raw()), &bn],
+        )?;
+        Ok(ys)
+    };
+    gemm_pairs(
+        gpu,
+        (x.raw(), make_ys),
+        (c, b, n),
+        (weight.raw(), alg.paths(), m),
+        &alg.pair_terms(),
+        out.raw(),
+        precision,
+    )
 }
 
 /// N_out of an fc weight `(P, N_in, N_out)` that matches `d`.

@@ -610,3 +610,24 @@ fn weight_gradient_chunks_depend_on_batch_size_only() {
     assert!(chunks(huge) <= gpu::params::matmul::MAX_GRID_YZ);
     assert!(chunks(huge) * rows_per_chunk(huge) >= huge);
 }
+
+#[test]
+fn pair_terms_take_each_pair_of_components_once() {
+    for alg in [Algebra::Cl2, Algebra::Cl3] {
+        let c = alg.components();
+        let by_j = alg.pair_terms();
+        assert_eq!(by_j.len(), c, "{alg:?}");
+        for (j, comp) in by_j.iter().enumerate() {
+            let mut ys: Vec<usize> = comp.iter().map(|t| t.y).collect();
+            ys.sort_unstable();
+            assert_eq!(ys, (0..c).collect::<Vec<_>>(), "{alg:?} component {j}");
+            for (i, t) in comp.iter().enumerate() {
+                let listed = alg.terms().iter().any(|u| {
+                    (u.j as usize, u.i as usize, u.k as usize, u.p as usize, u.neg)
+                        == (j, i, t.y, t.path, t.neg)
+                });
+                assert!(listed, "{alg:?} j {j} i {i}: {t:?} is not a term of the product");
+            }
+        }
+    }
+}

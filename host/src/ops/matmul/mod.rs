@@ -27,7 +27,9 @@ use gpu::params::matmul_tc as tc;
 use gpu::params::matmul_tf32 as tf;
 use gpu::params::matmul_tma as tma;
 use gpu::params::matmul_wg_tf32 as wg;
-use gpu::params::{Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess, SplitB};
+use gpu::params::{
+    Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess, SplitB, WG_PAIRS_PATH_BITS, WgPairs,
+};
 
 use crate::DType;
 use crate::error::{Error, Result};
@@ -326,6 +328,159 @@ pub(crate) fn gemm_b_gathered(
     Ok(true)
 }
 
+/// One term of an output component of [`gemm_pairs`]: the component of `ys` it multiplies, its
+/// sign and its weight path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PairTerm {
+    pub y: usize,
+    pub neg: bool,
+    pub path: usize,
+}
+
+/// The Clifford fc forward's feature mixing as one launch of `matmul_wg_pairs_*` (sm_90 build):
+/// for every output component `j` of `out (C, B, M)`,
+/// `out[j] = sum_t ±(x[t] * ys[y_t]) W[path_t]` over `terms[j]` (term `t` multiplies x's
+/// component `t`; `*` elementwise over (b, n)), with `x` and `ys` `(C, B, N)` and the weights
+/// `W (P, N, M)`, all f32 and contiguous; `make_ys` writes `ys` once the product is known to apply.
+/// The kernel builds each pair term in shared memory from x's and ys's tiles, so no pair buffer is
+/// written; W's tf32 parts are written first, all paths in one split pass (`2 P N M` floats for
+/// 3xTF32). Returns `Ok(false)`, having launched nothing, where it does not apply: other builds,
+/// [`Precision::Ieee`], bases not 16-byte aligned, N not a multiple of 4, more than 8 components
+/// or 32 paths, or a term table that is not C terms a component; the caller then takes the pair
+/// buffer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_pairs(
+    gpu: &crate::Gpu,
+    (x, make_ys): (RawSlice, impl FnOnce() -> Result<Tensor>),
+    (c, b, n): (usize, usize, usize),
+    (weight, paths, m): (RawSlice, usize, usize),
+    terms: &[Vec<PairTerm>],
+    out: RawSlice,
+    precision: Precision,
+) -> Result<bool> {
+    const OP: &str = "clifford fc forward";
+    let tables_fit = c <= 8
+        && terms.len() == c
+        && terms.iter().all(|j| j.len() == c && j.iter().all(|t| t.y < c && t.path < paths))
+        && paths <= 1 << WG_PAIRS_PATH_BITS;
+    if !tables_fit
+        || gpu.ptx_arch() != "sm_90"
+        || precision == Precision::Ieee
+        || b == 0
+        || n == 0
+        || m == 0
+        || !x.ptr.is_multiple_of(16)
+        || !out.ptr.is_multiple_of(16)
+    {
+        return Ok(false);
+    }
+    let k_tiles = (n as u64).div_ceil(wg::BK as u64);
+    let depth = c as u64 * k_tiles * wg::BK as u64;
+    let view = |ptr: u64| crate::tma::Tensor3 {
+        ptr,
+        inner: n as u64,
+        outer: b as u64,
+        batch: c as u64,
+        outer_stride: n as u64,
+        batch_stride: (b * n) as u64,
+    };
+    if !crate::tma::tma_readable_f32(&view(x.ptr))
+        || u32::try_from(b).is_err()
+        || u32::try_from(m).is_err()
+        || depth > u32::MAX as u64
+        || m.div_ceil(32) as u64 > MAX_GRID_YZ
+    {
+        return Ok(false);
+    }
+    let tiles = wg::tiles(b as u64, m as u64, c as u64, wg::BN);
+    if tiles > wg::MAX_TILES {
+        return Err(Error::TooLarge {
+            op: OP,
+            what: "output tiles (B / 128 x M / 128 x components)",
+            given: tiles,
+            max: wg::MAX_TILES,
+        });
+    }
+    let ys = make_ys()?;
+    let map_x = crate::tma::sw128_map(OP, DType::F32, &view(x.ptr), wg::BM)?;
+    let map_ys = crate::tma::sw128_map(OP, DType::F32, &view(ys.raw().ptr), wg::BM)?;
+    // W as the products' B: the paths' `(N, M)` blocks as a batch of `K x N` matrices.
+    let shape = GemmShape {
+        m: b,
+        n: m,
+        k: n,
+        batch: paths,
+    };
+    let w = Operand {
+        raw: weight,
+        ld: m as u64,
+        trans: Transpose::No,
+        stride: (n * m) as u64,
+    };
+    let plan = WgPlan {
+        map_a: map_x,
+        b_batch: paths,
+        b_entry_of: None,
+        pitch: wg::parts_pitch(n as u64),
+    };
+    let tf32 = precision == Precision::Tf32;
+    // Freed after the launch below is queued: the stream orders the kernel's reads first.
+    let (_parts, map_hi, map_lo) =
+        wg_tf32_parts(gpu, shape, (&w, None), &plan, if tf32 { 1 } else { 3 }, wg::BN)?;
+    let (mut k_neg, mut path_of) = ([0u32; 8], [0u64; 8]);
+    for (j, comp) in terms.iter().enumerate() {
+        k_neg[j] = pack_table(4, comp.iter().map(|t| t.y as u64 | (t.neg as u64) << 3)) as u32;
+        path_of[j] = pack_table(WG_PAIRS_PATH_BITS, comp.iter().map(|t| t.path as u64));
+    }
+    let mm = Matmul {
+        m: b as u32,
+        n: m as u32,
+        k: depth as u32,
+        trans_a: 0,
+        trans_b: 0,
+        accumulate: 0,
+        lda: 0,
+        ldb: 0,
+        ldc: m as u64,
+        stride_a: 0,
+        stride_b: 0,
+        stride_c: (b * m) as u64,
+    };
+    let p = WgPairs {
+        mm: MatmulTf32 {
+            mm,
+            splits: 1,
+            k_per_split: depth as u32,
+            b_gathered: 0,
+            batch: c as u32,
+            b_entry_of: 0,
+        },
+        k_tiles: k_tiles as u32,
+        _pad: 0,
+        k_neg,
+        paths: path_of,
+    };
+    let sms = gpu.sm_count()?.max(1) as u64;
+    launch_cfg_large_smem(
+        gpu,
+        WG_PAIRS_NAMES[tf32 as usize],
+        cudarc::driver::LaunchConfig {
+            grid_dim: (tiles.min(sms) as u32, 1, 1),
+            block_dim: (wg::THREADS, 1, 1),
+            shared_mem_bytes: wg::SMEM_BYTES,
+        },
+        &[
+            &ByValue(map_x),
+            &ByValue(map_ys),
+            &ByValue(map_hi),
+            &ByValue(map_lo),
+            &ByValue(out),
+            &ByValue(p),
+        ],
+    )?;
+    Ok(true)
+}
+
 /// The launch parameters of one [`gemm`] and its row-tile count (grid y; both f32 kernels tile C in
 /// 128 rows), or `None` for an empty product; sizes past the kernels' u32 indices or the grid's
 /// limits are errors.
@@ -561,6 +716,9 @@ const WG_NAMES: [&str; 4] = [
 /// The Hopper TF32 kernels on 128 x 256 tiles (`params::matmul_wg_tf32::wide`): A stored `M x K`,
 /// A stored `K x M`.
 const WG_WIDE_NAMES: [&str; 2] = ["matmul_wg_tf32w_n_f32", "matmul_wg_tf32w_t_f32"];
+
+/// The Hopper pair-term products ([`gemm_pairs`]): 3xTF32, TF32.
+const WG_PAIRS_NAMES: [&str; 2] = ["matmul_wg_pairs_tf32x3_f32", "matmul_wg_pairs_tf32_f32"];
 
 /// A product the Hopper f32 kernels take: A's tensor map and the geometry of B's tf32 parts.
 #[derive(Clone, Copy)]

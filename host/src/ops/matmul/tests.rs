@@ -146,6 +146,34 @@ fn assert_matmul_kernels(names: Vec<&str>, threads: u32) {
 }
 
 #[test]
+fn hopper_f32_kernels_exist_in_the_sm_90_build_alone_with_their_launch_bound() {
+    use gpu::params::matmul_wg_tf32 as wg;
+    let names = super::WG_NAMES
+        .iter()
+        .chain(&super::WG_WIDE_NAMES)
+        .chain(&super::WG_PAIRS_NAMES)
+        .chain(&["matmul_wg_split_b_f32"]);
+    for &name in names {
+        assert_eq!(
+            crate::Family::of(name),
+            Some(crate::Family::Matmul),
+            "{name}"
+        );
+        let threads = if name == "matmul_wg_split_b_f32" {
+            wg::SPLIT_THREADS
+        } else {
+            wg::THREADS
+        };
+        assert_eq!(
+            crate::modules::launch_bounds(name, "sm_90"),
+            Some((threads, 1)),
+            "{name}"
+        );
+        assert_eq!(crate::modules::launch_bounds(name, "sm_80"), None, "{name}");
+    }
+}
+
+#[test]
 fn f32_kernels_exist_with_the_launch_bound_the_host_launches_with() {
     let cfg = gpu::params::matmul_f32v::CONFIG;
     let mut names = Vec::new();
