@@ -380,11 +380,11 @@ fn fcgp_forward_and_backward_match_reference() {
         // 16-byte rows: the tensor-core precisions run (others fall back to Ieee), and the weight
         // gradient (depth C * B) is split along the depth.
         (scaled(300, 24), 68, 132),
-        // The forward's pair-term product (P M <= C B, N a multiple of 4, tensor-core precisions):
-        // a depth tail (36 features), partial row tiles; then two column tiles, the last partial,
-        // with rows not a multiple of 4 floats (element stores).
+        // The forward's pair-term product (up to 128 features, P M <= C B, N a multiple of 4,
+        // tensor-core precisions): a depth tail (36 features) and partial row tiles; then output
+        // rows that are not a multiple of 4 floats (element stores).
         (scaled(700, 40), 36, 12),
-        (scaled(600, 400), 100, 134),
+        (scaled(600, 400), 100, 126),
     ];
     for (b, n, m) in shapes {
         for alg in ALGS {

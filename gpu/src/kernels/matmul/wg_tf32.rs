@@ -2,7 +2,11 @@
 //! `wgmma` m64n128k8 tf32 products and f32 accumulation, in 3xTF32 (`matmul_wg_tf32x3_{n,t}_f32`)
 //! or TF32 (`matmul_wg_tf32_{n,t}_f32`) precision, A stored either way (`n`: `M x K`, `t`:
 //! `K x M`), any M, N, K, batched or split along the depth (`splitk.rs` sums the slices); TF32 also
-//! on 128 x 256 tiles with m64n256k8 (`matmul_wg_tf32w_{n,t}_f32`, never split).
+//! on 128 x 256 tiles with m64n256k8 (`matmul_wg_tf32w_{n,t}_f32`, never split). The same body,
+//! with an A built from two stored tiles instead of read (`ASource`: `Stored`, `Pairs`), is the
+//! Clifford fc forward's feature mixing (`matmul_wg_pairs_{tf32x3,tf32}_f32`, `params::WgPairs`):
+//! each pair term `±x_i y_k` is formed in the consumers' registers from the tiles of x and y, so
+//! no pair buffer is written or read.
 //! B comes as K-major tf32 parts written by `matmul_wg_split_b_f32` from B stored either
 //! way; in TF32, a B stored `N x K` comes as it is stored (the host maps it in place), its f32
 //! bits truncated by the tensor core. Tiles and the design notes: `params::matmul_wg_tf32`.
@@ -430,7 +434,7 @@ unsafe fn matmul_wg_tf32<
     let tid = thread_idx_x();
     if tid == 0 {
         // SAFETY: one thread, before the barrier below and any other use (the ring's init fences
-        // the staging barriers' too).
+        // the staging barriers' too; the barrier orders the source's table).
         unsafe {
             c_full.init(256);
             c_empty.init(STORE_THREADS);

@@ -1028,10 +1028,19 @@ pub fn fcgp_forward_with(
     })
 }
 
+/// The most input and output features of an fc forward whose mixing builds its pair terms itself
+/// ([`fc_mix_from_inputs`]). At N = N_out = 128 that forward took 36% to 64% less GPU time than
+/// the pair buffer's (2D and 3D, B 1024 to 8192); at 512 and 1024 features, where the products
+/// are bound by the tensor cores, 3% to 54% more (it does 16 products of depth N a row in 2D
+/// against 14, 64 against 44 in 3D, with a two-stage ring): docs/PERF_NOTES.md, "The fc
+/// forward's pair terms built in the product".
+const FC_PAIR_PRODUCT_MAX_FEATURES: usize = 128;
+
 /// The fc forward's feature mixing without a pair buffer ([`gemm_pairs`]: its product builds the
-/// pair terms from x and from y scaled by both gates, `fc_gate_y`), where W's tf32 parts take no
-/// more memory than twice x (`P M <= C B`; the pair buffer's phases hold about half of `C B N`
-/// per path group, and ys another `C B N`). Returns `Ok(false)` where it does not apply (see
+/// pair terms from x and from y scaled by both gates, `fc_gate_y`), at up to
+/// [`FC_PAIR_PRODUCT_MAX_FEATURES`] features in and out and where W's tf32 parts take no more
+/// memory than twice x (`P M <= C B`; ys takes another `C B N`, where the pair buffer's phases
+/// hold about `C B N` per path group). Returns `Ok(false)` where it does not apply (see
 /// [`gemm_pairs`]), having launched nothing.
 fn fc_mix_from_inputs(
     gpu: &Gpu,
@@ -1043,7 +1052,7 @@ fn fc_mix_from_inputs(
     precision: Precision,
 ) -> Result<bool> {
     let (c, b, n) = (alg.components(), d.batch, d.features);
-    if alg.paths() * m > c * b {
+    if n.max(m) > FC_PAIR_PRODUCT_MAX_FEATURES || alg.paths() * m > c * b {
         return Ok(false);
     }
     let make_ys = || {
