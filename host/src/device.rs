@@ -203,6 +203,11 @@ impl Gpu {
         };
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let stream = ctx.default_stream();
+        // SAFETY: every op of this handle runs on its one stream, and kernels take buffers as raw
+        // pointers (`RawSlice`), so the two events cudarc otherwise creates for each allocation
+        // (and records, waits on and destroys) would order nothing: the stream already orders
+        // every use of a buffer before its free. They cost host time on every `Tensor::empty`.
+        unsafe { ctx.disable_event_tracking() };
         keep_freed_memory(&ctx)?;
         // Read once here: the driver answers the memory-clock attribute slowly (about 0.4 ms a call
         // measured on an H100), far too slow for a launcher to ask per call.
