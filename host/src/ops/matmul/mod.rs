@@ -20,7 +20,9 @@
 //! All keep a fixed k order per element, so the same inputs give the same bits on every run.
 //!
 //! The crate-internal `gemm` is the same kernel on raw operands (offsets into larger buffers, leading
-//! dims, `C += ...`, a bias row): the Clifford layers build their feature mixing on it.
+//! dims, `C += ...`, a bias row): the Clifford layers build their feature mixing on it. The
+//! crate-internal `gemm_pairs` is the sm_90 kernels' body with an A built from two stored tiles
+//! (`matmul_wg_pairs_*_f32`): the Clifford fc forward's pair terms, formed inside the product.
 use gpu::params::matmul::MAX_GRID_YZ;
 use gpu::params::matmul_f32v::{self as f32v, BM, BN};
 use gpu::params::matmul_tc as tc;
