@@ -3,7 +3,7 @@
 //! rules; these tests pin the sizes so an edit that adds padding or reorders fields is caught here.
 use gpu::params::{
     Broadcast2, MAX_DIMS, MatmulTc, MatmulTf32, MatmulTma, RawSlice, ReduceTo, RowAccess, SplitB,
-    TensorMapParam,
+    TensorMapParam, WgPairs,
 };
 
 #[test]
@@ -25,6 +25,11 @@ fn parameter_structs_have_the_kernel_layout() {
     assert_eq!(std::mem::size_of::<SplitB>(), 6 * 4 + 5 * 8);
     assert_eq!(std::mem::offset_of!(SplitB, ld), 24);
     assert_eq!(std::mem::offset_of!(SplitB, block_of), 48);
+    // `MatmulTf32`, the k-tiles of a term and padding, eight u32 (y components and signs), eight
+    // u64 (paths).
+    assert_eq!(std::mem::size_of::<WgPairs>(), 96 + 2 * 4 + 8 * 4 + 8 * 8);
+    assert_eq!(std::mem::offset_of!(WgPairs, k_neg), 104);
+    assert_eq!(std::mem::offset_of!(WgPairs, paths), 136);
     // Eight u32: M, N, K, batch, the tile counts and the two batched flags.
     assert_eq!(std::mem::size_of::<MatmulTma>(), 8 * 4);
     // The driver's CUtensorMap: 128 opaque bytes. The kernel-side parameter is declared 16-byte

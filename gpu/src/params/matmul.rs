@@ -385,8 +385,11 @@ pub mod matmul_wg_tf32 {
     /// Pipeline stages of the wide kernels (A, 128 rows, and B's `hi`, 256 rows, a stage).
     pub const STAGES_WIDE: u32 = 3;
     /// Dynamic shared memory of the wide kernels: their ring, the staging tile and its barriers.
-    pub const SMEM_BYTES_WIDE: u32 =
-        STAGES_WIDE * (BM + BN_WIDE) * BK * 4 + 16 * STAGES_WIDE + C_STAGING_BYTES + 16 + TABLE_BYTES;
+    pub const SMEM_BYTES_WIDE: u32 = STAGES_WIDE * (BM + BN_WIDE) * BK * 4
+        + 16 * STAGES_WIDE
+        + C_STAGING_BYTES
+        + 16
+        + TABLE_BYTES;
     /// Threads of a `matmul_wg_split_b_f32` block: a 32 x 32 tile of B, 8 rows of 32.
     pub const SPLIT_THREADS: u32 = 256;
     /// Its dynamic shared memory: the 32 x 32 tile at a 33-float pitch.

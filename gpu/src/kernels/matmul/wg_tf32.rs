@@ -328,7 +328,14 @@ impl ASource for Pairs {
         }
     }
     #[inline(always)]
-    unsafe fn load(self, (k_neg, _): (u32, u64), (tx, ty): (KTile, KTile), m0: i32, k0: i32, bar: MBarrier) {
+    unsafe fn load(
+        self,
+        (k_neg, _): (u32, u64),
+        (tx, ty): (KTile, KTile),
+        m0: i32,
+        k0: i32,
+        bar: MBarrier,
+    ) {
         let (t, n0) = self.term(k0 as u32);
         let k = (k_neg >> (4 * t)) & 7;
         // SAFETY: the caller's; the maps' boxes are the tiles.
@@ -410,8 +417,7 @@ unsafe fn matmul_wg_tf32<
             SMEM_BYTES
         };
         assert!(
-            Pipeline::<(A::Tile, P), ST>::BYTES
-                + (C_STAGING_BYTES + 16 + TABLE_BYTES) as usize
+            Pipeline::<(A::Tile, P), ST>::BYTES + (C_STAGING_BYTES + 16 + TABLE_BYTES) as usize
                 <= smem as usize
         );
         // Wide tiles: TF32 only, never split (`params::matmul_wg_tf32::wide`).

@@ -143,21 +143,25 @@ impl Algebra {
         }
         groups
     }
-    /// The product's terms by output component, each component's ordered by x's component (a
-    /// geometric product has exactly one term a pair of x's and the output's components), for
-    /// [`gemm_pairs`].
+    /// The product's terms by output component, each component's in the order of x's component,
+    /// for [`gemm_pairs`]: a geometric product has exactly one term a pair of x's and the output's
+    /// components, so component j's list has C entries, entry i taking `x_i` (the unit tests hold
+    /// the tables to that; `gemm_pairs` declines tables of any other shape).
     fn pair_terms(self) -> Vec<Vec<PairTerm>> {
-        let c = self.components();
-        let mut by_j = vec![vec![None; c]; c];
-        for t in self.terms() {
-            by_j[t.j as usize][t.i as usize] = Some(PairTerm {
-                y: t.k as usize,
-                neg: t.neg,
-                path: t.p as usize,
-            });
-        }
-        by_j.into_iter()
-            .map(|j| j.into_iter().map(|t| t.expect("one term a pair (j, i)")).collect())
+        (0..self.components())
+            .map(|j| {
+                let mut terms: Vec<&Term> =
+                    self.terms().iter().filter(|t| t.j as usize == j).collect();
+                terms.sort_by_key(|t| t.i);
+                terms
+                    .into_iter()
+                    .map(|t| PairTerm {
+                        y: t.k as usize,
+                        neg: t.neg,
+                        path: t.p as usize,
+                    })
+                    .collect()
+            })
             .collect()
     }
     /// The paths in the order the fc weights are stacked, grade by grade ([`Algebra::fc_groups`]).
@@ -1038,10 +1042,9 @@ const FC_PAIR_PRODUCT_MAX_FEATURES: usize = 128;
 
 /// The fc forward's feature mixing without a pair buffer ([`gemm_pairs`]: its product builds the
 /// pair terms from x and from y scaled by both gates, `fc_gate_y`), at up to
-/// [`FC_PAIR_PRODUCT_MAX_FEATURES`] features in and out and where W's tf32 parts take no more
-/// memory than twice x (`P M <= C B`; ys takes another `C B N`, where the pair buffer's phases
-/// hold about `C B N` per path group). Returns `Ok(false)` where it does not apply (see
-/// [`gemm_pairs`]), having launched nothing.
+/// [`FC_PAIR_PRODUCT_MAX_FEATURES`] features in and out and where W's tf32 parts (`2 P N M`
+/// floats) take no more memory than twice x (`2 C B N`), i.e. `P M <= C B`; ys takes one x more.
+/// Returns `Ok(false)` where it does not apply (see [`gemm_pairs`]), having launched nothing.
 fn fc_mix_from_inputs(
     gpu: &Gpu,
     alg: Algebra,
@@ -1063,7 +1066,12 @@ fn fc_mix_from_inputs(
             alg.kernel(Kernel::GateY),
             grid_blocks(bn, ELEM_BLOCK as u64),
             ELEM_BLOCK,
-            &[&ByValue(x.raw()), &ByValue(y.raw()), &ByValue(ys.raw()), &bn],
+            &[
+                &ByValue(x.raw()),
+                &ByValue(y.raw()),
+                &ByValue(ys.raw()),
+                &bn,
+            ],
         )?;
         Ok(ys)
     };

@@ -623,10 +623,18 @@ fn pair_terms_take_each_pair_of_components_once() {
             assert_eq!(ys, (0..c).collect::<Vec<_>>(), "{alg:?} component {j}");
             for (i, t) in comp.iter().enumerate() {
                 let listed = alg.terms().iter().any(|u| {
-                    (u.j as usize, u.i as usize, u.k as usize, u.p as usize, u.neg)
-                        == (j, i, t.y, t.path, t.neg)
+                    (
+                        u.j as usize,
+                        u.i as usize,
+                        u.k as usize,
+                        u.p as usize,
+                        u.neg,
+                    ) == (j, i, t.y, t.path, t.neg)
                 });
-                assert!(listed, "{alg:?} j {j} i {i}: {t:?} is not a term of the product");
+                assert!(
+                    listed,
+                    "{alg:?} j {j} i {i}: {t:?} is not a term of the product"
+                );
             }
         }
     }

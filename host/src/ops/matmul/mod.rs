@@ -30,7 +30,8 @@ use gpu::params::matmul_tf32 as tf;
 use gpu::params::matmul_tma as tma;
 use gpu::params::matmul_wg_tf32 as wg;
 use gpu::params::{
-    Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess, SplitB, WG_PAIRS_PATH_BITS, WgPairs,
+    Matmul, MatmulTc, MatmulTf32, MatmulTma, RawSlice, RowAccess, SplitB, WG_PAIRS_PATH_BITS,
+    WgPairs,
 };
 
 use crate::DType;
@@ -363,7 +364,9 @@ pub(crate) fn gemm_pairs(
     const OP: &str = "clifford fc forward";
     let tables_fit = c <= 8
         && terms.len() == c
-        && terms.iter().all(|j| j.len() == c && j.iter().all(|t| t.y < c && t.path < paths))
+        && terms
+            .iter()
+            .all(|j| j.len() == c && j.iter().all(|t| t.y < c && t.path < paths))
         && paths <= 1 << WG_PAIRS_PATH_BITS;
     if !tables_fit
         || gpu.ptx_arch() != "sm_90"
@@ -427,8 +430,14 @@ pub(crate) fn gemm_pairs(
     };
     let tf32 = precision == Precision::Tf32;
     // Freed after the launch below is queued: the stream orders the kernel's reads first.
-    let (_parts, map_hi, map_lo) =
-        wg_tf32_parts(gpu, shape, (&w, None), &plan, if tf32 { 1 } else { 3 }, wg::BN)?;
+    let (_parts, map_hi, map_lo) = wg_tf32_parts(
+        gpu,
+        shape,
+        (&w, None),
+        &plan,
+        if tf32 { 1 } else { 3 },
+        wg::BN,
+    )?;
     let (mut k_neg, mut path_of) = ([0u32; 8], [0u64; 8]);
     for (j, comp) in terms.iter().enumerate() {
         k_neg[j] = pack_table(4, comp.iter().map(|t| t.y as u64 | (t.neg as u64) << 3)) as u32;
