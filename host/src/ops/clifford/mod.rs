@@ -27,7 +27,7 @@ use gpu::params::clifford::{
 };
 
 use crate::error::{Error, Result};
-use crate::launch::{ByValue, grid_blocks, launch, launch_cfg};
+use crate::launch::{ArgPush, ByValue, grid_blocks, launch, launch_cfg};
 use crate::ops::matmul::{
     Accumulate, GemmShape, Operand, PairTerm, Precision, RowBlocks, Transpose, gemm,
     gemm_b_gathered, gemm_gathered, gemm_pairs, offset,
@@ -813,11 +813,10 @@ fn fc_pairs(
     let pairs = Tensor::empty(gpu, &[hi - lo, d.batch, d.features], DType::F32)?;
     let (bn, n) = ((d.batch * d.features) as u64, d.features as u64);
     if bn > 0 {
-        launch(
+        launch_elementwise(
             gpu,
             alg.kernel(Kernel::Pairs),
-            grid_blocks(bn, ELEM_BLOCK as u64),
-            ELEM_BLOCK,
+            bn,
             &[
                 &ByValue(x.raw()),
                 &ByValue(y.raw()),
@@ -830,6 +829,18 @@ fn fc_pairs(
         )?;
     }
     Ok(pairs)
+}
+
+/// A launch of the fc variant's elementwise kernels (`fc_pairs{2,3}d`, `fc_gate_y{2,3}d`): blocks
+/// of `ELEM_BLOCK` threads, grid-stride over the `bn` = B N elements.
+fn launch_elementwise(gpu: &Gpu, name: &'static str, bn: u64, args: &[&dyn ArgPush]) -> Result<()> {
+    launch(
+        gpu,
+        name,
+        grid_blocks(bn, ELEM_BLOCK as u64),
+        ELEM_BLOCK,
+        args,
+    )
 }
 
 /// The fc weights `(P, N, M)` with the paths reordered grade by grade ([`Algebra::fc_groups`]), so
@@ -1061,11 +1072,10 @@ fn fc_mix_from_inputs(
     let make_ys = || {
         let ys = Tensor::empty(gpu, &[c, b, n], DType::F32)?;
         let bn = (b * n) as u64;
-        launch(
+        launch_elementwise(
             gpu,
             alg.kernel(Kernel::GateY),
-            grid_blocks(bn, ELEM_BLOCK as u64),
-            ELEM_BLOCK,
+            bn,
             &[
                 &ByValue(x.raw()),
                 &ByValue(y.raw()),
