@@ -1044,9 +1044,9 @@ pub fn fcgp_forward_with(
 }
 
 /// The most input and output features of an fc forward whose mixing builds its pair terms itself
-/// ([`fc_mix_from_inputs`]). At N = N_out = 128 that forward took 36% to 64% less GPU time than
+/// ([`fc_mix_from_inputs`]). At N = N_out = 128 that forward took 23% to 64% less GPU time than
 /// the pair buffer's (2D and 3D, B 1024 to 8192); at 512 and 1024 features, where the products
-/// are bound by the tensor cores, 3% to 54% more (it does 16 products of depth N a row in 2D
+/// are bound by the tensor cores, 2% to 54% more (it does 16 products of depth N a row in 2D
 /// against 14, 64 against 44 in 3D, with a two-stage ring): docs/PERF_NOTES.md, "The fc
 /// forward's pair terms built in the product".
 const FC_PAIR_PRODUCT_MAX_FEATURES: usize = 128;
