@@ -389,8 +389,7 @@ impl ASource for Pairs {
 
 /// The kernel body: A from `A` (a stored A, or pair terms), B's parts `P` (3xTF32: hi and lo; TF32:
 /// hi), a ring of `ST` stages, tiles of `BNT` columns (128 or 256; the accumulator `AN` = `BNT / 2`
-/// floats a thread). `job` overrides the source's per-product state (pair terms: their tables).
-/// Grid: at most one CTA an SM (the walk covers every tile).
+/// floats a thread). Grid: at most one CTA an SM (the walk covers every tile).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn matmul_wg_tf32<

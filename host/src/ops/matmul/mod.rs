@@ -345,8 +345,8 @@ pub(crate) struct PairTerm {
 /// `out[j] = sum_t ±(x[t] * ys[y_t]) W[path_t]` over `terms[j]` (term `t` multiplies x's
 /// component `t`; `*` elementwise over (b, n)), with `x` and `ys` `(C, B, N)` and the weights
 /// `W (P, N, M)`, all f32 and contiguous; `make_ys` writes `ys` once the product is known to apply.
-/// The kernel builds each pair term in shared memory from x's and ys's tiles, so no pair buffer is
-/// written; W's tf32 parts are written first, all paths in one split pass (`2 P N M` floats for
+/// The kernel forms each pair term in registers from x's and ys's tiles in shared memory, so no
+/// pair buffer is written; W's tf32 parts are written first, all paths in one split pass (`2 P N M` floats for
 /// 3xTF32). Returns `Ok(false)`, having launched nothing, where it does not apply: other builds,
 /// [`Precision::Ieee`], bases not 16-byte aligned, N not a multiple of 4, more than 8 components
 /// or 32 paths, or a term table that is not C terms a component; the caller then takes the pair
@@ -422,19 +422,13 @@ pub(crate) fn gemm_pairs(
         trans: Transpose::No,
         stride: (n * m) as u64,
     };
-    let plan = WgPlan {
-        map_a: map_x,
-        b_batch: paths,
-        b_entry_of: None,
-        pitch: wg::parts_pitch(n as u64),
-    };
     let tf32 = precision == Precision::Tf32;
     // Freed after the launch below is queued: the stream orders the kernel's reads first.
     let (_parts, map_hi, map_lo) = wg_tf32_parts(
         gpu,
         shape,
         (&w, None),
-        &plan,
+        paths,
         if tf32 { 1 } else { 3 },
         wg::BN,
     )?;
@@ -638,7 +632,8 @@ fn gemm_tf32(
         let wide = tf32 && splits == 1 && wg::wide(m as u64, n as u64, k as u64, entries, sms);
         let bn = if wide { wg::BN_WIDE } else { wg::BN };
         // Freed after the launch below is queued: the stream orders the kernel's reads first.
-        let (_parts, map_hi, map_lo) = wg_tf32_parts(gpu, shape, (&b, gather), &plan, passes, bn)?;
+        let (_parts, map_hi, map_lo) =
+            wg_tf32_parts(gpu, shape, (&b, gather), plan.b_batch, passes, bn)?;
         // Persistent: at most one CTA an SM walks the tiles (`wg::tiles`).
         let tiles = wg::tiles(m as u64, n as u64, entries, bn);
         if tiles > wg::MAX_TILES {
@@ -740,8 +735,6 @@ struct WgPlan {
     /// B's entry of each product, 4 bits a product ([`gemm_gathered`]); `None`: entry `z` (or the
     /// broadcast one).
     b_entry_of: Option<u64>,
-    /// Floats between the parts' rows.
-    pitch: u64,
 }
 
 /// The [`WgPlan`] of a product, when it is not empty, the copy engine can read the stored A (16-byte
@@ -780,22 +773,22 @@ fn wg_tf32_plan(shape: GemmShape, a: &Operand, b: &Operand) -> Result<Option<WgP
         map_a: crate::tma::sw128_map(OP, DType::F32, &va, box_rows)?,
         b_batch: if b.stride != 0 { batch } else { 1 },
         b_entry_of: None,
-        pitch: wg::parts_pitch(k as u64),
     }))
 }
 
-/// Writes B's tf32 parts for a [`WgPlan`] (`matmul_wg_split_b_f32`; B's stored rows gathered from
-/// row blocks where `gather` says: [`gemm_b_gathered`]) into a fresh buffer and returns it with the
-/// tensor maps of its `hi` and `lo` planes (TF32: `hi` twice), boxes of `bn` rows (the kernel's
-/// tile columns). A TF32 product whose B is stored `N x K` in one piece (k contiguous, the layout
-/// the kernels read) writes no parts: both maps are B's own, and the tensor core reads B's stored
+/// Writes B's tf32 parts (`matmul_wg_split_b_f32`; `b_batch` entries of B, [`WgPlan::b_batch`];
+/// B's stored rows gathered from row blocks where `gather` says: [`gemm_b_gathered`]) into a fresh
+/// buffer, rows [`wg::parts_pitch`] floats apart, and returns it with the tensor maps of its `hi`
+/// and `lo` planes (TF32: `hi` twice), boxes of `bn` rows (the kernel's tile columns). A TF32
+/// product whose B is stored `N x K` in one piece (k contiguous, the layout the kernels read)
+/// writes no parts: both maps are B's own, and the tensor core reads B's stored
 /// f32 bits truncated to tf32, as it reads an A stored `M x K`. That saves the split pass, a read
 /// and a write of all of B.
 fn wg_tf32_parts(
     gpu: &crate::Gpu,
     shape: GemmShape,
     (b, gather): (&Operand, Option<SplitGather>),
-    plan: &WgPlan,
+    b_batch: usize,
     passes: u32,
     bn: u32,
 ) -> Result<(
@@ -805,12 +798,13 @@ fn wg_tf32_parts(
 )> {
     const OP: &str = "matmul";
     let GemmShape { n, k, .. } = shape;
+    let pitch = wg::parts_pitch(k as u64);
     if passes == 1 && gather.is_none() && b.trans == Transpose::Yes {
         let stored = crate::tma::Tensor3 {
             ptr: b.raw.ptr,
             inner: k as u64,
             outer: n as u64,
-            batch: plan.b_batch as u64,
+            batch: b_batch as u64,
             outer_stride: b.ld,
             batch_stride: if b.stride != 0 {
                 b.stride
@@ -822,12 +816,12 @@ fn wg_tf32_parts(
         // step the map's batch by: its entries come from the split pass, every one a copy of B.
         // Otherwise readable for operands that passed `tf32_rows` (a stored B's leading dim is at
         // least k), unless a dim is past 2^31 or a stride past the copy engine's range.
-        if (b.stride != 0 || plan.b_batch == 1) && crate::tma::tma_readable_f32(&stored) {
+        if (b.stride != 0 || b_batch == 1) && crate::tma::tma_readable_f32(&stored) {
             let map = crate::tma::sw128_map(OP, DType::F32, &stored, bn)?;
             return Ok((None, map, map));
         }
     }
-    let plane = plan.b_batch as u64 * n as u64 * plan.pitch;
+    let plane = b_batch as u64 * n as u64 * pitch;
     let planes = if passes == 3 { 2 } else { 1 };
     let parts = Tensor::empty(gpu, &[planes * plane as usize], DType::F32)?;
     let (block_rows, block_of, block_stride) =
@@ -835,13 +829,13 @@ fn wg_tf32_parts(
     let p = SplitB {
         k: k as u32,
         n: n as u32,
-        batch: plan.b_batch as u32,
+        batch: b_batch as u32,
         k_contig: (b.trans == Transpose::Yes) as u32,
         passes,
         block_rows,
         ld: b.ld,
         stride: b.stride,
-        pitch: plan.pitch,
+        pitch,
         block_of,
         block_stride,
     };
@@ -849,11 +843,7 @@ fn wg_tf32_parts(
         gpu,
         "matmul_wg_split_b_f32",
         cudarc::driver::LaunchConfig {
-            grid_dim: (
-                k.div_ceil(32) as u32,
-                n.div_ceil(32) as u32,
-                plan.b_batch as u32,
-            ),
+            grid_dim: (k.div_ceil(32) as u32, n.div_ceil(32) as u32, b_batch as u32),
             block_dim: (wg::SPLIT_THREADS, 1, 1),
             shared_mem_bytes: wg::SPLIT_SMEM_BYTES,
         },
@@ -863,9 +853,9 @@ fn wg_tf32_parts(
         ptr,
         inner: k as u64,
         outer: n as u64,
-        batch: plan.b_batch as u64,
-        outer_stride: plan.pitch,
-        batch_stride: n as u64 * plan.pitch,
+        batch: b_batch as u64,
+        outer_stride: pitch,
+        batch_stride: n as u64 * pitch,
     };
     let base = parts.raw().ptr;
     let hi = crate::tma::sw128_map(OP, DType::F32, &view(base), bn)?;
