@@ -953,10 +953,11 @@ fn fc_weight_product(
     if gemm_b_gathered(gpu, shape, a, (b, gather), c, bias, acc, precision)? {
         return Ok(());
     }
-    if stacked.is_none() {
-        *stacked = Some(fc_stack_weights(gpu, alg, weight)?);
-    }
-    let w = grp.weights(stacked.as_ref().expect("stacked above"), (n, m), trans);
+    let stacked = match stacked {
+        Some(s) => s,
+        None => stacked.insert(fc_stack_weights(gpu, alg, weight)?),
+    };
+    let w = grp.weights(stacked, (n, m), trans);
     gemm(gpu, shape, a, w, c, bias, acc, precision)
 }
 
@@ -997,40 +998,9 @@ pub fn fcgp_forward_with(
             linear_out: None,
         });
     }
-    if fc_mix_from_inputs(gpu, alg, (x, y), d, (weight, m), &out, precision)? {
-        if let Some(r) = &norms {
-            grade_norm(gpu, alg, &out, &out, r, d.batch as u64, m as u64)?;
-        }
-        return Ok(Forward {
-            out,
-            norms,
-            linear_out: None,
-        });
+    if !fc_mix_from_inputs(gpu, alg, (x, y), d, (weight, m), &out, precision)? {
+        fc_mix_in_phases(gpu, alg, (x, y), d, (weight, m), &out, precision)?;
     }
-    // The pair buffer in two phases ([`Algebra::fc_phase_split`]): each phase's pairs are
-    // written, mixed and freed before the next, so a forward holds about half the buffer (its
-    // backward recomputes the whole buffer). The cost: each phase reads x and y and computes the
-    // gates again, and in 2D grade 1's product runs as two (one a phase), each with its own split
-    // pass over the grade's weights (docs/PERF_NOTES.md, "The fc forward in two phases").
-    let mut stacked = None;
-    let groups = alg.fc_groups();
-    let split = alg.fc_phase_split();
-    for range in [(0, split), (split, alg.num_slots())] {
-        let phase: Vec<FcGroup> = groups.iter().filter_map(|g| g.within(range)).collect();
-        let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
-        fc_mix(
-            gpu,
-            alg,
-            &phase,
-            (&pairs, range.0),
-            (weight, &mut stacked),
-            &out,
-            d,
-            m,
-            precision,
-        )?;
-    }
-    drop(stacked);
     if let Some(r) = &norms {
         // In place: each thread rewrites only the elements it read, after the block's reduction, so
         // no second (C, B, N_out) buffer is held.
@@ -1094,6 +1064,43 @@ fn fc_mix_from_inputs(
         out.raw(),
         precision,
     )
+}
+
+/// The fc forward's feature mixing through the pair buffer, in two phases
+/// ([`Algebra::fc_phase_split`]): each phase's pairs are written, mixed and freed before the next,
+/// so a forward holds about half the buffer (its backward recomputes the whole buffer). The cost:
+/// each phase reads x and y and computes the gates again, and in 2D grade 1's product runs as two
+/// (one a phase), each with its own split pass over the grade's weights (docs/PERF_NOTES.md, "The
+/// fc forward in two phases"). Weights stacked for the products (builds without the gather) are
+/// freed on return, before the norm.
+fn fc_mix_in_phases(
+    gpu: &Gpu,
+    alg: Algebra,
+    (x, y): (&Tensor, &Tensor),
+    d: Dims,
+    (weight, m): (&Tensor, usize),
+    out: &Tensor,
+    precision: Precision,
+) -> Result<()> {
+    let mut stacked = None;
+    let groups = alg.fc_groups();
+    let split = alg.fc_phase_split();
+    for range in [(0, split), (split, alg.num_slots())] {
+        let phase: Vec<FcGroup> = groups.iter().filter_map(|g| g.within(range)).collect();
+        let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
+        fc_mix(
+            gpu,
+            alg,
+            &phase,
+            (&pairs, range.0),
+            (weight, &mut stacked),
+            out,
+            d,
+            m,
+            precision,
+        )?;
+    }
+    Ok(())
 }
 
 /// N_out of an fc weight `(P, N_in, N_out)` that matches `d`.
