@@ -5,7 +5,8 @@
 #   DOCTOR=1                              cargo xtask doctor (GPU, tools, every family's module load)
 #   COLDSTART=1                           xtask coldstart (Gpu::new + first call, fresh processes)
 #   DEMO=1                                the README's demo
-#   TESTS="gpu_clifford gpu_lrp"          test binaries to run (names under bundle/tests; "all": every one)
+#   TESTS="gpu_clifford gpu_lrp"          test binaries to run (names under bundle/tests; "all": every one;
+#                                         TEST_JOBS=N: N binaries at once)
 #   SAN="gpu_lrp,gpu_clifford" SAN_TOOLS=memcheck,...  compute-sanitizer over those binaries (comma list of name
 #                                         prefixes; SAN_JOBS=N: one process
 #                                         a test, N at a time)
@@ -76,12 +77,15 @@ if [ -n "${DIST:-}" ]; then
   cp /tmp/dist/* "$out/" 2>/dev/null
 fi
 tests="${TESTS:-}"; [ "$tests" = all ] && tests=$(ls "$b/tests")
-for t in $tests; do
+run_test() {
   # --nocapture: the seeds and any SKIP line reach the log (a skipped GPU test must be visible).
-  timeout "${T_TEST:-300}" "$b/tests/$t" --test-threads=1 --nocapture > "$out/test_$t.log" 2>&1
+  timeout "${T_TEST:-300}" "$b/tests/$1" --test-threads=1 --nocapture > "$out/test_$1.log" 2>&1
   rc=$?
-  echo "test $t rc=$rc skips=$(grep -c SKIP "$out/test_$t.log") $(grep -h 'test result' "$out/test_$t.log" | tr '\n' ' ')" | tee -a "$sum"
-done
+  echo "test $1 rc=$rc skips=$(grep -c SKIP "$out/test_$1.log") $(grep -h 'test result' "$out/test_$1.log" | tr '\n' ' ')" | tee -a "$sum"
+}
+# TEST_JOBS=N: N test binaries at once on the one GPU (correctness only: no test times anything).
+export -f run_test; export b out sum
+[ -n "$tests" ] && printf '%s\n' $tests | xargs -P "${TEST_JOBS:-1}" -I{} bash -c 'run_test {}'
 if [ -n "${SAN:-}" ]; then
   stage sanitize
   timeout "${T_SAN:-300}" "$b/xtask" sanitize --bins "$b" --log-dir /tmp/san ${SAN_TOOLS:+--tools $SAN_TOOLS} ${SAN_JOBS:+--jobs $SAN_JOBS} --only "$SAN" > "$out/sanitize.log" 2>&1

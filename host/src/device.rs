@@ -30,6 +30,9 @@ struct Inner {
     name: String,
     compute_capability: (i32, i32),
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// The dynamic shared memory each kernel has been allowed so far
+    /// ([`crate::launch::set_max_dynamic_smem`]).
+    smem_allowed: Mutex<HashMap<&'static str, u32>>,
     poison_outputs: AtomicBool,
     memory: Arc<MemoryCounter>,
     /// Theoretical DRAM peak in bytes a second (see [`Gpu::peak_dram_bytes_per_s`]).
@@ -239,6 +242,7 @@ impl Gpu {
                 name,
                 compute_capability: (major, minor),
                 functions: Mutex::new(HashMap::new()),
+                smem_allowed: Mutex::new(HashMap::new()),
                 poison_outputs: AtomicBool::new(false),
                 memory: Arc::new(MemoryCounter::default()),
                 peak_dram_bytes_per_s,
@@ -381,6 +385,29 @@ impl Gpu {
             .unwrap_or_else(|p| p.into_inner())
             .insert(name, f.clone());
         Ok(f)
+    }
+
+    /// Runs `allow`, which lets kernel `name` use `bytes` of dynamic shared memory, unless an
+    /// earlier call already allowed it at least that much. The limit is an attribute of the loaded
+    /// kernel, which lives as long as this handle's module, so a kernel launched many times makes
+    /// the driver call once (at each larger size), not once a launch.
+    pub(crate) fn allow_smem_once(
+        &self,
+        name: &'static str,
+        bytes: u32,
+        allow: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let mut allowed = self
+            .inner
+            .smem_allowed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if allowed.get(name).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
+        allow()?;
+        allowed.insert(name, bytes);
+        Ok(())
     }
 
     fn cached_function(&self, name: &str) -> Option<CudaFunction> {

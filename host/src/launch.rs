@@ -78,24 +78,27 @@ pub const DEFAULT_MAX_DYNAMIC_SMEM: u32 = 48 * 1024;
 
 /// Lets kernel `name` use `bytes` of dynamic shared memory: above 48 KiB the driver requires the
 /// opt-in attribute `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (up to 227 KiB on sm_90,
-/// 163 KiB on sm_80). A host-side call: no GPU work is queued.
+/// 163 KiB on sm_80). A host-side call: no GPU work is queued. The handle remembers what each
+/// kernel was allowed, so only a kernel's first call at a size reaches the driver.
 pub fn set_max_dynamic_smem(gpu: &Gpu, name: &'static str, bytes: u32) -> Result<()> {
-    let func = gpu.function(name)?;
-    let value = i32::try_from(bytes).map_err(|_| Error::TooLarge {
-        op: "set_max_dynamic_smem",
-        what: "dynamic shared memory bytes",
-        given: bytes as u64,
-        max: i32::MAX as u64,
-    })?;
-    func.set_attribute(
-        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        value,
-    )
-    .map_err(|e| {
-        Error::driver(
-            e,
-            format!("allowing `{name}` {bytes} bytes of dynamic shared memory"),
+    gpu.allow_smem_once(name, bytes, || {
+        let func = gpu.function(name)?;
+        let value = i32::try_from(bytes).map_err(|_| Error::TooLarge {
+            op: "set_max_dynamic_smem",
+            what: "dynamic shared memory bytes",
+            given: bytes as u64,
+            max: i32::MAX as u64,
+        })?;
+        func.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            value,
         )
+        .map_err(|e| {
+            Error::driver(
+                e,
+                format!("allowing `{name}` {bytes} bytes of dynamic shared memory"),
+            )
+        })
     })
 }
 

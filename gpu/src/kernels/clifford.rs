@@ -34,10 +34,10 @@ use crate::dev::thread::{
 };
 use crate::dev::{block, math, opaque_u32, opaque_u64, warp};
 use crate::params::clifford::{
-    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FWD_CACHE_2D, FWD_CACHE_3D,
-    FWD_MAX_BLOCK, FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, GRADES_2D, GRADES_3D, NORM_EPS, NUM_SLOTS_2D,
-    NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, SLOT_LAYOUT_2D, SLOT_LAYOUT_3D, SLOTS_2D,
-    SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads, perm_entry,
+    BWD_BLOCK, CHUNK_SUM_WARPS, ELEM_BLOCK, FC_BWD_BLOCK, FC_PHASE_SPLIT_2D, FC_PHASE_SPLIT_3D,
+    FWD_CACHE_2D, FWD_CACHE_3D, FWD_MAX_BLOCK, FWD_V2_MAX_BLOCK, FWD_V3_BLOCK, GRADES_2D,
+    GRADES_3D, NORM_EPS, NUM_SLOTS_2D, NUM_SLOTS_3D, PATHS_2D, PATHS_3D, ROW_BLOCK, SLOT_LAYOUT_2D,
+    SLOT_LAYOUT_3D, SLOTS_2D, SLOTS_3D, TERMS_2D, TERMS_3D, Term, fwd_v3_row_threads, perm_entry,
 };
 
 /// One algebra: sizes and tables padded to the 3D sizes, so register arrays have one fixed length
@@ -55,6 +55,8 @@ trait Algebra {
     const GRADE: [usize; 8];
     /// Each pair slot's place in the pair buffer (`params::clifford::slot_layout`).
     const LAYOUT: [[u32; 3]; 44];
+    /// The row block at which the fc variant's second phase begins (`params::clifford::fc_phase_split`).
+    const SPLIT: usize;
     /// Output component and path of each pair slot (terms sharing both are summed before weighting).
     const SLOT_J: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, true);
     const SLOT_P: [usize; 44] = slot_field(&Self::TERMS, &Self::SLOT, Self::NT, false);
@@ -156,6 +158,7 @@ impl Algebra for Cl2 {
     const SLOT: [usize; 64] = pad_u8(&SLOTS_2D);
     const GRADE: [usize; 8] = pad_u8(&GRADES_2D);
     const LAYOUT: [[u32; 3]; 44] = SLOT_LAYOUT_2D;
+    const SPLIT: usize = FC_PHASE_SPLIT_2D;
 }
 impl Algebra for Cl3 {
     const C: usize = 8;
@@ -168,6 +171,7 @@ impl Algebra for Cl3 {
     const SLOT: [usize; 64] = pad_u8(&SLOTS_3D);
     const GRADE: [usize; 8] = pad_u8(&GRADES_3D);
     const LAYOUT: [[u32; 3]; 44] = SLOT_LAYOUT_3D;
+    const SPLIT: usize = FC_PHASE_SPLIT_3D;
 }
 
 type Mv = [f32; 8];
@@ -980,17 +984,23 @@ fn pair_at<A: Algebra>(s: usize, bn: u64, n: u64, b: u64, e: u64) -> u64 {
     row_block as u64 * bn + (b * paths as u64 + path as u64) * n + (e - b * n)
 }
 
-/// Backward of [`fc_pairs`] and of the gate: from the pair-term gradients to grad x and grad y.
+/// Backward of [`fc_pairs`] and of the gate for one phase of the fc backward: from the pair-term
+/// gradients of the slots whose row blocks lie in the phase (`SECOND`: `SPLIT..NS`, else
+/// `0..SPLIT`; held in a buffer of the phase's row blocks, as `fc_pairs` writes them) to grad x
+/// and grad y, stored by the first phase and added to by the second. The gate's backward is
+/// linear in the gated gradient, so the phases' shares sum. The phase is a constant rather than a
+/// row-block range: with the range known per term at compile time the 3D body keeps its loads
+/// and sums in registers (a runtime range made ptxas spill).
 #[inline(always)]
-unsafe fn fc_pairs_bwd<A: Algebra>(
+unsafe fn fc_pairs_bwd<A: Algebra, const SECOND: bool>(
     x: Slice<f32>,
     y: Slice<f32>,
     gpairs: Slice<f32>,
-    gx: SliceMut<f32>,
-    gy: SliceMut<f32>,
+    (gx, gy): (SliceMut<f32>, SliceMut<f32>),
     bn: u64,
     n: u64,
 ) {
+    let lo = if SECOND { A::SPLIT as u64 } else { 0 };
     let mut e = block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64;
     let step = grid_dim_x() as u64 * block_dim_x() as u64;
     while e < bn {
@@ -1000,13 +1010,22 @@ unsafe fn fc_pairs_bwd<A: Algebra>(
         let (mut gxt, mut gyt) = ([0.0f32; 8], [0.0f32; 8]);
         let b = e / n;
         each_term!(A, t, slot {
-            let g = gpairs.get(pair_at::<A>(slot, bn, n, b, e));
-            let (i, k) = (t.i as usize, t.k as usize);
-            gxt[i] = signed_add(gxt[i], t.neg, g * yt[k]);
-            gyt[k] = signed_add(gyt[k], t.neg, g * xt[i]);
+            if (A::LAYOUT[slot][0] as usize >= A::SPLIT) == SECOND {
+                let g = gpairs.get(pair_at::<A>(slot, bn, n, b, e) - lo * bn);
+                let (i, k) = (t.i as usize, t.k as usize);
+                gxt[i] = signed_add(gxt[i], t.neg, g * yt[k]);
+                gyt[k] = signed_add(gyt[k], t.neg, g * xt[i]);
+            }
         });
-        store_mv::<A>(&gx, e, bn, &gate_bwd::<A>(&xv, cx, &gxt));
-        store_mv::<A>(&gy, e, bn, &gate_bwd::<A>(&yv, cy, &gyt));
+        let (mut dx, mut dy) = (gate_bwd::<A>(&xv, cx, &gxt), gate_bwd::<A>(&yv, cy, &gyt));
+        if SECOND {
+            each_comp!(A, c {
+                dx[c] += gx.get(e + c as u64 * bn);
+                dy[c] += gy.get(e + c as u64 * bn);
+            });
+        }
+        store_mv::<A>(&gx, e, bn, &dx);
+        store_mv::<A>(&gy, e, bn, &dy);
         e += step;
     }
 }
@@ -1154,11 +1173,17 @@ macro_rules! clifford_entry_points {
             unsafe { fc_pairs::<$A>(x, y, pairs, bn, n, (lo, hi)) }
         }
         #[unsafe(no_mangle)]
+        /// [`fc_pairs_bwd`] of phase `phase` (0: row blocks `0..SPLIT`, stored; otherwise
+        /// `SPLIT..NS`, added), grid-stride over the `bn` = B N elements.
         pub unsafe extern "ptx-kernel" fn $pairs_bwd(
             x: Slice<f32>, y: Slice<f32>, gpairs: Slice<f32>, gx: SliceMut<f32>, gy: SliceMut<f32>,
-            bn: u64, n: u64,
+            bn: u64, n: u64, phase: u32,
         ) {
-            unsafe { fc_pairs_bwd::<$A>(x, y, gpairs, gx, gy, bn, n) }
+            if phase == 0 {
+                unsafe { fc_pairs_bwd::<$A, false>(x, y, gpairs, (gx, gy), bn, n) }
+            } else {
+                unsafe { fc_pairs_bwd::<$A, true>(x, y, gpairs, (gx, gy), bn, n) }
+            }
         }
         /// `ys` = y scaled by both gates ([`fc_gate_y`]), grid-stride over the `bn` = B N elements.
         #[unsafe(no_mangle)]

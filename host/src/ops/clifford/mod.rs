@@ -1155,11 +1155,6 @@ pub fn fcgp_backward_with(
             grad_weight: Tensor::empty(gpu, weight.shape(), DType::F32)?,
         });
     }
-    // The buffers are made and dropped in the order that holds the fewest bytes at once: the pair
-    // buffer (`slots * B * N`, 3.5x the input in 2D, 5.5x in 3D) is the largest, so the pair-term
-    // gradients overwrite it group by group once the weight gradients have read it, and the input
-    // gradients are allocated only after the norm gradient, the stacked weights and their gradient
-    // are gone.
     let gu = match &fwd.norms {
         None => grad_out.clone(),
         Some(r) => {
@@ -1183,39 +1178,58 @@ pub fn fcgp_backward_with(
             gu
         }
     };
-    let pairs = fc_pairs(gpu, alg, (x, y), d, (0, alg.num_slots()))?;
+    // The pair buffer (`slots * B * N`: 3.5x the input in 2D, 5.5x in 3D) is the largest buffer,
+    // so it is never held whole: the backward runs in the forward's two phases
+    // ([`Algebra::fc_phase_split`]). Each phase writes its half of the pairs, reads it for its
+    // groups' weight gradients, overwrites it with its pair-term gradients and adds what they give
+    // to grad x and grad y, then frees it. The input gradients are outputs and are held
+    // throughout; the gate's backward is linear, so the phases' shares sum.
+    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
     let groups = alg.fc_groups();
+    // A group split between the phases (2D grade 1) sums its weight gradient over both: its
+    // components are the product's depth.
+    let mut weight_grad_begun = vec![false; groups.len()];
+    let mut stacked = None;
+    let split = alg.fc_phase_split();
     let gu_g = |grp: &FcGroup| grp.rows(&gu, (b, m));
-    let pairs_g = |grp: &FcGroup, trans| grp.pairs((&pairs, 0), (b, n), trans);
-    let w_g = |t: &Tensor, grp: &FcGroup, trans| grp.weights(t, (n, m), trans);
-    let grad_weight = {
-        let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-        for grp in &groups {
-            let k = grp.paths.len() * n;
-            // dW_g (paths*N, M) = pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
+    for (phase, range) in [(0, split), (split, alg.num_slots())]
+        .into_iter()
+        .enumerate()
+    {
+        let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
+        let pairs_g = |grp: &FcGroup, trans| grp.pairs((&pairs, range.0), (b, n), trans);
+        let in_phase: Vec<(usize, FcGroup)> = groups
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| Some((i, g.within(range)?)))
+            .collect();
+        for (i, grp) in &in_phase {
+            // dW_g (paths*N, M) (+)= pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
+            let acc = if weight_grad_begun[*i] {
+                Accumulate::Add
+            } else {
+                Accumulate::Overwrite
+            };
+            weight_grad_begun[*i] = true;
             gemm(
                 gpu,
                 GemmShape {
-                    m: k,
+                    m: grp.paths.len() * n,
                     n: m,
                     k: grp.count * b,
                     batch: 1,
                 },
                 pairs_g(grp, Transpose::Yes),
                 gu_g(grp),
-                w_g(&grad_stacked, grp, Transpose::No),
+                grp.weights(&grad_stacked, (n, m), Transpose::No),
                 None,
-                Accumulate::Overwrite,
+                acc,
                 precision,
             )?;
         }
-        let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-        fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
-        grad_weight
-    };
-    {
-        let mut stacked = None;
-        for grp in &groups {
+        for (_, grp) in &in_phase {
             // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T, over pairs_g: its weight
             // gradient above was its last reader.
             let shape = GemmShape {
@@ -1228,29 +1242,29 @@ pub fn fcgp_backward_with(
             let c = pairs_g(grp, Transpose::No);
             fc_weight_product(gpu, alg, shape, gu_g(grp), w, c, (n, m), precision)?;
         }
+        let bn = (b * n) as u64;
+        if bn > 0 {
+            launch(
+                gpu,
+                alg.kernel(Kernel::PairsBwd),
+                grid_blocks(bn, FC_BWD_BLOCK as u64),
+                FC_BWD_BLOCK,
+                &[
+                    &ByValue(x.raw()),
+                    &ByValue(y.raw()),
+                    &ByValue(pairs.raw()),
+                    &ByValue(grad_x.raw()),
+                    &ByValue(grad_y.raw()),
+                    &bn,
+                    &(n as u64),
+                    &(phase as u32),
+                ],
+            )?;
+        }
     }
-    drop(gu);
-    let gpairs = pairs;
-    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
-    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
-    let bn = (b * n) as u64;
-    if bn > 0 {
-        launch(
-            gpu,
-            alg.kernel(Kernel::PairsBwd),
-            grid_blocks(bn, FC_BWD_BLOCK as u64),
-            FC_BWD_BLOCK,
-            &[
-                &ByValue(x.raw()),
-                &ByValue(y.raw()),
-                &ByValue(gpairs.raw()),
-                &ByValue(grad_x.raw()),
-                &ByValue(grad_y.raw()),
-                &bn,
-                &(n as u64),
-            ],
-        )?;
-    }
+    drop((stacked, gu));
+    let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+    fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
     Ok(Grads {
         grad_x,
         grad_y,
