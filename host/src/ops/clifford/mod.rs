@@ -1179,68 +1179,76 @@ pub fn fcgp_backward_with(
         }
     };
     // The pair buffer (`slots * B * N`: 3.5x the input in 2D, 5.5x in 3D) is the largest buffer,
-    // so it is never held whole: the backward runs in the forward's two phases
-    // ([`Algebra::fc_phase_split`]). Each phase writes its half of the pairs, reads it for its
-    // groups' weight gradients, overwrites it with its pair-term gradients and adds what they give
-    // to grad x and grad y, then frees it. The input gradients are outputs and are held
-    // throughout; the gate's backward is linear, so the phases' shares sum.
-    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
-    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
-    let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+    // so it is never held whole, and never beside the input gradients: the backward makes two
+    // passes, each in the forward's two phases ([`Algebra::fc_phase_split`]). The first writes a
+    // phase's pairs, reads them for its groups' weight gradients and frees them. The second
+    // writes a phase's pair-term gradients (a product that needs no pairs, only a buffer of their
+    // shape) and adds what they give to grad x and grad y, allocated only now. The gate's backward
+    // is linear, so the phases' shares sum.
     let groups = alg.fc_groups();
-    // A group split between the phases (2D grade 1) sums its weight gradient over both: its
-    // components are the product's depth.
-    let mut weight_grad_begun = vec![false; groups.len()];
-    let mut stacked = None;
     let split = alg.fc_phase_split();
-    let gu_g = |grp: &FcGroup| grp.rows(&gu, (b, m));
-    for (phase, range) in [(0, split), (split, alg.num_slots())]
-        .into_iter()
-        .enumerate()
-    {
-        let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
-        let pairs_g = |grp: &FcGroup, trans| grp.pairs((&pairs, range.0), (b, n), trans);
-        let in_phase: Vec<(usize, FcGroup)> = groups
+    let phases = [(0, split), (split, alg.num_slots())];
+    let in_phase = |range| -> Vec<(usize, FcGroup)> {
+        groups
             .iter()
             .enumerate()
             .filter_map(|(i, g)| Some((i, g.within(range)?)))
-            .collect();
-        for (i, grp) in &in_phase {
-            // dW_g (paths*N, M) (+)= pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
-            let acc = if weight_grad_begun[*i] {
-                Accumulate::Add
-            } else {
-                Accumulate::Overwrite
-            };
-            weight_grad_begun[*i] = true;
-            gemm(
-                gpu,
-                GemmShape {
-                    m: grp.paths.len() * n,
-                    n: m,
-                    k: grp.count * b,
-                    batch: 1,
-                },
-                pairs_g(grp, Transpose::Yes),
-                gu_g(grp),
-                grp.weights(&grad_stacked, (n, m), Transpose::No),
-                None,
-                acc,
-                precision,
-            )?;
+            .collect()
+    };
+    let gu_g = |grp: &FcGroup| grp.rows(&gu, (b, m));
+    let grad_weight = {
+        let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+        // A group split between the phases (2D grade 1) sums its weight gradient over both: its
+        // components are the product's depth.
+        let mut begun = vec![false; groups.len()];
+        for range in phases {
+            let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
+            for (i, grp) in in_phase(range) {
+                // dW_g (paths*N, M) (+)= pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
+                let acc = if begun[i] {
+                    Accumulate::Add
+                } else {
+                    Accumulate::Overwrite
+                };
+                begun[i] = true;
+                gemm(
+                    gpu,
+                    GemmShape {
+                        m: grp.paths.len() * n,
+                        n: m,
+                        k: grp.count * b,
+                        batch: 1,
+                    },
+                    grp.pairs((&pairs, range.0), (b, n), Transpose::Yes),
+                    gu_g(&grp),
+                    grp.weights(&grad_stacked, (n, m), Transpose::No),
+                    None,
+                    acc,
+                    precision,
+                )?;
+            }
         }
-        for (_, grp) in &in_phase {
-            // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T, over pairs_g: its weight
-            // gradient above was its last reader.
+        let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
+        fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
+        grad_weight
+    };
+    let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
+    let mut stacked = None;
+    for (phase, range) in phases.into_iter().enumerate() {
+        // Every row block of the phase is written by its groups' products below.
+        let gpairs = Tensor::empty(gpu, &[range.1 - range.0, b, n], DType::F32)?;
+        for (_, grp) in in_phase(range) {
+            // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T
             let shape = GemmShape {
                 m: grp.count * b,
                 n: grp.paths.len() * n,
                 k: m,
                 batch: 1,
             };
-            let w = (grp, weight, &mut stacked, Transpose::Yes);
-            let c = pairs_g(grp, Transpose::No);
-            fc_weight_product(gpu, alg, shape, gu_g(grp), w, c, (n, m), precision)?;
+            let w = (&grp, weight, &mut stacked, Transpose::Yes);
+            let c = grp.pairs((&gpairs, range.0), (b, n), Transpose::No);
+            fc_weight_product(gpu, alg, shape, gu_g(&grp), w, c, (n, m), precision)?;
         }
         let bn = (b * n) as u64;
         if bn > 0 {
@@ -1252,7 +1260,7 @@ pub fn fcgp_backward_with(
                 &[
                     &ByValue(x.raw()),
                     &ByValue(y.raw()),
-                    &ByValue(pairs.raw()),
+                    &ByValue(gpairs.raw()),
                     &ByValue(grad_x.raw()),
                     &ByValue(grad_y.raw()),
                     &bn,
@@ -1262,9 +1270,6 @@ pub fn fcgp_backward_with(
             )?;
         }
     }
-    drop((stacked, gu));
-    let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-    fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
     Ok(Grads {
         grad_x,
         grad_y,
