@@ -1068,7 +1068,7 @@ fn fc_mix_from_inputs(
 
 /// The fc forward's feature mixing through the pair buffer, in two phases
 /// ([`Algebra::fc_phase_split`]): each phase's pairs are written, mixed and freed before the next,
-/// so a forward holds about half the buffer (its backward recomputes the whole buffer). The cost:
+/// so a forward holds about half the buffer (its backward takes the same phases). The cost:
 /// each phase reads x and y and computes the gates again, and in 2D grade 1's product runs as two
 /// (one a phase), each with its own split pass over the grade's weights (docs/PERF_NOTES.md, "The
 /// fc forward in two phases"). Weights stacked for the products (builds without the gather) are
