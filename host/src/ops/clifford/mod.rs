@@ -98,13 +98,14 @@ impl Algebra {
             Algebra::Cl3 => NUM_SLOTS_3D,
         }
     }
-    /// The row block at which the fc forward's second phase begins
-    /// (`params::clifford::fc_phase_split`).
-    fn fc_phase_split(self) -> usize {
-        match self {
+    /// The fc variant's two phases, as ranges of pair row blocks: the second begins at
+    /// `params::clifford::fc_phase_split`, the boundary the `fc_pairs_bwd` kernels take.
+    fn fc_phases(self) -> [(usize, usize); 2] {
+        let split = match self {
             Algebra::Cl2 => FC_PHASE_SPLIT_2D,
             Algebra::Cl3 => FC_PHASE_SPLIT_3D,
-        }
+        };
+        [(0, split), (split, self.num_slots())]
     }
     fn fwd_cache(self) -> u32 {
         match self {
@@ -206,7 +207,7 @@ struct FcGroup {
 impl FcGroup {
     /// The components of this group whose pair row blocks lie in `lo..hi` (each component's
     /// `paths` row blocks are consecutive), as a group of their own; `None` if there are none. The
-    /// fc forward's phases ([`Algebra::fc_phase_split`]) end on component boundaries.
+    /// fc forward's phases ([`Algebra::fc_phases`]) end on component boundaries.
     fn within(&self, (lo, hi): (usize, usize)) -> Option<FcGroup> {
         let pg = self.paths.len();
         let (start, end) = (self.slot, self.slot + self.count * pg);
@@ -1067,7 +1068,7 @@ fn fc_mix_from_inputs(
 }
 
 /// The fc forward's feature mixing through the pair buffer, in two phases
-/// ([`Algebra::fc_phase_split`]): each phase's pairs are written, mixed and freed before the next,
+/// ([`Algebra::fc_phases`]): each phase's pairs are written, mixed and freed before the next,
 /// so a forward holds about half the buffer (its backward takes the same phases). The cost:
 /// each phase reads x and y and computes the gates again, and in 2D grade 1's product runs as two
 /// (one a phase), each with its own split pass over the grade's weights (docs/PERF_NOTES.md, "The
@@ -1084,8 +1085,7 @@ fn fc_mix_in_phases(
 ) -> Result<()> {
     let mut stacked = None;
     let groups = alg.fc_groups();
-    let split = alg.fc_phase_split();
-    for range in [(0, split), (split, alg.num_slots())] {
+    for range in alg.fc_phases() {
         let phase: Vec<FcGroup> = groups.iter().filter_map(|g| g.within(range)).collect();
         let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
         fc_mix(
@@ -1147,7 +1147,6 @@ pub fn fcgp_backward_with(
     let m = fc_out_features(OP, weight, d)?;
     check_saved(OP, d, m, fwd, grad_out)?;
     let (alg, gpu) = (d.algebra, x.gpu());
-    let (b, n) = (d.batch, d.features);
     if weight.numel() == 0 && x.numel() == 0 {
         return Ok(Grads {
             grad_x: Tensor::empty(gpu, x.shape(), DType::F32)?,
@@ -1155,90 +1154,134 @@ pub fn fcgp_backward_with(
             grad_weight: Tensor::empty(gpu, weight.shape(), DType::F32)?,
         });
     }
-    let gu = match &fwd.norms {
-        None => grad_out.clone(),
-        Some(r) => {
-            let gu = Tensor::empty(gpu, grad_out.shape(), DType::F32)?;
-            let (rows, mm) = (b as u64, m as u64);
-            launch(
-                gpu,
-                alg.kernel(Kernel::Dot),
-                grid_blocks(rows, 1),
-                ROW_BLOCK,
-                &[
-                    &ByValue(grad_out.raw()),
-                    &ByValue(fwd.out.raw()),
-                    &ByValue(NONE),
-                    &ByValue(r.raw()),
-                    &ByValue(gu.raw()),
-                    &rows,
-                    &mm,
-                ],
-            )?;
-            gu
-        }
-    };
+    let gu = fc_norm_grad(alg, fwd, grad_out, (d.batch, m))?;
     // The pair buffer (`slots * B * N`: 3.5x the input in 2D, 5.5x in 3D) is the largest buffer,
     // so it is never held whole, and never beside the input gradients: the backward makes two
-    // passes, each in the forward's two phases ([`Algebra::fc_phase_split`]). The first writes a
+    // passes, each in the forward's two phases ([`Algebra::fc_phases`]). The first writes a
     // phase's pairs, reads them for its groups' weight gradients and frees them. The second
     // writes a phase's pair-term gradients (a product that needs no pairs, only a buffer of their
     // shape) and adds what they give to grad x and grad y, allocated only now. The gate's backward
     // is linear, so the phases' shares sum.
+    let grad_weight = fc_weight_grads(alg, (x, y), d, (&gu, m), weight.shape(), precision)?;
+    let (grad_x, grad_y) = fc_input_grads(alg, (x, y), d, (&gu, m), weight, precision)?;
+    Ok(Grads {
+        grad_x,
+        grad_y,
+        grad_weight,
+    })
+}
+
+/// The gradient of the fc forward's output before its norm (`gu (C, B, M)`): `grad_out` itself
+/// when the forward did not normalise, otherwise the norm's backward from the saved output and
+/// norms.
+fn fc_norm_grad(
+    alg: Algebra,
+    fwd: &Forward,
+    grad_out: &Tensor,
+    (b, m): (usize, usize),
+) -> Result<Tensor> {
+    let Some(r) = &fwd.norms else {
+        return Ok(grad_out.clone());
+    };
+    let gpu = grad_out.gpu();
+    let gu = Tensor::empty(gpu, grad_out.shape(), DType::F32)?;
+    let (rows, mm) = (b as u64, m as u64);
+    launch(
+        gpu,
+        alg.kernel(Kernel::Dot),
+        grid_blocks(rows, 1),
+        ROW_BLOCK,
+        &[
+            &ByValue(grad_out.raw()),
+            &ByValue(fwd.out.raw()),
+            &ByValue(NONE),
+            &ByValue(r.raw()),
+            &ByValue(gu.raw()),
+            &rows,
+            &mm,
+        ],
+    )?;
+    Ok(gu)
+}
+
+/// The groups of the fc variant ([`Algebra::fc_groups`]) with components in phase `range`, each
+/// restricted to them ([`FcGroup::within`]), with its index among all groups.
+fn fc_groups_in(groups: &[FcGroup], range: (usize, usize)) -> Vec<(usize, FcGroup)> {
+    groups
+        .iter()
+        .enumerate()
+        .filter_map(|(i, g)| Some((i, g.within(range)?)))
+        .collect()
+}
+
+/// The fc backward's first pass: the weight gradient `(P, N, M)` from each phase's pair terms,
+/// written and freed phase by phase ([`fcgp_backward_with`]).
+fn fc_weight_grads(
+    alg: Algebra,
+    (x, y): (&Tensor, &Tensor),
+    d: Dims,
+    (gu, m): (&Tensor, usize),
+    weight_shape: &[usize],
+    precision: Precision,
+) -> Result<Tensor> {
+    let (gpu, b, n) = (x.gpu(), d.batch, d.features);
     let groups = alg.fc_groups();
-    let split = alg.fc_phase_split();
-    let phases = [(0, split), (split, alg.num_slots())];
-    let in_phase = |range| -> Vec<(usize, FcGroup)> {
-        groups
-            .iter()
-            .enumerate()
-            .filter_map(|(i, g)| Some((i, g.within(range)?)))
-            .collect()
-    };
-    let gu_g = |grp: &FcGroup| grp.rows(&gu, (b, m));
-    let grad_weight = {
-        let grad_stacked = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-        // A group split between the phases (2D grade 1) sums its weight gradient over both: its
-        // components are the product's depth.
-        let mut begun = vec![false; groups.len()];
-        for range in phases {
-            let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
-            for (i, grp) in in_phase(range) {
-                // dW_g (paths*N, M) (+)= pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
-                let acc = if begun[i] {
-                    Accumulate::Add
-                } else {
-                    Accumulate::Overwrite
-                };
-                begun[i] = true;
-                gemm(
-                    gpu,
-                    GemmShape {
-                        m: grp.paths.len() * n,
-                        n: m,
-                        k: grp.count * b,
-                        batch: 1,
-                    },
-                    grp.pairs((&pairs, range.0), (b, n), Transpose::Yes),
-                    gu_g(&grp),
-                    grp.weights(&grad_stacked, (n, m), Transpose::No),
-                    None,
-                    acc,
-                    precision,
-                )?;
-            }
+    let grad_stacked = Tensor::empty(gpu, weight_shape, DType::F32)?;
+    // A group split between the phases (2D grade 1) sums its weight gradient over both: its
+    // components are the product's depth.
+    let mut begun = vec![false; groups.len()];
+    for range in alg.fc_phases() {
+        let pairs = fc_pairs(gpu, alg, (x, y), d, range)?;
+        for (i, grp) in fc_groups_in(&groups, range) {
+            // dW_g (paths*N, M) (+)= pairs_g^T (paths*N, count*B) @ gu_g (count*B, M)
+            let acc = if begun[i] {
+                Accumulate::Add
+            } else {
+                Accumulate::Overwrite
+            };
+            begun[i] = true;
+            gemm(
+                gpu,
+                GemmShape {
+                    m: grp.paths.len() * n,
+                    n: m,
+                    k: grp.count * b,
+                    batch: 1,
+                },
+                grp.pairs((&pairs, range.0), (b, n), Transpose::Yes),
+                grp.rows(gu, (b, m)),
+                grp.weights(&grad_stacked, (n, m), Transpose::No),
+                None,
+                acc,
+                precision,
+            )?;
         }
-        let grad_weight = Tensor::empty(gpu, weight.shape(), DType::F32)?;
-        fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
-        grad_weight
-    };
+    }
+    let grad_weight = Tensor::empty(gpu, weight_shape, DType::F32)?;
+    fc_unstack_weights(gpu, alg, &grad_stacked, &grad_weight)?;
+    Ok(grad_weight)
+}
+
+/// The fc backward's second pass: grad x and grad y, phase by phase from a buffer of the phase's
+/// pair-term gradients `gu_g W_g^T`, which `fc_pairs_bwd` turns into the phase's share of both
+/// ([`fcgp_backward_with`]).
+fn fc_input_grads(
+    alg: Algebra,
+    (x, y): (&Tensor, &Tensor),
+    d: Dims,
+    (gu, m): (&Tensor, usize),
+    weight: &Tensor,
+    precision: Precision,
+) -> Result<(Tensor, Tensor)> {
+    let (gpu, b, n) = (x.gpu(), d.batch, d.features);
+    let groups = alg.fc_groups();
     let grad_x = Tensor::empty(gpu, x.shape(), DType::F32)?;
     let grad_y = Tensor::empty(gpu, x.shape(), DType::F32)?;
     let mut stacked = None;
-    for (phase, range) in phases.into_iter().enumerate() {
+    for (phase, range) in alg.fc_phases().into_iter().enumerate() {
         // Every row block of the phase is written by its groups' products below.
         let gpairs = Tensor::empty(gpu, &[range.1 - range.0, b, n], DType::F32)?;
-        for (_, grp) in in_phase(range) {
+        for (_, grp) in fc_groups_in(&groups, range) {
             // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T
             let shape = GemmShape {
                 m: grp.count * b,
@@ -1248,7 +1291,16 @@ pub fn fcgp_backward_with(
             };
             let w = (&grp, weight, &mut stacked, Transpose::Yes);
             let c = grp.pairs((&gpairs, range.0), (b, n), Transpose::No);
-            fc_weight_product(gpu, alg, shape, gu_g(&grp), w, c, (n, m), precision)?;
+            fc_weight_product(
+                gpu,
+                alg,
+                shape,
+                grp.rows(gu, (b, m)),
+                w,
+                c,
+                (n, m),
+                precision,
+            )?;
         }
         let bn = (b * n) as u64;
         if bn > 0 {
@@ -1270,11 +1322,7 @@ pub fn fcgp_backward_with(
             )?;
         }
     }
-    Ok(Grads {
-        grad_x,
-        grad_y,
-        grad_weight,
-    })
+    Ok((grad_x, grad_y))
 }
 
 /// How the layer's geometric product mixes features.

@@ -2,7 +2,7 @@
 //! glam's quaternion product, dot and cross, associativity, reversion norms, and central finite
 //! differences in f64 for every gradient.
 use super::reference::{LayerParams, exact};
-use super::{Algebra, GpMode, Normalize};
+use super::{Algebra, GpMode, Normalize, fc_groups_in};
 use exact::{Mix, Shape};
 
 const ALGS: [Algebra; 2] = [Algebra::Cl2, Algebra::Cl3];
@@ -115,7 +115,7 @@ fn term_tables_are_the_geometric_product_with_the_spec_paths() {
 /// The pair buffer's layout (`params::clifford::slot_layout`) is what the fc launchers assume: per
 /// output grade one `(count * B, paths * N)` matrix starting at the grade's first slot, rows
 /// (component, b), columns (path, n); and the kernels' index of (slot, b, n) covers the buffer
-/// exactly once. The same holds for each phase of the forward ([`Algebra::fc_phase_split`]): its
+/// exactly once. The same holds for each phase of the forward and backward ([`Algebra::fc_phases`]): its
 /// buffer is filled once, and its groups ([`FcGroup::within`]) read the right terms.
 #[test]
 fn fc_pair_layout_is_one_matrix_per_output_grade() {
@@ -186,7 +186,8 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
         assert!(seen.iter().all(|&x| x));
         // The forward's two phases: the split is a component boundary, no boundary leaves a
         // smaller larger phase, and the phases' groups cover every component's row blocks once.
-        let split = alg.fc_phase_split();
+        let [(lo0, split), (lo1, hi1)] = alg.fc_phases();
+        assert_eq!((lo0, lo1, hi1), (0, split, alg.num_slots()), "{alg:?}");
         let boundaries: Vec<usize> = groups
             .iter()
             .flat_map(|g| (0..=g.count).map(move |j| g.slot + j * g.paths.len()))
@@ -199,8 +200,9 @@ fn fc_pair_layout_is_one_matrix_per_output_grade() {
             "{alg:?}: split {split}"
         );
         let mut covered = vec![0u32; alg.num_slots()];
-        for range in [(0, split), (split, alg.num_slots())] {
-            for g in groups.iter().filter_map(|g| g.within(range)) {
+        for range in alg.fc_phases() {
+            for (i, g) in fc_groups_in(&groups, range) {
+                assert_eq!(g.stacked, groups[i].stacked, "{alg:?}: group {i}");
                 let whole = groups.iter().find(|w| w.stacked == g.stacked).unwrap();
                 assert!(g.j0 >= whole.j0 && g.j0 + g.count <= whole.j0 + whole.count);
                 assert_eq!(g.slot, whole.slot + (g.j0 - whole.j0) * g.paths.len());
