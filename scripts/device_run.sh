@@ -6,7 +6,8 @@
 #   COLDSTART=1                           xtask coldstart (Gpu::new + first call, fresh processes)
 #   DEMO=1                                the README's demo
 #   TESTS="gpu_clifford gpu_lrp"          test binaries to run (names under bundle/tests; "all": every one;
-#                                         TEST_JOBS=N: N binaries at once)
+#                                         TEST_JOBS=N: N binaries at once; TEST_FILTER="a b": only
+#                                         the tests whose names contain a or b)
 #   SAN="gpu_lrp,gpu_clifford" SAN_TOOLS=memcheck,...  compute-sanitizer over those binaries (comma list of name
 #                                         prefixes; SAN_JOBS=N: one process
 #                                         a test, N at a time)
@@ -79,12 +80,12 @@ fi
 tests="${TESTS:-}"; [ "$tests" = all ] && tests=$(ls "$b/tests")
 run_test() {
   # --nocapture: the seeds and any SKIP line reach the log (a skipped GPU test must be visible).
-  timeout "${T_TEST:-300}" "$b/tests/$1" --test-threads=1 --nocapture > "$out/test_$1.log" 2>&1
+  timeout "${T_TEST:-300}" "$b/tests/$1" --test-threads=1 --nocapture ${TEST_FILTER:-} > "$out/test_$1.log" 2>&1
   rc=$?
   echo "test $1 rc=$rc skips=$(grep -c SKIP "$out/test_$1.log") $(grep -h 'test result' "$out/test_$1.log" | tr '\n' ' ')" | tee -a "$sum"
 }
 # TEST_JOBS=N: N test binaries at once on the one GPU (correctness only: no test times anything).
-export -f run_test; export b out sum
+export -f run_test; export b out sum TEST_FILTER
 [ -n "$tests" ] && printf '%s\n' $tests | xargs -P "${TEST_JOBS:-1}" -I{} bash -c 'run_test {}'
 if [ -n "${SAN:-}" ]; then
   stage sanitize
