@@ -7,8 +7,9 @@ second call, and groups them by the launch sequence of host/src/ops/clifford/mod
 
   forward:  linear (the Layer's per-grade map), pairs, weight stacking, mix (fc matmuls), norm, sgp
   (a matmul's B split pass counts with its product)
-  backward: norm (grade dots), pairs (recomputed), mix input grads (gu W^T), mix weight grads
-            (pairs^T gu, split-K and its finish), weight (un)stacking, pairs backward, sgp backward +
+  backward: norm (grade dots), pairs (recomputed, a phase at a time), mix weight grads (pairs^T gu,
+            split-K and its finish), weight (un)stacking, mix input grads (gu W^T), pairs backward
+            (one a phase), sgp backward +
             weight-gradient sum,
             linear input grad, linear weight grad (+ finish), bias grad
 
@@ -48,13 +49,20 @@ def ncu_kernels(ncu, exe, args):
 
 
 def classify(seq, kind):
-    parts, phase, fc_done, pairs_seen, bias_seen = [], "fwd", False, False, False
+    parts, phase, pairs_seen, bias_seen = [], "fwd", False, False
     # A product's B split pass (sm_90 f32 kernels) counts with the product it feeds.
     names = [k["name"].split("(")[0] for k in seq]
     for i, n in enumerate(names):
         if n.startswith("matmul_wg_split_b"):
             names[i] = next((m for m in names[i + 1:] if not m.startswith("matmul_wg_split_b")), n)
-    for k, n in zip(seq, names):
+    # The backward's products after its last pairs-backward (or sgp backward) kernel are the
+    # Layer's linear map's; the fc backward runs its pair-term products in two phases, each ending
+    # with a pairs backward, so the first of those does not end the mixing.
+    last_gp_bwd = max((i for i, n in enumerate(names)
+                       if n.startswith("fc_pairs_bwd") or n.startswith("sgp") and "bwd" in n),
+                      default=-1)
+    for i, (k, n) in enumerate(zip(seq, names)):
+        fc_done = i > last_gp_bwd
         if n.startswith("grade_dot"):
             phase, pairs_seen = "bwd", False
         if n.startswith("fc_permute"):
@@ -62,10 +70,11 @@ def classify(seq, kind):
             parts.append((f"{phase} weight stacking", k))
             continue
         if phase == "fwd":
-            if n.startswith("fc_pairs"):
+            # The pair terms, or (the pair-term product at up to 128 features) y scaled by the gates.
+            if n.startswith("fc_pairs") or n.startswith("fc_gate_y"):
                 part, pairs_seen = "fwd pairs", True
             elif n.startswith("matmul"):
-                part = "fwd mix" if pairs_seen else "fwd linear"
+                part = "fwd mix" if pairs_seen or n.startswith("matmul_wg_pairs") else "fwd linear"
             elif n.startswith("grade_norm"):
                 part = "fwd norm"
             else:
@@ -74,7 +83,7 @@ def classify(seq, kind):
             if n.startswith("grade_dot"):
                 part = "bwd norm"
             elif n.startswith("fc_pairs_bwd") or n.startswith("sgp"):
-                part, fc_done = ("bwd pairs backward" if n.startswith("fc") else "bwd sgp"), True
+                part = "bwd pairs backward" if n.startswith("fc") else "bwd sgp"
             elif n.startswith("fc_pairs"):
                 part = "bwd pairs (recomputed)"
             elif n.startswith("chunk_sum"):
