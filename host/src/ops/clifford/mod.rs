@@ -1156,8 +1156,9 @@ pub fn fcgp_backward_with(
     }
     let gu = fc_norm_grad(alg, fwd, grad_out, (d.batch, m))?;
     // The pair buffer (`slots * B * N`: 3.5x the input in 2D, 5.5x in 3D) is the largest buffer,
-    // so it is never held whole, and never beside the input gradients: the backward makes two
-    // passes, each in the forward's two phases ([`Algebra::fc_phases`]). The first writes a
+    // so it is never held whole, and no pair term is held beside the input gradients (only half a
+    // buffer of pair-term gradients is): the backward makes two passes, each in the forward's two
+    // phases ([`Algebra::fc_phases`]). The first writes a
     // phase's pairs, reads them for its groups' weight gradients and frees them. The second
     // writes a phase's pair-term gradients (a product that needs no pairs, only a buffer of their
     // shape) and adds what they give to grad x and grad y, allocated only now. The gate's backward
