@@ -385,6 +385,9 @@ fn fcgp_forward_and_backward_match_reference() {
         // rows that are not a multiple of 4 floats (element stores).
         (scaled(700, 40), 36, 12),
         (scaled(600, 400), 100, 126),
+        // Weights that outweigh the batch, 16-byte rows: the backward's pair-term gradient
+        // products take a group's paths a few at a time (`pair_grad_paths_per_product`).
+        (scaled(48, 16), 64, 96),
     ];
     for (b, n, m) in shapes {
         for alg in ALGS {

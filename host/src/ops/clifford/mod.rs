@@ -195,6 +195,7 @@ impl Algebra {
 
 /// One output grade of the fc variant ([`Algebra::fc_groups`]), or a range of its components
 /// ([`FcGroup::within`]).
+#[derive(Clone)]
 struct FcGroup {
     j0: usize,
     count: usize,
@@ -1263,6 +1264,47 @@ fn fc_weight_grads(
     Ok(grad_weight)
 }
 
+/// How many of a group's `paths` one pair-term gradient product of the fc backward's second pass
+/// takes (its columns, `paths * N` wide, split by paths): all of them, unless the group's tf32
+/// weight parts (the sm_90 split pass writes `planes * paths * N * M` floats for the product) take
+/// at least the product's output (`rows * paths * N`). Then the count whose products' largest
+/// parts and split-K workspace take the fewest bytes, the largest such (fewest launches). At 2D
+/// B1024 N512 and N1024, where the weights outweigh the batch, that is 3 and 2 of grade 1's 4
+/// paths: 8 -> 6 MiB (parts 6, no split; then parts 2, workspace 4) and 32 -> 16 MiB.
+fn pair_grad_paths_per_product(
+    paths: usize,
+    rows: usize,
+    (n, m): (usize, usize),
+    precision: Precision,
+) -> usize {
+    let planes = match precision {
+        Precision::Tf32x3 => 2,
+        Precision::Tf32 => 1,
+        Precision::Ieee => return paths,
+    };
+    let parts = |c: usize| planes * c * n * m;
+    if parts(paths) < rows * paths * n {
+        return paths;
+    }
+    let held = |c: usize| {
+        let (splits, _) = gpu::params::matmul_tf32::split_k(rows as u64, (c * n) as u64, m as u64);
+        parts(c)
+            + if splits > 1 {
+                splits as usize * rows * c * n
+            } else {
+                0
+            }
+    };
+    // The last product takes what is left, `paths % c` paths.
+    let most_held = |c: usize| match paths % c {
+        0 => held(c),
+        r => held(c).max(held(r)),
+    };
+    (1..=paths)
+        .min_by_key(|&c| (most_held(c), std::cmp::Reverse(c)))
+        .unwrap_or(paths)
+}
+
 /// The fc backward's second pass: grad x and grad y, phase by phase from a buffer of the phase's
 /// pair-term gradients `gu_g W_g^T`, which `fc_pairs_bwd` turns into the phase's share of both
 /// ([`fcgp_backward_with`]).
@@ -1283,25 +1325,36 @@ fn fc_input_grads(
         // Every row block of the phase is written by its groups' products below.
         let gpairs = Tensor::empty(gpu, &[range.1 - range.0, b, n], DType::F32)?;
         for (_, grp) in fc_groups_in(&groups, range) {
-            // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T
-            let shape = GemmShape {
-                m: grp.count * b,
-                n: grp.paths.len() * n,
-                k: m,
-                batch: 1,
+            // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T, `per` paths (column
+            // blocks of d pairs_g) a product.
+            let rows = grp.count * b;
+            let per = if gpu.ptx_arch() == "sm_90" {
+                pair_grad_paths_per_product(grp.paths.len(), rows, (n, m), precision)
+            } else {
+                grp.paths.len()
             };
-            let w = (&grp, weight, &mut stacked, Transpose::Yes);
-            let c = grp.pairs((&gpairs, range.0), (b, n), Transpose::No);
-            fc_weight_product(
-                gpu,
-                alg,
-                shape,
-                grp.rows(gu, (b, m)),
-                w,
-                c,
-                (n, m),
-                precision,
-            )?;
+            let c_all = grp.pairs((&gpairs, range.0), (b, n), Transpose::No);
+            for p0 in (0..grp.paths.len()).step_by(per.max(1)) {
+                let p1 = (p0 + per).min(grp.paths.len());
+                let part = FcGroup {
+                    paths: grp.paths[p0..p1].to_vec(),
+                    stacked: grp.stacked + p0,
+                    ..grp.clone()
+                };
+                let shape = GemmShape {
+                    m: rows,
+                    n: (p1 - p0) * n,
+                    k: m,
+                    batch: 1,
+                };
+                let c = Operand {
+                    raw: offset(c_all.raw, (p0 * n) as u64),
+                    ..c_all
+                };
+                let w = (&part, weight, &mut stacked, Transpose::Yes);
+                let a = grp.rows(gu, (b, m));
+                fc_weight_product(gpu, alg, shape, a, w, c, (n, m), precision)?;
+            }
         }
         let bn = (b * n) as u64;
         if bn > 0 {

@@ -641,3 +641,37 @@ fn pair_terms_take_each_pair_of_components_once() {
         }
     }
 }
+
+/// The fc backward's pair-term gradient products split a group's paths only where its tf32 weight
+/// parts outweigh the product's output (2D grade 1 at B1024 and 512 or more features), and then
+/// take the count whose parts and split-K workspace hold the fewest bytes.
+#[test]
+fn pair_grad_products_split_paths_only_where_the_weights_outweigh_the_batch() {
+    use super::pair_grad_paths_per_product as per;
+    use crate::ops::matmul::Precision::{Ieee, Tf32, Tf32x3};
+    // 2D grade 1 in one phase: 4 paths, one component's B rows.
+    // 3 + 1 paths: parts of 3 paths (6 MiB, no split-K), then of 1 with a 4 MiB workspace; 2 + 2
+    // would hold 12, 1 a product 6 as well (with four launches).
+    assert_eq!(per(4, 1024, (512, 512), Tf32x3), 3);
+    assert_eq!(per(4, 1024, (1024, 1024), Tf32x3), 2);
+    for (rows, n) in [
+        (1024, 128),
+        (4096, 512),
+        (8192, 512),
+        (4096, 1024),
+        (8192, 1024),
+    ] {
+        assert_eq!(per(4, rows, (n, n), Tf32x3), 4, "B{rows} N{n}");
+    }
+    // No split pass, no parts: one product.
+    assert_eq!(per(4, 16, (1024, 1024), Ieee), 4);
+    // Always within 1..=paths.
+    for paths in 1..=6 {
+        for (rows, n, m) in [(1, 8, 8), (40, 100, 126), (700, 36, 12), (1024, 1024, 8)] {
+            for p in [Tf32x3, Tf32] {
+                let c = per(paths, rows, (n, m), p);
+                assert!((1..=paths).contains(&c), "{paths} {rows} {n} {m}: {c}");
+            }
+        }
+    }
+}
