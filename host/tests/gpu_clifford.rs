@@ -386,8 +386,10 @@ fn fcgp_forward_and_backward_match_reference() {
         (scaled(700, 40), 36, 12),
         (scaled(600, 400), 100, 126),
         // Weights that outweigh the batch, 16-byte rows: the backward's pair-term gradient
-        // products take a group's paths a few at a time (`pair_grad_paths_per_product`).
+        // products take a group's paths a few at a time (`pair_grad_paths_per_product`); then
+        // with N not a multiple of 4, so a product's first column is not 16-byte aligned.
         (scaled(48, 16), 64, 96),
+        (scaled(40, 12), 30, 64),
     ];
     for (b, n, m) in shapes {
         for alg in ALGS {

@@ -1283,7 +1283,8 @@ fn pair_grad_paths_per_product(
         Precision::Ieee => return paths,
     };
     let parts = |c: usize| planes * c * n * m;
-    if parts(paths) < rows * paths * n {
+    // An empty product (no rows or columns) launches nothing, and `split_k` needs tiles.
+    if rows * n == 0 || parts(paths) < rows * paths * n {
         return paths;
     }
     let held = |c: usize| {

@@ -663,11 +663,21 @@ fn pair_grad_products_split_paths_only_where_the_weights_outweigh_the_batch() {
     ] {
         assert_eq!(per(4, rows, (n, n), Tf32x3), 4, "B{rows} N{n}");
     }
+    // Empty products (an empty batch, no features): one, nothing to size.
+    assert_eq!(per(4, 0, (512, 512), Tf32x3), 4);
+    assert_eq!(per(4, 1024, (0, 512), Tf32x3), 4);
     // No split pass, no parts: one product.
     assert_eq!(per(4, 16, (1024, 1024), Ieee), 4);
     // Always within 1..=paths.
     for paths in 1..=6 {
-        for (rows, n, m) in [(1, 8, 8), (40, 100, 126), (700, 36, 12), (1024, 1024, 8)] {
+        for (rows, n, m) in [
+            (0, 8, 8),
+            (1, 8, 8),
+            (40, 100, 126),
+            (700, 36, 12),
+            (1024, 1024, 8),
+            (64, 8, 0),
+        ] {
             for p in [Tf32x3, Tf32] {
                 let c = per(paths, rows, (n, m), p);
                 assert!((1..=paths).contains(&c), "{paths} {rows} {n} {m}: {c}");
