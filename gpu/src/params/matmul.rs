@@ -361,9 +361,6 @@ pub mod matmul_wg_tf32 {
     /// before to add its tile into C, so the chain costs a C round trip a slice; deeper splits
     /// (the weight gradients' `N x N` outputs over `C B`) go through the workspace instead.
     pub const TURN_MAX_SPLITS: u32 = 4;
-    /// `u32`s between two tiles' turn counters: one 128-byte line each, so the polls and releases
-    /// of different tiles do not meet on one line.
-    pub const TURN_STRIDE: u32 = 32;
     pub const PRODUCER_REGS: u32 = 56;
     pub const CONSUMER_REGS: u32 = 224;
     /// Bytes of one f32 tile of `BM` (or `BN`) rows by `BK` floats: A's stored tile and each of

@@ -626,8 +626,7 @@ unsafe fn matmul_wg_tf32<
                     unsafe {
                         named_barrier(STORE_BARRIER, STORE_THREADS);
                         if s == 0 {
-                            let turn = (t % per_entry * TURN_STRIDE) as usize;
-                            add_release_u32(turns.ptr.wrapping_add(turn), 1);
+                            add_release_u32(turns.ptr.wrapping_add((t % per_entry) as usize), 1);
                         }
                     }
                 }
@@ -713,19 +712,13 @@ unsafe fn matmul_wg_tf32<
                 // A later slice in turns: once the slices before it have added theirs (the tile's
                 // counter reaches `split`), both consumer warpgroups add their accumulators to C,
                 // then pass the turn on. (A split tile is never wide.)
-                let turn = turns.ptr.wrapping_add((t % per_entry * TURN_STRIDE) as usize);
-                // SAFETY: `turns` holds a zeroed counter a tile of C, `TURN_STRIDE` apart (the
-                // host's contract when it is given), this tile's at `t % per_entry`; every consumer
-                // thread meets the barrier twice a later-slice tile (the count is theirs). One
-                // thread polls (a warp of pollers on one line would crowd the L2 slice the turns
-                // pass through) and the barrier orders the others' loads after its acquire; the
-                // release, cumulative over the second barrier, publishes their adds to the next
-                // slice.
+                let turn = turns.ptr.wrapping_add((t % per_entry) as usize);
+                // SAFETY: `turns` holds a zeroed counter a tile of C (the host's contract when it
+                // is given), this tile's at `t % per_entry`; every consumer thread meets the
+                // barrier once a later-slice tile (the count is theirs), and the release,
+                // cumulative over it, publishes their adds to the next slice's acquire.
                 unsafe {
-                    if tid == 128 {
-                        wait_for_turn(turn, split);
-                    }
-                    named_barrier(CONSUMER_BARRIER, 256);
+                    wait_for_turn(turn, split);
                     add_slice_to_c(&mm, &c, (m0 + r0, n0 + 2 * q), &acc);
                     named_barrier(CONSUMER_BARRIER, 256);
                     if tid == 128 {
@@ -775,8 +768,7 @@ macro_rules! wg_tf32_entry_points {
         /// columns as rows) (`host::ops::matmul`), grid
         /// `min(tiles, SMs)` (`tiles` of `params::matmul_wg_tf32`), `THREADS` threads, `SMEM_BYTES`
         /// (wide: `SMEM_BYTES_WIDE`) of dynamic shared memory. Split along the depth, either
-        /// `turns` holds a zeroed `u32` a tile of C (`ceil(M / 128) * ceil(N / 128)` of them,
-        /// `TURN_STRIDE` apart) and the
+        /// `turns` holds a zeroed `u32` a tile of C (`ceil(M / 128) * ceil(N / 128)`) and the
         /// slices add into C in turn, or `turns` is empty and `ws` holds `splits * M * N` floats
         /// for `matmul_splitk_finish_f32`.
         #[unsafe(no_mangle)]

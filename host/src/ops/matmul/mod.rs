@@ -615,8 +615,7 @@ fn gemm_tf32(
     let in_turns = splits > 1 && plan.is_some() && splits <= wg::TURN_MAX_SPLITS;
     let turns = if in_turns {
         let tiles_c = m.div_ceil(wg::BM as usize) * n.div_ceil(wg::BN as usize);
-        let len = tiles_c * wg::TURN_STRIDE as usize;
-        Some(crate::Tensor::zeros(gpu, &[len], crate::DType::F32)?)
+        Some(crate::Tensor::zeros(gpu, &[tiles_c], crate::DType::F32)?)
     } else {
         None
     };
