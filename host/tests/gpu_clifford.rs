@@ -385,13 +385,11 @@ fn fcgp_forward_and_backward_match_reference() {
         // rows that are not a multiple of 4 floats (element stores).
         (scaled(700, 40), 36, 12),
         (scaled(600, 400), 100, 126),
-        // Weights that outweigh the batch: on sm_90 the forward's mixing and the backward's
-        // pair-term gradients take a group's paths one a product (`paths_per_product`), the
-        // forward's later products adding into the output. 16-byte rows, the backward's products
-        // split into 8 slices (a workspace); then N not a multiple of 4, so a product's first
-        // column is not 16-byte aligned, and the backward's products in 4 slices (added in turn).
-        (scaled(512, 16), 32, 2048),
-        (scaled(600, 12), 30, 1024),
+        // Weights that outweigh the batch, 16-byte rows: the backward's pair-term gradient
+        // products take a group's paths a few at a time (`pair_grad_paths_per_product`); then
+        // with N not a multiple of 4, so a product's first column is not 16-byte aligned.
+        (scaled(48, 16), 64, 96),
+        (scaled(40, 12), 30, 64),
     ];
     for (b, n, m) in shapes {
         for alg in ALGS {

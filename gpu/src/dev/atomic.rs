@@ -60,22 +60,6 @@ pub unsafe fn load_relaxed_f32(addr: *const f32) -> f32 {
     v
 }
 
-/// [`load_relaxed_f32`] of two consecutive floats in one `ld.relaxed.gpu.global.v2.f32`.
-///
-/// # Safety
-/// `addr` must point to two live `f32` in global memory, 8-byte aligned.
-#[inline(always)]
-pub unsafe fn load_relaxed_v2_f32(addr: *const f32) -> [f32; 2] {
-    let (a, b): (f32, f32);
-    unsafe {
-        core::arch::asm!(
-            "ld.relaxed.gpu.global.v2.f32 {{{a}, {b}}}, [{p}];",
-            a = out(reg32) a, b = out(reg32) b, p = in(reg64) addr, options(nostack, readonly)
-        )
-    }
-    [a, b]
-}
-
 /// `red.release.gpu.global.add.u32`: adds `v` after every earlier memory operation of this thread,
 /// and of every thread ordered before it by a block barrier, is visible at GPU scope (release is
 /// cumulative). The signal side of [`load_acquire_u32`]: `sync_threads()`, then one thread calls this.

@@ -352,15 +352,6 @@ pub mod matmul_wg_tf32 {
     pub const THREADS: u32 = 384;
     /// The producer warpgroup's threads that store C from the staging tile (warps 1-3).
     pub const STORE_THREADS: u32 = 96;
-    /// Named barriers (0 is the whole block's) a split product's slices in turn meet at before
-    /// passing a tile's turn on: the store threads after slice 0's tile, the two consumer
-    /// warpgroups after a later slice's.
-    pub const STORE_BARRIER: u32 = 1;
-    pub const CONSUMER_BARRIER: u32 = 2;
-    /// The most depth slices a product split in turns has: each later slice waits for the one
-    /// before to add its tile into C, so the chain costs a C round trip a slice; deeper splits
-    /// (the weight gradients' `N x N` outputs over `C B`) go through the workspace instead.
-    pub const TURN_MAX_SPLITS: u32 = 4;
     pub const PRODUCER_REGS: u32 = 56;
     pub const CONSUMER_REGS: u32 = 224;
     /// Bytes of one f32 tile of `BM` (or `BN`) rows by `BK` floats: A's stored tile and each of

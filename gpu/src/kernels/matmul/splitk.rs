@@ -1,10 +1,10 @@
 //! The f32 tensor-core kernels' output (`matmul_tf32` on sm_80, `matmul_wg_tf32` on sm_90): the
 //! element store both epilogues share, and the kernel that finishes a product split along the
-//! depth through a workspace (each slice writes its partial tile to `[splits][M][N]`, which it adds
-//! in slice order; sm_90's products of few slices add into C in turn instead: `wg_tf32.rs`).
+//! depth (both write their slices' partial tiles to a workspace `[splits][M][N]`, which it adds in
+//! slice order).
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::thread::{global_index_x, grid_threads_x};
-use crate::params::{Matmul, MatmulTf32};
+use crate::params::MatmulTf32;
 use crate::params::matmul_tf32::FINISH_THREADS;
 use crate::unroll;
 
@@ -51,21 +51,15 @@ pub(super) fn chunks_aligned(
     c: &SliceMut<f32>,
     ws: &SliceMut<f32>,
 ) -> bool {
+    let mm = p.mm;
     if p.splits > 1 {
-        p.mm.n % 4 == 0 && ws.ptr as u64 % 16 == 0
+        mm.n % 4 == 0 && ws.ptr as u64 % 16 == 0
     } else {
-        c_chunks_aligned(&p.mm, bias, c)
+        mm.ldc % 4 == 0
+            && mm.stride_c % 4 == 0
+            && c.ptr as u64 % 16 == 0
+            && (bias.len == 0 || bias.ptr as u64 % 16 == 0)
     }
-}
-
-/// Whether every chunk of four elements of C that starts at a column multiple of 4 is one aligned
-/// 16 bytes, and the bias's too.
-#[inline(always)]
-pub(super) fn c_chunks_aligned(mm: &Matmul, bias: &Slice<f32>, c: &SliceMut<f32>) -> bool {
-    mm.ldc % 4 == 0
-        && mm.stride_c % 4 == 0
-        && c.ptr as u64 % 16 == 0
-        && (bias.len == 0 || bias.ptr as u64 % 16 == 0)
 }
 
 /// [`store_element`] of the four elements (`row`, `col .. col + 4`), `col` a multiple of 4: one

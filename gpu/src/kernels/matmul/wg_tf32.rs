@@ -1,8 +1,7 @@
 //! The f32 matmul on Hopper tensor cores (sm_90 build only): `C (+)= op(A) op(B) (+ bias)` with
 //! `wgmma` m64n128k8 tf32 products and f32 accumulation, in 3xTF32 (`matmul_wg_tf32x3_{n,t}_f32`)
 //! or TF32 (`matmul_wg_tf32_{n,t}_f32`) precision, A stored either way (`n`: `M x K`, `t`:
-//! `K x M`), any M, N, K, batched or split along the depth (few slices add into C in turn, more
-//! go through a workspace that `splitk.rs` sums); TF32 also
+//! `K x M`), any M, N, K, batched or split along the depth (`splitk.rs` sums the slices); TF32 also
 //! on 128 x 256 tiles with m64n256k8 (`matmul_wg_tf32w_{n,t}_f32`, never split). The same body,
 //! with an A built from two stored tiles instead of read (`ASource`: `Stored`, `Pairs`), is the
 //! Clifford fc forward's feature mixing (`matmul_wg_pairs_{tf32x3,tf32}_f32`, `params::WgPairs`):
@@ -27,8 +26,6 @@
 //!     first 128 columns, then, once the staging tile is free again, the other 128)
 //! warpgroup 0, warps 1-3 (stores): per tile (and half of a wide tile): wait c_full; rows of 128
 //!     floats, 16 bytes a lane, to C (bias, old C) or to the split's workspace; arrive on c_empty
-//!     (split in turns: slice 0's tiles only, then pass the tile's turn on; a later slice's
-//!     consumers wait for its turn, add their accumulators to C themselves and pass it on)
 //! ```
 //! The copies run the ring's depth of k-tiles ahead and into the next tile, and the store warps
 //! drain a tile's C while the consumers multiply the next one, so no tensor core waits on C's
@@ -36,16 +33,12 @@
 //! other's products.
 //!
 //! Every C element is one thread's fixed sequence of products and adds over k (and, when split, the
-//! slices' adds in slice order: in turn `(((s0 + bias) + old C) + s1) + ...`, through the workspace
-//! the finishing kernel's `((s0 + s1) + ...) + bias + old C`): the same bits on every run.
-use super::splitk::{c_chunks_aligned, chunks_aligned, store_element4};
-use crate::dev::atomic::{
-    add_release_u32, load_relaxed_f32, load_relaxed_v2_f32, wait_for_turn,
-};
+//! finishing kernel's fixed slice order): the same bits on every run.
+use super::splitk::{chunks_aligned, store_element, store_element4};
 use crate::dev::mbarrier::{MBarrier, PipeState, Pipeline, StageTiles};
 use crate::dev::mem::{Slice, SliceMut};
 use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v2_f32};
-use crate::dev::sync::{named_barrier, sync_threads};
+use crate::dev::sync::sync_threads;
 use crate::dev::thread::{
     block_idx_x, block_idx_y, block_idx_z, grid_dim_x, lane_id, thread_idx_x,
 };
@@ -56,7 +49,7 @@ use crate::dev::wgmma::{
 };
 use crate::params::lrp::v5::{split_tf32_fast, tf32_rna_bits};
 use crate::params::matmul_wg_tf32::*;
-use crate::params::{Matmul, MatmulTf32, SplitB, WG_PAIRS_PATH_BITS, WgPairs, split_b_stored_offset};
+use crate::params::{MatmulTf32, SplitB, WG_PAIRS_PATH_BITS, WgPairs, split_b_stored_offset};
 use crate::unroll;
 
 /// A K-major f32 tile of 128 rows by 32 floats (`BK`): one 128-byte swizzle panel, addressed as 64
@@ -394,64 +387,6 @@ impl ASource for Pairs {
     }
 }
 
-/// A later slice's add into C (split in turns): a consumer thread's 64 accumulator values of block
-/// 0 (`acc[4 j + 2 h + e]`: row `row0 + 8 h`, column `col0 + 8 j + e` of C, `row0` and `col0` the
-/// thread's first) added to C's, all of C's loads issued before the first add so they are in flight
-/// at once. GPU-scope loads: no line this SM's L1 kept from before the turn is read. Pairs of
-/// columns move as 8-byte accesses where C's rows allow it; elements outside C are not touched.
-///
-/// # Safety
-/// The tile's turn has come (the slices before this one have added theirs and released it).
-#[inline(always)]
-unsafe fn add_slice_to_c<const AN: usize>(
-    mm: &Matmul,
-    c: &SliceMut<f32>,
-    (row0, col0): (u32, u32),
-    acc: &[f32; AN],
-) {
-    let pairs = mm.ldc % 2 == 0 && c.ptr as u64 % 8 == 0;
-    let mut old = [0f32; 64];
-    unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-        unroll!(h in [0, 1] {
-            let (row, col) = (row0 + 8 * h as u32, col0 + 8 * j as u32);
-            let i = 4 * j + 2 * h;
-            if row < mm.m {
-                let at = row as u64 * mm.ldc + col as u64;
-                // SAFETY: inside C (the row and column checks), 8-byte aligned for the pair (C's
-                // base and row pitch even, `col` even); the turn orders these loads after the
-                // earlier slices' stores.
-                unsafe {
-                    if pairs && col + 2 <= mm.n {
-                        [old[i], old[i + 1]] = load_relaxed_v2_f32(c.ptr.add(at as usize));
-                    } else {
-                        if col < mm.n {
-                            old[i] = load_relaxed_f32(c.ptr.add(at as usize));
-                        }
-                        if col + 1 < mm.n {
-                            old[i + 1] = load_relaxed_f32(c.ptr.add(at as usize + 1));
-                        }
-                    }
-                }
-            }
-        });
-    });
-    unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-        unroll!(h in [0, 1] {
-            let (row, col) = (row0 + 8 * h as u32, col0 + 8 * j as u32);
-            let i = 4 * j + 2 * h;
-            if row < mm.m {
-                let at = row as u64 * mm.ldc + col as u64;
-                if col < mm.n {
-                    c.set(at, old[i] + acc[i]);
-                }
-                if col + 1 < mm.n {
-                    c.set(at + 1, old[i + 1] + acc[i + 1]);
-                }
-            }
-        });
-    });
-}
-
 /// The kernel body: A from `A` (a stored A, or pair terms), B's parts `P` (3xTF32: hi and lo; TF32:
 /// hi), a ring of `ST` stages, tiles of `BNT` columns (128 or 256; the accumulator `AN` = `BNT / 2`
 /// floats a thread). Grid: at most one CTA an SM (the walk covers every tile).
@@ -470,7 +405,6 @@ unsafe fn matmul_wg_tf32<
     bias: Slice<f32>,
     c: SliceMut<f32>,
     ws: SliceMut<f32>,
-    turns: SliceMut<u32>,
     p: MatmulTf32,
 ) where
     [f32; AN]: Tf32Wgmma,
@@ -520,13 +454,6 @@ unsafe fn matmul_wg_tf32<
     sync_threads();
 
     let mm = p.mm;
-    // Split along the depth with few slices, the host passes a zeroed turn counter a tile of C:
-    // the slices add into C itself in slice order (the store warps and [`add_slice_to_c`]), so no
-    // workspace or finishing pass. The walk reaches slice s of a tile after slice s - 1 (tile
-    // indices grow with the slice) and every CTA is resident (one an SM, at most as many as SMs),
-    // so a slice waited for is always being worked on. Otherwise each slice writes its own
-    // partial tile to the workspace `ws`, which `matmul_splitk_finish_f32` sums.
-    let in_turns = p.splits > 1 && turns.len > 0;
     let tiles_n = mm.n.div_ceil(BNT as u32);
     let per_entry = tiles_n * mm.m.div_ceil(BM);
     let tiles = per_entry * if p.splits > 1 { p.splits } else { p.batch };
@@ -575,26 +502,14 @@ unsafe fn matmul_wg_tf32<
                 t += grid_dim_x();
             }
         } else if tid >= 128 - STORE_THREADS {
-            // The store warps: rows `warp, warp + 3, ...` of each tile, 16 bytes a lane. A product
-            // split in turns (`turns` given) has its slices add into C itself: slice 0's tile
-            // passes through here like an unsplit one's (bias, old C), then its turn is passed
-            // on; the later slices' consumers add their accumulators to C themselves.
+            // The store warps: rows `warp, warp + 3, ...` of each tile, 16 bytes a lane.
             let s = tid - (128 - STORE_THREADS);
             let (warp, col_in) = (s / 32, 4 * (s % 32));
-            let first = MatmulTf32 { splits: 1, ..p };
-            let aligned = if in_turns {
-                c_chunks_aligned(&mm, &bias, &c)
-            } else {
-                chunks_aligned(&p, &bias, &c, &ws)
-            };
+            let aligned = chunks_aligned(&p, &bias, &c, &ws);
             let mut parity = 0;
             let mut t = block_idx_x();
             while t < tiles {
                 let (z, split, m0, n0, _, _) = tile(t);
-                if in_turns && split > 0 {
-                    t += grid_dim_x();
-                    continue;
-                }
                 let mut b = 0;
                 // (Column blocks past N pass through neither side.)
                 while b < blocks && n0 + BN * b < mm.n {
@@ -608,9 +523,7 @@ unsafe fn matmul_wg_tf32<
                         // `c_full` before the phase this thread waited for completed.
                         let v = unsafe { ld_shared_v4(staging + 4 * (r * C_PITCH + col_in)) }
                             .map(f32::from_bits);
-                        // (`first`, unsplit, stores to C as slice 0 in turns does.)
-                        let (q, slice) = if in_turns { (&first, 0) } else { (&p, split) };
-                        store_element4(q, &bias, &c, &ws, slice, z as u64, (row, col), v, aligned);
+                        store_element4(&p, &bias, &c, &ws, split, z as u64, (row, col), v, aligned);
                         r += STORE_THREADS / 32;
                     }
                     // SAFETY: one arrival a store thread a column block, after its last read of
@@ -618,17 +531,6 @@ unsafe fn matmul_wg_tf32<
                     unsafe { c_empty.arrive() };
                     parity ^= 1;
                     b += 1;
-                }
-                if in_turns {
-                    // SAFETY: every store thread meets this barrier once a slice-0 tile (the
-                    // count is theirs) and the counter is the tile's: the release, cumulative over
-                    // the barrier, publishes the tile's C to slice 1's acquire.
-                    unsafe {
-                        named_barrier(STORE_BARRIER, STORE_THREADS);
-                        if s == 0 {
-                            add_release_u32(turns.ptr.wrapping_add((t % per_entry) as usize), 1);
-                        }
-                    }
                 }
                 t += grid_dim_x();
             }
@@ -644,7 +546,7 @@ unsafe fn matmul_wg_tf32<
         let mut c_parity = 0;
         let mut t = block_idx_x();
         while t < tiles {
-            let (z, split, m0, n0, k_begin, k_tiles) = tile(t);
+            let (z, _, _, n0, k_begin, k_tiles) = tile(t);
             let job = src.job(table, &p, z);
             let mut acc = [0f32; AN];
             if P::PASSES == 1 && A::READ_AS_STORED {
@@ -708,26 +610,6 @@ unsafe fn matmul_wg_tf32<
                 }
             }
 
-            if in_turns && split > 0 {
-                // A later slice in turns: once the slices before it have added theirs (the tile's
-                // counter reaches `split`), both consumer warpgroups add their accumulators to C,
-                // then pass the turn on. (A split tile is never wide.)
-                let turn = turns.ptr.wrapping_add((t % per_entry) as usize);
-                // SAFETY: `turns` holds a zeroed counter a tile of C (the host's contract when it
-                // is given), this tile's at `t % per_entry`; every consumer thread meets the
-                // barrier once a later-slice tile (the count is theirs), and the release,
-                // cumulative over it, publishes their adds to the next slice's acquire.
-                unsafe {
-                    wait_for_turn(turn, split);
-                    add_slice_to_c(&mm, &c, (m0 + r0, n0 + 2 * q), &acc);
-                    named_barrier(CONSUMER_BARRIER, 256);
-                    if tid == 128 {
-                        add_release_u32(turn, 1);
-                    }
-                }
-                t += grid_dim_x();
-                continue;
-            }
             // Epilogue: acc[4 j + 2 h + e] is row r0 + 8 h, column 8 j + 2 q + e of this tile, into
             // the staging tile by blocks of 128 columns, each once the store warps have emptied it
             // of the previous block.
@@ -767,10 +649,8 @@ macro_rules! wg_tf32_entry_points {
         /// `lo_map` is not read, and a B stored `N x K` is mapped as stored; boxes of the tile's
         /// columns as rows) (`host::ops::matmul`), grid
         /// `min(tiles, SMs)` (`tiles` of `params::matmul_wg_tf32`), `THREADS` threads, `SMEM_BYTES`
-        /// (wide: `SMEM_BYTES_WIDE`) of dynamic shared memory. Split along the depth, either
-        /// `turns` holds a zeroed `u32` a tile of C (`ceil(M / 128) * ceil(N / 128)`) and the
-        /// slices add into C in turn, or `turns` is empty and `ws` holds `splits * M * N` floats
-        /// for `matmul_splitk_finish_f32`.
+        /// (wide: `SMEM_BYTES_WIDE`) of dynamic shared memory. `ws` holds `splits * M * N` floats
+        /// when split.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             _a_map: crate::params::TensorMapParam,
@@ -779,7 +659,6 @@ macro_rules! wg_tf32_entry_points {
             bias: Slice<f32>,
             c: SliceMut<f32>,
             ws: SliceMut<f32>,
-            turns: SliceMut<u32>,
             p: MatmulTf32,
         ) {
             let map_a = crate::tensor_map_param!($name, 0, raw_tile($a_kc).0, 3, 4);
@@ -788,7 +667,7 @@ macro_rules! wg_tf32_entry_points {
             let src = Stored::<$a_kc, { raw_tile($a_kc).0 }, { raw_tile($a_kc).1 }>(map_a);
             unsafe {
                 matmul_wg_tf32::<_, $parts, { $stages as usize }, { $bn as usize }, { $bn as usize / 2 }>(
-                    src, map_hi, map_lo, bias, c, ws, turns, p,
+                    src, map_hi, map_lo, bias, c, ws, p,
                 )
             }
         }
@@ -836,10 +715,9 @@ macro_rules! wg_pairs_entry_points {
             // No bias and no split: neither is read.
             let bias = Slice { ptr: core::ptr::null(), len: 0 };
             let ws = SliceMut { ptr: core::ptr::null_mut(), len: 0 };
-            let turns = SliceMut { ptr: core::ptr::null_mut(), len: 0 };
             unsafe {
                 matmul_wg_tf32::<_, $parts, { $stages as usize }, { BN as usize }, { BN as usize / 2 }>(
-                    src, map_hi, map_lo, bias, c, ws, turns, p.mm,
+                    src, map_hi, map_lo, bias, c, ws, p.mm,
                 )
             }
         }

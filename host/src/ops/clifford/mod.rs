@@ -249,19 +249,6 @@ impl FcGroup {
             stride: 0,
         }
     }
-    /// Its paths `per` at a time (the last chunk takes what is left), each as a group of its own
-    /// with the index of its first path: the products of [`paths_per_product`].
-    fn path_chunks(&self, per: usize) -> impl Iterator<Item = (usize, FcGroup)> + '_ {
-        (0..self.paths.len()).step_by(per.max(1)).map(move |p0| {
-            let p1 = (p0 + per.max(1)).min(self.paths.len());
-            let part = FcGroup {
-                paths: self.paths[p0..p1].to_vec(),
-                stacked: self.stacked + p0,
-                ..self.clone()
-            };
-            (p0, part)
-        })
-    }
     /// Its output rows `(count * B, M)` of a `(C, B, M)` tensor (the output, or its gradient).
     fn rows(&self, t: &Tensor, (b, m): (usize, usize)) -> Operand {
         Operand {
@@ -924,33 +911,16 @@ fn fc_mix(
 ) -> Result<()> {
     let (b, n) = (d.batch, d.features);
     for grp in groups {
-        // `per` paths (row blocks of W_g, column blocks of the pair matrix) a product, the later
-        // ones adding into u.
-        let rows = grp.count * b;
-        let per = fc_paths_per_product(gpu, grp, rows, (n, m), precision, |c| {
-            (rows as u64, m as u64, (c * n) as u64)
-        });
-        let a_all = grp.pairs((pairs, lo), (b, n), Transpose::No);
+        let shape = GemmShape {
+            m: grp.count * b,
+            n: m,
+            k: grp.paths.len() * n,
+            batch: 1,
+        };
+        let a = grp.pairs((pairs, lo), (b, n), Transpose::No);
         let c = grp.rows(u, (b, m));
-        for (p0, part) in grp.path_chunks(per) {
-            let shape = GemmShape {
-                m: rows,
-                n: m,
-                k: part.paths.len() * n,
-                batch: 1,
-            };
-            let a = Operand {
-                raw: offset(a_all.raw, (p0 * n) as u64),
-                ..a_all
-            };
-            let w = (&part, weight, &mut *stacked, Transpose::No);
-            let acc = if p0 == 0 {
-                Accumulate::Overwrite
-            } else {
-                Accumulate::Add
-            };
-            fc_weight_product(gpu, alg, shape, a, w, c, (n, m), acc, precision)?;
-        }
+        let w = (grp, weight, &mut *stacked, Transpose::No);
+        fc_weight_product(gpu, alg, shape, a, w, c, (n, m), precision)?;
     }
     Ok(())
 }
@@ -968,10 +938,9 @@ fn fc_weight_product(
     (grp, weight, stacked, trans): (&FcGroup, &Tensor, &mut Option<Tensor>, Transpose),
     c: Operand,
     (n, m): (usize, usize),
-    acc: Accumulate,
     precision: Precision,
 ) -> Result<()> {
-    let bias = None;
+    let (acc, bias) = (Accumulate::Overwrite, None);
     let b = Operand {
         raw: weight.raw(),
         ld: m as u64,
@@ -1295,77 +1264,46 @@ fn fc_weight_grads(
     Ok(grad_weight)
 }
 
-/// How many of a group's `paths` one of its products takes where the sm_90 kernels run it (the
-/// products split by paths: the forward's mixing along its depth, `N` rows of `W_g` a path; the
-/// backward's pair-term gradients along their columns, `N` a path); `dims(c)` is the `(M, N, K)` of
-/// a product of `c` paths. All of them, unless the group's tf32 weight parts (`planes * paths * N *
-/// M` floats, which the split pass writes for the product) outweigh its pair matrix (`rows *
-/// paths * N`), as at 2D B1024 with 512 or more features. Then the fewest paths a product whose
-/// products (the last one takes `paths % c`) still run as many CTAs as the whole product (output
-/// tiles times depth slices, up to the split rule's target): the parts held at once shrink with
-/// the count while the GPU stays as full. A workspace held by a product split into more than
-/// `TURN_MAX_SPLITS` slices counts with its parts; ties go to more paths (fewer launches).
-fn paths_per_product(
+/// How many of a group's `paths` one pair-term gradient product of the fc backward's second pass
+/// takes (its columns, `paths * N` wide, split by paths): all of them, unless the group's tf32
+/// weight parts (the sm_90 split pass writes `planes * paths * N * M` floats for the product) take
+/// at least the product's output (`rows * paths * N`). Then the count whose products' largest
+/// parts and split-K workspace take the fewest bytes, the largest such (fewest launches). At 2D
+/// B1024 N512 and N1024, where the weights outweigh the batch, that is 3 and 2 of grade 1's 4
+/// paths: 8 -> 6 MiB (parts 6, no split; then parts 2, workspace 4) and 32 -> 16 MiB.
+fn pair_grad_paths_per_product(
     paths: usize,
     rows: usize,
     (n, m): (usize, usize),
     precision: Precision,
-    dims: impl Fn(usize) -> (u64, u64, u64),
 ) -> usize {
-    use gpu::params::matmul_tf32 as tf;
     let planes = match precision {
         Precision::Tf32x3 => 2,
         Precision::Tf32 => 1,
         Precision::Ieee => return paths,
     };
     let parts = |c: usize| planes * c * n * m;
-    // An empty product (no rows, columns or depth) launches nothing, and `split_k` needs tiles.
-    if rows * n * m == 0 || parts(paths) < rows * paths * n {
+    // An empty product (no rows or columns) launches nothing, and `split_k` needs tiles.
+    if rows * n == 0 || parts(paths) < rows * paths * n {
         return paths;
     }
-    // (CTAs, floats held beside the output) of a product of `c` paths.
-    let product = |c: usize| {
-        let (pm, pn, pk) = dims(c);
-        let (splits, _) = tf::split_k(pm, pn, pk);
-        let tiles = pm.div_ceil(tf::BM as u64) * pn.div_ceil(tf::BN as u64);
-        let ctas = (tiles * splits as u64).min(tf::TARGET_BLOCKS);
-        let workspace = if splits > gpu::params::matmul_wg_tf32::TURN_MAX_SPLITS {
-            splits as usize * (pm * pn) as usize
-        } else {
-            0
-        };
-        (ctas, parts(c) + workspace)
+    let held = |c: usize| {
+        let (splits, _) = gpu::params::matmul_tf32::split_k(rows as u64, (c * n) as u64, m as u64);
+        parts(c)
+            + if splits > 1 {
+                splits as usize * rows * c * n
+            } else {
+                0
+            }
     };
-    let whole = product(paths).0;
+    // The last product takes what is left, `paths % c` paths.
+    let most_held = |c: usize| match paths % c {
+        0 => held(c),
+        r => held(c).max(held(r)),
+    };
     (1..=paths)
-        .filter_map(|c| {
-            let (ctas, held) = product(c);
-            let (last_ctas, last_held) = match paths % c {
-                0 => (ctas, held),
-                r => product(r),
-            };
-            (ctas >= whole && last_ctas >= whole)
-                .then_some((held.max(last_held), std::cmp::Reverse(c)))
-        })
-        .min()
-        .map_or(paths, |(_, std::cmp::Reverse(c))| c)
-}
-
-/// [`paths_per_product`] on sm_90 builds; one product a group elsewhere (the sm_80 kernels read
-/// stacked weights, with no parts written for the product).
-fn fc_paths_per_product(
-    gpu: &Gpu,
-    grp: &FcGroup,
-    rows: usize,
-    (n, m): (usize, usize),
-    precision: Precision,
-    dims: impl Fn(usize) -> (u64, u64, u64),
-) -> usize {
-    if gpu.ptx_arch() == "sm_90" {
-        paths_per_product(grp.paths.len(), rows, (n, m), precision, dims)
-    } else {
-        grp.paths.len()
-    }
+        .min_by_key(|&c| (most_held(c), std::cmp::Reverse(c)))
+        .unwrap_or(paths)
 }
 
 /// The fc backward's second pass: grad x and grad y, phase by phase from a buffer of the phase's
@@ -1391,14 +1329,22 @@ fn fc_input_grads(
             // d pairs_g (count*B, paths*N) = gu_g (count*B, M) @ W_g^T, `per` paths (column
             // blocks of d pairs_g) a product.
             let rows = grp.count * b;
-            let per = fc_paths_per_product(gpu, &grp, rows, (n, m), precision, |c| {
-                (rows as u64, (c * n) as u64, m as u64)
-            });
+            let per = if gpu.ptx_arch() == "sm_90" {
+                pair_grad_paths_per_product(grp.paths.len(), rows, (n, m), precision)
+            } else {
+                grp.paths.len()
+            };
             let c_all = grp.pairs((&gpairs, range.0), (b, n), Transpose::No);
-            for (p0, part) in grp.path_chunks(per) {
+            for p0 in (0..grp.paths.len()).step_by(per.max(1)) {
+                let p1 = (p0 + per).min(grp.paths.len());
+                let part = FcGroup {
+                    paths: grp.paths[p0..p1].to_vec(),
+                    stacked: grp.stacked + p0,
+                    ..grp.clone()
+                };
                 let shape = GemmShape {
                     m: rows,
-                    n: part.paths.len() * n,
+                    n: (p1 - p0) * n,
                     k: m,
                     batch: 1,
                 };
@@ -1408,8 +1354,7 @@ fn fc_input_grads(
                 };
                 let w = (&part, weight, &mut stacked, Transpose::Yes);
                 let a = grp.rows(gu, (b, m));
-                let acc = Accumulate::Overwrite;
-                fc_weight_product(gpu, alg, shape, a, w, c, (n, m), acc, precision)?;
+                fc_weight_product(gpu, alg, shape, a, w, c, (n, m), precision)?;
             }
         }
         let bn = (b * n) as u64;

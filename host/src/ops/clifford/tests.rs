@@ -642,36 +642,18 @@ fn pair_terms_take_each_pair_of_components_once() {
     }
 }
 
-/// An fc group's products split its paths only where its tf32 weight parts outweigh the pair
-/// matrix (2D at B1024 and 512 or more features), and then into the fewest paths a product that
-/// still fill as many CTAs as the whole product: both the forward's mixing (depth a path) and the
-/// backward's pair-term gradients (columns a path).
+/// The fc backward's pair-term gradient products split a group's paths only where its tf32 weight
+/// parts outweigh the product's output (2D grade 1 at B1024 and 512 or more features), and then
+/// take the count whose parts and split-K workspace hold the fewest bytes.
 #[test]
-fn fc_products_split_paths_only_where_the_weights_outweigh_the_batch() {
-    use super::paths_per_product;
-    use crate::ops::matmul::Precision::{self, Ieee, Tf32, Tf32x3};
-    let fwd = |paths: usize, rows: usize, (n, m): (usize, usize), p: Precision| {
-        paths_per_product(paths, rows, (n, m), p, |c| {
-            (rows as u64, m as u64, (c * n) as u64)
-        })
-    };
-    let bwd = |paths: usize, rows: usize, (n, m): (usize, usize), p: Precision| {
-        paths_per_product(paths, rows, (n, m), p, |c| {
-            (rows as u64, (c * n) as u64, m as u64)
-        })
-    };
-    // 2D grade 1 in one phase: 4 paths, one component's B rows. N512: the forward's 2-path
-    // products keep 32 tiles x 4 slices, one path would run 64 CTAs; the backward's keep 64
-    // tiles x 2 slices against the whole product's 128 tiles, 3 paths would run 96. N1024: one
-    // path a product still runs 128 CTAs either way.
-    assert_eq!(fwd(4, 1024, (512, 512), Tf32x3), 2);
-    assert_eq!(bwd(4, 1024, (512, 512), Tf32x3), 2);
-    assert_eq!(fwd(4, 1024, (1024, 1024), Tf32x3), 1);
-    assert_eq!(bwd(4, 1024, (1024, 1024), Tf32x3), 1);
-    // Grades 0 and 2 (3 paths): at N512 a 2 + 1 split leaves a one-path product at 64 CTAs.
-    assert_eq!(fwd(3, 1024, (512, 512), Tf32x3), 3);
-    assert_eq!(bwd(3, 1024, (512, 512), Tf32x3), 3);
-    assert_eq!(fwd(3, 1024, (1024, 1024), Tf32x3), 1);
+fn pair_grad_products_split_paths_only_where_the_weights_outweigh_the_batch() {
+    use super::pair_grad_paths_per_product as per;
+    use crate::ops::matmul::Precision::{Ieee, Tf32, Tf32x3};
+    // 2D grade 1 in one phase: 4 paths, one component's B rows.
+    // 3 + 1 paths: parts of 3 paths (6 MiB, no split-K), then of 1 with a 4 MiB workspace; 2 + 2
+    // would hold 12, 1 a product 6 as well (with four launches).
+    assert_eq!(per(4, 1024, (512, 512), Tf32x3), 3);
+    assert_eq!(per(4, 1024, (1024, 1024), Tf32x3), 2);
     for (rows, n) in [
         (1024, 128),
         (4096, 512),
@@ -679,15 +661,13 @@ fn fc_products_split_paths_only_where_the_weights_outweigh_the_batch() {
         (4096, 1024),
         (8192, 1024),
     ] {
-        assert_eq!(fwd(4, rows, (n, n), Tf32x3), 4, "B{rows} N{n}");
-        assert_eq!(bwd(4, rows, (n, n), Tf32x3), 4, "B{rows} N{n}");
+        assert_eq!(per(4, rows, (n, n), Tf32x3), 4, "B{rows} N{n}");
     }
     // Empty products (an empty batch, no features): one, nothing to size.
-    assert_eq!(bwd(4, 0, (512, 512), Tf32x3), 4);
-    assert_eq!(fwd(4, 1024, (0, 512), Tf32x3), 4);
-    assert_eq!(fwd(4, 1024, (512, 0), Tf32x3), 4);
+    assert_eq!(per(4, 0, (512, 512), Tf32x3), 4);
+    assert_eq!(per(4, 1024, (0, 512), Tf32x3), 4);
     // No split pass, no parts: one product.
-    assert_eq!(bwd(4, 16, (1024, 1024), Ieee), 4);
+    assert_eq!(per(4, 16, (1024, 1024), Ieee), 4);
     // Always within 1..=paths.
     for paths in 1..=6 {
         for (rows, n, m) in [
@@ -699,9 +679,8 @@ fn fc_products_split_paths_only_where_the_weights_outweigh_the_batch() {
             (64, 8, 0),
         ] {
             for p in [Tf32x3, Tf32] {
-                for c in [fwd(paths, rows, (n, m), p), bwd(paths, rows, (n, m), p)] {
-                    assert!((1..=paths).contains(&c), "{paths} {rows} {n} {m}: {c}");
-                }
+                let c = per(paths, rows, (n, m), p);
+                assert!((1..=paths).contains(&c), "{paths} {rows} {n} {m}: {c}");
             }
         }
     }

@@ -562,9 +562,8 @@ fn pack_table(bits: u32, entries: impl IntoIterator<Item = u64>) -> u64 {
 /// when there is a [`WgPlan`] (B's tf32 parts are written first, its stored rows gathered from row
 /// blocks where `gather` says: see [`gemm_b_gathered`]; TF32 reads a B stored `N x K` as it is:
 /// [`wg_tf32_parts`]), the `mma.sync` ones (sm_80 build, no gather) otherwise; split along the depth per
-/// `params::matmul_tf32::split_k` for a single product, the slices added in slice order (sm_90 with
-/// at most `TURN_MAX_SPLITS` slices: into C, in turn; otherwise from a workspace, by
-/// `matmul_splitk_finish_f32`).
+/// `params::matmul_tf32::split_k` for a single product, with the partials in a workspace that
+/// `matmul_splitk_finish_f32` sums in slice order.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tf32(
     gpu: &crate::Gpu,
@@ -608,18 +607,7 @@ fn gemm_tf32(
     };
     let none = RawSlice { ptr: 0, len: 0 };
     let bias = bias.unwrap_or(none);
-    // Split along the depth into at most `TURN_MAX_SPLITS` slices, the sm_90 kernels add the
-    // slices into C in turn, through a zeroed counter a tile of C (`wg_tf32.rs`): no
-    // `splits * M * N` floats held and no finishing pass. Otherwise the slices go to a workspace
-    // that `matmul_splitk_finish_f32` sums.
-    let in_turns = splits > 1 && plan.is_some() && splits <= wg::TURN_MAX_SPLITS;
-    let turns = if in_turns {
-        let tiles_c = m.div_ceil(wg::BM as usize) * n.div_ceil(wg::BN as usize);
-        Some(crate::Tensor::zeros(gpu, &[tiles_c], crate::DType::F32)?)
-    } else {
-        None
-    };
-    let workspace = if splits > 1 && !in_turns {
+    let workspace = if splits > 1 {
         Some(crate::Tensor::empty(
             gpu,
             &[splits as usize * m * n],
@@ -629,7 +617,6 @@ fn gemm_tf32(
         None
     };
     let ws = workspace.as_ref().map_or(none, |t| t.raw());
-    let turns = turns.as_ref().map_or(none, |t| t.raw());
     let grid_dim = (
         (n as u64).div_ceil(tf::BN as u64) as u32,
         grid_y,
@@ -678,7 +665,6 @@ fn gemm_tf32(
                 &ByValue(bias),
                 &ByValue(c.raw),
                 &ByValue(ws),
-                &ByValue(turns),
                 &ByValue(p),
             ],
         )?;
@@ -704,7 +690,7 @@ fn gemm_tf32(
             ],
         )?;
     }
-    if splits > 1 && !in_turns {
+    if splits > 1 {
         // A thread a chunk of four elements (`matmul_splitk_finish_f32`).
         let chunks = ((m * n) as u64).div_ceil(4);
         let blocks = chunks
