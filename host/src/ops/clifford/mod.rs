@@ -1267,43 +1267,58 @@ fn fc_weight_grads(
 /// How many of a group's `paths` one pair-term gradient product of the fc backward's second pass
 /// takes (its columns, `paths * N` wide, split by paths): all of them, unless the group's tf32
 /// weight parts (the sm_90 split pass writes `planes * paths * N * M` floats for the product) take
-/// at least the product's output (`rows * paths * N`). Then the count whose products' largest
-/// parts and split-K workspace take the fewest bytes, the largest such (fewest launches). At 2D
-/// B1024 N512 and N1024, where the weights outweigh the batch, that is 3 and 2 of grade 1's 4
-/// paths: 8 -> 6 MiB (parts 6, no split; then parts 2, workspace 4) and 32 -> 16 MiB.
+/// at least the product's output (`rows * paths * N`). Then, among the counts whose products (the
+/// last takes `paths % c`) still run as many CTAs as the whole product (output tiles times depth
+/// slices, up to the split rule's target), the one whose largest product holds the fewest bytes
+/// of parts and split-K workspace; ties go to more paths (fewer launches). At 2D B1024 N1024 that
+/// is 2 of grade 1's 4 paths (32 -> 16 MiB, 128 tiles each); at N512 every count below 4 runs
+/// fewer CTAs or holds a workspace as large as the parts it saves, and 3 + 1 paths (6 MiB against
+/// 8, but 96 and 64 CTAs) cost the forward+backward 8.7% to 10.1% (2026-11-28, 2ea9d83, H200).
 fn pair_grad_paths_per_product(
     paths: usize,
     rows: usize,
     (n, m): (usize, usize),
     precision: Precision,
 ) -> usize {
+    use gpu::params::matmul_tf32 as tf;
     let planes = match precision {
         Precision::Tf32x3 => 2,
         Precision::Tf32 => 1,
         Precision::Ieee => return paths,
     };
     let parts = |c: usize| planes * c * n * m;
-    // An empty product (no rows or columns) launches nothing, and `split_k` needs tiles.
-    if rows * n == 0 || parts(paths) < rows * paths * n {
+    // An empty product (no rows, columns or depth) launches nothing, and `split_k` needs tiles.
+    if rows * n * m == 0 || parts(paths) < rows * paths * n {
         return paths;
     }
-    let held = |c: usize| {
-        let (splits, _) = gpu::params::matmul_tf32::split_k(rows as u64, (c * n) as u64, m as u64);
-        parts(c)
-            + if splits > 1 {
-                splits as usize * rows * c * n
-            } else {
-                0
-            }
+    // (CTAs, floats held beside the output) of a product of `c` paths.
+    let product = |c: usize| {
+        let cols = (c * n) as u64;
+        let (splits, _) = tf::split_k(rows as u64, cols, m as u64);
+        let tiles = (rows as u64).div_ceil(tf::BM as u64) * cols.div_ceil(tf::BN as u64);
+        let workspace = if splits > 1 {
+            splits as usize * rows * c * n
+        } else {
+            0
+        };
+        (
+            (tiles * splits as u64).min(tf::TARGET_BLOCKS),
+            parts(c) + workspace,
+        )
     };
-    // The last product takes what is left, `paths % c` paths.
-    let most_held = |c: usize| match paths % c {
-        0 => held(c),
-        r => held(c).max(held(r)),
-    };
+    let whole = product(paths).0;
     (1..=paths)
-        .min_by_key(|&c| (most_held(c), std::cmp::Reverse(c)))
-        .unwrap_or(paths)
+        .filter_map(|c| {
+            let (ctas, held) = product(c);
+            let (last_ctas, last_held) = match paths % c {
+                0 => (ctas, held),
+                r => product(r),
+            };
+            (ctas >= whole && last_ctas >= whole)
+                .then_some((held.max(last_held), std::cmp::Reverse(c)))
+        })
+        .min()
+        .map_or(paths, |(_, std::cmp::Reverse(c))| c)
 }
 
 /// The fc backward's second pass: grad x and grad y, phase by phase from a buffer of the phase's

@@ -643,17 +643,23 @@ fn pair_terms_take_each_pair_of_components_once() {
 }
 
 /// The fc backward's pair-term gradient products split a group's paths only where its tf32 weight
-/// parts outweigh the product's output (2D grade 1 at B1024 and 512 or more features), and then
-/// take the count whose parts and split-K workspace hold the fewest bytes.
+/// parts outweigh the product's output (2D grade 1 at B1024 and 512 or more features), and only
+/// into products that keep the GPU as full, taking the count whose parts and split-K workspace
+/// hold the fewest bytes.
 #[test]
 fn pair_grad_products_split_paths_only_where_the_weights_outweigh_the_batch() {
     use super::pair_grad_paths_per_product as per;
     use crate::ops::matmul::Precision::{Ieee, Tf32, Tf32x3};
-    // 2D grade 1 in one phase: 4 paths, one component's B rows.
-    // 3 + 1 paths: parts of 3 paths (6 MiB, no split-K), then of 1 with a 4 MiB workspace; 2 + 2
-    // would hold 12, 1 a product 6 as well (with four launches).
-    assert_eq!(per(4, 1024, (512, 512), Tf32x3), 3);
+    // 2D grade 1 in one phase: 4 paths, one component's B rows. N1024: 2 + 2 paths, 128 tiles
+    // each and unsplit, parts 16 MiB against 32 (one path a product would run as many CTAs, 64
+    // tiles x 2 slices, but hold 8 MiB of parts and 8 of workspace). N512: 3 paths run 96 tiles,
+    // 2 hold 4 MiB of parts and 8 of workspace, 1 runs 64 CTAs: one product.
     assert_eq!(per(4, 1024, (1024, 1024), Tf32x3), 2);
+    assert_eq!(per(4, 1024, (512, 512), Tf32x3), 4);
+    // Grades 0 and 2 (3 paths) at N1024: 2 + 1, parts of 2 paths (16 MiB) and then parts of 1
+    // with a 2-slice workspace (8 + 8), against 24 MiB of parts; 1 a product holds as much with
+    // three launches.
+    assert_eq!(per(3, 1024, (1024, 1024), Tf32x3), 2);
     for (rows, n) in [
         (1024, 128),
         (4096, 512),
@@ -666,6 +672,7 @@ fn pair_grad_products_split_paths_only_where_the_weights_outweigh_the_batch() {
     // Empty products (an empty batch, no features): one, nothing to size.
     assert_eq!(per(4, 0, (512, 512), Tf32x3), 4);
     assert_eq!(per(4, 1024, (0, 512), Tf32x3), 4);
+    assert_eq!(per(4, 1024, (512, 0), Tf32x3), 4);
     // No split pass, no parts: one product.
     assert_eq!(per(4, 16, (1024, 1024), Ieee), 4);
     // Always within 1..=paths.
