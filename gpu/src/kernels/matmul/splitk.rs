@@ -167,13 +167,13 @@ pub unsafe extern "ptx-kernel" fn matmul_splitk_finish_f32(
         let i = 4 * q;
         if vec4 {
             // N % 4 == 0: the chunk lies in one row.
-            let v = sum_slices4(&ws, i, total, splits);
+            let v = sum_slices::<4>(&ws, i, total, splits);
             store_c4(&p, &bias, &c, (i / n) * mm.ldc, i % n, v);
         } else {
             unroll!(e in [0, 1, 2, 3] {
                 let j = i + e as u64;
                 if j < total {
-                    let v = sum_slices(&ws, j, total, splits);
+                    let [v] = sum_slices::<1>(&ws, j, total, splits);
                     store_c(&p, &bias, &c, (j / n) * mm.ldc, j % n, v);
                 }
             });
@@ -182,25 +182,29 @@ pub unsafe extern "ptx-kernel" fn matmul_splitk_finish_f32(
     }
 }
 
-/// `ws[0][i] + ws[1][i] + ...` over `splits` slices `total` floats apart, added in slice order (the
-/// bits of the sequential sum). The loads go out four slices at a time ahead of their adds: one
-/// load then its add, slice after slice, would wait out a memory latency per slice.
+/// `ws[0][i..i + W] + ws[1][i..i + W] + ...` over `splits` slices `total` floats apart, added in
+/// slice order (the bits of the sequential sum): `W` 1, any `i`; `W` 4, one 16-byte load a slice
+/// (`i % 4 == 0`, a 16-byte aligned workspace whose slices are whole chunks apart). The loads go out
+/// four slices at a time ahead of their adds: one load then its add, slice after slice, would wait
+/// out a memory latency per slice.
 #[inline(always)]
-fn sum_slices(ws: &Slice<f32>, i: u64, total: u64, splits: u64) -> f32 {
-    let mut v = 0.0f32;
+fn sum_slices<const W: usize>(ws: &Slice<f32>, i: u64, total: u64, splits: u64) -> [f32; W] {
+    let mut v = [0.0f32; W];
     let mut s = 0u64;
     while s < splits {
-        let mut a = [0.0f32; 4];
+        let mut a = [[0.0f32; W]; 4];
         unroll!(e in [0, 1, 2, 3] {
             if s + (e as u64) < splits {
-                a[e] = ws.get_ro((s + e as u64) * total + i);
+                a[e] = slice_chunk::<W>(ws, (s + e as u64) * total + i);
             }
         });
         unroll!(e in [0, 1, 2, 3] {
             let t = s + e as u64;
             if t < splits {
                 // Slice 0 is taken as it is (0.0 + -0.0 would turn its sign).
-                v = if t == 0 { a[e] } else { v + a[e] };
+                for x in 0..W {
+                    v[x] = if t == 0 { a[e][x] } else { v[x] + a[e][x] };
+                }
             }
         });
         s += 4;
@@ -208,28 +212,19 @@ fn sum_slices(ws: &Slice<f32>, i: u64, total: u64, splits: u64) -> f32 {
     v
 }
 
-/// [`sum_slices`] of the four elements `i .. i + 4` (`i % 4 == 0`, a 16-byte aligned workspace
-/// whose slices are whole chunks apart), one 16-byte load a slice.
+/// Elements `at .. at + W` of the workspace: one load (`W` 1), or one 16-byte load (`W` 4, as
+/// [`sum_slices`] asks).
 #[inline(always)]
-fn sum_slices4(ws: &Slice<f32>, i: u64, total: u64, splits: u64) -> [f32; 4] {
-    let mut v = [0.0f32; 4];
-    let mut s = 0u64;
-    while s < splits {
-        let mut a = [[0.0f32; 4]; 4];
-        unroll!(e in [0, 1, 2, 3] {
-            if s + (e as u64) < splits {
-                a[e] = ws.get4_ro((s + e as u64) * total + i);
-            }
-        });
-        unroll!(e in [0, 1, 2, 3] {
-            let t = s + e as u64;
-            if t < splits {
-                unroll!(x in [0, 1, 2, 3] {
-                    v[x] = if t == 0 { a[e][x] } else { v[x] + a[e][x] };
-                });
-            }
-        });
-        s += 4;
+fn slice_chunk<const W: usize>(ws: &Slice<f32>, at: u64) -> [f32; W] {
+    const { assert!(W == 1 || W == 4) };
+    let mut out = [0.0f32; W];
+    if W == 4 {
+        let q = ws.get4_ro(at);
+        for x in 0..W {
+            out[x] = q[x];
+        }
+    } else {
+        out[0] = ws.get_ro(at);
     }
-    v
+    out
 }
