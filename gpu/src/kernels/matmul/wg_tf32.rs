@@ -160,8 +160,29 @@ impl BParts<128> for (KTile, KTile) {
     }
 }
 
-/// A consumer thread's A fragments of the 4 k8 steps of a raw A tile (rows `r0`, `r0 + 8`, depths
-/// `8 s + q`, `+ 4`), split: `(hi, lo)` for 3xTF32, `(hi, _)` for TF32.
+/// A consumer thread's A fragments of the 4 k8 steps (rows `r0`, `r0 + 8`, depths `8 s + q`, `+ 4`
+/// of the k-tile), each element's f32 bits `at(row, depth)`, split: `(hi, lo)` for 3xTF32, `(hi, _)`
+/// for TF32.
+#[inline(always)]
+fn fragments_of(
+    r0: u32,
+    q: u32,
+    passes: u32,
+    at: impl Fn(u32, u32) -> u32,
+) -> ([[u32; 4]; 4], [[u32; 4]; 4]) {
+    let mut hi = [[0u32; 4]; 4];
+    let mut lo = [[0u32; 4]; 4];
+    unroll!(s in [0, 1, 2, 3] {
+        let k = 8 * s as u32 + q;
+        let v = [at(r0, k), at(r0 + 8, k), at(r0, k + 4), at(r0 + 8, k + 4)];
+        unroll!(e in [0, 1, 2, 3] {
+            (hi[s][e], lo[s][e]) = parts(v[e], passes);
+        });
+    });
+    (hi, lo)
+}
+
+/// [`fragments_of`] a raw A tile.
 #[inline(always)]
 fn a_fragments<const A_KC: bool, const R: usize, const C: usize>(
     ta: SwizzledTile<R, C>,
@@ -169,18 +190,10 @@ fn a_fragments<const A_KC: bool, const R: usize, const C: usize>(
     q: u32,
     passes: u32,
 ) -> ([[u32; 4]; 4], [[u32; 4]; 4]) {
-    let mut hi = [[0u32; 4]; 4];
-    let mut lo = [[0u32; 4]; 4];
-    unroll!(s in [0, 1, 2, 3] {
-        let k = 8 * s as u32 + q;
-        // SAFETY: r0 + 8 < BM and k + 4 < BK: inside the tile, which has landed (full barrier).
-        let at = |r: u32, k: u32| unsafe { u32::ld_shared(raw_addr::<A_KC, R, C>(ta, r, k)) };
-        let v = [at(r0, k), at(r0 + 8, k), at(r0, k + 4), at(r0 + 8, k + 4)];
-        unroll!(e in [0, 1, 2, 3] {
-            (hi[s][e], lo[s][e]) = parts(v[e], passes);
-        });
-    });
-    (hi, lo)
+    // SAFETY: r0 + 8 < BM and k + 4 < BK: inside the tile, which has landed (full barrier).
+    fragments_of(r0, q, passes, |r, k| unsafe {
+        u32::ld_shared(raw_addr::<A_KC, R, C>(ta, r, k))
+    })
 }
 
 /// Where a product's A comes from, k-tile by k-tile: what a pipeline stage holds of it, the copies
@@ -364,22 +377,14 @@ impl ASource for Pairs {
         // The term's sign as the f32 sign bit: negating is exact, so the sign may go on after the
         // product.
         let sign = ((k_neg >> (4 * t + 3)) & 1) << 31;
-        let mut hi = [[0u32; 4]; 4];
-        let mut lo = [[0u32; 4]; 4];
-        unroll!(s in [0, 1, 2, 3] {
-            let k = 8 * s as u32 + q;
-            // SAFETY: r0 + 8 < BM and k + 4 < BK: inside both tiles, which have landed.
-            // (Both tiles share one layout: the swizzle's arithmetic is shared too.)
-            let at = |r: u32, k: u32| unsafe {
-                f32::ld_shared(raw_addr::<true, 128, 64>(tx, r, k))
-                    * f32::ld_shared(raw_addr::<true, 128, 64>(ty, r, k))
-            };
-            let v = [at(r0, k), at(r0 + 8, k), at(r0, k + 4), at(r0 + 8, k + 4)];
-            unroll!(e in [0, 1, 2, 3] {
-                (hi[s][e], lo[s][e]) = parts(v[e].to_bits() ^ sign, passes);
-            });
-        });
-        (hi, lo)
+        // SAFETY: r0 + 8 < BM and k + 4 < BK: inside both tiles, which have landed. (Both tiles
+        // share one layout: the swizzle's arithmetic is shared too.)
+        fragments_of(r0, q, passes, |r, k| unsafe {
+            (f32::ld_shared(raw_addr::<true, 128, 64>(tx, r, k))
+                * f32::ld_shared(raw_addr::<true, 128, 64>(ty, r, k)))
+            .to_bits()
+                ^ sign
+        })
     }
     #[inline(always)]
     fn stored_desc(_: Self::Tile, _: u32, _: u32) -> u64 {
