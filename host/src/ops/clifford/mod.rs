@@ -1287,8 +1287,9 @@ fn pair_grad_paths_per_product(
         Precision::Ieee => return paths,
     };
     let parts = |c: usize| planes * c * n * m;
-    // An empty product (no rows, columns or depth) launches nothing, and `split_k` needs tiles.
-    if rows * n * m == 0 || parts(paths) < rows * paths * n {
+    // An empty product (no paths, rows, columns or depth) launches nothing, and `split_k` needs
+    // tiles.
+    if paths == 0 || rows == 0 || n == 0 || m == 0 || parts(paths) < rows * paths * n {
         return paths;
     }
     // (CTAs, floats held beside the output) of a product of `c` paths.

@@ -673,6 +673,7 @@ fn pair_grad_products_split_paths_only_where_the_weights_outweigh_the_batch() {
     assert_eq!(per(4, 0, (512, 512), Tf32x3), 4);
     assert_eq!(per(4, 1024, (0, 512), Tf32x3), 4);
     assert_eq!(per(4, 1024, (512, 0), Tf32x3), 4);
+    assert_eq!(per(0, 1024, (1024, 1024), Tf32x3), 0);
     // No split pass, no parts: one product.
     assert_eq!(per(4, 16, (1024, 1024), Ieee), 4);
     // Always within 1..=paths.
