@@ -1272,8 +1272,9 @@ fn fc_weight_grads(
 /// slices, up to the split rule's target), the one whose largest product holds the fewest bytes
 /// of parts and split-K workspace; ties go to more paths (fewer launches). At 2D B1024 N1024 that
 /// is 2 of grade 1's 4 paths (32 -> 16 MiB, 128 tiles each); at N512 every count below 4 runs
-/// fewer CTAs or holds a workspace as large as the parts it saves, and 3 + 1 paths (6 MiB against
-/// 8, but 96 and 64 CTAs) cost the forward+backward 8.7% to 10.1% (2026-11-28, 2ea9d83, H200).
+/// fewer CTAs or holds a workspace as large as the parts it saves: 3 + 1 paths (6 MiB against 8,
+/// but 96 and 64 CTAs) made the forward+backward slower by about a tenth (docs/PERF_NOTES.md,
+/// "Split products in turn (measured, deleted); the fc backward's path chunks").
 fn pair_grad_paths_per_product(
     paths: usize,
     rows: usize,
