@@ -1281,7 +1281,7 @@ fn pair_grad_paths_per_product(
     (n, m): (usize, usize),
     precision: Precision,
 ) -> usize {
-    use gpu::params::matmul_tf32 as tf;
+    use gpu::params::{matmul_tf32 as tf, matmul_wg_tf32 as wg};
     let planes = match precision {
         Precision::Tf32x3 => 2,
         Precision::Tf32 => 1,
@@ -1297,16 +1297,14 @@ fn pair_grad_paths_per_product(
     let product = |c: usize| {
         let cols = (c * n) as u64;
         let (splits, _) = tf::split_k(rows as u64, cols, m as u64);
-        let tiles = (rows as u64).div_ceil(tf::BM as u64) * cols.div_ceil(tf::BN as u64);
         let workspace = if splits > 1 {
             splits as usize * rows * c * n
         } else {
             0
         };
-        (
-            (tiles * splits as u64).min(tf::TARGET_BLOCKS),
-            parts(c) + workspace,
-        )
+        // The persistent walk's tiles: output tiles times depth slices.
+        let walk = wg::tiles(rows as u64, cols, splits as u64, wg::BN);
+        (walk.min(tf::TARGET_BLOCKS), parts(c) + workspace)
     };
     let whole = product(paths).0;
     (1..=paths)
@@ -1351,6 +1349,7 @@ fn fc_input_grads(
             } else {
                 grp.paths.len()
             };
+            let a = grp.rows(gu, (b, m));
             let c_all = grp.pairs((&gpairs, range.0), (b, n), Transpose::No);
             for p0 in (0..grp.paths.len()).step_by(per.max(1)) {
                 let p1 = (p0 + per).min(grp.paths.len());
@@ -1370,7 +1369,6 @@ fn fc_input_grads(
                     ..c_all
                 };
                 let w = (&part, weight, &mut stacked, Transpose::Yes);
-                let a = grp.rows(gu, (b, m));
                 fc_weight_product(gpu, alg, shape, a, w, c, (n, m), precision)?;
             }
         }
