@@ -560,6 +560,66 @@ fn wgmma_fully_masked_rows_and_empty_keys() {
     }
 }
 
+/// A NaN in one key reaches exactly the rows that see that key: under the causal mask, head 0's
+/// rows from 150 on (whose rows O and LSE are all NaN) and head 1's from 131 on; every other row,
+/// and all of head 2, keeps the bits of the call without the NaN (the mask replaces a NaN score
+/// the row does not see). Keys 150 and 131 sit at offsets 22 and 3 of their 128-key tile, in
+/// blocks of 8 keys whose exponentials the D64 and D128 forwards take on different pipes (MUFU and
+/// `exp2_fma`), so both carry a NaN through.
+#[test]
+fn wgmma_nan_key_reaches_only_the_rows_that_see_it() {
+    let Some(gpu) = wgmma_gpu_or_skip("wgmma_nan_key_reaches_only_the_rows_that_see_it") else {
+        return;
+    };
+    let mut rng = rng("wgmma_nan_key");
+    for (variant, d, dtype) in wgmma_kinds(&gpu) {
+        let c = case(1, 3, 300, 300, d, Causal::Yes, dtype);
+        let clean = inputs(&mut rng, &c);
+        let mut with_nan = clean.clone();
+        let nan_key = [(0usize, 150usize), (1, 131)];
+        for (head, key) in nan_key {
+            with_nan[1].data[(head * c.seq_k + key) * d + d / 2] = f32::NAN;
+        }
+        let (o0, l0) = run(Path::Kernel(variant), &gpu, &clean, &params(&c));
+        let (o1, l1) = run(Path::Kernel(variant), &gpu, &with_nan, &params(&c));
+        let (o0, l0, o1, l1) = (
+            o0.to_vec().unwrap(),
+            l0.to_vec().unwrap(),
+            o1.to_vec().unwrap(),
+            l1.to_vec().unwrap(),
+        );
+        let what = format!("wgmma kernel {variant} D{d} {dtype:?}");
+        for head in 0..c.heads {
+            let first_nan_row = nan_key
+                .iter()
+                .find(|&&(h, _)| h == head)
+                .map_or(usize::MAX, |&(_, key)| key);
+            for i in 0..c.seq_q {
+                let row = head * c.seq_q + i;
+                let (out0, out1) = (&o0[row * d..(row + 1) * d], &o1[row * d..(row + 1) * d]);
+                if i >= first_nan_row {
+                    assert!(
+                        out1.iter().all(|v| v.is_nan()) && l1[row].is_nan(),
+                        "{what}: head {head} row {i} sees the NaN key but is not all NaN"
+                    );
+                } else {
+                    assert!(
+                        out1.iter()
+                            .map(|v| v.to_bits())
+                            .eq(out0.iter().map(|v| v.to_bits()))
+                            && l1[row].to_bits() == l0[row].to_bits(),
+                        "{what}: head {head} row {i} does not see the NaN key but changed"
+                    );
+                    assert!(
+                        out0.iter().all(|v| v.is_finite()),
+                        "{what}: row {i} not finite"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn wgmma_custom_scale_is_applied() {
     let Some(gpu) = wgmma_gpu_or_skip("wgmma_custom_scale_is_applied") else {
