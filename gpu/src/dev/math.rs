@@ -12,33 +12,6 @@ pub fn exp2(x: f32) -> f32 {
     y
 }
 
-/// 2^x on the FMA and integer pipes, not the MUFU unit that [`exp2`] occupies: for softmax rows whose
-/// exponentials outrun the tensor cores' products (head dims up to 64 in the FlashAttention forward,
-/// where 16 MUFU results a clock an SM take as long as the tile's `Q K^T` and `P V`), a share of the
-/// exponentials moves here and runs beside MUFU's (FlashAttention-4's split).
-///
-/// `x = j + f` with `j = round(x)` (adding and subtracting 1.5 * 2^23 rounds to an integer and
-/// leaves `j` in the sum's low mantissa bits) and `f` in [-1/2, 1/2]; `2^f` is a degree-3 polynomial
-/// fitted to its relative error there (at most 7.5e-5 = 2^-13.7, against the 2^-11 of f16's and
-/// 2^-8 of bf16's rounding of P); `2^j` is the f32 whose exponent field is `j + 127`. For
-/// `x <= -127` (masked scores: -inf) it gives +0, as `ex2.approx.ftz` flushes; NaN stays NaN
-/// (`max.NaN`). Valid for `x < 128`: softmax exponents here are at most
-/// `RESCALE_LOG2` (8). Nine instructions to MUFU's one, each at 128 results a clock an SM.
-#[inline(always)]
-pub fn exp2_fma(x: f32) -> f32 {
-    const SHIFTER: f32 = 12_582_912.0; // 1.5 * 2^23
-    // 2^f on [-1/2, 1/2], lowest degree first (fitted as above; f32 values).
-    const C: [f32; 4] = [0.999_928_06, 0.693_260_97, 0.242_611_14, 0.055_171_67];
-    let x = max(x, -127.0);
-    let t = x + SHIFTER;
-    let f = x - (t - SHIFTER);
-    let p = fma(fma(fma(C[3], f, C[2]), f, C[1]), f, C[0]);
-    // t's bits are those of 1.5 * 2^23 plus j: shifted by 23, all but j's low 9 bits leave the word,
-    // so this is (j + 127) << 23 (0 at j = -127: 2^j then reads as +0).
-    let two_j = f32::from_bits(t.to_bits().wrapping_add(127) << 23);
-    p * two_j
-}
-
 /// log2(x), `lg2.approx.ftz.f32`.
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {

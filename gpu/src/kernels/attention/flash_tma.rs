@@ -42,8 +42,8 @@ use crate::unroll_lt;
 
 use super::alibi_slope;
 use super::flash_wgmma::{
-    FMA_EXP_NARROW, FMA_EXP_WIDE, KeyLimits, OnlineSoftmax, QueryBlock, alibi, issue_pv, issue_s,
-    key_limits, mask, pack_p, rescale, softcap, store_output,
+    KeyLimits, OnlineSoftmax, QueryBlock, alibi, issue_pv, issue_s, key_limits, mask, pack_p,
+    rescale, softcap, store_output,
 };
 
 /// K/V ring depth.
@@ -61,7 +61,6 @@ unsafe fn flash_tma_fwd<
     const BK: usize,
     const SN: usize,
     const ON: usize,
-    const FMA_EXP: usize,
 >(
     map_q: TensorMapRef<BQ, 4>,
     map_k: TensorMapRef<BK, 4>,
@@ -217,7 +216,7 @@ unsafe fn flash_tma_fwd<
         if KeyLimits::tile_needs_mask::<BK>(n0, sk, (m0 + wg_row, diag, band)) {
             mask(&mut s, n0, key_limit);
         }
-        let alpha = softmax.update::<SN, true, FMA_EXP>(&mut s);
+        let alpha = softmax.update::<SN, true>(&mut s);
         acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
         if t > 0 {
             if elected {
@@ -270,7 +269,7 @@ fn negate_rows<const ROWS: usize, const D: usize>(tile: SwizzledTile<ROWS, D>, r
 }
 
 macro_rules! flash_tma_entry_points {
-    ($($name:ident: $t:ty, $cfg:path, $cols:literal, $fma_exp:expr;)*) => {$(
+    ($($name:ident: $t:ty, $cfg:path, $cols:literal;)*) => {$(
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
         crate::launch_bounds!($name, FLASH_TMA_THREADS, 1);
         crate::tensor_map_params!($name, 0, 1, 2);
@@ -288,7 +287,7 @@ macro_rules! flash_tma_entry_points {
             let map_k = crate::tensor_map_param!($name, 1, C.block_k, 4);
             let map_v = crate::tensor_map_param!($name, 2, C.block_k, 4);
             unsafe {
-                flash_tma_fwd::<$t, { C.head_dim }, $cols, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { $cols / 2 }, { $fma_exp }>(
+                flash_tma_fwd::<$t, { C.head_dim }, $cols, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { $cols / 2 }>(
                     map_q, map_k, map_v, o, lse, shape, strides,
                 )
             }
@@ -296,21 +295,20 @@ macro_rules! flash_tma_entry_points {
     )*};
 }
 
-// Name, element, tile config, the columns the products cover, and the exponentials (of every 8 key
-// blocks of 8) taken on the FMA pipes ([`FMA_EXP_NARROW`]). Head dims 32, 96 and 192 (and the
+// Name, element, tile config, the columns the products cover. Head dims 32, 96 and 192 (and the
 // narrower ones each serves) run on the tile above them with products over their own columns only:
 // half, three quarters and three quarters of the tile's `Q K^T` and `P V`.
 flash_tma_entry_points! {
-    flash_tma_fwd_d32_f16: F16, FLASH_TMA_D64, 32, FMA_EXP_NARROW;
-    flash_tma_fwd_d32_bf16: BF16, FLASH_TMA_D64, 32, FMA_EXP_NARROW;
-    flash_tma_fwd_d64_f16: F16, FLASH_TMA_D64, 64, FMA_EXP_NARROW;
-    flash_tma_fwd_d64_bf16: BF16, FLASH_TMA_D64, 64, FMA_EXP_NARROW;
-    flash_tma_fwd_d96_f16: F16, FLASH_TMA_D128, 96, FMA_EXP_WIDE;
-    flash_tma_fwd_d96_bf16: BF16, FLASH_TMA_D128, 96, FMA_EXP_WIDE;
-    flash_tma_fwd_d128_f16: F16, FLASH_TMA_D128, 128, FMA_EXP_WIDE;
-    flash_tma_fwd_d128_bf16: BF16, FLASH_TMA_D128, 128, FMA_EXP_WIDE;
-    flash_tma_fwd_d192_f16: F16, FLASH_TMA_D256, 192, 0;
-    flash_tma_fwd_d192_bf16: BF16, FLASH_TMA_D256, 192, 0;
-    flash_tma_fwd_d256_f16: F16, FLASH_TMA_D256, 256, 0;
-    flash_tma_fwd_d256_bf16: BF16, FLASH_TMA_D256, 256, 0;
+    flash_tma_fwd_d32_f16: F16, FLASH_TMA_D64, 32;
+    flash_tma_fwd_d32_bf16: BF16, FLASH_TMA_D64, 32;
+    flash_tma_fwd_d64_f16: F16, FLASH_TMA_D64, 64;
+    flash_tma_fwd_d64_bf16: BF16, FLASH_TMA_D64, 64;
+    flash_tma_fwd_d96_f16: F16, FLASH_TMA_D128, 96;
+    flash_tma_fwd_d96_bf16: BF16, FLASH_TMA_D128, 96;
+    flash_tma_fwd_d128_f16: F16, FLASH_TMA_D128, 128;
+    flash_tma_fwd_d128_bf16: BF16, FLASH_TMA_D128, 128;
+    flash_tma_fwd_d192_f16: F16, FLASH_TMA_D256, 192;
+    flash_tma_fwd_d192_bf16: BF16, FLASH_TMA_D256, 192;
+    flash_tma_fwd_d256_f16: F16, FLASH_TMA_D256, 256;
+    flash_tma_fwd_d256_bf16: BF16, FLASH_TMA_D256, 256;
 }

@@ -33,7 +33,7 @@
 
 use crate::dev::copy::{cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
-use crate::dev::math::{LN_2, LOG2_E, abs, exp2, exp2_fma, fma, log2, max, tanh};
+use crate::dev::math::{LN_2, LOG2_E, abs, exp2, fma, log2, max, tanh};
 use crate::dev::mem::{Chunk16, Slice, SliceMut, store_chunk};
 use crate::dev::mma::MmaElem;
 use crate::dev::shared::{SharedScalar, dynamic_base, ld_shared_v4, st_shared_v4};
@@ -179,7 +179,7 @@ unsafe fn flash_wg_fwd<
         // Eager rescale: a row here spans a few tiles (the seed shape's 512 keys are 4), where
         // the lazy form's branches cost more than the rescales they skip (docs/PERF_NOTES.md,
         // "The seed shape's forward rescales eagerly again").
-        let alpha = softmax.update::<SN, false, FMA_EXP_NARROW>(&mut s);
+        let alpha = softmax.update::<SN, false>(&mut s);
         acc.wait::<0>(); // P V(j-1) retired: O and P(j-1) are free
         rescale(&mut acc, alpha);
         pf = pack_p::<T, SN>(&s);
@@ -530,34 +530,6 @@ pub(super) fn mask<const SN: usize>(s: &mut [f32; SN], n0: u32, limit: KeyLimits
     });
 }
 
-/// The maximum of this thread's entries of row `r` of a score tile (`s[4 n + 2 r + e]`, as in
-/// [`mask`]), as a tree of depth 5 at 32 entries rather than a chain of 16 `max`: the exponentials
-/// wait for it, and with one warp of the softmax a scheduler its latency is exposed.
-#[inline(always)]
-fn row_max<const SN: usize>(s: &[f32; SN], r: usize) -> f32 {
-    const { assert!(SN / 2 <= 32) };
-    let mut v = [f32::NEG_INFINITY; 32];
-    unroll_lt!(n < SN / 4, {
-        v[2 * n] = s[4 * n + 2 * r];
-        v[2 * n + 1] = s[4 * n + 2 * r + 1];
-    });
-    // Fold the upper half of the live entries onto the lower, halving each pass.
-    unroll!(w in [16, 8, 4, 2, 1] {
-        unroll_lt!(i < 16, {
-            if i < w && i + w < SN / 2 {
-                v[i] = max(v[i], v[i + w]);
-            }
-        });
-    });
-    v[0]
-}
-
-/// Exponentials of every 8 key blocks of 8 that the forwards at head dims up to 64 take on the FMA
-/// pipes ([`exp2_fma`]): there MUFU's 16 a clock an SM need as long as the tile's products.
-pub(super) const FMA_EXP_NARROW: usize = 2;
-/// The same at head dims 72 to 128, whose products take 1.5 to 2 times as long.
-pub(super) const FMA_EXP_WIDE: usize = 1;
-
 /// How far (in log2 units of P) a row's maximum may grow past the base of its exponentials before
 /// the base moves and O is rescaled: P then stays at most about 2^8 = 256, far inside f16's range
 /// (65504; bf16's is f32's), and most tiles of a long row skip the rescale (FlashAttention-4's lazy
@@ -588,16 +560,17 @@ impl OnlineSoftmax {
     /// of the base `m`, else `exp2(m_old c - m_new c)` with the base moved to the new maximum.
     /// Eager (`!LAZY`): the base is always the running maximum and the factor is computed every
     /// tile, with no branch; kernels whose rows span a few tiles keep it (see `flash_wg4`).
-    /// `FMA_EXP` of every 8 blocks of 8 keys take [`exp2_fma`] instead of MUFU's [`exp2`].
     #[inline(always)]
-    pub(super) fn update<const SN: usize, const LAZY: bool, const FMA_EXP: usize>(
+    pub(super) fn update<const SN: usize, const LAZY: bool>(
         &mut self,
         s: &mut [f32; SN],
     ) -> [f32; 2] {
-        const { assert!(FMA_EXP <= 8) };
         let mut alpha = [1.0f32; 2];
         unroll!(r in [0, 1] {
-            let mut m = max(self.m[r], row_max(s, r));
+            let mut m = self.m[r];
+            unroll_lt!(n < SN / 4, {
+                m = max(m, max(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+            });
             m = max(m, shfl_xor_f32(m, 1));
             m = max(m, shfl_xor_f32(m, 2));
             // Lazy: the base moves only past the threshold (a first finite maximum always moves
@@ -616,17 +589,15 @@ impl OnlineSoftmax {
             if !LAZY {
                 alpha[r] = exp2(fma(self.m[r], self.c, -base));
             }
-            // Two running sums (even and odd blocks): half the chain of dependent adds.
-            let mut sum = [0.0f32; 2];
+            let mut sum = 0.0f32;
             unroll_lt!(n < SN / 4, {
                 unroll!(e in [0, 1] {
-                    let x = fma(s[4 * n + 2 * r + e], self.c, -base);
-                    let x = if n % 8 < FMA_EXP { exp2_fma(x) } else { exp2(x) };
+                    let x = exp2(fma(s[4 * n + 2 * r + e], self.c, -base));
                     s[4 * n + 2 * r + e] = x;
-                    sum[n % 2] += x;
+                    sum += x;
                 });
             });
-            self.l[r] = self.l[r] * alpha[r] + (sum[0] + sum[1]);
+            self.l[r] = self.l[r] * alpha[r] + sum;
             if !LAZY {
                 self.m[r] = m;
             }
