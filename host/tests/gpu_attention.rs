@@ -563,9 +563,8 @@ fn wgmma_fully_masked_rows_and_empty_keys() {
 /// A NaN in one key reaches exactly the rows that see that key: under the causal mask, head 0's
 /// rows from 150 on (whose rows O and LSE are all NaN) and head 1's from 131 on; every other row,
 /// and all of head 2, keeps the bits of the call without the NaN (the mask replaces a NaN score
-/// the row does not see). Keys 150 and 131 sit at offsets 22 and 3 of their 128-key tile, in
-/// blocks of 8 keys whose exponentials the D64 and D128 forwards take on different pipes (MUFU and
-/// `exp2_fma`), so both carry a NaN through.
+/// the row does not see). Keys 150 and 131 sit at offsets 22 and 3 of their 128-key tile: one on
+/// the diagonal tile's masked band for rows 128..150, one near its start.
 #[test]
 fn wgmma_nan_key_reaches_only_the_rows_that_see_it() {
     let Some(gpu) = wgmma_gpu_or_skip("wgmma_nan_key_reaches_only_the_rows_that_see_it") else {
