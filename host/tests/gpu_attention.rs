@@ -560,18 +560,30 @@ fn wgmma_fully_masked_rows_and_empty_keys() {
     }
 }
 
-/// A NaN in one key reaches exactly the rows that see that key: under the causal mask, head 0's
-/// rows from 150 on (whose rows O and LSE are all NaN) and head 1's from 131 on; every other row,
-/// and all of head 2, keeps the bits of the call without the NaN (the mask replaces a NaN score
-/// the row does not see). Keys 150 and 131 sit at offsets 22 and 3 of their 128-key tile: one on
-/// the diagonal tile's masked band for rows 128..150, one near its start.
+/// A NaN in one key reaches exactly the rows that see it (docs/math/attention.md): under the causal
+/// mask, head 0's rows from 150 on (whose O and LSE are all NaN) and head 1's from 131 on; every
+/// other row, and all of head 2, keeps the bits of the call without the NaN (the mask replaces a NaN
+/// score the row does not see). Keys 150 and 131 sit at offsets 22 and 3 of their 128-key tile: one
+/// on the diagonal tile's masked band for rows 128..150, one near its start. Every forward that
+/// writes an LSE: the wgmma kernels (sm_90 build), the `mma.sync` kernel (sm_80 build) and the naive
+/// path.
 #[test]
-fn wgmma_nan_key_reaches_only_the_rows_that_see_it() {
-    let Some(gpu) = wgmma_gpu_or_skip("wgmma_nan_key_reaches_only_the_rows_that_see_it") else {
+fn nan_key_reaches_only_the_rows_that_see_it() {
+    let Some(gpu) = gpu_or_skip("nan_key_reaches_only_the_rows_that_see_it") else {
         return;
     };
-    let mut rng = rng("wgmma_nan_key");
-    for (variant, d, dtype) in wgmma_kinds(&gpu) {
+    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
+    portable.set_poison_outputs(true);
+    let mut rng = rng("nan_key");
+    let mut runs: Vec<(Path, &Gpu, usize, DType)> = wgmma_kinds(&gpu)
+        .into_iter()
+        .map(|(v, d, dtype)| (Path::Kernel(v), &gpu, d, dtype))
+        .collect();
+    for (d, dtype) in KINDS {
+        runs.push((Path::Kernel(0), &portable, d, dtype));
+        runs.push((Path::Naive, &gpu, d, dtype));
+    }
+    for (path, on, d, dtype) in runs {
         let c = case(1, 3, 300, 300, d, Causal::Yes, dtype);
         let clean = inputs(&mut rng, &c);
         let mut with_nan = clean.clone();
@@ -579,15 +591,15 @@ fn wgmma_nan_key_reaches_only_the_rows_that_see_it() {
         for (head, key) in nan_key {
             with_nan[1].data[(head * c.seq_k + key) * d + d / 2] = f32::NAN;
         }
-        let (o0, l0) = run(Path::Kernel(variant), &gpu, &clean, &params(&c));
-        let (o1, l1) = run(Path::Kernel(variant), &gpu, &with_nan, &params(&c));
+        let (o0, l0) = run(path, on, &clean, &params(&c));
+        let (o1, l1) = run(path, on, &with_nan, &params(&c));
         let (o0, l0, o1, l1) = (
             o0.to_vec().unwrap(),
             l0.to_vec().unwrap(),
             o1.to_vec().unwrap(),
             l1.to_vec().unwrap(),
         );
-        let what = format!("wgmma kernel {variant} D{d} {dtype:?}");
+        let what = format!("{path:?} D{d} {dtype:?}");
         for head in 0..c.heads {
             let first_nan_row = nan_key
                 .iter()
@@ -599,7 +611,8 @@ fn wgmma_nan_key_reaches_only_the_rows_that_see_it() {
                 if i >= first_nan_row {
                     assert!(
                         out1.iter().all(|v| v.is_nan()) && l1[row].is_nan(),
-                        "{what}: head {head} row {i} sees the NaN key but is not all NaN"
+                        "{what}: head {head} row {i} sees the NaN key but is not all NaN (LSE {})",
+                        l1[row]
                     );
                 } else {
                     assert!(

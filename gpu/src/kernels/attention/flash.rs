@@ -380,7 +380,8 @@ fn store_output<T: MmaElem, const BQ: usize, const D: usize, const NO: usize>(
         let mut l = softmax.l[r];
         l += shfl_xor_f32(l, 1);
         l += shfl_xor_f32(l, 2);
-        if l > 0.0 {
+        // As the wgmma forwards' `store_output`: no key seen gives 0 and -inf, a NaN sum NaN.
+        if l != 0.0 {
             inv[r] = 1.0 / l;
             row_lse[r] = fma(softmax.m[r], softmax.c, log2(l)) * LN_2;
         }

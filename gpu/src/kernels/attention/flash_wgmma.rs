@@ -633,7 +633,9 @@ pub(super) fn store_output<T: MmaElem, const BQ: usize, const D: usize, const ON
         let mut l = softmax.l[r];
         l += shfl_xor_f32(l, 1);
         l += shfl_xor_f32(l, 2);
-        if l > 0.0 {
+        // A row that saw no key keeps O = 0 and LSE = -inf; a NaN sum (a NaN score the row sees)
+        // takes this branch, so its O and LSE both come out NaN.
+        if l != 0.0 {
             inv[r] = 1.0 / l;
             row_lse[r] = fma(softmax.m[r], softmax.c, log2(l)) * LN_2;
         }

@@ -125,7 +125,8 @@ unsafe fn naive<T: Elem>(
     // Causal: query i sees key j iff j <= i + sk - sq (bottom-right aligned).
     let visible = visible_keys(p.mask, i, sq, sk);
     let (m, l) = row_exponentials(&k, keys, d, sk, visible, p.scale, &scratch, scores);
-    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    // No key seen: O = 0 and LSE = -inf; a NaN sum (a NaN score the row sees) gives NaN in both.
+    let inv = if l != 0.0 { 1.0 / l } else { 0.0 };
 
     let mut c = tid;
     while c < d {
@@ -137,7 +138,7 @@ unsafe fn naive<T: Elem>(
         c += nt;
     }
     if tid == 0 {
-        let row_lse = if l > 0.0 {
+        let row_lse = if l != 0.0 {
             m + math::ln(l)
         } else {
             f32::NEG_INFINITY
