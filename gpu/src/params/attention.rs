@@ -384,6 +384,20 @@ impl FlashWgmmaConfig {
     pub const fn threads(&self) -> usize {
         self.warpgroups() * 128
     }
+    /// Threads of the warp-specialised forward at this config: a producer warpgroup beside the
+    /// consumers.
+    pub const fn tma_threads(&self) -> usize {
+        self.threads() + 128
+    }
+    /// The warp-specialised forward's registers a thread (`setmaxnreg`): (producer, consumers).
+    /// Two consumer warpgroups take 232 each; three, 160 (the producer gives up all but 24).
+    pub const fn tma_registers(&self) -> (u32, u32) {
+        if self.warpgroups() == 2 {
+            (40, 232)
+        } else {
+            (24, 160)
+        }
+    }
     /// Dynamic shared memory: the Q tile, then `stages` K tiles, then `stages` V tiles.
     pub const fn smem_bytes(&self) -> usize {
         (self.block_q + 2 * self.stages * self.block_k) * self.head_dim * 2
@@ -415,10 +429,13 @@ pub const FLASH_TMA_D128: FlashWgmmaConfig = FlashWgmmaConfig {
     stages: 2,
     min_blocks: 1,
 };
-/// D = 64 on the same pipeline: 128-key tiles (S 64 f32 a thread, O 32), 80 KiB a CTA.
+/// D = 64 on the same pipeline with three consumer warpgroups (192 query rows): 128-key tiles (S
+/// 64 f32 a thread, O 32, in the 160 registers three consumers leave), 90 KiB a CTA. At D = 64 a
+/// warpgroup's softmax of a tile is about as long as another's products, so a third warpgroup
+/// gives each scheduler a second softmax warp to issue from.
 pub const FLASH_TMA_D64: FlashWgmmaConfig = FlashWgmmaConfig {
     head_dim: 64,
-    block_q: 128,
+    block_q: 192,
     block_k: 128,
     stages: 2,
     min_blocks: 1,
@@ -441,11 +458,6 @@ pub const fn flash_tma_config(head_dim: usize) -> Option<FlashWgmmaConfig> {
         _ => None,
     }
 }
-/// Threads of the warp-specialised forward: one producer and two consumer warpgroups.
-pub const FLASH_TMA_THREADS: usize = 384;
-/// Registers a thread of its producer and consumer warpgroups (`setmaxnreg`).
-pub const FLASH_TMA_PRODUCER_REGS: u32 = 40;
-pub const FLASH_TMA_CONSUMER_REGS: u32 = 232;
 /// Its dynamic shared memory: the Q tile, the K ring and the V ring (each `stages` tiles and two
 /// 8-byte barriers a stage, rounded up to 1024 bytes), and Q's barrier.
 pub const fn flash_tma_smem_bytes(c: FlashWgmmaConfig) -> usize {
@@ -453,13 +465,16 @@ pub const fn flash_tma_smem_bytes(c: FlashWgmmaConfig) -> usize {
     let ring = (c.stages * tile + 16 * c.stages).next_multiple_of(1024);
     c.block_q * c.head_dim * 2 + 2 * ring + 8
 }
+const fn flash_tma_config_fits(c: FlashWgmmaConfig) -> bool {
+    let (producer, consumer) = c.tma_registers();
+    crate::params::register_split_fits(c.tma_threads() as u32, producer, consumer)
+        && flash_tma_smem_bytes(c) <= 227 * 1024
+        && (c.warpgroups() == 2 || c.warpgroups() == 3)
+}
 const _: () = assert!(
-    crate::params::register_split_fits(
-        FLASH_TMA_THREADS as u32,
-        FLASH_TMA_PRODUCER_REGS,
-        FLASH_TMA_CONSUMER_REGS
-    ) && flash_tma_smem_bytes(FLASH_TMA_D128) <= 227 * 1024
-        && flash_tma_smem_bytes(FLASH_TMA_D256) <= 227 * 1024
+    flash_tma_config_fits(FLASH_TMA_D64)
+        && flash_tma_config_fits(FLASH_TMA_D128)
+        && flash_tma_config_fits(FLASH_TMA_D256)
 );
 
 /// Every wgmma forward config a kernel is instantiated with.

@@ -42,22 +42,23 @@ pub struct TensorMapParam {
 // SAFETY: #[repr(C)], 16 u64, no padding.
 unsafe impl KernelParam for TensorMapParam {}
 
-/// Highest tensor rank the strided (broadcasting) kernels index.
-/// Whether a warp-specialised CTA of one producer and two consumer warpgroups (`threads` = 384,
-/// one CTA an SM) can move to `producer` and `consumer` registers a thread with `setmaxnreg`. Each
-/// thread starts with the launch's cap (65536 / threads, rounded down to 8), and `setmaxnreg.inc`
-/// draws only on the CTA's pool of what `.dec` released: a consumer raise the producer's release
-/// does not cover blocks the consumers for ever.
+/// Whether a warp-specialised CTA of one producer warpgroup and `threads / 128 - 1` consumer
+/// warpgroups (one CTA an SM) can move to `producer` and `consumer` registers a thread with
+/// `setmaxnreg`. Each thread starts with the launch's cap (65536 / threads, rounded down to 8), and
+/// `setmaxnreg.inc` draws only on the CTA's pool of what `.dec` released: a consumer raise the
+/// producer's release does not cover blocks the consumers for ever.
 pub const fn register_split_fits(threads: u32, producer: u32, consumer: u32) -> bool {
     let entry = 65536 / threads / 8 * 8;
-    threads == 384
+    threads >= 256
+        && threads.is_multiple_of(128)
         && producer.is_multiple_of(8)
         && consumer.is_multiple_of(8)
         && producer <= entry
         && consumer >= entry
-        && (entry - producer) * 128 >= (consumer - entry) * 256
+        && (entry - producer) * 128 >= (consumer - entry) * (threads - 128)
 }
 
+/// Highest tensor rank the strided (broadcasting) kernels index.
 pub const MAX_DIMS: usize = 6;
 
 /// Threads for a block that covers a row of `cols` elements at `per_thread` elements a thread: a power

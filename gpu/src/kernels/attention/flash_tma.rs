@@ -3,20 +3,22 @@
 //! other forward kernels; the masking, online softmax, P packing and epilogue are those of
 //! `flash_wgmma.rs`, shared.
 //!
-//! One CTA per (block of 128 query rows, head, batch), 384 threads:
+//! One CTA per (block of 128 query rows, or 192 at head dims to 64, head, batch), a producer warpgroup
+//! and two (three) consumers, 384 (512) threads:
 //! ```text
-//! warpgroup 0 (producer, 40 registers), thread 0:
-//!     TMA Q's 128 rows once (Q's barrier); per K/V tile j: acquire a K stage, TMA K(j);
+//! warpgroup 0 (producer, 40 (24) registers), thread 0:
+//!     TMA Q's rows once (Q's barrier); per K/V tile j: acquire a K stage, TMA K(j);
 //!     acquire a V stage, TMA V(j)          (two rings of 2 stages; rows past S_k arrive as zeros)
-//! warpgroups 1, 2 (consumers, 232 registers; query rows 64 (w - 1)..): wait for Q, then per tile j
+//! warpgroups 1, 2 (, 3) (consumers, 232 (160) registers; query rows 64 (w - 1)..): wait for Q,
+//! then per tile j
 //!     wait K(j); wait for this warpgroup's turn; S(j) = Q K(j)^T: issue, commit
 //!     j > 0: wait V(j-1); O += P(j-1) V(j-1): issue, commit
-//!     hand the turn to the other warpgroup; wait for S(j) only (P V runs on)
+//!     hand the turn to the next warpgroup; wait for S(j) only (P V runs on)
 //!     release K(j); mask, softmax(j)
 //!     wait for P V(j-1); release V(j-1); rescale O; P(j) = pack(S(j))
 //!     ... after the loop: wait V(n-1); O += P V; wait; release; store O and LSE
 //! ```
-//! The turns (FlashAttention-3's ping-pong) let one warpgroup's softmax run while the other's GEMMs
+//! The turns (FlashAttention-3's ping-pong) let one warpgroup's softmax run while another's GEMMs
 //! hold the tensor cores. Invisible tiles (past the causal diagonal, outside a window) are never
 //! loaded: both roles walk the same tiles (from the first key this block's first row sees to the
 //! last its last row sees). Heaviest query blocks first, as in the other kernels. The producer's
@@ -35,8 +37,8 @@ use crate::dev::wgmma::{
 };
 use crate::params::TensorMapParam;
 use crate::params::attention::{
-    AttentionLayout, AttentionShape, FLASH_TMA_CONSUMER_REGS, FLASH_TMA_D64, FLASH_TMA_D128,
-    FLASH_TMA_D256, FLASH_TMA_PRODUCER_REGS, FLASH_TMA_THREADS, flash_tma_smem_bytes,
+    AttentionLayout, AttentionShape, FLASH_TMA_D64, FLASH_TMA_D128, FLASH_TMA_D256,
+    flash_tma_smem_bytes,
 };
 use crate::unroll_lt;
 
@@ -48,9 +50,9 @@ use super::flash_wgmma::{
 
 /// K/V ring depth.
 const STAGES: usize = 2;
-/// The first of the two named barriers of the consumers' turns (1 and 2 serve the per-warpgroup
-/// barrier after negating Q).
-const TURN: u32 = 3;
+/// The first of the named barriers of the consumers' turns, one a consumer warpgroup (1 to 3 serve
+/// the per-warpgroup barrier after negating Q).
+const TURN: u32 = 4;
 
 #[inline(always)]
 unsafe fn flash_tma_fwd<
@@ -61,6 +63,8 @@ unsafe fn flash_tma_fwd<
     const BK: usize,
     const SN: usize,
     const ON: usize,
+    const PRODUCER_REGS: u32,
+    const CONSUMER_REGS: u32,
 >(
     map_q: TensorMapRef<BQ, 4>,
     map_k: TensorMapRef<BK, 4>,
@@ -76,7 +80,11 @@ unsafe fn flash_tma_fwd<
 {
     // The products cover the first `COLS` columns of the tile's `D` (the head dim's, rounded up to
     // 16; the rest are zeros in Q, K and V): fewer k-steps of `Q K^T`, a narrower `P V`.
-    const { assert!(BQ == 128 && SN == BK / 2 && ON == COLS / 2 && BK <= 128 && D <= 256) };
+    const {
+        assert!((BQ == 128 || BQ == 192) && SN == BK / 2 && ON == COLS / 2 && BK <= 128 && D <= 256)
+    };
+    // Consumer warpgroups, 64 query rows each.
+    let consumers = (BQ / 64) as u32;
     // (A packed batch's CTAs past their sequence's last block walk no tile and store nothing.)
     let qb = QueryBlock::of::<BQ, BK>(&p, &st);
     let p0 = p;
@@ -111,8 +119,8 @@ unsafe fn flash_tma_fwd<
     if tid == 0 {
         // SAFETY: one thread, before the barrier below and every other use.
         unsafe {
-            k_ring.init(2);
-            v_ring.init(2);
+            k_ring.init(consumers);
+            v_ring.init(consumers);
             q_bar.init(1);
         }
         fence_init();
@@ -123,7 +131,7 @@ unsafe fn flash_tma_fwd<
     sync_threads();
 
     if tid < 128 {
-        set_max_registers_dec::<FLASH_TMA_PRODUCER_REGS>();
+        set_max_registers_dec::<PRODUCER_REGS>();
         if tid == 0 {
             // SAFETY: the one producer thread; each load fills exactly the tile whose bytes its
             // barrier announced (Q's below, the rings' in `producer_acquire`).
@@ -144,7 +152,7 @@ unsafe fn flash_tma_fwd<
         }
         return;
     }
-    set_max_registers_inc::<FLASH_TMA_CONSUMER_REGS>();
+    set_max_registers_inc::<CONSUMER_REGS>();
     let ctid = tid - 128;
     let wg = ctid / 128;
     let elected = ctid % 128 == 0;
@@ -168,17 +176,18 @@ unsafe fn flash_tma_fwd<
     let mut s = [0.0f32; SN];
     let mut pf = [[0u32; 4]; 16];
     let (mut ks, mut vs) = (PipeState::<STAGES>::START, PipeState::<STAGES>::START);
-    // Ping-pong: the two warpgroups issue their tile's wgmma in turns (barrier `TURN + w` is
-    // warpgroup w's turn; the other one arrives on it after issuing), so one's softmax runs while the
-    // other's GEMMs occupy the tensor cores. Warpgroup 0 goes first (no wait at j = 0) and waits once
-    // more after the loop, so each barrier sees as many waits as arrivals (steps). The waits and
+    // Ping-pong: the consumer warpgroups issue their tile's wgmma in turns, round the ring
+    // (barrier `TURN + w` is warpgroup w's turn; warpgroup w - 1 arrives on it after issuing), so
+    // one's softmax runs while another's GEMMs occupy the tensor cores. Warpgroup 0 goes first (no
+    // wait at j = 0) and waits once more after the loop, for the last warpgroup's last arrival, so
+    // each barrier sees as many waits as arrivals (steps). The waits and
     // the arrivals sit where this warpgroup has no wgmma in flight or only unconditional code
     // follows (ptxas serialises wgmma around branches while accumulators are in flight).
     for t in 0..steps {
         let n0 = (first_tile + t) * BK as u32;
         let kt = k_ring.consumer_wait(ks);
-        if wg == 1 || t > 0 {
-            // SAFETY: 256 threads use barrier TURN + w: its 128 wait, the other 128 arrive.
+        if wg != 0 || t > 0 {
+            // SAFETY: 256 threads use barrier TURN + w: its 128 wait, warpgroup w - 1's 128 arrive.
             unsafe { named_barrier(TURN + wg, 256) };
         }
         fence();
@@ -191,12 +200,12 @@ unsafe fn flash_tma_fwd<
             // written before the `fence` above.
             unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, vt) };
             // SAFETY: as above.
-            unsafe { named_barrier_arrive(TURN + 1 - wg, 256) };
+            unsafe { named_barrier_arrive(TURN + (wg + 1) % consumers, 256) };
             // S(j) retired (groups retire in order); P V(j-1) may still run.
             s.wait::<1>();
         } else {
             // SAFETY: as above.
-            unsafe { named_barrier_arrive(TURN + 1 - wg, 256) };
+            unsafe { named_barrier_arrive(TURN + (wg + 1) % consumers, 256) };
             s.wait::<0>();
         }
         if elected {
@@ -232,7 +241,7 @@ unsafe fn flash_tma_fwd<
         pf = pack_p::<T, SN>(&s);
     }
     if wg == 0 && steps > 0 {
-        // SAFETY: as above (warpgroup 1's last arrival).
+        // SAFETY: as above (the last warpgroup's last arrival).
         unsafe { named_barrier(TURN, 256) };
     }
     if steps > 0 {
@@ -271,10 +280,10 @@ fn negate_rows<const ROWS: usize, const D: usize>(tile: SwizzledTile<ROWS, D>, r
 macro_rules! flash_tma_entry_points {
     ($($name:ident: $t:ty, $cfg:path, $cols:literal;)*) => {$(
         // One CTA per SM with a register cap at entry, which `setmaxnreg` needs.
-        crate::launch_bounds!($name, FLASH_TMA_THREADS, 1);
+        crate::launch_bounds!($name, $cfg.tma_threads(), 1);
         crate::tensor_map_params!($name, 0, 1, 2);
         /// Warp-specialised FlashAttention forward (sm_90a): rank-4 tensor maps (`[batch][heads][seq]
-        /// [D]`, any strides) of Q, K and V (`host::ops::attention`), O written with `strides.o`, grid (query blocks, heads, batch), 384 threads, `flash_tma_smem_bytes` of
+        /// [D]`, any strides) of Q, K and V (`host::ops::attention`), O written with `strides.o`, grid (query blocks, heads, batch), `tma_threads()` of its config, `flash_tma_smem_bytes` of
         /// dynamic shared memory.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -287,7 +296,7 @@ macro_rules! flash_tma_entry_points {
             let map_k = crate::tensor_map_param!($name, 1, C.block_k, 4);
             let map_v = crate::tensor_map_param!($name, 2, C.block_k, 4);
             unsafe {
-                flash_tma_fwd::<$t, { C.head_dim }, $cols, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { $cols / 2 }>(
+                flash_tma_fwd::<$t, { C.head_dim }, $cols, { C.block_q }, { C.block_k }, { C.block_k / 2 }, { $cols / 2 }, { C.tma_registers().0 }, { C.tma_registers().1 }>(
                     map_q, map_k, map_v, o, lse, shape, strides,
                 )
             }

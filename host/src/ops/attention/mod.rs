@@ -57,9 +57,9 @@ use cudarc::driver::LaunchConfig;
 pub use decode::{DECODE_MAX_HEAD_DIM, KvCache, decode_forward};
 use gpu::params::attention::{
     AttentionLayout, AttentionShape, Band, DQ_LATE_RELEASE, DQ_ORDERED, DQ_REVERSED_GRID,
-    DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_TMA_THREADS,
-    FLASH_WG_D64_Q64, FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, MemberSumParam,
-    NO_WINDOW, dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
+    DQ_ROTATED, DqWalk, FLASH_BWD_PRE_ROWS, FLASH_BWD_TURN_ROWS, FLASH_WG_D64_Q64,
+    FlashWgmmaConfig, GROUP_ALL, HeadStrides, MAX_SEQ, MaskKind, MemberSumParam, NO_WINDOW,
+    dq_late_release_fits, dq_rotated_fits, flash_bwd, flash_bwd_config, flash_config,
     flash_product_dim, flash_tile_dim, flash_tma_config, flash_tma_smem_bytes, flash_wg_bwd_config,
     flash_wg_bwd_config_of, naive,
 };
@@ -995,7 +995,7 @@ fn flash_tma_launch(
     let q_blocks = query_blocks(op, d, c.block_q)?;
     let launch = LaunchConfig {
         grid_dim: (q_blocks, d.heads as u32, d.batch as u32),
-        block_dim: (FLASH_TMA_THREADS as u32, 1, 1),
+        block_dim: (c.tma_threads() as u32, 1, 1),
         shared_mem_bytes: flash_tma_smem_bytes(c) as u32,
     };
     launch_cfg_large_smem(

@@ -772,7 +772,8 @@ fn flash_kernels_exist_for_every_supported_head_dim_and_dtype() {
                 "{name}"
             );
             let bound = crate::modules::launch_bounds(&name, "sm_90");
-            assert_eq!(bound, Some((FLASH_TMA_THREADS as u32, 1)), "{name}");
+            let threads = flash_tma_config(flash_tile_dim(d)).unwrap().tma_threads();
+            assert_eq!(bound, Some((threads as u32, 1)), "{name}");
         }
         assert_eq!(flash_product_dim(d), d);
         assert_eq!(flash_product_dim(d - 8), d);
@@ -1038,7 +1039,10 @@ fn flash_backward_kernels_exist_in_both_builds_with_their_launch_bounds() {
         assert_eq!((cfg.cols, cfg.head_dim), (d, tile));
         let sm80 = tile <= FLASH_MAX_HEAD_DIM_SM80;
         let k = flash_bwd_kernels(d, DType::F16, "sm_80", BwdNeeds::Dense);
-        assert_eq!(k.map(|k| k.main.to_string()), sm80.then(|| format!("flash_bwd_d{tile}_f16")));
+        assert_eq!(
+            k.map(|k| k.main.to_string()),
+            sm80.then(|| format!("flash_bwd_d{tile}_f16"))
+        );
         for dt in [DType::F16, DType::BF16] {
             let k = flash_bwd_kernels(d, dt, "sm_90", BwdNeeds::Dense).unwrap();
             assert_eq!(k.main, format!("flash_wg_bwd_d{d}_{dt}"));
