@@ -572,8 +572,7 @@ fn nan_key_reaches_only_the_rows_that_see_it() {
     let Some(gpu) = gpu_or_skip("nan_key_reaches_only_the_rows_that_see_it") else {
         return;
     };
-    let portable = Gpu::with_build(0, host::Build::Portable).unwrap();
-    portable.set_poison_outputs(true);
+    let portable = portable_build(&gpu);
     let mut rng = rng("nan_key");
     let mut runs: Vec<(Path, &Gpu, usize, DType)> = wgmma_kinds(&gpu)
         .into_iter()
