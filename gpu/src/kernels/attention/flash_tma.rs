@@ -3,7 +3,7 @@
 //! other forward kernels; the masking, online softmax, P packing and epilogue are those of
 //! `flash_wgmma.rs`, shared.
 //!
-//! One CTA per (block of 128 query rows, or 192 at head dims to 64, head, batch), a producer warpgroup
+//! One CTA per (block of 128 query rows, or 192 at head dims to 128, head, batch), a producer warpgroup
 //! and two (three) consumers, 384 (512) threads:
 //! ```text
 //! warpgroup 0 (producer, 40 (24) registers), thread 0:
@@ -17,6 +17,8 @@
 //!     release K(j); mask, softmax(j)
 //!     wait for P V(j-1); release V(j-1); rescale O; P(j) = pack(S(j))
 //!     ... after the loop: wait V(n-1); O += P V; wait; release; store O and LSE
+//!     then for the block's tiles past this warpgroup's own rows (the drain): wait K, take and
+//!     pass the turn, release K; wait V, release V
 //! ```
 //! The turns (FlashAttention-3's ping-pong) let one warpgroup's softmax run while another's GEMMs
 //! hold the tensor cores. Invisible tiles (past the causal diagonal, outside a window) are never
@@ -31,6 +33,7 @@ use crate::dev::shared::{check_index, dynamic_base, ld_shared_v4, st_shared_v4};
 use crate::dev::sync::{named_barrier, named_barrier_arrive, sync_threads};
 use crate::dev::thread::{block_idx_z, lane_id, thread_idx_x};
 use crate::dev::tma::TensorMapRef;
+use crate::dev::warp::warp_uniform_u32;
 use crate::dev::wgmma::{
     Accumulator, SwizzledTile, Wgmma, fence, fence_proxy_async, set_max_registers_dec,
     set_max_registers_inc,
@@ -160,6 +163,23 @@ unsafe fn flash_tma_fwd<
     let warp_row = wg_row + ((ctid / 32) % 4) * 16; // this warp's first row in the block
     let first_row = m0 + warp_row + lane_id() / 4; // this thread's rows: first_row and first_row + 8
     let key_limit = key_limits(first_row, sk, diag, band);
+    // The tiles this warpgroup's own rows see: the block's but for those past its last row's last
+    // key (under the causal mask a lower warpgroup's rows end a tile or more before the block's
+    // last row) or, where its rows all lie past S_q (the sequence's last block), none. Over those
+    // steps it only passes its turn and hands back the stages (the drain after the loop): up to a
+    // sixth less tensor work for a causal 192-row block at S 2048, a 33rd for a full one.
+    let own_steps = {
+        let row0 = m0 + wg_row;
+        let last = (row0 + 63).min(p.seq_q.max(1) - 1);
+        let end = band.hi(last as i32, diag).clamp(0, sk as i32) as u32;
+        let own = end
+            .div_ceil(BK as u32)
+            .saturating_sub(first_tile)
+            .min(steps);
+        // (Derived from the thread index, which ptxas cannot see is uniform over the warp: a loop
+        // bound it thinks divergent makes it serialise the wgmma.)
+        warp_uniform_u32(if row0 < p.seq_q { own } else { 0 })
+    };
 
     q_bar.wait(0);
     if p.scale < 0.0 {
@@ -183,7 +203,7 @@ unsafe fn flash_tma_fwd<
     // each barrier sees as many waits as arrivals (steps). The waits and
     // the arrivals sit where this warpgroup has no wgmma in flight or only unconditional code
     // follows (ptxas serialises wgmma around branches while accumulators are in flight).
-    for t in 0..steps {
+    for t in 0..own_steps {
         let n0 = (first_tile + t) * BK as u32;
         let kt = k_ring.consumer_wait(ks);
         if wg != 0 || t > 0 {
@@ -240,23 +260,49 @@ unsafe fn flash_tma_fwd<
         }
         pf = pack_p::<T, SN>(&s);
     }
-    if wg == 0 && steps > 0 {
-        // SAFETY: as above (the last warpgroup's last arrival).
-        unsafe { named_barrier(TURN, 256) };
-    }
-    if steps > 0 {
+    if own_steps > 0 {
         let vt = v_ring.consumer_wait(vs);
         fence();
         // SAFETY: as in the loop.
         unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, vt) };
     }
     acc.wait::<0>();
-    if steps > 0 && elected {
-        // SAFETY: as above; the last P V retired.
-        unsafe { v_ring.consumer_release(vs) };
+    if own_steps > 0 {
+        if elected {
+            // SAFETY: as above; the last P V retired.
+            unsafe { v_ring.consumer_release(vs) };
+        }
+        vs = vs.next();
     }
     // The warp's own Q rows are free: its warpgroup's last S wgmma retired.
     store_output::<T, BQ, D, ON>(&acc, &softmax, q_tile, warp_row, (&p0, &st), (o, lse));
+    // The drain: the block's tiles past this warpgroup's rows. It takes and passes its turn as in
+    // the loop (each turn barrier keeps as many waits as arrivals) and hands each stage back once
+    // it has landed (an arrival before then could count towards the stage's previous phase).
+    for t in own_steps..steps {
+        k_ring.consumer_wait(ks);
+        if wg != 0 || t > 0 {
+            // SAFETY: as in the loop.
+            unsafe { named_barrier(TURN + wg, 256) };
+        }
+        // SAFETY: as in the loop.
+        unsafe { named_barrier_arrive(TURN + (wg + 1) % consumers, 256) };
+        if elected {
+            // SAFETY: one thread a consumer; this warpgroup reads neither stage.
+            unsafe { k_ring.consumer_release(ks) };
+        }
+        ks = ks.next();
+        v_ring.consumer_wait(vs);
+        if elected {
+            // SAFETY: as above.
+            unsafe { v_ring.consumer_release(vs) };
+        }
+        vs = vs.next();
+    }
+    if wg == 0 && steps > 0 {
+        // SAFETY: as above (the last warpgroup's last arrival).
+        unsafe { named_barrier(TURN, 256) };
+    }
 }
 
 /// Flips the sign bit of every element of rows `row0..row0 + 64` of `tile`, by the 128 threads of
