@@ -420,13 +420,12 @@ pub const FLASH_WG_D64_Q64: FlashWgmmaConfig = FlashWgmmaConfig {
 
 /// The warp-specialised TMA forward (`flash_tma_fwd_d{64,128}_*`, `kernels/attention/flash_tma.rs`): two
 /// consumer warpgroups of 64 query rows and one producer warpgroup that loads Q once and K and V
-/// tiles by TMA into two mbarrier rings of `stages` each. D = 128 here: three consumer warpgroups
-/// (192 query rows) on 64-key tiles (S 32 f32, O 64, P 16 a thread, in 160 registers), 114 KiB a
-/// CTA. A 128-key tile's S would not fit beside O in 160 registers.
+/// tiles by TMA into two mbarrier rings of `stages` each. D = 128: 128-key tiles (S 64 f32, O 64,
+/// P 32 a thread), 160 KiB a CTA.
 pub const FLASH_TMA_D128: FlashWgmmaConfig = FlashWgmmaConfig {
     head_dim: 128,
-    block_q: 192,
-    block_k: 64,
+    block_q: 128,
+    block_k: 128,
     stages: 2,
     min_blocks: 1,
 };

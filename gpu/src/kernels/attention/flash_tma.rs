@@ -3,7 +3,7 @@
 //! other forward kernels; the masking, online softmax, P packing and epilogue are those of
 //! `flash_wgmma.rs`, shared.
 //!
-//! One CTA per (block of 128 query rows, or 192 at head dims to 128, head, batch), a producer warpgroup
+//! One CTA per (block of 128 query rows, or 192 at head dims to 64, head, batch), a producer warpgroup
 //! and two (three) consumers, 384 (512) threads:
 //! ```text
 //! warpgroup 0 (producer, 40 (24) registers), thread 0:
