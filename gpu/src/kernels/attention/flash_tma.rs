@@ -47,8 +47,8 @@ use crate::unroll_lt;
 
 use super::alibi_slope;
 use super::flash_wgmma::{
-    KeyLimits, OnlineSoftmax, QueryBlock, alibi, issue_pv, issue_s, key_limits, mask, pack_p,
-    rescale, softcap, store_output,
+    KeyLimits, OnlineSoftmax, QueryBlock, alibi, issue_pv, issue_s, key_limits, last_key_end, mask,
+    pack_p, rescale, softcap, store_output,
 };
 
 /// K/V ring depth.
@@ -171,7 +171,7 @@ unsafe fn flash_tma_fwd<
     let own_steps = {
         let row0 = m0 + wg_row;
         let last = (row0 + 63).min(p.seq_q.max(1) - 1);
-        let end = band.hi(last as i32, diag).clamp(0, sk as i32) as u32;
+        let end = last_key_end(band, last, diag, sk);
         let own = end
             .div_ceil(BK as u32)
             .saturating_sub(first_tile)
@@ -206,10 +206,7 @@ unsafe fn flash_tma_fwd<
     for t in 0..own_steps {
         let n0 = (first_tile + t) * BK as u32;
         let kt = k_ring.consumer_wait(ks);
-        if wg != 0 || t > 0 {
-            // SAFETY: 256 threads use barrier TURN + w: its 128 wait, warpgroup w - 1's 128 arrive.
-            unsafe { named_barrier(TURN + wg, 256) };
-        }
+        take_turn(wg, t);
         fence();
         // SAFETY: the whole warpgroup; Q and K(j) have landed (their barriers) and stay until this
         // warpgroup releases K(j) after the wait below.
@@ -219,13 +216,11 @@ unsafe fn flash_tma_fwd<
             // SAFETY: the whole warpgroup; V(j-1) has landed; P(j-1) and the rescaled O were
             // written before the `fence` above.
             unsafe { issue_pv::<T, BK, D, ON>(&mut acc, &pf, vt) };
-            // SAFETY: as above.
-            unsafe { named_barrier_arrive(TURN + (wg + 1) % consumers, 256) };
+            pass_turn(wg, consumers);
             // S(j) retired (groups retire in order); P V(j-1) may still run.
             s.wait::<1>();
         } else {
-            // SAFETY: as above.
-            unsafe { named_barrier_arrive(TURN + (wg + 1) % consumers, 256) };
+            pass_turn(wg, consumers);
             s.wait::<0>();
         }
         if elected {
@@ -281,12 +276,8 @@ unsafe fn flash_tma_fwd<
     // it has landed (an arrival before then could count towards the stage's previous phase).
     for t in own_steps..steps {
         k_ring.consumer_wait(ks);
-        if wg != 0 || t > 0 {
-            // SAFETY: as in the loop.
-            unsafe { named_barrier(TURN + wg, 256) };
-        }
-        // SAFETY: as in the loop.
-        unsafe { named_barrier_arrive(TURN + (wg + 1) % consumers, 256) };
+        take_turn(wg, t);
+        pass_turn(wg, consumers);
         if elected {
             // SAFETY: one thread a consumer; this warpgroup reads neither stage.
             unsafe { k_ring.consumer_release(ks) };
@@ -300,9 +291,28 @@ unsafe fn flash_tma_fwd<
         vs = vs.next();
     }
     if wg == 0 && steps > 0 {
-        // SAFETY: as above (the last warpgroup's last arrival).
-        unsafe { named_barrier(TURN, 256) };
+        // The last warpgroup's last arrival.
+        take_turn(0, 1);
     }
+}
+
+/// Waits for consumer warpgroup `wg`'s turn at step `t` of the ping-pong (barrier `TURN + wg`),
+/// which warpgroup `wg - 1` (round the ring) passes; warpgroup 0's first turn needs no wait. The
+/// whole warpgroup calls it, where it has no wgmma in flight.
+#[inline(always)]
+fn take_turn(wg: u32, t: u32) {
+    if wg != 0 || t > 0 {
+        // SAFETY: 256 threads use barrier TURN + w: its 128 wait, warpgroup w - 1's 128 arrive.
+        unsafe { named_barrier(TURN + wg, 256) };
+    }
+}
+
+/// Passes the turn from consumer warpgroup `wg` to the next of `consumers`, round the ring. The
+/// whole warpgroup calls it, after issuing its step's wgmma.
+#[inline(always)]
+fn pass_turn(wg: u32, consumers: u32) {
+    // SAFETY: as in `take_turn`: warpgroup w - 1's 128 threads arrive on barrier TURN + w.
+    unsafe { named_barrier_arrive(TURN + (wg + 1) % consumers, 256) };
 }
 
 /// Flips the sign bit of every element of rows `row0..row0 + 64` of `tile`, by the 128 threads of

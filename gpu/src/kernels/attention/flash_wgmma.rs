@@ -248,8 +248,7 @@ impl QueryBlock {
         let key_end = if !here {
             0
         } else {
-            band.hi((m0 + rows_here - 1) as i32, diag)
-                .clamp(0, sk as i32) as u32
+            last_key_end(band, m0 + rows_here - 1, diag, sk)
         };
         let key_begin = band.lo(m0 as i32, diag).clamp(0, key_end as i32) as u32;
         Self {
@@ -263,6 +262,13 @@ impl QueryBlock {
             n_tiles: key_end.div_ceil(BK as u32),
         }
     }
+}
+
+/// One past the last key query row `row` sees (within `0..sk`): where the key tiles of a block, or
+/// of a warpgroup, whose last row is `row` end.
+#[inline(always)]
+pub(super) fn last_key_end(band: Band, row: u32, diag: i32, sk: u32) -> u32 {
+    band.hi(row as i32, diag).clamp(0, sk as i32) as u32
 }
 
 /// Issues `S = Q K^T` for the warpgroup whose query rows start at `wg_row` of `q_tile`: `COLS / 16`
