@@ -840,7 +840,7 @@ const _: () = {
 /// warpgroups per (block of keys, head, batch). Up to D = 128 the block has 128 keys and warpgroup
 /// `w` owns keys `64 w..64 w + 64` (the M = 64 of `S^T = K Q^T`, `dP^T = V dO^T`, `dV += P^T dO`,
 /// `dK += dS^T Q`); at D = 256 and in the scored kernels at D = 128 ([`Self::split_head`]) the
-/// block has 64 keys, one warpgroup computes its S^T and the other its dP^T, and warpgroup `w`
+/// block has 64 keys, each warpgroup computes S^T and dP^T for half its queries, and warpgroup `w`
 /// owns columns `D/2 w..D/2 (w + 1)` of its dK and dV (at head dim 192 on the 256 tile, warpgroup
 /// 0 columns 0..128 and warpgroup 1 128..192: [`Self::wg_cols_of`]).
 /// Both share the `dQ = dS K` product of a step (`block_q x head_dim`) as two shares: by query rows
@@ -868,7 +868,7 @@ pub struct FlashWgBwdConfig {
     /// products then retire only in the next step, after that step's loads were issued).
     pub stages: usize,
     /// Whether the two warpgroups own the same 64 keys and split the head dim's columns of dK and
-    /// dV between them (one computing the block's S^T, the other its dP^T), instead of owning 64
+    /// dV between them (each computing S^T and dP^T for half the step's queries), instead of owning 64
     /// keys each: 128 columns of dK and dV are what a warpgroup's registers hold (at D = 256),
     /// and 64 leave the scored kernels' modifications registers (at D = 128).
     pub split_head: bool,
@@ -955,18 +955,14 @@ impl FlashWgBwdConfig {
         self.head_dim / self.dq_col_splits() / 64
     }
     /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, `stages` stages of
-    /// Q, as many of dO, two of the dS^T block (`block_k x block_q`), `stages` of the per-row
-    /// statistics (LSE and D, f32, `2 x block_q`), and with the head dim split the P^T block in
-    /// f32 (one warpgroup computes it for both). Every 16-bit tile is whole 1024-byte swizzle
-    /// atoms.
+    /// Q, as many of dO, two of the dS^T block (`block_k x block_q`; with the head dim split the
+    /// step's P^T takes the stage its dS^T does not), and `stages` of the per-row statistics (LSE
+    /// and D, f32, `2 x block_q`). Every 16-bit tile is whole 1024-byte swizzle atoms.
     pub const fn smem_bytes(&self) -> usize {
         2 * self.block_k * self.head_dim * 2
             + 2 * self.stages * self.block_q * self.head_dim * 2
             + 2 * self.block_k * self.block_q * 2
             + self.stages * 2 * self.block_q * 4
-            // (Arithmetic, not a branch: kernels evaluate this where they check their carve, and
-            // a branch here spilled the D 64 and D 128 kernels.)
-            + self.split_head as usize * self.block_k * self.block_q * 4
     }
 }
 
@@ -981,9 +977,9 @@ impl FlashWgBwdConfig {
 ///   Q / dO; 195 KiB.
 /// - D = 256: 64 keys a CTA, 64 query rows a step, the head dim split between the warpgroups
 ///   ([`FlashWgBwdConfig::split_head`]): per thread dK and dV 64 + 64 f32 (128 columns each), S^T
-///   or dP^T 32 (warpgroup 0 computes S^T, warpgroup 1 dP^T; P^T and dS^T cross through shared
-///   memory), the dQ share two 64 x 64 parts one after the other; 225 KiB. 128 keys a CTA with 64
-///   each would need 256 f32 of dK and dV a thread.
+///   and dP^T 16 + 16 (each warpgroup computes both for 32 of the step's queries; the P^T and dS^T
+///   halves cross through shared memory), the dQ share two 64 x 64 parts one after the other;
+///   209 KiB. 128 keys a CTA with 64 each would need 256 f32 of dK and dV a thread.
 /// - One CTA per SM (up to 255 registers a thread).
 pub const FLASH_WG_BWD_D64: FlashWgBwdConfig = FlashWgBwdConfig {
     head_dim: 64,

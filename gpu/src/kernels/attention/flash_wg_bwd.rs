@@ -111,10 +111,11 @@ unsafe fn flash_wg_bwd<
     order: u32,
     st: AttentionLayout,
 ) where
-    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]> + Wgmma<[f32; QN]>,
+    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]> + Wgmma<[f32; QN]> + Wgmma<[f32; 16]>,
     [f32; ON]: Accumulator,
     [f32; 32]: Accumulator,
     [f32; QN]: Accumulator,
+    [f32; 16]: Accumulator,
 {
     let cfg: FlashWgBwdConfig =
         const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>() };
@@ -201,10 +202,10 @@ unsafe fn flash_wg_bwd<
         + 2 * STAGES as u32 * qo_bytes
         + 2 * SwizzledTile::<BK, BQ>::BYTES as u32;
     let stat_stage = (2 * BQ * 4) as u32; // a stage: LSE2 of the BQ rows, then their D
-    // The head dim split's P^T block (f32, see `split_step`).
-    let p_tile = stats_base + STAGES as u32 * stat_stage;
-    let p_bytes = if split { (BK * BQ * 4) as u32 } else { 0 };
-    check_index((p_tile + p_bytes - base) as usize, cfg.smem_bytes() + 1);
+    check_index(
+        (stats_base + STAGES as u32 * stat_stage - base) as usize,
+        cfg.smem_bytes() + 1,
+    );
 
     // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0. K and V are loaded
     // once (they join the first member's first copy group). Q, dO and V only in the products'
@@ -260,7 +261,6 @@ unsafe fn flash_wg_bwd<
         };
         let walk = walk_at(0);
         let KeyBlockWalk {
-            sq,
             bh,
             sq_pad,
             heads_total,
@@ -386,13 +386,13 @@ unsafe fn flash_wg_bwd<
                 // The scored kernels' modifications at this thread's first query and key (read
                 // where warpgroup 0 applies them: held through the products, they spilled).
                 let diag = walk.dq.diag;
-                let mods = || ScoreMods::of(&p, &st, bh, (m0 + 2 * t, n0 + key_row), diag);
+                let mods = |q: u32| ScoreMods::of(&p, &st, bh, (m0 + q, n0 + key_row), diag);
                 // SAFETY: the whole CTA calls it here (see `split_step`); the other dS^T stage is
                 // free (this step's dQ product reads this step's, and the last step's retired).
                 unsafe {
                     split_step::<T, D, HD, BK, BQ, ON, STAGES, SCORE>(
                         (k_tile, q_tiles, ds_tile, stage),
-                        (stats_at, p_tile, ds_tiles.stage(ds_stage ^ 1)),
+                        (stats_at, ds_tiles.stage(ds_stage ^ 1)),
                         (c, qb, &p, mods),
                         (wg_key, wg_col, uneven),
                         (&mut dv_acc, &mut dk_acc),
@@ -446,14 +446,14 @@ unsafe fn flash_wg_bwd<
                 // derivative into dS^T). The cap's branch is uniform and outside the entries.
                 let at = (q0 + 2 * t, stats_at, c);
                 if !SCORE {
-                    p_and_ds::<BQ, false, false>(&mut s, &mut dp, at, (qb, &p), ScoreMods::NONE);
+                    p_and_ds::<BQ, false, false, 32>(&mut s, &mut dp, at, (qb, &p), ScoreMods::NONE);
                 } else {
                     let q = m0 + q0 + 2 * t;
                     let mods = ScoreMods::of(&p, &st, bh, (q, n0 + key_row), walk.dq.diag);
                     if p.softcap_k != 0.0 {
-                        p_and_ds::<BQ, true, true>(&mut s, &mut dp, at, (qb, &p), mods);
+                        p_and_ds::<BQ, true, true, 32>(&mut s, &mut dp, at, (qb, &p), mods);
                     } else {
-                        p_and_ds::<BQ, false, true>(&mut s, &mut dp, at, (qb, &p), mods);
+                        p_and_ds::<BQ, false, true, 32>(&mut s, &mut dp, at, (qb, &p), mods);
                     }
                 }
                 let pa = pack_p::<T, 32>(&s);
@@ -462,7 +462,7 @@ unsafe fn flash_wg_bwd<
                 // step ks is row key_row + 8 r, columns q0 + 16 ks + 8 h + 2t, +1. The tile's readers,
                 // the dQ product of two steps back, retired before the barrier at the top.
                 // SAFETY: one writer per word (this thread's fragment positions).
-                unsafe { store_ds(ds_tile, &dsa, key_row, q0 + 2 * t) };
+                unsafe { store_ds::<BK, BQ, 4>(ds_tile, &dsa, key_row, q0 + 2 * t) };
                 fence_proxy_async();
 
                 // dV_w += P^T dO_i, dK_w += dS^T Q_i over this sub-block's 64 queries.
@@ -718,26 +718,25 @@ fn member_sums<const ON: usize>(
 }
 
 /// One step's products before dQ with the head dim split ([`FlashWgBwdConfig::split_head`]: 64
-/// keys, 64 queries, both warpgroups on the same keys): warpgroup 0 computes `S^T = K Q^T` and
-/// warpgroup 1 `dP^T = V dO^T`, each over the whole head dim (the step's two products once, not
-/// each twice). Warpgroup 0 turns S^T into P^T (f32, masked) and stores it to `p_tile`; after a
-/// barrier warpgroup 1 reads it back, forms `dS^T = P^T (dP^T - D)` and stores it (rounded) to the
-/// dS^T tile; after a second barrier warpgroup 0 reads dS^T. Each thread reads back exactly the
-/// entries of its own fragment positions (both warpgroups' accumulators cover the same 64 x 64
-/// block alike), so both hold the P^T and dS^T fragments [`p_and_ds`] gives, bit for bit. With
-/// `SCORE` (the softcap and ALiBi) warpgroup 0 applies them, stores `P^T dw/ds` to `p_tile` (so
-/// warpgroup 1's dS^T is `(P^T dw/ds) (dP^T - D)`, rounded in another order than `p_and_ds`'s)
-/// and the rounded P^T to `pt_tile`, which both read back. Then `dV_w += P^T dO_i`, `dK_w +=
-/// dS^T Q_i` on the warpgroup's columns (`D / 2`; with the uneven split warpgroup 0 128, which it
-/// retires before returning, and warpgroup 1 64), issued and committed (the caller's dQ wait
-/// retires what is still in flight). Returns with the dS^T tile whole and fenced for the dQ
-/// product. `p_tile`: `BK x BQ` f32, entry `e` of thread `t` of a warpgroup at `4 (128 e + t)`
-/// (a warp's access is 128 consecutive bytes).
+/// keys, 64 queries, both warpgroups on the same keys): warpgroup `w` computes `S^T = K Q^T` and
+/// `dP^T = V dO^T` for the step's queries `32 w..32 w + 32` (two `m64n32` chains over the whole
+/// head dim), turns them into P^T and dS^T as the paired step does ([`p_and_ds`]: the softcap and
+/// ALiBi with `SCORE`), and stores both, rounded, into its half of `pt_tile` and of the dS^T tile.
+/// After one barrier both warpgroups read back the two tiles' fragments over all 64 queries. Then
+/// `dV_w += P^T dO_i`, `dK_w += dS^T Q_i` on the warpgroup's columns (`D / 2`; with the uneven
+/// split warpgroup 0 128, which it retires before returning, and warpgroup 1 64), issued and
+/// committed (the caller's dQ wait retires what is still in flight). Returns with the dS^T tile
+/// whole and fenced for the dQ product.
+///
+/// Why by queries: split by product (one warpgroup S^T, the other dP^T) the softmax and the dS^T
+/// pass ran one after the other, each while the other warpgroup waited at a barrier of its own;
+/// by queries both warpgroups do half of each at once, behind one barrier.
 ///
 /// # Safety
-/// Every thread of the CTA calls it at the same point of its step (two barriers); Q_i, dO_i, the
+/// Every thread of the CTA calls it at the same point of its step (one barrier); Q_i, dO_i, the
 /// statistics and K, V landed and were fenced before a barrier the caller passed; the dS^T tile
-/// and `p_tile` have no reader left from earlier steps (the dQ product that read the tile retired).
+/// and `pt_tile` have no reader left from earlier steps (the dQ product that read the tile retired,
+/// and the read-backs of `pt_tile` happen before the caller's next barrier).
 #[inline(always)]
 #[allow(clippy::type_complexity)]
 unsafe fn split_step<
@@ -756,107 +755,80 @@ unsafe fn split_step<
         SwizzledTile<BK, BQ>,
         u32,
     ),
-    (stats, p_tile, pt_tile): (u32, u32, SwizzledTile<BK, BQ>),
+    (stats, pt_tile): (u32, SwizzledTile<BK, BQ>),
     (c, qb, p, mods): (
         f32,
         QueryBounds,
         &AttentionShape,
-        impl FnOnce() -> ScoreMods,
+        impl FnOnce(u32) -> ScoreMods,
     ),
     (wg_key, wg_col, uneven): (u32, u32, bool),
     (dv_acc, dk_acc): (&mut [f32; ON], &mut [f32; ON]),
 ) where
-    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]>,
+    T: Wgmma<[f32; ON]> + Wgmma<[f32; 32]> + Wgmma<[f32; 16]>,
     [f32; ON]: Accumulator,
     [f32; 32]: Accumulator,
+    [f32; 16]: Accumulator,
 {
     // (Instantiated by every kernel, run by the split ones only, whose config has BK = BQ = 64.)
     let tid = opaque_dep_u32(thread_idx_x(), stage);
     let (wg, tw) = (tid / 128, tid % 128);
-    let (g, t) = ((tid % 32) / 4, tid % 4);
-    let key_row = wg_key + 16 * (tw / 32) + g;
-    // A = K (warpgroup 0) or V (the next tile); B = Q_i or dO_i (`STAGES` tiles on).
-    let a_tile = k_tile.stage(wg);
-    let b_tile = q_tiles.stage(stage + wg * STAGES as u32);
-    let mut acc = [0.0f32; 32];
+    let t = tid % 4;
+    let key_row = wg_key + 16 * (tw / 32) + (tid % 32) / 4;
+    // This warpgroup's queries of the step (the N of its S^T and dP^T).
+    let q0 = 32 * wg;
+    let (qt, dot) = (q_tiles.stage(stage), q_tiles.stage(stage + STAGES as u32));
+    let mut s = [0.0f32; 16];
+    let mut dp = [0.0f32; 16];
     fence();
     unroll_lt!(kd < HD / 16, {
         // SAFETY: the whole warpgroup issues it; the tiles landed and were fenced (the caller's
-        // contract); `acc` is untouched until the wait below.
+        // contract); `s`, `dp` are untouched until the wait below.
         unsafe {
             T::mma_ss(
-                &mut acc,
-                a_tile.desc_k_major(wg_key, kd as u32),
-                b_tile.desc_k_major(0, kd as u32),
+                &mut s,
+                k_tile.desc_k_major(wg_key, kd as u32),
+                qt.desc_k_major(q0, kd as u32),
                 (kd > 0) as u32,
-            )
-        };
+            );
+            T::mma_ss(
+                &mut dp,
+                k_tile.stage(1).desc_k_major(wg_key, kd as u32),
+                dot.desc_k_major(q0, kd as u32),
+                (kd > 0) as u32,
+            );
+        }
     });
     commit();
-    acc.wait::<0>();
+    s.wait::<0>();
+    dp.hold();
     dv_acc.hold();
     dk_acc.hold();
-    let p_at = |e: usize| p_tile + 4 * (128 * e as u32 + tw);
-    if wg == 0 {
-        // P^T in place of S^T (as `p_and_ds`); the cap's branch is uniform.
-        // With SCORE, the rounded P^T for both warpgroups' `dV += P^T dO` goes to `pt_tile`
-        // (`p_tile` holds P^T dw/ds). Its last readers (the previous step's read-backs) passed
-        // the barrier at the top of the step.
-        let pass = (stats, c, qb, p_tile, tw);
-        if !SCORE {
-            split_p::<T, false, false, BK, BQ>(&mut acc, pass, p, ScoreMods::NONE, None);
-        } else if p.softcap_k != 0.0 {
-            let pt = Some((pt_tile, key_row));
-            split_p::<T, true, true, BK, BQ>(&mut acc, pass, p, mods(), pt);
-        } else {
-            let pt = Some((pt_tile, key_row));
-            split_p::<T, false, true, BK, BQ>(&mut acc, pass, p, mods(), pt);
-        }
-    }
-    sync_threads();
-    if wg == 1 {
-        // dS^T = P^T (dP^T - D) in place of dP^T, P^T (times dw/ds, scored) read back at this
-        // thread's positions.
-        unroll_lt!(n < 8, {
-            let col = 2 * t + (8 * n) as u32;
-            // SAFETY: as above.
-            let delta = unsafe { ld_shared_v2_f32(stats + 4 * (BQ as u32 + col)) };
-            unroll!(e in [0, 1, 2, 3] {
-                // SAFETY: written by warpgroup 0's thread `tw` before the barrier above.
-                let pv = unsafe { f32::ld_shared(p_at(4 * n + e)) };
-                acc[4 * n + e] = pv * (acc[4 * n + e] - delta[e % 2]);
-            });
-        });
-        // SAFETY: one writer per word; the tile's last reader retired (the caller's contract).
-        unsafe { store_ds(ds_tile, &pack_p::<T, 32>(&acc), key_row, 2 * t) };
-        fence_proxy_async();
-    }
-    sync_threads();
-    // Both warpgroups read P^T back here (nothing of it is held across the barriers): the f32
-    // block rounded, or (scored) the rounded tile.
-    let pa = if SCORE {
-        // SAFETY: written by warpgroup 0 before the first barrier; not written again until the
-        // next step's.
-        unsafe { load_ds(pt_tile, key_row, 2 * t) }
+    // P^T and dS^T in place of S^T and dP^T; the cap's branch is uniform.
+    let at = (q0 + 2 * t, stats, c);
+    if !SCORE {
+        p_and_ds::<BQ, false, false, 16>(&mut s, &mut dp, at, (qb, p), ScoreMods::NONE);
+    } else if p.softcap_k != 0.0 {
+        p_and_ds::<BQ, true, true, 16>(&mut s, &mut dp, at, (qb, p), mods(q0 + 2 * t));
     } else {
-        let mut p = [0.0f32; 32];
-        unroll_lt!(n < 8, {
-            unroll!(e in [0, 1, 2, 3] {
-                // SAFETY: written by warpgroup 0's thread `tw` before the first barrier; not
-                // written again until the next step's first barrier.
-                p[4 * n + e] = unsafe { f32::ld_shared(p_at(4 * n + e)) };
-            });
-        });
-        pack_p::<T, 32>(&p)
-    };
-    // Warpgroup 1's dS^T; warpgroup 0 reads it back.
-    let mut dsa = pack_p::<T, 32>(&acc);
-    if wg == 0 {
-        // SAFETY: written by warpgroup 1 before the barrier above; nothing writes the tile
-        // until the next step.
-        dsa = unsafe { load_ds(ds_tile, key_row, 2 * t) };
+        p_and_ds::<BQ, false, true, 16>(&mut s, &mut dp, at, (qb, p), mods(q0 + 2 * t));
     }
-    let (qt, dot) = (q_tiles.stage(stage), q_tiles.stage(stage + STAGES as u32));
+    // SAFETY: one writer per word (this thread's fragment positions in its warpgroup's half); the
+    // tiles' last readers retired or passed a barrier (the contract).
+    unsafe {
+        store_ds::<BK, BQ, 2>(pt_tile, &pack_p::<T, 16>(&s), key_row, q0 + 2 * t);
+        store_ds::<BK, BQ, 2>(ds_tile, &pack_p::<T, 16>(&dp), key_row, q0 + 2 * t);
+    }
+    fence_proxy_async();
+    sync_threads();
+    // SAFETY: both halves written before the barrier above; `pt_tile` is not written until the
+    // caller's next barrier, the dS^T tile not until the next step.
+    let (pa, dsa) = unsafe {
+        (
+            load_ds::<BK, BQ>(pt_tile, key_row, 2 * t),
+            load_ds::<BK, BQ>(ds_tile, key_row, 2 * t),
+        )
+    };
     // An uneven split (192 on the 256 tile): warpgroup 1 keeps 64 columns (`m64n64` into the first
     // 32 f32 of its accumulators; the rest stay zero, past the product columns the epilogue
     // stores), warpgroup 0 128 as two `m64n64` halves: the first beside warpgroup 1's, left in
@@ -988,66 +960,20 @@ fn modified_p<const CAP: bool, const ALIBI: bool>(
     (exp2(fma(w, c, -lse2)), dw)
 }
 
-/// [`split_step`]'s P^T in place of S^T (`s`, 64 keys x 64 queries: `P^T = exp2(w c - LSE2)`,
-/// entries outside `qb` 0, `w` as [`modified_p`]), each entry `e` also stored to `p_tile` at
-/// `4 (128 e + tw)` as `P^T dw/ds` (what warpgroup 1's dS^T takes), and with `pt` = (tile, this
-/// thread's first key row) rounded to the tile as [`store_ds`] lays it out.
+/// P^T and dS^T of `SN / 4 * 8` queries (a 64-query sub-block, or a split step's 32) in place of
+/// S^T (`s`) and dP^T (`dp`): `P^T = exp2(w c - LSE2)`, `dS^T = P^T (dP^T - D) dw/ds`, entries
+/// outside `qb` 0, with `w` the raw score through the softcap (`CAP`) and ALiBi's bias (`ALIBI`)
+/// of `mods`, or the raw score itself. `col0`: this thread's first query column; `stats`: the
+/// stage's LSE2 and D rows; `c = scale log2 e`.
 #[inline(always)]
-fn split_p<T: MmaElem, const CAP: bool, const ALIBI: bool, const BK: usize, const BQ: usize>(
-    s: &mut [f32; 32],
-    (stats, c, qb, p_tile, tw): (u32, f32, QueryBounds, u32, u32),
-    p: &AttentionShape,
-    mods: ScoreMods,
-    pt: Option<(SwizzledTile<BK, BQ>, u32)>,
-) {
-    let t = tw % 4;
-    unroll_lt!(n < 8, {
-        let col = 2 * t + (8 * n) as u32;
-        // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
-        let lse2 = unsafe { ld_shared_v2_f32(stats + 4 * col) };
-        unroll!(e in [0, 1, 2, 3] {
-            let off = (8 * n + e % 2) as f32 - (8 * (e / 2)) as f32;
-            let (pv, dw) = modified_p::<CAP, ALIBI>(s[4 * n + e], off, (lse2[e % 2], c), p, mods);
-            let qq = (col + (e % 2) as u32) as i32;
-            let keep = qq >= qb.first[e / 2] && qq <= qb.last[e / 2];
-            s[4 * n + e] = if keep { pv } else { 0.0 };
-            let pd = if CAP { s[4 * n + e] * dw } else { s[4 * n + e] };
-            // SAFETY: inside `p_tile` (4-byte aligned); this thread's own entry, read back only
-            // after the caller's barrier.
-            unsafe { f32::st_shared(p_tile + 4 * (128 * (4 * n + e) as u32 + tw), pd) };
-        });
-        if let Some((tile, key_row)) = pt {
-            // Entries 4n, 4n + 1 (row key_row) and 4n + 2, 4n + 3 (row key_row + 8), columns col,
-            // col + 1: `store_ds`'s words of this n.
-            // SAFETY: 4-byte aligned (even column) inside the tile; one writer per word, read
-            // back only after the caller's barrier.
-            unsafe {
-                u32::st_shared(
-                    tile.elem_addr(key_row, col),
-                    T::pack2(s[4 * n], s[4 * n + 1]),
-                );
-                u32::st_shared(
-                    tile.elem_addr(key_row + 8, col),
-                    T::pack2(s[4 * n + 2], s[4 * n + 3]),
-                );
-            }
-        }
-    });
-}
-
-/// P^T and dS^T of one 64-query sub-block in place of S^T (`s`) and dP^T (`dp`): `P^T = exp2(w c -
-/// LSE2)`, `dS^T = P^T (dP^T - D) dw/ds`, entries outside `qb` 0, with `w` the raw score through
-/// the softcap (`CAP`) and ALiBi's bias (`ALIBI`) of `mods`, or the raw score itself. `col0`: this
-/// thread's first query column; `stats`: the stage's LSE2 and D rows; `c = scale log2 e`.
-#[inline(always)]
-fn p_and_ds<const BQ: usize, const CAP: bool, const ALIBI: bool>(
-    s: &mut [f32; 32],
-    dp: &mut [f32; 32],
+fn p_and_ds<const BQ: usize, const CAP: bool, const ALIBI: bool, const SN: usize>(
+    s: &mut [f32; SN],
+    dp: &mut [f32; SN],
     (col0, stats, c): (u32, u32, f32),
     (qb, p): (QueryBounds, &AttentionShape),
     mods: ScoreMods,
 ) {
-    unroll_lt!(n < 8, {
+    unroll_lt!(n < SN / 4, {
         let col = col0 + (8 * n) as u32;
         // SAFETY: 8-byte aligned (even column) inside the stage; landed before the barrier.
         let (lse2, delta) = unsafe {
@@ -1069,21 +995,21 @@ fn p_and_ds<const BQ: usize, const CAP: bool, const ALIBI: bool>(
     });
 }
 
-/// Stores this thread's dS^T fragments (`dsa[ks]`, 4 k-steps of 16 queries) into the dS^T tile
-/// (rows = keys, columns = queries): word (r, h) of step ks is row `key_row + 8 r`, columns
-/// `col0 + 16 ks + 8 h`, +1 (`col0` even).
+/// Stores this thread's dS^T (or P^T) fragments (`dsa[ks]`, `KS` k-steps of 16 queries) into a
+/// `BK x BQ` tile (rows = keys, columns = queries): word (r, h) of step ks is row `key_row + 8 r`,
+/// columns `col0 + 16 ks + 8 h`, +1 (`col0` even).
 ///
 /// # Safety
 /// No other thread accesses these words until a barrier after the stores, and no wgmma reads the
 /// tile until a `fence_proxy_async` and a barrier after them.
 #[inline(always)]
-unsafe fn store_ds<const BK: usize, const BQ: usize>(
+unsafe fn store_ds<const BK: usize, const BQ: usize, const KS: usize>(
     ds_tile: SwizzledTile<BK, BQ>,
     dsa: &[[u32; 4]; 16],
     key_row: u32,
     col0: u32,
 ) {
-    unroll_lt!(ks < 4, {
+    unroll_lt!(ks < KS, {
         let col = col0 + (16 * ks) as u32;
         // SAFETY: 4-byte aligned (even column) inside the tile; the caller's contract.
         unsafe {
@@ -1409,8 +1335,7 @@ const fn checked_config<
     let planned = 2 * SwizzledTile::<BK, D>::BYTES
         + 2 * STAGES * SwizzledTile::<BQ, D>::BYTES
         + 2 * SwizzledTile::<BK, BQ>::BYTES
-        + STAGES * 2 * BQ * 4
-        + if cfg.split_head { BK * BQ * 4 } else { 0 };
+        + STAGES * 2 * BQ * 4;
     assert!(planned == cfg.smem_bytes());
     cfg
 }
