@@ -30,6 +30,6 @@ with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         o.backward(torch.randn_like(o))
 torch.cuda.synchronize()
 PY
-timeout 300 "$ncu" --clock-control none -c 1 -k "regex:bwd" "${sections[@]}" \
+timeout 300 "$ncu" --clock-control none -c 1 -k "regex:flash_bwd_dq_dk_dv" "${sections[@]}" \
   python3 /tmp/sdpa_bwd_once.py > "$out/ncu_flash_d${D}.txt" 2>&1
 echo "flash rc=$?"
