@@ -1043,9 +1043,9 @@ fn attention_layouts(b: &mut Bencher) {
 /// FlashAttention at head dims on and off the kernels' tiles (`attn_hdim`): B4 H16 S4096 f16, head
 /// dims 32, 64, 96, 128, 192 and 256 (32, 96 and 192 run on the 64-, 128- and 256-wide tiles,
 /// zero-padded, with products over their own columns: forwards and dense backwards at all three),
-/// forward and forward + backward, both masks,
-/// beside SDPA at the same shapes (bench/peers.py). The goal: every head dim at least as fast as
-/// SDPA's flash backend.
+/// forward and forward + backward (and forward + backward with the nondeterministic dQ order,
+/// `fwdbwd_nondet`), both masks, beside SDPA at the same shapes (bench/peers.py). The goal: every
+/// head dim at least as fast as SDPA's flash backend.
 fn attention_head_dims(b: &mut Bencher) {
     let quick = std::env::var("RGK_BENCH_QUICK").is_ok();
     let (bb, h, s) = if quick { (1, 8, 512) } else { (4, 16, 4096) };
@@ -1068,6 +1068,22 @@ fn attention_head_dims(b: &mut Bencher) {
                 (4 * bytes1, 10 * bytes1),
                 fwd_flops,
                 |set, backward| attention_step(set, &params, backward),
+            );
+            // The same forward + backward with dQ added in arrival order: the determinism class
+            // of SDPA's flash backend, whose backward adds dQ with atomics.
+            inputs.bench(
+                b,
+                spec(
+                    format!("{name}/fwdbwd_nondet"),
+                    Some(10 * bytes1 as u64),
+                    Some(fwd_flops * 7 / 2),
+                ),
+                |[q, k, v, d_o]| {
+                    let (o, lse) = attn::flash_forward(q, k, v, &params).expect("flash_forward");
+                    let mode = attn::BackwardMode::Nondeterministic;
+                    attn::flash_backward_with(q, k, v, &o, &lse, d_o, &params, mode)
+                        .expect("flash_backward_with");
+                },
             );
         }
     }
