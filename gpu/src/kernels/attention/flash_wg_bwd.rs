@@ -495,67 +495,34 @@ unsafe fn flash_wg_bwd<
                     // is recomputed: kept through the step, ptxas spilled.
                     sink.release(walk.block_at(step - 1, order), tid);
                 }
-                let turn = walk.turn_at(i, order);
-                // Uneven (192 on the 256 tile), warpgroup 1's share is two parts (warpgroup 0's
-                // one): the second goes into the half of its dV accumulators past its 64 columns
-                // (no product and no store touches them), issued beside the first before the turn
-                // is awaited, so that neither product runs inside the turn. (Retired in this
-                // branch: ptxas serialised every wgmma when a branch's products outlived it.)
-                let second = if uneven && wg == 1 {
-                    dv_acc
-                        .split_first_chunk_mut::<32>()
-                        .and_then(|(_, rest)| rest.first_chunk_mut::<QN>())
-                } else {
-                    None
-                };
-                if let Some(dq2) = second {
-                    // SAFETY: as for the first part; `dq2` is untouched until the wait below.
+                // The turn is awaited while the tensor cores compute the dQ half: the poll's round
+                // trip to L2 is off the step's critical path.
+                sink.wait(i, walk.turn_at(i, order), tid);
+                // Every group of this warpgroup retires here (in order): dV and dK too.
+                dq.wait::<0>();
+                dv_acc.hold();
+                dk_acc.hold();
+                // (Uneven, warpgroup 1's share is two parts and warpgroup 0's one.)
+                if two_dq_parts && (!uneven || wg == 1) {
+                    // The head dim split at D = 256: the share's first 64 columns are added inside the turn
+                    // just taken, then its second 64 take the same registers (one after the
+                    // other: both at once spilled), and their additions release the turn.
+                    sink.add_part(&dq, i, tid, cfg, dq_col0);
+                    // SAFETY: as above (the tiles are not written until the wait below).
                     unsafe {
                         issue_dq::<T, BK, D, BQ, QN>(
-                            dq2,
+                            &mut dq,
                             ds_tile,
                             k_tile,
                             dq_row0,
                             dq_col0 + 64,
                         )
                     };
-                    sink.wait(i, turn, tid);
-                    // Both parts and warpgroup 1's dV and dK products retire here.
-                    dq.wait::<0>();
-                    dq2.hold();
-                    dk_acc.hold();
-                    sink.add_part(&dq, i, tid, cfg, dq_col0);
-                    sink.add_waited(dq2, i, tid, cfg, false);
-                } else {
-                    // The turn is awaited while the tensor cores compute the dQ half: the poll's
-                    // round trip to L2 is off the step's critical path.
-                    sink.wait(i, turn, tid);
-                    // Every group of this warpgroup retires here (in order): dV and dK too.
                     dq.wait::<0>();
                     dv_acc.hold();
                     dk_acc.hold();
-                    if two_dq_parts && !uneven {
-                        // The head dim split at D = 256: the share's first 64 columns are added
-                        // inside the turn just taken, then its second 64 take the same registers
-                        // (one after the other: both at once spilled), and their additions
-                        // release the turn.
-                        sink.add_part(&dq, i, tid, cfg, dq_col0);
-                        // SAFETY: as above (the tiles are not written until the wait below).
-                        unsafe {
-                            issue_dq::<T, BK, D, BQ, QN>(
-                                &mut dq,
-                                ds_tile,
-                                k_tile,
-                                dq_row0,
-                                dq_col0 + 64,
-                            )
-                        };
-                        dq.wait::<0>();
-                        dv_acc.hold();
-                        dk_acc.hold();
-                    }
-                    sink.add_waited(&dq, i, tid, cfg, false);
                 }
+                sink.add_waited(&dq, i, tid, cfg, false);
             }
             prev = i;
             step += 1;
