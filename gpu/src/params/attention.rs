@@ -956,18 +956,13 @@ impl FlashWgBwdConfig {
     }
     /// Dynamic shared memory, in the order the kernel carves it: K and V blocks, `stages` stages of
     /// Q, as many of dO, two of the dS^T block (`block_k x block_q`; with the head dim split the
-    /// step's P^T takes the stage its dS^T does not), `stages` of the per-row statistics (LSE and
-    /// D, f32, `2 x block_q`), and with the head dim split the exchange block (`block_k x
-    /// block_q` f32: half of S^T one way, half of dP^T the other). Every 16-bit tile is whole
-    /// 1024-byte swizzle atoms.
+    /// step's P^T takes the stage its dS^T does not), and `stages` of the per-row statistics (LSE
+    /// and D, f32, `2 x block_q`). Every 16-bit tile is whole 1024-byte swizzle atoms.
     pub const fn smem_bytes(&self) -> usize {
         2 * self.block_k * self.head_dim * 2
             + 2 * self.stages * self.block_q * self.head_dim * 2
             + 2 * self.block_k * self.block_q * 2
             + self.stages * 2 * self.block_q * 4
-            // (Arithmetic, not a branch: kernels evaluate this where they check their carve, and
-            // a branch here spilled the D 64 and D 128 kernels.)
-            + self.split_head as usize * self.block_k * self.block_q * 4
     }
 }
 

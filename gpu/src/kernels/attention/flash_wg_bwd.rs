@@ -202,10 +202,10 @@ unsafe fn flash_wg_bwd<
         + 2 * STAGES as u32 * qo_bytes
         + 2 * SwizzledTile::<BK, BQ>::BYTES as u32;
     let stat_stage = (2 * BQ * 4) as u32; // a stage: LSE2 of the BQ rows, then their D
-    // The head dim split's exchange block (f32, see `split_step`).
-    let x_tile = stats_base + STAGES as u32 * stat_stage;
-    let x_bytes = if split { (BK * BQ * 4) as u32 } else { 0 };
-    check_index((x_tile + x_bytes - base) as usize, cfg.smem_bytes() + 1);
+    check_index(
+        (stats_base + STAGES as u32 * stat_stage - base) as usize,
+        cfg.smem_bytes() + 1,
+    );
 
     // With no query block to walk (seq_q = 0) nothing is loaded: dK = dV = 0. K and V are loaded
     // once (they join the first member's first copy group). Q, dO and V only in the products'
@@ -392,7 +392,7 @@ unsafe fn flash_wg_bwd<
                 unsafe {
                     split_step::<T, D, HD, BK, BQ, ON, STAGES, SCORE>(
                         (k_tile, q_tiles, ds_tile, stage),
-                        (stats_at, x_tile, ds_tiles.stage(ds_stage ^ 1)),
+                        (stats_at, ds_tiles.stage(ds_stage ^ 1)),
                         (c, qb, &p, mods),
                         (wg_key, wg_col, uneven),
                         (&mut dv_acc, &mut dk_acc),
@@ -755,7 +755,7 @@ unsafe fn split_step<
         SwizzledTile<BK, BQ>,
         u32,
     ),
-    (stats, x_tile, pt_tile): (u32, u32, SwizzledTile<BK, BQ>),
+    (stats, pt_tile): (u32, SwizzledTile<BK, BQ>),
     (c, qb, p, mods): (
         f32,
         QueryBounds,
@@ -778,99 +778,46 @@ unsafe fn split_step<
     // This warpgroup's queries of the step (the N of its S^T and dP^T).
     let q0 = 32 * wg;
     let (qt, dot) = (q_tiles.stage(stage), q_tiles.stage(stage + STAGES as u32));
-    let mut acc = [0.0f32; 32];
-    if uneven {
-        // A = K (warpgroup 0) or V, B = Q_i or dO_i: S^T or dP^T over all 64 queries.
-        let (a_tile, b_tile) = (k_tile.stage(wg), q_tiles.stage(stage + wg * STAGES as u32));
-        fence();
-        unroll_lt!(kd < HD / 16, {
-            // SAFETY: the whole warpgroup issues it; the tiles landed and were fenced (the
-            // caller's contract); `acc` is untouched until the wait below.
-            unsafe {
-                T::mma_ss(
-                    &mut acc,
-                    a_tile.desc_k_major(wg_key, kd as u32),
-                    b_tile.desc_k_major(0, kd as u32),
-                    (kd > 0) as u32,
-                )
-            };
-        });
-        commit();
-        acc.wait::<0>();
-        dv_acc.hold();
-        dk_acc.hold();
-        // The exchange: warpgroup 0 hands its S^T of queries 32..64 (entries 16..32: column
-        // groups 4..8) to warpgroup 1, which hands its dP^T of queries 0..32 back; both at this
-        // thread's own positions of `x_tile` (entry `j` at `4 (128 j + tw)`: a warp's access is
-        // 128 consecutive bytes).
-        let x_at = |j: usize| x_tile + 4 * (128 * j as u32 + tw);
-        unroll_lt!(j < 16, {
-            let v = if wg == 0 { acc[16 + j] } else { acc[j] };
-            // SAFETY: inside `x_tile` (4-byte aligned); this thread's own word, read back only
-            // after the barrier below by the other warpgroup's thread `tw`.
-            unsafe { f32::st_shared(x_at(j), v) };
-        });
-        sync_threads();
-        // In place, so that no second block of registers is live: `acc[..16]` becomes S^T and
-        // `acc[16..]` dP^T of this warpgroup's 32 queries.
-        unroll_lt!(j < 16, {
-            // SAFETY: written by the other warpgroup's thread `tw` before the barrier above; not
-            // written again until the caller's next barrier.
-            let other = unsafe { f32::ld_shared(x_at(j)) };
-            if wg == 0 {
-                acc[16 + j] = other;
-            } else {
-                acc[j] = other;
-            }
-        });
-    } else if let Some((s, rest)) = acc.split_first_chunk_mut::<16>()
-        && let Some(dp) = rest.first_chunk_mut::<16>()
-    {
-        fence();
-        unroll_lt!(kd < HD / 16, {
-            // SAFETY: the whole warpgroup issues it; the tiles landed and were fenced (the
-            // caller's contract); `s`, `dp` are untouched until the wait below.
-            unsafe {
-                T::mma_ss(
-                    s,
-                    k_tile.desc_k_major(wg_key, kd as u32),
-                    qt.desc_k_major(q0, kd as u32),
-                    (kd > 0) as u32,
-                );
-                T::mma_ss(
-                    dp,
-                    k_tile.stage(1).desc_k_major(wg_key, kd as u32),
-                    dot.desc_k_major(q0, kd as u32),
-                    (kd > 0) as u32,
-                );
-            }
-        });
-        commit();
-        s.wait::<0>();
-        dp.hold();
-        dv_acc.hold();
-        dk_acc.hold();
-    }
-    let Some((s, rest)) = acc.split_first_chunk_mut::<16>() else {
-        return;
-    };
-    let Some(dp) = rest.first_chunk_mut::<16>() else {
-        return;
-    };
+    let mut s = [0.0f32; 16];
+    let mut dp = [0.0f32; 16];
+    fence();
+    unroll_lt!(kd < HD / 16, {
+        // SAFETY: the whole warpgroup issues it; the tiles landed and were fenced (the caller's
+        // contract); `s`, `dp` are untouched until the wait below.
+        unsafe {
+            T::mma_ss(
+                &mut s,
+                k_tile.desc_k_major(wg_key, kd as u32),
+                qt.desc_k_major(q0, kd as u32),
+                (kd > 0) as u32,
+            );
+            T::mma_ss(
+                &mut dp,
+                k_tile.stage(1).desc_k_major(wg_key, kd as u32),
+                dot.desc_k_major(q0, kd as u32),
+                (kd > 0) as u32,
+            );
+        }
+    });
+    commit();
+    s.wait::<0>();
+    dp.hold();
+    dv_acc.hold();
+    dk_acc.hold();
     // P^T and dS^T in place of S^T and dP^T; the cap's branch is uniform.
     let at = (q0 + 2 * t, stats, c);
     if !SCORE {
-        p_and_ds::<BQ, false, false, 16>(s, dp, at, (qb, p), ScoreMods::NONE);
+        p_and_ds::<BQ, false, false, 16>(&mut s, &mut dp, at, (qb, p), ScoreMods::NONE);
     } else if p.softcap_k != 0.0 {
-        p_and_ds::<BQ, true, true, 16>(s, dp, at, (qb, p), mods(q0 + 2 * t));
+        p_and_ds::<BQ, true, true, 16>(&mut s, &mut dp, at, (qb, p), mods(q0 + 2 * t));
     } else {
-        p_and_ds::<BQ, false, true, 16>(s, dp, at, (qb, p), mods(q0 + 2 * t));
+        p_and_ds::<BQ, false, true, 16>(&mut s, &mut dp, at, (qb, p), mods(q0 + 2 * t));
     }
     // SAFETY: one writer per word (this thread's fragment positions in its warpgroup's half); the
     // tiles' last readers retired or passed a barrier (the contract).
     unsafe {
-        store_ds::<BK, BQ, 2>(pt_tile, &pack_p::<T, 16>(s), key_row, q0 + 2 * t);
-        store_ds::<BK, BQ, 2>(ds_tile, &pack_p::<T, 16>(dp), key_row, q0 + 2 * t);
+        store_ds::<BK, BQ, 2>(pt_tile, &pack_p::<T, 16>(&s), key_row, q0 + 2 * t);
+        store_ds::<BK, BQ, 2>(ds_tile, &pack_p::<T, 16>(&dp), key_row, q0 + 2 * t);
     }
     fence_proxy_async();
     sync_threads();
@@ -1388,8 +1335,7 @@ const fn checked_config<
     let planned = 2 * SwizzledTile::<BK, D>::BYTES
         + 2 * STAGES * SwizzledTile::<BQ, D>::BYTES
         + 2 * SwizzledTile::<BK, BQ>::BYTES
-        + STAGES * 2 * BQ * 4
-        + if cfg.split_head { BK * BQ * 4 } else { 0 };
+        + STAGES * 2 * BQ * 4;
     assert!(planned == cfg.smem_bytes());
     cfg
 }
