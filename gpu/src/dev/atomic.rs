@@ -60,6 +60,27 @@ pub unsafe fn load_relaxed_f32(addr: *const f32) -> f32 {
     v
 }
 
+/// `fence.acq_rel.gpu`: with a strong write after it (such as [`add_relaxed_u32`]) a release at GPU
+/// scope, cumulative as [`add_release_u32`]'s: one fence before several signals pays one wait for
+/// this thread's earlier memory operations, where each `red.release` waits again.
+#[inline(always)]
+pub fn fence_acq_rel_gpu() {
+    // SAFETY: a memory fence; no operands.
+    unsafe { core::arch::asm!("fence.acq_rel.gpu;", options(nostack)) }
+}
+
+/// `red.relaxed.gpu.global.add.u32`: adds `v` with no ordering of its own; after
+/// [`fence_acq_rel_gpu`], a release.
+///
+/// # Safety
+/// `addr` must point to a live, 4-byte aligned `u32` in global memory.
+#[inline(always)]
+pub unsafe fn add_relaxed_u32(addr: *mut u32, v: u32) {
+    unsafe {
+        core::arch::asm!("red.relaxed.gpu.global.add.u32 [{a}], {v};", a = in(reg64) addr, v = in(reg32) v, options(nostack))
+    }
+}
+
 /// `red.release.gpu.global.add.u32`: adds `v` after every earlier memory operation of this thread,
 /// and of every thread ordered before it by a block barrier, is visible at GPU scope (release is
 /// cumulative). The signal side of [`load_acquire_u32`]: `sync_threads()`, then one thread calls this.

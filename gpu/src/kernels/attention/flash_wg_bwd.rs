@@ -47,7 +47,9 @@
 //! 128 x 128 (D = 64) dQ block into two 64 x 64 halves (by columns, or by query rows), so each adds
 //! half of it. Epilogue: dK (times `scale`) and dV rounded to the input type, staged through the
 //! CTA's K/V tiles for 16-byte stores.
-use crate::dev::atomic::{add_release_u32, red_add_v4_f32, wait_for_turn};
+use crate::dev::atomic::{
+    add_relaxed_u32, add_release_u32, fence_acq_rel_gpu, red_add_v4_f32, wait_for_turn,
+};
 use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
 use crate::dev::math::{LOG2_E, abs, exp2, fma, max, tanh};
@@ -347,7 +349,7 @@ unsafe fn flash_wg_bwd<
             if cfg.defer_dq && sink.late() && step > 1 {
                 // The additions of the previous step (block `step - 2`, deferred: added during step
                 // `step - 1`), most of a step ago, before this step's turn.
-                sink.release(walk.block_at(step - 2, order), tid);
+                sink.release_cta(walk.block_at(step - 2, order), tid);
             }
             if step + 1 < n_steps {
                 load_qblock(walk.block_at(step + 1, order), (step + 1) % STAGES as u32);
@@ -446,7 +448,13 @@ unsafe fn flash_wg_bwd<
                 // derivative into dS^T). The cap's branch is uniform and outside the entries.
                 let at = (q0 + 2 * t, stats_at, c);
                 if !SCORE {
-                    p_and_ds::<BQ, false, false, 32>(&mut s, &mut dp, at, (qb, &p), ScoreMods::NONE);
+                    p_and_ds::<BQ, false, false, 32>(
+                        &mut s,
+                        &mut dp,
+                        at,
+                        (qb, &p),
+                        ScoreMods::NONE,
+                    );
                 } else {
                     let q = m0 + q0 + 2 * t;
                     let mods = ScoreMods::of(&p, &st, bh, (q, n0 + key_row), walk.dq.diag);
@@ -493,7 +501,13 @@ unsafe fn flash_wg_bwd<
                 if sink.late() && step > 0 {
                     // The previous step's additions (a step ago: landed) before this turn. Its block
                     // is recomputed: kept through the step, ptxas spilled.
-                    sink.release(walk.block_at(step - 1, order), tid);
+                    // (One thread for the CTA in the dense kernels; the general ones keep a
+                    // release a warp: the single one spilled 28-52 bytes there.)
+                    if GENERAL {
+                        sink.release(walk.block_at(step - 1, order), tid);
+                    } else {
+                        sink.release_cta(walk.block_at(step - 1, order), tid);
+                    }
                 }
                 // The turn is awaited while the tensor cores compute the dQ half: the poll's round
                 // trip to L2 is off the step's critical path.
@@ -554,7 +568,7 @@ unsafe fn flash_wg_bwd<
             dk_acc.hold();
             if sink.late() && step > 1 {
                 // The additions of the loop's last step (block `step - 2`), before this turn.
-                sink.release(walk.block_at(step - 2, order), tid);
+                sink.release_cta(walk.block_at(step - 2, order), tid);
             }
             sink.add(&dq, i, walk.turn_at(i, order), tid, cfg, true);
         }
@@ -1228,6 +1242,21 @@ impl DqSink {
             (row0, col0),
             (cfg.head_dim, cfg.cols),
         );
+    }
+
+    /// Releases every warp's turn on block `i` at once, from thread 0 ([`Self::late`] only): one
+    /// fence, then the eight counters. The caller passed a CTA barrier after every warp's
+    /// additions to block `i`, so the fence orders them all (release is cumulative). Each warp
+    /// releasing its own turn stalled every warp in a `MEMBAR` once a step (docs/PERF_NOTES.md).
+    #[inline(always)]
+    fn release_cta(&self, i: u32, tid: u32) {
+        if tid == 0 {
+            fence_acq_rel_gpu();
+            unroll_lt!(w < 8, {
+                // SAFETY: a live counter (as in `Self::counter`).
+                unsafe { add_relaxed_u32(self.counter(i, w as u32), 1) };
+            });
+        }
     }
 
     /// Releases warp `tid / 32`'s turn on block `i`, whose additions it made earlier (after a
