@@ -501,13 +501,10 @@ unsafe fn flash_wg_bwd<
                 if sink.late() && step > 0 {
                     // The previous step's additions (a step ago: landed) before this turn. Its block
                     // is recomputed: kept through the step, ptxas spilled.
-                    // (One thread for the CTA in the dense kernels; the general ones keep a
-                    // release a warp: the single one spilled 28-52 bytes there.)
-                    if GENERAL {
-                        sink.release(walk.block_at(step - 1, order), tid);
-                    } else {
-                        sink.release_cta(walk.block_at(step - 1, order), tid);
-                    }
+                    // (A release a warp here: one thread for the CTA, as the deferred order
+                    // releases, measured slower at D192 and D256 without the causal mask, no
+                    // better at D96, and spilled the general kernels; docs/PERF_NOTES.md.)
+                    sink.release(walk.block_at(step - 1, order), tid);
                 }
                 // The turn is awaited while the tensor cores compute the dQ half: the poll's round
                 // trip to L2 is off the step's critical path.
