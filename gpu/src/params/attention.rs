@@ -868,9 +868,9 @@ pub struct FlashWgBwdConfig {
     /// products then retire only in the next step, after that step's loads were issued).
     pub stages: usize,
     /// Whether the two warpgroups own the same 64 keys and split the head dim's columns of dK and
-    /// dV between them (each computing S^T and dP^T for half the step's queries), instead of owning 64
-    /// keys each: 128 columns of dK and dV are what a warpgroup's registers hold (at D = 256),
-    /// and 64 leave the scored kernels' modifications registers (at D = 128).
+    /// dV between them (each computing S^T and dP^T for half the step's queries), instead of
+    /// owning 64 keys each: 128 columns of dK and dV are what a warpgroup's registers hold (at
+    /// D = 256), and 64 leave the scored kernels' modifications registers (at D = 128).
     pub split_head: bool,
 }
 
