@@ -75,6 +75,10 @@ ATTN_BWD_SHAPES = ATTN_SHAPES[1:]  # the training shapes (benches/benches/ops.rs
 ATTN_FWD_SHAPES = ATTN_SHAPES + [(16, 16, 1024, 64), (16, 16, 1024, 128), (8, 16, 4096, 64),
                                  (8, 16, 4096, 128), (2, 16, 16384, 64), (2, 16, 16384, 128)]
 SDPA_BWD_BACKENDS = SDPA_BACKENDS[:3]  # math materialises B H S^2 scores: tens of GiB here
+# SDPA's flash backward adds dQ with atomics (arrival order) unless torch's deterministic mode is on,
+# which switches it to its deterministic algorithm: the peer of our default (ordered) backward, where
+# "sdpa-flash" is the peer of our nondeterministic mode.
+FLASH_DETERMINISTIC = "sdpa-flash-det"
 
 
 # --------------------------------------------------------------------------- cases
@@ -424,6 +428,33 @@ def sdpa_context(backend):
     return context
 
 
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) for the block (warn_only off: torch's kernels take
+    their deterministic algorithm or raise), the previous setting restored after."""
+    before, warn_only = (torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+
+
+def sdpa_backward_context(name, backend):
+    """The context of an SDPA peer that runs a backward: `backend` forced and, for
+    FLASH_DETERMINISTIC, torch's deterministic mode on."""
+    forced = sdpa_context(backend)
+    if name != FLASH_DETERMINISTIC:
+        return forced
+
+    @contextlib.contextmanager
+    def context():
+        with forced(), deterministic_algorithms():
+            yield
+    return context
+
+
 def sdpa_peer(peer, backend, causal):
     """SDPA with one backend forced (backend None = torch's own dispatch choice)."""
     def build():
@@ -518,7 +549,8 @@ def sdpa_rows_peer(name, backend, causal, backward, rows_first):
                 return torch.autograd.grad(o, (x[0], x[1], x[2]), d_o)
             return o
         return run
-    return Peer(name, build, sdpa_context(backend))
+    return Peer(name, build, sdpa_backward_context(name, backend) if backward else
+                sdpa_context(backend))
 
 
 def attn_pass_case(name, backward, sizes, make, peers):
@@ -547,10 +579,11 @@ def sdpa_layout_case(family, tag, b, h, s, d, layout, causal, backward):
         q, k, v = (rand(shape, tag).requires_grad_(backward) for _ in range(3))
         return q, k, v, rand(shape, tag)
 
+    backends = SDPA_BACKENDS[:2] + ([(FLASH_DETERMINISTIC, "FLASH_ATTENTION")] if backward else [])
     return attn_pass_case(f"{family}/{tag}/B{b}H{h}S{s}D{d}/{layout}/{mask}", backward,
                           (tensor, fwd), make,
                           [sdpa_rows_peer(name, backend, causal, backward, rows_first)
-                           for name, backend in SDPA_BACKENDS[:2]])
+                           for name, backend in backends])
 
 
 def attn_window_case(tag, b, h, s, d, left, right, causal, backward):
@@ -709,11 +742,7 @@ def sdpa_bwd_peer(peer, backend, causal, forward_too):
             return torch.autograd.grad(graphs[id(q)], (q, k, v), d_o, retain_graph=True)
         return run
 
-    def context():
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        return sdpa_kernel(getattr(SDPBackend, backend))
-
-    return Peer(peer, build, context)
+    return Peer(peer, build, sdpa_backward_context(peer, backend))
 
 
 def attn_bwd_case(tag, b, h, s, d, causal, forward_too=False, peak_memory=False):
@@ -732,7 +761,8 @@ def attn_bwd_case(tag, b, h, s, d, causal, forward_too=False, peak_memory=False)
     return Case(f"{op}/{tag}/B{b}H{h}S{s}D{d}/{mask}", bytes=(12 if forward_too else 8) * tensor,
                 flops=fwd * (7 if forward_too else 5) // 2, in_bytes=4 * tensor, make_set=make,
                 peers=[sdpa_bwd_peer(name, backend, causal, forward_too)
-                       for name, backend in SDPA_BWD_BACKENDS],
+                       for name, backend in
+                       SDPA_BWD_BACKENDS + [(FLASH_DETERMINISTIC, "FLASH_ATTENTION")]],
                 peak_memory=peak_memory, samples=5 if peak_memory else None)
 
 
