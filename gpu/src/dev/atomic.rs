@@ -125,6 +125,24 @@ pub unsafe fn red_add_v4_f32(addr: *mut f32, v: [f32; 4]) {
     }
 }
 
+/// `red.global.add.v2.f32` (PTX 8.1, sm_90): [`red_add_f32`] of two consecutive floats in one
+/// instruction, with the same order rule. A wgmma accumulator holds its f32 in such pairs, so a
+/// warp adds them where they lie: four lanes' pairs fill a row's 32-byte sector, the L2 requests
+/// of [`red_add_v4_f32`] without the lane exchange that would form its 16-byte pieces.
+///
+/// # Safety
+/// `addr` must point to two live `f32` in global memory, 8-byte aligned.
+#[inline(always)]
+pub unsafe fn red_add_v2_f32(addr: *mut f32, v: [f32; 2]) {
+    unsafe {
+        core::arch::asm!(
+            "red.global.add.v2.f32 [{a}], {{{b}, {c}}};",
+            a = in(reg64) addr, b = in(reg32) v[0], c = in(reg32) v[1],
+            options(nostack)
+        )
+    }
+}
+
 /// Polls at most this many times in [`wait_for_turn`] before trapping.
 pub const TURN_POLLS: u32 = 1 << 26;
 

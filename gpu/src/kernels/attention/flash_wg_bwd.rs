@@ -48,7 +48,8 @@
 //! half of it. Epilogue: dK (times `scale`) and dV rounded to the input type, staged through the
 //! CTA's K/V tiles for 16-byte stores.
 use crate::dev::atomic::{
-    add_relaxed_u32, add_release_u32, fence_acq_rel_gpu, red_add_v4_f32, wait_for_turn,
+    add_relaxed_u32, add_release_u32, fence_acq_rel_gpu, red_add_v2_f32, red_add_v4_f32,
+    wait_for_turn,
 };
 use crate::dev::copy::{cp_async_16, cp_async_commit, cp_async_wait};
 use crate::dev::elem::{BF16, F16};
@@ -260,6 +261,7 @@ unsafe fn flash_wg_bwd<
             n_turns: w.n_turns,
             turn_step: w.turn_step,
             order,
+            in_pairs: !GENERAL,
         };
         let walk = walk_at(0);
         let KeyBlockWalk {
@@ -1129,6 +1131,8 @@ struct DqSink {
     n_turns: u32,
     turn_step: u32,
     order: u32,
+    /// Whether the additions take the accumulator's pairs where they lie (see [`add_dq_half`]).
+    in_pairs: bool,
 }
 
 impl DqSink {
@@ -1210,6 +1214,7 @@ impl DqSink {
             self.sq,
             (row0, dq_col0),
             (cfg.head_dim, cfg.cols),
+            self.in_pairs,
         );
         // Every lane's additions, then the release (cumulative over the warp barrier).
         sync_warp(FULL_MASK);
@@ -1238,6 +1243,7 @@ impl DqSink {
             self.sq,
             (row0, col0),
             (cfg.head_dim, cfg.cols),
+            self.in_pairs,
         );
     }
 
@@ -1270,12 +1276,17 @@ impl DqSink {
 
 /// Adds this thread's share of a warp's 16 rows of a 64 x `2 QN` dQ part (wgmma accumulator layout:
 /// `dq[4n], dq[4n + 1]` row g, columns 8n + 2t, +1; `dq[4n + 2], dq[4n + 3]` row g + 8) to the
-/// f32 accumulator (`rows` rows a head, of which the first `sq` are this sequence's), 16 bytes an
-/// instruction: lanes t and t ^ 1 trade halves, so the even lane adds row g, columns
-/// 8n + 4 (t / 2)..+4 and the odd lane row g + 8, the same columns (a warp's instruction covers 16
-/// whole 32-byte sectors). `row0` = the warp's first query row in the head, `col0` = the part's
-/// first column; the accumulator's rows are `d` f32 (the tile's width), of which the first `cols`
-/// are the products' (the columns past them, zeros, are not added).
+/// f32 accumulator (`rows` rows a head, of which the first `sq` are this sequence's). `row0` = the
+/// warp's first query row in the head, `col0` = the part's first column; the accumulator's rows are
+/// `d` f32 (the tile's width), of which the first `cols` are the products' (the columns past them,
+/// zeros, are not added). Either way a warp's additions of an 8-column block cover 16 whole
+/// 32-byte sectors:
+/// - `in_pairs` (the dense kernels): each pair where it lies, 8 bytes an instruction.
+/// - else (the general kernels): 16 bytes an instruction. Lanes t and t ^ 1 trade halves, so the
+///   even lane adds row g, columns 8n + 4 (t / 2)..+4, and the odd lane row g + 8. The two
+///   shuffles and four selects a block stalled the dense kernels between their additions (ncu at
+///   D192: a quarter of the stall samples), but the general kernels spilled with the pairs
+///   (docs/PERF_NOTES.md).
 #[inline(always)]
 fn add_dq_half<const QN: usize>(
     dq: &[f32; QN],
@@ -1283,8 +1294,38 @@ fn add_dq_half<const QN: usize>(
     sq: u32,
     (row0, col0): (u32, u32),
     (d, cols): (usize, usize),
+    in_pairs: bool,
 ) {
     let (g, t) = (lane_id() / 4, lane_id() % 4);
+    // (`cols` is the tile's in all but the 96 kernel, whose test is one compare.)
+    let col_in = |n: usize| cols == d || col0 + ((8 * n) as u32) < cols as u32;
+    if in_pairs {
+        // Each 8-column block of the accumulator holds this thread's columns `2 t, 2 t + 1` in rows
+        // g and g + 8: added where they lie, two floats at a time.
+        unroll_lt!(half < 2, {
+            let row = row0 + g + (8 * half) as u32;
+            if row < sq {
+                let base = (bh * rows as u64 + row as u64) * d as u64 + (col0 + 2 * t) as u64;
+                unroll_lt!(n < QN / 4, {
+                    if col_in(n) {
+                        let at = base + (8 * n) as u64;
+                        check_index(at as usize + 1, acc.len as usize);
+                        // SAFETY: row < seq_q of this head and col + 1 < D: inside the accumulator
+                        // (launcher-sized, checked builds re-check), 8-byte aligned (col even,
+                        // rows of D f32, aligned base); one thread adds each element, and the turn
+                        // counter orders the blocks that add to it.
+                        unsafe {
+                            red_add_v2_f32(
+                                acc.ptr.add(at as usize),
+                                [dq[4 * n + 2 * half], dq[4 * n + 2 * half + 1]],
+                            )
+                        };
+                    }
+                });
+            }
+        });
+        return;
+    }
     let odd = t % 2 == 1;
     let row = row0 + g + if odd { 8 } else { 0 };
     let base = (bh * rows as u64 + row as u64) * d as u64 + (col0 + 4 * (t / 2)) as u64;
@@ -1298,14 +1339,10 @@ fn add_dq_half<const QN: usize>(
         } else {
             [a[0], a[1], r0, r1]
         };
-        // (`cols` is the tile's in all but the 96 kernel, whose test is one compare.)
-        if row < sq && (cols == d || col0 + ((8 * n) as u32) < cols as u32) {
+        if row < sq && col_in(n) {
             let at = base + 8 * n as u64;
             check_index(at as usize + 3, acc.len as usize);
-            // SAFETY: row < seq_q of this head and col + 3 < D: inside the accumulator
-            // (launcher-sized, checked builds re-check), 16-byte aligned (col a multiple of 4, rows
-            // of D f32, aligned base); one thread adds each element, and the turn counter orders
-            // the blocks that add to it.
+            // SAFETY: as above, 16-byte aligned (col a multiple of 4).
             unsafe { red_add_v4_f32(acc.ptr.add(at as usize), v) };
         }
     });
