@@ -261,7 +261,7 @@ unsafe fn flash_wg_bwd<
             n_turns: w.n_turns,
             turn_step: w.turn_step,
             order,
-            in_pairs: !GENERAL,
+            in_pairs: !GENERAL && cfg.defer_dq,
         };
         let walk = walk_at(0);
         let KeyBlockWalk {
@@ -1131,7 +1131,8 @@ struct DqSink {
     n_turns: u32,
     turn_step: u32,
     order: u32,
-    /// Whether the additions take the accumulator's pairs where they lie (see [`add_dq_half`]).
+    /// Whether the additions take the accumulator's pairs where they lie (see [`add_dq_half`]):
+    /// the dense kernels of the deferred order.
     in_pairs: bool,
 }
 
@@ -1281,11 +1282,12 @@ impl DqSink {
 /// `d` f32 (the tile's width), of which the first `cols` are the products' (the columns past them,
 /// zeros, are not added). Either way a warp's additions of an 8-column block cover 16 whole
 /// 32-byte sectors:
-/// - `in_pairs` (the dense kernels): each pair where it lies, 8 bytes an instruction.
-/// - else (the general kernels): 16 bytes an instruction. Lanes t and t ^ 1 trade halves, so the
-///   even lane adds row g, columns 8n + 4 (t / 2)..+4, and the odd lane row g + 8. The two
-///   shuffles and four selects a block stalled the dense kernels between their additions (ncu at
-///   D192: a quarter of the stall samples), but the general kernels spilled with the pairs
+/// - `in_pairs` (the dense kernels of the deferred order, D32 and D64): each pair where it lies, 8
+///   bytes an instruction. Their additions run while the tensor cores compute the next S^T and
+///   dP^T, and the fewer instructions took 5.7%-7.5% off D32's forward + backward.
+/// - else: 16 bytes an instruction. Lanes t and t ^ 1 trade halves, so the even lane adds row g,
+///   columns 8n + 4 (t / 2)..+4, and the odd lane row g + 8. In the plain order the pairs gained
+///   nothing measurable (D96 +1.4%), and the general kernels spilled with them
 ///   (docs/PERF_NOTES.md).
 #[inline(always)]
 fn add_dq_half<const QN: usize>(
