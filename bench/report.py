@@ -44,8 +44,8 @@ OURS = "ours"
 CEILING_PREFIXES = ("copy/", "gemm/")
 GEMM_CEILING_PREFIX = "gemm/f16/"
 # Column order for peers; unknown peer names follow, sorted.
-PEER_ORDER = ["torch-eager", "torch-compile", "cublas-torch", "sdpa-flash", "sdpa-flash-det", "sdpa-cudnn",
-              "sdpa-efficient", "sdpa-math"]
+PEER_ORDER = ["torch-eager", "torch-compile", "cublas-torch", "sdpa-flash", "sdpa-flash-det",
+              "sdpa-cudnn", "sdpa-efficient", "sdpa-math"]
 MISSING, ERROR, NOT_APPLICABLE = "missing", "error", "-"
 OURS_COLOR, PEER_COLOR, FASTER_COLOR, SLOWER_COLOR = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
 FONT = "font-family='DejaVu Sans Mono, monospace' font-size='11'"
