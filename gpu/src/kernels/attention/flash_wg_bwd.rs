@@ -62,7 +62,7 @@ use crate::dev::shared::{
 };
 use crate::dev::sync::{sync_threads, sync_warp};
 use crate::dev::thread::{block_idx_y, block_idx_z, lane_id, thread_idx_x};
-use crate::dev::warp::{FULL_MASK, shfl_xor_f32};
+use crate::dev::warp::{FULL_MASK, shfl_xor_f32, warp_uniform_u32};
 use crate::dev::wgmma::{Accumulator, SwizzledTile, Wgmma, commit, fence, fence_proxy_async};
 use crate::params::attention::{
     AttentionLayout, AttentionShape, DQ_LATE_RELEASE, DQ_ORDERED, FLASH_BWD_PRE_ROWS,
@@ -77,6 +77,8 @@ use super::flash_bwd::{
 };
 use super::flash_wgmma::{load_cols, load_rows, pack_p};
 use super::{HeadRows, HeadRowsMut, Sequence, alibi_slope};
+
+crate::static_shared!(fn packed_q_rows() -> [u32; 2] as FLASH_WG_BWD_PACKED_Q_ROWS);
 
 /// The main backward kernel. `D`: the tiles' width; `HD`: the head-dim columns the products cover
 /// (`D`, or 32 / 96 / 192 on the 64 / 128 / 256 tiles); `ON`: f32 a thread of dK and of dV
@@ -185,6 +187,19 @@ unsafe fn flash_wg_bwd<
         ..
     } = walk;
     let n_steps = walk.steps();
+    // A packed batch entry's first query row and row count, which every step's copies take: read
+    // from the offsets once (`walk.seq`) and kept in shared memory. Read from the offsets each
+    // step, they held each step's start on an L2 round trip (the turns' acquire polls empty the
+    // L1): 3% of the packed D128 kernel's stall samples under ncu. Kept in registers, they would
+    // take registers from the products.
+    let packed = GENERAL && st.cu_seqlens_q != 0;
+    if packed {
+        if thread_idx_x() == 0 {
+            packed_q_rows().store(0, seq.q0);
+            packed_q_rows().store(1, seq.sq);
+        }
+        sync_threads();
+    }
     // This head's rows of K and V (launcher-validated strides; checked builds re-check); Q's and
     // dO's are taken in each step's copies (`load_qblock`).
     let k_src = HeadRows::of(k, st.k, (seq.bi, hkv), (seq.k0, sk), cols);
@@ -293,7 +308,16 @@ unsafe fn flash_wg_bwd<
             let delta_offset = heads_total as usize * sq_pad as usize; // D after all heads' LSE
             // The batch entry's first query row (a packed batch's offset; 0 for a dense one, whose
             // batch index the strides take; a packed batch's batch strides are 0).
-            let (q0, sq) = Sequence::q_rows::<GENERAL>(&st, &p, b_);
+            // (Loaded values are not known uniform to ptxas: `warp_uniform_u32` keeps the bounds
+            // uniform, as every lane read the same words.)
+            let (q0, sq) = if packed {
+                (
+                    warp_uniform_u32(packed_q_rows().load(0)),
+                    warp_uniform_u32(packed_q_rows().load(1)),
+                )
+            } else {
+                (0, p.seq_q)
+            };
             let q_src = HeadRows::of(q, st.q, (b_, h_), (q0, sq), cols);
             let do_src = HeadRows::of(d_o, st.d_o, (b_, h_), (q0, sq), cols);
             load_cols::<BQ, D, HD, TH, T>(q_tiles.stage(s), q_src, m0, sq);

@@ -101,25 +101,6 @@ impl Sequence {
         }
     }
 
-    /// A packed batch entry's first query row and query rows (what the backward's per-step copies
-    /// need; a dense batch's are 0 and the shape's, whichever kernel kind runs it).
-    #[inline(always)]
-    pub(super) fn q_rows<const PACKED: bool>(
-        l: &AttentionLayout,
-        p: &AttentionShape,
-        b: u32,
-    ) -> (u32, u32) {
-        if PACKED && l.cu_seqlens_q != 0 {
-            let cq = l.cu_seqlens_q as *const u32;
-            // SAFETY: as in `of`.
-            let (q0, q1) = unsafe { (*cq.add(b as usize), *cq.add(b as usize + 1)) };
-            let (q0, q1) = (warp_uniform_u32(q0), warp_uniform_u32(q1));
-            (q0, q1 - q0)
-        } else {
-            (0, p.seq_q)
-        }
-    }
-
     /// `p` with this sequence's lengths (what the masks and walks take).
     #[inline(always)]
     pub(super) fn shape(&self, p: AttentionShape) -> AttentionShape {
