@@ -32,11 +32,13 @@
 //! With `defer_dq` (D = 64) there is no barrier after the sub-blocks: step i - 1 issues block i's
 //! dQ product right after its top barrier (which also completes block i's dS^T tile), then its
 //! first sub-block's S^T / dP^T; `wait_group 1` retires the dQ product, and each warp, in its turn,
-//! adds its part while the tensor cores compute S^T and dP^T. The last block's dQ follows the
+//! adds its part (`red.global.add.v2.f32`, the accumulator's pairs where they lie: see
+//! [`add_dq_half`]) while the tensor cores compute S^T and dP^T. The last block's dQ follows the
 //! loop. So the dS^T tile is double-buffered (a step writes the tile the dQ product of two steps
 //! back read) and Q/dO take 3 stages (a step's last dV/dK products retire only in the next step,
 //! after that step's loads were issued). D = 128 keeps the plain order: its dK and dV take 128
-//! registers, and ptxas serialised the wgmma for lack of registers to keep 32 more in flight.
+//! registers, and ptxas serialised the wgmma for lack of registers to keep 32 more in flight (and
+//! D = 96, whose 96 spilled 8 bytes in the deferred order).
 //! The nondeterministic mode (no `DQ_ORDERED`, `BackwardMode::Nondeterministic` on the host) skips
 //! the turn waits and releases: each warp adds its part as soon as it has it, so the f32 sums of
 //! a dQ element happen in arrival order.
