@@ -37,8 +37,8 @@
 //! loop. So the dS^T tile is double-buffered (a step writes the tile the dQ product of two steps
 //! back read) and Q/dO take 3 stages (a step's last dV/dK products retire only in the next step,
 //! after that step's loads were issued). D = 128 keeps the plain order: its dK and dV take 128
-//! registers, and ptxas serialised the wgmma for lack of registers to keep 32 more in flight (and
-//! D = 96, whose 96 spilled 8 bytes in the deferred order).
+//! registers, and ptxas serialised the wgmma for lack of registers to keep 32 more in flight. D = 96
+//! keeps it too: with its 96 f32 of dK and dV a thread, the deferred order spilled 8 bytes.
 //! The nondeterministic mode (no `DQ_ORDERED`, `BackwardMode::Nondeterministic` on the host) skips
 //! the turn waits and releases: each warp adds its part as soon as it has it, so the f32 sums of
 //! a dQ element happen in arrival order.
