@@ -127,6 +127,13 @@ unsafe fn flash_wg_bwd<
     let cfg: FlashWgBwdConfig =
         const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>() };
     const { assert!(SUBS == cfg_subs::<HD, GENERAL, SCORE>()) };
+    // The deferred order is the dense kernels' (a packed walk's offsets or a narrow head dim's
+    // width leave it no registers), so the dQ additions take their pairs by `defer_dq` alone.
+    const {
+        assert!(
+            !GENERAL || !checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().defer_dq
+        )
+    };
     // (Their own consts: read off `cfg`, the branches they pick folded later, and ptxas spilled.)
     let split: bool =
         const { checked_config::<D, HD, BK, BQ, ON, QN, STAGES, GENERAL, SCORE>().split_head };
@@ -278,7 +285,6 @@ unsafe fn flash_wg_bwd<
             n_turns: w.n_turns,
             turn_step: w.turn_step,
             order,
-            in_pairs: !GENERAL && cfg.defer_dq,
         };
         let walk = walk_at(0);
         let KeyBlockWalk {
@@ -1157,9 +1163,6 @@ struct DqSink {
     n_turns: u32,
     turn_step: u32,
     order: u32,
-    /// Whether the additions take the accumulator's pairs where they lie (see [`add_dq_half`]):
-    /// the dense kernels of the deferred order.
-    in_pairs: bool,
 }
 
 impl DqSink {
@@ -1241,7 +1244,7 @@ impl DqSink {
             self.sq,
             (row0, dq_col0),
             (cfg.head_dim, cfg.cols),
-            self.in_pairs,
+            cfg.defer_dq,
         );
         // Every lane's additions, then the release (cumulative over the warp barrier).
         sync_warp(FULL_MASK);
@@ -1270,7 +1273,7 @@ impl DqSink {
             self.sq,
             (row0, col0),
             (cfg.head_dim, cfg.cols),
-            self.in_pairs,
+            cfg.defer_dq,
         );
     }
 
@@ -1308,7 +1311,7 @@ impl DqSink {
 /// `d` f32 (the tile's width), of which the first `cols` are the products' (the columns past them,
 /// zeros, are not added). Either way a warp's additions of an 8-column block cover 16 whole
 /// 32-byte sectors:
-/// - `in_pairs` (the dense kernels of the deferred order, D32 and D64): each pair where it lies, 8
+/// - `in_pairs` (the deferred order: the dense D32 and D64 kernels): each pair where it lies, 8
 ///   bytes an instruction. Their additions run while the tensor cores compute the next S^T and
 ///   dP^T, and the fewer instructions took 5.7%-7.5% off D32's forward + backward.
 /// - else: 16 bytes an instruction. Lanes t and t ^ 1 trade halves, so the even lane adds row g,
