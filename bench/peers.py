@@ -441,9 +441,9 @@ def deterministic_algorithms():
         torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
 
-def sdpa_backward_context(name, backend):
-    """The context of an SDPA peer that runs a backward: `backend` forced and, for
-    FLASH_DETERMINISTIC, torch's deterministic mode on."""
+def sdpa_peer_context(name, backend):
+    """The context of SDPA peer `name`: `backend` forced and, for FLASH_DETERMINISTIC (a backward
+    peer only), torch's deterministic mode on."""
     forced = sdpa_context(backend)
     if name != FLASH_DETERMINISTIC:
         return forced
@@ -549,8 +549,7 @@ def sdpa_rows_peer(name, backend, causal, backward, rows_first):
                 return torch.autograd.grad(o, (x[0], x[1], x[2]), d_o)
             return o
         return run
-    return Peer(name, build, sdpa_backward_context(name, backend) if backward else
-                sdpa_context(backend))
+    return Peer(name, build, sdpa_peer_context(name, backend))
 
 
 def attn_pass_case(name, backward, sizes, make, peers):
@@ -742,7 +741,7 @@ def sdpa_bwd_peer(peer, backend, causal, forward_too):
             return torch.autograd.grad(graphs[id(q)], (q, k, v), d_o, retain_graph=True)
         return run
 
-    return Peer(peer, build, sdpa_backward_context(peer, backend))
+    return Peer(peer, build, sdpa_peer_context(peer, backend))
 
 
 def attn_bwd_case(tag, b, h, s, d, causal, forward_too=False, peak_memory=False):

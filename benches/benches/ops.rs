@@ -921,10 +921,24 @@ impl LazySets {
 
 /// One FlashAttention forward of input set `[q, k, v, d_o]` and, with `backward`, its backward
 /// (what a training step runs).
-fn attention_step([q, k, v, d_o]: &[Tensor; 4], params: &AttentionParams, backward: bool) {
+fn attention_step(set: &[Tensor; 4], params: &AttentionParams, backward: bool) {
+    attention_step_in(
+        set,
+        params,
+        backward.then_some(attn::BackwardMode::Deterministic),
+    );
+}
+
+/// [`attention_step`] with the backward (if any) in `mode`'s dQ order.
+fn attention_step_in(
+    [q, k, v, d_o]: &[Tensor; 4],
+    params: &AttentionParams,
+    backward: Option<attn::BackwardMode>,
+) {
     let (o, lse) = attn::flash_forward(q, k, v, params).expect("flash_forward");
-    if backward {
-        attn::flash_backward(q, k, v, &o, &lse, d_o, params).expect("flash_backward");
+    if let Some(mode) = backward {
+        attn::flash_backward_with(q, k, v, &o, &lse, d_o, params, mode)
+            .expect("flash_backward_with");
     }
 }
 
@@ -1078,11 +1092,9 @@ fn attention_head_dims(b: &mut Bencher) {
                     Some(10 * bytes1 as u64),
                     Some(fwd_flops * 7 / 2),
                 ),
-                |[q, k, v, d_o]| {
-                    let (o, lse) = attn::flash_forward(q, k, v, &params).expect("flash_forward");
+                |set| {
                     let mode = attn::BackwardMode::Nondeterministic;
-                    attn::flash_backward_with(q, k, v, &o, &lse, d_o, &params, mode)
-                        .expect("flash_backward_with");
+                    attention_step_in(set, &params, Some(mode))
                 },
             );
         }
